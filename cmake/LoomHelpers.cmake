@@ -1,0 +1,92 @@
+# Shared CMake helpers for Loom targets.
+
+# Warnings and sanitizer flags every Loom target gets.
+function(loom_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  if(LOOM_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+if(LOOM_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address)
+elseif(LOOM_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread)
+  add_link_options(-fsanitize=thread)
+elseif(LOOM_SANITIZE STREQUAL "undefined")
+  add_compile_options(-fsanitize=undefined -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=undefined)
+elseif(NOT LOOM_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "LOOM_SANITIZE must be address, thread, undefined or empty, got '${LOOM_SANITIZE}'")
+endif()
+
+# loom_add_library(NAME loom_store FOLDER store SOURCES ... DEPS ... [PRIVATE_DEPS ...])
+# A layer library with public headers in FOLDER/include and an exported loom:: alias.
+function(loom_add_library)
+  cmake_parse_arguments(ARG "" "NAME;EXPORT_NAME" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${ARG_NAME} ${ARG_SOURCES})
+  if(NOT ARG_EXPORT_NAME)
+    string(REPLACE "loom_" "" ARG_EXPORT_NAME ${ARG_NAME})
+  endif()
+  add_library(loom::${ARG_EXPORT_NAME} ALIAS ${ARG_NAME})
+  set_target_properties(${ARG_NAME} PROPERTIES EXPORT_NAME ${ARG_EXPORT_NAME})
+  target_include_directories(${ARG_NAME} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  loom_target_defaults(${ARG_NAME})
+  install(TARGETS ${ARG_NAME} EXPORT loomTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endfunction()
+
+# loom_add_program(NAME loom-store SOURCES ... DEPS ...): a program in build/bin, installed.
+function(loom_add_program)
+  cmake_parse_arguments(ARG "NO_INSTALL" "NAME" "SOURCES;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+  loom_target_defaults(${ARG_NAME})
+  if(NOT ARG_NO_INSTALL)
+    install(TARGETS ${ARG_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
+endfunction()
+
+# loom_add_test(NAME store_test SOURCES ... DEPS ... LABELS unit TIMEOUT 60)
+# A GoogleTest binary registered with ctest as one test per binary (so forked ranks never run
+# inside a gtest_discover_tests listing step), with its own label and timeout.
+function(loom_add_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS;ARGS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} loom_test_support GTest::gtest GTest::gmock)
+  loom_target_defaults(${ARG_NAME})
+  set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} ${ARG_ARGS})
+  set_tests_properties(${ARG_NAME} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+endfunction()
+
+# Adds every direct sub-folder of DIR that has a CMakeLists.txt, so that independent units
+# (one program, one test group) never edit a shared list.
+function(loom_add_subdirs dir)
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${dir})
+    return()
+  endif()
+  if(EXISTS ${PROJECT_SOURCE_DIR}/${dir}/CMakeLists.txt)
+    add_subdirectory(${PROJECT_SOURCE_DIR}/${dir})
+    return()
+  endif()
+  file(GLOB children RELATIVE ${PROJECT_SOURCE_DIR}/${dir} ${PROJECT_SOURCE_DIR}/${dir}/*)
+  list(SORT children)
+  foreach(child ${children})
+    if(EXISTS ${PROJECT_SOURCE_DIR}/${dir}/${child}/CMakeLists.txt)
+      add_subdirectory(${PROJECT_SOURCE_DIR}/${dir}/${child})
+    endif()
+  endforeach()
+endfunction()

@@ -1,0 +1,79 @@
+// The collective algorithms, written once over the Transport interface (DESIGN.md, comm/).
+//
+// Contract
+// - Every function is blocking and runs on the caller's thread; the ProcessGroup layer runs
+//   them on its own worker thread to make them asynchronous.
+// - All ranks of the Context call the same collectives in the same order with matching
+//   arguments (count, dtype, op, root). `opts.seq` is the collective's sequence number; it
+//   travels in every message header so that a mismatch is detected and named.
+// - In-place when the output pointer equals the input pointer (or the documented slot of it).
+// - Errors: InvalidArgumentError for bad arguments (root out of range, bitwise op on floats);
+//   TimeoutError when `opts.timeout` passes, naming the operation, seq, the peer waited on and
+//   the bytes outstanding; IoError when a peer dies (naming its rank). After an IoError the
+//   Context is unusable.
+// - `opts.algorithm` (or the LOOM_ALGO environment variable) forces an algorithm; kAuto picks
+//   by size and world size using measured crossovers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "loom/comm/types.h"
+
+namespace loom::comm {
+
+class Context;
+
+enum class Algorithm : uint8_t {
+  kAuto,
+  kRing,                // bandwidth-optimal ring (reduce-scatter + all-gather)
+  kRecursiveDoubling,   // latency-optimal for small messages
+  kDirect,              // every rank exchanges with every rank (small worlds / all-to-all)
+  kTree,                // binomial tree (broadcast / reduce)
+  kChain,               // pipelined chain (broadcast)
+};
+const char* algorithmName(Algorithm algorithm);
+Algorithm parseAlgorithm(std::string_view name);  // "auto", "ring", "rd", "direct", ...
+
+struct CollectiveOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  uint64_t seq = 0;
+  Algorithm algorithm = Algorithm::kAuto;
+};
+
+// out[i] = reduce over ranks of in[i]; count elements on every rank.
+void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+               const CollectiveOptions& opts = {});
+// buf on root is sent to every rank's buf.
+void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
+               const CollectiveOptions& opts = {});
+// out on root = reduce of every rank's in; out is ignored on other ranks (may be null).
+void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+            int root, const CollectiveOptions& opts = {});
+// out (size * count) = concatenation of every rank's in (count), in rank order.
+// In-place when in == out + rank * count.
+void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+               const CollectiveOptions& opts = {});
+// out (count) on rank r = reduction of slice r of every rank's in (size * count).
+void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+                   ReduceOp op, const CollectiveOptions& opts = {});
+// out (size * count) on root = every rank's in (count) in rank order; ignored elsewhere.
+void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
+            const CollectiveOptions& opts = {});
+// out (count) on rank r = slice r of root's in (size * count).
+void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
+             const CollectiveOptions& opts = {});
+// out slice j (count) on rank r = slice r of rank j's in; both size * count.
+void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+              const CollectiveOptions& opts = {});
+// Returns once every rank has entered.
+void barrier(Context& ctx, const CollectiveOptions& opts = {});
+// Point-to-point; `tag` distinguishes concurrent messages between the same pair.
+void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, uint64_t tag,
+          const CollectiveOptions& opts = {});
+void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t tag,
+          const CollectiveOptions& opts = {});
+
+}  // namespace loom::comm

@@ -1,0 +1,48 @@
+// Context: one rank's connected membership in a communicator: its rank, the world size, and
+// a transport to each peer an algorithm needs, set up through a Store.
+//
+// Contract
+// - Context::create is collective: every rank calls it with the same store (or a store with
+//   the same prefix) and its own rank; it returns once this rank is connected, or throws
+//   TimeoutError naming the ranks that never published their address.
+// - A Context is used by one thread at a time (the ProcessGroup's worker thread); abort()
+//   may be called from any thread and makes blocked and future operations fail fast with
+//   IoError.
+// - The destructor closes every connection and never throws.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace loom {
+class Store;
+}
+
+namespace loom::comm {
+
+struct ContextOptions {
+  // Connection setup and default collective deadline.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Address this rank listens on for peers; empty = derived from the hostname (or
+  // LOOM_SOCKET_IFNAME / LOOM_HOST when set).
+  std::string host;
+  // Same-host peers use shared memory when available (LOOM_SHM=0 turns it off).
+  bool sharedMemory = true;
+  // Parallel TCP connections per peer for bandwidth.
+  int socketsPerPeer = 1;
+};
+
+class Context {
+ public:
+  static std::shared_ptr<Context> create(Store& store, int rank, int size,
+                                         const ContextOptions& options = {});
+  virtual ~Context() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Fail every blocked and future operation with IoError(reason); thread-safe.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs, only when missing, the Debian packages Loom builds and tests with.
+# Safe to run repeatedly; runs `apt-get update` once before installing anything.
+# Usage: scripts/setup.sh [--peers]   (--peers adds Gloo and Open MPI for bench/peers)
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libeigen3-dev libibverbs-dev
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  iproute2 procps
+)
+if [[ "${1:-}" == "--peers" ]]; then
+  packages+=(libgloo-dev openmpi-bin libopenmpi-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
