@@ -1,0 +1,122 @@
+#include "launch_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <sstream>
+
+namespace loom::run {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: loom-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
+    "--master-port P] [--max-restarts K] [--redirect-prefix] [--grace-period-s S] "
+    "[--rdzv-timeout-s S] [--node-timeout-s S] [--run-id ID] [--] PROGRAM [ARGS...]";
+
+constexpr const char* kDescription =
+    "Starts N worker processes of PROGRAM on this node with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK), MASTER_ADDR and MASTER_PORT set, as\n"
+    "torchrun does. If a worker exits non-zero or is killed by a signal, the others get\n"
+    "SIGTERM, then SIGKILL after the grace period; loom-run names the rank that failed first\n"
+    "and exits with its exit code (128+N when it was killed by signal N). SIGINT, SIGTERM and\n"
+    "SIGHUP sent to loom-run are forwarded to every worker the same way; loom-run then exits\n"
+    "with 128+signal. Workers die with loom-run even when it is SIGKILLed.\n"
+    "\n"
+    "With --nnodes M > 1, start one loom-run per node; node 0 hosts the rendezvous TCPStore\n"
+    "at --master-addr:--master-port and all nodes agree on the world before any worker\n"
+    "starts. Ranks are numbered node by node. Exit codes: the failing worker's code, 128+N\n"
+    "for a signal, 1 for a launcher error (rendezvous, lost node), 2 for a usage error, 127\n"
+    "when PROGRAM is not found. See docs/launcher.md.";
+
+std::chrono::milliseconds seconds(double s) {
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
+}
+
+}  // namespace
+
+ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
+  ParseOutcome out;
+  LaunchOptions& o = out.options;
+  CLI::App app(kDescription, "loom-run");
+  app.prefix_command();
+  double grace = 5.0;
+  double rdzvTimeout = 60.0;
+  double nodeTimeout = 30.0;
+
+  app.add_option("--nproc-per-node", o.nprocPerNode, "worker processes to start on this node")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", o.nnodes, "number of nodes (one loom-run each); default 1")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--node-rank", o.nodeRank, "this node's index in [0, nnodes); default 0")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", o.masterAddr,
+                 "address of node 0, where the rendezvous store runs; default 127.0.0.1");
+  app.add_option("--master-port", o.masterPort,
+                 "port of the rendezvous store on node 0 (required with --nnodes > 1); "
+                 "0 or absent on a single node picks a free port")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--max-restarts", o.maxRestarts,
+                 "restart the worker group up to K times after a failure; default 0")
+      ->check(CLI::Range(0, 1000000));
+  app.add_flag("--redirect-prefix", o.redirectPrefix,
+               "prefix every line of worker output with '[rank R] '");
+  app.add_option("--grace-period-s", grace,
+                 "seconds between SIGTERM and SIGKILL when stopping workers; default 5")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--rdzv-timeout-s", rdzvTimeout,
+                 "seconds to wait for every node at a rendezvous; default 60")
+      ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--node-timeout-s", nodeTimeout,
+                 "a node whose heartbeat stops for this long fails the job; default 30")
+      ->check(CLI::Range(0.5, 86400.0));
+  app.add_option("--run-id", o.runId,
+                 "job id shared by all nodes, namespaces the rendezvous keys; default "
+                 "'default'");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out.kind = ParseOutcome::kHelp;
+    out.text = std::string(kUsage) + "\n\n" + app.help();
+    return out;
+  } catch (const CLI::ParseError& e) {
+    out.kind = ParseOutcome::kUsageError;
+    out.text =
+        std::string("loom-run: ") + e.what() + "\n" + kUsage + "\n(--help explains every flag)";
+    return out;
+  }
+
+  auto fail = [&](const std::string& why) {
+    out.kind = ParseOutcome::kUsageError;
+    out.text = "loom-run: " + why + "\n" + kUsage + "\n(--help explains every flag)";
+    return out;
+  };
+
+  o.command = app.remaining();
+  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
+  if (o.command.empty())
+    return fail("no PROGRAM given: expected PROGRAM [ARGS...] after the flags");
+  if (o.command.front().size() > 1 && o.command.front()[0] == '-' &&
+      app.remaining().front() != "--") {
+    return fail("unknown option '" + o.command.front() +
+                "' (put PROGRAM after '--' if its name starts with '-')");
+  }
+  if (app.count("--nproc-per-node") == 0) return fail("--nproc-per-node N is required");
+  o.masterAddrGiven = app.count("--master-addr") > 0;
+  o.gracePeriod = seconds(grace);
+  o.rdzvTimeout = seconds(rdzvTimeout);
+  o.nodeTimeout = seconds(nodeTimeout);
+  if (o.nodeRank >= o.nnodes) {
+    return fail("--node-rank " + std::to_string(o.nodeRank) + " is out of range: expected 0 <= " +
+                "node-rank < --nnodes (" + std::to_string(o.nnodes) + ")");
+  }
+  if (o.nnodes > 1) {
+    if (!o.masterAddrGiven) return fail("--nnodes > 1 needs --master-addr (the address of node 0)");
+    if (o.masterPort == 0) return fail("--nnodes > 1 needs --master-port P with P in 1..65535");
+  }
+  if (o.runId.empty() || o.runId.find('/') != std::string::npos) {
+    return fail("--run-id '" + o.runId + "' must be non-empty and contain no '/'");
+  }
+  return out;
+}
+
+}  // namespace loom::run

@@ -1,0 +1,40 @@
+// LaunchOptions: everything loom-run's command line says, parsed and checked.
+//
+// parseLaunchOptions() never exits the process: it returns the options, or a ParseOutcome
+// telling main() to print help (exit 0) or a usage error (exit 2). Every bad value gets a
+// message naming the flag, the value and what was expected.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::run {
+
+struct LaunchOptions {
+  int nprocPerNode = 1;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  bool masterAddrGiven = false;
+  int masterPort = 0;  // 0: pick a free port (single node only)
+  int maxRestarts = 0;
+  bool redirectPrefix = false;
+  std::chrono::milliseconds gracePeriod{5000};
+  std::chrono::milliseconds rdzvTimeout{60000};
+  std::chrono::milliseconds nodeTimeout{30000};
+  std::string runId = "default";
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+
+struct ParseOutcome {
+  enum Kind { kRun, kHelp, kUsageError };
+  Kind kind = kRun;
+  LaunchOptions options;
+  std::string text;  // help text, or the error followed by the usage line
+};
+
+ParseOutcome parseLaunchOptions(int argc, const char* const* argv);
+
+}  // namespace loom::run

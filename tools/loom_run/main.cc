@@ -1,0 +1,253 @@
+// loom-run: starts a job's workers on this node, like torchrun. See launch_options.cc for the
+// flags, worker_group.h for failure handling, rendezvous.h for multi-node agreement and
+// docs/launcher.md for the user's view.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include "launch_options.h"
+#include "loom/common/error.h"
+#include "rendezvous.h"
+#include "rendezvous_store.h"
+#include "shepherd.h"
+#include "worker_group.h"
+
+extern char** environ;
+
+namespace loom::run {
+namespace {
+
+constexpr int kLauncherError = 1;
+
+std::string hostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+// The worker's environment: ours, minus the variables loom-run sets, plus them.
+std::vector<std::string> workerEnv(const std::vector<std::pair<std::string, std::string>>& set) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : set) names.insert(name);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    const std::string name = eq ? std::string(*e, eq - *e) : std::string(*e);
+    if (!names.count(name)) env.emplace_back(*e);
+  }
+  for (const auto& [name, value] : set) env.push_back(name + "=" + value);
+  return env;
+}
+
+std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
+                                    const std::string& masterAddr, int restart) {
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < o.nprocPerNode; ++local) {
+    WorkerSpec spec;
+    spec.localRank = local;
+    spec.rank = world.rankOffset + local;
+    spec.env = workerEnv({
+        {"RANK", std::to_string(spec.rank)},
+        {"WORLD_SIZE", std::to_string(world.worldSize)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"LOCAL_WORLD_SIZE", std::to_string(o.nprocPerNode)},
+        {"NODE_RANK", std::to_string(o.nodeRank)},
+        {"GROUP_RANK", std::to_string(o.nodeRank)},
+        {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+        {"MASTER_ADDR", masterAddr},
+        {"MASTER_PORT", std::to_string(world.workerPort)},
+        {"LOOM_RUN_ID", o.runId},
+        {"LOOM_RESTART_COUNT", std::to_string(restart)},
+        {"LOOM_MAX_RESTARTS", std::to_string(o.maxRestarts)},
+    });
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+class Launcher {
+ public:
+  Launcher(SignalWatcher& signals, LaunchOptions options, std::string path)
+      : signals_(signals), o_(std::move(options)), path_(std::move(path)) {}
+
+  int run() {
+    if (o_.nnodes > 1) {
+      setReportPrefix("loom-run[node " + std::to_string(o_.nodeRank) + "]: ");
+      return runMultiNode();
+    }
+    return runSingleNode();
+  }
+
+ private:
+  // True (and remembered) once SIGINT/SIGTERM/SIGHUP reached loom-run outside run().
+  bool interrupted() {
+    for (int sig : signals_.drain()) {
+      if (sig != SIGCHLD && signal_ == 0) signal_ = sig;
+    }
+    return signal_ != 0;
+  }
+
+  GroupResult runGroup(const World& world, int restart, const WorkerGroup::Tick& tick) {
+    WorkerGroup group(signals_, {path_, o_.command, o_.redirectPrefix, o_.gracePeriod});
+    group.start(workerSpecs(o_, world, o_.masterAddr, restart));
+    return group.run(tick);
+  }
+
+  static std::string failureText(const WorkerExit& e) {
+    return "rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.localRank) + ") " +
+           e.describe();
+  }
+
+  int runSingleNode() {
+    World world;
+    world.worldSize = o_.nprocPerNode;
+    for (int restart = 0;; ++restart) {
+      if (interrupted()) return 128 + signal_;
+      world.workerPort = o_.masterPort != 0 ? o_.masterPort : pickFreePort();
+      const GroupResult r = runGroup(world, restart, {});
+      switch (r.kind) {
+        case GroupResult::kSucceeded:
+          return 0;
+        case GroupResult::kSignalled:
+          report("stopped by " + signalName(r.signal));
+          return 128 + r.signal;
+        case GroupResult::kStopRequested:
+          report("stopped: " + r.stopReason);
+          return kLauncherError;
+        case GroupResult::kWorkerFailed:
+          break;
+      }
+      const std::string why = failureText(*r.firstFailure);
+      if (restart < o_.maxRestarts) {
+        report("restart " + std::to_string(restart + 1) + " of " + std::to_string(o_.maxRestarts) +
+               " after: " + why);
+        continue;
+      }
+      report("job failed: " + why + (o_.maxRestarts ? " (no restarts left)" : ""));
+      return r.firstFailure->exitCode();
+    }
+  }
+
+  int runMultiNode() {
+    std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
+    RendezvousOptions ro;
+    ro.runId = o_.runId;
+    ro.nnodes = o_.nnodes;
+    ro.nodeRank = o_.nodeRank;
+    ro.nprocPerNode = o_.nprocPerNode;
+    ro.maxRestarts = o_.maxRestarts;
+    ro.hostname = hostName();
+    ro.endpoint = rs->endpoint();
+    ro.rdzvTimeout = o_.rdzvTimeout;
+    ro.nodeTimeout = o_.nodeTimeout;
+    Rendezvous rdzv(rs->store(), ro, [this] { return interrupted(); });
+    const bool host = o_.nodeRank == 0;
+    // Node 0 hosts the store: before it leaves, let the others learn how the job ended.
+    auto lingerIfHost = [&] {
+      if (!host) return;
+      const auto lost = rdzv.waitForOthers(o_.nodeTimeout);
+      for (int n : lost) report("node " + std::to_string(n) + " did not report back");
+    };
+
+    for (int restart = 0;; ++restart) {
+      World world;
+      try {
+        world = rdzv.join(restart, pickFreePort);
+      } catch (const RendezvousInterrupted&) {
+        report("stopped by " + signalName(signal_) + " during the rendezvous");
+        return 128 + signal_;
+      }
+      report("generation " + std::to_string(restart) + ": world size " +
+             std::to_string(world.worldSize) + ", ranks " + std::to_string(world.rankOffset) +
+             ".." + std::to_string(world.rankOffset + o_.nprocPerNode - 1) +
+             " on this node, workers' MASTER_PORT " + std::to_string(world.workerPort));
+      const GroupResult r = runGroup(world, restart, [&] { return rdzv.poll(); });
+      std::string why;
+      int code = kLauncherError;
+      switch (r.kind) {
+        case GroupResult::kSucceeded:
+          rdzv.markDone();
+          lingerIfHost();
+          return 0;
+        case GroupResult::kSignalled:
+          why = rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": loom-run got " +
+                               signalName(r.signal));
+          rdzv.ackEnd();
+          report("stopped by " + signalName(r.signal));
+          try {
+            lingerIfHost();
+          } catch (const RendezvousInterrupted&) {
+          }
+          return 128 + r.signal;
+        case GroupResult::kStopRequested:
+          why = r.stopReason;
+          rdzv.ackEnd();
+          break;
+        case GroupResult::kWorkerFailed:
+          why = rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": " +
+                               failureText(*r.firstFailure));
+          rdzv.ackEnd();
+          code = r.firstFailure->exitCode();
+          break;
+      }
+      if (restart < o_.maxRestarts) {
+        report("restart " + std::to_string(restart + 1) + " of " + std::to_string(o_.maxRestarts) +
+               " after: " + why);
+        continue;
+      }
+      report("job failed: " + why + (o_.maxRestarts ? " (no restarts left)" : ""));
+      lingerIfHost();
+      return code;
+    }
+  }
+
+  SignalWatcher& signals_;
+  LaunchOptions o_;
+  std::string path_;
+  int signal_ = 0;
+};
+
+}  // namespace
+}  // namespace loom::run
+
+int main(int argc, char** argv) {
+  using namespace loom::run;
+  // First, before any thread exists: route SIGINT/SIGTERM/SIGHUP/SIGCHLD to a signalfd.
+  std::unique_ptr<SignalWatcher> signals;
+  try {
+    signals = std::make_unique<SignalWatcher>();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom-run: %s\n", e.what());
+    return 1;
+  }
+  const ParseOutcome parsed = parseLaunchOptions(argc, argv);
+  if (parsed.kind == ParseOutcome::kHelp) {
+    std::cout << parsed.text;
+    return 0;
+  }
+  if (parsed.kind == ParseOutcome::kUsageError) {
+    std::cerr << parsed.text << "\n";
+    return 2;
+  }
+  const LaunchOptions& o = parsed.options;
+  const std::string path = resolveProgram(o.command.front());
+  if (path.empty()) {
+    const char* envPath = std::getenv("PATH");
+    report("PROGRAM '" + o.command.front() + "' not found: " +
+           (o.command.front().find('/') != std::string::npos
+                ? std::string("no executable file at that path")
+                : "no executable of that name in PATH=" + std::string(envPath ? envPath : "")));
+    return 127;
+  }
+  try {
+    return Launcher(*signals, o, path).run();
+  } catch (const std::exception& e) {
+    report(std::string("error: ") + e.what());
+    return 1;
+  }
+}
