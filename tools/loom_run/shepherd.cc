@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
 
 namespace loom::run {
@@ -97,7 +99,7 @@ bool reap(pid_t worker, int* workerStatus) {
 }
 
 [[noreturn]] void shepherdMain(const ShepherdSpec& spec, char* const* argv, char* const* envp,
-                               pid_t parent) {
+                               pid_t parent, int readyFd) {
   setpgid(0, 0);
   prctl(PR_SET_NAME, "loom-shepherd");
   prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -113,6 +115,10 @@ bool reap(pid_t worker, int* workerStatus) {
   if (worker < 0) {
     rawSay("loom-run: fork of a worker failed: ", strerrordesc_np(errno), "\n");
     _exit(127);
+  }
+  // The worker is in our group now, so loom-run's killpg reaches it: let loom-run go on.
+  const char ready = 1;
+  while (write(readyFd, &ready, 1) == -1 && errno == EINTR) {
   }
   close_range(3, ~0U, 0);
 
@@ -166,13 +172,27 @@ pid_t spawnShepherd(const ShepherdSpec& spec) {
   std::vector<char*> envp;
   for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  int ready[2];
+  LOOM_SYSCHECK(pipe2(ready, O_CLOEXEC), "pipe for the shepherd of ", spec.path);
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid == 0) shepherdMain(spec, argv.data(), envp.data(), parent);
+  if (pid == 0) shepherdMain(spec, argv.data(), envp.data(), parent, ready[1]);
+  const int forkErr = errno;
+  ::close(ready[1]);
+  if (pid < 0) ::close(ready[0]);
   LOOM_CHECK_T(IoError, pid > 0, "fork of the shepherd for ", spec.path,
-               " failed: ", detail::errnoText(errno));
-  // Set the group from this side too, so killpg works even before the child ran.
+               " failed: ", detail::errnoText(forkErr));
   setpgid(pid, pid);
+  // Wait (bounded) until the worker exists inside the shepherd's group: a stop signal sent to
+  // the group before then would reach the shepherd but never the worker. EOF (the shepherd
+  // died early) or the deadline just let us go on; its exit status tells the rest.
+  pollfd pfd{ready[0], POLLIN, 0};
+  const Deadline deadline(milliseconds(10000));
+  while (!deadline.expired()) {
+    const int n = ::poll(&pfd, 1, deadline.pollTimeoutMs());
+    if (n > 0 || (n < 0 && errno != EINTR)) break;
+  }
+  ::close(ready[0]);
   return pid;
 }
 

@@ -1,0 +1,116 @@
+// launcher_test_worker: the PROGRAM that launcher_test runs under loom-run.
+//
+//   env                      print "RANK=.. WORLD_SIZE=.. ..." on one line
+//   sleep DIR                write DIR/pid.<rank> (and DIR/child.<rank> for a grandchild that
+//                            sleeps too), record a received SIGTERM/SIGINT in DIR/sig.<rank>,
+//                            then wait up to 60 s
+//   fail RANK CODE           that rank exits CODE at once; the others wait up to 60 s
+//   selfkill RANK            that rank SIGKILLs itself; the others wait up to 60 s
+//   stubborn RANK CODE       every rank ignores SIGTERM; RANK exits CODE, the others wait
+//   flaky RANK CODE TIMES    RANK exits CODE while LOOM_RESTART_COUNT < TIMES, else all exit 0
+//   chatter                  two lines on stdout, one on stderr, then a last partial line
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int envInt(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+std::string g_sigFile;
+
+void onSignal(int sig) {
+  if (!g_sigFile.empty()) {
+    const int fd = open(g_sigFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      char buf[16];
+      const int n = std::snprintf(buf, sizeof(buf), "%d\n", sig);
+      if (write(fd, buf, static_cast<size_t>(n)) < 0) {
+      }
+      close(fd);
+    }
+  }
+  _exit(128 + sig);
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) std::exit(90);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());  // readers never see a half-written file
+}
+
+// Waits for a signal, at most 60 s (a bound, so a broken launcher can't leave us forever).
+void waitLong() {
+  for (int i = 0; i < 600; ++i) usleep(100 * 1000);
+  std::exit(91);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 99;
+  const std::string mode = argv[1];
+  const int rank = envInt("RANK");
+  if (mode == "env") {
+    std::printf(
+        "RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s NODE_RANK=%s "
+        "MASTER_ADDR=%s MASTER_PORT=%s LOOM_RESTART_COUNT=%s\n",
+        std::getenv("RANK"), std::getenv("WORLD_SIZE"), std::getenv("LOCAL_RANK"),
+        std::getenv("LOCAL_WORLD_SIZE"), std::getenv("NODE_RANK"), std::getenv("MASTER_ADDR"),
+        std::getenv("MASTER_PORT"), std::getenv("LOOM_RESTART_COUNT"));
+    return 0;
+  }
+  if (mode == "sleep" && argc == 3) {
+    const std::string dir = argv[2];
+    const std::string r = std::to_string(rank);
+    const pid_t child = fork();
+    if (child == 0) {
+      // A grandchild of loom-run that knows nothing about it.
+      writeFile(dir + "/child." + r, std::to_string(getpid()));
+      waitLong();
+    }
+    g_sigFile = dir + "/sig." + r;
+    signal(SIGTERM, onSignal);
+    signal(SIGINT, onSignal);
+    writeFile(dir + "/pid." + r, std::to_string(getpid()));
+    waitLong();
+  }
+  if ((mode == "fail" || mode == "stubborn") && argc == 4) {
+    if (mode == "stubborn") signal(SIGTERM, SIG_IGN);
+    if (rank == std::atoi(argv[2])) return std::atoi(argv[3]);
+    waitLong();
+  }
+  if (mode == "selfkill" && argc == 3) {
+    if (rank == std::atoi(argv[2])) kill(getpid(), SIGKILL);
+    waitLong();
+  }
+  if (mode == "flaky" && argc == 5) {
+    if (rank == std::atoi(argv[2]) && envInt("LOOM_RESTART_COUNT") < std::atoi(argv[4])) {
+      return std::atoi(argv[3]);
+    }
+    if (rank != std::atoi(argv[2]) && envInt("LOOM_RESTART_COUNT") < std::atoi(argv[4])) {
+      waitLong();
+    }
+    return 0;
+  }
+  if (mode == "chatter") {
+    std::printf("out one %d\nout two %d\n", rank, rank);
+    std::fflush(stdout);
+    std::fprintf(stderr, "err one %d\n", rank);
+    std::printf("partial %d", rank);
+    return 0;
+  }
+  std::fprintf(stderr, "launcher_test_worker: bad arguments\n");
+  return 99;
+}
