@@ -1,0 +1,267 @@
+// The multi-node rendezvous over a HashStore, nodes as threads (the store is the only thing
+// they share, as the loom-run processes of real nodes share a TCPStore).
+#include "rendezvous.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "launch_options.h"
+#include "loom/common/error.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::run {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+RendezvousOptions nodeOptions(int nnodes, int node, int nproc) {
+  RendezvousOptions o;
+  o.runId = "job";
+  o.nnodes = nnodes;
+  o.nodeRank = node;
+  o.nprocPerNode = nproc;
+  o.hostname = "host" + std::to_string(node);
+  o.endpoint = "test-store:1";
+  o.rdzvTimeout = 5000ms;
+  o.nodeTimeout = 5000ms;
+  return o;
+}
+
+TEST(Rendezvous, NodesAgreeOnTheWorld) {
+  HashStore store;
+  const std::vector<int> nprocs = {2, 3, 1};
+  std::vector<World> worlds(3);
+  loom::testing::runThreadRanks(3, [&](int node) {
+    Rendezvous r(store, nodeOptions(3, node, nprocs[node]));
+    worlds[node] = r.join(0, [] { return 4242; });
+  });
+  const std::vector<int> offsets = {0, 2, 5};
+  for (int node = 0; node < 3; ++node) {
+    EXPECT_EQ(worlds[node].worldSize, 6);
+    EXPECT_EQ(worlds[node].rankOffset, offsets[node]);
+    EXPECT_EQ(worlds[node].workerPort, 4242);
+    EXPECT_EQ(worlds[node].nprocs, nprocs);
+    EXPECT_EQ(worlds[node].hosts, (std::vector<std::string>{"host0", "host1", "host2"}));
+  }
+}
+
+TEST(Rendezvous, MissingNodeIsNamed) {
+  HashStore store;
+  std::vector<std::string> errors(2);
+  loom::testing::runThreadRanks(2, [&](int node) {
+    auto o = nodeOptions(3, node, 1);
+    o.rdzvTimeout = 300ms;
+    Rendezvous r(store, o);
+    try {
+      r.join(0, [] { return 1; });
+    } catch (const TimeoutError& e) {
+      errors[node] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_THAT(e, HasSubstr("node(s) 2 of 3 never arrived (arrived: 0, 1)"));
+    EXPECT_THAT(e, HasSubstr("test-store:1"));
+    EXPECT_THAT(e, HasSubstr("generation 0"));
+  }
+  // Node 0 itself missing: the others also wait for its worker port.
+  HashStore store2;
+  auto o = nodeOptions(2, 1, 1);
+  o.rdzvTimeout = 200ms;
+  Rendezvous r(store2, o);
+  try {
+    r.join(0, [] { return 1; });
+    FAIL() << "join without node 0 returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("node(s) 0 of 2 never arrived (arrived: 1)"));
+  }
+}
+
+TEST(Rendezvous, DisagreeingMaxRestartsIsAnError) {
+  HashStore store;
+  std::vector<std::string> errors(2);
+  loom::testing::runThreadRanks(2, [&](int node) {
+    auto o = nodeOptions(2, node, 1);
+    o.maxRestarts = node;  // 0 and 1
+    Rendezvous r(store, o);
+    try {
+      r.join(0, [] { return 1; });
+    } catch (const InvalidArgumentError& e) {
+      errors[node] = e.what();
+    }
+  });
+  EXPECT_THAT(errors[0], HasSubstr("node 1 (host1) runs with --max-restarts 1 but node 0 with 0"));
+  EXPECT_THAT(errors[1], HasSubstr("node 0 (host0) runs with --max-restarts 0 but node 1 with 1"));
+}
+
+TEST(Rendezvous, EndIsSeenByEveryNodeAndFirstReasonWins) {
+  HashStore store;
+  Rendezvous a(store, nodeOptions(2, 0, 1));
+  Rendezvous b(store, nodeOptions(2, 1, 1));
+  std::thread t([&] { b.join(0, [] { return 1; }); });
+  a.join(0, [] { return 1; });
+  t.join();
+  EXPECT_EQ(a.poll(), std::nullopt);
+  EXPECT_EQ(b.poll(), std::nullopt);
+  EXPECT_EQ(b.markEnded("node 1: rank 1 exited with code 7"), "node 1: rank 1 exited with code 7");
+  EXPECT_EQ(a.markEnded("node 0: later"), "node 1: rank 1 exited with code 7");
+  EXPECT_EQ(a.poll(), "node 1: rank 1 exited with code 7");
+  b.ackEnd();
+  EXPECT_TRUE(a.waitForOthers(2000ms).empty());
+
+  // A restart is a fresh generation: nothing of generation 0's end leaks into it.
+  std::thread t2([&] { b.join(1, [] { return 2; }); });
+  const World w = a.join(1, [] { return 2; });
+  t2.join();
+  EXPECT_EQ(w.generation, 1);
+  EXPECT_EQ(w.workerPort, 2);
+  EXPECT_EQ(a.poll(), std::nullopt);
+}
+
+TEST(Rendezvous, SilentNodeEndsTheGeneration) {
+  HashStore store;
+  auto oa = nodeOptions(2, 0, 1);
+  oa.nodeTimeout = 300ms;
+  Rendezvous a(store, oa);
+  Rendezvous b(store, nodeOptions(2, 1, 1));
+  std::thread t([&] { b.join(0, [] { return 1; }); });
+  a.join(0, [] { return 1; });
+  t.join();
+  b.poll();  // node 1 beats once, then goes quiet
+  const auto start = Clock::now();
+  std::optional<std::string> ended;
+  while (!ended && Clock::now() - start < 5s) {
+    ended = a.poll();
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_THAT(*ended, HasSubstr("node 1 sent no heartbeat for"));
+  // ... and the other nodes learn it through the store.
+  EXPECT_EQ(b.poll(), ended);
+}
+
+TEST(Rendezvous, DoneNodesAreNotTakenForDead) {
+  HashStore store;
+  auto oa = nodeOptions(2, 0, 1);
+  oa.nodeTimeout = 200ms;
+  Rendezvous a(store, oa);
+  Rendezvous b(store, nodeOptions(2, 1, 1));
+  std::thread t([&] { b.join(0, [] { return 1; }); });
+  a.join(0, [] { return 1; });
+  t.join();
+  b.markDone();
+  const auto start = Clock::now();
+  while (Clock::now() - start < 500ms) {
+    EXPECT_EQ(a.poll(), std::nullopt);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(a.waitForOthers(1000ms).empty());
+}
+
+TEST(Rendezvous, WaitForOthersGivesUpOnSilentNodes) {
+  HashStore store;
+  auto oa = nodeOptions(3, 0, 1);
+  oa.nodeTimeout = 200ms;
+  Rendezvous a(store, oa);
+  Rendezvous b(store, nodeOptions(3, 1, 1));
+  Rendezvous c(store, nodeOptions(3, 2, 1));
+  std::thread tb([&] { b.join(0, [] { return 1; }); });
+  std::thread tc([&] { c.join(0, [] { return 1; }); });
+  a.join(0, [] { return 1; });
+  tb.join();
+  tc.join();
+  b.ackEnd();
+  const auto start = Clock::now();
+  EXPECT_EQ(a.waitForOthers(10000ms), std::vector<int>{2});
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+TEST(Rendezvous, InterruptStopsAWait) {
+  HashStore store;
+  std::atomic<bool> stop{false};
+  Rendezvous r(store, nodeOptions(2, 0, 1), [&] { return stop.load(); });
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    stop = true;
+  });
+  EXPECT_THROW(r.join(0, [] { return 1; }), RendezvousInterrupted);
+  t.join();
+}
+
+ParseOutcome parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "loom-run");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return parseLaunchOptions(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(LaunchOptions, ParsesEveryFlag) {
+  const auto p = parse({"--nproc-per-node",
+                        "4",
+                        "--nnodes",
+                        "3",
+                        "--node-rank",
+                        "2",
+                        "--master-addr",
+                        "10.0.0.1",
+                        "--master-port",
+                        "29500",
+                        "--max-restarts",
+                        "2",
+                        "--redirect-prefix",
+                        "--grace-period-s",
+                        "1.5",
+                        "--rdzv-timeout-s",
+                        "20",
+                        "--node-timeout-s",
+                        "7",
+                        "--run-id",
+                        "exp1",
+                        "prog",
+                        "--flag",
+                        "x"});
+  ASSERT_EQ(p.kind, ParseOutcome::kRun) << p.text;
+  const auto& o = p.options;
+  EXPECT_EQ(o.nprocPerNode, 4);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.nodeRank, 2);
+  EXPECT_EQ(o.masterAddr, "10.0.0.1");
+  EXPECT_EQ(o.masterPort, 29500);
+  EXPECT_EQ(o.maxRestarts, 2);
+  EXPECT_TRUE(o.redirectPrefix);
+  EXPECT_EQ(o.gracePeriod, 1500ms);
+  EXPECT_EQ(o.rdzvTimeout, 20000ms);
+  EXPECT_EQ(o.nodeTimeout, 7000ms);
+  EXPECT_EQ(o.runId, "exp1");
+  // Flags after PROGRAM belong to PROGRAM.
+  EXPECT_EQ(o.command, (std::vector<std::string>{"prog", "--flag", "x"}));
+}
+
+TEST(LaunchOptions, DoubleDashSeparatesTheProgram) {
+  const auto p = parse({"--nproc-per-node", "1", "--", "-weird", "--nnodes", "5"});
+  ASSERT_EQ(p.kind, ParseOutcome::kRun) << p.text;
+  EXPECT_EQ(p.options.nnodes, 1);
+  EXPECT_EQ(p.options.command, (std::vector<std::string>{"-weird", "--nnodes", "5"}));
+}
+
+TEST(LaunchOptions, ErrorsNameTheProblem) {
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "5", "--master-addr",
+                     "a", "--master-port", "1", "p"})
+                  .text,
+              HasSubstr("--node-rank 5 is out of range"));
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "--nnodes", "2", "--master-port", "1", "p"}).text,
+              HasSubstr("needs --master-addr"));
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "--run-id", "a/b", "p"}).text,
+              HasSubstr("--run-id 'a/b'"));
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "--frob", "p"}).text,
+              HasSubstr("unknown option '--frob'"));
+  EXPECT_EQ(parse({"--help"}).kind, ParseOutcome::kHelp);
+}
+
+}  // namespace
+}  // namespace loom::run
