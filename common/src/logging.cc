@@ -39,20 +39,29 @@ spdlog::logger& logger() {
 
 spdlog::level::level_enum toSpdlog(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarning: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kOff: break;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarning:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      break;
   }
   return spdlog::level::off;
 }
 
 }  // namespace
 
-void setLogLevel(LogLevel level) { currentLevel().store(level, std::memory_order_relaxed); }
+void setLogLevel(LogLevel level) {
+  currentLevel().store(level, std::memory_order_relaxed);
+}
 
-LogLevel logLevel() { return currentLevel().load(std::memory_order_relaxed); }
+LogLevel logLevel() {
+  return currentLevel().load(std::memory_order_relaxed);
+}
 
 bool logEnabled(LogLevel level) {
   return level != LogLevel::kOff && level >= currentLevel().load(std::memory_order_relaxed);

@@ -99,9 +99,8 @@ int64_t HashStore::numKeys() {
   return static_cast<int64_t>(data_.size());
 }
 
-void HashStore::waitLocked(std::unique_lock<std::mutex>& lock,
-                           const std::vector<std::string>& keys, milliseconds timeout,
-                           const char* op) {
+void HashStore::waitLocked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
+                           milliseconds timeout, const char* op) {
   Deadline deadline(timeout);
   auto present = [&] {
     for (const auto& key : keys) {

@@ -96,7 +96,9 @@ void ChildProcesses::spawnRanks(int n, const std::function<void(int rank)>& fn) 
   }
 }
 
-void ChildProcesses::kill(int index, int sig) { ::kill(children_.at(index).pid, sig); }
+void ChildProcesses::kill(int index, int sig) {
+  ::kill(children_.at(index).pid, sig);
+}
 
 namespace {
 
@@ -160,8 +162,8 @@ std::string ChildProcesses::waitAllOk(std::chrono::milliseconds timeout) {
   std::string failures;
   for (size_t i = 0; i < exits.size(); ++i) {
     if (!exits[i].ok()) {
-      failures += "[" + (children_[i].name.empty() ? std::to_string(i) : children_[i].name) +
-                  "] " + exits[i].describe() + "\n";
+      failures += "[" + (children_[i].name.empty() ? std::to_string(i) : children_[i].name) + "] " +
+                  exits[i].describe() + "\n";
     }
   }
   return failures;

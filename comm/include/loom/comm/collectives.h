@@ -28,11 +28,11 @@ class Context;
 
 enum class Algorithm : uint8_t {
   kAuto,
-  kRing,                // bandwidth-optimal ring (reduce-scatter + all-gather)
-  kRecursiveDoubling,   // latency-optimal for small messages
-  kDirect,              // every rank exchanges with every rank (small worlds / all-to-all)
-  kTree,                // binomial tree (broadcast / reduce)
-  kChain,               // pipelined chain (broadcast)
+  kRing,               // bandwidth-optimal ring (reduce-scatter + all-gather)
+  kRecursiveDoubling,  // latency-optimal for small messages
+  kDirect,             // every rank exchanges with every rank (small worlds / all-to-all)
+  kTree,               // binomial tree (broadcast / reduce)
+  kChain,              // pipelined chain (broadcast)
 };
 const char* algorithmName(Algorithm algorithm);
 Algorithm parseAlgorithm(std::string_view name);  // "auto", "ring", "rd", "direct", ...
@@ -57,8 +57,8 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
 void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
                const CollectiveOptions& opts = {});
 // out (count) on rank r = reduction of slice r of every rank's in (size * count).
-void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
-                   ReduceOp op, const CollectiveOptions& opts = {});
+void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                   const CollectiveOptions& opts = {});
 // out (size * count) on root = every rank's in (count) in rank order; ignored elsewhere.
 void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
             const CollectiveOptions& opts = {});

@@ -80,25 +80,25 @@ template <typename E, typename... Args>
 #define LOOM_THROW(ErrorType, ...) \
   ::loom::detail::throwAt<ErrorType>(__FILE__, __LINE__, __VA_ARGS__)
 
-#define LOOM_CHECK_T(ErrorType, cond, ...)                                           \
-  do {                                                                               \
-    if (!(cond)) [[unlikely]] {                                                      \
-      ::loom::detail::throwAt<ErrorType>(__FILE__, __LINE__, #cond ": " __VA_OPT__(, ) \
-                                             __VA_ARGS__);                           \
-    }                                                                                \
+#define LOOM_CHECK_T(ErrorType, cond, ...)                                       \
+  do {                                                                           \
+    if (!(cond)) [[unlikely]] {                                                  \
+      ::loom::detail::throwAt<ErrorType>(__FILE__, __LINE__,                     \
+                                         #cond ": " __VA_OPT__(, ) __VA_ARGS__); \
+    }                                                                            \
   } while (0)
 
 #define LOOM_CHECK(cond, ...) LOOM_CHECK_T(::loom::InvalidArgumentError, cond, __VA_ARGS__)
 
-#define LOOM_CHECK_OP_(op, a, b, ...)                                                 \
-  do {                                                                                \
-    const auto& loom_a_ = (a);                                                        \
-    const auto& loom_b_ = (b);                                                        \
-    if (!(loom_a_ op loom_b_)) [[unlikely]] {                                         \
-      ::loom::detail::throwAt<::loom::InvalidArgumentError>(                          \
-          __FILE__, __LINE__, #a " " #op " " #b " (", loom_a_, " vs ", loom_b_, ")" \
-          __VA_OPT__(, ": ", ) __VA_ARGS__);                                          \
-    }                                                                                 \
+#define LOOM_CHECK_OP_(op, a, b, ...)                                           \
+  do {                                                                          \
+    const auto& loom_a_ = (a);                                                  \
+    const auto& loom_b_ = (b);                                                  \
+    if (!(loom_a_ op loom_b_)) [[unlikely]] {                                   \
+      ::loom::detail::throwAt<::loom::InvalidArgumentError>(                    \
+          __FILE__, __LINE__, #a " " #op " " #b " (", loom_a_, " vs ", loom_b_, \
+          ")" __VA_OPT__(, ": ", ) __VA_ARGS__);                                \
+    }                                                                           \
   } while (0)
 
 #define LOOM_CHECK_EQ(a, b, ...) LOOM_CHECK_OP_(==, a, b, __VA_ARGS__)
@@ -118,15 +118,15 @@ template <typename E, typename... Args>
 
 // Evaluates a POSIX call that returns -1 and sets errno on failure; retries on EINTR.
 // Yields the call's result. Throws IoError naming the call, the context and strerror.
-#define LOOM_SYSCHECK(expr, ...)                                                       \
-  ([&]() {                                                                             \
-    for (;;) {                                                                         \
-      auto loom_rv_ = (expr);                                                          \
-      if (loom_rv_ != -1) return loom_rv_;                                             \
-      const int loom_err_ = errno;                                                     \
-      if (loom_err_ == EINTR) continue;                                                \
-      ::loom::detail::throwAt<::loom::IoError>(__FILE__, __LINE__, #expr " failed" __VA_OPT__(, ": ", ) \
-                                               __VA_ARGS__, ": ",                      \
-                                               ::loom::detail::errnoText(loom_err_));  \
-    }                                                                                  \
+#define LOOM_SYSCHECK(expr, ...)                                                                 \
+  ([&]() {                                                                                       \
+    for (;;) {                                                                                   \
+      auto loom_rv_ = (expr);                                                                    \
+      if (loom_rv_ != -1) return loom_rv_;                                                       \
+      const int loom_err_ = errno;                                                               \
+      if (loom_err_ == EINTR) continue;                                                          \
+      ::loom::detail::throwAt<::loom::IoError>(__FILE__, __LINE__,                               \
+                                               #expr " failed" __VA_OPT__(, ": ", ) __VA_ARGS__, \
+                                               ": ", ::loom::detail::errnoText(loom_err_));      \
+    }                                                                                            \
   }())

@@ -21,11 +21,11 @@ void logMessage(LogLevel level, std::string_view message) noexcept;
 
 }  // namespace loom
 
-#define LOOM_LOG_(level, ...)                                                 \
-  do {                                                                        \
-    if (::loom::logEnabled(level)) {                                          \
-      ::loom::logMessage(level, ::loom::detail::str(__VA_ARGS__));            \
-    }                                                                         \
+#define LOOM_LOG_(level, ...)                                      \
+  do {                                                             \
+    if (::loom::logEnabled(level)) {                               \
+      ::loom::logMessage(level, ::loom::detail::str(__VA_ARGS__)); \
+    }                                                              \
   } while (0)
 
 #define LOOM_LOG_DEBUG(...) LOOM_LOG_(::loom::LogLevel::kDebug, __VA_ARGS__)

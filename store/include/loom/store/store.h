@@ -32,8 +32,12 @@ namespace loom {
 
 using Bytes = std::vector<uint8_t>;
 
-inline Bytes toBytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
-inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
+inline Bytes toBytes(std::string_view s) {
+  return Bytes(s.begin(), s.end());
+}
+inline std::string toString(const Bytes& b) {
+  return std::string(b.begin(), b.end());
+}
 
 class Store {
  public:
@@ -45,8 +49,7 @@ class Store {
   // Blocks until `key` exists or timeout() passes.
   virtual Bytes get(const std::string& key) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
-  virtual Bytes compareSet(const std::string& key, const Bytes& expected,
-                           const Bytes& desired) = 0;
+  virtual Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
   // Returns true when the key existed and was removed.
   virtual bool deleteKey(const std::string& key) = 0;
   // True when every key exists now; never blocks.
