@@ -10,7 +10,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: loom-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
     "--master-port P] [--max-restarts K] [--redirect-prefix] [--grace-period-s S] "
-    "[--rdzv-timeout-s S] [--node-timeout-s S] [--run-id ID] [--] PROGRAM [ARGS...]";
+    "[--rdzv-timeout-s S] [--node-timeout-s S] [--run-id ID] [--rdzv-endpoint HOST:PORT] [--] "
+    "PROGRAM [ARGS...]";
 
 constexpr const char* kDescription =
     "Starts N worker processes of PROGRAM on this node with RANK, WORLD_SIZE, LOCAL_RANK,\n"
@@ -72,6 +73,18 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
                  "job id shared by all nodes, namespaces the rendezvous keys; default "
                  "'default'");
 
+  std::string rdzvEndpoint;
+  app.add_option("--rdzv-endpoint", rdzvEndpoint,
+                 "HOST:PORT where this node (if not node 0) reaches the rendezvous store, when "
+                 "not at --master-addr:--master-port (a proxy, a NAT); workers still get "
+                 "MASTER_ADDR=--master-addr");
+  app.footer(
+      "Environment of every worker: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,\n"
+      "GROUP_RANK (= NODE_RANK), GROUP_WORLD_SIZE (= --nnodes), MASTER_ADDR, MASTER_PORT,\n"
+      "LOOM_RUN_ID, LOOM_RESTART_COUNT (0, 1, ... per restart), LOOM_MAX_RESTARTS. On a single\n"
+      "node MASTER_PORT is --master-port, or a free port when it is 0 or absent; with several\n"
+      "nodes it is a free port on node 0 picked for each (re)start, because --master-port is\n"
+      "taken by loom-run's own rendezvous store. Worker stdin is /dev/null.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -112,6 +125,19 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   if (o.nnodes > 1) {
     if (!o.masterAddrGiven) return fail("--nnodes > 1 needs --master-addr (the address of node 0)");
     if (o.masterPort == 0) return fail("--nnodes > 1 needs --master-port P with P in 1..65535");
+  }
+  if (!rdzvEndpoint.empty()) {
+    const auto colon = rdzvEndpoint.rfind(':');
+    int port = 0;
+    try {
+      port = colon == std::string::npos ? 0 : std::stoi(rdzvEndpoint.substr(colon + 1));
+    } catch (const std::exception&) {
+    }
+    if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535) {
+      return fail("--rdzv-endpoint '" + rdzvEndpoint + "' is not HOST:PORT with PORT in 1..65535");
+    }
+    o.rdzvHost = rdzvEndpoint.substr(0, colon);
+    o.rdzvPort = port;
   }
   if (o.runId.empty() || o.runId.find('/') != std::string::npos) {
     return fail("--run-id '" + o.runId + "' must be non-empty and contain no '/'");

@@ -25,6 +25,9 @@ struct LaunchOptions {
   std::chrono::milliseconds rdzvTimeout{60000};
   std::chrono::milliseconds nodeTimeout{30000};
   std::string runId = "default";
+  // Where nodes other than 0 reach the rendezvous store; empty: masterAddr:masterPort.
+  std::string rdzvHost;
+  int rdzvPort = 0;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
 

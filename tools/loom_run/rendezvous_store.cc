@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include "loom/common/error.h"
+#if __has_include("loom/store/tcp_store.h")
+#include "loom/store/tcp_store.h"
+#endif
 
 namespace loom::run {
 
@@ -23,11 +26,60 @@ int pickFreePort() {
   return ntohs(addr.sin_port);
 }
 
+#if __has_include("loom/store/tcp_store.h")
+
+namespace {
+
+class TcpRendezvousStore : public RendezvousStore {
+ public:
+  explicit TcpRendezvousStore(const LaunchOptions& o) {
+    // Node 0 hosts the server (all interfaces, --master-port) and talks to it directly.
+    const bool viaEndpoint = o.nodeRank != 0 && !o.rdzvHost.empty();
+    const std::string host = viaEndpoint ? o.rdzvHost : o.masterAddr;
+    const int port = viaEndpoint ? o.rdzvPort : o.masterPort;
+    endpoint_ = host + ":" + std::to_string(port);
+    TCPStoreOptions options;
+    options.timeout = o.rdzvTimeout;
+    options.rank = o.nodeRank;
+    options.isServer = o.nodeRank == 0;
+    options.waitForWorkers = false;
+    try {
+      store_ = std::make_unique<TCPStore>(host, port, options);
+    } catch (const TimeoutError& e) {
+      LOOM_THROW(TimeoutError, "rendezvous: node 0's store at ", endpoint_,
+                 " could not be reached within ", o.rdzvTimeout.count(),
+                 " ms (node 0 never arrived, or a wrong --master-addr/--master-port): ", e.what());
+    } catch (const IoError& e) {
+      if (o.nodeRank == 0) {
+        LOOM_THROW(IoError, "rendezvous: node 0 could not host the store on port ", o.masterPort,
+                   " (--master-port): ", e.what());
+      }
+      LOOM_THROW(IoError, "rendezvous: cannot reach node 0's store at ", endpoint_, ": ", e.what());
+    }
+  }
+  Store& store() override { return *store_; }
+  std::string endpoint() const override { return endpoint_; }
+
+ private:
+  std::string endpoint_;
+  std::unique_ptr<TCPStore> store_;
+};
+
+}  // namespace
+
+std::unique_ptr<RendezvousStore> openRendezvousStore(const LaunchOptions& options) {
+  return std::make_unique<TcpRendezvousStore>(options);
+}
+
+#else
+
 std::unique_ptr<RendezvousStore> openRendezvousStore(const LaunchOptions& options) {
   LOOM_THROW(NotAvailableError,
              "multi-node rendezvous needs the TCPStore, which this build of "
              "loom-run does not have yet (asked for --nnodes ",
              options.nnodes, ")");
 }
+
+#endif
 
 }  // namespace loom::run

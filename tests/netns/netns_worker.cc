@@ -1,0 +1,220 @@
+// netns_worker: the PROGRAM loom-run starts on every "host" of the netns test.
+//
+//   netns_worker --nnodes M --nproc-per-node N
+//
+// 1. Checks the launcher's environment: RANK == NODE_RANK*N + LOCAL_RANK, WORLD_SIZE == M*N,
+//    LOCAL_WORLD_SIZE == N, and that every rank runs on the host (network namespace, named in
+//    LOOM_TEST_HOST by the test script) its node rank says.
+// 2. Checks all-reduce, broadcast and all-gather across the hosts, each rank filling known
+//    values and comparing with the closed form:
+//    - with the ProcessGroup (built when loom_process_group exists: LOOM_NETNS_HAVE_PG), the
+//      real collectives over the tcp backend, started from the environment (env://);
+//    - without it, the same three checks done through the job's TCPStore (every rank
+//      publishes its buffer, every rank reads all of them), so that the cross-host paths of
+//      the launcher and the store are tested either way.
+// Exits 0 when everything matched, 1 with a message naming rank, check and element otherwise.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "loom/store/tcp_store.h"
+
+#ifdef LOOM_NETNS_HAVE_PG
+#include "loom/process_group/init.h"
+#endif
+
+namespace {
+
+int envInt(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) throw std::runtime_error(std::string(name) + " is not set");
+  return std::atoi(v);
+}
+
+std::string envStr(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) throw std::runtime_error(std::string(name) + " is not set");
+  return v;
+}
+
+[[noreturn]] void fail(int rank, const std::string& what) {
+  throw std::runtime_error("rank " + std::to_string(rank) + ": " + what);
+}
+
+// What rank r contributes: element i of rank r's buffer.
+float valueOf(int r, size_t i) {
+  return static_cast<float>(r + 1) + static_cast<float>(i % 97);
+}
+
+// Byte helpers for the store path.
+loom::Bytes floatsToBytes(const std::vector<float>& v) {
+  loom::Bytes b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+std::vector<float> bytesToFloats(const loom::Bytes& b) {
+  std::vector<float> v(b.size() / sizeof(float));
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+void expectEqual(int rank, const char* check, const std::vector<float>& got,
+                 const std::vector<float>& want) {
+  if (got.size() != want.size()) {
+    fail(rank, std::string(check) + ": " + std::to_string(got.size()) + " elements, expected " +
+                   std::to_string(want.size()));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::fabs(got[i] - want[i]) > 1e-3f * std::fabs(want[i]) + 1e-3f) {
+      fail(rank, std::string(check) + ": element " + std::to_string(i) + " is " +
+                     std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
+    }
+  }
+}
+
+std::vector<float> expectedSum(int world, size_t count) {
+  std::vector<float> want(count, 0.0f);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < count; ++i) want[i] += valueOf(r, i);
+  }
+  return want;
+}
+
+std::vector<float> expectedGather(int world, size_t count) {
+  std::vector<float> want;
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < count; ++i) want.push_back(valueOf(r, i));
+  }
+  return want;
+}
+
+// Each rank says where it runs; every rank checks every other rank's host.
+void checkHosts(loom::Store& store, int rank, int world, int nproc) {
+  store.set("host/" + std::to_string(rank), envStr("LOOM_TEST_HOST"));
+  for (int r = 0; r < world; ++r) {
+    const std::string host = store.getString("host/" + std::to_string(r));
+    const std::string want = "h" + std::to_string(r / nproc);
+    if (host != want)
+      fail(rank, "rank " + std::to_string(r) + " runs on " + host + ", expected " + want);
+  }
+}
+
+void storeCollectives(loom::Store& store, int rank, int world, size_t count) {
+  const std::string n = std::to_string(count);
+  std::vector<float> mine(count);
+  for (size_t i = 0; i < count; ++i) mine[i] = valueOf(rank, i);
+  // all-reduce (sum): everyone publishes, everyone adds up.
+  store.set("ar/" + n + "/" + std::to_string(rank), floatsToBytes(mine));
+  std::vector<float> sum(count, 0.0f);
+  for (int r = 0; r < world; ++r) {
+    const auto theirs = bytesToFloats(store.get("ar/" + n + "/" + std::to_string(r)));
+    for (size_t i = 0; i < count && i < theirs.size(); ++i) sum[i] += theirs[i];
+  }
+  expectEqual(rank, "store all-reduce", sum, expectedSum(world, count));
+  // broadcast from the last rank (on the last host).
+  const int root = world - 1;
+  if (rank == root) store.set("bc/" + n, floatsToBytes(mine));
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; ++i) want[i] = valueOf(root, i);
+  expectEqual(rank, "store broadcast", bytesToFloats(store.get("bc/" + n)), want);
+  // all-gather.
+  std::vector<float> all;
+  for (int r = 0; r < world; ++r) {
+    const auto theirs = bytesToFloats(store.get("ar/" + n + "/" + std::to_string(r)));
+    all.insert(all.end(), theirs.begin(), theirs.end());
+  }
+  expectEqual(rank, "store all-gather", all, expectedGather(world, count));
+}
+
+// Every rank arrives; the last one to arrive releases all. Rank 0 hosts the store, so it must
+// not leave before the others have read everything.
+void finalBarrier(loom::Store& store, int world) {
+  if (store.add("finished", 1) == world) store.set("all_finished", "1");
+  store.wait({"all_finished"});
+}
+
+#ifdef LOOM_NETNS_HAVE_PG
+void check(const std::shared_ptr<loom::Work>& work) {
+  work->wait();
+  if (auto e = work->exception()) std::rethrow_exception(e);
+}
+
+void pgCollectives(loom::ProcessGroup& pg, int rank, int world, size_t count) {
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i) buf[i] = valueOf(rank, i);
+  check(pg.allreduce(loom::view(buf.data(), count)));
+  expectEqual(rank, "all-reduce", buf, expectedSum(world, count));
+
+  const int root = world - 1;
+  for (size_t i = 0; i < count; ++i) buf[i] = rank == root ? valueOf(root, i) : -1.0f;
+  loom::BroadcastOptions bo;
+  bo.root = root;
+  check(pg.broadcast(loom::view(buf.data(), count), bo));
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; ++i) want[i] = valueOf(root, i);
+  expectEqual(rank, "broadcast", buf, want);
+
+  std::vector<float> mine(count), all(count * static_cast<size_t>(world), -1.0f);
+  for (size_t i = 0; i < count; ++i) mine[i] = valueOf(rank, i);
+  check(pg.allgather(loom::view(mine.data(), count), loom::view(all.data(), all.size())));
+  expectEqual(rank, "all-gather", all, expectedGather(world, count));
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("netns test worker (run by loom-run)", "netns_worker");
+  int nnodes = 0, nproc = 0;
+  app.add_option("--nnodes", nnodes, "nodes in the job")->required();
+  app.add_option("--nproc-per-node", nproc, "workers per node")->required();
+  CLI11_PARSE(app, argc, argv);
+  int rank = -1;
+  try {
+    rank = envInt("RANK");
+    const int world = envInt("WORLD_SIZE");
+    const int local = envInt("LOCAL_RANK");
+    const int node = envInt("NODE_RANK");
+    if (world != nnodes * nproc)
+      fail(rank, "WORLD_SIZE " + std::to_string(world) + " != nnodes*nproc");
+    if (envInt("LOCAL_WORLD_SIZE") != nproc) fail(rank, "LOCAL_WORLD_SIZE is not --nproc-per-node");
+    if (rank != node * nproc + local) fail(rank, "RANK != NODE_RANK*nproc + LOCAL_RANK");
+    if (envStr("LOOM_TEST_HOST") != "h" + std::to_string(node)) {
+      fail(rank, "NODE_RANK " + std::to_string(node) + " on host " + envStr("LOOM_TEST_HOST"));
+    }
+    const std::vector<size_t> counts = {1, 1000, 65536 + 3};
+#ifdef LOOM_NETNS_HAVE_PG
+    loom::InitOptions io;
+    io.pg.timeout = std::chrono::seconds(60);
+    loom::InitResult init = loom::initProcessGroup(io);
+    checkHosts(*init.store, rank, world, nproc);
+    for (size_t count : counts) pgCollectives(*init.pg, rank, world, count);
+    check(init.pg->barrier());
+    std::printf("rank %d: hosts, all-reduce, broadcast, all-gather (ProcessGroup) ok\n", rank);
+#else
+    loom::TCPStoreOptions so;
+    so.timeout = std::chrono::seconds(60);
+    so.rank = rank;
+    so.isServer = rank == 0;
+    so.waitForWorkers = false;
+    loom::TCPStore store(envStr("MASTER_ADDR"), envInt("MASTER_PORT"), so);
+    checkHosts(store, rank, world, nproc);
+    for (size_t count : counts) storeCollectives(store, rank, world, count);
+    finalBarrier(store, world);
+    std::printf("rank %d: hosts, all-reduce, broadcast, all-gather (through the TCPStore) ok\n",
+                rank);
+#endif
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "netns_worker rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
