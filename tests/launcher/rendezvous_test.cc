@@ -112,7 +112,9 @@ TEST(Rendezvous, EndIsSeenByEveryNodeAndFirstReasonWins) {
   EXPECT_EQ(a.markEnded("node 0: later"), "node 1: rank 1 exited with code 7");
   EXPECT_EQ(a.poll(), "node 1: rank 1 exited with code 7");
   b.ackEnd();
-  EXPECT_TRUE(a.waitForOthers(2000ms).empty());
+  const auto others = a.waitForOthers(2000ms);
+  EXPECT_TRUE(others.gaveUp.empty());
+  EXPECT_EQ(others.ended, "node 1: rank 1 exited with code 7");
 
   // A restart is a fresh generation: nothing of generation 0's end leaks into it.
   std::thread t2([&] { b.join(1, [] { return 2; }); });
@@ -160,7 +162,9 @@ TEST(Rendezvous, DoneNodesAreNotTakenForDead) {
     EXPECT_EQ(a.poll(), std::nullopt);
     std::this_thread::sleep_for(20ms);
   }
-  EXPECT_TRUE(a.waitForOthers(1000ms).empty());
+  const auto others = a.waitForOthers(1000ms);
+  EXPECT_TRUE(others.gaveUp.empty());
+  EXPECT_EQ(others.ended, std::nullopt);
 }
 
 TEST(Rendezvous, WaitForOthersGivesUpOnSilentNodes) {
@@ -177,7 +181,7 @@ TEST(Rendezvous, WaitForOthersGivesUpOnSilentNodes) {
   tc.join();
   b.ackEnd();
   const auto start = Clock::now();
-  EXPECT_EQ(a.waitForOthers(10000ms), std::vector<int>{2});
+  EXPECT_EQ(a.waitForOthers(10000ms).gaveUp, std::vector<int>{2});
   EXPECT_LT(Clock::now() - start, 5s);
 }
 

@@ -36,6 +36,7 @@ SUBNET=10.213.7
 TMP=$(mktemp -d)
 NAMESPACES=()
 BG_PIDS=()
+PROXY_PIDS=()
 
 cleanup() {
   local pid ns
@@ -84,10 +85,12 @@ done
 run ip netns exec "${P}-h1" tc qdisc add dev eth0 root tbf rate 200mbit burst 256kb latency 100ms
 run ip netns exec "${P}-sw" tc qdisc add dev "${P}b1" root tbf rate 200mbit burst 256kb latency 100ms
 
-# The hosts see each other (a bounded check, so a broken bridge fails here and says so).
+# The hosts see each other: a TCP connect from h0 to a closed port of h1/h2 must be refused
+# (an answer), not time out (a bounded check, so a broken bridge fails here and says so).
 for h in 1 2; do
-  ip netns exec "${P}-h0" ping -c 1 -W 2 "$SUBNET.$((10 + h))" >/dev/null 2>&1 ||
-    fail "h0 cannot ping h$h ($SUBNET.$((10 + h))): the test network did not come up"
+  probe=$(ip netns exec "${P}-h0" timeout 5 bash -c "exec 3<>/dev/tcp/$SUBNET.$((10 + h))/9" 2>&1)
+  [[ $probe == *"refused"* ]] ||
+    fail "h0 cannot reach h$h ($SUBNET.$((10 + h))): the test network did not come up ($probe)"
 done
 
 MASTER="$SUBNET.10"
@@ -98,6 +101,8 @@ start_proxy() {
   ip netns exec "${P}-h$1" "$PROXY" --listen "127.0.0.1:$2" --target "$MASTER:$PORT" \
     --delay-ms "$3" --max-seconds 100 >"$TMP/proxy-h$1.log" 2>&1 &
   BG_PIDS+=($!)
+  PROXY_PIDS+=($!)
+  disown $!  # killed by cleanup or stop_proxies; no job-control chatter
 }
 
 # run_job NAME NNODES NPROC EXPECT HOSTS... -- LOOM_RUN_FLAGS... -- PROGRAM...
@@ -156,12 +161,15 @@ run_job two_hosts 2 2 0 0 1 -- -- "$WORKER" --nnodes 2 --nproc-per-node 2
 for r in 0 1 2 3; do expect_in two_hosts $((r / 2)) "[rank $r] rank $r: hosts, all-reduce"; done
 
 # 2. Three hosts x one worker; h2 through a 40 ms proxy, h1 rate-limited.
+PORT=29510
 start_proxy 2 29602 40
 EXTRA_h1=""
 EXTRA_h2="--rdzv-endpoint 127.0.0.1:29602"
-PORT=29510
 run_job three_hosts 3 1 0 0 1 2 -- -- "$WORKER" --nnodes 3 --nproc-per-node 1
 for r in 0 1 2; do expect_in three_hosts "$r" "[rank $r] rank $r: hosts, all-reduce"; done
+
+# The proxies are done: stop them, so that the lost_node check below sees an empty h1.
+for pid in "${PROXY_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
 
 # 3. A node that never arrives: the others fail, naming it.
 EXTRA_h2=""
@@ -170,12 +178,65 @@ run_job missing_node 3 1 nonzero 0 1 -- --rdzv-timeout-s 3 -- "$WORKER" --nnodes
 expect_in missing_node 0 "node(s) 2 of 3 never arrived"
 expect_in missing_node 1 "node(s) 2 of 3 never arrived"
 
-# 4. A worker failing on one host stops the job on every host, naming rank and code.
+# 4. Node 0 never arrives: the others say they could not reach its store.
+PORT=29540
+run_job missing_master 2 1 nonzero 1 -- --rdzv-timeout-s 2 -- "$WORKER" --nnodes 2 --nproc-per-node 1
+expect_in missing_master 1 "node 0's store at $MASTER:$PORT could not be reached"
+
+# 5. A worker failing on one host stops the job on every host, naming rank and code.
 PORT=29530
 run_job remote_failure 2 1 nonzero 0 1 -- --grace-period-s 2 -- \
   sh -c 'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 50'
 expect_in remote_failure 1 "rank 1 (local rank 0) exited with code 7"
 expect_in remote_failure 0 "node 1: rank 1 (local rank 0) exited with code 7"
 [[ $(cat "$TMP/remote_failure-h1.rc") == 7 ]] || fail "remote_failure: h1 should exit 7"
+
+# 6. --max-restarts across hosts: rank 1 fails in the first attempt; every node restarts
+#    into a fresh rendezvous and the second attempt succeeds everywhere.
+PORT=29550
+run_job restart 2 1 0 0 1 -- --max-restarts 1 --grace-period-s 2 -- \
+  sh -c 'if [ "$RANK" = 1 ] && [ "$LOOM_RESTART_COUNT" = 0 ]; then exit 5; fi
+         if [ "$LOOM_RESTART_COUNT" = 0 ]; then sleep 50; fi; echo "attempt $LOOM_RESTART_COUNT ok"'
+for h in 0 1; do
+  expect_in restart "$h" "restart 1 of 1 after: node 1: rank 1 (local rank 0) exited with code 5"
+  expect_in restart "$h" "generation 1: world size 2"
+  expect_in restart "$h" "[rank $h] attempt 1 ok"
+done
+
+# 7. A node's loom-run is SIGKILLed: its workers die with it, and the other node notices the
+#    missing heartbeat, stops its workers and fails naming it.
+PORT=29560
+echo "== lost_node"
+start=$SECONDS
+pids=()
+for h in 0 1; do
+  ip netns exec "${P}-h$h" env LOOM_TEST_HOST="h$h" timeout -k 5 60 \
+    "$LOOM_RUN" --nnodes 2 --node-rank "$h" --nproc-per-node 1 --master-addr "$MASTER" \
+    --master-port "$PORT" --run-id lost_node --node-timeout-s 3 --grace-period-s 2 \
+    sh -c 'echo "rank $RANK up"; sleep 50' >"$TMP/lost_node-h$h.log" 2>&1 &
+  pids+=($!)
+  BG_PIDS+=($!)
+done
+disown "${pids[1]}"  # it is SIGKILLed on purpose; no job-control chatter
+for _ in $(seq 200); do
+  grep -q "rank 1 up" "$TMP/lost_node-h1.log" && break
+  sleep 0.05
+done
+grep -q "rank 1 up" "$TMP/lost_node-h1.log" || fail "lost_node: h1's worker never started"
+for pid in $(ip netns pids "${P}-h1"); do
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == loom-run ]] && kill -KILL "$pid"
+done
+wait "${pids[0]}"
+rc0=$?
+cat "$TMP/lost_node-h0.log" "$TMP/lost_node-h1.log"
+echo "== lost_node took $((SECONDS - start)) s"
+[[ $rc0 -ne 0 ]] || fail "lost_node: h0 exited 0 after losing node 1"
+expect_in lost_node 0 "node 1 sent no heartbeat for"
+# Nothing of h1's job is left running in its namespace (bounded wait for the shepherd's grace).
+for _ in $(seq 100); do
+  [[ -z $(ip netns pids "${P}-h1") ]] && break
+  sleep 0.05
+done
+[[ -z $(ip netns pids "${P}-h1") ]] || fail "lost_node: processes left on h1: $(ip netns pids "${P}-h1")"
 
 echo "PASS: netns multi-host tests"

@@ -134,11 +134,16 @@ void storeCollectives(loom::Store& store, int rank, int world, size_t count) {
   expectEqual(rank, "store all-gather", all, expectedGather(world, count));
 }
 
-// Every rank arrives; the last one to arrive releases all. Rank 0 hosts the store, so it must
-// not leave before the others have read everything.
-void finalBarrier(loom::Store& store, int world) {
+// Every rank arrives; the last one to arrive releases all. Rank 0 hosts the store, so it
+// leaves last: only once every other rank has said it is leaving.
+void finalBarrier(loom::Store& store, int rank, int world) {
   if (store.add("finished", 1) == world) store.set("all_finished", "1");
   store.wait({"all_finished"});
+  if (rank != 0) {
+    if (store.add("left", 1) == world - 1) store.set("all_left", "1");
+  } else if (world > 1) {
+    store.wait({"all_left"});
+  }
 }
 
 #ifdef LOOM_NETNS_HAVE_PG
@@ -208,7 +213,7 @@ int main(int argc, char** argv) {
     loom::TCPStore store(envStr("MASTER_ADDR"), envInt("MASTER_PORT"), so);
     checkHosts(store, rank, world, nproc);
     for (size_t count : counts) storeCollectives(store, rank, world, count);
-    finalBarrier(store, world);
+    finalBarrier(store, rank, world);
     std::printf("rank %d: hosts, all-reduce, broadcast, all-gather (through the TCPStore) ok\n",
                 rank);
 #endif

@@ -148,10 +148,12 @@ class Launcher {
     Rendezvous rdzv(rs->store(), ro, [this] { return interrupted(); });
     const bool host = o_.nodeRank == 0;
     // Node 0 hosts the store: before it leaves, let the others learn how the job ended.
-    auto lingerIfHost = [&] {
-      if (!host) return;
-      const auto lost = rdzv.waitForOthers(o_.nodeTimeout);
-      for (int n : lost) report("node " + std::to_string(n) + " did not report back");
+    // Returns why the job failed elsewhere, if it did.
+    auto lingerIfHost = [&]() -> std::optional<std::string> {
+      if (!host) return std::nullopt;
+      const auto others = rdzv.waitForOthers(o_.nodeTimeout);
+      for (int n : others.gaveUp) report("node " + std::to_string(n) + " did not report back");
+      return others.ended;
     };
 
     for (int restart = 0;; ++restart) {
@@ -172,7 +174,11 @@ class Launcher {
       switch (r.kind) {
         case GroupResult::kSucceeded:
           rdzv.markDone();
-          lingerIfHost();
+          // Node 0 outlives the others, so its exit code speaks for the whole job.
+          if (auto failed = lingerIfHost()) {
+            report("this node's workers succeeded, but the job failed: " + *failed);
+            return kLauncherError;
+          }
           return 0;
         case GroupResult::kSignalled:
           why = rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": loom-run got " +

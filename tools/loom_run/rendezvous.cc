@@ -9,6 +9,7 @@ namespace loom::run {
 namespace {
 
 constexpr milliseconds kSlice{200};
+constexpr milliseconds kVerdictGrace{2000};
 
 std::map<std::string, std::string> parseFields(const std::string& text) {
   std::map<std::string, std::string> out;
@@ -59,8 +60,9 @@ World Rendezvous::join(int gen, const std::function<int()>& pickWorkerPort) {
   gen_ = gen;
   beats_.clear();
   done_.clear();
-  const Deadline deadline(options_.rdzvTimeout);
   const int me = options_.nodeRank;
+  // The others allow node 0 a moment more, so that its verdict (below) reaches them.
+  const Deadline deadline(options_.rdzvTimeout + (me == 0 ? milliseconds(0) : kVerdictGrace));
   store_.set(nodeKey("node", me), "nproc=" + std::to_string(options_.nprocPerNode) +
                                       ";restarts=" + std::to_string(options_.maxRestarts) +
                                       ";host=" + options_.hostname);
@@ -69,15 +71,43 @@ World Rendezvous::join(int gen, const std::function<int()>& pickWorkerPort) {
   std::vector<std::string> keys;
   for (int n = 0; n < options_.nnodes; ++n) keys.push_back(nodeKey("node", n));
   keys.push_back(key("worker_port"));
-  if (!waitSliced(keys, deadline)) {
-    std::vector<int> missing, arrived;
-    for (int n = 0; n < options_.nnodes; ++n) {
-      (store_.check({nodeKey("node", n)}) ? arrived : missing).push_back(n);
+  // Node 0 gives up first (it hosts the store, and closing it would leave the others with a
+  // bare "connection closed"), so it posts its verdict here and the others repeat it.
+  const std::string verdict = key("rdzv_error");
+  for (;;) {
+    if (store_.check(keys)) break;
+    if (me != 0 && store_.check({verdict})) {
+      const std::string why = store_.getString(verdict);
+      store_.set(nodeKey("rdzv_error_ack", me), "1");
+      LOOM_THROW(TimeoutError, why, " (as reported by node 0)");
     }
-    LOOM_THROW(TimeoutError, "rendezvous of run '", options_.runId, "' generation ", gen, " at ",
-               options_.endpoint, " timed out after ", deadline.elapsed().count(), " ms: node(s) ",
-               joinInts(missing), " of ", options_.nnodes,
-               " never arrived (arrived: ", arrived.empty() ? "none" : joinInts(arrived), ")");
+    if (interrupted_()) throw RendezvousInterrupted{};
+    if (deadline.expired()) {
+      std::vector<int> missing, arrived;
+      for (int n = 0; n < options_.nnodes; ++n) {
+        (store_.check({nodeKey("node", n)}) ? arrived : missing).push_back(n);
+      }
+      const std::string why = detail::str(
+          "rendezvous of run '", options_.runId, "' generation ", gen, " at ", options_.endpoint,
+          " timed out after ", deadline.elapsed().count(), " ms: node(s) ", joinInts(missing),
+          " of ", options_.nnodes,
+          " never arrived (arrived: ", arrived.empty() ? "none" : joinInts(arrived), ")");
+      if (me == 0) {
+        store_.set(verdict, why);
+        std::vector<std::string> acks;
+        for (int n : arrived) {
+          if (n != 0) acks.push_back(nodeKey("rdzv_error_ack", n));
+        }
+        waitSliced(acks, Deadline(kVerdictGrace + kSlice));
+      } else {
+        store_.set(nodeKey("rdzv_error_ack", me), "1");
+      }
+      LOOM_THROW(TimeoutError, why);
+    }
+    try {
+      store_.wait(keys, std::min(kSlice, deadline.remaining()));
+    } catch (const TimeoutError&) {
+    }
   }
 
   World world;
@@ -145,7 +175,7 @@ void Rendezvous::ackEnd() {
   store_.set(nodeKey("ack", options_.nodeRank), "1");
 }
 
-std::vector<int> Rendezvous::waitForOthers(milliseconds timeout) {
+Rendezvous::Others Rendezvous::waitForOthers(milliseconds timeout) {
   const Deadline deadline(timeout);
   std::vector<int> pending, gaveUp;
   for (int n = 0; n < options_.nnodes; ++n) {
@@ -180,7 +210,10 @@ std::vector<int> Rendezvous::waitForOthers(milliseconds timeout) {
   }
   gaveUp.insert(gaveUp.end(), pending.begin(), pending.end());
   std::sort(gaveUp.begin(), gaveUp.end());
-  return gaveUp;
+  Others out;
+  out.gaveUp = gaveUp;
+  if (store_.check({key("end")})) out.ended = store_.getString(key("end"));
+  return out;
 }
 
 }  // namespace loom::run

@@ -70,8 +70,12 @@ class Rendezvous {
   void ackEnd();
 
   // Node 0 hosts the store, so it stays until every other node has finished (done) or seen
-  // the end (ack), at most `timeout`. Returns the node ranks it gave up on.
-  std::vector<int> waitForOthers(milliseconds timeout);
+  // the end (ack), at most `timeout`.
+  struct Others {
+    std::vector<int> gaveUp;           // nodes that neither finished nor acknowledged in time
+    std::optional<std::string> ended;  // why the generation ended, if it did (a failure)
+  };
+  Others waitForOthers(milliseconds timeout);
 
   int generation() const { return gen_; }
 

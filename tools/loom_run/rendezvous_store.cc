@@ -5,9 +5,7 @@
 #include <unistd.h>
 
 #include "loom/common/error.h"
-#if __has_include("loom/store/tcp_store.h")
 #include "loom/store/tcp_store.h"
-#endif
 
 namespace loom::run {
 
@@ -25,8 +23,6 @@ int pickFreePort() {
   LOOM_CHECK_T(IoError, ok, "could not find a free TCP port: ", detail::errnoText(err));
   return ntohs(addr.sin_port);
 }
-
-#if __has_include("loom/store/tcp_store.h")
 
 namespace {
 
@@ -70,16 +66,5 @@ class TcpRendezvousStore : public RendezvousStore {
 std::unique_ptr<RendezvousStore> openRendezvousStore(const LaunchOptions& options) {
   return std::make_unique<TcpRendezvousStore>(options);
 }
-
-#else
-
-std::unique_ptr<RendezvousStore> openRendezvousStore(const LaunchOptions& options) {
-  LOOM_THROW(NotAvailableError,
-             "multi-node rendezvous needs the TCPStore, which this build of "
-             "loom-run does not have yet (asked for --nnodes ",
-             options.nnodes, ")");
-}
-
-#endif
 
 }  // namespace loom::run
