@@ -239,4 +239,33 @@ for _ in $(seq 100); do
 done
 [[ -z $(ip netns pids "${P}-h1") ]] || fail "lost_node: processes left on h1: $(ip netns pids "${P}-h1")"
 
+# 8. Node 0's loom-run is SIGKILLed: the other node loses the store, stops its workers and
+#    fails saying so.
+PORT=29570
+echo "== lost_master"
+start=$SECONDS
+pids=()
+for h in 0 1; do
+  ip netns exec "${P}-h$h" env LOOM_TEST_HOST="h$h" timeout -k 5 60 \
+    "$LOOM_RUN" --nnodes 2 --node-rank "$h" --nproc-per-node 1 --master-addr "$MASTER" \
+    --master-port "$PORT" --run-id lost_master --node-timeout-s 3 --grace-period-s 2 \
+    sh -c 'echo "rank $RANK up"; sleep 50' >"$TMP/lost_master-h$h.log" 2>&1 &
+  pids+=($!)
+  BG_PIDS+=($!)
+done
+disown "${pids[0]}"
+for _ in $(seq 200); do
+  grep -q "rank 0 up" "$TMP/lost_master-h0.log" && grep -q "rank 1 up" "$TMP/lost_master-h1.log" && break
+  sleep 0.05
+done
+for pid in $(ip netns pids "${P}-h0"); do
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == loom-run ]] && kill -KILL "$pid"
+done
+wait "${pids[1]}"
+rc1=$?
+cat "$TMP/lost_master-h0.log" "$TMP/lost_master-h1.log"
+echo "== lost_master took $((SECONDS - start)) s"
+[[ $rc1 -ne 0 ]] || fail "lost_master: h1 exited 0 after losing node 0"
+expect_in lost_master 1 "lost the rendezvous store at $MASTER:$PORT"
+
 echo "PASS: netns multi-host tests"

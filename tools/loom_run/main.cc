@@ -168,37 +168,78 @@ class Launcher {
              std::to_string(world.worldSize) + ", ranks " + std::to_string(world.rankOffset) +
              ".." + std::to_string(world.rankOffset + o_.nprocPerNode - 1) +
              " on this node, workers' MASTER_PORT " + std::to_string(world.workerPort));
-      const GroupResult r = runGroup(world, restart, [&] { return rdzv.poll(); });
+      // Losing the store (node 0 died, or the network to it) ends the job on this node: there
+      // is no one left to agree with on a restart.
+      std::optional<std::string> storeLost;
+      const GroupResult r = runGroup(world, restart, [&]() -> std::optional<std::string> {
+        try {
+          return rdzv.poll();
+        } catch (const IoError& e) {
+          storeLost = "lost the rendezvous store at " + rs->endpoint() +
+                      " (node 0's loom-run died, or the network to it failed): " + e.what();
+          return storeLost;
+        }
+      });
+      if (storeLost) {
+        report("job failed: " + *storeLost);
+        return kLauncherError;
+      }
+      // After the workers ended, the store may still vanish under us (node 0 leaving first):
+      // then this node reports what it knows and stops.
+      auto tryStore = [&](const char* what, const auto& fn) {
+        try {
+          fn();
+          return true;
+        } catch (const IoError& e) {
+          report(std::string("could not ") + what + " through the store at " + rs->endpoint() +
+                 ": " + e.what());
+          return false;
+        } catch (const RendezvousInterrupted&) {
+          return false;
+        }
+      };
       std::string why;
       int code = kLauncherError;
       switch (r.kind) {
-        case GroupResult::kSucceeded:
-          rdzv.markDone();
+        case GroupResult::kSucceeded: {
+          std::optional<std::string> failed;
+          tryStore("report success", [&] {
+            rdzv.markDone();
+            failed = lingerIfHost();
+          });
           // Node 0 outlives the others, so its exit code speaks for the whole job.
-          if (auto failed = lingerIfHost()) {
+          if (failed) {
             report("this node's workers succeeded, but the job failed: " + *failed);
             return kLauncherError;
           }
           return 0;
+        }
         case GroupResult::kSignalled:
-          why = rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": loom-run got " +
-                               signalName(r.signal));
-          rdzv.ackEnd();
           report("stopped by " + signalName(r.signal));
-          try {
+          tryStore("report the stop", [&] {
+            rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": loom-run got " +
+                           signalName(r.signal));
+            rdzv.ackEnd();
             lingerIfHost();
-          } catch (const RendezvousInterrupted&) {
-          }
+          });
           return 128 + r.signal;
         case GroupResult::kStopRequested:
           why = r.stopReason;
-          rdzv.ackEnd();
+          if (!tryStore("acknowledge the end", [&] { rdzv.ackEnd(); })) {
+            report("job failed: " + why);
+            return kLauncherError;
+          }
           break;
         case GroupResult::kWorkerFailed:
-          why = rdzv.markEnded("node " + std::to_string(o_.nodeRank) + ": " +
-                               failureText(*r.firstFailure));
-          rdzv.ackEnd();
+          why = "node " + std::to_string(o_.nodeRank) + ": " + failureText(*r.firstFailure);
           code = r.firstFailure->exitCode();
+          if (!tryStore("report the failure", [&] {
+                why = rdzv.markEnded(why);
+                rdzv.ackEnd();
+              })) {
+            report("job failed: " + why);
+            return code;
+          }
           break;
       }
       if (restart < o_.maxRestarts) {
@@ -207,7 +248,7 @@ class Launcher {
         continue;
       }
       report("job failed: " + why + (o_.maxRestarts ? " (no restarts left)" : ""));
-      lingerIfHost();
+      tryStore("wait for the other nodes", [&] { lingerIfHost(); });
       return code;
     }
   }
