@@ -10,7 +10,8 @@
 #   - delay: user space. A node reaches the rendezvous store through delay_proxy (a TCP
 #     forwarder that holds every chunk for --delay-ms each way), via loom-run --rdzv-endpoint.
 #
-# Usage: netns_test.sh LOOM_RUN NETNS_WORKER DELAY_PROXY
+# Usage: netns_test.sh LOOM_RUN NETNS_WORKER DELAY_PROXY [pg]
+# ("pg": the worker was built with the ProcessGroup, so its collective checks must run too)
 # Exits 0 on success, 1 on failure, 77 (ctest SKIP_RETURN_CODE) with a one-line reason when
 # it cannot run here (not root, no `ip netns`). Namespaces are named lnt<pid>-* and removed on
 # every exit path (trap).
@@ -19,6 +20,7 @@ set -uo pipefail
 LOOM_RUN=$1
 WORKER=$2
 PROXY=$3
+EXPECT_PG=${4:-}
 SKIP=77
 
 skip() {
@@ -124,8 +126,10 @@ run_job() {
   for h in "${hosts[@]}"; do
     extra="EXTRA_h$h"
     # shellcheck disable=SC2086
-    ip netns exec "${P}-h$h" env LOOM_TEST_HOST="h$h" timeout -k 5 60 \
-      "$LOOM_RUN" --nnodes "$nnodes" --node-rank "$h" --nproc-per-node "$nproc" \
+    # LOOM_HOST: the address the workers' transports listen on and publish (the hosts share
+    # one hostname, which resolves outside the namespaces).
+    ip netns exec "${P}-h$h" env LOOM_TEST_HOST="h$h" LOOM_HOST="$SUBNET.$((10 + h))" \
+      timeout -k 5 60 "$LOOM_RUN" --nnodes "$nnodes" --node-rank "$h" --nproc-per-node "$nproc" \
       --master-addr "$MASTER" --master-port "$PORT" --run-id "$name" --redirect-prefix \
       "${flags[@]}" ${!extra:-} "${program[@]}" >"$TMP/$name-h$h.log" 2>&1 &
     pids+=($!)
@@ -159,6 +163,9 @@ start_proxy 1 29601 20
 EXTRA_h1="--rdzv-endpoint 127.0.0.1:29601"
 run_job two_hosts 2 2 0 0 1 -- -- "$WORKER" --nnodes 2 --nproc-per-node 2
 for r in 0 1 2 3; do expect_in two_hosts $((r / 2)) "[rank $r] rank $r: hosts, all-reduce"; done
+if [[ -n ${EXPECT_PG:-} ]]; then
+  for r in 0 1 2 3; do expect_in two_hosts $((r / 2)) "[rank $r] rank $r: all-reduce, broadcast, all-gather with the ProcessGroup ok"; done
+fi
 
 # 2. Three hosts x one worker; h2 through a 40 ms proxy, h1 rate-limited.
 PORT=29510
@@ -167,6 +174,9 @@ EXTRA_h1=""
 EXTRA_h2="--rdzv-endpoint 127.0.0.1:29602"
 run_job three_hosts 3 1 0 0 1 2 -- -- "$WORKER" --nnodes 3 --nproc-per-node 1
 for r in 0 1 2; do expect_in three_hosts "$r" "[rank $r] rank $r: hosts, all-reduce"; done
+if [[ -n ${EXPECT_PG:-} ]]; then
+  for r in 0 1 2; do expect_in three_hosts "$r" "[rank $r] rank $r: all-reduce, broadcast, all-gather with the ProcessGroup ok"; done
+fi
 
 # The proxies are done: stop them, so that the lost_node check below sees an empty h1.
 for pid in "${PROXY_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
