@@ -314,6 +314,8 @@ TEST(LoomRun, BadFlagsGiveUsageAndExitCode2) {
       {"--nproc-per-node", "2", "--master-port", "70000", "true"},
       {"--nproc-per-node", "2", "--grace-period-s", "-1", "true"},
       {"--nproc-per-node", "2", "--max-restarts", "-1", "true"},
+      {"--nproc-per-node", "2", "--rdzv-endpoint", "no-port", "true"},
+      {"--nproc-per-node", "2", "--rdzv-endpoint", "host:99999", "true"},
   };
   for (const auto& args : bad) {
     const Finished f = runLoomRun(args);
@@ -331,7 +333,8 @@ TEST(LoomRun, BadFlagsGiveUsageAndExitCode2) {
   for (const char* word :
        {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
         "--max-restarts", "--redirect-prefix", "--grace-period-s", "--rdzv-timeout-s",
-        "--node-timeout-s", "--run-id", "LOCAL_WORLD_SIZE", "MASTER_PORT", "128+"}) {
+        "--node-timeout-s", "--run-id", "--rdzv-endpoint", "LOCAL_WORLD_SIZE", "MASTER_PORT",
+        "LOOM_RESTART_COUNT", "128+"}) {
     EXPECT_NE(help.out.find(word), std::string::npos) << "help does not mention " << word;
   }
 }

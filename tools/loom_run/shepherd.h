@@ -16,6 +16,8 @@
 //
 // The shepherd runs between fork and exec of a process that may have threads, so it uses only
 // async-signal-safe calls: everything it needs (path, argv, envp) is built before the fork.
+// PR_SET_PDEATHSIG fires when the *thread* that forked dies, so spawnShepherd() must be called
+// from a thread that lives as long as loom-run (its main thread).
 #pragma once
 
 #include <signal.h>
