@@ -61,6 +61,7 @@ class TCPStoreServer::Loop {
   std::set<std::string> clientIds_;  // guarded by joinMu_
   std::set<int> ranks_;              // guarded by joinMu_
   std::atomic<int> connections_{0};
+  std::atomic<int> waiting_{0};
 
  private:
   struct Conn;
@@ -124,6 +125,7 @@ class TCPStoreServer::Loop {
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> parked_;
   std::vector<int> dead_;
+  std::vector<std::string> created_;  // keys created by the request being handled
 };
 
 TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
@@ -252,7 +254,7 @@ void TCPStoreServer::Loop::onReadable(Conn& conn) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    markDead(conn, "read failed: " + detail::errnoText(errno), !conn.waiters.empty());
+    markDead(conn, "read failed: " + detail::errnoText(errno), false);
     return;
   }
   size_t used = 0;
@@ -312,6 +314,7 @@ void TCPStoreServer::Loop::close(Conn& conn, const std::string& why, bool warn) 
                    why);
   }
   for (auto& waiter : conn.waiters) unpark(waiter);
+  waiting_.fetch_sub(static_cast<int>(conn.waiters.size()), std::memory_order_relaxed);
   conn.waiters.clear();
   const int fd = conn.sock.fd();
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
@@ -386,6 +389,7 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
         answerWaiter(*waiter);
       } else {
         conn.waiters.push_back(waiter);
+        waiting_.fetch_add(1, std::memory_order_relaxed);
         park(waiter);
       }
       return;
@@ -441,6 +445,7 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
         if ((*it)->id != target) continue;
         auto waiter = *it;
         conn.waiters.erase(it);
+        waiting_.fetch_sub(1, std::memory_order_relaxed);
         unpark(waiter);
         replyError(conn, target,
                    detail::str(store_protocol::opName(waiter->op), " cancelled by the client"));
@@ -451,7 +456,12 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
     default:
       break;  // checkShape refused everything else
   }
+  // The writer hears back before the waiters it wakes: whoever learns of a key from a wait
+  // can rely on its writer having been answered.
   reply(conn, std::move(r));
+  std::vector<std::string> created = std::move(created_);
+  created_.clear();
+  for (const auto& key : created) keyCreated(key);
 }
 
 void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
@@ -572,7 +582,7 @@ void TCPStoreServer::Loop::unpark(const std::shared_ptr<Waiter>& waiter) {
 void TCPStoreServer::Loop::setKey(const std::string& key, Bytes value) {
   auto [it, created] = data_.insert_or_assign(key, std::move(value));
   (void)it;
-  if (created) keyCreated(key);
+  if (created) created_.push_back(key);
 }
 
 void TCPStoreServer::Loop::keyCreated(const std::string& key) {
@@ -586,6 +596,7 @@ void TCPStoreServer::Loop::keyCreated(const std::string& key) {
       continue;
     }
     waiter->conn->waiters.remove(waiter);
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
     answerWaiter(*waiter);
   }
 }
@@ -631,6 +642,10 @@ int TCPStoreServer::numJoined() const {
 std::set<int> TCPStoreServer::joinedRanks() const {
   std::lock_guard<std::mutex> lock(loop_->joinMu_);
   return loop_->ranks_;
+}
+
+int TCPStoreServer::numWaiting() const {
+  return loop_->waiting_.load(std::memory_order_relaxed);
 }
 
 int TCPStoreServer::numConnections() const {

@@ -57,6 +57,8 @@ class TCPStoreServer {
   std::set<int> joinedRanks() const;
   // Connections open right now (tests use it to see a hostile client was dropped).
   int numConnections() const;
+  // Requests (get, wait, multiGet) parked until their keys exist.
+  int numWaiting() const;
 
   void stop();
 
