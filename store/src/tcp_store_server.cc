@@ -60,6 +60,7 @@ class TCPStoreServer::Loop {
   std::condition_variable joined_;
   std::set<std::string> clientIds_;  // guarded by joinMu_
   std::set<int> ranks_;              // guarded by joinMu_
+  bool stopped_ = false;             // guarded by joinMu_
   std::atomic<int> connections_{0};
   std::atomic<int> waiting_{0};
 
@@ -155,6 +156,11 @@ TCPStoreServer::Loop::~Loop() {
 
 void TCPStoreServer::Loop::stop() {
   std::call_once(stopOnce_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(joinMu_);
+      stopped_ = true;
+    }
+    joined_.notify_all();
     const uint64_t one = 1;
     if (::write(stopFd_, &one, sizeof(one)) < 0) {
       LOOM_LOG_ERROR("TCPStore server ", address_, ": cannot wake the loop to stop");
@@ -604,9 +610,13 @@ void TCPStoreServer::Loop::keyCreated(const std::string& key) {
 void TCPStoreServer::Loop::waitForWorkers(int numWorkers, milliseconds timeout) {
   Deadline deadline(timeout);
   std::unique_lock<std::mutex> lock(joinMu_);
-  const bool all = joined_.wait_until(
-      lock, deadline.end(), [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; });
-  if (all) return;
+  auto enough = [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; };
+  joined_.wait_until(lock, deadline.end(), [&] { return stopped_ || enough(); });
+  if (enough()) return;
+  if (stopped_) {
+    LOOM_THROW(IoError, "TCPStore server ", address_, " stopped while waiting for workers (",
+               clientIds_.size(), "/", numWorkers, " joined)");
+  }
   std::string missing;
   for (int rank = 0; rank < numWorkers; ++rank) {
     if (ranks_.count(rank) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
