@@ -34,6 +34,8 @@ namespace {
 
 // Bytes of replies a client may leave unread before it is considered stuck and dropped.
 constexpr size_t kMaxPendingOutput = size_t{512} << 20;
+// Requests one connection may leave parked (a TCPStore client parks at most one).
+constexpr size_t kMaxWaitersPerConnection = 1024;
 // Bytes read from one connection per wake-up, so one fast sender cannot starve the others.
 constexpr size_t kReadBudget = size_t{1} << 20;
 
@@ -98,6 +100,10 @@ class TCPStoreServer::Loop {
   void close(Conn& conn, const std::string& why, bool warn);
   void markDead(Conn& conn, const std::string& why, bool warn);
   void closeDead();
+  // epoll_wait timeout: until the earliest hello deadline, or forever when none is pending.
+  int helloWaitMs() const;
+  // Closes connections that connected but never said hello in time (they hold a socket each).
+  void dropSilentClients();
   void handle(Conn& conn, Message& request);
   void handleHello(Conn& conn, const Message& request);
   void reply(Conn& conn, Message message);
@@ -127,10 +133,12 @@ class TCPStoreServer::Loop {
   std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> parked_;
   std::vector<int> dead_;
   std::vector<std::string> created_;  // keys created by the request being handled
+  milliseconds helloTimeout_;
+  std::unordered_map<int, Clock::time_point> helloDue_;  // fd -> hello deadline
 };
 
 TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
-    : token_(options.token), numWorkers_(options.numWorkers) {
+    : token_(options.token), numWorkers_(options.numWorkers), helloTimeout_(options.helloTimeout) {
   LOOM_CHECK_LE(token_.size(), store_protocol::kMaxTokenBytes, "LOOM_STORE_TOKEN is too long");
   listen_ = net::listenOn(options.host, options.port);
   port_ = net::localPort(listen_.fd());
@@ -172,7 +180,7 @@ void TCPStoreServer::Loop::stop() {
 void TCPStoreServer::Loop::run() {
   epoll_event events[64];
   for (;;) {
-    const int n = epoll_wait(epoll_, events, 64, -1);
+    const int n = epoll_wait(epoll_, events, 64, helloWaitMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       LOOM_LOG_ERROR("TCPStore server ", address_,
@@ -195,13 +203,14 @@ void TCPStoreServer::Loop::run() {
       Conn& conn = *it->second;
       try {
         if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) onReadable(conn);
-        if (conns_.count(fd) != 0 && (events[i].events & EPOLLOUT)) onWritable(conn);
+        if (!conn.dead && (events[i].events & EPOLLOUT)) onWritable(conn);
       } catch (const std::exception& e) {
         // Only this client's connection is affected (e.g. its buffer could not be grown).
         markDead(conn, e.what(), true);
       }
       closeDead();
     }
+    dropSilentClients();
     if (stopping) break;
   }
   while (!conns_.empty()) close(*conns_.begin()->second, "server stopping", false);
@@ -237,6 +246,7 @@ void TCPStoreServer::Loop::accept() {
     }
     LOOM_LOG_DEBUG("TCPStore server ", address_, ": client ", conn->peer, " connected");
     conns_.emplace(fd, std::move(conn));
+    helloDue_.emplace(fd, Clock::now() + helloTimeout_);
     connections_.fetch_add(1, std::memory_order_relaxed);
   }
 }
@@ -302,6 +312,27 @@ void TCPStoreServer::Loop::markDead(Conn& conn, const std::string& why, bool war
   dead_.push_back(conn.sock.fd());
 }
 
+int TCPStoreServer::Loop::helloWaitMs() const {
+  if (helloDue_.empty()) return -1;
+  auto earliest = Clock::time_point::max();
+  for (const auto& [fd, due] : helloDue_) earliest = std::min(earliest, due);
+  const auto left = std::chrono::ceil<milliseconds>(earliest - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+}
+
+void TCPStoreServer::Loop::dropSilentClients() {
+  if (helloDue_.empty()) return;
+  const auto now = Clock::now();
+  for (const auto& [fd, due] : helloDue_) {
+    if (due > now) continue;
+    auto it = conns_.find(fd);
+    if (it != conns_.end()) {
+      markDead(*it->second, detail::str("no hello within ", helloTimeout_.count(), " ms"), true);
+    }
+  }
+  closeDead();
+}
+
 void TCPStoreServer::Loop::closeDead() {
   while (!dead_.empty()) {
     const int fd = dead_.back();
@@ -323,6 +354,7 @@ void TCPStoreServer::Loop::close(Conn& conn, const std::string& why, bool warn) 
   waiting_.fetch_sub(static_cast<int>(conn.waiters.size()), std::memory_order_relaxed);
   conn.waiters.clear();
   const int fd = conn.sock.fd();
+  helloDue_.erase(fd);
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
   conns_.erase(fd);  // destroys conn and closes the socket
   connections_.fetch_sub(1, std::memory_order_relaxed);
@@ -394,6 +426,13 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
       if (present(waiter->keys)) {
         answerWaiter(*waiter);
       } else {
+        if (conn.waiters.size() >= kMaxWaitersPerConnection) {
+          markDead(conn,
+                   detail::str("more than ", kMaxWaitersPerConnection,
+                               " requests waiting on one connection"),
+                   true);
+          return;
+        }
         conn.waiters.push_back(waiter);
         waiting_.fetch_add(1, std::memory_order_relaxed);
         park(waiter);
@@ -492,6 +531,7 @@ void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
     return;
   }
   conn.authed = true;
+  helloDue_.erase(conn.sock.fd());
   const int rank = static_cast<int>(m.number);
   size_t joinedNow = 0;
   {

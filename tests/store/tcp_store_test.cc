@@ -340,3 +340,41 @@ TEST(TCPStoreClient, LargeValuesRoundTrip) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(TCPStoreServerTest, SilentClientIsDroppedAfterTheHelloTimeout) {
+  TCPStoreServerOptions options{"127.0.0.1", 0, "", -1};
+  options.helloTimeout = milliseconds(200);
+  TCPStoreServer server(options);
+  TCPStore good("127.0.0.1", server.port(), quick());
+  net::Socket silent = net::connectTo("127.0.0.1", server.port(), milliseconds(5000));
+  ::testing::internal::CaptureStderr();
+  EXPECT_TRUE(serverCloses(silent.fd(), milliseconds(5000)));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("no hello within 200 ms"), std::string::npos) << log;
+  // The good client said hello long ago and is not affected.
+  good.set("k", std::string_view("v"));
+  EXPECT_EQ(good.getString("k"), "v");
+}
+
+TEST(TCPStoreServerTest, ClientParkingTooManyRequestsIsDropped) {
+  TCPStoreServer server(TCPStoreServerOptions{"127.0.0.1", 0, "", -1});
+  TCPStore good("127.0.0.1", server.port(), quick());
+  net::Socket s = net::connectTo("127.0.0.1", server.port(), milliseconds(5000));
+  std::vector<uint8_t> flood = helloFrame();
+  for (uint64_t id = 2; id < 2000; ++id) {
+    proto::encode(proto::Message{proto::Op::kGet, id, 0, {"never"}, {}}, flood);
+  }
+  ::testing::internal::CaptureStderr();
+  net::writeFull(s.fd(), flood.data(), flood.size(), Deadline(milliseconds(5000)), "server");
+  EXPECT_TRUE(serverCloses(s.fd(), milliseconds(5000)));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("requests waiting on one connection"), std::string::npos) << log;
+  EXPECT_TRUE(waitUntil([&] { return server.numWaiting() == 0; }));
+  EXPECT_EQ(good.add("still", 1), 1);
+}
+
+}  // namespace
+}  // namespace loom
