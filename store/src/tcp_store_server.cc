@@ -34,6 +34,8 @@ namespace {
 
 // Bytes of replies a client may leave unread before it is considered stuck and dropped.
 constexpr size_t kMaxPendingOutput = size_t{512} << 20;
+// Requests one connection may leave parked (a TCPStore client parks at most one).
+constexpr size_t kMaxWaitersPerConnection = 1024;
 // Bytes read from one connection per wake-up, so one fast sender cannot starve the others.
 constexpr size_t kReadBudget = size_t{1} << 20;
 
@@ -60,7 +62,9 @@ class TCPStoreServer::Loop {
   std::condition_variable joined_;
   std::set<std::string> clientIds_;  // guarded by joinMu_
   std::set<int> ranks_;              // guarded by joinMu_
+  bool stopped_ = false;             // guarded by joinMu_
   std::atomic<int> connections_{0};
+  std::atomic<int> waiting_{0};
 
  private:
   struct Conn;
@@ -96,6 +100,10 @@ class TCPStoreServer::Loop {
   void close(Conn& conn, const std::string& why, bool warn);
   void markDead(Conn& conn, const std::string& why, bool warn);
   void closeDead();
+  // epoll_wait timeout: until the earliest hello deadline, or forever when none is pending.
+  int helloWaitMs() const;
+  // Closes connections that connected but never said hello in time (they hold a socket each).
+  void dropSilentClients();
   void handle(Conn& conn, Message& request);
   void handleHello(Conn& conn, const Message& request);
   void reply(Conn& conn, Message message);
@@ -124,10 +132,13 @@ class TCPStoreServer::Loop {
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> parked_;
   std::vector<int> dead_;
+  std::vector<std::string> created_;  // keys created by the request being handled
+  milliseconds helloTimeout_;
+  std::unordered_map<int, Clock::time_point> helloDue_;  // fd -> hello deadline
 };
 
 TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
-    : token_(options.token), numWorkers_(options.numWorkers) {
+    : token_(options.token), numWorkers_(options.numWorkers), helloTimeout_(options.helloTimeout) {
   LOOM_CHECK_LE(token_.size(), store_protocol::kMaxTokenBytes, "LOOM_STORE_TOKEN is too long");
   listen_ = net::listenOn(options.host, options.port);
   port_ = net::localPort(listen_.fd());
@@ -153,6 +164,11 @@ TCPStoreServer::Loop::~Loop() {
 
 void TCPStoreServer::Loop::stop() {
   std::call_once(stopOnce_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(joinMu_);
+      stopped_ = true;
+    }
+    joined_.notify_all();
     const uint64_t one = 1;
     if (::write(stopFd_, &one, sizeof(one)) < 0) {
       LOOM_LOG_ERROR("TCPStore server ", address_, ": cannot wake the loop to stop");
@@ -164,7 +180,7 @@ void TCPStoreServer::Loop::stop() {
 void TCPStoreServer::Loop::run() {
   epoll_event events[64];
   for (;;) {
-    const int n = epoll_wait(epoll_, events, 64, -1);
+    const int n = epoll_wait(epoll_, events, 64, helloWaitMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       LOOM_LOG_ERROR("TCPStore server ", address_,
@@ -187,13 +203,14 @@ void TCPStoreServer::Loop::run() {
       Conn& conn = *it->second;
       try {
         if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) onReadable(conn);
-        if (conns_.count(fd) != 0 && (events[i].events & EPOLLOUT)) onWritable(conn);
+        if (!conn.dead && (events[i].events & EPOLLOUT)) onWritable(conn);
       } catch (const std::exception& e) {
         // Only this client's connection is affected (e.g. its buffer could not be grown).
         markDead(conn, e.what(), true);
       }
       closeDead();
     }
+    dropSilentClients();
     if (stopping) break;
   }
   while (!conns_.empty()) close(*conns_.begin()->second, "server stopping", false);
@@ -229,6 +246,7 @@ void TCPStoreServer::Loop::accept() {
     }
     LOOM_LOG_DEBUG("TCPStore server ", address_, ": client ", conn->peer, " connected");
     conns_.emplace(fd, std::move(conn));
+    helloDue_.emplace(fd, Clock::now() + helloTimeout_);
     connections_.fetch_add(1, std::memory_order_relaxed);
   }
 }
@@ -252,7 +270,7 @@ void TCPStoreServer::Loop::onReadable(Conn& conn) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    markDead(conn, "read failed: " + detail::errnoText(errno), !conn.waiters.empty());
+    markDead(conn, "read failed: " + detail::errnoText(errno), false);
     return;
   }
   size_t used = 0;
@@ -294,6 +312,27 @@ void TCPStoreServer::Loop::markDead(Conn& conn, const std::string& why, bool war
   dead_.push_back(conn.sock.fd());
 }
 
+int TCPStoreServer::Loop::helloWaitMs() const {
+  if (helloDue_.empty()) return -1;
+  auto earliest = Clock::time_point::max();
+  for (const auto& [fd, due] : helloDue_) earliest = std::min(earliest, due);
+  const auto left = std::chrono::ceil<milliseconds>(earliest - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+}
+
+void TCPStoreServer::Loop::dropSilentClients() {
+  if (helloDue_.empty()) return;
+  const auto now = Clock::now();
+  for (const auto& [fd, due] : helloDue_) {
+    if (due > now) continue;
+    auto it = conns_.find(fd);
+    if (it != conns_.end()) {
+      markDead(*it->second, detail::str("no hello within ", helloTimeout_.count(), " ms"), true);
+    }
+  }
+  closeDead();
+}
+
 void TCPStoreServer::Loop::closeDead() {
   while (!dead_.empty()) {
     const int fd = dead_.back();
@@ -312,8 +351,10 @@ void TCPStoreServer::Loop::close(Conn& conn, const std::string& why, bool warn) 
                    why);
   }
   for (auto& waiter : conn.waiters) unpark(waiter);
+  waiting_.fetch_sub(static_cast<int>(conn.waiters.size()), std::memory_order_relaxed);
   conn.waiters.clear();
   const int fd = conn.sock.fd();
+  helloDue_.erase(fd);
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
   conns_.erase(fd);  // destroys conn and closes the socket
   connections_.fetch_sub(1, std::memory_order_relaxed);
@@ -385,7 +426,15 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
       if (present(waiter->keys)) {
         answerWaiter(*waiter);
       } else {
+        if (conn.waiters.size() >= kMaxWaitersPerConnection) {
+          markDead(conn,
+                   detail::str("more than ", kMaxWaitersPerConnection,
+                               " requests waiting on one connection"),
+                   true);
+          return;
+        }
         conn.waiters.push_back(waiter);
+        waiting_.fetch_add(1, std::memory_order_relaxed);
         park(waiter);
       }
       return;
@@ -441,6 +490,7 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
         if ((*it)->id != target) continue;
         auto waiter = *it;
         conn.waiters.erase(it);
+        waiting_.fetch_sub(1, std::memory_order_relaxed);
         unpark(waiter);
         replyError(conn, target,
                    detail::str(store_protocol::opName(waiter->op), " cancelled by the client"));
@@ -451,7 +501,12 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
     default:
       break;  // checkShape refused everything else
   }
+  // The writer hears back before the waiters it wakes: whoever learns of a key from a wait
+  // can rely on its writer having been answered.
   reply(conn, std::move(r));
+  std::vector<std::string> created = std::move(created_);
+  created_.clear();
+  for (const auto& key : created) keyCreated(key);
 }
 
 void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
@@ -476,6 +531,7 @@ void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
     return;
   }
   conn.authed = true;
+  helloDue_.erase(conn.sock.fd());
   const int rank = static_cast<int>(m.number);
   size_t joinedNow = 0;
   {
@@ -572,7 +628,7 @@ void TCPStoreServer::Loop::unpark(const std::shared_ptr<Waiter>& waiter) {
 void TCPStoreServer::Loop::setKey(const std::string& key, Bytes value) {
   auto [it, created] = data_.insert_or_assign(key, std::move(value));
   (void)it;
-  if (created) keyCreated(key);
+  if (created) created_.push_back(key);
 }
 
 void TCPStoreServer::Loop::keyCreated(const std::string& key) {
@@ -586,6 +642,7 @@ void TCPStoreServer::Loop::keyCreated(const std::string& key) {
       continue;
     }
     waiter->conn->waiters.remove(waiter);
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
     answerWaiter(*waiter);
   }
 }
@@ -593,9 +650,13 @@ void TCPStoreServer::Loop::keyCreated(const std::string& key) {
 void TCPStoreServer::Loop::waitForWorkers(int numWorkers, milliseconds timeout) {
   Deadline deadline(timeout);
   std::unique_lock<std::mutex> lock(joinMu_);
-  const bool all = joined_.wait_until(
-      lock, deadline.end(), [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; });
-  if (all) return;
+  auto enough = [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; };
+  joined_.wait_until(lock, deadline.end(), [&] { return stopped_ || enough(); });
+  if (enough()) return;
+  if (stopped_) {
+    LOOM_THROW(IoError, "TCPStore server ", address_, " stopped while waiting for workers (",
+               clientIds_.size(), "/", numWorkers, " joined)");
+  }
   std::string missing;
   for (int rank = 0; rank < numWorkers; ++rank) {
     if (ranks_.count(rank) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
@@ -631,6 +692,10 @@ int TCPStoreServer::numJoined() const {
 std::set<int> TCPStoreServer::joinedRanks() const {
   std::lock_guard<std::mutex> lock(loop_->joinMu_);
   return loop_->ranks_;
+}
+
+int TCPStoreServer::numWaiting() const {
+  return loop_->waiting_.load(std::memory_order_relaxed);
 }
 
 int TCPStoreServer::numConnections() const {
