@@ -41,12 +41,21 @@ BG_PIDS=()
 PROXY_PIDS=()
 
 cleanup() {
-  local pid ns
+  local pid ns left
   for pid in "${BG_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for ns in "${NAMESPACES[@]}"; do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-    ip netns del "$ns" 2>/dev/null
+  # Kill everything still running inside our namespaces, until nothing is (at most ~5 s).
+  for _ in $(seq 100); do
+    left=""
+    for ns in "${NAMESPACES[@]}"; do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        kill -KILL "$pid" 2>/dev/null
+        left+=" $pid"
+      done
+    done
+    [[ -z $left ]] && break
+    sleep 0.05
   done
+  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
   rm -rf "$TMP"
 }
 trap cleanup EXIT
