@@ -135,9 +135,9 @@ run_job() {
   for h in "${hosts[@]}"; do
     extra="EXTRA_h$h"
     # shellcheck disable=SC2086
-    # LOOM_HOST: the address the workers' transports listen on and publish (the hosts share
-    # one hostname, which resolves outside the namespaces).
-    ip netns exec "${P}-h$h" env LOOM_TEST_HOST="h$h" LOOM_HOST="$SUBNET.$((10 + h))" \
+    # LOOM_TEST_ADDR: the address loom-run must find for this host and pass on as LOOM_HOST
+    # (the hosts share one hostname, which resolves outside the namespaces).
+    ip netns exec "${P}-h$h" env -u LOOM_HOST LOOM_TEST_HOST="h$h" LOOM_TEST_ADDR="$SUBNET.$((10 + h))" \
       timeout -k 5 60 "$LOOM_RUN" --nnodes "$nnodes" --node-rank "$h" --nproc-per-node "$nproc" \
       --master-addr "$MASTER" --master-port "$PORT" --run-id "$name" --redirect-prefix \
       "${flags[@]}" ${!extra:-} "${program[@]}" >"$TMP/$name-h$h.log" 2>&1 &

@@ -3,8 +3,9 @@
 //   netns_worker --nnodes M --nproc-per-node N
 //
 // 1. Checks the launcher's environment: RANK == NODE_RANK*N + LOCAL_RANK, WORLD_SIZE == M*N,
-//    LOCAL_WORLD_SIZE == N, and that every rank runs on the host (network namespace, named in
-//    LOOM_TEST_HOST by the test script) its node rank says.
+//    LOCAL_WORLD_SIZE == N, LOOM_HOST == this host's address (LOOM_TEST_ADDR), and that every
+//    rank runs on the host (network namespace, named in LOOM_TEST_HOST by the test script)
+//    its node rank says.
 // 2. Checks all-reduce, broadcast and all-gather across the hosts, each rank filling known
 //    values and comparing with the closed form:
 //    - always through the job's TCPStore (every rank publishes its buffer, every rank reads
@@ -183,6 +184,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   int rank = -1;
   try {
+    if (!std::getenv("RANK")) throw std::runtime_error("RANK is not set (run me under loom-run)");
     rank = envInt("RANK");
     const int world = envInt("WORLD_SIZE");
     const int local = envInt("LOCAL_RANK");
@@ -193,6 +195,13 @@ int main(int argc, char** argv) {
     if (rank != node * nproc + local) fail(rank, "RANK != NODE_RANK*nproc + LOCAL_RANK");
     if (envStr("LOOM_TEST_HOST") != "h" + std::to_string(node)) {
       fail(rank, "NODE_RANK " + std::to_string(node) + " on host " + envStr("LOOM_TEST_HOST"));
+    }
+    // Multi-node loom-run tells the workers their address towards node 0.
+    if (const char* want = std::getenv("LOOM_TEST_ADDR")) {
+      const char* got = std::getenv("LOOM_HOST");
+      if (got == nullptr || std::string(got) != want) {
+        fail(rank, std::string("LOOM_HOST is ") + (got ? got : "unset") + ", expected " + want);
+      }
     }
     const std::vector<size_t> counts = {1, 1000, 65536 + 3};
 #ifdef LOOM_NETNS_HAVE_PG
@@ -223,7 +232,7 @@ int main(int argc, char** argv) {
     finalBarrier(store, rank, world);
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "netns_worker rank %d: %s\n", rank, e.what());
+    std::fprintf(stderr, "netns_worker: %s\n", e.what());
     return 1;
   }
 }

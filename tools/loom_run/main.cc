@@ -45,13 +45,14 @@ std::vector<std::string> workerEnv(const std::vector<std::pair<std::string, std:
 }
 
 std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
-                                    const std::string& masterAddr, int restart) {
+                                    const std::string& masterAddr, int restart,
+                                    const std::string& loomHost) {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < o.nprocPerNode; ++local) {
     WorkerSpec spec;
     spec.localRank = local;
     spec.rank = world.rankOffset + local;
-    spec.env = workerEnv({
+    std::vector<std::pair<std::string, std::string>> vars = {
         {"RANK", std::to_string(spec.rank)},
         {"WORLD_SIZE", std::to_string(world.worldSize)},
         {"LOCAL_RANK", std::to_string(local)},
@@ -64,7 +65,9 @@ std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
         {"LOOM_RUN_ID", o.runId},
         {"LOOM_RESTART_COUNT", std::to_string(restart)},
         {"LOOM_MAX_RESTARTS", std::to_string(o.maxRestarts)},
-    });
+    };
+    if (!loomHost.empty()) vars.emplace_back("LOOM_HOST", loomHost);
+    spec.env = workerEnv(vars);
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -94,7 +97,7 @@ class Launcher {
 
   GroupResult runGroup(const World& world, int restart, const WorkerGroup::Tick& tick) {
     WorkerGroup group(signals_, {path_, o_.command, o_.redirectPrefix, o_.gracePeriod});
-    group.start(workerSpecs(o_, world, o_.masterAddr, restart));
+    group.start(workerSpecs(o_, world, o_.masterAddr, restart, loomHost_));
     return group.run(tick);
   }
 
@@ -134,6 +137,10 @@ class Launcher {
   }
 
   int runMultiNode() {
+    // The workers' transports listen on this node's address towards node 0, unless the user
+    // chose one (LOOM_HOST).
+    const char* userHost = std::getenv("LOOM_HOST");
+    if (userHost == nullptr || *userHost == '\0') loomHost_ = localAddressTowards(o_.masterAddr);
     std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
     RendezvousOptions ro;
     ro.runId = o_.runId;
@@ -256,6 +263,7 @@ class Launcher {
   SignalWatcher& signals_;
   LaunchOptions o_;
   std::string path_;
+  std::string loomHost_;  // LOOM_HOST for the workers; "" = leave the environment's
   int signal_ = 0;
 };
 
