@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-build/tests/common_test --gtest_brief=1
+# Until loom-bench lands: processes rendezvous through a TCPStore.
+build/bin/store_demo --nproc 4
