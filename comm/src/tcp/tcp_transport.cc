@@ -696,7 +696,7 @@ bool TcpTransport::drive(Done done, Clock::time_point end) {
     const auto now = Clock::now();
     if (now >= end) break;
     const auto left = std::chrono::duration_cast<milliseconds>(end - now).count() + 1;
-    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 1)));
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100)));
     if (ready > 0) {
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
