@@ -380,8 +380,13 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       }
       return req;
     }
+    if (error.empty() && p.stalled && p.header.tag == tag && p.header.bytes != bytes) {
+      error = detail::str("rank ", peer, " sent ", p.header.bytes, " bytes for ", describeTag(tag),
+                          " but this rank receives ", bytes,
+                          " bytes (ranks called the collective with different counts or dtypes)");
+    }
     if (error.empty() && p.stalled) {
-      if (p.header.tag == tag && p.header.bytes == bytes) {
+      if (p.header.tag == tag) {
         p.targetRequest = req;
         p.target = req->data_;
         resumeLocked(p);
@@ -696,7 +701,8 @@ bool TcpTransport::drive(Done done, Clock::time_point end) {
     const auto now = Clock::now();
     if (now >= end) break;
     const auto left = std::chrono::duration_cast<milliseconds>(end - now).count() + 1;
-    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100)));
+    const int ready =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100)));
     if (ready > 0) {
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
