@@ -399,6 +399,18 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       }
     }
     if (error.empty()) {
+      // A message of the same sequence number but another collective already arrived: the
+      // ranks disagree about what they are running.
+      for (const auto& u : p.unexpected) {
+        if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
+            tagKind(u->tag) != OpKind::kP2P && tagKind(tag) != OpKind::kP2P) {
+          error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
+                              " while this rank runs ", describeTag(tag));
+          break;
+        }
+      }
+    }
+    if (error.empty()) {
       if (p.closed) {
         error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
                             describeTag(tag));
@@ -515,7 +527,8 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
       // Same sequence number and step but another collective: the ranks disagree.
       for (const auto& r : p.posted) {
         if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
-            tagKind(h.tag) != OpKind::kP2P && tagKind(r->tag_) != OpKind::kP2P) {
+            tagSeq(h.tag) != 0 && tagKind(h.tag) != OpKind::kP2P &&
+            tagKind(r->tag_) != OpKind::kP2P) {
           error = detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
                               " while this rank runs ", describeTag(r->tag_));
           return;
