@@ -31,8 +31,8 @@
 // Files: tcp_setup.cc (connect, teardown), tcp_transport.cc (data path, failure),
 // tcp_progress.cc (who moves bytes), tcp_request.cc (waiting), peer.h (wire format, state).
 //
-// Locks: Peer::recvMu and Peer::sendMu are never held together except in failAll()/close,
-// which take recvMu before sendMu. failMu_ is a leaf lock.
+// Locks: Peer::recvMu and Peer::sendMu are held together only in fail(), which takes recvMu
+// before sendMu. Peer::epollMu and failMu_ are leaf locks.
 #pragma once
 
 #include <sys/uio.h>
