@@ -1,0 +1,137 @@
+#include "algorithms/select.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "loom/common/error.h"
+
+namespace loom::comm {
+
+namespace {
+
+// Crossovers (bytes per rank), measured with bench/kernels/loom_comm_timing on the 2-core
+// development VM, process ranks on loopback (figures in bench/kernels/README.md). The VM was
+// heavily loaded by parallel builds while measuring, so these are coarse: all-reduce
+// recursive doubling beat the ring up to 64 KiB and tied at 256 KiB with 2 ranks, and still
+// won at 256 KiB with 4 ranks (ring 2.9x faster at 1 MiB); broadcast chain beat the tree from
+// 64 KiB on 4 ranks; direct all-gather was no slower than the ring up to 64 KiB per rank.
+constexpr size_t kAllreduceSmall2 = 128 << 10;  // 2 ranks: recursive doubling up to here
+constexpr size_t kAllreduceSmall = 256 << 10;   // more ranks
+constexpr size_t kBroadcastSmall = 64 << 10;    // tree below, chain above
+constexpr size_t kGatherLikeSmall = 64 << 10;   // direct below, ring above
+
+bool supports(OpKind kind, Algorithm a) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return a == Algorithm::kRing || a == Algorithm::kRecursiveDoubling || a == Algorithm::kDirect;
+    case OpKind::kBroadcast:
+      return a == Algorithm::kTree || a == Algorithm::kChain || a == Algorithm::kDirect;
+    case OpKind::kReduce:
+      return a == Algorithm::kTree || a == Algorithm::kDirect;
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+      return a == Algorithm::kRing || a == Algorithm::kDirect;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAlltoall:
+      return a == Algorithm::kDirect;
+    case OpKind::kBarrier:
+      return false;  // one algorithm (dissemination)
+    default:
+      return false;
+  }
+}
+
+const char* supportedList(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return "auto, ring, rd, direct";
+    case OpKind::kBroadcast:
+      return "auto, tree, chain, direct";
+    case OpKind::kReduce:
+      return "auto, tree, direct";
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+      return "auto, ring, direct";
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAlltoall:
+      return "auto, direct";
+    default:
+      return "auto";
+  }
+}
+
+Algorithm automatic(OpKind kind, size_t bytes, int size) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return bytes <= (size <= 2 ? kAllreduceSmall2 : kAllreduceSmall)
+                 ? Algorithm::kRecursiveDoubling
+                 : Algorithm::kRing;
+    case OpKind::kBroadcast:
+      return bytes <= kBroadcastSmall || size <= 2 ? Algorithm::kTree : Algorithm::kChain;
+    case OpKind::kReduce:
+      return Algorithm::kTree;
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+      return bytes <= kGatherLikeSmall ? Algorithm::kDirect : Algorithm::kRing;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAlltoall:
+      return Algorithm::kDirect;
+    default:
+      return Algorithm::kAuto;
+  }
+}
+
+}  // namespace
+
+const char* algorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRecursiveDoubling:
+      return "rd";
+    case Algorithm::kDirect:
+      return "direct";
+    case Algorithm::kTree:
+      return "tree";
+    case Algorithm::kChain:
+      return "chain";
+  }
+  return "unknown";
+}
+
+Algorithm parseAlgorithm(std::string_view name) {
+  std::string n(name);
+  for (char& c : n) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  if (n == "auto" || n.empty()) return Algorithm::kAuto;
+  if (n == "ring") return Algorithm::kRing;
+  if (n == "rd" || n == "recursive_doubling" || n == "recursive-doubling") {
+    return Algorithm::kRecursiveDoubling;
+  }
+  if (n == "direct") return Algorithm::kDirect;
+  if (n == "tree" || n == "binomial") return Algorithm::kTree;
+  if (n == "chain" || n == "pipeline") return Algorithm::kChain;
+  LOOM_THROW(InvalidArgumentError, "unknown algorithm '", name,
+             "'; expected one of auto, ring, rd, direct, tree, chain");
+}
+
+Algorithm selectAlgorithm(OpKind kind, Algorithm requested, size_t bytes, int size) {
+  if (requested != Algorithm::kAuto) {
+    LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
+               " is not implemented for ", opKindName(kind), "; choose one of ",
+               supportedList(kind));
+    return requested;
+  }
+  const char* env = std::getenv("LOOM_ALGO");
+  if (env != nullptr && *env != '\0') {
+    const Algorithm forced = parseAlgorithm(env);
+    if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
+  }
+  return automatic(kind, bytes, size);
+}
+
+}  // namespace loom::comm
