@@ -29,13 +29,21 @@ Node::Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs, Ba
       inputs_(std::move(inputs)),
       fn_(std::move(fn)) {}
 
-std::vector<Tensor> Node::apply(const Tensor& gradOut) {
-  return fn_(gradOut);
+Node::Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs,
+           AccumulatingBackwardFn fn)
+    : name_(name),
+      sequence_(nextSequence.fetch_add(1, std::memory_order_relaxed)),
+      inputs_(std::move(inputs)),
+      accumulatingFn_(std::move(fn)) {}
+
+std::vector<Tensor> Node::apply(const Tensor& gradOut, const std::vector<Tensor>& sinks) {
+  return accumulatingFn_ ? accumulatingFn_(gradOut, sinks) : fn_(gradOut);
 }
 
 void Node::release() {
   released_ = true;
   fn_ = nullptr;
+  accumulatingFn_ = nullptr;
   inputs_.clear();
   inputs_.shrink_to_fit();
 }
@@ -48,8 +56,10 @@ bool anyRequiresGrad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
-              BackwardFn fn) {
+namespace {
+
+template <class Fn>
+void recordOpImpl(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs, Fn fn) {
   if (!tlsGradEnabled) return;
   bool any = false;
   std::vector<std::shared_ptr<TensorImpl>> edges;
@@ -65,6 +75,18 @@ void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& i
   if (!any) return;
   out.impl()->gradFn = std::make_shared<Node>(name, std::move(edges), std::move(fn));
   out.impl()->requiresGrad = true;
+}
+
+}  // namespace
+
+void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
+              BackwardFn fn) {
+  recordOpImpl(out, name, inputs, std::move(fn));
+}
+
+void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
+              AccumulatingBackwardFn fn) {
+  recordOpImpl(out, name, inputs, std::move(fn));
 }
 
 namespace {
@@ -108,6 +130,14 @@ class GradModeScope {
   bool previous_;
 };
 
+void fireHooks(TensorImpl* leaf) {
+  if (leaf->gradReadyHooks.empty()) return;
+  Tensor g(leaf->grad);
+  // Copy: a hook may (un)register hooks.
+  auto hooks = leaf->gradReadyHooks;
+  for (auto& [handle, hook] : hooks) hook(g);
+}
+
 void finishLeaf(TensorImpl* leaf, Tensor grad) {
   if (!leaf->grad) {
     leaf->grad = owned(grad).impl();
@@ -115,12 +145,7 @@ void finishLeaf(TensorImpl* leaf, Tensor grad) {
     Tensor acc(leaf->grad);
     addInto(acc, grad);
   }
-  if (!leaf->gradReadyHooks.empty()) {
-    Tensor g(leaf->grad);
-    // Copy: a hook may (un)register hooks.
-    auto hooks = leaf->gradReadyHooks;
-    for (auto& [handle, hook] : hooks) hook(g);
-  }
+  fireHooks(leaf);
 }
 
 }  // namespace
@@ -196,7 +221,18 @@ void backward(const Tensor& root, const Tensor& gradient) {
       grads.erase(t);
       std::shared_ptr<Node> node = t->gradFn;  // keeps inputs alive while we use them
       const auto inputs = node->inputs();
-      std::vector<Tensor> inGrads = node->apply(gradOut);
+      std::vector<Tensor> sinks;
+      if (node->acceptsSinks()) {
+        sinks.resize(inputs.size());
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          TensorImpl* in = inputs[i].get();
+          if (in != nullptr && !in->gradFn && in->grad && pendingEdges[in] == 1 &&
+              grads.find(in) == grads.end()) {
+            sinks[i] = Tensor(in->grad);
+          }
+        }
+      }
+      std::vector<Tensor> inGrads = node->apply(gradOut, sinks);
       gradOut = Tensor();
       node->release();
       if (inGrads.size() != inputs.size()) {
@@ -208,6 +244,12 @@ void backward(const Tensor& root, const Tensor& gradient) {
         TensorImpl* in = inputs[i].get();
         if (in == nullptr) continue;
         Tensor& g = inGrads[i];
+        const bool sunk = i < sinks.size() && sinks[i].defined();
+        if (sunk && g.defined()) {
+          throw std::logic_error(std::string("backward of '") + node->name() +
+                                 "' both accumulated into and returned a gradient for input " +
+                                 std::to_string(i));
+        }
         if (g.defined() && (g.shape() != in->shape || g.dtype() != in->dtype)) {
           throw std::logic_error(std::string("backward of '") + node->name() +
                                  "' returned a gradient of shape " + shapeToString(g.shape()) +
@@ -226,6 +268,10 @@ void backward(const Tensor& root, const Tensor& gradient) {
           }
         }
         if (--pendingEdges[in] == 0) {
+          if (sunk) {  // the node already added its gradient into in->grad
+            fireHooks(in);
+            continue;
+          }
           auto it = grads.find(in);
           if (in->gradFn) {
             if (it == grads.end()) {

@@ -39,10 +39,19 @@ namespace loom::ag {
 // A backward function for one op output. gradOut has the output's shape; the result has one
 // entry per input (undefined where the input does not need a gradient).
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& gradOut)>;
+// A backward that may add its gradient for input i straight into that leaf's grad buffer
+// (saving a temporary and a pass over memory for large weights). The engine passes
+// sinks[i] = the leaf's grad() only when input i is a leaf whose grad buffer exists and this
+// node's edge is the last one still to deliver into it; the function must then add its
+// gradient into sinks[i] and return an undefined tensor for i. Other sinks are undefined.
+using AccumulatingBackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& gradOut, const std::vector<Tensor>& sinks)>;
 
 class Node {
  public:
   Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs, BackwardFn fn);
+  Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs,
+       AccumulatingBackwardFn fn);
   const char* name() const { return name_; }
   uint64_t sequence() const { return sequence_; }
   // inputs()[i] is null when input i did not require grad.
@@ -50,7 +59,8 @@ class Node {
   bool needsInputGrad(size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
   bool released() const { return released_; }
 
-  std::vector<Tensor> apply(const Tensor& gradOut);
+  bool acceptsSinks() const { return static_cast<bool>(accumulatingFn_); }
+  std::vector<Tensor> apply(const Tensor& gradOut, const std::vector<Tensor>& sinks);
   // Drops saved tensors and input references.
   void release();
 
@@ -59,6 +69,7 @@ class Node {
   uint64_t sequence_;
   std::vector<std::shared_ptr<TensorImpl>> inputs_;
   BackwardFn fn_;
+  AccumulatingBackwardFn accumulatingFn_;
   bool released_ = false;
 };
 
@@ -87,5 +98,7 @@ void backward(const Tensor& root, const Tensor& gradient = Tensor());
 bool anyRequiresGrad(std::initializer_list<const Tensor*> inputs);
 void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
               BackwardFn fn);
+void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
+              AccumulatingBackwardFn fn);
 
 }  // namespace loom::ag
