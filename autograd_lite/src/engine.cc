@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <queue>
 #include <stdexcept>
 #include <string>
@@ -130,6 +131,21 @@ class GradModeScope {
   bool previous_;
 };
 
+thread_local std::vector<std::function<void()>>* tlsCallbacks = nullptr;
+
+class CallbackScope {
+ public:
+  explicit CallbackScope(std::vector<std::function<void()>>* callbacks) : previous_(tlsCallbacks) {
+    tlsCallbacks = callbacks;
+  }
+  ~CallbackScope() { tlsCallbacks = previous_; }
+
+ private:
+  std::vector<std::function<void()>>* previous_;
+};
+
+void runGraph(const Tensor& root, const Tensor& seed);
+
 void fireHooks(TensorImpl* leaf) {
   if (leaf->gradReadyHooks.empty()) return;
   Tensor g(leaf->grad);
@@ -177,6 +193,19 @@ void backward(const Tensor& root, const Tensor& gradient) {
   }
 
   GradModeScope noGrad(false);
+  std::vector<std::function<void()>> callbacks;
+  CallbackScope callbackScope(&callbacks);
+  runGraph(root, seed);
+  // Callbacks may queue further callbacks; run until none is left.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto cb = std::move(callbacks[i]);
+    cb();
+  }
+}
+
+namespace {
+
+void runGraph(const Tensor& root, const Tensor& seed) {
   TensorImpl* rootImpl = root.impl().get();
   if (!rootImpl->gradFn) {
     finishLeaf(rootImpl, seed);
@@ -292,6 +321,19 @@ void backward(const Tensor& root, const Tensor& gradient) {
     for (auto& n : nodes) n->release();
     throw;
   }
+}
+
+}  // namespace
+
+void queueCallback(std::function<void()> callback) {
+  if (tlsCallbacks == nullptr) {
+    throw std::invalid_argument("queueCallback: no backward pass is running on this thread");
+  }
+  tlsCallbacks->push_back(std::move(callback));
+}
+
+bool inBackward() {
+  return tlsCallbacks != nullptr;
 }
 
 }  // namespace loom::ag

@@ -195,6 +195,27 @@ TEST(Engine, LinearAccumulatesIntoExistingGradBuffers) {
   EXPECT_EQ(fired, 3);
 }
 
+TEST(Engine, QueuedCallbacksRunAfterTheWholePass) {
+  Tensor a = ones({2}).setRequiresGrad(), b = ones({2}).setRequiresGrad();
+  std::vector<std::string> events;
+  a.registerGradReadyHook([&](Tensor&) {
+    events.push_back("hook a");
+    queueCallback([&] {
+      events.push_back("callback");
+      EXPECT_TRUE(inBackward());
+      EXPECT_TRUE(b.grad().defined()) << "runs after every leaf is done";
+      queueCallback([&] { events.push_back("nested callback"); });
+    });
+  });
+  b.registerGradReadyHook([&](Tensor&) { events.push_back("hook b"); });
+  sum(a * 2.0 + b * 3.0).backward();
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[2], "callback");
+  EXPECT_EQ(events[3], "nested callback");
+  EXPECT_FALSE(inBackward());
+  EXPECT_THROW(queueCallback([] {}), std::invalid_argument);
+}
+
 TEST(Engine, HooksFireInReverseLayerOrder) {
   auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(4, 8, nn::LinearOptions{.seed = 1}),

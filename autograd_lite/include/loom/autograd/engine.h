@@ -21,7 +21,8 @@
 //   pass (so grad() holds the previously accumulated value plus the whole of this pass).
 // - On the thread that called backward(), in the order leaves complete, which for a
 //   feed-forward model is the reverse of the order their layers ran in forward.
-// - Leaves the graph does not reach (unused parameters) do not fire; DDP handles those.
+// - Leaves the graph does not reach (unused parameters) do not fire; DDP handles those (e.g.
+//   in a queueCallback callback, which runs when the whole pass is done).
 // - A hook may read and overwrite grad() in place (it is the parameter's grad buffer), but must
 //   not run backward or change the graph. Hooks run in registration order. An exception from
 //   a hook propagates out of backward() (the rest of the graph is then released unrun).
@@ -91,6 +92,16 @@ class NoGradGuard {
 
 // See the file comment. gradient defaults to ones for a one-element root.
 void backward(const Tensor& root, const Tensor& gradient = Tensor());
+
+// Queues `callback` to run once, on this thread, after the backward pass now running has
+// finished all its nodes and hooks (what PyTorch's queue_callback gives DDP: wait for the
+// last bucket's all-reduce and write the averaged gradients back before backward returns).
+// Callbacks run in queue order, with grad mode off, and may queue more callbacks. Call it from
+// a gradient-ready hook; outside a backward pass it throws std::invalid_argument. If the pass
+// throws, queued callbacks are dropped unrun.
+void queueCallback(std::function<void()> callback);
+// Whether a backward pass is running on this thread.
+bool inBackward();
 
 // For op implementations: when grad mode is on and any input requires grad, gives `out` a
 // node named `name` over `inputs` with backward `fn` and marks it as requiring grad.
