@@ -244,16 +244,18 @@ BatchNorm1d::BatchNorm1d(int64_t numFeatures, const BatchNorm1dOptions& options)
 
 Tensor BatchNorm1d::forward(const Tensor& input) {
   const bool useBatchStats = isTraining() || !options_.trackRunningStats;
-  if (isTraining() && options_.trackRunningStats) ++*numBatchesTracked_.data<int64_t>();
   Tensor rm = runningMean_, rv = runningVar_;
   if (input.defined() && rm.defined() && input.dtype() != rm.dtype()) {
     throw std::invalid_argument(std::string("BatchNorm1d: input is ") + dtypeName(input.dtype()) +
                                 " but the module's running statistics are " +
                                 dtypeName(rm.dtype()));
   }
-  return batchNorm(input, useBatchStats && !isTraining() ? Tensor() : rm,
-                   useBatchStats && !isTraining() ? Tensor() : rv, weight_, bias_, useBatchStats,
-                   options_.momentum, options_.eps);
+  // Eval without running statistics normalizes with the batch's own (PyTorch's rule).
+  const bool passStats = !(useBatchStats && !isTraining());
+  Tensor out = batchNorm(input, passStats ? rm : Tensor(), passStats ? rv : Tensor(), weight_,
+                         bias_, useBatchStats, options_.momentum, options_.eps);
+  if (isTraining() && options_.trackRunningStats) ++*numBatchesTracked_.data<int64_t>();
+  return out;
 }
 
 std::string BatchNorm1d::describe() const {
