@@ -65,10 +65,23 @@ void Module::collect(const std::string& prefix, bool params, bool buffers, bool 
   }
 }
 
+namespace {
+// A tensor reachable under two names (a module shared by two parents) is listed once, under
+// its first name, as PyTorch's named_parameters() does.
+NamedTensors withoutDuplicates(NamedTensors all) {
+  std::set<const TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& [n, t] : all) {
+    if (seen.insert(t.impl().get()).second) out.emplace_back(std::move(n), std::move(t));
+  }
+  return out;
+}
+}  // namespace
+
 NamedTensors Module::namedParameters() const {
   NamedTensors out;
   collect("", true, false, true, out);
-  return out;
+  return withoutDuplicates(std::move(out));
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -80,7 +93,7 @@ std::vector<Tensor> Module::parameters() const {
 NamedTensors Module::namedBuffers() const {
   NamedTensors out;
   collect("", false, true, true, out);
-  return out;
+  return withoutDuplicates(std::move(out));
 }
 
 NamedTensors Module::stateDict() const {

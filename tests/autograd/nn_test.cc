@@ -39,6 +39,14 @@ TEST(Nn, NamesMatchPyTorch) {
   EXPECT_EQ(model->namedModules()[2].first, "1");
 }
 
+TEST(Nn, SharedModuleIsListedOnceAmongParameters) {
+  auto shared = std::make_shared<nn::Linear>(2, 2);
+  nn::Sequential model({shared, std::make_shared<nn::ReLU>(), shared});
+  EXPECT_EQ(names(model.namedParameters()), (std::vector<std::string>{"0.weight", "0.bias"}));
+  EXPECT_EQ(names(model.stateDict()),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+}
+
 TEST(Nn, LinearInitIsPyTorchsBoundAndSeeded) {
   nn::Linear a(100, 50, {.seed = 3}), b(100, 50, {.seed = 3}), c(100, 50, {.seed = 4});
   EXPECT_EQ(a.weight().shape(), (Shape{50, 100}));
