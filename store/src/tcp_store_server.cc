@@ -36,6 +36,8 @@ namespace {
 constexpr size_t kMaxPendingOutput = size_t{512} << 20;
 // Requests one connection may leave parked (a TCPStore client parks at most one).
 constexpr size_t kMaxWaitersPerConnection = 1024;
+// Bytes a connection may send before its hello is accepted (a hello is tiny).
+constexpr size_t kMaxHelloBytes = size_t{64} << 10;
 // Bytes read from one connection per wake-up, so one fast sender cannot starve the others.
 constexpr size_t kReadBudget = size_t{1} << 20;
 
@@ -288,6 +290,12 @@ void TCPStoreServer::Loop::onReadable(Conn& conn) {
   }
   if (conn.dead) return;
   conn.in.erase(conn.in.begin(), conn.in.begin() + static_cast<std::ptrdiff_t>(used));
+  if (!conn.authed && conn.in.size() > kMaxHelloBytes) {
+    // Only a client that proved it knows the token may make the server buffer big frames.
+    markDead(conn, detail::str("more than ", kMaxHelloBytes, " bytes before the hello completed"),
+             true);
+    return;
+  }
   if (peerClosed) {
     if (!conn.in.empty()) {
       markDead(conn,

@@ -146,6 +146,22 @@ TEST_F(HostileClients, LengthOfTwoToTheFortieth) {
   expectServerStillServes(::testing::internal::GetCapturedStderr(), "exceeds the limit");
 }
 
+TEST_F(HostileClients, HugeFrameBeforeHello) {
+  net::Socket s = raw();
+  // A well-formed 100 MiB set frame (under the frame limit) from a client that never said
+  // hello: refused once 64 KiB are buffered, not after 100 MiB.
+  auto frame = proto::encode(proto::Message{proto::Op::kSet, 1, 0, {"k"}, {Bytes(1 << 20)}});
+  uint64_t length = (uint64_t{100} << 20);
+  for (int i = 23; i >= 16; --i, length >>= 8) frame[i] = static_cast<uint8_t>(length);
+  ::testing::internal::CaptureStderr();
+  try {
+    send(s.fd(), frame);  // the server may close before all of it is sent
+  } catch (const IoError&) {
+  }
+  EXPECT_TRUE(serverCloses(s.fd(), milliseconds(5000)));
+  expectServerStillServes(::testing::internal::GetCapturedStderr(), "before the hello completed");
+}
+
 TEST_F(HostileClients, RequestBeforeHello) {
   net::Socket s = raw();
   ::testing::internal::CaptureStderr();
@@ -187,6 +203,8 @@ TEST(TCPStoreToken, WrongTokenIsRefusedAtConnectAndOthersKeepWorking) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(server.port())), std::string::npos);
   }
   EXPECT_THROW(TCPStore("127.0.0.1", server.port(), quick(1, "")), IoError);
+  // The refusal reaches the client before the server has logged and closed: wait for that.
+  EXPECT_TRUE(waitUntil([&] { return server.numConnections() == 1; }));
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("wrong token"), std::string::npos) << log;
   EXPECT_NE(log.find("no token given"), std::string::npos) << log;
