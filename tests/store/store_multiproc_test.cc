@@ -102,6 +102,22 @@ TEST(StoreMultiProcess, EightClientProcessesOnOneTCPStore) {
   EXPECT_TRUE(procs.wait(server.index(), milliseconds(10000)).ok());
 }
 
+TEST(StoreMultiProcess, ClientStoreUsedAcrossForkOpensItsOwnConnections) {
+  ChildProcesses procs;
+  ServerProcess server(procs);
+  TCPStore inherited("127.0.0.1", server.port(), options(0));
+  inherited.set("parent", std::string_view("before fork"));
+  ChildProcesses children;
+  children.spawnRanks(3, [&](int rank) {
+    for (int i = 0; i < 50; ++i) inherited.add("count", 1);
+    require(inherited.getString("parent") == "before fork", "child " + std::to_string(rank));
+  });
+  // The parent keeps using its own connection meanwhile.
+  for (int i = 0; i < 50; ++i) inherited.add("count", 1);
+  EXPECT_EQ(children.waitAllOk(milliseconds(20000)), "");
+  EXPECT_EQ(inherited.getString("count"), "200");
+}
+
 TEST(StoreMultiProcess, ServerDyingDuringGetIsAPromptIoError) {
   ChildProcesses procs;
   ServerProcess server(procs, /*dieWhenWaiting=*/1);

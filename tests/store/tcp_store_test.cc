@@ -146,6 +146,22 @@ TEST_F(HostileClients, LengthOfTwoToTheFortieth) {
   expectServerStillServes(::testing::internal::GetCapturedStderr(), "exceeds the limit");
 }
 
+TEST_F(HostileClients, HugeFrameBeforeHello) {
+  net::Socket s = raw();
+  // A well-formed 100 MiB set frame (under the frame limit) from a client that never said
+  // hello: refused once 64 KiB are buffered, not after 100 MiB.
+  auto frame = proto::encode(proto::Message{proto::Op::kSet, 1, 0, {"k"}, {Bytes(1 << 20)}});
+  uint64_t length = (uint64_t{100} << 20);
+  for (int i = 23; i >= 16; --i, length >>= 8) frame[i] = static_cast<uint8_t>(length);
+  ::testing::internal::CaptureStderr();
+  try {
+    send(s.fd(), frame);  // the server may close before all of it is sent
+  } catch (const IoError&) {
+  }
+  EXPECT_TRUE(serverCloses(s.fd(), milliseconds(5000)));
+  expectServerStillServes(::testing::internal::GetCapturedStderr(), "before the hello completed");
+}
+
 TEST_F(HostileClients, RequestBeforeHello) {
   net::Socket s = raw();
   ::testing::internal::CaptureStderr();
@@ -187,6 +203,8 @@ TEST(TCPStoreToken, WrongTokenIsRefusedAtConnectAndOthersKeepWorking) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(server.port())), std::string::npos);
   }
   EXPECT_THROW(TCPStore("127.0.0.1", server.port(), quick(1, "")), IoError);
+  // The refusal reaches the client before the server has logged and closed: wait for that.
+  EXPECT_TRUE(waitUntil([&] { return server.numConnections() == 1; }));
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("wrong token"), std::string::npos) << log;
   EXPECT_NE(log.find("no token given"), std::string::npos) << log;
@@ -374,6 +392,55 @@ TEST(TCPStoreServerTest, ClientParkingTooManyRequestsIsDropped) {
   EXPECT_NE(log.find("requests waiting on one connection"), std::string::npos) << log;
   EXPECT_TRUE(waitUntil([&] { return server.numWaiting() == 0; }));
   EXPECT_EQ(good.add("still", 1), 1);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+proto::Message readReply(int fd) {
+  std::vector<uint8_t> buf(proto::kHeaderBytes);
+  const Deadline d(milliseconds(5000));
+  net::readFull(fd, buf.data(), buf.size(), d, "server");
+  uint64_t length = 0;
+  for (int i = 16; i < 24; ++i) length = (length << 8) | buf[i];
+  buf.resize(buf.size() + length);
+  net::readFull(fd, buf.data() + proto::kHeaderBytes, length, d, "server");
+  proto::Message m;
+  EXPECT_EQ(proto::decode(buf.data(), buf.size(), m).status, proto::DecodeStatus::kOk);
+  return m;
+}
+
+TEST(TCPStoreServerTest, PipelinedRequestsInOneWriteAreAnsweredInOrder) {
+  TCPStoreServer server(TCPStoreServerOptions{"127.0.0.1", 0, "", -1});
+  net::Socket s = net::connectTo("127.0.0.1", server.port(), milliseconds(5000));
+  std::vector<uint8_t> batch = helloFrame();
+  using proto::Op;
+  proto::encode(proto::Message{Op::kGet, 2, 0, {"k"}, {}}, batch);  // parks until 3 sets k
+  proto::encode(proto::Message{Op::kSet, 3, 0, {"k"}, {toBytes("v")}}, batch);
+  proto::encode(proto::Message{Op::kAdd, 4, 5, {"n"}, {}}, batch);
+  proto::encode(proto::Message{Op::kCompareSet, 5, 0, {"k"}, {toBytes("v"), toBytes("w")}}, batch);
+  proto::encode(proto::Message{Op::kNumKeys, 6, 0, {}, {}}, batch);
+  // Split the batch at an awkward place so frames straddle reads.
+  const size_t half = batch.size() / 2 + 3;
+  const Deadline d(milliseconds(5000));
+  net::writeFull(s.fd(), batch.data(), half, d, "server");
+  net::writeFull(s.fd(), batch.data() + half, batch.size() - half, d, "server");
+  EXPECT_EQ(readReply(s.fd()).id, 1u);  // hello
+  // The set is answered before the get it wakes.
+  auto set = readReply(s.fd());
+  EXPECT_EQ(set.id, 3u);
+  auto get = readReply(s.fd());
+  EXPECT_EQ(get.id, 2u);
+  ASSERT_EQ(get.values.size(), 1u);
+  EXPECT_EQ(toString(get.values[0]), "v");
+  EXPECT_EQ(readReply(s.fd()).number, 5);
+  auto cas = readReply(s.fd());
+  ASSERT_EQ(cas.values.size(), 1u);
+  EXPECT_EQ(toString(cas.values[0]), "w");
+  EXPECT_EQ(readReply(s.fd()).number, 2);
 }
 
 }  // namespace
