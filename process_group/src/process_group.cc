@@ -168,6 +168,7 @@ std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& time
     LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                ": timeout must be positive, got ", op.timeout.count(), " ms");
   }
+  checkOp(op);
   std::lock_guard<std::mutex> lock(issueMu_);
   if (op.type == OpType::kSend) {
     op.seq = ++sendSeq_[op.root];

@@ -317,16 +317,19 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
   }
 
-  std::shared_ptr<Work> post(OpDesc op) override {
+  void checkOp(const OpDesc& op) const override {
     if (op.type == OpType::kAllreduce || op.type == OpType::kReduce ||
         op.type == OpType::kReduceScatter) {
       nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
     }
     if ((op.type == OpType::kSend || op.type == OpType::kRecv) && op.tag != 0) {
-      LOOM_THROW(InvalidArgumentError, who(), ": ", op.describe(),
+      LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                  ": NCCL has no message tags (got tag ", op.tag,
                  "); use tag 0 and order the sends and receives");
     }
+  }
+
+  std::shared_ptr<Work> post(OpDesc op) override {
     const Deadline deadline(op.timeout);
     cudaCheck(cudaSetDevice(state_->device), who(), "cudaSetDevice");
     cudaEvent_t event = nullptr;

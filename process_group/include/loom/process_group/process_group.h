@@ -216,6 +216,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual std::shared_ptr<Work> post(OpDesc op) = 0;
   // Throws InvalidArgumentError when the backend cannot use a buffer on `buf.device`.
   virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
+  // Backend-specific argument checks, before the operation takes a sequence number.
+  virtual void checkOp(const OpDesc& op) const { (void)op; }
 
  private:
   std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
