@@ -153,7 +153,7 @@ void checkSameDtype(const std::string& who, const char* opName, const BufferView
   }
 }
 
-void checkOp(const std::string& who, const char* opName, ReduceOp op, DType dtype) {
+void checkReduceOpFor(const std::string& who, const char* opName, ReduceOp op, DType dtype) {
   if (isBitwise(op) && isFloatingPoint(dtype)) {
     LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": reduce op ", reduceOpName(op),
                " is bitwise and needs an integer dtype, got ", dtypeName(dtype));
@@ -184,7 +184,7 @@ std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& time
 std::shared_ptr<Work> ProcessGroup::allreduce(BufferView buf, const AllreduceOptions& opts) {
   const char* name = "allreduce";
   checkBuffer(buf, name, "buffer");
-  checkOp(who(), name, opts.reduceOp, buf.dtype);
+  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
   OpDesc op;
   op.type = OpType::kAllreduce;
   op.in = op.out = buf;
@@ -211,7 +211,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(BufferView buf, const ReduceOptions& 
   const char* name = "reduce";
   checkBuffer(buf, name, "buffer");
   checkRoot(opts.root, name, "root");
-  checkOp(who(), name, opts.reduceOp, buf.dtype);
+  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
   OpDesc op;
   op.type = OpType::kReduce;
   op.in = buf;
@@ -249,7 +249,7 @@ std::shared_ptr<Work> ProcessGroup::reduceScatter(BufferView in, BufferView out,
   checkBuffer(in, name, "input");
   checkBuffer(out, name, "output");
   checkSameDtype(who(), name, in, out);
-  checkOp(who(), name, opts.reduceOp, in.dtype);
+  checkReduceOpFor(who(), name, opts.reduceOp, in.dtype);
   if (in.count != out.count * size_) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
                " elements; expected world size * output count = ", size_, " * ", out.count, " = ",

@@ -87,7 +87,7 @@ TEST(Nccl, UniqueIdExchangeHasADeadlineAndChecksTheSize) {
   HashStore store;
   EXPECT_THROW(nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50)),
                TimeoutError);
-  store.set(nccl_detail::kUniqueIdKey, std::string("short"));
+  store.set(nccl_detail::kUniqueIdKey, toBytes("short"));
   EXPECT_THAT(messageOf<IoError>([&] {
                 nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50));
               }),
