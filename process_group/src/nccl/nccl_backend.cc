@@ -160,16 +160,15 @@ struct NcclState {
   }
 
   ~NcclState() {
-    if (comm) {
-      if (aborted) {
-        // ncclCommAbort already freed it.
-      } else if (broken) {
+    cudaSetDevice(device);
+    if (comm && !aborted) {
+      // A broken communicator is aborted (never waits); a healthy one is destroyed.
+      if (broken) {
         ncclCommAbort(comm);
       } else {
         ncclCommDestroy(comm);
       }
     }
-    cudaSetDevice(device);
     if (scratch) cudaFree(scratch);
     if (stream) cudaStreamDestroy(stream);
   }
