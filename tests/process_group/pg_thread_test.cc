@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <string>
@@ -14,7 +15,9 @@
 
 #include "collective_checks.h"
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
+#include "loom/process_group/init.h"
 #include "loom/process_group/process_group.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
@@ -289,6 +292,47 @@ TEST(ProcessGroupThreads, DebugModeNamesAMismatchedCollectiveAndStaysUsable) {
     pg.allreduce(view(buf.data(), 16))->wait();
     EXPECT_EQ(buf[0], 3.0f);
   });
+}
+
+TEST(ProcessGroupThreads, InitMethodsFileAndTcpWithExplicitRanks) {
+  testing::TempDir dir;
+  int port = 0;
+  {
+    net::Socket probe = net::listenOn("127.0.0.1", 0);
+    port = net::localPort(probe.fd());
+  }
+  for (const std::string& url :
+       {"file://" + dir.file("store"), "tcp://127.0.0.1:" + std::to_string(port)}) {
+    SCOPED_TRACE(url);
+    std::vector<std::shared_ptr<Store>> stores(3);
+    testing::runThreadRanks(3, [&](int rank) {
+      InitOptions options;
+      options.initMethod = url;
+      options.rank = rank;
+      options.worldSize = 3;
+      options.pg = quickOptions();
+      InitResult init = initProcessGroup(options);
+      ASSERT_EQ(init.pg->rank(), rank);
+      ASSERT_EQ(init.pg->size(), 3);
+      testing::checkEveryCollective(*init.pg);
+      init.pg->barrier()->wait();
+      init.pg.reset();
+      stores[rank] = init.store;  // rank 0's TCPStore hosts the server: keep it until all are done
+    });
+  }
+}
+
+TEST(ProcessGroupThreads, InitFromAnIncompleteEnvironmentNamesTheVariable) {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK")) {
+    GTEST_SKIP() << "this process runs under a launcher";
+  }
+  InitOptions options;
+  options.initMethod = "env://";
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { initProcessGroup(options); }),
+              HasSubstr("RANK is not set"));
+  options.initMethod = "ftp://x";
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { initProcessGroup(options); }),
+              HasSubstr("init method 'ftp://x' is not valid"));
 }
 
 }  // namespace
