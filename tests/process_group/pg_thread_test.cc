@@ -63,6 +63,10 @@ TEST(ProcessGroupThreads, EveryCollectiveOnce) {
       ASSERT_EQ(pg.size(), size);
       ASSERT_EQ(pg.backendName(), "tcp");
       testing::checkEveryCollective(pg);
+      // Empty buffers are legal everywhere.
+      pg.allreduce(BufferView{nullptr, 0})->wait();
+      pg.allgather(BufferView{nullptr, 0}, BufferView{nullptr, 0})->wait();
+      pg.broadcast(BufferView{nullptr, 0})->wait();
     });
   }
 }

@@ -111,6 +111,24 @@ void cudaCheck(cudaError_t err, const std::string& who, const char* what) {
   }
 }
 
+// Makes `device` current for a scope and restores the caller's device afterwards, so that
+// issuing an operation never changes the calling thread's CUDA device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    ok_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return ok_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t ok_ = cudaSuccess;
+};
+
 // State shared by the group and its Works (a Work may outlive its group).
 struct NcclState {
   std::string who;
@@ -160,7 +178,7 @@ struct NcclState {
   }
 
   ~NcclState() {
-    cudaSetDevice(device);
+    DeviceGuard guard(device);
     if (comm && !aborted) {
       // A broken communicator is aborted (never waits); a healthy one is destroyed.
       if (broken) {
@@ -247,7 +265,8 @@ class ProcessGroupNccl final : public ProcessGroup {
     state_->who = who();
     state_->device = device;
     const Deadline deadline(options.timeout);
-    cudaCheck(cudaSetDevice(device), who(), "cudaSetDevice");
+    DeviceGuard guard(device);
+    cudaCheck(guard.status(), who(), "cudaSetDevice");
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
     if (rank == 0) {
@@ -279,7 +298,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     // Wait for what is queued, bounded by the group's timeout; abort when it does not finish.
     try {
       const Deadline deadline(options().timeout);
-      cudaSetDevice(state_->device);
+      DeviceGuard guard(state_->device);
       for (;;) {
         const cudaError_t r = cudaStreamQuery(state_->stream);
         if (r != cudaErrorNotReady) break;
@@ -330,7 +349,8 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   std::shared_ptr<Work> post(OpDesc op) override {
     const Deadline deadline(op.timeout);
-    cudaCheck(cudaSetDevice(state_->device), who(), "cudaSetDevice");
+    DeviceGuard guard(state_->device);
+    cudaCheck(guard.status(), who(), "cudaSetDevice");
     cudaEvent_t event = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
     auto work = std::make_shared<NcclWork>(op, rank(), state_, event);

@@ -20,7 +20,8 @@
 //     env://        rank 0 hosts a TCPStore server at MASTER_ADDR:MASTER_PORT in this process,
 //                   the others connect to it;
 //     tcp://h:p     the same with h:p;
-//     file:///path  a FileStore at /path (a file on a filesystem every rank sees).
+//     file:///path  a FileStore at /path (a file on a filesystem every rank sees; use a
+//                   fresh path per job: the file keeps the keys of earlier runs).
 //   Rank and world size come from options.rank / options.worldSize when set (>= 0), else the
 //   environment. The group gets its own namespace ("default_pg/") in the store, so the
 //   returned store may be used for other keys. Returns once every rank is connected, or
