@@ -4,6 +4,10 @@
 //
 // Contract (on top of ProcessGroup's)
 // - CPU buffers only (InvalidArgumentError otherwise).
+// - Work::wait() on the operation at the head of the queue, with the worker idle, runs it on
+//   the waiting thread (no thread hand-off for issue-then-wait); the order is unchanged.
+// - Consecutive send / recv at the head of the queue are posted on the transport together
+//   and then waited for, with the tag layout of comm::send / comm::recv.
 // - The constructor is collective (comm::Context::create through the store) and blocks until
 //   this rank is connected, or options.timeout passes.
 // - Failure handling, on the worker thread, when an operation raises:
@@ -51,6 +55,10 @@ class ProcessGroupTcp final : public ProcessGroup {
   void abort(const std::string& reason) override;
   bool isBroken() const override;
 
+  // Runs `work`'s operation on the calling thread when it is the head of the queue and no
+  // operation is running (Work::wait() calls it before blocking); returns false otherwise.
+  bool runInline(const Work* work);
+
  protected:
   std::shared_ptr<Work> post(OpDesc op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
@@ -62,7 +70,13 @@ class ProcessGroupTcp final : public ProcessGroup {
   };
 
   void workerLoop();
+  // Runs one dequeued item (fails it at once when the group is broken). The caller set
+  // running_.
+  void execute(Item& item);
   void run(const OpDesc& op);
+  // send / recv: `first` and the send / recv operations queued right behind it run as one
+  // batch posted on the transport together (so a ring exchange cannot deadlock).
+  void runPointToPoint(Item& first);
   // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
   void checkSignature(const OpDesc& op);
   // Steps 1-3 above; returns the error the failing operation's Work gets.
@@ -76,6 +90,7 @@ class ProcessGroupTcp final : public ProcessGroup {
   std::condition_variable wake_;
   std::deque<Item> queue_;
   bool stopping_ = false;
+  bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
   bool broken_ = false;
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only
