@@ -139,6 +139,8 @@ struct FailureExchange {
 // Point-to-point messages use the same tag layout as comm::send / comm::recv (op kind kP2P,
 // 10, in the top byte, the user's tag below), so a group's send matches a comm::recv.
 constexpr uint64_t kP2PTagKind = uint64_t{10} << 56;
+// How often a waiting send / recv batch looks for more send / recv operations to start.
+constexpr milliseconds kP2PSlice{1};
 
 // Extra time the store gets beyond the report window before the worker gives up on it: at
 // most half the window, so that window + slack <= 0.75 x the timeout and a failure is raised
@@ -356,50 +358,88 @@ void ProcessGroupTcp::execute(Item& item) {
 }
 
 void ProcessGroupTcp::runPointToPoint(Item& first) {
-  // The send/recv operations at the head of the queue run as one batch: all are posted on
-  // the transport at once, then waited for. A send posted next to its matching receive
-  // (a ring exchange: send to the right, receive from the left) then never waits for a
-  // peer that is itself stuck in a send, whatever the message size.
-  std::vector<Item> batch;
-  batch.push_back(std::move(first));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    while (!queue_.empty() && !isCollective(queue_.front().op.type)) {
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-  }
+  // The send / recv operations at the head of the queue run as one batch: each is posted on
+  // the transport as soon as it reaches the head, and the batch is done when all completed.
+  // While waiting, the batch keeps taking send / recv operations that arrive at the head
+  // (checked at least every kP2PSlice), so a send posted just before its matching receive (a
+  // ring exchange: send to the right, then receive from the left) never waits for a peer
+  // that is itself stuck in a send, whatever the message size.
+  struct Pending {
+    Item item;
+    comm::RequestPtr request;
+    Deadline deadline;
+    bool done = false;
+  };
   comm::Transport& transport = ctx_->transport();
-  std::vector<comm::RequestPtr> requests(batch.size());
-  size_t failedAt = batch.size();
-  try {
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const OpDesc& op = batch[i].op;
-      const uint64_t tag = kP2PTagKind | op.tag;
-      const size_t bytes = op.count * dtypeSize(op.dtype);
-      failedAt = i;
-      requests[i] = op.type == OpType::kSend ? transport.isend(op.root, op.in.data, bytes, tag)
-                                             : transport.irecv(op.root, op.out.data, bytes, tag);
+  std::vector<Pending> batch;
+  const auto post = [&](Item item) {
+    const OpDesc& op = item.op;
+    const uint64_t tag = kP2PTagKind | op.tag;
+    const size_t bytes = op.count * dtypeSize(op.dtype);
+    Deadline deadline(op.timeout);
+    batch.push_back(Pending{std::move(item), nullptr, deadline, false});
+    batch.back().request = op.type == OpType::kSend
+                               ? transport.isend(op.root, op.in.data, bytes, tag)
+                               : transport.irecv(op.root, op.out.data, bytes, tag);
+  };
+  const auto absorb = [&] {
+    std::vector<Item> more;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!queue_.empty() && !isCollective(queue_.front().op.type) && !broken_) {
+        more.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
     }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const OpDesc& op = batch[i].op;
-      failedAt = i;
-      // Each operation's deadline counts from the start of the batch.
-      if (!requests[i]->wait(Deadline(op.timeout))) {
+    for (auto& item : more) post(std::move(item));
+  };
+
+  size_t current = 0;  // the operation an error is attributed to
+  const OpDesc firstOp = first.op;
+  const std::shared_ptr<Work> firstWork = first.work;
+  try {
+    post(std::move(first));
+    absorb();
+    for (;;) {
+      bool allDone = true;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].done) continue;
+        current = i;
+        if (batch[i].request->test()) {
+          batch[i].done = true;
+          batch[i].item.work->markCompleted();
+        } else {
+          allDone = false;
+        }
+      }
+      if (allDone) return;
+      absorb();
+      size_t next = 0;
+      while (batch[next].done) ++next;
+      current = next;
+      Pending& p = batch[next];
+      if (p.deadline.expired()) {
+        const OpDesc& op = p.item.op;
         throw TimeoutError(who() + ": " + op.describe() + " timed out after " +
                            std::to_string(op.timeout.count()) + " ms waiting to " +
                            (op.type == OpType::kSend ? "send to" : "receive from") + " rank " +
                            std::to_string(op.root) + " (" + transport.peerAddress(op.root) +
-                           "): " + std::to_string(requests[i]->bytesOutstanding()) + " of " +
-                           std::to_string(requests[i]->bytes()) + " bytes outstanding (tag " +
+                           "): " + std::to_string(p.request->bytesOutstanding()) + " of " +
+                           std::to_string(p.request->bytes()) + " bytes outstanding (tag " +
                            std::to_string(op.tag) + ")");
       }
-      batch[i].work->markCompleted();
+      const milliseconds slice = std::min(p.deadline.remaining(), kP2PSlice);
+      p.request->wait(Deadline(slice));
     }
   } catch (...) {
-    auto error = handleFailure(batch[failedAt].op, std::current_exception());
-    batch[failedAt].work->markFailed(error);
-    for (size_t i = failedAt + 1; i < batch.size(); ++i) batch[i].work->markFailed(error);
+    if (batch.empty()) {
+      firstWork->markFailed(handleFailure(firstOp, std::current_exception()));
+      return;
+    }
+    auto error = handleFailure(batch[current].item.op, std::current_exception());
+    for (auto& p : batch) {
+      if (!p.done) p.item.work->markFailed(error);
+    }
   }
 }
 

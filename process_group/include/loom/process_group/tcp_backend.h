@@ -6,8 +6,9 @@
 // - CPU buffers only (InvalidArgumentError otherwise).
 // - Work::wait() on the operation at the head of the queue, with the worker idle, runs it on
 //   the waiting thread (no thread hand-off for issue-then-wait); the order is unchanged.
-// - Consecutive send / recv at the head of the queue are posted on the transport together
-//   and then waited for, with the tag layout of comm::send / comm::recv.
+// - send / recv at the head of the queue are posted on the transport as they reach it (with
+//   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
+//   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
 // - The constructor is collective (comm::Context::create through the store) and blocks until
 //   this rank is connected, or options.timeout passes.
 // - Failure handling, on the worker thread, when an operation raises:
@@ -74,8 +75,8 @@ class ProcessGroupTcp final : public ProcessGroup {
   // running_.
   void execute(Item& item);
   void run(const OpDesc& op);
-  // send / recv: `first` and the send / recv operations queued right behind it run as one
-  // batch posted on the transport together (so a ring exchange cannot deadlock).
+  // send / recv: `first` and the send / recv operations that reach the head of the queue
+  // while it waits run as one batch on the transport.
   void runPointToPoint(Item& first);
   // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
   void checkSignature(const OpDesc& op);
