@@ -139,8 +139,10 @@ struct FailureExchange {
 // Point-to-point messages use the same tag layout as comm::send / comm::recv (op kind kP2P,
 // 10, in the top byte, the user's tag below), so a group's send matches a comm::recv.
 constexpr uint64_t kP2PTagKind = uint64_t{10} << 56;
-// How often a waiting send / recv batch looks for more send / recv operations to start.
-constexpr milliseconds kP2PSlice{1};
+// How often a waiting send / recv batch looks for more send / recv operations to start:
+// every kP2PSliceMin at first, backing off to kP2PSliceMax while nothing changes.
+constexpr milliseconds kP2PSliceMin{1};
+constexpr milliseconds kP2PSliceMax{10};
 
 // Extra time the store gets beyond the report window before the worker gives up on it: at
 // most half the window, so that window + slack <= 0.75 x the timeout and a failure is raised
@@ -361,7 +363,7 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
   // The send / recv operations at the head of the queue run as one batch: each is posted on
   // the transport as soon as it reaches the head, and the batch is done when all completed.
   // While waiting, the batch keeps taking send / recv operations that arrive at the head
-  // (checked at least every kP2PSlice), so a send posted just before its matching receive (a
+  // (checked every few milliseconds), so a send posted just before its matching receive (a
   // ring exchange: send to the right, then receive from the left) never waits for a peer
   // that is itself stuck in a send, whatever the message size.
   struct Pending {
@@ -395,6 +397,7 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
   };
 
   size_t current = 0;  // the operation an error is attributed to
+  milliseconds slice = kP2PSliceMin;
   const OpDesc firstOp = first.op;
   const std::shared_ptr<Work> firstWork = first.work;
   try {
@@ -402,18 +405,23 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
     absorb();
     for (;;) {
       bool allDone = true;
+      bool progress = false;
       for (size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].done) continue;
         current = i;
         if (batch[i].request->test()) {
           batch[i].done = true;
           batch[i].item.work->markCompleted();
+          progress = true;
         } else {
           allDone = false;
         }
       }
       if (allDone) return;
+      const size_t before = batch.size();
       absorb();
+      progress = progress || batch.size() != before;
+      slice = progress ? kP2PSliceMin : std::min(slice * 2, kP2PSliceMax);
       size_t next = 0;
       while (batch[next].done) ++next;
       current = next;
@@ -428,8 +436,7 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
                            std::to_string(p.request->bytes()) + " bytes outstanding (tag " +
                            std::to_string(op.tag) + ")");
       }
-      const milliseconds slice = std::min(p.deadline.remaining(), kP2PSlice);
-      p.request->wait(Deadline(slice));
+      p.request->wait(Deadline(std::min(p.deadline.remaining(), slice)));
     }
   } catch (...) {
     if (batch.empty()) {
