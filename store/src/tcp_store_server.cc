@@ -47,6 +47,13 @@ bool constantTimeEqual(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+// The event loop. One thread waits in epoll_wait on the listening socket, the stop eventfd and
+// every client socket (level-triggered). A readable client is drained into its input buffer
+// (at most kReadBudget per wake-up), whole frames are decoded from the front and handled in
+// order: the hello by the loop (token, join bookkeeping), everything else by StoreState, whose
+// replies are appended to the output buffer and written at once; what the socket does not
+// take waits for EPOLLOUT. A client that breaks the rules is marked dead and closed once the
+// current event is handled, so no handler ever runs on a destroyed connection.
 class TCPStoreServer::Loop {
  public:
   explicit Loop(const TCPStoreServerOptions& options);
@@ -100,8 +107,8 @@ class TCPStoreServer::Loop {
   std::string token_;
   int numWorkers_;
   net::Socket listen_;
-  int epoll_ = -1;
-  int stopFd_ = -1;
+  net::Socket epoll_;   // the epoll instance (an owned fd like any other)
+  net::Socket stopFd_;  // eventfd that stop() writes to wake the loop
   std::thread thread_;
   std::once_flag stopOnce_;
 
@@ -125,22 +132,21 @@ TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
   port_ = net::localPort(listen_.fd());
   address_ = net::formatHostPort(options.host, port_);
   net::setNonBlocking(listen_.fd());
-  epoll_ = LOOM_SYSCHECK(epoll_create1(EPOLL_CLOEXEC), "epoll_create1 for TCPStore server");
-  stopFd_ = LOOM_SYSCHECK(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
+  epoll_ =
+      net::Socket(LOOM_SYSCHECK(epoll_create1(EPOLL_CLOEXEC), "epoll_create1 for TCPStore server"));
+  stopFd_ = net::Socket(LOOM_SYSCHECK(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd"));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = listen_.fd();
-  LOOM_SYSCHECK(epoll_ctl(epoll_, EPOLL_CTL_ADD, listen_.fd(), &ev), "epoll_ctl");
-  ev.data.fd = stopFd_;
-  LOOM_SYSCHECK(epoll_ctl(epoll_, EPOLL_CTL_ADD, stopFd_, &ev), "epoll_ctl");
+  LOOM_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, listen_.fd(), &ev), "epoll_ctl");
+  ev.data.fd = stopFd_.fd();
+  LOOM_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, stopFd_.fd(), &ev), "epoll_ctl");
   thread_ = std::thread([this] { run(); });
   LOOM_LOG_INFO("TCPStore server listening on ", address_);
 }
 
 TCPStoreServer::Loop::~Loop() {
   stop();
-  if (stopFd_ >= 0) ::close(stopFd_);
-  if (epoll_ >= 0) ::close(epoll_);
 }
 
 void TCPStoreServer::Loop::stop() {
@@ -151,7 +157,7 @@ void TCPStoreServer::Loop::stop() {
     }
     joined_.notify_all();
     const uint64_t one = 1;
-    if (::write(stopFd_, &one, sizeof(one)) < 0) {
+    if (::write(stopFd_.fd(), &one, sizeof(one)) < 0) {
       LOOM_LOG_ERROR("TCPStore server ", address_, ": cannot wake the loop to stop");
     }
     if (thread_.joinable()) thread_.join();
@@ -161,7 +167,7 @@ void TCPStoreServer::Loop::stop() {
 void TCPStoreServer::Loop::run() {
   epoll_event events[64];
   for (;;) {
-    const int n = epoll_wait(epoll_, events, 64, helloWaitMs());
+    const int n = epoll_wait(epoll_.fd(), events, 64, helloWaitMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       LOOM_LOG_ERROR("TCPStore server ", address_,
@@ -171,7 +177,7 @@ void TCPStoreServer::Loop::run() {
     bool stopping = false;
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
-      if (fd == stopFd_) {
+      if (fd == stopFd_.fd()) {
         stopping = true;
         continue;
       }
@@ -220,7 +226,7 @@ void TCPStoreServer::Loop::accept() {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &ev) != 0) {
       LOOM_LOG_WARNING("TCPStore server ", address_, ": cannot watch client ", conn->peer, ": ",
                        detail::errnoText(errno));
       continue;
@@ -340,7 +346,7 @@ void TCPStoreServer::Loop::close(Conn& conn, const std::string& why, bool warn) 
   const int fd = conn.sock.fd();
   state_.dropClient(fd);
   helloDue_.erase(fd);
-  epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, fd, nullptr);
   conns_.erase(fd);  // destroys conn and closes the socket
   connections_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -430,7 +436,7 @@ void TCPStoreServer::Loop::updateInterest(Conn& conn) {
   epoll_event ev{};
   ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
   ev.data.fd = conn.sock.fd();
-  epoll_ctl(epoll_, EPOLL_CTL_MOD, conn.sock.fd(), &ev);
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, conn.sock.fd(), &ev);
 }
 
 void TCPStoreServer::Loop::waitForWorkers(int numWorkers, milliseconds timeout) {
