@@ -11,7 +11,8 @@
 //   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
 // - The constructor is collective (comm::Context::create through the store) and blocks until
 //   this rank is connected, or options.timeout passes.
-// - Failure handling, on the worker thread, when an operation raises:
+// - Failure handling, on the thread running the operation (the worker, or a waiter running
+//   it inline), when an operation raises:
 //   1. the group is marked broken: every queued and future operation fails at once with an
 //      IoError naming the original cause;
 //   2. this rank publishes a failure report ("failure/<rank>": its message) in the store,
@@ -25,10 +26,9 @@
 //   deadlines (window + at most window / 2), so a store that does not answer (its host was
 //   stopped) costs the reports, never the bound: a failed operation raises within 1.75x its
 //   timeout.
-// - abort(reason) and the destructor never wait for the network: abort fails the running
-//   operation through comm::Context::abort; the destructor drains the queue (each operation
-//   bounded by its deadline, or failing at once when the group is broken) and joins the
-//   worker.
+// - abort(reason) never waits for the network: it fails the running operation through
+//   comm::Context::abort. The destructor drains the queue (each operation bounded by its
+//   deadline, or failing at once when the group is broken) and joins the worker.
 #pragma once
 
 #include <condition_variable>
