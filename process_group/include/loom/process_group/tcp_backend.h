@@ -1,0 +1,102 @@
+// ProcessGroupTcp: the Gloo-like backend. A comm::Context (TCP connections, shared memory
+// between same-host ranks) plus one worker thread that runs the comm/ collectives of a FIFO
+// queue, in issue order.
+//
+// Contract (on top of ProcessGroup's)
+// - CPU buffers only (InvalidArgumentError otherwise).
+// - Work::wait() on the operation at the head of the queue, with the worker idle, runs it on
+//   the waiting thread (no thread hand-off for issue-then-wait); the order is unchanged.
+// - send / recv at the head of the queue are posted on the transport as they reach it (with
+//   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
+//   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
+// - The constructor is collective (comm::Context::create through the store) and blocks until
+//   this rank is connected, or options.timeout passes.
+// - Failure handling, on the thread running the operation (the worker, or a waiter running
+//   it inline), when an operation raises:
+//   1. the group is marked broken: every queued and future operation fails at once with an
+//      IoError naming the original cause;
+//   2. this rank publishes a failure report ("failure/<rank>": its message) in the store,
+//      then closes its connections, so that the peers blocked on it fail within moments
+//      instead of waiting for their own deadline (the failure cascades);
+//   3. it waits up to failureReportWindow (capped at timeout / 2) for the other ranks'
+//      reports and raises one error that carries its own message, the others' reports and
+//      the ranks that sent none (dead, stopped, or not at this operation: the suspects). The
+//      error is a TimeoutError when any rank's failure was a timeout, else an IoError.
+//   The store work runs on a short-lived detached thread and the worker waits for it with
+//   deadlines (window + at most window / 2), so a store that does not answer (its host was
+//   stopped) costs the reports, never the bound: a failed operation raises within 1.75x its
+//   timeout.
+// - abort(reason) never waits for the network: it fails the running operation through
+//   comm::Context::abort. The destructor drains the queue (each operation bounded by its
+//   deadline, or failing at once when the group is broken) and joins the worker.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "loom/process_group/process_group.h"
+
+namespace loom {
+
+namespace comm {
+class Context;
+}
+
+class ProcessGroupTcp final : public ProcessGroup {
+ public:
+  ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
+                  const ProcessGroupOptions& options = {});
+  ~ProcessGroupTcp() override;
+
+  void abort(const std::string& reason) override;
+  bool isBroken() const override;
+
+  // Runs `work`'s operation on the calling thread when it is the head of the queue and no
+  // operation is running (Work::wait() calls it before blocking); returns false otherwise.
+  bool runInline(const Work* work);
+
+ protected:
+  std::shared_ptr<Work> post(OpDesc op) override;
+  void checkDevice(const BufferView& buf, const char* opName) const override;
+
+ private:
+  struct Item {
+    OpDesc op;
+    std::shared_ptr<Work> work;
+  };
+
+  void workerLoop();
+  // Runs one dequeued item (fails it at once when the group is broken). The caller set
+  // running_.
+  void execute(Item& item);
+  void run(const OpDesc& op);
+  // send / recv: `first` and the send / recv operations that reach the head of the queue
+  // while it waits run as one batch on the transport.
+  void runPointToPoint(Item& first);
+  // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
+  void checkSignature(const OpDesc& op);
+  // Steps 1-3 above; returns the error the failing operation's Work gets.
+  std::exception_ptr handleFailure(const OpDesc& op, std::exception_ptr error);
+  // Marks the group broken with `cause` (first call wins); returns true on the first call.
+  bool markBroken(const std::string& cause);
+
+  std::shared_ptr<comm::Context> ctx_;  // used by the worker only; abort() may call ctx_->abort
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable wake_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
+  bool broken_ = false;
+  std::string brokenCause_;
+  uint64_t lastSignatureSeq_ = 0;  // worker only
+
+  std::thread worker_;
+};
+
+}  // namespace loom
