@@ -42,6 +42,7 @@ struct Config {
   bool threads = false;
   double seconds = 0.5;  // target time per size
   int64_t iters = 0;     // fixed iteration count (0: from --seconds)
+  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)
 };
 
 double busFactor(const std::string& op, int n) {
@@ -75,6 +76,7 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
   loom::comm::ContextOptions copts;
   copts.host = "127.0.0.1";
   copts.timeout = std::chrono::seconds(60);
+  copts.socketBufferBytes = cfg.sockbuf;
   auto ctx = Context::create(store, rank, cfg.ranks, copts);
   loom::comm::CollectiveOptions opts;
   opts.timeout = std::chrono::seconds(60);
@@ -82,8 +84,8 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
   if (rank == 0) {
     std::printf("# %s, %d %s ranks, algo %s, float32\n", cfg.op.c_str(), cfg.ranks,
                 cfg.threads ? "thread" : "process", cfg.algo.c_str());
-    std::printf("%12s %10s %10s %10s %10s %10s %10s %8s\n", "bytes", "median_us", "min_us", "algbw",
-                "busbw", "cpu_us/it", "cpu_s/GB", "csw/it");
+    std::printf("%12s %10s %10s %10s %10s %10s %10s %8s %5s\n", "bytes", "median_us", "min_us",
+                "algbw", "busbw", "cpu_us/it", "cpu_s/GB", "csw/it", "sys%");
   }
   for (size_t bytes : cfg.sizes) {
     const size_t count = std::max<size_t>(bytes / 4, 1);
@@ -120,11 +122,13 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
       auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; };
       const double cpu =
           sec(ru1.ru_utime) - sec(ru0.ru_utime) + sec(ru1.ru_stime) - sec(ru0.ru_stime);
+      const double sys = sec(ru1.ru_stime) - sec(ru0.ru_stime);
       const double csw = double(ru1.ru_nvcsw - ru0.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nivcsw);
       const double algbw = bytes / (median * 1e-6) / 1e9;
-      std::printf("%12zu %10.1f %10.1f %10.3f %10.3f %10.1f %10.3f %8.1f\n", bytes, median,
+      std::printf("%12zu %10.1f %10.1f %10.3f %10.3f %10.1f %10.3f %8.1f %5.0f\n", bytes, median,
                   times.front(), algbw, algbw * busFactor(cfg.op, cfg.ranks), cpu / iters * 1e6,
-                  cpu / (double(bytes) * iters) * 1e9, csw / iters);
+                  cpu / (double(bytes) * iters) * 1e9, csw / iters,
+                  cpu > 0 ? 100 * sys / cpu : 0.0);
       std::fflush(stdout);
     }
   }
@@ -190,6 +194,7 @@ int main(int argc, char** argv) {
   app.add_option("--algo", cfg.algo, "auto, ring, rd, direct, tree, chain");
   app.add_option("--seconds", cfg.seconds, "target time per size");
   app.add_option("--iters", cfg.iters, "fixed iterations per size (default: from --seconds)");
+  app.add_option("--sockbuf", cfg.sockbuf, "socket buffer bytes (default: autotuning)");
   app.add_flag("--threads", cfg.threads, "ranks as threads of one process (default: processes)");
   app.add_flag("--pingpong", doPingpong, "raw TCP ping-pong baseline");
   CLI11_PARSE(app, argc, argv);
