@@ -91,6 +91,24 @@ TEST(Data, FillsDependOnRank) {
   }
 }
 
+// A reduce_scatter or all_gather that delivers the wrong slice must be caught: the reduced
+// values of two slices differ for every reduction, even at world sizes where a periodic fill
+// would sum to a constant.
+TEST(Data, SlicesOfTheResultDiffer) {
+  for (RedOp r : allRedOps()) {
+    for (int n : {2, 4, 8}) {
+      for (size_t piece : {4u, 16u, 84u}) {
+        int differing = 0;
+        for (size_t j = 0; j < piece; ++j) {
+          differing += reducedValue(Op::kReduceScatter, r, ElemType::kFloat, n, j) !=
+                       reducedValue(Op::kReduceScatter, r, ElemType::kFloat, n, piece + j);
+        }
+        EXPECT_GT(differing, 0) << redOpName(r) << " n=" << n << " piece=" << piece;
+      }
+    }
+  }
+}
+
 TEST(Data, CountWrongFindsEachBadElement) {
   const int n = 3;
   const Layout layout = layoutFor(Op::kAllGather, 3 * 10 * 4, ElemType::kFloat, n);

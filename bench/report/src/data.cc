@@ -158,22 +158,41 @@ double loadElem(ElemType type, const void* base, size_t index) {
   return 0;
 }
 
+namespace {
+
+// splitmix64's finaliser: neighbouring inputs give unrelated outputs, so fills have no period
+// that a misplaced slice could hide behind.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hashOf(size_t rank, size_t index, uint64_t salt) {
+  return mix(mix(index ^ (salt << 56)) + rank);
+}
+
+}  // namespace
+
 double fillValue(Op op, RedOp redop, ElemType type, int rank, int worldSize, size_t index) {
   const size_t r = static_cast<size_t>(rank);
   const size_t n = static_cast<size_t>(worldSize);
-  if (!isReduction(op)) return static_cast<double>((5 * r + index) % 11);
+  if (!isReduction(op)) return static_cast<double>(hashOf(r, index, 1) % 11);
   switch (redop) {
     case RedOp::kSum: {
       const size_t k = std::min<size_t>(4, static_cast<size_t>(exactLimit(type)) / n + 1);
-      return static_cast<double>((r + index) % k);
+      return static_cast<double>(hashOf(r, index, 2) % k);
     }
-    case RedOp::kProd:
-      return index % n == r ? static_cast<double>(1 + (index / n) % 3) : 1.0;
+    case RedOp::kProd: {
+      const uint64_t h = hashOf(0, index, 3);
+      return h % n == r ? static_cast<double>(1 + (h >> 32) % 3) : 1.0;
+    }
     case RedOp::kMin:
     case RedOp::kMax:
-      return static_cast<double>((3 * r + index) % 7);
+      return static_cast<double>(hashOf(r, index, 4) % 7);
     case RedOp::kAvg: {
-      const double base = static_cast<double>(1 + index % 3);
+      const double base = static_cast<double>(1 + hashOf(0, index, 5) % 3);
       if (n % 2 == 1 && r == n - 1) return base;
       return r % 2 == 0 ? base + 1 : base - 1;
     }

@@ -3,17 +3,20 @@
 // bfloat16 included) and cannot overflow int8, and every rank can compute what every other
 // rank sent. Then each rank counts the output elements that differ from the exact result.
 //
-// Fills, for rank r of n at input index i (the index into the whole input buffer):
-//   sum         (r + i) mod k, with k = min(4, L / n + 1) where L is the largest integer the
-//               type holds exactly (int8 127, uint8 255, bfloat16 256, half 2048, ...), so that
-//               the sum never exceeds L.
-//   prod        1 + (i / n) mod 3 on rank i mod n, 1 elsewhere: products in {1, 2, 3}.
-//   min, max    (3r + i) mod 7.
-//   avg         1 + i mod 3, plus +1 on even ranks and -1 on odd ranks (0 on the last rank when
-//               n is odd): the sum is n times an integer, so the average is exact for integer
-//               types; floating types allow a relative error of a few units in the last place
-//               because a library may multiply by 1/n.
-//   data movement (broadcast, gathers, scatter, alltoall, sendrecv)   (5r + i) mod 11.
+// Fills, for rank r of n at input index i (the index into the whole input buffer), with h a
+// 64-bit mixing hash of (r, i) so that no fill repeats with a period a misplaced slice could
+// hide behind:
+//   sum         h mod k, with k = min(4, L / n + 1) where L is the largest integer the type
+//               holds exactly (int8 127, uint8 255, bfloat16 256, half 2048, ...), so that no
+//               partial sum exceeds L.
+//   prod        1 + (h(i) >> 32) mod 3 on rank h(i) mod n, 1 on the others: products 1 to 3.
+//   min, max    h mod 7.
+//   avg         1 + h(i) mod 3, plus 1 on even ranks and minus 1 on odd ranks (0 on the last
+//               rank when n is odd): the sum is n times an integer, so the average is exact
+//               for integer types; floating types allow a relative error of a few units in the
+//               last place because a library may multiply by 1/n. Partial sums stay below 4n
+//               (exact in int8 up to 31 ranks).
+//   data movement (broadcast, gathers, scatter, alltoall, sendrecv)   h mod 11.
 // Outputs start as all-ones bytes (NaN for floating types, -1 or 255 for integers), which no
 // fill produces, so an element the collective never wrote is counted wrong.
 #pragma once
