@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -29,9 +30,16 @@ struct ContextOptions {
   std::string host;
   // Same-host peers use shared memory when available (LOOM_SHM=0 turns it off).
   bool sharedMemory = true;
-  // Parallel TCP connections per peer for bandwidth.
+  // Parallel TCP connections per peer for bandwidth (only 1 is implemented so far).
   int socketsPerPeer = 1;
+  // Store keys are "<storePrefix>/..."; every Context on one Store needs its own prefix
+  // (or a PrefixStore), and the keys of an old Context must not be reused.
+  std::string storePrefix = "comm";
+  // SO_SNDBUF/SO_RCVBUF per socket; 0 leaves the kernel's autotuning on.
+  int socketBufferBytes = 0;
 };
+
+class Transport;
 
 class Context {
  public:
@@ -43,6 +51,13 @@ class Context {
   virtual int size() const = 0;
   // Fail every blocked and future operation with IoError(reason); thread-safe.
   virtual void abort(const std::string& reason) = 0;
+
+  // The transport the algorithms run over (collectives.h); owned by the Context.
+  virtual Transport& transport() = 0;
+  // Scratch memory for algorithms, at least `bytes` long, 64-byte aligned, kept between
+  // calls; `slot` picks one of a few independent buffers. Valid until the next call with the
+  // same slot. Only for the thread running collectives.
+  virtual void* scratch(size_t bytes, int slot = 0) = 0;
 };
 
 }  // namespace loom::comm

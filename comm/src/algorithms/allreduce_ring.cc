@@ -1,0 +1,126 @@
+// Ring all-reduce: a reduce-scatter followed by an all-gather around the ring
+// rank -> rank + 1, both chunked and pipelined.
+//
+// How it works
+// - The buffer is cut into `size` segments (segmentBegin/segmentCount); each segment into
+//   `chunks` chunks of at most chunkBytes(). Every message is one chunk.
+// - Reduce-scatter, steps k = 0 .. size-2: rank r sends segment (r - k - 1) to `next` and
+//   receives segment (r - k - 2) from `prev`, reducing it into out with its own input:
+//   out[seg] = in[seg] (op) received. At step 0 the segment sent comes from `in`; later
+//   steps send the partial result written into out one step before. After the last step,
+//   segment r of out holds the full reduction.
+// - Pipelining: the loop walks (step, chunk) in order; as soon as chunk c of step k is
+//   reduced it is sent as chunk c of step k + 1, while the receives of the next `kWindow`
+//   chunks are already posted into the `window` receive buffers. So the socket receives
+//   chunk c + 1 while chunk c is reduced and sent on.
+// - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
+//   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
+//   after its last reduction, so the two phases overlap too. All all-gather receives are
+//   posted at the start: by causality a chunk of segment s can only arrive after this rank
+//   sent its own contribution to it, so nothing still being read is overwritten.
+// - avg: the final segment is divided by size once, before it is sent around.
+// - Tags: step field k for reduce-scatter step k, (size - 1 + k) for all-gather step k;
+//   chunks of one step share the tag and rely on in-order matching.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+
+namespace loom::comm {
+
+namespace {
+constexpr size_t kWindow = 4;  // chunks in flight in the reduce-scatter phase
+}
+
+void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop) {
+  const int size = op.size();
+  const int rank = op.rank();
+  const int next = (rank + 1) % size;
+  const int prev = (rank - 1 + size) % size;
+  const size_t esize = dtypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, rop);
+
+  const size_t maxSegment = segmentCount(count, size, 0);
+  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
+  const size_t chunks = std::max<size_t>(1, (maxSegment + chunkElems - 1) / chunkElems);
+  const size_t perChunk = (maxSegment + chunks - 1) / chunks;
+  // Chunk c of segment s: elements [begin, begin + n) of the whole buffer.
+  auto chunkOf = [&](int s, size_t c, size_t& begin, size_t& n) {
+    const size_t segBegin = segmentBegin(count, size, s);
+    const size_t segCount = segmentCount(count, size, s);
+    const size_t lo = std::min(segCount, c * perChunk);
+    const size_t hi = std::min(segCount, lo + perChunk);
+    begin = segBegin + lo;
+    n = hi - lo;
+  };
+  auto segment = [&](int s) { return ((s % size) + size) % size; };
+
+  const size_t windowBytes = perChunk * esize;
+  auto* window = static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0));
+  const size_t steps = static_cast<size_t>(size - 1);
+  const size_t totalRecvs = steps * chunks;  // reduce-scatter receives, in (step, chunk) order
+
+  std::vector<RequestPtr> sends;
+  std::vector<RequestPtr> gatherRecvs(steps * chunks);
+  std::vector<RequestPtr> scatterRecvs(kWindow);
+
+  // Reduce-scatter receive i = (step i / chunks, chunk i % chunks) goes to window slot i % kWindow.
+  auto postScatterRecv = [&](size_t i) {
+    const auto k = static_cast<int>(i / chunks);
+    size_t begin, n;
+    chunkOf(segment(rank - k - 2), i % chunks, begin, n);
+    scatterRecvs[i % kWindow] =
+        op.recv(prev, window + (i % kWindow) * windowBytes, n * esize, static_cast<uint32_t>(k));
+  };
+  for (size_t i = 0; i < std::min<size_t>(kWindow, totalRecvs); ++i) postScatterRecv(i);
+  for (size_t k = 0; k < steps; ++k) {
+    for (size_t c = 0; c < chunks; ++c) {
+      size_t begin, n;
+      chunkOf(segment(rank - static_cast<int>(k) - 1), c, begin, n);
+      gatherRecvs[k * chunks + c] =
+          op.recv(prev, at(out, begin * esize), n * esize, static_cast<uint32_t>(size - 1 + k));
+    }
+  }
+  // Step 0 sends come straight from the input. They are paced like the receives (chunk
+  // c + kWindow leaves once chunk c arrived), so that they reach the peer's posted window
+  // instead of its unexpected-message queue.
+  auto postFirstSend = [&](size_t c) {
+    size_t begin, n;
+    chunkOf(segment(rank - 1), c, begin, n);
+    sends.push_back(op.send(next, at(in, begin * esize), n * esize, 0));
+  };
+  for (size_t c = 0; c < std::min<size_t>(kWindow, chunks); ++c) postFirstSend(c);
+
+  for (size_t i = 0; i < totalRecvs; ++i) {
+    const size_t k = i / chunks, c = i % chunks;
+    const int s = segment(rank - static_cast<int>(k) - 2);
+    size_t begin, n;
+    chunkOf(s, c, begin, n);
+    op.wait(scatterRecvs[i % kWindow]);
+    uint8_t* dst = at(out, begin * esize);
+    reduce(dst, at(in, begin * esize), window + (i % kWindow) * windowBytes, n);
+    if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
+    if (i + kWindow < chunks) postFirstSend(i + kWindow);
+    if (k + 1 < steps) {
+      sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(k + 1)));
+    } else {
+      if (rop == ReduceOp::kAvg) divideBy(dst, n, dtype, size);
+      sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(size - 1)));
+    }
+  }
+  for (size_t k = 0; k < steps; ++k) {
+    for (size_t c = 0; c < chunks; ++c) {
+      op.wait(gatherRecvs[k * chunks + c]);
+      if (k + 1 < steps) {
+        size_t begin, n;
+        chunkOf(segment(rank - static_cast<int>(k) - 1), c, begin, n);
+        sends.push_back(
+            op.send(next, at(out, begin * esize), n * esize, static_cast<uint32_t>(size + k)));
+      }
+    }
+  }
+  op.waitAll(sends);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,210 @@
+// The public collectives: validate the arguments, pick an algorithm and run it. Arguments
+// are checked before the first message, so an InvalidArgumentError leaves the Context
+// usable; any later error has aborted the transport (see algorithms/op.h).
+#include "loom/comm/collectives.h"
+
+#include <cstring>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/select.h"
+#include "loom/comm/context.h"
+#include "loom/common/error.h"
+
+namespace loom::comm {
+
+namespace {
+
+void checkRoot(const Context& ctx, int root, const char* what) {
+  LOOM_CHECK(root >= 0 && root < ctx.size(), what, ": root ", root,
+             " is out of range for world size ", ctx.size());
+}
+
+void checkBuffer(const void* p, size_t count, const char* what, const char* name) {
+  LOOM_CHECK(p != nullptr || count == 0, what, ": ", name, " is null but count is ", count);
+}
+
+void copyIfDifferent(void* out, const void* in, size_t bytes) {
+  if (out != in && bytes > 0) std::memmove(out, in, bytes);
+}
+
+}  // namespace
+
+void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+               const CollectiveOptions& opts) {
+  checkReduceOp(op, dtype);
+  checkBuffer(in, count, "allreduce", "input");
+  checkBuffer(out, count, "allreduce", "output");
+  const size_t bytes = count * dtypeSize(dtype);
+  const Algorithm algo = selectAlgorithm(OpKind::kAllreduce, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;  // avg over one rank is the value itself
+  }
+  Op o(ctx, OpKind::kAllreduce, opts);
+  switch (algo) {
+    case Algorithm::kRing:
+      return allreduceRing(o, in, out, count, dtype, op);
+    case Algorithm::kDirect:
+      return allreduceDirect(o, in, out, count, dtype, op);
+    default:
+      return allreduceRecursiveDoubling(o, in, out, count, dtype, op);
+  }
+}
+
+void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
+               const CollectiveOptions& opts) {
+  (void)dtypeSize(dtype);
+  checkRoot(ctx, root, "broadcast");
+  checkBuffer(buf, count, "broadcast", "buffer");
+  const size_t bytes = count * dtypeSize(dtype);
+  const Algorithm algo = selectAlgorithm(OpKind::kBroadcast, opts.algorithm, bytes, ctx.size());
+  if (count == 0 || ctx.size() == 1) return;
+  Op o(ctx, OpKind::kBroadcast, opts);
+  switch (algo) {
+    case Algorithm::kChain:
+      return broadcastChain(o, buf, count, dtype, root);
+    case Algorithm::kDirect:
+      return broadcastDirect(o, buf, count, dtype, root);
+    default:
+      return broadcastTree(o, buf, count, dtype, root);
+  }
+}
+
+void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+            int root, const CollectiveOptions& opts) {
+  checkReduceOp(op, dtype);
+  checkRoot(ctx, root, "reduce");
+  checkBuffer(in, count, "reduce", "input");
+  if (ctx.rank() == root) checkBuffer(out, count, "reduce", "output on the root");
+  const size_t bytes = count * dtypeSize(dtype);
+  const Algorithm algo = selectAlgorithm(OpKind::kReduce, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kReduce, opts);
+  if (algo == Algorithm::kDirect) return reduceDirect(o, in, out, count, dtype, op, root);
+  reduceTree(o, in, out, count, dtype, op, root);
+}
+
+void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+               const CollectiveOptions& opts) {
+  checkBuffer(in, count, "allgather", "input");
+  checkBuffer(out, count, "allgather", "output");
+  const size_t bytes = count * dtypeSize(dtype);
+  const Algorithm algo = selectAlgorithm(OpKind::kAllgather, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kAllgather, opts);
+  if (algo == Algorithm::kDirect) return allgatherDirect(o, in, out, count, dtype);
+  allgatherRing(o, in, out, count, dtype);
+}
+
+void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                   const CollectiveOptions& opts) {
+  checkReduceOp(op, dtype);
+  checkBuffer(in, count, "reduce_scatter", "input");
+  checkBuffer(out, count, "reduce_scatter", "output");
+  const size_t bytes = count * dtypeSize(dtype);
+  const Algorithm algo = selectAlgorithm(OpKind::kReduceScatter, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kReduceScatter, opts);
+  if (algo == Algorithm::kDirect) return reduceScatterDirect(o, in, out, count, dtype, op);
+  reduceScatterRing(o, in, out, count, dtype, op);
+}
+
+void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
+            const CollectiveOptions& opts) {
+  checkRoot(ctx, root, "gather");
+  checkBuffer(in, count, "gather", "input");
+  if (ctx.rank() == root) checkBuffer(out, count, "gather", "output on the root");
+  const size_t bytes = count * dtypeSize(dtype);
+  (void)selectAlgorithm(OpKind::kGather, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kGather, opts);
+  gatherDirect(o, in, out, count, dtype, root);
+}
+
+void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
+             const CollectiveOptions& opts) {
+  checkRoot(ctx, root, "scatter");
+  if (ctx.rank() == root) checkBuffer(in, count, "scatter", "input on the root");
+  checkBuffer(out, count, "scatter", "output");
+  const size_t bytes = count * dtypeSize(dtype);
+  (void)selectAlgorithm(OpKind::kScatter, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kScatter, opts);
+  scatterDirect(o, in, out, count, dtype, root);
+}
+
+void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+              const CollectiveOptions& opts) {
+  checkBuffer(in, count, "alltoall", "input");
+  checkBuffer(out, count, "alltoall", "output");
+  const size_t bytes = count * dtypeSize(dtype);
+  (void)selectAlgorithm(OpKind::kAlltoall, opts.algorithm, bytes, ctx.size());
+  if (count == 0) return;
+  if (ctx.size() == 1) {
+    copyIfDifferent(out, in, bytes);
+    return;
+  }
+  Op o(ctx, OpKind::kAlltoall, opts);
+  alltoallDirect(o, in, out, count, dtype);
+}
+
+void barrier(Context& ctx, const CollectiveOptions& opts) {
+  if (opts.algorithm != Algorithm::kAuto) {
+    LOOM_THROW(InvalidArgumentError, "barrier has one algorithm (dissemination); got ",
+               algorithmName(opts.algorithm));
+  }
+  if (ctx.size() == 1) return;
+  Op o(ctx, OpKind::kBarrier, opts);
+  barrierDissemination(o);
+}
+
+void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, uint64_t tag,
+          const CollectiveOptions& opts) {
+  LOOM_CHECK(peer >= 0 && peer < ctx.size() && peer != ctx.rank(), "send: peer ", peer,
+             " must be another rank of this world of size ", ctx.size(), " (this is rank ",
+             ctx.rank(), ")");
+  LOOM_CHECK(tag <= kMaxP2PTag, "send: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
+  checkBuffer(buf, count, "send", "buffer");
+  CollectiveOptions o2 = opts;
+  o2.seq = 0;  // the user's tag, not the sequence number, identifies point-to-point messages
+  Op o(ctx, OpKind::kP2P, o2);
+  auto r = o.sendTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
+  o.wait(r);
+}
+
+void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t tag,
+          const CollectiveOptions& opts) {
+  LOOM_CHECK(peer >= 0 && peer < ctx.size() && peer != ctx.rank(), "recv: peer ", peer,
+             " must be another rank of this world of size ", ctx.size(), " (this is rank ",
+             ctx.rank(), ")");
+  LOOM_CHECK(tag <= kMaxP2PTag, "recv: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
+  checkBuffer(buf, count, "recv", "buffer");
+  CollectiveOptions o2 = opts;
+  o2.seq = 0;
+  Op o(ctx, OpKind::kP2P, o2);
+  auto r = o.recvTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
+  o.wait(r);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,122 @@
+// TcpTransport: the Transport over one TCP connection per peer pair (full mesh).
+//
+// How it works
+// - Setup (create): every rank listens on an ephemeral port and publishes "host:port" under
+//   `<keyPrefix>/addr/<rank>` in the Store; rank r connects to every lower rank and accepts
+//   from every higher one; the connecting side sends a hello {magic, rank, size}. Sockets get
+//   TCP_NODELAY and are then non-blocking.
+// - Wire format: each message is a 24-byte Header {magic, kind, tag, bytes} followed by the
+//   payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean close) or
+//   abort (payload: the reason, so that peers can name the original failure).
+// - Sending: isend writes header and payload with one writev straight from the caller's
+//   thread when nothing is queued for that peer; what the socket does not take is queued and
+//   finished by the progress thread on EPOLLOUT (or by the waiting thread, see below).
+// - Receiving: a per-peer reader state machine (header, then payload). Small reads go
+//   through a 64 KiB staging buffer (one recv usually brings header and payload); a payload
+//   of at least kDirectBytes is read straight into the matched receive buffer. A header with
+//   no matching posted receive allocates an unexpected message.
+// - Progress: one epoll thread per transport (level-triggered EPOLLIN on every socket, plus
+//   EPOLLOUT while a send queue is non-empty). A thread waiting on a Request first spins for
+//   up to LOOM_SPIN_US (default 50 µs; only for messages up to 64 KiB) driving that peer's
+//   socket itself (try-lock, so it never blocks the progress thread). Then it drives all the
+//   sockets itself, blocked in poll() (on the sockets and a notification eventfd), while the
+//   progress thread stands aside (it idles while `driving_` > 0). So a small message
+//   completes without any thread wake-up, and a large transfer is moved by the thread that
+//   also reduces, instead of two threads per rank fighting for two cores. The progress thread
+//   moves data while the caller is busy elsewhere (reducing, or between collectives).
+// - Failure: EOF without goodbye, ECONNRESET, EPIPE or a corrupt header fail the whole
+//   transport (every pending and future request throws IoError naming the peer) and shut
+//   every socket down, so that the failure reaches every peer within milliseconds.
+//
+// Locks: Peer::recvMu and Peer::sendMu are never held together except in failAll()/close,
+// which take recvMu before sendMu. failMu_ is a leaf lock.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/transport.h"
+#include "loom/common/socket.h"
+
+namespace loom {
+class Store;
+}
+
+namespace loom::comm::tcp {
+
+struct TcpOptions {
+  milliseconds timeout{std::chrono::minutes(5)};  // connection setup
+  std::string host;                               // address to listen on and publish
+  std::string keyPrefix = "loom/tcp";             // Store keys
+  int bufferBytes = 0;                            // SO_SNDBUF/SO_RCVBUF; 0 = kernel autotuning
+};
+
+class TcpRequest;
+struct Peer;
+
+class TcpTransport : public Transport {
+ public:
+  static std::unique_ptr<TcpTransport> create(Store& store, int rank, int size,
+                                              const TcpOptions& options);
+  ~TcpTransport() override;
+
+  const char* name() const override { return "tcp"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  RequestPtr isend(int peer, const void* data, size_t bytes, uint64_t tag) override;
+  RequestPtr irecv(int peer, void* data, size_t bytes, uint64_t tag) override;
+  void abort(const std::string& reason) override;
+  bool failed() const override { return failed_.load(std::memory_order_acquire); }
+  std::string peerAddress(int peer) const override;
+  std::string describeUnexpected(int peer) const override;
+
+  // Used by TcpRequest::wait while spinning: drive one peer's socket without blocking.
+  void pollPeer(int peer, bool send);
+  // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
+  // blocking in poll(), until `done` turns true or `end` passes (the progress thread stands
+  // aside meanwhile). Returns done().
+  template <typename Done>
+  bool drive(Done done, Clock::time_point end);
+  // Wakes a thread blocked in drive() (a request completed on another thread).
+  void notifyDriver();
+
+ private:
+  TcpTransport(int rank, int size);
+  void start();
+  void progressLoop();
+  // Read what the socket has (bounded per call); returns an error text on failure.
+  std::string progressRecvLocked(Peer& p);
+  std::string progressSendLocked(Peer& p);
+  void onHeaderLocked(Peer& p, std::string& error);
+  void onPayloadDoneLocked(Peer& p);
+  void updateEpollLocked(Peer& p, bool wantOut);
+  void setEpollMask(Peer& p);
+  void bufferUnexpectedLocked(Peer& p);
+  void resumeLocked(Peer& p);
+  void fail(const std::string& reason, bool notifyPeers);
+  std::shared_ptr<TcpRequest> failedRequest(int peer, bool send, const void* data, size_t bytes,
+                                            uint64_t tag);
+  void checkPeer(int peer) const;
+
+  const int rank_;
+  const int size_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
+  int epollFd_ = -1;
+  int wakeFd_ = -1;              // eventfd: stop the progress thread, or send it back to epoll
+  int notifyFd_ = -1;            // eventfd: a request completed while its waiter drives
+  std::atomic<int> driving_{0};  // threads inside drive(); the progress thread idles then
+  std::thread progress_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failMu_;
+  std::string failure_;  // guarded by failMu_
+};
+
+}  // namespace loom::comm::tcp

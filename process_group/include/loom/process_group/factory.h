@@ -1,0 +1,35 @@
+// createProcessGroup: the one place that knows the concrete backends.
+//
+// Contract
+// - createProcessGroup(backend, store, rank, size, options) is collective: every rank of the
+//   group calls it with the same backend, a store shared by the group (the same keys must not
+//   be used by another group: give each group its own PrefixStore), its rank and the size. It
+//   returns once this rank is connected to the peers it needs, or throws TimeoutError naming
+//   the ranks that never showed up within options.timeout.
+// - Backends: "tcp" (comm/ algorithms over TCP, shared memory between same-host ranks),
+//   "nccl" (CUDA buffers; only when built with NCCL and a CUDA device is present), "verbs"
+//   (not implemented yet). A backend that is compiled out or not implemented throws
+//   NotAvailableError saying why; an unknown name throws InvalidArgumentError listing the
+//   valid ones; rank/size out of range throw InvalidArgumentError.
+// - isAvailable(backend) tells whether createProcessGroup can succeed for that backend in
+//   this build (for "nccl" also: at least one CUDA device is visible).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/process_group/process_group.h"
+
+namespace loom {
+
+std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
+                                                 std::shared_ptr<Store> store, int rank, int size,
+                                                 const ProcessGroupOptions& options = {});
+
+bool isAvailable(const std::string& backend);
+
+// Every backend name createProcessGroup knows, available or not: tcp, nccl, verbs.
+std::vector<std::string> backendNames();
+
+}  // namespace loom

@@ -1,0 +1,241 @@
+// ProcessGroup: the public face of Loom's communication (c10d's ProcessGroup).
+//
+// Contract
+// - A group is `size()` ranks; this object is rank `rank()`. Every rank of the group issues
+//   the same collectives in the same order with matching arguments (dtype, count, reduce op,
+//   root). Each collective gets the next sequence number of the group (1, 2, ...), the same on
+//   every rank; send/recv get a per-peer sequence number instead ("send#3 to rank 1"), since
+//   point-to-point traffic is not collective.
+// - Every operation is asynchronous: the call checks its arguments on the caller's thread
+//   (InvalidArgumentError, thrown at once, for a root out of range, buffer sizes that do not
+//   match the world size, mismatched dtypes, a bitwise reduce op on a floating-point dtype,
+//   a buffer on a device the backend cannot use), then queues the operation and returns its
+//   Work. Operations run in issue order on the group's own thread, so the caller computes
+//   while they run. Buffers are caller-owned and must stay valid until the Work completes.
+// - Issue operations on one group from one thread at a time (or serialize the calls): the
+//   issue order defines the sequence numbers.
+// - Every operation has a deadline: its options' timeout, or the group's. A TimeoutError
+//   names the operation, its sequence number, the peer waited on and the bytes outstanding,
+//   and the ranks that did not report the failure (the suspects).
+// - Failure: an IoError (a peer died, a connection was reset, a deadline passed, abort()) makes
+//   the group unusable. The failing operation's Work holds the error; every queued and future
+//   operation fails at once with an IoError that names the original cause. Destroy the group
+//   (that never hangs) and create a new one.
+// - Debug mode: LOOM_DEBUG=DETAIL (or options.debug) makes every collective first compare its
+//   signature (op, dtype, count, reduce op, root, sequence number) across ranks through the
+//   store; on a mismatch every rank throws InvalidArgumentError printing each signature and
+//   the ranks that used it. The group stays usable after a mismatch.
+// - Destruction waits for queued operations (each bounded by its deadline), then closes the
+//   connections. Call abort() first to drop them instead.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+#include "loom/process_group/work.h"
+
+namespace loom {
+
+class Store;
+
+enum class DebugLevel : uint8_t { kOff, kInfo, kDetail };
+// Parses LOOM_DEBUG: unset or empty = kOff; OFF, INFO, DETAIL (any case). Anything else is an
+// InvalidArgumentError naming the value and the accepted ones.
+DebugLevel parseDebugLevel(std::string_view value);
+DebugLevel debugLevelFromEnv();
+
+struct ProcessGroupOptions {
+  // Connection setup deadline and default deadline of every operation.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Unset: LOOM_DEBUG.
+  std::optional<DebugLevel> debug;
+  // Shown in messages ("rank 1 of group/2"); newGroup names its groups "group/<id>".
+  std::string groupName;
+  // After a failure, how long a rank waits for the other ranks' failure reports before it
+  // raises (so that its error can name the ranks that never reported). Capped at timeout / 2.
+  std::chrono::milliseconds failureReportWindow{2000};
+
+  // tcp backend (comm::ContextOptions).
+  std::string host;
+  bool sharedMemory = true;
+  int socketsPerPeer = 1;
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;
+
+  // nccl backend: CUDA device ordinal; -1 = LOCAL_RANK (or the rank) modulo the device count.
+  int device = -1;
+};
+
+using OptionalTimeout = std::optional<std::chrono::milliseconds>;  // unset: the group's
+
+struct AllreduceOptions {
+  ReduceOp reduceOp = ReduceOp::kSum;
+  OptionalTimeout timeout;
+};
+struct BroadcastOptions {
+  int root = 0;
+  OptionalTimeout timeout;
+};
+struct ReduceOptions {
+  ReduceOp reduceOp = ReduceOp::kSum;
+  int root = 0;
+  OptionalTimeout timeout;
+};
+struct AllgatherOptions {
+  OptionalTimeout timeout;
+};
+struct ReduceScatterOptions {
+  ReduceOp reduceOp = ReduceOp::kSum;
+  OptionalTimeout timeout;
+};
+struct GatherOptions {
+  int root = 0;
+  OptionalTimeout timeout;
+};
+struct ScatterOptions {
+  int root = 0;
+  OptionalTimeout timeout;
+};
+struct AlltoallOptions {
+  OptionalTimeout timeout;
+};
+struct BarrierOptions {
+  OptionalTimeout timeout;
+};
+struct SendRecvOptions {
+  OptionalTimeout timeout;
+};
+
+enum class OpType : uint8_t {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+const char* opTypeName(OpType type);  // "allreduce", "reduce_scatter", ...
+bool isCollective(OpType type);       // everything but send / recv
+
+// One issued operation as a backend receives it, arguments already checked. `count` is the
+// per-rank element count the comm layer takes (comm/collectives.h).
+struct OpDesc {
+  OpType type = OpType::kBarrier;
+  BufferView in;
+  BufferView out;
+  size_t count = 0;
+  DType dtype = DType::kUInt8;
+  ReduceOp reduceOp = ReduceOp::kSum;
+  int root = 0;  // root of rooted collectives; the peer of send / recv
+  uint64_t tag = 0;
+  uint64_t seq = 0;
+  std::chrono::milliseconds timeout{0};
+
+  // "allreduce#17", "send#3 to rank 1", "recv#2 from rank 0"
+  std::string describe() const;
+  // The debug-mode signature: "allreduce(dtype=float, count=1000, op=sum)#17".
+  std::string signature() const;
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backendName() const { return backend_; }
+  const ProcessGroupOptions& options() const { return options_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  DebugLevel debugLevel() const { return debug_; }
+  // Sequence number of the last collective issued (0 before the first).
+  uint64_t lastSeq() const;
+
+  // In place: buf on every rank becomes the reduction of every rank's buf.
+  std::shared_ptr<Work> allreduce(BufferView buf, const AllreduceOptions& opts = {});
+  // buf on opts.root is copied into buf on every rank.
+  std::shared_ptr<Work> broadcast(BufferView buf, const BroadcastOptions& opts = {});
+  // In place on the root; other ranks' buf is left unchanged.
+  std::shared_ptr<Work> reduce(BufferView buf, const ReduceOptions& opts = {});
+  // out (size * in.count) = every rank's in, in rank order.
+  std::shared_ptr<Work> allgather(BufferView in, BufferView out, const AllgatherOptions& opts = {});
+  // out (in.count / size) on rank r = reduction of slice r of every rank's in.
+  std::shared_ptr<Work> reduceScatter(BufferView in, BufferView out,
+                                      const ReduceScatterOptions& opts = {});
+  // out (size * in.count) on the root = every rank's in; out is ignored (may be empty)
+  // elsewhere.
+  std::shared_ptr<Work> gather(BufferView in, BufferView out, const GatherOptions& opts = {});
+  // out (count) on rank r = slice r of the root's in (size * count); in is ignored elsewhere.
+  std::shared_ptr<Work> scatter(BufferView in, BufferView out, const ScatterOptions& opts = {});
+  // in and out hold size slices; slice j of out on rank r = slice r of rank j's in.
+  std::shared_ptr<Work> alltoall(BufferView in, BufferView out, const AlltoallOptions& opts = {});
+  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {});
+  // Point to point; `tag` tells apart concurrent messages between the same two ranks.
+  std::shared_ptr<Work> send(BufferView buf, int dst, uint64_t tag = 0,
+                             const SendRecvOptions& opts = {});
+  std::shared_ptr<Work> recv(BufferView buf, int src, uint64_t tag = 0,
+                             const SendRecvOptions& opts = {});
+
+  // Subgroup of the given ranks of this group (any order, no duplicates). Collective over
+  // this group: every rank calls it, in the same order relative to other newGroup calls,
+  // with the same ranks. Members get the new group (their rank = position in the sorted
+  // list, backend and options of this group, a store namespaced "group/<id>/"); the other
+  // ranks get nullptr. Blocks until the members are connected.
+  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks);
+  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks,
+                                         const ProcessGroupOptions& options);
+
+  // Fails every blocked, queued and future operation with IoError(reason). Thread-safe,
+  // idempotent, never blocks for long.
+  virtual void abort(const std::string& reason) = 0;
+  // True once the group failed (or was aborted); every operation then fails at once.
+  virtual bool isBroken() const = 0;
+
+  // "rank 2" or "rank 1 of group/3": the prefix of every message of this group.
+  std::string who() const;
+
+ protected:
+  ProcessGroup(std::string backend, std::shared_ptr<Store> store, int rank, int size,
+               ProcessGroupOptions options);
+
+  // Queues `op` (arguments checked, sequence number set) and returns its Work. Called with
+  // the issue lock held, so the queue order is the sequence order.
+  virtual std::shared_ptr<Work> post(OpDesc op) = 0;
+  // Throws InvalidArgumentError when the backend cannot use a buffer on `buf.device`.
+  virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
+  // Backend-specific argument checks, before the operation takes a sequence number.
+  virtual void checkOp(const OpDesc& op) const { (void)op; }
+
+ private:
+  std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
+  void checkBuffer(const BufferView& buf, const char* opName, const char* what) const;
+  void checkRoot(int root, const char* opName, const char* what) const;
+
+  const std::string backend_;
+  const std::shared_ptr<Store> store_;
+  const int rank_;
+  const int size_;
+  const ProcessGroupOptions options_;
+  const DebugLevel debug_;
+
+  mutable std::mutex issueMu_;  // guards the counters below and orders post()
+  uint64_t collectiveSeq_ = 0;
+  std::vector<uint64_t> sendSeq_;  // per peer
+  std::vector<uint64_t> recvSeq_;  // per peer
+  int nextGroupId_ = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,82 @@
+// ProcessGroupTcp: the Gloo-like backend. A comm::Context (TCP connections, shared memory
+// between same-host ranks) plus one worker thread that runs the comm/ collectives of a FIFO
+// queue, in issue order.
+//
+// Contract (on top of ProcessGroup's)
+// - CPU buffers only (InvalidArgumentError otherwise).
+// - The constructor is collective (comm::Context::create through the store) and blocks until
+//   this rank is connected, or options.timeout passes.
+// - Failure handling, on the worker thread, when an operation raises:
+//   1. the group is marked broken: every queued and future operation fails at once with an
+//      IoError naming the original cause;
+//   2. this rank publishes a failure report ("failure/<rank>": its message) in the store,
+//      then closes its connections, so that the peers blocked on it fail within moments
+//      instead of waiting for their own deadline (the failure cascades);
+//   3. it waits up to failureReportWindow (capped at timeout / 2) for the other ranks'
+//      reports and raises one error that carries its own message, the others' reports and
+//      the ranks that sent none (dead, stopped, or not at this operation: the suspects). The
+//      error is a TimeoutError when any rank's failure was a timeout, else an IoError.
+// - abort(reason) and the destructor never wait for the network: abort fails the running
+//   operation through comm::Context::abort; the destructor drains the queue (each operation
+//   bounded by its deadline, or failing at once when the group is broken) and joins the
+//   worker.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "loom/process_group/process_group.h"
+
+namespace loom {
+
+namespace comm {
+class Context;
+}
+
+class ProcessGroupTcp final : public ProcessGroup {
+ public:
+  ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
+                  const ProcessGroupOptions& options = {});
+  ~ProcessGroupTcp() override;
+
+  void abort(const std::string& reason) override;
+  bool isBroken() const override;
+
+ protected:
+  std::shared_ptr<Work> post(OpDesc op) override;
+  void checkDevice(const BufferView& buf, const char* opName) const override;
+
+ private:
+  struct Item {
+    OpDesc op;
+    std::shared_ptr<Work> work;
+  };
+
+  void workerLoop();
+  void run(const OpDesc& op);
+  // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
+  void checkSignature(const OpDesc& op);
+  // Steps 1-3 above; returns the error the failing operation's Work gets.
+  std::exception_ptr handleFailure(const OpDesc& op, std::exception_ptr error);
+  // Marks the group broken with `cause` (first call wins); returns true on the first call.
+  bool markBroken(const std::string& cause);
+
+  std::shared_ptr<comm::Context> ctx_;  // used by the worker only; abort() may call ctx_->abort
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable wake_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  bool broken_ = false;
+  std::string brokenCause_;
+  uint64_t lastSignatureSeq_ = 0;  // worker only
+
+  std::thread worker_;
+};
+
+}  // namespace loom

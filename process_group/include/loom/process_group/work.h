@@ -1,0 +1,81 @@
+// Work: the handle of one asynchronous ProcessGroup operation (c10d's Work).
+//
+// Contract
+// - A Work is created by a ProcessGroup when an operation is issued and completes exactly
+//   once, either successfully or with an exception (markCompleted / markFailed, called by the
+//   backend). Completion is final.
+// - isCompleted(), isSuccess() and exception() never block. exception() is null unless the
+//   operation failed.
+// - wait() blocks until the operation completes. It returns true on success and rethrows the
+//   stored exception on failure. It has no deadline of its own: every operation runs against
+//   the group's (or its own) timeout, and after a failure the group fails every queued
+//   operation at once, so wait() always ends.
+// - wait(timeout) sets the caller's own deadline on top. When it passes before the operation
+//   completes, wait throws TimeoutError naming the operation and its sequence number, and the
+//   group is aborted first (like NCCL's watchdog): a TimeoutError is an IoError and always
+//   means the group is unusable. Use isCompleted() to poll without that consequence.
+// - The buffers an operation reads and writes must stay valid until its Work completes.
+// - Thread-safe: any thread may wait on or query a Work.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace loom {
+
+class Work {
+ public:
+  // `opName` names the operation ("allreduce"), `seq` its sequence number in the group,
+  // `rank` the issuing rank; together they appear in every message ("rank 2: allreduce#17").
+  Work(std::string opName, uint64_t seq, int rank);
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  bool isCompleted();
+  bool isSuccess() const;
+  std::exception_ptr exception() const;
+
+  bool wait();
+  bool wait(std::chrono::milliseconds timeout);
+
+  const std::string& opName() const { return opName_; }
+  uint64_t seq() const { return seq_; }
+  int rank() const { return rank_; }
+  // "allreduce#17"
+  std::string describe() const;
+
+  // Backend side. The first call wins; later calls are ignored.
+  void markCompleted();
+  void markFailed(std::exception_ptr error);
+  // Called (once, outside any Work lock) when wait(timeout) expires, to abort the group.
+  void setOnWaitTimeout(std::function<void(const std::string& reason)> hook);
+
+ protected:
+  // Backends whose completion is observed rather than pushed (CUDA events) override this to
+  // make progress; it is called with no lock held while waiting. Returns true once complete.
+  virtual bool poll() { return false; }
+  // Microseconds between poll() calls while waiting; 0 means the backend pushes completion
+  // through markCompleted / markFailed and no polling happens.
+  virtual int pollIntervalUs() const { return 0; }
+
+ private:
+  bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);
+
+  const std::string opName_;
+  const uint64_t seq_;
+  const int rank_;
+
+  mutable std::mutex mu_;
+  std::condition_variable done_;
+  bool completed_ = false;
+  std::exception_ptr error_;
+  std::function<void(const std::string&)> onWaitTimeout_;
+};
+
+}  // namespace loom

@@ -1,0 +1,51 @@
+#include "loom/process_group/factory.h"
+
+#include "loom/common/error.h"
+#include "loom/process_group/tcp_backend.h"
+
+#ifdef LOOM_HAVE_NCCL
+#include "nccl/nccl_backend.h"
+#endif
+
+namespace loom {
+
+std::vector<std::string> backendNames() {
+  return {"tcp", "nccl", "verbs"};
+}
+
+bool isAvailable(const std::string& backend) {
+  if (backend == "tcp") return true;
+#ifdef LOOM_HAVE_NCCL
+  if (backend == "nccl") return ncclDeviceCount() > 0;
+#endif
+  return false;
+}
+
+std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
+                                                 std::shared_ptr<Store> store, int rank, int size,
+                                                 const ProcessGroupOptions& options) {
+  LOOM_CHECK(store != nullptr, "createProcessGroup(\"", backend, "\"): the store is null");
+  LOOM_CHECK(size >= 1, "createProcessGroup(\"", backend,
+             "\"): world size must be at least 1, got ", size);
+  LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
+             " is out of range for world size ", size, " (expected 0 <= rank < ", size, ")");
+  if (backend == "tcp") {
+    return std::make_shared<ProcessGroupTcp>(std::move(store), rank, size, options);
+  }
+  if (backend == "nccl") {
+#ifdef LOOM_HAVE_NCCL
+    return createProcessGroupNccl(std::move(store), rank, size, options);
+#else
+    LOOM_THROW(NotAvailableError, "built without NCCL (LOOM_WITH_NCCL=OFF)");
+#endif
+  }
+  if (backend == "verbs") {
+    LOOM_THROW(NotAvailableError,
+               "the verbs backend is not implemented yet; use \"tcp\" (or \"nccl\" for CUDA "
+               "buffers)");
+  }
+  LOOM_THROW(InvalidArgumentError, "unknown backend \"", backend,
+             "\"; expected one of: tcp, nccl, verbs");
+}
+
+}  // namespace loom

@@ -1,0 +1,476 @@
+#include "nccl/nccl_backend.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "loom/common/deadline.h"
+#include "loom/common/error.h"
+#include "loom/store/store.h"
+
+namespace loom {
+
+int ncclDeviceCount() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
+
+namespace nccl_detail {
+
+std::string exchangeUniqueId(Store& store, int rank, const std::string& id, size_t idBytes,
+                             std::chrono::milliseconds timeout) {
+  if (rank == 0) {
+    store.set(kUniqueIdKey, id);
+    return id;
+  }
+  store.wait({kUniqueIdKey}, timeout);
+  const std::string got = store.getString(kUniqueIdKey);
+  if (got.size() != idBytes) {
+    LOOM_THROW(IoError, "rank ", rank, ": store key ", kUniqueIdKey, " holds ", got.size(),
+               " bytes; expected an ncclUniqueId of ", idBytes, " bytes");
+  }
+  return got;
+}
+
+int pickDevice(int requested, int localRank, int rank, int deviceCount) {
+  LOOM_CHECK_T(NotAvailableError, deviceCount > 0, "nccl backend: no CUDA device is visible");
+  if (requested >= 0) {
+    if (requested >= deviceCount) {
+      LOOM_THROW(InvalidArgumentError, "nccl backend: device ", requested, " requested but only ",
+                 deviceCount, " CUDA device(s) are visible");
+    }
+    return requested;
+  }
+  return (localRank >= 0 ? localRank : rank) % deviceCount;
+}
+
+void checkNcclReduceOp(const std::string& who, const char* opName, ReduceOp op) {
+  if (isBitwise(op)) {
+    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": NCCL has no bitwise reductions (",
+               reduceOpName(op), "); use the tcp backend for ", reduceOpName(op));
+  }
+}
+
+}  // namespace nccl_detail
+
+namespace {
+
+ncclDataType_t toNccl(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kBool:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t toNccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    default:
+      return ncclSum;  // bitwise ops are rejected before
+  }
+}
+
+void cudaCheck(cudaError_t err, const std::string& who, const char* what) {
+  if (err != cudaSuccess) {
+    LOOM_THROW(IoError, who, ": ", what, " failed: ", cudaGetErrorString(err));
+  }
+}
+
+// Makes `device` current for a scope and restores the caller's device afterwards, so that
+// issuing an operation never changes the calling thread's CUDA device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    ok_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return ok_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t ok_ = cudaSuccess;
+};
+
+// State shared by the group and its Works (a Work may outlive its group).
+struct NcclState {
+  std::string who;
+  int device = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  void* scratch = nullptr;  // one int32 on the device for barrier()
+
+  std::mutex mu;  // guards comm use (enqueue, abort), broken, cause
+  bool broken = false;
+  bool aborted = false;
+  std::string cause;
+
+  // Marks the group broken and aborts the communicator (first call wins). Requires mu held.
+  void failLocked(const std::string& why) {
+    if (!broken) {
+      broken = true;
+      cause = why;
+    }
+    if (comm && !aborted) {
+      aborted = true;
+      ncclCommAbort(comm);
+    }
+  }
+
+  // Polls the non-blocking communicator until its pending call settles or `deadline`
+  // passes. Requires mu held.
+  void settleLocked(ncclResult_t first, const Deadline& deadline, const std::string& what) {
+    ncclResult_t state = first;
+    while (state == ncclInProgress) {
+      if (deadline.expired()) {
+        const std::string why = who + ": " + what + " did not finish within " +
+                                std::to_string(deadline.elapsed().count()) +
+                                " ms (NCCL still in progress; communicator aborted)";
+        failLocked(why);
+        throw TimeoutError(why);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
+    if (state != ncclSuccess) {
+      const std::string why = who + ": " + what + " failed: " + ncclGetErrorString(state) + " (" +
+                              ncclGetLastError(comm) + ")";
+      failLocked(why);
+      throw IoError(why);
+    }
+  }
+
+  ~NcclState() {
+    DeviceGuard guard(device);
+    if (comm && !aborted) {
+      // A broken communicator is aborted (never waits); a healthy one is destroyed.
+      if (broken) {
+        ncclCommAbort(comm);
+      } else {
+        ncclCommDestroy(comm);
+      }
+    }
+    if (scratch) cudaFree(scratch);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, cudaEvent_t event)
+      : Work(opTypeName(op.type), op.seq, rank),
+        description_(op.describe()),
+        timeout_(op.timeout),
+        deadline_(op.timeout),
+        state_(std::move(state)),
+        event_(event) {}
+  ~NcclWork() override {
+    if (event_) cudaEventDestroy(event_);
+  }
+
+ protected:
+  int pollIntervalUs() const override { return 50; }
+
+  bool poll() override {
+    const cudaError_t done = cudaEventQuery(event_);
+    if (done == cudaSuccess) {
+      markCompleted();
+      return true;
+    }
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (done != cudaErrorNotReady) {
+      const std::string why =
+          state_->who + ": " + description_ + " failed: " + cudaGetErrorString(done);
+      state_->failLocked(why);
+      markFailed(std::make_exception_ptr(IoError(why)));
+      return true;
+    }
+    if (state_->broken) {
+      markFailed(std::make_exception_ptr(IoError(state_->who + ": " + description_ +
+                                                 " failed: the group failed: " + state_->cause)));
+      return true;
+    }
+    ncclResult_t async = ncclSuccess;
+    if (!state_->aborted) ncclCommGetAsyncError(state_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const std::string why = state_->who + ": " + description_ +
+                              " failed: " + ncclGetErrorString(async) + " (" +
+                              ncclGetLastError(state_->comm) + ")";
+      state_->failLocked(why);
+      markFailed(std::make_exception_ptr(IoError(why)));
+      return true;
+    }
+    if (deadline_.expired()) {
+      const std::string why = state_->who + ": " + description_ + " timed out after " +
+                              std::to_string(timeout_.count()) +
+                              " ms (NCCL; the communicator was aborted)";
+      state_->failLocked(why);
+      markFailed(std::make_exception_ptr(TimeoutError(why)));
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  const std::string description_;
+  const std::chrono::milliseconds timeout_;
+  const Deadline deadline_;
+  std::shared_ptr<NcclState> state_;
+  cudaEvent_t event_;
+};
+
+class ProcessGroupNccl final : public ProcessGroup {
+ public:
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size,
+                   const ProcessGroupOptions& options, int device)
+      : ProcessGroup("nccl", std::move(store), rank, size, options),
+        state_(std::make_shared<NcclState>()) {
+    state_->who = who();
+    state_->device = device;
+    const Deadline deadline(options.timeout);
+    DeviceGuard guard(device);
+    cudaCheck(guard.status(), who(), "cudaSetDevice");
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (rank == 0) {
+      const ncclResult_t r = ncclGetUniqueId(&id);
+      if (r != ncclSuccess) {
+        LOOM_THROW(IoError, who(), ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
+      }
+    }
+    const std::string idBytes = nccl_detail::exchangeUniqueId(
+        *this->store(), rank, std::string(reinterpret_cast<const char*>(&id), sizeof(id)),
+        sizeof(id), options.timeout);
+    std::memcpy(&id, idBytes.data(), sizeof(id));
+
+    cudaCheck(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), who(),
+              "cudaStreamCreateWithFlags");
+    cudaCheck(cudaMalloc(&state_->scratch, sizeof(int32_t)), who(), "cudaMalloc");
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    const ncclResult_t r = ncclCommInitRankConfig(&state_->comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      LOOM_THROW(IoError, who(), ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r));
+    }
+    state_->settleLocked(r, deadline, "ncclCommInitRankConfig (size " + std::to_string(size) + ")");
+  }
+
+  ~ProcessGroupNccl() override {
+    // Wait for what is queued, bounded by the group's timeout; abort when it does not finish.
+    try {
+      const Deadline deadline(options().timeout);
+      DeviceGuard guard(state_->device);
+      for (;;) {
+        const cudaError_t r = cudaStreamQuery(state_->stream);
+        if (r != cudaErrorNotReady) break;
+        std::lock_guard<std::mutex> lock(state_->mu);
+        if (state_->broken) break;
+        if (deadline.expired()) {
+          state_->failLocked(who() + ": destroyed with operations still running after " +
+                             std::to_string(options().timeout.count()) + " ms");
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    } catch (...) {
+    }
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->failLocked(who() + ": aborted: " + reason);
+  }
+
+  bool isBroken() const override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->broken;
+  }
+
+ protected:
+  void checkDevice(const BufferView& buf, const char* opName) const override {
+    if (buf.device.type != DeviceType::kCuda || buf.device.index != state_->device) {
+      LOOM_THROW(InvalidArgumentError, who(), ": ", opName,
+                 ": the nccl backend of this group takes ",
+                 deviceName(Device::cuda(state_->device)), " buffers, got a ",
+                 deviceName(buf.device), " buffer");
+    }
+  }
+
+  void checkOp(const OpDesc& op) const override {
+    if (op.type == OpType::kAllreduce || op.type == OpType::kReduce ||
+        op.type == OpType::kReduceScatter) {
+      nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
+    }
+    if ((op.type == OpType::kSend || op.type == OpType::kRecv) && op.tag != 0) {
+      LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
+                 ": NCCL has no message tags (got tag ", op.tag,
+                 "); use tag 0 and order the sends and receives");
+    }
+  }
+
+  std::shared_ptr<Work> post(OpDesc op) override {
+    const Deadline deadline(op.timeout);
+    DeviceGuard guard(state_->device);
+    cudaCheck(guard.status(), who(), "cudaSetDevice");
+    cudaEvent_t event = nullptr;
+    cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
+    auto work = std::make_shared<NcclWork>(op, rank(), state_, event);
+    std::weak_ptr<ProcessGroup> self = weak_from_this();
+    work->setOnWaitTimeout([self](const std::string& reason) {
+      if (auto pg = self.lock()) pg->abort(reason);
+    });
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->broken) {
+      work->markFailed(std::make_exception_ptr(
+          IoError(who() + ": " + op.describe() +
+                  " was not run: the group failed earlier: " + state_->cause)));
+      return work;
+    }
+    try {
+      enqueueLocked(op, deadline);
+      cudaCheck(cudaEventRecord(event, state_->stream), who(), "cudaEventRecord");
+    } catch (...) {
+      work->markFailed(std::current_exception());
+    }
+    return work;
+  }
+
+ private:
+  // Requires state_->mu held.
+  void enqueueLocked(const OpDesc& op, const Deadline& deadline) {
+    NcclState& s = *state_;
+    // Order after the work already queued on the legacy default stream.
+    cudaEvent_t ready = nullptr;
+    cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), who(), "cudaEventCreate");
+    cudaCheck(cudaEventRecord(ready, cudaStreamLegacy), who(), "cudaEventRecord");
+    cudaCheck(cudaStreamWaitEvent(s.stream, ready, 0), who(), "cudaStreamWaitEvent");
+    cudaEventDestroy(ready);
+
+    const ncclDataType_t dt = toNccl(op.dtype);
+    const size_t bytes = op.count * dtypeSize(op.dtype);
+    const std::string what = op.describe();
+    ncclResult_t r = ncclSuccess;
+    switch (op.type) {
+      case OpType::kAllreduce:
+        r = ncclAllReduce(op.in.data, op.out.data, op.count, dt, toNccl(op.reduceOp), s.comm,
+                          s.stream);
+        break;
+      case OpType::kBroadcast:
+        r = ncclBroadcast(op.in.data, op.out.data, op.count, dt, op.root, s.comm, s.stream);
+        break;
+      case OpType::kReduce:
+        r = ncclReduce(op.in.data, op.out.data ? op.out.data : op.in.data, op.count, dt,
+                       toNccl(op.reduceOp), op.root, s.comm, s.stream);
+        break;
+      case OpType::kAllgather:
+        r = ncclAllGather(op.in.data, op.out.data, op.count, dt, s.comm, s.stream);
+        break;
+      case OpType::kReduceScatter:
+        r = ncclReduceScatter(op.in.data, op.out.data, op.count, dt, toNccl(op.reduceOp), s.comm,
+                              s.stream);
+        break;
+      case OpType::kBarrier:
+        r = ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm, s.stream);
+        break;
+      case OpType::kSend:
+        r = ncclSend(op.in.data, op.count, dt, op.root, s.comm, s.stream);
+        break;
+      case OpType::kRecv:
+        r = ncclRecv(op.out.data, op.count, dt, op.root, s.comm, s.stream);
+        break;
+      case OpType::kGather:
+      case OpType::kScatter:
+      case OpType::kAlltoall: {
+        // Built from grouped point-to-point calls.
+        char* in = static_cast<char*>(op.in.data);
+        char* out = static_cast<char*>(op.out.data);
+        ncclGroupStart();
+        for (int peer = 0; peer < size(); ++peer) {
+          const size_t at = static_cast<size_t>(peer) * bytes;
+          if (op.type == OpType::kGather) {
+            if (rank() == op.root) ncclRecv(out + at, op.count, dt, peer, s.comm, s.stream);
+            if (peer == op.root) ncclSend(in, op.count, dt, peer, s.comm, s.stream);
+          } else if (op.type == OpType::kScatter) {
+            if (rank() == op.root) ncclSend(in + at, op.count, dt, peer, s.comm, s.stream);
+            if (peer == op.root) ncclRecv(out, op.count, dt, peer, s.comm, s.stream);
+          } else {
+            ncclSend(in + at, op.count, dt, peer, s.comm, s.stream);
+            ncclRecv(out + at, op.count, dt, peer, s.comm, s.stream);
+          }
+        }
+        r = ncclGroupEnd();
+        break;
+      }
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const std::string why = who() + ": " + what +
+                              " could not be enqueued: " + ncclGetErrorString(r) + " (" +
+                              ncclGetLastError(s.comm) + ")";
+      s.failLocked(why);
+      throw IoError(why);
+    }
+    s.settleLocked(r, deadline, what + " (enqueue)");
+  }
+
+  std::shared_ptr<NcclState> state_;
+};
+
+int localRankFromEnv() {
+  const char* v = std::getenv("LOCAL_RANK");
+  return v && *v ? std::atoi(v) : -1;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> createProcessGroupNccl(std::shared_ptr<Store> store, int rank,
+                                                     int size, const ProcessGroupOptions& options) {
+  const int count = ncclDeviceCount();
+  if (count == 0) {
+    LOOM_THROW(NotAvailableError, "rank ", rank,
+               ": nccl backend: no CUDA device is visible to this process (cudaGetDeviceCount "
+               "found none); use the tcp backend for CPU buffers");
+  }
+  const int device = nccl_detail::pickDevice(options.device, localRankFromEnv(), rank, count);
+  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, device);
+}
+
+}  // namespace loom

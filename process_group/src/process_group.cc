@@ -1,0 +1,432 @@
+#include "loom/process_group/process_group.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <set>
+#include <utility>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/process_group/factory.h"
+#include "loom/store/prefix_store.h"
+#include "loom/store/store.h"
+
+namespace loom {
+
+DebugLevel parseDebugLevel(std::string_view value) {
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (v.empty() || v == "OFF" || v == "0") return DebugLevel::kOff;
+  if (v == "INFO") return DebugLevel::kInfo;
+  if (v == "DETAIL") return DebugLevel::kDetail;
+  LOOM_THROW(InvalidArgumentError, "LOOM_DEBUG='", value,
+             "' is not a debug level; expected OFF, INFO or DETAIL");
+}
+
+DebugLevel debugLevelFromEnv() {
+  const char* v = std::getenv("LOOM_DEBUG");
+  return v ? parseDebugLevel(v) : DebugLevel::kOff;
+}
+
+const char* opTypeName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
+    case OpType::kAlltoall:
+      return "alltoall";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
+  }
+  return "unknown";
+}
+
+bool isCollective(OpType type) {
+  return type != OpType::kSend && type != OpType::kRecv;
+}
+
+std::string OpDesc::describe() const {
+  std::string out = std::string(opTypeName(type)) + "#" + std::to_string(seq);
+  if (type == OpType::kSend) out += " to rank " + std::to_string(root);
+  if (type == OpType::kRecv) out += " from rank " + std::to_string(root);
+  return out;
+}
+
+std::string OpDesc::signature() const {
+  std::string out = opTypeName(type);
+  if (type == OpType::kBarrier) return out + "()#" + std::to_string(seq);
+  out += "(dtype=" + std::string(dtypeName(dtype)) + ", count=" + std::to_string(count);
+  switch (type) {
+    case OpType::kAllreduce:
+    case OpType::kReduceScatter:
+      out += std::string(", op=") + reduceOpName(reduceOp);
+      break;
+    case OpType::kReduce:
+      out += std::string(", op=") + reduceOpName(reduceOp) + ", root=" + std::to_string(root);
+      break;
+    case OpType::kBroadcast:
+    case OpType::kGather:
+    case OpType::kScatter:
+      out += ", root=" + std::to_string(root);
+      break;
+    default:
+      break;
+  }
+  return out + ")#" + std::to_string(seq);
+}
+
+ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, int rank, int size,
+                           ProcessGroupOptions options)
+    : backend_(std::move(backend)),
+      store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      debug_(options_.debug ? *options_.debug : debugLevelFromEnv()) {
+  LOOM_CHECK(store_ != nullptr, "a ProcessGroup needs a store");
+  LOOM_CHECK(size_ >= 1, "world size must be at least 1, got ", size_);
+  LOOM_CHECK(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_,
+             " (expected 0 <= rank < ", size_, ")");
+  LOOM_CHECK(options_.timeout.count() > 0, "timeout must be positive, got ",
+             options_.timeout.count(), " ms");
+  sendSeq_.assign(size_, 0);
+  recvSeq_.assign(size_, 0);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+uint64_t ProcessGroup::lastSeq() const {
+  std::lock_guard<std::mutex> lock(issueMu_);
+  return collectiveSeq_;
+}
+
+std::string ProcessGroup::who() const {
+  std::string out = "rank " + std::to_string(rank_);
+  if (!options_.groupName.empty()) out += " of " + options_.groupName;
+  return out;
+}
+
+void ProcessGroup::checkBuffer(const BufferView& buf, const char* opName, const char* what) const {
+  if (buf.data == nullptr && buf.count > 0) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", opName, ": ", what, " is null but its count is ",
+               buf.count);
+  }
+  checkDevice(buf, opName);
+}
+
+void ProcessGroup::checkRoot(int root, const char* opName, const char* what) const {
+  if (root < 0 || root >= size_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", opName, ": ", what, " ", root,
+               " is out of range for a group of size ", size_, " (expected 0 <= ", what, " < ",
+               size_, ")");
+  }
+}
+
+namespace {
+
+void checkSameDtype(const std::string& who, const char* opName, const BufferView& in,
+                    const BufferView& out) {
+  if (in.dtype != out.dtype) {
+    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": input and output dtypes differ (",
+               dtypeName(in.dtype), " vs ", dtypeName(out.dtype), ")");
+  }
+  if (!(in.device == out.device)) {
+    LOOM_THROW(InvalidArgumentError, who, ": ", opName,
+               ": input and output are on different devices (", deviceName(in.device), " vs ",
+               deviceName(out.device), ")");
+  }
+}
+
+void checkReduceOpFor(const std::string& who, const char* opName, ReduceOp op, DType dtype) {
+  if (isBitwise(op) && isFloatingPoint(dtype)) {
+    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": reduce op ", reduceOpName(op),
+               " is bitwise and needs an integer dtype, got ", dtypeName(dtype));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& timeout) {
+  op.timeout = timeout ? *timeout : options_.timeout;
+  if (op.timeout.count() <= 0) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
+               ": timeout must be positive, got ", op.timeout.count(), " ms");
+  }
+  checkOp(op);
+  std::lock_guard<std::mutex> lock(issueMu_);
+  if (op.type == OpType::kSend) {
+    op.seq = ++sendSeq_[op.root];
+  } else if (op.type == OpType::kRecv) {
+    op.seq = ++recvSeq_[op.root];
+  } else {
+    op.seq = ++collectiveSeq_;
+  }
+  if (debug_ == DebugLevel::kDetail) LOOM_LOG_INFO(who(), ": issue ", op.signature());
+  return post(std::move(op));
+}
+
+std::shared_ptr<Work> ProcessGroup::allreduce(BufferView buf, const AllreduceOptions& opts) {
+  const char* name = "allreduce";
+  checkBuffer(buf, name, "buffer");
+  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
+  OpDesc op;
+  op.type = OpType::kAllreduce;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.reduceOp = opts.reduceOp;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(BufferView buf, const BroadcastOptions& opts) {
+  const char* name = "broadcast";
+  checkBuffer(buf, name, "buffer");
+  checkRoot(opts.root, name, "root");
+  OpDesc op;
+  op.type = OpType::kBroadcast;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.root = opts.root;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(BufferView buf, const ReduceOptions& opts) {
+  const char* name = "reduce";
+  checkBuffer(buf, name, "buffer");
+  checkRoot(opts.root, name, "root");
+  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
+  OpDesc op;
+  op.type = OpType::kReduce;
+  op.in = buf;
+  if (rank_ == opts.root) op.out = buf;  // non-roots keep their input intact
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.reduceOp = opts.reduceOp;
+  op.root = opts.root;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::allgather(BufferView in, BufferView out,
+                                              const AllgatherOptions& opts) {
+  const char* name = "allgather";
+  checkBuffer(in, name, "input");
+  checkBuffer(out, name, "output");
+  checkSameDtype(who(), name, in, out);
+  if (out.count != in.count * size_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": output has ", out.count,
+               " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
+               in.count * size_);
+  }
+  OpDesc op;
+  op.type = OpType::kAllgather;
+  op.in = in;
+  op.out = out;
+  op.count = in.count;
+  op.dtype = in.dtype;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduceScatter(BufferView in, BufferView out,
+                                                  const ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter";
+  checkBuffer(in, name, "input");
+  checkBuffer(out, name, "output");
+  checkSameDtype(who(), name, in, out);
+  checkReduceOpFor(who(), name, opts.reduceOp, in.dtype);
+  if (in.count != out.count * size_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
+               " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
+               out.count * size_);
+  }
+  OpDesc op;
+  op.type = OpType::kReduceScatter;
+  op.in = in;
+  op.out = out;
+  op.count = out.count;
+  op.dtype = in.dtype;
+  op.reduceOp = opts.reduceOp;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::gather(BufferView in, BufferView out,
+                                           const GatherOptions& opts) {
+  const char* name = "gather";
+  checkRoot(opts.root, name, "root");
+  checkBuffer(in, name, "input");
+  OpDesc op;
+  op.type = OpType::kGather;
+  op.in = in;
+  if (rank_ == opts.root) {
+    checkBuffer(out, name, "output");
+    checkSameDtype(who(), name, in, out);
+    if (out.count != in.count * size_) {
+      LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": output on the root has ", out.count,
+                 " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
+                 in.count * size_);
+    }
+    op.out = out;
+  }
+  op.count = in.count;
+  op.dtype = in.dtype;
+  op.root = opts.root;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::scatter(BufferView in, BufferView out,
+                                            const ScatterOptions& opts) {
+  const char* name = "scatter";
+  checkRoot(opts.root, name, "root");
+  checkBuffer(out, name, "output");
+  OpDesc op;
+  op.type = OpType::kScatter;
+  if (rank_ == opts.root) {
+    checkBuffer(in, name, "input");
+    checkSameDtype(who(), name, in, out);
+    if (in.count != out.count * size_) {
+      LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input on the root has ", in.count,
+                 " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
+                 out.count * size_);
+    }
+    op.in = in;
+  }
+  op.out = out;
+  op.count = out.count;
+  op.dtype = out.dtype;
+  op.root = opts.root;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::alltoall(BufferView in, BufferView out,
+                                             const AlltoallOptions& opts) {
+  const char* name = "alltoall";
+  checkBuffer(in, name, "input");
+  checkBuffer(out, name, "output");
+  checkSameDtype(who(), name, in, out);
+  if (in.count != out.count) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
+               " elements but output has ", out.count, "; they must be equal");
+  }
+  if (in.count % size_ != 0) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": ", in.count,
+               " elements do not split into world size ", size_, " equal slices");
+  }
+  OpDesc op;
+  op.type = OpType::kAlltoall;
+  op.in = in;
+  op.out = out;
+  op.count = in.count / size_;
+  op.dtype = in.dtype;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& opts) {
+  OpDesc op;
+  op.type = OpType::kBarrier;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::send(BufferView buf, int dst, uint64_t tag,
+                                         const SendRecvOptions& opts) {
+  const char* name = "send";
+  checkBuffer(buf, name, "buffer");
+  checkRoot(dst, name, "destination rank");
+  if (dst == rank_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": send: destination rank ", dst,
+               " is this rank; a rank cannot send to itself");
+  }
+  OpDesc op;
+  op.type = OpType::kSend;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.root = dst;
+  op.tag = tag;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
+                                         const SendRecvOptions& opts) {
+  const char* name = "recv";
+  checkBuffer(buf, name, "buffer");
+  checkRoot(src, name, "source rank");
+  if (src == rank_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": recv: source rank ", src,
+               " is this rank; a rank cannot receive from itself");
+  }
+  OpDesc op;
+  op.type = OpType::kRecv;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.root = src;
+  op.tag = tag;
+  return issue(std::move(op), opts.timeout);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks) {
+  ProcessGroupOptions opts = options_;
+  opts.groupName.clear();
+  return newGroup(ranks, opts);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks,
+                                                     const ProcessGroupOptions& options) {
+  LOOM_CHECK(!ranks.empty(), who(), ": newGroup: the rank list is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    checkRoot(sorted[i], "newGroup", "rank");
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      LOOM_THROW(InvalidArgumentError, who(), ": newGroup: rank ", sorted[i],
+                 " appears twice in the rank list");
+    }
+  }
+  int id = 0;
+  {
+    std::lock_guard<std::mutex> lock(issueMu_);
+    id = ++nextGroupId_;
+  }
+  const auto it = std::find(sorted.begin(), sorted.end(), rank_);
+  if (it == sorted.end()) return nullptr;
+
+  std::string list;
+  for (int r : sorted) list += (list.empty() ? "" : ",") + std::to_string(r);
+  const std::string name = "group/" + std::to_string(id);
+  auto sub = std::make_shared<PrefixStore>(name, store_);
+  // Every member checks its list against the lowest member's, so that a rank passing a
+  // different list gets a clear error instead of a hang in the connection setup.
+  sub->set("members/" + std::to_string(rank_), list);
+  const std::string leaderKey = "members/" + std::to_string(sorted.front());
+  sub->wait({leaderKey}, options.timeout);
+  const std::string leaderList = sub->getString(leaderKey);
+  if (leaderList != list) {
+    LOOM_THROW(InvalidArgumentError, who(), ": newGroup #", id, ": this rank passed ranks [", list,
+               "] but rank ", sorted.front(), " passed [", leaderList,
+               "]; every rank must pass the same list");
+  }
+  ProcessGroupOptions subOptions = options;
+  if (subOptions.groupName.empty()) {
+    subOptions.groupName = options_.groupName.empty() ? name : options_.groupName + "/" + name;
+  }
+  const int subRank = static_cast<int>(it - sorted.begin());
+  return createProcessGroup(backend_, sub, subRank, static_cast<int>(sorted.size()), subOptions);
+}
+
+}  // namespace loom

@@ -1,0 +1,111 @@
+// Every algorithm, forced through LOOM_ALGO and through CollectiveOptions::algorithm, on
+// world sizes {2, 3, 5, 8} with counts that are split into many chunks (ctest runs this
+// binary with LOOM_CHUNK_BYTES=4096), in place and out of place, checked in closed form.
+// Plus the selection rules themselves (white-box: algorithms/select.h).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "algorithms/select.h"
+#include "sweep.h"
+
+namespace loom::comm::testing {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(Select, EnvironmentAndOptions) {
+  {
+    ScopedEnv env("LOOM_ALGO", nullptr);
+    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2),
+              Algorithm::kRecursiveDoubling);
+    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 64 << 20, 2), Algorithm::kRing);
+  }
+  {
+    ScopedEnv env("LOOM_ALGO", "ring");
+    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2), Algorithm::kRing);
+    // Not implemented for broadcast: the environment falls back to the automatic choice.
+    EXPECT_EQ(selectAlgorithm(OpKind::kBroadcast, Algorithm::kAuto, 8, 2), Algorithm::kTree);
+    // An explicit option wins over the environment.
+    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kDirect, 8, 2), Algorithm::kDirect);
+  }
+  {
+    ScopedEnv env("LOOM_ALGO", "bogus");
+    EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2), InvalidArgumentError);
+  }
+  EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kTree, 8, 2), InvalidArgumentError);
+  EXPECT_EQ(parseAlgorithm("RD"), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(parseAlgorithm("chain"), Algorithm::kChain);
+  EXPECT_STREQ(algorithmName(Algorithm::kRecursiveDoubling), "rd");
+}
+
+void runAll(Checker& check, int size) {
+  for (size_t count : {size_t{1}, static_cast<size_t>(size + 1), size_t{10007}}) {
+    for (bool inPlace : {false, true}) {
+      check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, count, inPlace, 0});
+      check.allreduce({"allreduce", DType::kInt64, ReduceOp::kMax, count, inPlace, 0});
+      check.allreduce({"allreduce", DType::kFloat16, ReduceOp::kAvg, count, inPlace, 0});
+      check.reduceScatter({"reduce_scatter", DType::kInt32, ReduceOp::kSum, count, inPlace, 0});
+      check.allgather({"allgather", DType::kFloat64, ReduceOp::kSum, count, inPlace, 0});
+      check.reduce({"reduce", DType::kBFloat16, ReduceOp::kSum, count, inPlace, size - 1});
+    }
+    check.broadcast({"broadcast", DType::kUInt8, ReduceOp::kSum, count, true, size / 2});
+    check.broadcast({"broadcast", DType::kInt64, ReduceOp::kSum, count, true, 0});
+  }
+}
+
+class ForcedAlgorithm : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ForcedAlgorithm, ThroughEnvironment) {
+  ScopedEnv env("LOOM_ALGO", GetParam());
+  for (int size : {2, 3, 5, 8}) {
+    SCOPED_TRACE(detail::str("LOOM_ALGO=", GetParam(), " world size ", size));
+    runWorld(size, [&](Context& ctx) {
+      Checker check(ctx);
+      runAll(check, size);
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
+                         ::testing::Values("ring", "rd", "direct", "tree", "chain"));
+
+TEST(ForcedOption, EveryAlgorithmOfEachCollective) {
+  for (int size : {3, 4}) {
+    runWorld(size, [&](Context& ctx) {
+      for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect}) {
+        Checker check(ctx, a);
+        check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, 10007, false, 0});
+      }
+      for (Algorithm a : {Algorithm::kRing, Algorithm::kDirect}) {
+        Checker check(ctx, a);
+        check.reduceScatter({"reduce_scatter", DType::kFloat32, ReduceOp::kSum, 10007, true, 0});
+        check.allgather({"allgather", DType::kFloat32, ReduceOp::kSum, 10007, false, 0});
+      }
+      for (Algorithm a : {Algorithm::kTree, Algorithm::kChain, Algorithm::kDirect}) {
+        Checker check(ctx, a);
+        check.broadcast({"broadcast", DType::kFloat32, ReduceOp::kSum, 10007, true, 1});
+      }
+      for (Algorithm a : {Algorithm::kTree, Algorithm::kDirect}) {
+        Checker check(ctx, a);
+        check.reduce({"reduce", DType::kInt32, ReduceOp::kProd, 10007, false, 2});
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace loom::comm::testing

@@ -1,0 +1,281 @@
+// The tcp transport and the error paths of the collectives, with thread ranks: tagged
+// matching and the unexpected-message queue, receives posted before the data, large
+// messages, size and collective mismatches, timeout messages (operation, sequence number,
+// peer, bytes outstanding), abort from another thread and its propagation to peers.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <latch>
+#include <numeric>
+#include <thread>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/comm/transport.h"
+#include "loom/common/error.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+ContextOptions localOptions(milliseconds timeout = 30s) {
+  ContextOptions o;
+  o.host = "127.0.0.1";
+  o.timeout = timeout;
+  return o;
+}
+
+void expectContains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+TEST(Transport, TaggedMessagesMatchByTagInAnyOrder) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    const Deadline deadline(10s);
+    if (rank == 0) {
+      std::vector<RequestPtr> sends;
+      for (uint64_t tag = 1; tag <= 3; ++tag) {
+        static const char* text[] = {"", "one", "two!", "three"};
+        sends.push_back(t.isend(1, text[tag], std::strlen(text[tag]), tag));
+      }
+      // Two messages with the same tag arrive in the order they were sent.
+      const int32_t a = 10, b = 20;
+      sends.push_back(t.isend(1, &a, 4, 9));
+      sends.push_back(t.isend(1, &b, 4, 9));
+      for (auto& s : sends) ASSERT_TRUE(s->wait(deadline));
+    } else {
+      char three[5], one[3], two[4];
+      // Receive in another order than sent: the earlier ones wait as unexpected messages.
+      auto r3 = t.irecv(0, three, 5, 3);
+      ASSERT_TRUE(r3->wait(deadline));
+      auto r1 = t.irecv(0, one, 3, 1);
+      auto r2 = t.irecv(0, two, 4, 2);
+      ASSERT_TRUE(r2->wait(deadline));
+      ASSERT_TRUE(r1->wait(deadline));
+      EXPECT_EQ(std::string(three, 5), "three");
+      EXPECT_EQ(std::string(one, 3), "one");
+      EXPECT_EQ(std::string(two, 4), "two!");
+      int32_t x = 0, y = 0;
+      auto rx = t.irecv(0, &x, 4, 9);
+      auto ry = t.irecv(0, &y, 4, 9);
+      ASSERT_TRUE(ry->wait(deadline));
+      ASSERT_TRUE(rx->wait(deadline));
+      EXPECT_EQ(x, 10);
+      EXPECT_EQ(y, 20);
+    }
+  });
+}
+
+TEST(Transport, LargeMessagePostedBeforeAndAfterArrival) {
+  HashStore store;
+  const size_t n = (size_t{64} << 20) + 3;
+  std::latch posted(1);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> buf(n);
+    if (rank == 0) {
+      for (size_t i = 0; i < n; ++i) buf[i] = static_cast<uint8_t>(i * 7 + 1);
+      posted.wait();  // the first message goes to a receive that is already posted
+      auto s1 = t.isend(1, buf.data(), n, 1);
+      auto s2 = t.isend(1, buf.data(), n, 2);  // the second arrives before its receive
+      ASSERT_TRUE(s1->wait(deadline));
+      ASSERT_TRUE(s2->wait(deadline));
+    } else {
+      auto r1 = t.irecv(0, buf.data(), n, 1);
+      posted.count_down();
+      ASSERT_TRUE(r1->wait(deadline));
+      for (size_t i = 0; i < n; i += 4093) ASSERT_EQ(buf[i], static_cast<uint8_t>(i * 7 + 1));
+      ASSERT_EQ(buf[n - 1], static_cast<uint8_t>((n - 1) * 7 + 1));
+      std::vector<uint8_t> second(n);
+      auto r2 = t.irecv(0, second.data(), n, 2);
+      ASSERT_TRUE(r2->wait(deadline));
+      EXPECT_EQ(0, std::memcmp(buf.data(), second.data(), n));
+    }
+  });
+}
+
+TEST(Transport, LargeUnexpectedMessageWaitsInTheSocketUntilNeeded) {
+  // A large message nobody waits for is left in the socket; receiving a later message first
+  // must still work (the large one is then buffered).
+  HashStore store;
+  const size_t n = size_t{8} << 20;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> big(n);
+    if (rank == 0) {
+      for (size_t i = 0; i < n; ++i) big[i] = static_cast<uint8_t>(i % 251);
+      const uint64_t small = 42;
+      auto s1 = t.isend(1, big.data(), n, 1);
+      auto s2 = t.isend(1, &small, 8, 2);
+      ASSERT_TRUE(s1->wait(deadline));
+      ASSERT_TRUE(s2->wait(deadline));
+    } else {
+      uint64_t small = 0;
+      auto r2 = t.irecv(0, &small, 8, 2);
+      ASSERT_TRUE(r2->wait(deadline));
+      EXPECT_EQ(small, 42u);
+      auto r1 = t.irecv(0, big.data(), n, 1);
+      ASSERT_TRUE(r1->wait(deadline));
+      for (size_t i = 0; i < n; i += 997) ASSERT_EQ(big[i], static_cast<uint8_t>(i % 251));
+    }
+  });
+}
+
+TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    std::vector<float> buf(20, 1.0f);
+    CollectiveOptions opts;
+    opts.seq = 4;
+    opts.timeout = 10s;
+    try {
+      allreduce(*ctx, buf.data(), buf.data(), rank == 0 ? 10 : 20, DType::kFloat32, ReduceOp::kSum,
+                opts);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const IoError& e) {
+      // Whichever rank notices first names the sizes; the other sees it fail.
+      const std::string what = e.what();
+      expectContains(what, "allreduce#4");
+    }
+  });
+}
+
+TEST(Transport, MismatchedCollectivesAreNamed) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    std::vector<float> buf(4, 1.0f);
+    CollectiveOptions opts;
+    opts.seq = 7;
+    opts.timeout = 10s;
+    if (rank == 0) {
+      try {
+        allreduce(*ctx, buf.data(), buf.data(), 4, DType::kFloat32, ReduceOp::kSum, opts);
+        ADD_FAILURE() << "no error";
+      } catch (const IoError& e) {
+        expectContains(e.what(), "mismatched collectives");
+        expectContains(e.what(), "broadcast#7");
+        expectContains(e.what(), "allreduce#7");
+      }
+    } else {
+      try {
+        broadcast(*ctx, buf.data(), 4, DType::kFloat32, 1, opts);
+      } catch (const IoError&) {
+        // Rank 0 aborted; the broadcast may or may not have finished first.
+      }
+    }
+  });
+}
+
+TEST(Transport, TimeoutNamesOperationSeqPeerAndBytes) {
+  HashStore store;
+  std::latch done(1);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    if (rank == 1) {
+      done.wait();  // stays alive but never joins the collective
+      return;
+    }
+    std::vector<float> buf(1000, 1.0f);
+    CollectiveOptions opts;
+    opts.seq = 17;
+    opts.timeout = 300ms;
+    const auto start = Clock::now();
+    try {
+      allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum, opts);
+      ADD_FAILURE() << "no timeout";
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      expectContains(what, "rank 0");
+      expectContains(what, "allreduce#17");
+      expectContains(what, "timed out after 300 ms");
+      expectContains(what, "rank 1");
+      expectContains(what, "4000 of 4000 bytes outstanding");
+    }
+    EXPECT_LT(Clock::now() - start, 5s);
+    // The context is unusable afterwards: later operations fail at once.
+    EXPECT_THROW(barrier(*ctx, opts), IoError);
+    done.count_down();
+  });
+}
+
+TEST(Transport, AbortFromAnotherThreadFailsBlockedAndPeers) {
+  HashStore store;
+  loom::testing::runThreadRanks(3, [&](int rank) {
+    auto ctx = Context::create(store, rank, 3, localOptions());
+    std::vector<int32_t> buf(8, rank);
+    CollectiveOptions opts;
+    opts.seq = 3;
+    opts.timeout = 60s;
+    std::thread aborter;
+    if (rank == 0) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(100ms);  // let the others block first
+        ctx->abort("stopped by the test");
+      });
+    }
+    const auto start = Clock::now();
+    try {
+      // Rank 0 never enters; ranks 1 and 2 block until rank 0's abort reaches them.
+      if (rank == 0) {
+        int32_t x;
+        recv(*ctx, &x, 1, DType::kInt32, 1, 99, opts);
+      } else {
+        allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kInt32, ReduceOp::kSum, opts);
+      }
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const IoError& e) {
+      expectContains(e.what(), "stopped by the test");
+    }
+    EXPECT_LT(Clock::now() - start, 10s);
+    if (aborter.joinable()) aborter.join();
+  });
+}
+
+TEST(Transport, InvalidArgumentsLeaveTheContextUsable) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    std::vector<float> f(4, 1.0f);
+    CollectiveOptions opts;
+    EXPECT_THROW(allreduce(*ctx, f.data(), f.data(), 4, DType::kFloat32, ReduceOp::kBand, opts),
+                 InvalidArgumentError);
+    EXPECT_THROW(broadcast(*ctx, f.data(), 4, DType::kFloat32, 2, opts), InvalidArgumentError);
+    EXPECT_THROW(send(*ctx, f.data(), 4, DType::kFloat32, rank, 0, opts), InvalidArgumentError);
+    CollectiveOptions forced;
+    forced.algorithm = Algorithm::kChain;
+    EXPECT_THROW(allreduce(*ctx, f.data(), f.data(), 4, DType::kFloat32, ReduceOp::kSum, forced),
+                 InvalidArgumentError);
+    opts.seq = 1;
+    allreduce(*ctx, f.data(), f.data(), 4, DType::kFloat32, ReduceOp::kSum, opts);
+    EXPECT_EQ(f[0], 2.0f);
+  });
+}
+
+TEST(Transport, ContextSetupTimesOutNamingMissingRanks) {
+  HashStore store;
+  // Only ranks 0 and 1 of 3 show up.
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    try {
+      Context::create(store, rank, 3, localOptions(300ms));
+      ADD_FAILURE() << "no timeout";
+    } catch (const TimeoutError& e) {
+      if (rank == 0) expectContains(e.what(), "rank(s) 2");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom::comm

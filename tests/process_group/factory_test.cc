@@ -1,0 +1,122 @@
+// createProcessGroup / isAvailable, and the NCCL pieces that run without a device.
+#include "loom/process_group/factory.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/common/error.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+#ifdef LOOM_HAVE_NCCL
+#include "nccl/nccl_backend.h"
+#endif
+
+namespace loom {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename E, typename Fn>
+std::string messageOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(Factory, KnowsItsBackends) {
+  EXPECT_EQ(backendNames(), (std::vector<std::string>{"tcp", "nccl", "verbs"}));
+  EXPECT_TRUE(isAvailable("tcp"));
+  EXPECT_FALSE(isAvailable("verbs"));
+  EXPECT_FALSE(isAvailable("gloo"));
+}
+
+TEST(Factory, UnknownBackendListsTheValidOnes) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("gloo", store, 0, 1); }),
+              HasSubstr("unknown backend \"gloo\"; expected one of: tcp, nccl, verbs"));
+}
+
+TEST(Factory, VerbsSaysPlainlyItIsNotImplemented) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_THAT(messageOf<NotAvailableError>([&] { createProcessGroup("verbs", store, 0, 1); }),
+              HasSubstr("the verbs backend is not implemented yet"));
+}
+
+TEST(Factory, RankAndSizeAreChecked) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", store, 2, 2); }),
+              HasSubstr("rank 2 is out of range for world size 2"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", store, 0, 0); }),
+              HasSubstr("world size must be at least 1, got 0"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", nullptr, 0, 1); }),
+              HasSubstr("the store is null"));
+}
+
+#ifdef LOOM_HAVE_NCCL
+
+TEST(Nccl, WithoutADeviceTheBackendIsNotAvailable) {
+  if (ncclDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present (covered by pg_nccl_test)";
+  EXPECT_FALSE(isAvailable("nccl"));
+  auto store = std::make_shared<HashStore>();
+  EXPECT_THAT(messageOf<NotAvailableError>([&] { createProcessGroup("nccl", store, 0, 2); }),
+              HasSubstr("no CUDA device is visible"));
+  // Nothing was written to the store: a device-less job fails alike on every rank.
+  EXPECT_EQ(store->numKeys(), 0);
+}
+
+TEST(Nccl, UniqueIdTravelsThroughTheStore) {
+  auto store = std::make_shared<HashStore>();
+  const std::string id(128, '\x5a');
+  std::vector<std::string> got(4);
+  testing::runThreadRanks(4, [&](int rank) {
+    got[rank] = nccl_detail::exchangeUniqueId(*store, rank, rank == 0 ? id : std::string(), 128,
+                                              std::chrono::milliseconds(10000));
+  });
+  for (const auto& g : got) EXPECT_EQ(g, id);
+}
+
+TEST(Nccl, UniqueIdExchangeHasADeadlineAndChecksTheSize) {
+  HashStore store;
+  EXPECT_THROW(nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50)),
+               TimeoutError);
+  store.set(nccl_detail::kUniqueIdKey, toBytes("short"));
+  EXPECT_THAT(messageOf<IoError>([&] {
+                nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50));
+              }),
+              HasSubstr("holds 5 bytes; expected an ncclUniqueId of 128 bytes"));
+}
+
+TEST(Nccl, DevicePickingAndOpChecks) {
+  EXPECT_EQ(nccl_detail::pickDevice(-1, 3, 7, 2), 1);   // LOCAL_RANK modulo the count
+  EXPECT_EQ(nccl_detail::pickDevice(-1, -1, 7, 4), 3);  // the rank when LOCAL_RANK is unset
+  EXPECT_EQ(nccl_detail::pickDevice(1, 0, 0, 2), 1);
+  EXPECT_THAT(messageOf<InvalidArgumentError>([] { nccl_detail::pickDevice(2, 0, 0, 2); }),
+              HasSubstr("device 2 requested but only 2 CUDA device(s) are visible"));
+  EXPECT_THROW(nccl_detail::pickDevice(-1, 0, 0, 0), NotAvailableError);
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [] { nccl_detail::checkNcclReduceOp("rank 0", "allreduce", ReduceOp::kBxor); }),
+              HasSubstr("NCCL has no bitwise reductions (bxor)"));
+  EXPECT_NO_THROW(nccl_detail::checkNcclReduceOp("rank 0", "allreduce", ReduceOp::kAvg));
+}
+
+#else
+
+TEST(Nccl, BuiltWithoutNcclSaysSo) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_FALSE(isAvailable("nccl"));
+  EXPECT_THAT(messageOf<NotAvailableError>([&] { createProcessGroup("nccl", store, 0, 1); }),
+              HasSubstr("built without NCCL (LOOM_WITH_NCCL=OFF)"));
+}
+
+#endif
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,210 @@
+// ProcessGroup with ranks as forked processes (tcp backend): every collective after init from
+// the environment (TCPStore hosted by rank 0), 1000 outstanding all-reduces in order, and fault
+// injection: SIGKILL one rank during an all-reduce (the others raise IoError naming it within
+// 2x the timeout) and SIGSTOP one rank (the others raise TimeoutError naming it).
+//
+// Children never use gtest assertions (a failure there would be lost): they throw, and the
+// child exits 1 with the message on stderr. Every child runs under a deadline.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "collective_checks.h"
+#include "loom/common/error.h"
+#include "loom/common/socket.h"
+#include "loom/process_group/factory.h"
+#include "loom/process_group/init.h"
+#include "loom/store/file_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::ChildProcesses;
+using testing::TempDir;
+
+constexpr int kWorld = 4;
+constexpr milliseconds kChildDeadline(60000);
+
+void require(bool cond, const std::string& what) {
+  if (!cond) throw std::runtime_error(what);
+}
+
+std::shared_ptr<ProcessGroup> groupOverFileStore(const std::string& path, int rank,
+                                                 milliseconds timeout) {
+  FileStoreOptions storeOptions;
+  storeOptions.timeout = milliseconds(30000);
+  auto store = std::make_shared<FileStore>(path, storeOptions);
+  ProcessGroupOptions options;
+  options.timeout = timeout;
+  return createProcessGroup("tcp", store, rank, kWorld, options);
+}
+
+// The ranks listed after "(dead, stopped, or not at this operation): " in a failure message.
+std::string silentRanks(const std::string& what) {
+  const std::string marker = "(dead, stopped, or not at this operation): ";
+  const size_t at = what.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t start = at + marker.size();
+  return what.substr(start, what.find('\n', start) - start);
+}
+
+TEST(ProcessGroupProcesses, EveryCollectiveAfterInitFromEnvironment) {
+  int port = 0;
+  {
+    net::Socket probe = net::listenOn("127.0.0.1", 0);
+    port = net::localPort(probe.fd());
+  }
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [port](int rank) {
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(kWorld).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    InitOptions options;
+    options.initMethod = "env://";
+    options.pg.timeout = milliseconds(30000);
+    InitResult init = initProcessGroup(options);
+    require(init.env.launcher == "torchrun", "launcher " + init.env.launcher);
+    require(init.pg->rank() == rank && init.pg->size() == kWorld, "rank/size from the environment");
+    testing::checkEveryCollective(*init.pg, 1000);
+    // Keep rank 0 (the store server) alive until everyone is done with the store.
+    init.pg->barrier()->wait();
+  });
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+TEST(ProcessGroupProcesses, ThousandOutstandingAllreducesCompleteInOrder) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    auto pg = groupOverFileStore(path, rank, milliseconds(30000));
+    constexpr int kOps = 1000;
+    constexpr size_t n = 8;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(n));
+    std::vector<std::shared_ptr<Work>> works;
+    works.reserve(kOps);
+    for (int i = 0; i < kOps; ++i) {
+      for (size_t j = 0; j < n; ++j) bufs[i][j] = static_cast<float>(i + rank + j);
+      works.push_back(pg->allreduce(view(bufs[i].data(), n)));
+    }
+    for (int checkpoint : {kOps / 4, kOps / 2, kOps - 1}) {
+      works[checkpoint]->wait();
+      for (int i = 0; i <= checkpoint; ++i) {
+        require(works[i]->isCompleted(), "allreduce#" + std::to_string(i + 1) +
+                                             " not complete after allreduce#" +
+                                             std::to_string(checkpoint + 1));
+      }
+    }
+    for (int i = 0; i < kOps; ++i) {
+      require(works[i]->seq() == static_cast<uint64_t>(i + 1), "sequence numbers");
+      for (size_t j = 0; j < n; ++j) {
+        const float want = static_cast<float>(kWorld * (i + j) + kWorld * (kWorld - 1) / 2);
+        require(bufs[i][j] == want, "allreduce#" + std::to_string(i + 1) + " element " +
+                                        std::to_string(j) + ": got " + std::to_string(bufs[i][j]) +
+                                        ", expected " + std::to_string(want));
+      }
+    }
+    pg->barrier()->wait();
+  });
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+TEST(ProcessGroupProcesses, SigkillDuringAllreduceRaisesIoErrorNamingTheDeadRank) {
+  constexpr int kVictim = 2;
+  constexpr milliseconds kTimeout(4000);
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    auto pg = groupOverFileStore(path, rank, kTimeout);
+    std::vector<float> buf(1 << 22, 1.0f);  // 16 MiB: the victim dies mid-transfer
+    pg->allreduce(view(buf.data(), 1024))->wait();
+    pg->barrier()->wait();
+    const auto start = std::chrono::steady_clock::now();
+    auto work = pg->allreduce(view(buf.data(), buf.size()));
+    if (rank == kVictim) raise(SIGKILL);
+    try {
+      work->wait();
+      throw std::runtime_error("the all-reduce succeeded although rank 2 was killed");
+    } catch (const IoError& e) {
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      const std::string what = e.what();
+      std::fprintf(
+          stderr, "[rank %d] after %lld ms: %s\n", rank,
+          static_cast<long long>(std::chrono::duration_cast<milliseconds>(elapsed).count()),
+          what.c_str());
+      require(elapsed <= 2 * kTimeout, "the error took longer than 2x the timeout");
+      require(what.find("allreduce#3") != std::string::npos, "the message names allreduce#3");
+      require(silentRanks(what) == "2",
+              "the message names rank 2 as the rank that went silent: " + what);
+    }
+    // The group fails fast from now on and is destroyed cleanly.
+    auto later = pg->allreduce(view(buf.data(), 16));
+    require(later->isCompleted() && !later->isSuccess(), "a later operation fails at once");
+    pg.reset();
+  });
+  const auto exits = children.waitAll(kChildDeadline);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    if (rank == kVictim) {
+      EXPECT_EQ(exits[rank].signal, SIGKILL) << exits[rank].describe();
+    } else {
+      EXPECT_TRUE(exits[rank].ok()) << "rank " << rank << ": " << exits[rank].describe();
+    }
+  }
+}
+
+TEST(ProcessGroupProcesses, SigstopRaisesTimeoutErrorNamingTheStoppedRank) {
+  constexpr int kVictim = 2;
+  constexpr milliseconds kTimeout(3000);
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    auto pg = groupOverFileStore(path, rank, kTimeout);
+    std::vector<float> buf(4096, 1.0f);
+    pg->allreduce(view(buf.data(), buf.size()))->wait();
+    pg->barrier()->wait();
+    if (rank == kVictim) {
+      raise(SIGSTOP);  // hangs here until the parent kills it
+      throw std::runtime_error("the stopped rank was resumed");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->allreduce(view(buf.data(), buf.size()))->wait();
+      throw std::runtime_error("the all-reduce succeeded although rank 2 was stopped");
+    } catch (const TimeoutError& e) {
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      const std::string what = e.what();
+      std::fprintf(
+          stderr, "[rank %d] after %lld ms: %s\n", rank,
+          static_cast<long long>(std::chrono::duration_cast<milliseconds>(elapsed).count()),
+          what.c_str());
+      require(elapsed <= 2 * kTimeout, "the error took longer than 2x the timeout");
+      require(what.find("allreduce#3") != std::string::npos, "the message names allreduce#3");
+      require(silentRanks(what) == "2",
+              "the message names rank 2 as the rank that went silent: " + what);
+    }
+    pg.reset();
+  });
+  for (int rank = 0; rank < kWorld; ++rank) {
+    if (rank == kVictim) continue;
+    const auto exit = children.wait(rank, kChildDeadline);
+    EXPECT_TRUE(exit.ok()) << "rank " << rank << ": " << exit.describe();
+  }
+  children.kill(kVictim, SIGKILL);
+  EXPECT_EQ(children.wait(kVictim, kChildDeadline).signal, SIGKILL);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,343 @@
+// ProcessGroup API with ranks as threads over one HashStore (tcp backend): Work semantics,
+// issue order, sequence numbers, argument checks and their messages, subgroups, debug-mode
+// signature mismatches, abort and failure handling. The wide dtype/op/size sweep lives in the
+// comm tests; here every collective is checked once for the API's wiring.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective_checks.h"
+#include "loom/common/error.h"
+#include "loom/common/socket.h"
+#include "loom/process_group/factory.h"
+#include "loom/process_group/init.h"
+#include "loom/process_group/process_group.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+ProcessGroupOptions quickOptions(milliseconds timeout = milliseconds(20000)) {
+  ProcessGroupOptions options;
+  options.timeout = timeout;
+  options.debug = DebugLevel::kOff;
+  return options;
+}
+
+// Runs fn(pg) on `size` thread ranks, each with its own tcp group over one HashStore.
+void runGroups(int size, const ProcessGroupOptions& options,
+               const std::function<void(ProcessGroup& pg)>& fn) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(size, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, size, options);
+    fn(*pg);
+  });
+}
+
+template <typename E, typename Fn>
+std::string messageOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(ProcessGroupThreads, EveryCollectiveOnce) {
+  for (int size : {1, 2, 3, 4}) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    runGroups(size, quickOptions(), [&](ProcessGroup& pg) {
+      ASSERT_EQ(pg.size(), size);
+      ASSERT_EQ(pg.backendName(), "tcp");
+      testing::checkEveryCollective(pg);
+      // Empty buffers are legal everywhere.
+      pg.allreduce(BufferView{nullptr, 0})->wait();
+      pg.allgather(BufferView{nullptr, 0}, BufferView{nullptr, 0})->wait();
+      pg.broadcast(BufferView{nullptr, 0})->wait();
+    });
+  }
+}
+
+TEST(ProcessGroupThreads, OutstandingOperationsCompleteInIssueOrder) {
+  constexpr int kSize = 2;
+  constexpr int kOps = 200;
+  runGroups(kSize, quickOptions(), [](ProcessGroup& pg) {
+    std::vector<std::vector<int32_t>> bufs(kOps, std::vector<int32_t>(4));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < kOps; ++i) {
+      std::fill(bufs[i].begin(), bufs[i].end(), i + pg.rank());
+      works.push_back(pg.allreduce(view(bufs[i].data(), 4)));
+      EXPECT_EQ(works.back()->seq(), static_cast<uint64_t>(i + 1));
+    }
+    works[kOps / 2]->wait();
+    for (int i = 0; i <= kOps / 2; ++i) EXPECT_TRUE(works[i]->isCompleted()) << i;
+    works.back()->wait();
+    for (int i = 0; i < kOps; ++i) {
+      EXPECT_TRUE(works[i]->isSuccess()) << i;
+      EXPECT_EQ(bufs[i][0], 2 * i + 1) << i;
+    }
+  });
+}
+
+TEST(ProcessGroupThreads, ArgumentChecksNameTheMistake) {
+  auto store = std::make_shared<HashStore>();
+  auto pg = createProcessGroup("tcp", store, 0, 1, quickOptions());
+  std::vector<float> f(4);
+  std::vector<int32_t> i4(4);
+  std::vector<int32_t> i8(8);
+  BroadcastOptions badRoot;
+  badRoot.root = 1;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->broadcast(view(f.data(), 4), badRoot); }),
+              HasSubstr("rank 0: broadcast: root 1 is out of range for a group of size 1"));
+  ReduceOptions negRoot;
+  negRoot.root = -1;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->reduce(view(f.data(), 4), negRoot); }),
+              HasSubstr("root -1 is out of range"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allgather(view(i4.data(), 4), view(i8.data(), 8)); }),
+              HasSubstr("allgather: output has 8 elements; expected world size * input count = 1 * "
+                        "4 = 4"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allgather(view(f.data(), 4), view(i4.data(), 4)); }),
+              HasSubstr("allgather: input and output dtypes differ (float vs int32)"));
+  EXPECT_THAT(
+      messageOf<InvalidArgumentError>(
+          [&] { pg->reduceScatter(view(i8.data(), 8), view(i4.data(), 4)); }),
+      HasSubstr("reduce_scatter: input has 8 elements; expected world size * output count"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->alltoall(view(i4.data(), 4), view(i8.data(), 8)); }),
+              HasSubstr("alltoall: input has 4 elements but output has 8"));
+  AllreduceOptions band;
+  band.reduceOp = ReduceOp::kBand;
+  EXPECT_THAT(
+      messageOf<InvalidArgumentError>([&] { pg->allreduce(view(f.data(), 4), band); }),
+      HasSubstr("allreduce: reduce op band is bitwise and needs an integer dtype, got float"));
+  EXPECT_NO_THROW(pg->allreduce(view(i4.data(), 4), band)->wait());
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->send(view(f.data(), 4), 0); }),
+              HasSubstr("a rank cannot send to itself"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->recv(view(f.data(), 4), 3); }),
+              HasSubstr("recv: source rank 3 is out of range"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
+                pg->allreduce(BufferView{nullptr, 3});
+              }),
+              HasSubstr("allreduce: buffer is null but its count is 3"));
+  EXPECT_THAT(
+      messageOf<InvalidArgumentError>([&] { pg->allreduce(view(f.data(), 4, Device::cuda(0))); }),
+      HasSubstr("the tcp backend takes CPU buffers, got a cuda:0 buffer"));
+  AllreduceOptions zero;
+  zero.timeout = milliseconds(0);
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->allreduce(view(f.data(), 4), zero); }),
+              HasSubstr("timeout must be positive"));
+  // Rejected calls take no sequence number.
+  EXPECT_EQ(pg->lastSeq(), 1u);
+}
+
+TEST(ProcessGroupThreads, ATimeoutNamesTheOperationAndTheSilentRank) {
+  auto options = quickOptions(milliseconds(1500));
+  auto store = std::make_shared<HashStore>();
+  std::promise<void> rank0Done;
+  std::shared_future<void> rank0DoneFuture = rank0Done.get_future().share();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, 2, options);
+    std::vector<float> buf(1024, 1.0f);
+    pg->allreduce(view(buf.data(), buf.size()))->wait();
+    if (rank == 1) {
+      // Rank 1 skips the second all-reduce: rank 0 must time out and name it.
+      ASSERT_EQ(rank0DoneFuture.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto work = pg->allreduce(view(buf.data(), buf.size()));
+    try {
+      work->wait();
+      ADD_FAILURE() << "the all-reduce should time out";
+    } catch (const TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_THAT(what, HasSubstr("rank 0"));
+      EXPECT_THAT(what, HasSubstr("allreduce#2"));
+      EXPECT_THAT(what, HasSubstr("(dead, stopped, or not at this operation): 1"));
+    }
+    EXPECT_LE(std::chrono::steady_clock::now() - start, 2 * options.timeout);
+    EXPECT_TRUE(pg->isBroken());
+    // Every later operation fails at once, naming the cause.
+    auto later = pg->barrier();
+    EXPECT_TRUE(later->isCompleted());
+    EXPECT_THAT(messageOf<IoError>([&] { later->wait(); }),
+                HasSubstr("was not run: the group failed earlier"));
+    rank0Done.set_value();
+  });
+}
+
+TEST(ProcessGroupThreads, WaitWithATimeoutAbortsTheGroup) {
+  auto store = std::make_shared<HashStore>();
+  std::promise<void> aborted;
+  std::shared_future<void> abortedFuture = aborted.get_future().share();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, 2, quickOptions(milliseconds(3000)));
+    std::vector<int32_t> buf(16, 1);
+    if (rank == 0) {
+      auto work = pg->allreduce(view(buf.data(), 16));
+      EXPECT_THAT(messageOf<TimeoutError>([&] { work->wait(milliseconds(100)); }),
+                  HasSubstr("rank 0: allreduce#1 did not complete within"));
+      EXPECT_TRUE(pg->isBroken());
+      EXPECT_THROW(work->wait(), IoError);
+      aborted.set_value();
+    } else {
+      // Joins the all-reduce only after rank 0 gave up on it: it fails (closed connection,
+      // or its own deadline), it does not hang.
+      ASSERT_EQ(abortedFuture.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      EXPECT_THROW(pg->allreduce(view(buf.data(), 16))->wait(), IoError);
+    }
+  });
+}
+
+TEST(ProcessGroupThreads, AbortFailsQueuedAndFutureOperationsAndDestroysCleanly) {
+  auto store = std::make_shared<HashStore>();
+  auto pg = createProcessGroup("tcp", store, 0, 1, quickOptions());
+  pg->abort("test teardown");
+  EXPECT_TRUE(pg->isBroken());
+  std::vector<float> buf(4);
+  auto work = pg->allreduce(view(buf.data(), 4));
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_THAT(messageOf<IoError>([&] { work->wait(); }), HasSubstr("aborted: test teardown"));
+  pg.reset();  // must not hang
+}
+
+TEST(ProcessGroupThreads, NewGroupMembersGetASubgroupOthersGetNull) {
+  runGroups(4, quickOptions(), [](ProcessGroup& pg) {
+    auto odd = pg.newGroup({3, 1});
+    auto all = pg.newGroup({0, 1, 2, 3});
+    if (pg.rank() % 2 == 1) {
+      ASSERT_NE(odd, nullptr);
+      EXPECT_EQ(odd->size(), 2);
+      EXPECT_EQ(odd->rank(), pg.rank() / 2);
+      EXPECT_EQ(odd->options().groupName, "group/1");
+      EXPECT_THAT(odd->who(), HasSubstr("of group/1"));
+      std::vector<int32_t> v(3, pg.rank());
+      odd->allreduce(view(v.data(), 3))->wait();
+      EXPECT_EQ(v, std::vector<int32_t>(3, 4));
+    } else {
+      EXPECT_EQ(odd, nullptr);
+    }
+    ASSERT_NE(all, nullptr);
+    EXPECT_EQ(all->rank(), pg.rank());
+    std::vector<int32_t> w(2, 1);
+    all->allreduce(view(w.data(), 2))->wait();
+    EXPECT_EQ(w[0], 4);
+    // The parent is unaffected.
+    pg.barrier()->wait();
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
+                  pg.newGroup({1, 1});
+                }),
+                HasSubstr("rank 1 appears twice"));
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
+                  pg.newGroup({0, 4});
+                }),
+                HasSubstr("rank 4 is out of range for a group of size 4"));
+  });
+}
+
+TEST(ProcessGroupThreads, NewGroupWithDifferentListsIsNamed) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(3, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, 3, quickOptions(milliseconds(1000)));
+    if (rank == 2) {
+      EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
+                    pg->newGroup({0, 1, 2});
+                  }),
+                  HasSubstr("this rank passed ranks [0,1,2] but rank 0 passed [0,2]"));
+    } else if (rank == 0) {
+      // Rank 0 believes in {0, 2} and waits for a rank 2 that never comes.
+      EXPECT_THROW(pg->newGroup({0, 2}), TimeoutError);
+    } else {
+      EXPECT_EQ(pg->newGroup({0, 2}), nullptr);
+    }
+  });
+}
+
+TEST(ProcessGroupThreads, DebugModeNamesAMismatchedCollectiveAndStaysUsable) {
+  auto options = quickOptions();
+  options.debug = DebugLevel::kDetail;
+  runGroups(3, options, [](ProcessGroup& pg) {
+    std::vector<float> buf(16, 1.0f);
+    pg.allreduce(view(buf.data(), 16))->wait();
+    // Rank 2 passes a different count in the second collective.
+    const size_t count = pg.rank() == 2 ? 15 : 16;
+    auto work = pg.allreduce(view(buf.data(), count));
+    const std::string what = messageOf<InvalidArgumentError>([&] { work->wait(); });
+    EXPECT_THAT(what, HasSubstr("collective #2 does not match across ranks (LOOM_DEBUG=DETAIL)"));
+    EXPECT_THAT(what, HasSubstr("allreduce(dtype=float, count=16, op=sum)#2 on ranks [0, 1]"));
+    EXPECT_THAT(what, HasSubstr("allreduce(dtype=float, count=15, op=sum)#2 on ranks [2]"));
+    EXPECT_FALSE(pg.isBroken());
+    // A different collective altogether.
+    std::shared_ptr<Work> other;
+    if (pg.rank() == 0) {
+      other = pg.broadcast(view(buf.data(), 16));
+    } else {
+      other = pg.allreduce(view(buf.data(), 16));
+    }
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] { other->wait(); }),
+                HasSubstr("broadcast(dtype=float, count=16, root=0)#3 on ranks [0]"));
+    // Matching calls work again.
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    pg.allreduce(view(buf.data(), 16))->wait();
+    EXPECT_EQ(buf[0], 3.0f);
+  });
+}
+
+TEST(ProcessGroupThreads, InitMethodsFileAndTcpWithExplicitRanks) {
+  testing::TempDir dir;
+  int port = 0;
+  {
+    net::Socket probe = net::listenOn("127.0.0.1", 0);
+    port = net::localPort(probe.fd());
+  }
+  for (const std::string& url :
+       {"file://" + dir.file("store"), "tcp://127.0.0.1:" + std::to_string(port)}) {
+    SCOPED_TRACE(url);
+    std::vector<std::shared_ptr<Store>> stores(3);
+    testing::runThreadRanks(3, [&](int rank) {
+      InitOptions options;
+      options.initMethod = url;
+      options.rank = rank;
+      options.worldSize = 3;
+      options.pg = quickOptions();
+      InitResult init = initProcessGroup(options);
+      ASSERT_EQ(init.pg->rank(), rank);
+      ASSERT_EQ(init.pg->size(), 3);
+      testing::checkEveryCollective(*init.pg);
+      init.pg->barrier()->wait();
+      init.pg.reset();
+      stores[rank] = init.store;  // rank 0's TCPStore hosts the server: keep it until all are done
+    });
+  }
+}
+
+TEST(ProcessGroupThreads, InitFromAnIncompleteEnvironmentNamesTheVariable) {
+  if (std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK")) {
+    GTEST_SKIP() << "this process runs under a launcher";
+  }
+  InitOptions options;
+  options.initMethod = "env://";
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { initProcessGroup(options); }),
+              HasSubstr("RANK is not set"));
+  options.initMethod = "ftp://x";
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { initProcessGroup(options); }),
+              HasSubstr("init method 'ftp://x' is not valid"));
+}
+
+}  // namespace
+}  // namespace loom

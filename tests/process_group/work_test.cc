@@ -1,0 +1,89 @@
+// Work semantics without any network: completion, failure, bounded waits and their hook.
+#include "loom/process_group/work.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "loom/common/error.h"
+
+namespace loom {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+
+TEST(Work, CompletesOnceAndWaitReturnsTrue) {
+  Work work("allreduce", 17, 2);
+  EXPECT_EQ(work.describe(), "allreduce#17");
+  EXPECT_EQ(work.seq(), 17u);
+  EXPECT_EQ(work.rank(), 2);
+  EXPECT_FALSE(work.isCompleted());
+  EXPECT_FALSE(work.isSuccess());
+  std::thread completer([&] { work.markCompleted(); });
+  EXPECT_TRUE(work.wait());
+  completer.join();
+  EXPECT_TRUE(work.isCompleted());
+  EXPECT_TRUE(work.isSuccess());
+  EXPECT_EQ(work.exception(), nullptr);
+  // Completion is final: a later failure is ignored.
+  work.markFailed(std::make_exception_ptr(IoError("late")));
+  EXPECT_TRUE(work.isSuccess());
+  EXPECT_TRUE(work.wait(milliseconds(0)));
+}
+
+TEST(Work, FailureIsStoredAndRethrownByEveryWait) {
+  Work work("broadcast", 3, 0);
+  work.markFailed(
+      std::make_exception_ptr(IoError("rank 0: broadcast#3: connection reset by rank 1")));
+  EXPECT_TRUE(work.isCompleted());
+  EXPECT_FALSE(work.isSuccess());
+  ASSERT_NE(work.exception(), nullptr);
+  EXPECT_THROW(work.wait(), IoError);
+  try {
+    work.wait(milliseconds(10));
+    FAIL() << "wait should rethrow";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("connection reset by rank 1"));
+  }
+}
+
+TEST(Work, BoundedWaitThrowsTimeoutNamingTheOpAndCallsTheAbortHook) {
+  Work work("allgather", 5, 1);
+  std::atomic<int> hookCalls{0};
+  std::string hookReason;
+  work.setOnWaitTimeout([&](const std::string& reason) {
+    hookReason = reason;
+    ++hookCalls;
+  });
+  try {
+    work.wait(milliseconds(20));
+    FAIL() << "wait should time out";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1: allgather#5 did not complete within"));
+  }
+  EXPECT_EQ(hookCalls.load(), 1);
+  EXPECT_THAT(hookReason, HasSubstr("allgather#5"));
+  EXPECT_FALSE(work.isCompleted());
+}
+
+TEST(Work, ManyWaitersAreAllWoken) {
+  Work work("barrier", 1, 0);
+  std::atomic<int> woken{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.emplace_back([&] {
+      if (work.wait(milliseconds(10000))) ++woken;
+    });
+  }
+  work.markCompleted();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woken.load(), 4);
+}
+
+}  // namespace
+}  // namespace loom
