@@ -17,7 +17,7 @@
 #   --only "loom gloo mpi"                    which families to run
 # Environment: LOOM_BUILD_DIR (default build).
 # Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
-#         DIR/compare.md (in-place tables), DIR/compare_out_of_place.md,
+#         DIR/compare.md (raw TCP yardstick + in-place tables), DIR/compare_out_of_place.md,
 #         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +55,7 @@ out=$(cd "$out" && pwd)
 if ((setup)); then scripts/setup.sh --peers; fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${LOOM_BUILD_TYPE:-RelWithDebInfo} >/dev/null
 targets=(loom-bench-compare)
-for t in loom-bench loom-run gloo_bench mpi_bench; do
+for t in loom-bench loom-run gloo_bench mpi_bench tcp_baseline; do
   if cmake --build "$build" --target help | grep -q "^$t:"; then targets+=("$t"); fi
 done
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -138,6 +138,12 @@ for n in $ranks; do
   done
 done
 
+# Raw loopback TCP, the yardstick of the tcp backend's targets (ping-pong and stream rate).
+if [[ -x $bin/tcp_baseline ]]; then
+  echo "== raw loopback TCP"
+  "$bin/tcp_baseline" | tee "$out/tcp_baseline.md"
+fi
+
 baseline=()
 if ls "$out"/csv/loom-tcp_*.csv >/dev/null 2>&1; then baseline=(--baseline "loom tcp"); fi
 if ls "$out"/csv/*.csv >/dev/null 2>&1; then
@@ -145,8 +151,11 @@ if ls "$out"/csv/*.csv >/dev/null 2>&1; then
   # so their out-of-place columns include a copy the peers do not make (docs/bench.md).
   "$bin/loom-bench-compare" "${baseline[@]}" "$out"/csv/*.csv \
     >"$out/compare_out_of_place.md"
-  "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
-    "$out"/csv/*.csv | tee "$out/compare.md"
+  {
+    if [[ -f $out/tcp_baseline.md ]]; then cat "$out/tcp_baseline.md"; fi
+    "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
+      "$out"/csv/*.csv
+  } | tee "$out/compare.md"
 fi
 echo
 echo "results: $out (compare.md = in place, compare_out_of_place.md, plot_*.svg, logs/, csv/)"

@@ -69,10 +69,9 @@ int compareMain(int argc, char** argv) {
     std::cerr << "loom-bench-compare: baseline series '" << baseline << "' is not in the files\n";
     return 2;
   }
-  std::vector<std::string> others;
-  for (const std::string& s : order) {
-    if (s != baseline) others.push_back(s);
-  }
+  // The baseline leads every table and is the first (and thickest) line of every plot.
+  std::stable_partition(order.begin(), order.end(),
+                        [&](const std::string& s) { return s == baseline; });
 
   for (const auto& [key, bySize] : table) {
     std::set<std::string> present;
@@ -83,9 +82,9 @@ int compareMain(int argc, char** argv) {
     for (const std::string& s : order) {
       if (present.count(s)) cols.push_back(s);
     }
-    std::printf("\n### %s, world size %d, %s %s (%s; busbw GB/s / time us)\n\n", key.op.c_str(),
-                key.worldSize, key.type.c_str(), key.redop.c_str(),
-                inPlace ? "in-place" : "out-of-place");
+    const std::string what = key.redop == "none" ? key.type : key.type + " " + key.redop;
+    std::printf("\n### %s, world size %d, %s (%s; busbw GB/s / time us)\n\n", key.op.c_str(),
+                key.worldSize, what.c_str(), inPlace ? "in-place" : "out-of-place");
     std::string head = "| size |";
     std::string rule = "|---:|";
     for (const std::string& s : cols) {

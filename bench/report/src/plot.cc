@@ -10,8 +10,9 @@
 namespace loom::bench {
 namespace {
 
-// Colour-blind friendly palette (Okabe-Ito), then greys.
-constexpr const char* kColors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
+// Colour-blind friendly palette (Okabe-Ito) with a strong red first (the lead series, drawn
+// thicker), then greys.
+constexpr const char* kColors[] = {"#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00",
                                    "#56B4E9", "#000000", "#F0E442", "#999999", "#666666"};
 
 std::string escapeXml(const std::string& text) {
@@ -134,8 +135,8 @@ std::string plotSvg(const std::vector<PlotSeries>& series, const PlotOptions& op
     std::string points;
     for (const auto& [x, y] : pts) points += num(px(x)) + "," + num(py(y)) + " ";
     if (!points.empty()) {
-      svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) +
-             "\" stroke-width=\"2\" points=\"" + points + "\"/>\n";
+      svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"" +
+             (s == 0 ? "3" : "1.5") + "\" points=\"" + points + "\"/>\n";
     }
     for (const auto& [x, y] : pts) {
       svg += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" + color +

@@ -1,6 +1,7 @@
 // A self-contained SVG line chart of bus bandwidth against message size: log2 size axis,
 // linear GB/s axis from 0, one polyline with markers per series and a legend, so the plot
-// reads without the table.
+// reads without the table. The first series is drawn thicker (the one the others are compared
+// with).
 #pragma once
 
 #include <string>
