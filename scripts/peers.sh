@@ -17,7 +17,8 @@
 #   --only "loom gloo mpi"                    which families to run
 # Environment: LOOM_BUILD_DIR (default build).
 # Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
-#         DIR/compare.md (raw TCP yardstick + in-place tables), DIR/compare_out_of_place.md,
+#         DIR/compare.md (raw TCP yardstick + in-place tables), DIR/compare_p50.md (the same
+#         with median times), DIR/compare_out_of_place.md,
 #         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -151,6 +152,9 @@ if ls "$out"/csv/*.csv >/dev/null 2>&1; then
   # so their out-of-place columns include a copy the peers do not make (docs/bench.md).
   "$bin/loom-bench-compare" "${baseline[@]}" "$out"/csv/*.csv \
     >"$out/compare_out_of_place.md"
+  # The same with median times (robust against a busy machine's descheduling spikes).
+  "$bin/loom-bench-compare" "${baseline[@]}" --in-place --stat p50 "$out"/csv/*.csv \
+    >"$out/compare_p50.md"
   {
     if [[ -f $out/tcp_baseline.md ]]; then cat "$out/tcp_baseline.md"; fi
     "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
@@ -158,6 +162,7 @@ if ls "$out"/csv/*.csv >/dev/null 2>&1; then
   } | tee "$out/compare.md"
 fi
 echo
-echo "results: $out (compare.md = in place, compare_out_of_place.md, plot_*.svg, logs/, csv/)"
+echo "results: $out (compare.md = in place, compare_p50.md, compare_out_of_place.md, plot_*.svg,"
+echo "  logs/, csv/)"
 echo "$failures run(s) failed"
 exit $((failures > 0))

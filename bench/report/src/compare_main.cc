@@ -47,6 +47,12 @@ int compareMain(int argc, char** argv) {
   app.add_option("--plot-prefix", plotPrefix,
                  "write PREFIX<op>_n<world size>.svg for every operation and world size");
   app.add_flag("--in-place", inPlace, "compare the in-place columns instead of out-of-place");
+  std::string stat = "mean";
+  app.add_option("--stat", stat,
+                 "time to compare: mean (nccl-tests' time column) or p50 (the median over "
+                 "iterations, robust on a shared machine); busbw follows from it")
+      ->check(CLI::IsMember({"mean", "p50"}))
+      ->capture_default_str();
   if (auto code = parseCommandLine(app, argc, argv, [] {})) return *code;
 
   std::vector<std::string> order;  // series in first-seen order
@@ -56,8 +62,14 @@ int compareMain(int argc, char** argv) {
       if (std::find(order.begin(), order.end(), r.series) == order.end()) {
         order.push_back(r.series);
       }
-      table[{r.op, r.worldSize, r.row.type, r.row.redop}][r.row.bytes][r.series] =
-          inPlace ? r.row.inPlace : r.row.outOfPlace;
+      Measure m = inPlace ? r.row.inPlace : r.row.outOfPlace;
+      if (stat == "p50" && m.p50Us > 0) {
+        // Same size and factor, so busbw scales with the inverse of the time.
+        m.busBw *= m.timeUs / m.p50Us;
+        m.algBw *= m.timeUs / m.p50Us;
+        m.timeUs = m.p50Us;
+      }
+      table[{r.op, r.worldSize, r.row.type, r.row.redop}][r.row.bytes][r.series] = m;
     }
   }
   if (order.empty()) {
@@ -83,8 +95,9 @@ int compareMain(int argc, char** argv) {
       if (present.count(s)) cols.push_back(s);
     }
     const std::string what = key.redop == "none" ? key.type : key.type + " " + key.redop;
-    std::printf("\n### %s, world size %d, %s (%s; busbw GB/s / time us)\n\n", key.op.c_str(),
-                key.worldSize, what.c_str(), inPlace ? "in-place" : "out-of-place");
+    std::printf("\n### %s, world size %d, %s (%s, %s time; busbw GB/s / time us)\n\n",
+                key.op.c_str(), key.worldSize, what.c_str(), inPlace ? "in-place" : "out-of-place",
+                stat.c_str());
     std::string head = "| size |";
     std::string rule = "|---:|";
     for (const std::string& s : cols) {
@@ -134,7 +147,7 @@ int compareMain(int argc, char** argv) {
       PlotOptions opts;
       opts.title = key.op + ", world size " + std::to_string(key.worldSize) + ", " + key.type +
                    (key.redop == "none" ? "" : " " + key.redop) +
-                   (inPlace ? " (in-place busbw)" : " (out-of-place busbw)");
+                   (inPlace ? " (in-place busbw, " : " (out-of-place busbw, ") + stat + " time)";
       const std::string path = plotPrefix + key.op + "_n" + std::to_string(key.worldSize) + ".svg";
       writeFile(path, plotSvg(series, opts));
       std::printf("\nplot: %s\n", path.c_str());
