@@ -104,9 +104,9 @@ for n in $ranks; do
     tag=${op}_n$n
     if [[ " $only " == *" loom "* && -x $bin/loom-bench ]]; then
       if [[ -x $bin/loom-run ]]; then
-        port=$((port + 1))
+        # loom-run picks a free MASTER_PORT for the workers.
         run "loom-tcp_$tag" env LOOM_SHM=0 "$bin/loom-run" --nproc-per-node "$n" \
-          --master-port "$port" "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
+          "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
           --series "loom tcp" --csv "$out/csv/loom-tcp_$tag.csv"
       else
         run "loom-tcp_$tag" env LOOM_SHM=0 bash -c "$(declare -f spawn); port=$port; spawn $n \

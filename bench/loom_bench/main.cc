@@ -192,7 +192,9 @@ int loomBenchMain(int argc, char** argv) {
   std::string algo;
   int timeoutS = 300;
   addSweepFlags(app, flags);
-  app.add_option("--backend", backend, "tcp, nccl or verbs")->capture_default_str();
+  app.add_option("--backend", backend,
+                 "tcp (nccl and verbs are named but not runnable yet: they exit with status 3)")
+      ->capture_default_str();
   app.add_option("--init-method", initMethod,
                  "env:// (default; LOOM_INIT_METHOD), tcp://host:port or file:///path");
   app.add_option("--algo", algo,
