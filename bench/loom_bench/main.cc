@@ -4,7 +4,8 @@
 // the launcher's environment (process_group/init.h), or from --init-method. Every rank runs
 // the sweep of bench/report (runner.h); rank 0 prints the nccl-tests table and writes --json,
 // --csv and --plot. The exit status is 0, 1 when any element was wrong on any rank (-c 1), 2
-// for a bad flag, 3 when the group could not be created or an operation failed (also for
+// for a bad flag (or a root outside the world), 3 when the group could not be created or an
+// operation failed (also for
 // --backend nccl, whose CUDA buffers this program does not allocate yet, and verbs, which the
 // process group does not implement yet).
 //
@@ -232,6 +233,9 @@ int loomBenchMain(int argc, char** argv) {
     rank = group.pg->rank();
     LoomDriver driver(group.pg);
     return runSweep(driver, options, "loom-bench", std::vector<std::string>(argv, argv + argc));
+  } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
+    std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;
     return 3;

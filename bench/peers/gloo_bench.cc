@@ -348,9 +348,12 @@ int glooBenchMain(int argc, char** argv) {
     context->connectFullMesh(store, device);
     GlooDriver driver(context, algo);
     return runSweep(driver, options, "gloo_bench", std::vector<std::string>(argv, argv + argc));
+  } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
+    std::cerr << "gloo_bench: rank " << rank << ": " << e.what() << std::endl;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "gloo_bench: rank " << rank << ": " << e.what() << std::endl;
-    return 1;
+    return 3;
   }
 }
 
