@@ -56,8 +56,9 @@ out=$(cd "$out" && pwd)
 if ((setup)); then scripts/setup.sh --peers; fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${LOOM_BUILD_TYPE:-RelWithDebInfo} >/dev/null
 targets=(loom-bench-compare)
+known=$(cmake --build "$build" --target help)  # captured whole: grep -q would cut the pipe
 for t in loom-bench loom-run gloo_bench mpi_bench tcp_baseline; do
-  if cmake --build "$build" --target help | grep -q "^$t:"; then targets+=("$t"); fi
+  if grep -q "^$t:" <<<"$known"; then targets+=("$t"); fi
 done
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 bin=$root_dir/$build/bin

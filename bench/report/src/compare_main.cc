@@ -124,7 +124,9 @@ int compareMain(int argc, char** argv) {
       for (const std::string& s : cols) {
         if (!haveBase || s == baseline) continue;
         auto it = bySeries.find(s);
-        if (base == bySeries.end() || it == bySeries.end() || base->second.timeUs <= 0) {
+        // No ratio for empty rows (nothing moved; a driver may skip the call) or missing data.
+        if (size == 0 || base == bySeries.end() || it == bySeries.end() ||
+            base->second.timeUs <= 0 || it->second.timeUs <= 0) {
           line += " - |";
         } else {
           // For one size the busbw ratio equals the inverse time ratio; time also covers barrier.
