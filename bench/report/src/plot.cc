@@ -10,9 +10,9 @@
 namespace loom::bench {
 namespace {
 
-// Colour-blind friendly palette (Okabe-Ito) with a strong red first (the lead series, drawn
+// Mostly the colour-blind friendly Okabe-Ito palette, a strong red first (the lead series, drawn
 // thicker), then greys.
-constexpr const char* kColors[] = {"#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00",
+constexpr const char* kColors[] = {"#D55E00", "#0072B2", "#009E73", "#CC79A7", "#8C564B",
                                    "#56B4E9", "#000000", "#F0E442", "#999999", "#666666"};
 
 std::string escapeXml(const std::string& text) {
