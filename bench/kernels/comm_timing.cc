@@ -4,8 +4,11 @@
 //   loom_comm_timing --ranks 2 --op allreduce --sizes 8,65536,1048576,67108864 [--algo rd]
 //   loom_comm_timing --pingpong
 //
-// Prints one line per size: bytes, algorithm, median and min time of rank 0 (µs), algbw
-// and busbw (GB/s, nccl-tests definitions). Not a test: numbers vary run to run on a shared
+// Prints one line per size: bytes, median and min time of rank 0 (µs), algbw and busbw
+// (GB/s, nccl-tests definitions), and what the load of a shared machine distorts less: rank
+// 0's CPU time per iteration (all threads of its process, getrusage), CPU seconds per GB of
+// the buffer, context switches per iteration and the kernel's share of that CPU (sys%).
+// --iters fixes the iteration count (for strace -c -f), --sockbuf sets SO_SNDBUF/SO_RCVBUF. Not a test: numbers vary run to run on a shared
 // 2-core VM; compare side by side.
 #include <netinet/in.h>
 #include <sys/resource.h>
