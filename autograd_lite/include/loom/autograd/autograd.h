@@ -1,0 +1,10 @@
+// Umbrella header for autograd_lite: tensors, ops, the engine, nn, optim and file formats.
+#pragma once
+
+#include "loom/autograd/engine.h"
+#include "loom/autograd/nn.h"
+#include "loom/autograd/npy.h"
+#include "loom/autograd/ops.h"
+#include "loom/autograd/optim.h"
+#include "loom/autograd/serialize.h"
+#include "loom/autograd/tensor.h"

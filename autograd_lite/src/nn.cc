@@ -1,0 +1,316 @@
+#include "loom/autograd/nn.h"
+
+#include <cmath>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "loom/autograd/engine.h"
+#include "loom/autograd/ops.h"
+
+namespace loom::ag::nn {
+
+// ---- Module ----
+
+void Module::checkNewName(const std::string& name) const {
+  if (name.empty() || name.find('.') != std::string::npos) {
+    throw std::invalid_argument("Module: invalid name '" + name + "' (non-empty, no '.')");
+  }
+  auto taken = [&](const auto& list) {
+    for (const auto& [n, _] : list) {
+      if (n == name) return true;
+    }
+    return false;
+  };
+  if (taken(params_) || taken(buffers_) || taken(children_)) {
+    throw std::invalid_argument("Module: name '" + name + "' is already registered");
+  }
+}
+
+Tensor Module::registerParameter(const std::string& name, Tensor value) {
+  checkNewName(name);
+  if (!value.defined())
+    throw std::invalid_argument("registerParameter: '" + name + "' is undefined");
+  value.setRequiresGrad(true);
+  params_.emplace_back(name, value);
+  return value;
+}
+
+Tensor Module::registerBuffer(const std::string& name, Tensor value) {
+  checkNewName(name);
+  if (!value.defined()) throw std::invalid_argument("registerBuffer: '" + name + "' is undefined");
+  buffers_.emplace_back(name, value);
+  return value;
+}
+
+std::shared_ptr<Module> Module::registerModule(const std::string& name,
+                                               std::shared_ptr<Module> module) {
+  checkNewName(name);
+  if (!module) throw std::invalid_argument("registerModule: '" + name + "' is null");
+  children_.emplace_back(name, module);
+  return module;
+}
+
+void Module::collect(const std::string& prefix, bool params, bool buffers, bool recurse,
+                     NamedTensors& out) const {
+  if (params) {
+    for (const auto& [n, t] : params_) out.emplace_back(prefix + n, t);
+  }
+  if (buffers) {
+    for (const auto& [n, t] : buffers_) out.emplace_back(prefix + n, t);
+  }
+  if (recurse) {
+    for (const auto& [n, m] : children_) m->collect(prefix + n + ".", params, buffers, true, out);
+  }
+}
+
+NamedTensors Module::namedParameters() const {
+  NamedTensors out;
+  collect("", true, false, true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : namedParameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::namedBuffers() const {
+  NamedTensors out;
+  collect("", false, true, true, out);
+  return out;
+}
+
+NamedTensors Module::stateDict() const {
+  NamedTensors out;
+  collect("", true, true, true, out);
+  return out;
+}
+
+void Module::loadStateDict(const NamedTensors& state, bool strict) {
+  std::unordered_map<std::string, const Tensor*> given;
+  for (const auto& [n, t] : state) {
+    if (!given.emplace(n, &t).second) {
+      throw std::invalid_argument("loadStateDict: '" + n + "' appears twice in the state dict");
+    }
+  }
+  NamedTensors mine = stateDict();
+  std::set<std::string> known;
+  // Check everything before copying anything, so a failed load leaves the module unchanged.
+  for (const auto& [n, t] : mine) {
+    known.insert(n);
+    auto it = given.find(n);
+    if (it == given.end()) {
+      if (strict) throw std::invalid_argument("loadStateDict: missing '" + n + "'");
+      continue;
+    }
+    const Tensor& src = *it->second;
+    if (src.shape() != t.shape()) {
+      throw std::invalid_argument("loadStateDict: '" + n + "' has shape " +
+                                  shapeToString(src.shape()) + ", expected " +
+                                  shapeToString(t.shape()));
+    }
+    if (src.dtype() != t.dtype()) {
+      throw std::invalid_argument("loadStateDict: '" + n + "' has dtype " + dtypeName(src.dtype()) +
+                                  ", expected " + dtypeName(t.dtype()));
+    }
+  }
+  if (strict) {
+    for (const auto& [n, t] : state) {
+      if (!known.count(n)) {
+        throw std::invalid_argument("loadStateDict: unexpected '" + n +
+                                    "' (the module has no such "
+                                    "parameter or buffer)");
+      }
+    }
+  }
+  for (auto& [n, t] : mine) {
+    auto it = given.find(n);
+    if (it != given.end()) t.copyFrom(*it->second);
+  }
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::namedModules() {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  // The module itself has no owning shared_ptr here; report it with a non-owning alias.
+  out.emplace_back("", std::shared_ptr<Module>(std::shared_ptr<Module>(), this));
+  std::function<void(const std::string&, Module&)> walk = [&](const std::string& prefix,
+                                                              Module& m) {
+    for (const auto& [n, c] : m.children_) {
+      const std::string path = prefix.empty() ? n : prefix + "." + n;
+      out.emplace_back(path, c);
+      walk(path, *c);
+    }
+  };
+  walk("", *this);
+  return out;
+}
+
+std::shared_ptr<Module> Module::child(const std::string& name) const {
+  for (const auto& [n, m] : children_) {
+    if (n == name) return m;
+  }
+  throw std::invalid_argument("Module: no child named '" + name + "'");
+}
+
+std::shared_ptr<Module> Module::replaceChild(const std::string& name,
+                                             std::shared_ptr<Module> module) {
+  if (!module) throw std::invalid_argument("replaceChild: new module for '" + name + "' is null");
+  for (auto& [n, m] : children_) {
+    if (n == name) {
+      auto old = m;
+      m = std::move(module);
+      return old;
+    }
+  }
+  throw std::invalid_argument("replaceChild: no child named '" + name + "'");
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  onTrainChanged();
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void Module::zeroGrad(bool setToNone) {
+  for (auto& [n, t] : namedParameters()) t.zeroGrad(setToNone);
+}
+
+// ---- layers ----
+
+Linear::Linear(int64_t inFeatures, int64_t outFeatures, const LinearOptions& options)
+    : in_(inFeatures), out_(outFeatures) {
+  if (inFeatures <= 0 || outFeatures <= 0) {
+    throw std::invalid_argument("Linear: features must be positive, got in=" +
+                                std::to_string(inFeatures) + " out=" + std::to_string(outFeatures));
+  }
+  Generator gen(options.seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(inFeatures));
+  weight_ = registerParameter("weight", uniform({outFeatures, inFeatures}, -bound, bound, gen));
+  if (options.bias) bias_ = registerParameter("bias", uniform({outFeatures}, -bound, bound, gen));
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  return linear(input, weight_, bias_);
+}
+
+std::string Linear::describe() const {
+  return "Linear(in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) +
+         ", bias=" + (bias_.defined() ? "true" : "false") + ")";
+}
+
+Tensor ReLU::forward(const Tensor& input) {
+  return relu(input);
+}
+Tensor GELU::forward(const Tensor& input) {
+  return gelu(input);
+}
+Tensor Tanh::forward(const Tensor& input) {
+  return ::loom::ag::tanh(input);
+}
+
+Dropout::Dropout(double p, uint64_t seed) : p_(p), gen_(seed) {
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw std::invalid_argument("Dropout: p must be in [0, 1], got " + std::to_string(p));
+  }
+}
+
+Tensor Dropout::forward(const Tensor& input) {
+  return dropout(input, p_, isTraining(), gen_);
+}
+
+std::string Dropout::describe() const {
+  return "Dropout(p=" + std::to_string(p_) + ")";
+}
+
+BatchNorm1d::BatchNorm1d(int64_t numFeatures, const BatchNorm1dOptions& options)
+    : numFeatures_(numFeatures), options_(options) {
+  if (numFeatures <= 0) {
+    throw std::invalid_argument("BatchNorm1d: numFeatures must be positive, got " +
+                                std::to_string(numFeatures));
+  }
+  if (options.affine) {
+    weight_ = registerParameter("weight", ones({numFeatures}));
+    bias_ = registerParameter("bias", zeros({numFeatures}));
+  }
+  if (options.trackRunningStats) {
+    runningMean_ = registerBuffer("running_mean", zeros({numFeatures}));
+    runningVar_ = registerBuffer("running_var", ones({numFeatures}));
+    numBatchesTracked_ = registerBuffer("num_batches_tracked", zeros({}, DType::kInt64));
+  }
+}
+
+Tensor BatchNorm1d::forward(const Tensor& input) {
+  const bool useBatchStats = isTraining() || !options_.trackRunningStats;
+  if (isTraining() && options_.trackRunningStats) ++*numBatchesTracked_.data<int64_t>();
+  Tensor rm = runningMean_, rv = runningVar_;
+  if (input.defined() && rm.defined() && input.dtype() != rm.dtype()) {
+    throw std::invalid_argument(std::string("BatchNorm1d: input is ") + dtypeName(input.dtype()) +
+                                " but the module's running statistics are " +
+                                dtypeName(rm.dtype()));
+  }
+  return batchNorm(input, useBatchStats && !isTraining() ? Tensor() : rm,
+                   useBatchStats && !isTraining() ? Tensor() : rv, weight_, bias_, useBatchStats,
+                   options_.momentum, options_.eps);
+}
+
+std::string BatchNorm1d::describe() const {
+  return "BatchNorm1d(" + std::to_string(numFeatures_) + ", eps=" + std::to_string(options_.eps) +
+         ", momentum=" + std::to_string(options_.momentum) + ")";
+}
+
+Embedding::Embedding(int64_t numEmbeddings, int64_t embeddingDim, uint64_t seed)
+    : num_(numEmbeddings), dim_(embeddingDim) {
+  if (numEmbeddings <= 0 || embeddingDim <= 0) {
+    throw std::invalid_argument("Embedding: sizes must be positive, got " +
+                                std::to_string(numEmbeddings) + " x " +
+                                std::to_string(embeddingDim));
+  }
+  Generator gen(seed);
+  weight_ = registerParameter("weight", randn({numEmbeddings, embeddingDim}, gen));
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  return embedding(weight_, indices);
+}
+
+std::string Embedding::describe() const {
+  return "Embedding(" + std::to_string(num_) + ", " + std::to_string(dim_) + ")";
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) append(std::move(m));
+}
+
+void Sequential::append(std::shared_ptr<Module> module) {
+  registerModule(std::to_string(size()), std::move(module));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [n, m] : namedChildren()) x = m->forward(x);
+  return x;
+}
+
+std::string Sequential::describe() const {
+  std::string s = "Sequential(\n";
+  for (const auto& [n, m] : namedChildren()) s += "  (" + n + "): " + m->describe() + "\n";
+  return s + ")";
+}
+
+std::shared_ptr<Module> Sequential::at(size_t index) const {
+  if (index >= size()) {
+    throw std::invalid_argument("Sequential: index " + std::to_string(index) +
+                                " out of range (size " + std::to_string(size()) + ")");
+  }
+  return namedChildren()[index].second;
+}
+
+std::shared_ptr<Module> Sequential::replace(size_t index, std::shared_ptr<Module> module) {
+  at(index);
+  return replaceChild(std::to_string(index), std::move(module));
+}
+
+}  // namespace loom::ag::nn
