@@ -204,6 +204,7 @@ int run(const Args& a) {
   if (leader && !a.log.empty()) {
     log.open(a.log, startStep > 0 ? std::ios::app : std::ios::trunc);
     LOOM_CHECK(static_cast<bool>(log), "--log: cannot open ", a.log, " for writing");
+    log.precision(9);
     if (startStep == 0) log << "step,loss\n";
   }
   const bool tty = leader && ::isatty(STDERR_FILENO);
@@ -273,12 +274,12 @@ int run(const Args& a) {
       std::fflush(stdout);
     }
   }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
   if (!ckptPath.empty() && a.steps > startStep) {
     ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps);
   }
   if (leader) {
     if (tty) std::fprintf(stderr, "\n");
-    const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
     std::printf(
