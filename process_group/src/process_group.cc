@@ -119,6 +119,13 @@ uint64_t ProcessGroup::lastSeq() const {
 std::string ProcessGroup::who() const {
   std::string out = "rank " + std::to_string(rank_);
   if (!options_.groupName.empty()) out += " of " + options_.groupName;
+  if (!options_.parentRanks.empty()) {
+    out += " (parent ranks ";
+    for (size_t i = 0; i < options_.parentRanks.size(); ++i) {
+      out += (i ? "," : "") + std::to_string(options_.parentRanks[i]);
+    }
+    out += ")";
+  }
   return out;
 }
 
@@ -383,6 +390,7 @@ std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
 std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks) {
   ProcessGroupOptions opts = options_;
   opts.groupName.clear();
+  opts.parentRanks.clear();
   return newGroup(ranks, opts);
 }
 
@@ -422,6 +430,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ran
                "]; every rank must pass the same list");
   }
   ProcessGroupOptions subOptions = options;
+  subOptions.parentRanks = sorted;
   if (subOptions.groupName.empty()) {
     subOptions.groupName = options_.groupName.empty() ? name : options_.groupName + "/" + name;
   }

@@ -40,6 +40,108 @@ std::string signatureKey(uint64_t seq, int rank) {
   return "sig/" + std::to_string(seq) + "/" + std::to_string(rank);
 }
 
+// The failure-report exchange through the store. It runs on its own detached thread, which
+// owns copies of everything it touches, so that a store that does not answer (its host is
+// stopped, the network is cut) never holds the worker past its window: the worker waits on
+// `published` and `done` with deadlines and goes on without the reports when they pass. The
+// thread itself ends when the store's own deadline passes.
+struct FailureExchange {
+  std::mutex mu;
+  std::condition_variable changed;
+  bool published = false;
+  bool done = false;
+  std::vector<int> silent;  // ranks with no report within the window
+  std::string reports;      // "\n  rank 1 reported: ..." lines
+  bool anyTimeout = false;  // some rank's failure was a timeout
+  std::string storeError;   // the store failed while reading the reports
+
+  // Publishes `report` under this rank's key, then (when `collect`) waits up to `window` for
+  // the other ranks' keys and reads them.
+  static void run(std::shared_ptr<FailureExchange> self, std::shared_ptr<Store> store, int rank,
+                  int size, std::string report, milliseconds window, bool collect) {
+    try {
+      store->set(failureKey(rank), report);
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING("rank ", rank, ": could not publish the failure report: ", e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->published = true;
+    }
+    self->changed.notify_all();
+    if (!collect) return;
+
+    std::vector<int> silent;
+    std::string reports;
+    bool anyTimeout = false;
+    std::string storeError;
+    try {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) {
+        if (r != rank) keys.push_back(failureKey(r));
+      }
+      if (!keys.empty()) {
+        try {
+          store->wait(keys, window);
+        } catch (const TimeoutError&) {
+        }
+      }
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        if (!store->check({failureKey(r)})) {
+          silent.push_back(r);
+          continue;
+        }
+        const std::string got = store->getString(failureKey(r));
+        const size_t nl = got.find('\n');
+        if (got.substr(0, nl) == "timeout") anyTimeout = true;
+        reports += "\n  rank " + std::to_string(r) +
+                   " reported: " + (nl == std::string::npos ? got : got.substr(nl + 1));
+      }
+    } catch (const std::exception& e) {
+      storeError = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->silent = std::move(silent);
+      self->reports = std::move(reports);
+      self->anyTimeout = anyTimeout;
+      self->storeError = std::move(storeError);
+      self->done = true;
+    }
+    self->changed.notify_all();
+  }
+
+  // Starts run() on a detached thread; returns null when no thread could be started.
+  static std::shared_ptr<FailureExchange> start(std::shared_ptr<Store> store, int rank, int size,
+                                                std::string report, milliseconds window,
+                                                bool collect) {
+    auto self = std::make_shared<FailureExchange>();
+    try {
+      std::thread(run, self, std::move(store), rank, size, std::move(report), window, collect)
+          .detach();
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING("rank ", rank, ": no thread for the failure report: ", e.what());
+      return nullptr;
+    }
+    return self;
+  }
+
+  // Waits until `flag` is set or `until` passes; returns whether it was set.
+  bool waitFor(const bool& flag, Clock::time_point until) {
+    std::unique_lock<std::mutex> lock(mu);
+    return changed.wait_until(lock, until, [&] { return flag; });
+  }
+};
+
+// Extra time the store gets beyond the report window before the worker gives up on it: at
+// most half the window, so that window + slack <= 0.75 x the timeout and a failure is raised
+// within 1.75 x the timeout.
+constexpr milliseconds kStoreSlack{500};
+milliseconds storeSlack(milliseconds window) {
+  return std::min(kStoreSlack, window / 2);
+}
+
 }  // namespace
 
 ProcessGroupTcp::ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
@@ -147,11 +249,10 @@ void ProcessGroupTcp::workerLoop() {
       }
     }
     if (closeNow) {
-      try {
-        store()->set(failureKey(rank()), "io\n" + cause);
-      } catch (const std::exception& e) {
-        LOOM_LOG_WARNING(who(), ": could not publish the failure report: ", e.what());
-      }
+      const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
+      auto exchange =
+          FailureExchange::start(store(), rank(), size(), "io\n" + cause, window, false);
+      if (exchange) exchange->waitFor(exchange->published, Clock::now() + window);
       std::shared_ptr<comm::Context> closing;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -286,13 +387,13 @@ std::exception_ptr ProcessGroupTcp::handleFailure(const OpDesc& op, std::excepti
   markBroken(own);
   wake_.notify_all();
 
-  // Publish, then close our connections so the peers blocked on us fail now.
-  Store& store = *this->store();
-  try {
-    store.set(failureKey(rank()), std::string(timedOut ? "timeout" : "io") + "\n" + own);
-  } catch (const std::exception& e) {
-    LOOM_LOG_WARNING(who(), ": could not publish the failure report: ", e.what());
-  }
+  // Publish, then close our connections so the peers blocked on us fail now, then collect
+  // the other ranks' reports; every step bounded by the window.
+  const milliseconds window = std::min(options().failureReportWindow, op.timeout / 2);
+  const auto start = Clock::now();
+  auto exchange = FailureExchange::start(
+      store(), rank(), size(), std::string(timedOut ? "timeout" : "io") + "\n" + own, window, true);
+  if (exchange) exchange->waitFor(exchange->published, start + window);
   {
     std::shared_ptr<comm::Context> closing;
     {
@@ -301,48 +402,25 @@ std::exception_ptr ProcessGroupTcp::handleFailure(const OpDesc& op, std::excepti
     }
   }
 
-  // Collect the other ranks' reports for a bounded window.
-  const auto window = std::min(options().failureReportWindow, op.timeout / 2);
-  std::vector<std::string> keys;
-  std::vector<int> peers;
-  for (int r = 0; r < size(); ++r) {
-    if (r == rank()) continue;
-    keys.push_back(failureKey(r));
-    peers.push_back(r);
-  }
-  std::string reports;
-  std::vector<int> silent;
-  bool anyTimeout = timedOut;
-  try {
-    if (!keys.empty()) {
-      try {
-        store.wait(keys, window);
-      } catch (const TimeoutError&) {
-      }
-    }
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!store.check({keys[i]})) {
-        silent.push_back(peers[i]);
-        continue;
-      }
-      const std::string report = store.getString(keys[i]);
-      const size_t nl = report.find('\n');
-      const std::string kind = report.substr(0, nl);
-      if (kind == "timeout") anyTimeout = true;
-      reports += "\n  rank " + std::to_string(peers[i]) +
-                 " reported: " + (nl == std::string::npos ? report : report.substr(nl + 1));
-    }
-  } catch (const std::exception& e) {
-    reports +=
-        "\n  (the failure reports could not be read from the store: " + std::string(e.what()) + ")";
-  }
-
   std::string message = own;
-  if (!silent.empty()) {
-    message += "\n  ranks that sent no failure report within " + std::to_string(window.count()) +
-               " ms (dead, stopped, or not at this operation): " + joinRanks(silent);
+  bool anyTimeout = timedOut;
+  if (exchange && exchange->waitFor(exchange->done, start + window + storeSlack(window))) {
+    std::lock_guard<std::mutex> lock(exchange->mu);
+    if (!exchange->silent.empty()) {
+      message += "\n  ranks that sent no failure report within " + std::to_string(window.count()) +
+                 " ms (dead, stopped, or not at this operation): " + joinRanks(exchange->silent);
+    }
+    message += exchange->reports;
+    if (!exchange->storeError.empty()) {
+      message +=
+          "\n  (the failure reports could not be read from the store: " + exchange->storeError +
+          ")";
+    }
+    anyTimeout = anyTimeout || exchange->anyTimeout;
+  } else {
+    message += "\n  (no failure reports: the store did not answer within " +
+               std::to_string((window + storeSlack(window)).count()) + " ms)";
   }
-  message += reports;
   {
     std::lock_guard<std::mutex> lock(mu_);
     brokenCause_ = message;

@@ -17,6 +17,10 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
   return out;
 }
 
+void checkKeys(const std::vector<std::string>& keys) {
+  for (const auto& key : keys) LOOM_CHECK(!key.empty(), "store keys must be non-empty");
+}
+
 std::string joinMissing(const std::map<std::string, Bytes>& data,
                         const std::vector<std::string>& keys) {
   std::string out;
@@ -38,6 +42,7 @@ void HashStore::set(const std::string& key, const Bytes& value) {
 }
 
 Bytes HashStore::get(const std::string& key) {
+  LOOM_CHECK(!key.empty(), "store keys must be non-empty");
   std::unique_lock<std::mutex> lock(mu_);
   waitLocked(lock, {key}, timeout(), "get");
   return data_.at(key);
@@ -50,7 +55,8 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
     const int64_t current = it == data_.end() ? 0 : parseCounter(key, it->second);
-    result = current + delta;
+    LOOM_CHECK(!__builtin_add_overflow(current, delta, &result), "add(\"", key, "\", ", delta,
+               "): overflows int64 (current ", current, ")");
     data_[key] = toBytes(std::to_string(result));
   }
   changed_.notify_all();
@@ -77,11 +83,13 @@ Bytes HashStore::compareSet(const std::string& key, const Bytes& expected, const
 }
 
 bool HashStore::deleteKey(const std::string& key) {
+  LOOM_CHECK(!key.empty(), "store keys must be non-empty");
   std::lock_guard<std::mutex> lock(mu_);
   return data_.erase(key) > 0;
 }
 
 bool HashStore::check(const std::vector<std::string>& keys) {
+  checkKeys(keys);
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& key : keys) {
     if (data_.count(key) == 0) return false;
@@ -90,6 +98,7 @@ bool HashStore::check(const std::vector<std::string>& keys) {
 }
 
 void HashStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  checkKeys(keys);
   std::unique_lock<std::mutex> lock(mu_);
   waitLocked(lock, keys, timeout, "wait");
 }

@@ -1,6 +1,7 @@
 #include "loom/store/tcp_store.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <random>
 
@@ -70,7 +71,11 @@ std::string errorText(const Message& reply) {
 }  // namespace
 
 TCPStore::TCPStore(std::string host, int port, const TCPStoreOptions& options)
-    : host_(std::move(host)), port_(port), options_(options), clientId_(randomClientId()) {
+    : host_(std::move(host)),
+      port_(port),
+      options_(options),
+      clientId_(randomClientId()),
+      pid_(::getpid()) {
   setTimeout(options.timeout);
   if (options.isServer) {
     TCPStoreServerOptions serverOptions;
@@ -121,6 +126,12 @@ std::unique_ptr<TCPStore::Connection> TCPStore::acquire() {
     if (!broken_.empty()) {
       LOOM_THROW(IoError, "TCPStore client of ", address_,
                  " is unusable after an earlier error: ", broken_);
+    }
+    if (::getpid() != pid_) {
+      // A forked child must not talk on its parent's sockets: open its own (this closes only
+      // the child's copies of the descriptors).
+      idle_.clear();
+      pid_ = ::getpid();
     }
     if (!idle_.empty()) {
       auto conn = std::move(idle_.back());

@@ -8,8 +8,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
-#include <list>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -18,6 +16,7 @@
 #include "loom/common/logging.h"
 #include "loom/common/socket.h"
 #include "loom/store/store_protocol.h"
+#include "store_state.h"
 
 namespace loom {
 
@@ -34,6 +33,8 @@ namespace {
 
 // Bytes of replies a client may leave unread before it is considered stuck and dropped.
 constexpr size_t kMaxPendingOutput = size_t{512} << 20;
+// Bytes a connection may send before its hello is accepted (a hello is tiny).
+constexpr size_t kMaxHelloBytes = size_t{64} << 10;
 // Bytes read from one connection per wake-up, so one fast sender cannot starve the others.
 constexpr size_t kReadBudget = size_t{1} << 20;
 
@@ -46,6 +47,13 @@ bool constantTimeEqual(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+// The event loop. One thread waits in epoll_wait on the listening socket, the stop eventfd and
+// every client socket (level-triggered). A readable client is drained into its input buffer
+// (at most kReadBudget per wake-up), whole frames are decoded from the front and handled in
+// order: the hello by the loop (token, join bookkeeping), everything else by StoreState, whose
+// replies are appended to the output buffer and written at once; what the socket does not
+// take waits for EPOLLOUT. A client that breaks the rules is marked dead and closed once the
+// current event is handled, so no handler ever runs on a destroyed connection.
 class TCPStoreServer::Loop {
  public:
   explicit Loop(const TCPStoreServerOptions& options);
@@ -60,20 +68,11 @@ class TCPStoreServer::Loop {
   std::condition_variable joined_;
   std::set<std::string> clientIds_;  // guarded by joinMu_
   std::set<int> ranks_;              // guarded by joinMu_
+  bool stopped_ = false;             // guarded by joinMu_
   std::atomic<int> connections_{0};
+  StoreState state_;  // the keys and the parked requests; loop thread only
 
  private:
-  struct Conn;
-  // A parked get/wait/multiGet. It is listed under one key it still misses (`parkedOn`);
-  // when that key appears it is checked again and answered or re-parked on the next missing
-  // key, so a waiter costs O(1) per key event.
-  struct Waiter {
-    Conn* conn;
-    uint64_t id;
-    Op op;
-    std::vector<std::string> keys;
-    std::string parkedOn;
-  };
   struct Conn {
     net::Socket sock;
     std::string peer;
@@ -86,7 +85,6 @@ class TCPStoreServer::Loop {
     bool dead = false;
     bool deadWarn = false;
     std::string deadWhy;
-    std::list<std::shared_ptr<Waiter>> waiters;
   };
 
   void run();
@@ -96,65 +94,70 @@ class TCPStoreServer::Loop {
   void close(Conn& conn, const std::string& why, bool warn);
   void markDead(Conn& conn, const std::string& why, bool warn);
   void closeDead();
+  // epoll_wait timeout: until the earliest hello deadline, or forever when none is pending.
+  int helloWaitMs() const;
+  // Closes connections that connected but never said hello in time (they hold a socket each).
+  void dropSilentClients();
   void handle(Conn& conn, Message& request);
   void handleHello(Conn& conn, const Message& request);
   void reply(Conn& conn, Message message);
-  void replyError(Conn& conn, uint64_t id, const std::string& what);
   void flush(Conn& conn);
   void updateInterest(Conn& conn);
-  bool present(const std::vector<std::string>& keys) const;
-  void answerWaiter(Waiter& waiter);
-  void park(const std::shared_ptr<Waiter>& waiter);
-  void unpark(const std::shared_ptr<Waiter>& waiter);
-  void keyCreated(const std::string& key);
-  void setKey(const std::string& key, Bytes value);
-  // The request's shape is wrong for its op: a broken client, not a caller's mistake.
-  std::string checkShape(const Message& m) const;
 
   std::string token_;
   int numWorkers_;
   net::Socket listen_;
-  int epoll_ = -1;
-  int stopFd_ = -1;
+  net::Socket epoll_;   // the epoll instance (an owned fd like any other)
+  net::Socket stopFd_;  // eventfd that stop() writes to wake the loop
   std::thread thread_;
   std::once_flag stopOnce_;
 
   // Loop-thread state.
-  std::unordered_map<int, std::unique_ptr<Conn>> conns_;
-  std::unordered_map<std::string, Bytes> data_;
-  std::unordered_map<std::string, std::list<std::shared_ptr<Waiter>>> parked_;
+  std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // by fd
   std::vector<int> dead_;
+  milliseconds helloTimeout_;
+  std::unordered_map<int, Clock::time_point> helloDue_;  // fd -> hello deadline
 };
 
 TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
-    : token_(options.token), numWorkers_(options.numWorkers) {
+    : state_([this](int fd, Message reply) {
+        auto it = conns_.find(fd);
+        if (it != conns_.end()) this->reply(*it->second, std::move(reply));
+      }),
+      token_(options.token),
+      numWorkers_(options.numWorkers),
+      helloTimeout_(options.helloTimeout) {
   LOOM_CHECK_LE(token_.size(), store_protocol::kMaxTokenBytes, "LOOM_STORE_TOKEN is too long");
   listen_ = net::listenOn(options.host, options.port);
   port_ = net::localPort(listen_.fd());
   address_ = net::formatHostPort(options.host, port_);
   net::setNonBlocking(listen_.fd());
-  epoll_ = LOOM_SYSCHECK(epoll_create1(EPOLL_CLOEXEC), "epoll_create1 for TCPStore server");
-  stopFd_ = LOOM_SYSCHECK(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
+  epoll_ =
+      net::Socket(LOOM_SYSCHECK(epoll_create1(EPOLL_CLOEXEC), "epoll_create1 for TCPStore server"));
+  stopFd_ = net::Socket(LOOM_SYSCHECK(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd"));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = listen_.fd();
-  LOOM_SYSCHECK(epoll_ctl(epoll_, EPOLL_CTL_ADD, listen_.fd(), &ev), "epoll_ctl");
-  ev.data.fd = stopFd_;
-  LOOM_SYSCHECK(epoll_ctl(epoll_, EPOLL_CTL_ADD, stopFd_, &ev), "epoll_ctl");
+  LOOM_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, listen_.fd(), &ev), "epoll_ctl");
+  ev.data.fd = stopFd_.fd();
+  LOOM_SYSCHECK(epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, stopFd_.fd(), &ev), "epoll_ctl");
   thread_ = std::thread([this] { run(); });
   LOOM_LOG_INFO("TCPStore server listening on ", address_);
 }
 
 TCPStoreServer::Loop::~Loop() {
   stop();
-  if (stopFd_ >= 0) ::close(stopFd_);
-  if (epoll_ >= 0) ::close(epoll_);
 }
 
 void TCPStoreServer::Loop::stop() {
   std::call_once(stopOnce_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(joinMu_);
+      stopped_ = true;
+    }
+    joined_.notify_all();
     const uint64_t one = 1;
-    if (::write(stopFd_, &one, sizeof(one)) < 0) {
+    if (::write(stopFd_.fd(), &one, sizeof(one)) < 0) {
       LOOM_LOG_ERROR("TCPStore server ", address_, ": cannot wake the loop to stop");
     }
     if (thread_.joinable()) thread_.join();
@@ -164,7 +167,7 @@ void TCPStoreServer::Loop::stop() {
 void TCPStoreServer::Loop::run() {
   epoll_event events[64];
   for (;;) {
-    const int n = epoll_wait(epoll_, events, 64, -1);
+    const int n = epoll_wait(epoll_.fd(), events, 64, helloWaitMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       LOOM_LOG_ERROR("TCPStore server ", address_,
@@ -174,7 +177,7 @@ void TCPStoreServer::Loop::run() {
     bool stopping = false;
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
-      if (fd == stopFd_) {
+      if (fd == stopFd_.fd()) {
         stopping = true;
         continue;
       }
@@ -187,13 +190,14 @@ void TCPStoreServer::Loop::run() {
       Conn& conn = *it->second;
       try {
         if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) onReadable(conn);
-        if (conns_.count(fd) != 0 && (events[i].events & EPOLLOUT)) onWritable(conn);
+        if (!conn.dead && (events[i].events & EPOLLOUT)) onWritable(conn);
       } catch (const std::exception& e) {
         // Only this client's connection is affected (e.g. its buffer could not be grown).
         markDead(conn, e.what(), true);
       }
       closeDead();
     }
+    dropSilentClients();
     if (stopping) break;
   }
   while (!conns_.empty()) close(*conns_.begin()->second, "server stopping", false);
@@ -222,13 +226,14 @@ void TCPStoreServer::Loop::accept() {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &ev) != 0) {
       LOOM_LOG_WARNING("TCPStore server ", address_, ": cannot watch client ", conn->peer, ": ",
                        detail::errnoText(errno));
       continue;
     }
     LOOM_LOG_DEBUG("TCPStore server ", address_, ": client ", conn->peer, " connected");
     conns_.emplace(fd, std::move(conn));
+    helloDue_.emplace(fd, Clock::now() + helloTimeout_);
     connections_.fetch_add(1, std::memory_order_relaxed);
   }
 }
@@ -252,7 +257,7 @@ void TCPStoreServer::Loop::onReadable(Conn& conn) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    markDead(conn, "read failed: " + detail::errnoText(errno), !conn.waiters.empty());
+    markDead(conn, "read failed: " + detail::errnoText(errno), false);
     return;
   }
   size_t used = 0;
@@ -270,6 +275,12 @@ void TCPStoreServer::Loop::onReadable(Conn& conn) {
   }
   if (conn.dead) return;
   conn.in.erase(conn.in.begin(), conn.in.begin() + static_cast<std::ptrdiff_t>(used));
+  if (!conn.authed && conn.in.size() > kMaxHelloBytes) {
+    // Only a client that proved it knows the token may make the server buffer big frames.
+    markDead(conn, detail::str("more than ", kMaxHelloBytes, " bytes before the hello completed"),
+             true);
+    return;
+  }
   if (peerClosed) {
     if (!conn.in.empty()) {
       markDead(conn,
@@ -294,6 +305,27 @@ void TCPStoreServer::Loop::markDead(Conn& conn, const std::string& why, bool war
   dead_.push_back(conn.sock.fd());
 }
 
+int TCPStoreServer::Loop::helloWaitMs() const {
+  if (helloDue_.empty()) return -1;
+  auto earliest = Clock::time_point::max();
+  for (const auto& [fd, due] : helloDue_) earliest = std::min(earliest, due);
+  const auto left = std::chrono::ceil<milliseconds>(earliest - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+}
+
+void TCPStoreServer::Loop::dropSilentClients() {
+  if (helloDue_.empty()) return;
+  const auto now = Clock::now();
+  for (const auto& [fd, due] : helloDue_) {
+    if (due > now) continue;
+    auto it = conns_.find(fd);
+    if (it != conns_.end()) {
+      markDead(*it->second, detail::str("no hello within ", helloTimeout_.count(), " ms"), true);
+    }
+  }
+  closeDead();
+}
+
 void TCPStoreServer::Loop::closeDead() {
   while (!dead_.empty()) {
     const int fd = dead_.back();
@@ -311,41 +343,12 @@ void TCPStoreServer::Loop::close(Conn& conn, const std::string& why, bool warn) 
     LOOM_LOG_DEBUG("TCPStore server ", address_, ": closing connection from ", conn.peer, ": ",
                    why);
   }
-  for (auto& waiter : conn.waiters) unpark(waiter);
-  conn.waiters.clear();
   const int fd = conn.sock.fd();
-  epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  state_.dropClient(fd);
+  helloDue_.erase(fd);
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, fd, nullptr);
   conns_.erase(fd);  // destroys conn and closes the socket
   connections_.fetch_sub(1, std::memory_order_relaxed);
-}
-
-std::string TCPStoreServer::Loop::checkShape(const Message& m) const {
-  auto want = [&](size_t keys, size_t values) -> std::string {
-    if (m.keys.size() == keys && m.values.size() == values) return {};
-    return detail::str(store_protocol::opName(m.op), " needs ", keys, " key(s) and ", values,
-                       " value(s), got ", m.keys.size(), " and ", m.values.size());
-  };
-  switch (m.op) {
-    case Op::kSet:
-      return want(1, 1);
-    case Op::kGet:
-    case Op::kAdd:
-    case Op::kDelete:
-      return want(1, 0);
-    case Op::kCompareSet:
-      return want(1, 2);
-    case Op::kNumKeys:
-    case Op::kCancel:
-      return want(0, 0);
-    case Op::kCheck:
-    case Op::kWait:
-    case Op::kMultiGet:
-      return m.values.empty() ? std::string() : want(m.keys.size(), 0);
-    case Op::kMultiSet:
-      return m.keys.size() == m.values.size() ? std::string() : want(m.keys.size(), m.keys.size());
-    default:
-      return detail::str("a client may not send ", store_protocol::opName(m.op));
-  }
 }
 
 void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
@@ -353,105 +356,7 @@ void TCPStoreServer::Loop::handle(Conn& conn, Message& m) {
     handleHello(conn, m);
     return;
   }
-  if (m.op == Op::kHello) {
-    markDead(conn, "second hello on one connection", true);
-    return;
-  }
-  if (std::string bad = checkShape(m); !bad.empty()) {
-    markDead(conn, bad, true);
-    return;
-  }
-  for (const auto& key : m.keys) {
-    if (key.empty()) {
-      replyError(conn, m.id,
-                 detail::str(store_protocol::opName(m.op), ": store keys must be non-empty"));
-      return;
-    }
-  }
-  Message r;
-  r.op = Op::kOk;
-  r.id = m.id;
-  switch (m.op) {
-    case Op::kSet:
-      setKey(m.keys[0], std::move(m.values[0]));
-      break;
-    case Op::kMultiSet:
-      for (size_t i = 0; i < m.keys.size(); ++i) setKey(m.keys[i], std::move(m.values[i]));
-      break;
-    case Op::kGet:
-    case Op::kWait:
-    case Op::kMultiGet: {
-      auto waiter = std::make_shared<Waiter>(Waiter{&conn, m.id, m.op, std::move(m.keys), {}});
-      if (present(waiter->keys)) {
-        answerWaiter(*waiter);
-      } else {
-        conn.waiters.push_back(waiter);
-        park(waiter);
-      }
-      return;
-    }
-    case Op::kAdd: {
-      int64_t current = 0;
-      auto it = data_.find(m.keys[0]);
-      if (it != data_.end() && !store_protocol::parseInt64(it->second, current)) {
-        replyError(conn, m.id,
-                   detail::str("add(\"", m.keys[0],
-                               "\"): the key holds a value that is not a decimal integer"));
-        return;
-      }
-      int64_t result = 0;
-      if (__builtin_add_overflow(current, m.number, &result)) {
-        replyError(conn, m.id,
-                   detail::str("add(\"", m.keys[0], "\", ", m.number,
-                               "): overflows int64 (current ", current, ")"));
-        return;
-      }
-      setKey(m.keys[0], toBytes(std::to_string(result)));
-      r.number = result;
-      break;
-    }
-    case Op::kCompareSet: {
-      const std::string& key = m.keys[0];
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        if (m.values[0].empty()) {
-          r.values.push_back(m.values[1]);
-          setKey(key, std::move(m.values[1]));
-        } else {
-          r.values.push_back(std::move(m.values[0]));
-        }
-      } else {
-        if (it->second == m.values[0]) it->second = std::move(m.values[1]);
-        r.values.push_back(it->second);
-      }
-      break;
-    }
-    case Op::kDelete:
-      r.number = data_.erase(m.keys[0]) > 0 ? 1 : 0;
-      break;
-    case Op::kCheck:
-      r.number = present(m.keys) ? 1 : 0;
-      break;
-    case Op::kNumKeys:
-      r.number = static_cast<int64_t>(data_.size());
-      break;
-    case Op::kCancel: {
-      const uint64_t target = static_cast<uint64_t>(m.number);
-      for (auto it = conn.waiters.begin(); it != conn.waiters.end(); ++it) {
-        if ((*it)->id != target) continue;
-        auto waiter = *it;
-        conn.waiters.erase(it);
-        unpark(waiter);
-        replyError(conn, target,
-                   detail::str(store_protocol::opName(waiter->op), " cancelled by the client"));
-        break;
-      }
-      break;
-    }
-    default:
-      break;  // checkShape refused everything else
-  }
-  reply(conn, std::move(r));
+  if (std::string bad = state_.handle(conn.sock.fd(), m); !bad.empty()) markDead(conn, bad, true);
 }
 
 void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
@@ -476,6 +381,7 @@ void TCPStoreServer::Loop::handleHello(Conn& conn, const Message& m) {
     return;
   }
   conn.authed = true;
+  helloDue_.erase(conn.sock.fd());
   const int rank = static_cast<int>(m.number);
   size_t joinedNow = 0;
   {
@@ -494,10 +400,6 @@ void TCPStoreServer::Loop::reply(Conn& conn, Message message) {
   if (conn.dead) return;
   store_protocol::encode(message, conn.out);
   flush(conn);
-}
-
-void TCPStoreServer::Loop::replyError(Conn& conn, uint64_t id, const std::string& what) {
-  reply(conn, Message{Op::kError, id, 0, {what.substr(0, store_protocol::kMaxKeyBytes)}, {}});
 }
 
 void TCPStoreServer::Loop::flush(Conn& conn) {
@@ -534,68 +436,19 @@ void TCPStoreServer::Loop::updateInterest(Conn& conn) {
   epoll_event ev{};
   ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
   ev.data.fd = conn.sock.fd();
-  epoll_ctl(epoll_, EPOLL_CTL_MOD, conn.sock.fd(), &ev);
-}
-
-bool TCPStoreServer::Loop::present(const std::vector<std::string>& keys) const {
-  for (const auto& key : keys) {
-    if (data_.count(key) == 0) return false;
-  }
-  return true;
-}
-
-void TCPStoreServer::Loop::answerWaiter(Waiter& waiter) {
-  Message r{Op::kOk, waiter.id, 0, {}, {}};
-  if (waiter.op != Op::kWait) {
-    for (const auto& key : waiter.keys) r.values.push_back(data_.at(key));
-  }
-  reply(*waiter.conn, std::move(r));
-}
-
-void TCPStoreServer::Loop::park(const std::shared_ptr<Waiter>& waiter) {
-  for (const auto& key : waiter->keys) {
-    if (data_.count(key) == 0) {
-      waiter->parkedOn = key;
-      parked_[key].push_back(waiter);
-      return;
-    }
-  }
-}
-
-void TCPStoreServer::Loop::unpark(const std::shared_ptr<Waiter>& waiter) {
-  auto it = parked_.find(waiter->parkedOn);
-  if (it == parked_.end()) return;
-  it->second.remove(waiter);
-  if (it->second.empty()) parked_.erase(it);
-}
-
-void TCPStoreServer::Loop::setKey(const std::string& key, Bytes value) {
-  auto [it, created] = data_.insert_or_assign(key, std::move(value));
-  (void)it;
-  if (created) keyCreated(key);
-}
-
-void TCPStoreServer::Loop::keyCreated(const std::string& key) {
-  auto it = parked_.find(key);
-  if (it == parked_.end()) return;
-  std::list<std::shared_ptr<Waiter>> ready = std::move(it->second);
-  parked_.erase(it);
-  for (auto& waiter : ready) {
-    if (!present(waiter->keys)) {
-      park(waiter);
-      continue;
-    }
-    waiter->conn->waiters.remove(waiter);
-    answerWaiter(*waiter);
-  }
+  epoll_ctl(epoll_.fd(), EPOLL_CTL_MOD, conn.sock.fd(), &ev);
 }
 
 void TCPStoreServer::Loop::waitForWorkers(int numWorkers, milliseconds timeout) {
   Deadline deadline(timeout);
   std::unique_lock<std::mutex> lock(joinMu_);
-  const bool all = joined_.wait_until(
-      lock, deadline.end(), [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; });
-  if (all) return;
+  auto enough = [&] { return static_cast<int>(clientIds_.size()) >= numWorkers; };
+  joined_.wait_until(lock, deadline.end(), [&] { return stopped_ || enough(); });
+  if (enough()) return;
+  if (stopped_) {
+    LOOM_THROW(IoError, "TCPStore server ", address_, " stopped while waiting for workers (",
+               clientIds_.size(), "/", numWorkers, " joined)");
+  }
   std::string missing;
   for (int rank = 0; rank < numWorkers; ++rank) {
     if (ranks_.count(rank) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
@@ -631,6 +484,10 @@ int TCPStoreServer::numJoined() const {
 std::set<int> TCPStoreServer::joinedRanks() const {
   std::lock_guard<std::mutex> lock(loop_->joinMu_);
   return loop_->ranks_;
+}
+
+int TCPStoreServer::numWaiting() const {
+  return loop_->state_.numWaiting();
 }
 
 int TCPStoreServer::numConnections() const {

@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,68 @@ TEST(ProcessGroupThreads, ATimeoutNamesTheOperationAndTheSilentRank) {
   });
 }
 
+// A store whose writes of failure reports stall until released (a store host that was
+// SIGSTOPped); everything else is forwarded to a HashStore.
+class StallingStore : public Store {
+ public:
+  void set(const std::string& key, const Bytes& value) override {
+    if (key.find("failure/") != std::string::npos) {
+      std::unique_lock<std::mutex> lock(mu_);
+      released_.wait_for(lock, std::chrono::seconds(30), [&] { return release_; });
+    }
+    inner_.set(key, value);
+  }
+  Bytes get(const std::string& key) override { return inner_.get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_.add(key, delta); }
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    return inner_.compareSet(key, expected, desired);
+  }
+  bool deleteKey(const std::string& key) override { return inner_.deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_.check(keys); }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    inner_.wait(keys, timeout);
+  }
+  using Store::set;
+  using Store::wait;
+  int64_t numKeys() override { return inner_.numKeys(); }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      release_ = true;
+    }
+    released_.notify_all();
+  }
+
+ private:
+  HashStore inner_;
+  std::mutex mu_;
+  std::condition_variable released_;
+  bool release_ = false;
+};
+
+TEST(ProcessGroupThreads, AStoreThatStallsDoesNotDelayTheError) {
+  auto store = std::make_shared<StallingStore>();
+  const auto options = quickOptions(milliseconds(1000));
+  std::promise<void> rank0Done;
+  std::shared_future<void> rank0DoneFuture = rank0Done.get_future().share();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, 2, options);
+    std::vector<float> buf(16, 1.0f);
+    if (rank == 1) {
+      ASSERT_EQ(rank0DoneFuture.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto work = pg->allreduce(view(buf.data(), 16));
+    const std::string what = messageOf<TimeoutError>([&] { work->wait(); });
+    EXPECT_THAT(what, HasSubstr("allreduce#1"));
+    EXPECT_THAT(what, HasSubstr("no failure reports: the store did not answer within"));
+    EXPECT_LE(std::chrono::steady_clock::now() - start, 2 * options.timeout);
+    rank0Done.set_value();
+  });
+  store->release();
+}
+
 TEST(ProcessGroupThreads, WaitWithATimeoutAbortsTheGroup) {
   auto store = std::make_shared<HashStore>();
   std::promise<void> aborted;
@@ -225,7 +289,8 @@ TEST(ProcessGroupThreads, NewGroupMembersGetASubgroupOthersGetNull) {
       EXPECT_EQ(odd->size(), 2);
       EXPECT_EQ(odd->rank(), pg.rank() / 2);
       EXPECT_EQ(odd->options().groupName, "group/1");
-      EXPECT_THAT(odd->who(), HasSubstr("of group/1"));
+      EXPECT_EQ(odd->who(),
+                "rank " + std::to_string(pg.rank() / 2) + " of group/1 (parent ranks 1,3)");
       std::vector<int32_t> v(3, pg.rank());
       odd->allreduce(view(v.data(), 3))->wait();
       EXPECT_EQ(v, std::vector<int32_t>(3, 4));

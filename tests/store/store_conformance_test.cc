@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,8 @@ TYPED_TEST(StoreConformance, AddCountsFromZeroAndReturnsTheNewValue) {
   EXPECT_EQ(b->add("counter", -5), -2);
   EXPECT_EQ(a->add("counter", 0), -2);
   EXPECT_EQ(b->getString("counter"), "-2");
+  a->set("max", std::to_string(INT64_MAX));
+  EXPECT_THROW(a->add("max", 1), InvalidArgumentError);
   a->set("text", std::string_view("not a number"));
   EXPECT_THROW(a->add("text", 1), InvalidArgumentError);
   // The store is still usable after a refused add.
@@ -112,6 +115,9 @@ TYPED_TEST(StoreConformance, EmptyKeyIsRefused) {
   auto s = this->kind.open();
   EXPECT_THROW(s->set("", toBytes("v")), InvalidArgumentError);
   EXPECT_THROW(s->add("", 1), InvalidArgumentError);
+  EXPECT_THROW(s->get(""), InvalidArgumentError);
+  EXPECT_THROW(s->wait({"fine", ""}, milliseconds(10)), InvalidArgumentError);
+  EXPECT_THROW(s->deleteKey(""), InvalidArgumentError);
   s->set("fine", std::string_view("still works"));
   EXPECT_EQ(s->getString("fine"), "still works");
 }

@@ -59,6 +59,10 @@ struct ProcessGroupOptions {
   std::optional<DebugLevel> debug;
   // Shown in messages ("rank 1 of group/2"); newGroup names its groups "group/<id>".
   std::string groupName;
+  // Set by newGroup: the members' ranks in the parent group, so that messages can be mapped
+  // back ("rank 1 of group/2 (parent ranks 1,3)"). Peers named by the comm layer use the
+  // group's own numbering.
+  std::vector<int> parentRanks;
   // After a failure, how long a rank waits for the other ranks' failure reports before it
   // raises (so that its error can name the ranks that never reported). Capped at timeout / 2.
   std::chrono::milliseconds failureReportWindow{2000};
@@ -204,7 +208,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // True once the group failed (or was aborted); every operation then fails at once.
   virtual bool isBroken() const = 0;
 
-  // "rank 2" or "rank 1 of group/3": the prefix of every message of this group.
+  // "rank 2" or "rank 1 of group/3 (parent ranks 1,3)": the prefix of every message.
   std::string who() const;
 
  protected:

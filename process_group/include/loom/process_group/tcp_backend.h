@@ -16,6 +16,10 @@
 //      reports and raises one error that carries its own message, the others' reports and
 //      the ranks that sent none (dead, stopped, or not at this operation: the suspects). The
 //      error is a TimeoutError when any rank's failure was a timeout, else an IoError.
+//   The store work runs on a short-lived detached thread and the worker waits for it with
+//   deadlines (window + at most window / 2), so a store that does not answer (its host was
+//   stopped) costs the reports, never the bound: a failed operation raises within 1.75x its
+//   timeout.
 // - abort(reason) and the destructor never wait for the network: abort fails the running
 //   operation through comm::Context::abort; the destructor drains the queue (each operation
 //   bounded by its deadline, or failing at once when the group is broken) and joins the

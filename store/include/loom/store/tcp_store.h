@@ -21,7 +21,12 @@
 //   call fails fast with the same cause (destroy it and create a new one).
 // - Keys are 1..4096 bytes, values at most 64 MiB (store_protocol.h); larger ones are an
 //   InvalidArgumentError before anything is sent.
+// - A client-only TCPStore may be used in a child after fork(): the child opens its own
+//   connections (the server still counts it as the same client). A store with isServer must
+//   not cross a fork.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -93,9 +98,10 @@ class TCPStore : public Store {
   std::string clientId_;
   std::unique_ptr<TCPStoreServer> server_;
 
-  std::mutex mu_;  // guards idle_ and broken_
+  std::mutex mu_;  // guards idle_, broken_ and pid_
   std::vector<std::unique_ptr<Connection>> idle_;
   std::string broken_;  // non-empty once a connection failed: the store is unusable
+  pid_t pid_;           // the process the pooled connections belong to
 };
 
 }  // namespace loom

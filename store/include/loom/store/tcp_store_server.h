@@ -11,7 +11,8 @@
 //   or multiSet creates the key.
 // - A client whose bytes are malformed, truncated at close, oversized, of the wrong version, or
 //   whose token (LOOM_STORE_TOKEN) is wrong gets its own connection closed and one warning log
-//   line naming its address and the reason; everything else keeps working.
+//   line naming its address and the reason; everything else keeps working. So does one that
+//   connects and stays silent past options.helloTimeout, or parks more than 1024 requests.
 // - Clients identify themselves in the hello (a client id per TCPStore object and, optionally,
 //   a rank). waitForWorkers(n) blocks until n distinct clients have joined and, on timeout,
 //   says "x/n joined" and which ranks never did.
@@ -36,6 +37,8 @@ struct TCPStoreServerOptions {
   int port = 0;      // 0 = pick a free port
   std::string token = defaultStoreToken();
   int numWorkers = -1;  // expected clients, for messages; -1 = unknown
+  // A connection that has not said hello (with the right token) by then is closed.
+  milliseconds helloTimeout{10000};
 };
 
 class TCPStoreServer {
@@ -57,6 +60,8 @@ class TCPStoreServer {
   std::set<int> joinedRanks() const;
   // Connections open right now (tests use it to see a hostile client was dropped).
   int numConnections() const;
+  // Requests (get, wait, multiGet) parked until their keys exist.
+  int numWaiting() const;
 
   void stop();
 
