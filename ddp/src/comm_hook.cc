@@ -17,21 +17,15 @@ void WorkFuture::wait() {
 
 namespace {
 
-// Sum in float32, then multiply by 1/size: every rank gets the same sum from the group and
-// applies the same scaling, so the averages are bitwise equal across ranks.
+// The group averages (ReduceOp::kAvg: the sum, divided once by the world size inside the
+// algorithm, vectorised, before the result is shared), so every rank ends with the same bits.
 class AllreduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
   std::unique_ptr<HookFuture> start(ProcessGroup& pg, GradBucket& bucket) override {
-    auto work = pg.allreduce(view(bucket.data, bucket.count));
-    const int size = pg.size();
-    float* data = bucket.data;
-    const size_t count = bucket.count;
-    return std::make_unique<WorkFuture>(std::move(work), [data, count, size] {
-      if (size == 1) return;
-      const float scale = 1.0f / static_cast<float>(size);
-      for (size_t i = 0; i < count; ++i) data[i] *= scale;
-    });
+    AllreduceOptions opts;
+    opts.reduceOp = ReduceOp::kAvg;
+    return std::make_unique<WorkFuture>(pg.allreduce(view(bucket.data, bucket.count), opts));
   }
 };
 

@@ -10,7 +10,7 @@
 //   rank agrees on (for the built-in hooks: the average over ranks, bitwise the same on every
 //   rank). bucket.data stays valid and untouched by DDP until wait() returns.
 // - Exceptions from start() or wait() propagate out of backward / finalize.
-// - Built-in hooks: allreduceHook (float32 sum, then divide by the world size),
+// - Built-in hooks: allreduceHook (float32 all-reduce with ReduceOp::kAvg),
 //   fp16CompressHook and bf16CompressHook (divide, round to half precision, sum in half
 //   precision on the wire, widen back to float32). Users subclass CommHook for their own.
 #pragma once
