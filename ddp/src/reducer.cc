@@ -167,12 +167,20 @@ void Reducer::prepareForBackward(const std::vector<ag::Tensor>& outputs) {
 
 void Reducer::onGradReady(size_t param) {
   if (!expecting_) return;
-  if (!firstHookSeen_) {
-    firstHookSeen_ = true;
-    for (size_t u : unused_) markReady(u, false);
+  try {
+    if (!firstHookSeen_) {
+      firstHookSeen_ = true;
+      for (size_t u : unused_) markReady(u, false);
+    }
+    markReady(param, true);
+    launchReadyBuckets();
+  } catch (...) {
+    // The iteration is abandoned (the error leaves backward); the next forward starts afresh
+    // instead of reporting parameters that never got their gradient.
+    waitLaunched();
+    resetIteration();
+    throw;
   }
-  markReady(param, true);
-  launchReadyBuckets();
   if (readyCount_ == params_.size()) finalize();
 }
 

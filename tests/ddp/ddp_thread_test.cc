@@ -370,6 +370,36 @@ TEST(DdpThreads, GatherInOrderAndReduceMean) {
   }
 }
 
+class FailingHook : public CommHook {
+ public:
+  std::string name() const override { return "failing"; }
+  std::unique_ptr<HookFuture> start(ProcessGroup&, GradBucket& bucket) override {
+    LOOM_THROW(IoError, "injected failure in bucket ", bucket.index);
+  }
+};
+
+TEST(DdpThreads, HookErrorLeavesBackwardAndTheNextIterationWorks) {
+  const Dataset d = makeData(8, 6, 3);
+  runGroups(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = makeMlp({6, 5, 3});
+    DdpOptions o;
+    o.commHook = std::make_shared<FailingHook>();
+    DistributedDataParallel ddp(model, pg, o);
+    ag::Tensor x = rowsOf(d.x, pg->rank() * 4, 4), y = rowsOf(d.labels, pg->rank() * 4, 4);
+    try {
+      ag::crossEntropy(ddp.forward(x), y).backward();
+      ADD_FAILURE() << "no error";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("injected failure in bucket 0"));
+    }
+    ddp.registerCommHook(nullptr);  // back to the default
+    model->zeroGrad();
+    ag::crossEntropy(ddp.forward(x), y).backward();
+    ddp.finalize();
+    expectGradsBitwiseEqual(*pg, *model, 1);
+  });
+}
+
 // The "artificially slow transport": a comm hook that runs each bucket's all-reduce on its own
 // worker thread after a fixed delay, and a model whose backward is slowed by a fixed delay per
 // layer. Serial execution would take backward + communication; DDP must overlap them.
