@@ -180,6 +180,16 @@ TEST(DdpThreads, BucketsFollowReverseOrderThenTheObservedOrder) {
     ASSERT_EQ(ddp.reducer().numBuckets(), 4u);
     EXPECT_EQ(ddp.reducer().bucketParameterNames(0), std::vector<std::string>{"2.bias"});
     EXPECT_EQ(ddp.reducer().bucketParameterNames(3), std::vector<std::string>{"0.weight"});
+    // One iteration, then the layout follows the observed ready order (the last layer's
+    // gradients first, the first layer's last), the same on both ranks.
+    const Dataset d = makeData(4, 4, 3);
+    ag::crossEntropy(ddp.forward(d.x), d.labels).backward();
+    EXPECT_FALSE(ddp.reducer().rebuilt());
+    ddp.forward(d.x);
+    EXPECT_TRUE(ddp.reducer().rebuilt());
+    ASSERT_EQ(ddp.reducer().numBuckets(), 4u);
+    EXPECT_THAT(ddp.reducer().bucketParameterNames(0)[0], ::testing::StartsWith("2."));
+    EXPECT_THAT(ddp.reducer().bucketParameterNames(3)[0], ::testing::StartsWith("0."));
     o.bucketCapMb = 25;
     o.firstBucketCapMb = 1;
     DistributedDataParallel one(makeMlp({4, 5, 3}), pg, o);
