@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <queue>
 #include <stdexcept>
 #include <string>
@@ -29,13 +30,21 @@ Node::Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs, Ba
       inputs_(std::move(inputs)),
       fn_(std::move(fn)) {}
 
-std::vector<Tensor> Node::apply(const Tensor& gradOut) {
-  return fn_(gradOut);
+Node::Node(const char* name, std::vector<std::shared_ptr<TensorImpl>> inputs,
+           AccumulatingBackwardFn fn)
+    : name_(name),
+      sequence_(nextSequence.fetch_add(1, std::memory_order_relaxed)),
+      inputs_(std::move(inputs)),
+      accumulatingFn_(std::move(fn)) {}
+
+std::vector<Tensor> Node::apply(const Tensor& gradOut, const std::vector<Tensor>& sinks) {
+  return accumulatingFn_ ? accumulatingFn_(gradOut, sinks) : fn_(gradOut);
 }
 
 void Node::release() {
   released_ = true;
   fn_ = nullptr;
+  accumulatingFn_ = nullptr;
   inputs_.clear();
   inputs_.shrink_to_fit();
 }
@@ -48,8 +57,10 @@ bool anyRequiresGrad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
-              BackwardFn fn) {
+namespace {
+
+template <class Fn>
+void recordOpImpl(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs, Fn fn) {
   if (!tlsGradEnabled) return;
   bool any = false;
   std::vector<std::shared_ptr<TensorImpl>> edges;
@@ -65,6 +76,18 @@ void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& i
   if (!any) return;
   out.impl()->gradFn = std::make_shared<Node>(name, std::move(edges), std::move(fn));
   out.impl()->requiresGrad = true;
+}
+
+}  // namespace
+
+void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
+              BackwardFn fn) {
+  recordOpImpl(out, name, inputs, std::move(fn));
+}
+
+void recordOp(Tensor& out, const char* name, const std::vector<const Tensor*>& inputs,
+              AccumulatingBackwardFn fn) {
+  recordOpImpl(out, name, inputs, std::move(fn));
 }
 
 namespace {
@@ -108,6 +131,29 @@ class GradModeScope {
   bool previous_;
 };
 
+thread_local std::vector<std::function<void()>>* tlsCallbacks = nullptr;
+
+class CallbackScope {
+ public:
+  explicit CallbackScope(std::vector<std::function<void()>>* callbacks) : previous_(tlsCallbacks) {
+    tlsCallbacks = callbacks;
+  }
+  ~CallbackScope() { tlsCallbacks = previous_; }
+
+ private:
+  std::vector<std::function<void()>>* previous_;
+};
+
+void runGraph(const Tensor& root, const Tensor& seed);
+
+void fireHooks(TensorImpl* leaf) {
+  if (leaf->gradReadyHooks.empty()) return;
+  Tensor g(leaf->grad);
+  // Copy: a hook may (un)register hooks.
+  auto hooks = leaf->gradReadyHooks;
+  for (auto& [handle, hook] : hooks) hook(g);
+}
+
 void finishLeaf(TensorImpl* leaf, Tensor grad) {
   if (!leaf->grad) {
     leaf->grad = owned(grad).impl();
@@ -115,12 +161,7 @@ void finishLeaf(TensorImpl* leaf, Tensor grad) {
     Tensor acc(leaf->grad);
     addInto(acc, grad);
   }
-  if (!leaf->gradReadyHooks.empty()) {
-    Tensor g(leaf->grad);
-    // Copy: a hook may (un)register hooks.
-    auto hooks = leaf->gradReadyHooks;
-    for (auto& [handle, hook] : hooks) hook(g);
-  }
+  fireHooks(leaf);
 }
 
 }  // namespace
@@ -152,6 +193,19 @@ void backward(const Tensor& root, const Tensor& gradient) {
   }
 
   GradModeScope noGrad(false);
+  std::vector<std::function<void()>> callbacks;
+  CallbackScope callbackScope(&callbacks);
+  runGraph(root, seed);
+  // Callbacks may queue further callbacks; run until none is left.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto cb = std::move(callbacks[i]);
+    cb();
+  }
+}
+
+namespace {
+
+void runGraph(const Tensor& root, const Tensor& seed) {
   TensorImpl* rootImpl = root.impl().get();
   if (!rootImpl->gradFn) {
     finishLeaf(rootImpl, seed);
@@ -196,7 +250,18 @@ void backward(const Tensor& root, const Tensor& gradient) {
       grads.erase(t);
       std::shared_ptr<Node> node = t->gradFn;  // keeps inputs alive while we use them
       const auto inputs = node->inputs();
-      std::vector<Tensor> inGrads = node->apply(gradOut);
+      std::vector<Tensor> sinks;
+      if (node->acceptsSinks()) {
+        sinks.resize(inputs.size());
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          TensorImpl* in = inputs[i].get();
+          if (in != nullptr && !in->gradFn && in->grad && pendingEdges[in] == 1 &&
+              grads.find(in) == grads.end()) {
+            sinks[i] = Tensor(in->grad);
+          }
+        }
+      }
+      std::vector<Tensor> inGrads = node->apply(gradOut, sinks);
       gradOut = Tensor();
       node->release();
       if (inGrads.size() != inputs.size()) {
@@ -208,6 +273,12 @@ void backward(const Tensor& root, const Tensor& gradient) {
         TensorImpl* in = inputs[i].get();
         if (in == nullptr) continue;
         Tensor& g = inGrads[i];
+        const bool sunk = i < sinks.size() && sinks[i].defined();
+        if (sunk && g.defined()) {
+          throw std::logic_error(std::string("backward of '") + node->name() +
+                                 "' both accumulated into and returned a gradient for input " +
+                                 std::to_string(i));
+        }
         if (g.defined() && (g.shape() != in->shape || g.dtype() != in->dtype)) {
           throw std::logic_error(std::string("backward of '") + node->name() +
                                  "' returned a gradient of shape " + shapeToString(g.shape()) +
@@ -226,6 +297,10 @@ void backward(const Tensor& root, const Tensor& gradient) {
           }
         }
         if (--pendingEdges[in] == 0) {
+          if (sunk) {  // the node already added its gradient into in->grad
+            fireHooks(in);
+            continue;
+          }
           auto it = grads.find(in);
           if (in->gradFn) {
             if (it == grads.end()) {
@@ -246,6 +321,19 @@ void backward(const Tensor& root, const Tensor& gradient) {
     for (auto& n : nodes) n->release();
     throw;
   }
+}
+
+}  // namespace
+
+void queueCallback(std::function<void()> callback) {
+  if (tlsCallbacks == nullptr) {
+    throw std::invalid_argument("queueCallback: no backward pass is running on this thread");
+  }
+  tlsCallbacks->push_back(std::move(callback));
+}
+
+bool inBackward() {
+  return tlsCallbacks != nullptr;
 }
 
 }  // namespace loom::ag

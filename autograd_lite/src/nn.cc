@@ -65,10 +65,23 @@ void Module::collect(const std::string& prefix, bool params, bool buffers, bool 
   }
 }
 
+namespace {
+// A tensor reachable under two names (a module shared by two parents) is listed once, under
+// its first name, as PyTorch's named_parameters() does.
+NamedTensors withoutDuplicates(NamedTensors all) {
+  std::set<const TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& [n, t] : all) {
+    if (seen.insert(t.impl().get()).second) out.emplace_back(std::move(n), std::move(t));
+  }
+  return out;
+}
+}  // namespace
+
 NamedTensors Module::namedParameters() const {
   NamedTensors out;
   collect("", true, false, true, out);
-  return out;
+  return withoutDuplicates(std::move(out));
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -80,7 +93,7 @@ std::vector<Tensor> Module::parameters() const {
 NamedTensors Module::namedBuffers() const {
   NamedTensors out;
   collect("", false, true, true, out);
-  return out;
+  return withoutDuplicates(std::move(out));
 }
 
 NamedTensors Module::stateDict() const {
@@ -244,16 +257,18 @@ BatchNorm1d::BatchNorm1d(int64_t numFeatures, const BatchNorm1dOptions& options)
 
 Tensor BatchNorm1d::forward(const Tensor& input) {
   const bool useBatchStats = isTraining() || !options_.trackRunningStats;
-  if (isTraining() && options_.trackRunningStats) ++*numBatchesTracked_.data<int64_t>();
   Tensor rm = runningMean_, rv = runningVar_;
   if (input.defined() && rm.defined() && input.dtype() != rm.dtype()) {
     throw std::invalid_argument(std::string("BatchNorm1d: input is ") + dtypeName(input.dtype()) +
                                 " but the module's running statistics are " +
                                 dtypeName(rm.dtype()));
   }
-  return batchNorm(input, useBatchStats && !isTraining() ? Tensor() : rm,
-                   useBatchStats && !isTraining() ? Tensor() : rv, weight_, bias_, useBatchStats,
-                   options_.momentum, options_.eps);
+  // Eval without running statistics normalizes with the batch's own (PyTorch's rule).
+  const bool passStats = !(useBatchStats && !isTraining());
+  Tensor out = batchNorm(input, passStats ? rm : Tensor(), passStats ? rv : Tensor(), weight_,
+                         bias_, useBatchStats, options_.momentum, options_.eps);
+  if (isTraining() && options_.trackRunningStats) ++*numBatchesTracked_.data<int64_t>();
+  return out;
 }
 
 std::string BatchNorm1d::describe() const {

@@ -117,25 +117,39 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     Tensor sx = w.requiresGrad() ? x.detach() : Tensor();
     Tensor sw = x.requiresGrad() ? w.detach() : Tensor();
     const bool needBias = bias.requiresGrad();
-    recordOp(y, "linear", {&x, &w, &bias}, [sx, sw, needBias, batch, in, outF](const Tensor& g) {
-      Tensor gx, gw, gb;
-      dispatchFloat(g.dtype(), "linear backward", [&]<class T>() {
-        auto gm = mat<T>(g, batch, outF);
-        if (sw.defined()) {
-          gx = empty({batch, in}, g.dtype());
-          mat<T>(gx, batch, in).noalias() = gm * mat<T>(sw, outF, in);
-        }
-        if (sx.defined()) {
-          gw = empty({outF, in}, g.dtype());
-          mat<T>(gw, outF, in).noalias() = gm.transpose() * mat<T>(sx, batch, in);
-        }
-        if (needBias) {
-          gb = empty({outF}, g.dtype());
-          rowVec<T>(gb) = gm.colwise().sum();
-        }
-      });
-      return std::vector<Tensor>{gx, gw, gb};
-    });
+    // gw and gbias go straight into the parameters' grad buffers when the engine offers them
+    // (sinks), which saves a temporary and an accumulation pass per step.
+    recordOp(y, "linear", {&x, &w, &bias},
+             AccumulatingBackwardFn([sx, sw, needBias, batch, in, outF](
+                                        const Tensor& g, const std::vector<Tensor>& sinks) {
+               Tensor gx, gw, gb;
+               dispatchFloat(g.dtype(), "linear backward", [&]<class T>() {
+                 auto gm = mat<T>(g, batch, outF);
+                 if (sw.defined()) {
+                   gx = empty({batch, in}, g.dtype());
+                   mat<T>(gx, batch, in).noalias() = gm * mat<T>(sw, outF, in);
+                 }
+                 if (sx.defined()) {
+                   if (sinks.size() > 1 && sinks[1].defined()) {
+                     Tensor sink = sinks[1];
+                     mat<T>(sink, outF, in).noalias() += gm.transpose() * mat<T>(sx, batch, in);
+                   } else {
+                     gw = empty({outF, in}, g.dtype());
+                     mat<T>(gw, outF, in).noalias() = gm.transpose() * mat<T>(sx, batch, in);
+                   }
+                 }
+                 if (needBias) {
+                   if (sinks.size() > 2 && sinks[2].defined()) {
+                     Tensor sink = sinks[2];
+                     rowVec<T>(sink) += gm.colwise().sum();
+                   } else {
+                     gb = empty({outF}, g.dtype());
+                     rowVec<T>(gb) = gm.colwise().sum();
+                   }
+                 }
+               });
+               return std::vector<Tensor>{gx, gw, gb};
+             }));
   }
   return y;
 }

@@ -22,6 +22,41 @@ void forFloat(Tensor& p, F&& f) {
   }
 }
 
+// p -= lr * (buf, or g + momentum * buf for nesterov), buf = keep * buf + take * g (with
+// g = grad + wd * p), in one pass: the step is memory-bound.
+template <class T>
+void sgdMomentumKernel(T* __restrict w, const T* __restrict g, T* __restrict b, int64_t n, T lr,
+                       T wd, T mom, T keep, T take, bool nesterov) {
+  if (nesterov) {
+    for (int64_t k = 0; k < n; ++k) {
+      const T d = g[k] + wd * w[k];
+      const T bk = b[k] * keep + take * d;
+      b[k] = bk;
+      w[k] -= lr * (d + mom * bk);
+    }
+  } else {
+    for (int64_t k = 0; k < n; ++k) {
+      const T d = g[k] + wd * w[k];
+      const T bk = b[k] * keep + take * d;
+      b[k] = bk;
+      w[k] -= lr * bk;
+    }
+  }
+}
+
+template <class T>
+void adamKernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
+                T b1, T b2, T eps, T decay, T wd, T stepSize, T bc2) {
+  for (int64_t k = 0; k < n; ++k) {
+    const T d = g[k] + wd * w[k];
+    const T mk = m[k] * b1 + (T(1) - b1) * d;
+    const T vk = v[k] * b2 + (T(1) - b2) * d * d;
+    m[k] = mk;
+    v[k] = vk;
+    w[k] = w[k] * decay - stepSize * mk / (std::sqrt(vk) / bc2 + eps);
+  }
+}
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
@@ -61,20 +96,17 @@ void SGD::step() {
     forFloat(p, [&]<class T>() {
       T* w = p.data<T>();
       const T* g = grad.data<T>();
-      T* b = buf.defined() ? buf.data<T>() : nullptr;
       const T lr = static_cast<T>(lr_), wd = static_cast<T>(options_.weightDecay);
       const T mom = static_cast<T>(options_.momentum);
       const T damp = static_cast<T>(1.0 - options_.dampening);
       const int64_t n = p.numel();
-      for (int64_t k = 0; k < n; ++k) {
-        T d = g[k];
-        if (wd != T(0)) d += wd * w[k];
-        if (b != nullptr) {
-          b[k] = first ? d : b[k] * mom + damp * d;
-          d = options_.nesterov ? d + mom * b[k] : b[k];
-        }
-        w[k] -= lr * d;
+      if (!buf.defined()) {
+        for (int64_t k = 0; k < n; ++k) w[k] -= lr * (g[k] + wd * w[k]);
+        return;
       }
+      const T keep = first ? T(0) : mom;
+      const T take = first ? T(1) : damp;
+      sgdMomentumKernel<T>(w, g, buf.data<T>(), n, lr, wd, mom, keep, take, options_.nesterov);
     });
   }
 }
@@ -116,23 +148,14 @@ void Adam::step() {
       T* pm = m.data<T>();
       T* pv = v.data<T>();
       const T b1 = static_cast<T>(options_.beta1), b2 = static_cast<T>(options_.beta2);
-      const T wd = static_cast<T>(options_.weightDecay), eps = static_cast<T>(options_.eps);
+      const T eps = static_cast<T>(options_.eps);
+      // Decoupled (AdamW) decays the weight; coupled (Adam) adds wd * w to the gradient.
+      const T decay = static_cast<T>(decoupled_ ? 1.0 - lr_ * options_.weightDecay : 1.0);
+      const T wd = static_cast<T>(decoupled_ ? 0.0 : options_.weightDecay);
       const T stepSize = static_cast<T>(lr_ / bc1);
-      const T decay = static_cast<T>(1.0 - lr_ * options_.weightDecay);
       const T bc2 = static_cast<T>(bc2Sqrt);
       const int64_t n = p.numel();
-      for (int64_t k = 0; k < n; ++k) {
-        T d = g[k];
-        if (decoupled_) {
-          w[k] *= decay;
-        } else if (wd != T(0)) {
-          d += wd * w[k];
-        }
-        pm[k] = pm[k] * b1 + (T(1) - b1) * d;
-        pv[k] = pv[k] * b2 + (T(1) - b2) * d * d;
-        const T denom = std::sqrt(pv[k]) / bc2 + eps;
-        w[k] -= stepSize * pm[k] / denom;
-      }
+      adamKernel<T>(w, g, pm, pv, n, b1, b2, eps, decay, wd, stepSize, bc2);
     });
   }
 }

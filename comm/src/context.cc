@@ -1,5 +1,7 @@
 // The Context implementation: a transport to every peer plus scratch memory for the
-// algorithms. Today the transport is always tcp; shared memory and verbs will be picked here.
+// algorithms. Today the transport is always tcp with one socket per peer: the
+// ContextOptions fields sharedMemory and socketsPerPeer are accepted but not used yet (the
+// shm and verbs transports, and striping over several sockets, will be picked here).
 #include "loom/comm/context.h"
 
 #include <array>

@@ -147,6 +147,8 @@ void ProcessGroup::checkRoot(int root, const char* opName, const char* what) con
 
 namespace {
 
+constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;
+
 void checkSameDtype(const std::string& who, const char* opName, const BufferView& in,
                     const BufferView& out) {
   if (in.dtype != out.dtype) {
@@ -164,6 +166,13 @@ void checkReduceOpFor(const std::string& who, const char* opName, ReduceOp op, D
   if (isBitwise(op) && isFloatingPoint(dtype)) {
     LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": reduce op ", reduceOpName(op),
                " is bitwise and needs an integer dtype, got ", dtypeName(dtype));
+  }
+}
+
+void checkTag(const std::string& who, const char* opName, uint64_t tag) {
+  if (tag > kMaxTag) {
+    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": tag ", tag,
+               " is too large; tags go up to 2^56 - 1 = ", kMaxTag);
   }
 }
 
@@ -353,6 +362,7 @@ std::shared_ptr<Work> ProcessGroup::send(BufferView buf, int dst, uint64_t tag,
                                          const SendRecvOptions& opts) {
   const char* name = "send";
   checkBuffer(buf, name, "buffer");
+  checkTag(who(), name, tag);
   checkRoot(dst, name, "destination rank");
   if (dst == rank_) {
     LOOM_THROW(InvalidArgumentError, who(), ": send: destination rank ", dst,
@@ -372,6 +382,7 @@ std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
                                          const SendRecvOptions& opts) {
   const char* name = "recv";
   checkBuffer(buf, name, "buffer");
+  checkTag(who(), name, tag);
   checkRoot(src, name, "source rank");
   if (src == rank_) {
     LOOM_THROW(InvalidArgumentError, who(), ": recv: source rank ", src,

@@ -57,6 +57,7 @@ void Work::setOnWaitTimeout(std::function<void(const std::string&)> hook) {
 }
 
 bool Work::wait() {
+  if (!isCompleted()) runInline();
   return waitUntil(std::chrono::steady_clock::time_point::max(), false);
 }
 

@@ -206,8 +206,12 @@ Message TCPStore::call(Message request, milliseconds waitTimeout) {
     release(std::move(conn));  // refused before sending: the connection is untouched
     throw;
   } catch (const IoError& e) {
-    fail(detail::str("TCPStore ", store_protocol::opName(op), " of ", quoteKeys(request.keys),
-                     " failed: ", e.what()));
+    const bool closed =
+        std::string_view(e.what()).find("connection closed by") != std::string::npos;
+    fail(detail::str(
+        "TCPStore ", store_protocol::opName(op), " of ", quoteKeys(request.keys),
+        " failed: ", e.what(),
+        closed ? " (the server stopped, died, or dropped this client: see its log)" : ""));
   }
   if (reply.id != request.id) {
     fail(detail::str("TCPStore ", store_protocol::opName(op), ": ", what, " answered request ",

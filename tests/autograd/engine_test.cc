@@ -150,6 +150,72 @@ TEST(Engine, HookMayRewriteGradAndCanBeRemoved) {
   EXPECT_EQ(w.grad().toVector<float>(), (std::vector<float>{4, 4, 4}));
 }
 
+// linear's weight and bias gradients go straight into existing grad buffers (the engine's
+// "sinks"); the values, the accumulation and the hooks must be the same as without.
+TEST(Engine, LinearAccumulatesIntoExistingGradBuffers) {
+  Generator gen(4);
+  Tensor x = randn({5, 3}, gen, DType::kFloat64);
+  nn::Linear lin(3, 4, {.seed = 9});
+  Tensor w = lin.weight(), b = lin.bias();
+  // float64 copies of the parameters, so the reference is computed in the same precision.
+  Tensor w64 = w.to(DType::kFloat64).setRequiresGrad(),
+         b64 = b.to(DType::kFloat64).setRequiresGrad();
+  auto lossOf = [&](const Tensor& ww, const Tensor& bb) {
+    return sum(tanh(linear(x, ww, bb)) * 3.0);
+  };
+  lossOf(w64, b64).backward();  // first pass: fresh buffers
+  const auto refW = w64.grad().toVector<double>(), refB = b64.grad().toVector<double>();
+  const void* bufW = w64.grad().rawData();
+  int fired = 0;
+  double seenFirst = 0;
+  w64.registerGradReadyHook([&](Tensor& g) {
+    ++fired;
+    seenFirst = g.data<double>()[0];
+  });
+  w64.zeroGrad();
+  lossOf(w64, b64).backward();  // second pass: accumulates into the zeroed buffers
+  EXPECT_EQ(w64.grad().rawData(), bufW);
+  EXPECT_EQ(fired, 1);
+  EXPECT_DOUBLE_EQ(seenFirst, refW[0]);
+  for (size_t i = 0; i < refW.size(); ++i)
+    EXPECT_NEAR(w64.grad().data<double>()[i], refW[i], 1e-12);
+  for (size_t i = 0; i < refB.size(); ++i) {
+    EXPECT_NEAR(b64.grad().data<double>()[i], 2 * refB[i], 1e-12) << "bias was not zeroed";
+  }
+  lossOf(w64, b64).backward();  // third pass: plain accumulation
+  for (size_t i = 0; i < refW.size(); ++i) {
+    EXPECT_NEAR(w64.grad().data<double>()[i], 2 * refW[i], 1e-12);
+  }
+  // A weight used twice in one graph gets no sink; the sum must still be right.
+  w64.zeroGrad();
+  (lossOf(w64, b64) + lossOf(w64, b64)).backward();
+  for (size_t i = 0; i < refW.size(); ++i) {
+    EXPECT_NEAR(w64.grad().data<double>()[i], 2 * refW[i], 1e-12);
+  }
+  EXPECT_EQ(fired, 3);
+}
+
+TEST(Engine, QueuedCallbacksRunAfterTheWholePass) {
+  Tensor a = ones({2}).setRequiresGrad(), b = ones({2}).setRequiresGrad();
+  std::vector<std::string> events;
+  a.registerGradReadyHook([&](Tensor&) {
+    events.push_back("hook a");
+    queueCallback([&] {
+      events.push_back("callback");
+      EXPECT_TRUE(inBackward());
+      EXPECT_TRUE(b.grad().defined()) << "runs after every leaf is done";
+      queueCallback([&] { events.push_back("nested callback"); });
+    });
+  });
+  b.registerGradReadyHook([&](Tensor&) { events.push_back("hook b"); });
+  sum(a * 2.0 + b * 3.0).backward();
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[2], "callback");
+  EXPECT_EQ(events[3], "nested callback");
+  EXPECT_FALSE(inBackward());
+  EXPECT_THROW(queueCallback([] {}), std::invalid_argument);
+}
+
 TEST(Engine, HooksFireInReverseLayerOrder) {
   auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(4, 8, nn::LinearOptions{.seed = 1}),

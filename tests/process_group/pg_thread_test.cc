@@ -130,6 +130,9 @@ TEST(ProcessGroupThreads, ArgumentChecksNameTheMistake) {
   EXPECT_NO_THROW(pg->allreduce(view(i4.data(), 4), band)->wait());
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->send(view(f.data(), 4), 0); }),
               HasSubstr("a rank cannot send to itself"));
+  EXPECT_THAT(
+      messageOf<InvalidArgumentError>([&] { pg->recv(view(f.data(), 4), 0, uint64_t{1} << 56); }),
+      HasSubstr("recv: tag 72057594037927936 is too large"));
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg->recv(view(f.data(), 4), 3); }),
               HasSubstr("recv: source rank 3 is out of range"));
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
@@ -402,6 +405,44 @@ TEST(ProcessGroupThreads, InitFromAnIncompleteEnvironmentNamesTheVariable) {
   options.initMethod = "ftp://x";
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { initProcessGroup(options); }),
               HasSubstr("init method 'ftp://x' is not valid"));
+}
+
+TEST(ProcessGroupThreads, LargeSendRecvRingsDoNotDeadlock) {
+  runGroups(3, quickOptions(milliseconds(20000)), [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    const int p = pg.size();
+    const size_t n = 1 << 20;  // 4 MiB: more than the socket buffers hold
+    std::vector<float> msg(n);
+    std::vector<float> got(n);
+    for (int round = 0; round < 4; ++round) {
+      std::fill(msg.begin(), msg.end(), static_cast<float>(r + 10 * round));
+      auto sent = pg.send(view(msg.data(), n), (r + 1) % p, /*tag=*/round);
+      auto recvd = pg.recv(view(got.data(), n), (r + p - 1) % p, /*tag=*/round);
+      recvd->wait();
+      sent->wait();
+      EXPECT_EQ(got[n - 1], static_cast<float>((r + p - 1) % p + 10 * round));
+    }
+  });
+}
+
+TEST(ProcessGroupThreads, ARecvThatNeverMatchesTimesOutNamingPeerAndBytes) {
+  auto store = std::make_shared<HashStore>();
+  std::promise<void> rank0Done;
+  std::shared_future<void> rank0DoneFuture = rank0Done.get_future().share();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto pg = createProcessGroup("tcp", store, rank, 2, quickOptions(milliseconds(1000)));
+    if (rank == 1) {
+      ASSERT_EQ(rank0DoneFuture.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      return;
+    }
+    std::vector<int64_t> buf(100);
+    auto work = pg->recv(view(buf.data(), 100), 1, /*tag=*/5);
+    const std::string what = messageOf<TimeoutError>([&] { work->wait(); });
+    EXPECT_THAT(what, HasSubstr("rank 0: recv#1 from rank 1 timed out after 1000 ms waiting to "
+                                "receive from rank 1"));
+    EXPECT_THAT(what, HasSubstr("800 of 800 bytes outstanding (tag 5)"));
+    rank0Done.set_value();
+  });
 }
 
 }  // namespace

@@ -396,3 +396,52 @@ TEST(TCPStoreServerTest, ClientParkingTooManyRequestsIsDropped) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+proto::Message readReply(int fd) {
+  std::vector<uint8_t> buf(proto::kHeaderBytes);
+  const Deadline d(milliseconds(5000));
+  net::readFull(fd, buf.data(), buf.size(), d, "server");
+  uint64_t length = 0;
+  for (int i = 16; i < 24; ++i) length = (length << 8) | buf[i];
+  buf.resize(buf.size() + length);
+  net::readFull(fd, buf.data() + proto::kHeaderBytes, length, d, "server");
+  proto::Message m;
+  EXPECT_EQ(proto::decode(buf.data(), buf.size(), m).status, proto::DecodeStatus::kOk);
+  return m;
+}
+
+TEST(TCPStoreServerTest, PipelinedRequestsInOneWriteAreAnsweredInOrder) {
+  TCPStoreServer server(TCPStoreServerOptions{"127.0.0.1", 0, "", -1});
+  net::Socket s = net::connectTo("127.0.0.1", server.port(), milliseconds(5000));
+  std::vector<uint8_t> batch = helloFrame();
+  using proto::Op;
+  proto::encode(proto::Message{Op::kGet, 2, 0, {"k"}, {}}, batch);  // parks until 3 sets k
+  proto::encode(proto::Message{Op::kSet, 3, 0, {"k"}, {toBytes("v")}}, batch);
+  proto::encode(proto::Message{Op::kAdd, 4, 5, {"n"}, {}}, batch);
+  proto::encode(proto::Message{Op::kCompareSet, 5, 0, {"k"}, {toBytes("v"), toBytes("w")}}, batch);
+  proto::encode(proto::Message{Op::kNumKeys, 6, 0, {}, {}}, batch);
+  // Split the batch at an awkward place so frames straddle reads.
+  const size_t half = batch.size() / 2 + 3;
+  const Deadline d(milliseconds(5000));
+  net::writeFull(s.fd(), batch.data(), half, d, "server");
+  net::writeFull(s.fd(), batch.data() + half, batch.size() - half, d, "server");
+  EXPECT_EQ(readReply(s.fd()).id, 1u);  // hello
+  // The set is answered before the get it wakes.
+  auto set = readReply(s.fd());
+  EXPECT_EQ(set.id, 3u);
+  auto get = readReply(s.fd());
+  EXPECT_EQ(get.id, 2u);
+  ASSERT_EQ(get.values.size(), 1u);
+  EXPECT_EQ(toString(get.values[0]), "v");
+  EXPECT_EQ(readReply(s.fd()).number, 5);
+  auto cas = readReply(s.fd());
+  ASSERT_EQ(cas.values.size(), 1u);
+  EXPECT_EQ(toString(cas.values[0]), "w");
+  EXPECT_EQ(readReply(s.fd()).number, 2);
+}
+
+}  // namespace
+}  // namespace loom

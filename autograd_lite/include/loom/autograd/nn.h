@@ -7,8 +7,10 @@
 //   Sequential(Linear, BatchNorm1d) they are `0.weight`, `0.bias`, `1.weight`, `1.bias`,
 //   `1.running_mean`, `1.running_var`, `1.num_batches_tracked`.
 // - namedParameters() lists a module's own parameters, then its children's, recursively (the
-//   order PyTorch's named_parameters() gives and the order DDP buckets in reverse).
-//   stateDict() lists, per module, parameters then buffers, then children (PyTorch's order).
+//   order PyTorch's named_parameters() gives and the order DDP buckets in reverse); a tensor
+//   reachable under two names (a shared module) is listed once, under its first name.
+//   stateDict() lists, per module, parameters then buffers, then children (PyTorch's order),
+//   shared tensors under every name (as PyTorch's state_dict()).
 // - Parameters and buffers are updated in place (optimizers, BatchNorm's running statistics,
 //   loadStateDict): the Tensor handles returned here stay valid and keep their storage for the
 //   module's lifetime, unless replaceChild swaps the module that owns them.

@@ -14,6 +14,10 @@
 //   while they run. Buffers are caller-owned and must stay valid until the Work completes.
 // - Issue operations on one group from one thread at a time (or serialize the calls): the
 //   issue order defines the sequence numbers.
+// - send / recv take the same queue; consecutive send / recv operations are started together
+//   (backends may batch them), so a ring exchange (send right, then recv left) does not
+//   deadlock whatever the size. A send with no matching recv posted behind it may block the
+//   queue until the peer receives.
 // - Every operation has a deadline: its options' timeout, or the group's. A TimeoutError
 //   names the operation, its sequence number, the peer waited on and the bytes outstanding,
 //   and the ranks that did not report the failure (the suspects).

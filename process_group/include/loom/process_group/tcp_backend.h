@@ -4,9 +4,15 @@
 //
 // Contract (on top of ProcessGroup's)
 // - CPU buffers only (InvalidArgumentError otherwise).
+// - Work::wait() on the operation at the head of the queue, with the worker idle, runs it on
+//   the waiting thread (no thread hand-off for issue-then-wait); the order is unchanged.
+// - send / recv at the head of the queue are posted on the transport as they reach it (with
+//   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
+//   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
 // - The constructor is collective (comm::Context::create through the store) and blocks until
 //   this rank is connected, or options.timeout passes.
-// - Failure handling, on the worker thread, when an operation raises:
+// - Failure handling, on the thread running the operation (the worker, or a waiter running
+//   it inline), when an operation raises:
 //   1. the group is marked broken: every queued and future operation fails at once with an
 //      IoError naming the original cause;
 //   2. this rank publishes a failure report ("failure/<rank>": its message) in the store,
@@ -20,10 +26,9 @@
 //   deadlines (window + at most window / 2), so a store that does not answer (its host was
 //   stopped) costs the reports, never the bound: a failed operation raises within 1.75x its
 //   timeout.
-// - abort(reason) and the destructor never wait for the network: abort fails the running
-//   operation through comm::Context::abort; the destructor drains the queue (each operation
-//   bounded by its deadline, or failing at once when the group is broken) and joins the
-//   worker.
+// - abort(reason) never waits for the network: it fails the running operation through
+//   comm::Context::abort. The destructor drains the queue (each operation bounded by its
+//   deadline, or failing at once when the group is broken) and joins the worker.
 #pragma once
 
 #include <condition_variable>
@@ -51,6 +56,10 @@ class ProcessGroupTcp final : public ProcessGroup {
   void abort(const std::string& reason) override;
   bool isBroken() const override;
 
+  // Runs `work`'s operation on the calling thread when it is the head of the queue and no
+  // operation is running (Work::wait() calls it before blocking); returns false otherwise.
+  bool runInline(const Work* work);
+
  protected:
   std::shared_ptr<Work> post(OpDesc op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
@@ -62,7 +71,13 @@ class ProcessGroupTcp final : public ProcessGroup {
   };
 
   void workerLoop();
+  // Runs one dequeued item (fails it at once when the group is broken). The caller set
+  // running_.
+  void execute(Item& item);
   void run(const OpDesc& op);
+  // send / recv: `first` and the send / recv operations that reach the head of the queue
+  // while it waits run as one batch on the transport.
+  void runPointToPoint(Item& first);
   // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
   void checkSignature(const OpDesc& op);
   // Steps 1-3 above; returns the error the failing operation's Work gets.
@@ -76,6 +91,7 @@ class ProcessGroupTcp final : public ProcessGroup {
   std::condition_variable wake_;
   std::deque<Item> queue_;
   bool stopping_ = false;
+  bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
   bool broken_ = false;
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only

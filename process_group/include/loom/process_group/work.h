@@ -63,6 +63,10 @@ class Work {
   // Microseconds between poll() calls while waiting; 0 means the backend pushes completion
   // through markCompleted / markFailed and no polling happens.
   virtual int pollIntervalUs() const { return 0; }
+  // Called once by the unbounded wait() before it blocks, with no lock held: a backend may
+  // run the operation on the waiting thread (when that keeps the issue order) and return
+  // true once it did.
+  virtual bool runInline() { return false; }
 
  private:
   bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the autograd_lite MLP benchmark and PyTorch's (1 thread, OpenBLAS) side by side,
+# interleaved, ROUNDS times. Usage: bench/autograd/compare.sh [build-dir] [rounds]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build}
+ROUNDS=${2:-3}
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread
+if [[ ! -e $OPENBLAS/libopenblas.so.0 ]]; then
+  echo "compare.sh: $OPENBLAS missing; apt-get install libopenblas0-pthread (see ANCHORS.md)" >&2
+  exit 1
+fi
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "== round $r ($(uptime | sed 's/.*load/load/'))"
+  "$BUILD/bin/autograd_mlp_bench" --benchmark_filter=Train 2>/dev/null | grep BM_
+  for opt in sgd adam; do
+    OPENBLAS_NUM_THREADS=1 LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
+      bench/autograd/torch_mlp_bench.py --opt $opt --seconds 2 --repeats 2
+  done
+done
