@@ -116,6 +116,7 @@ void Reducer::rebuildFromObservedOrder() {
 void Reducer::resetIteration() {
   expecting_ = false;
   firstHookSeen_ = false;
+  finalizeQueued_ = false;
   nextLaunch_ = 0;
   readyCount_ = 0;
   ready_.assign(params_.size(), 0);
@@ -171,6 +172,12 @@ void Reducer::onGradReady(size_t param) {
     if (!firstHookSeen_) {
       firstHookSeen_ = true;
       for (size_t u : unused_) markReady(u, false);
+      // Finalize once the whole pass is done (PyTorch's queue_callback), so that waiting for
+      // the last buckets never holds up backward nodes that still have work to do.
+      if (ag::inBackward()) {
+        ag::queueCallback([this] { finalize(); });
+        finalizeQueued_ = true;
+      }
     }
     markReady(param, true);
     launchReadyBuckets();
@@ -181,7 +188,7 @@ void Reducer::onGradReady(size_t param) {
     resetIteration();
     throw;
   }
-  if (readyCount_ == params_.size()) finalize();
+  if (!finalizeQueued_ && readyCount_ == params_.size()) finalize();
 }
 
 void Reducer::markReady(size_t param, bool fromHook) {

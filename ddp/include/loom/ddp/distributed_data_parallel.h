@@ -9,8 +9,8 @@
 //   training with grad mode on and sync enabled, it arms the reducer (reducer.h) for the
 //   following backward: gradients are averaged over ranks by buckets while backward runs, and
 //   when backward returns every parameter's grad() holds the average, bitwise equal on every
-//   rank. finalize() may be called after backward to surface errors at once; it is otherwise
-//   implied.
+//   rank (the reduction is finalized by a callback at the end of the backward pass;
+//   finalize() after backward is then a no-op, kept for symmetry with older code paths).
 // - broadcastBuffers (default on): buffers are broadcast from rank 0 before each training
 //   forward, so every rank normalizes with rank 0's running statistics.
 // - noSync(): while the guard lives, backward only accumulates local gradients; the next synced

@@ -10,9 +10,11 @@
 //   the bucket is complete, starts the bucket's reduction through the comm hook. Buckets are
 //   started strictly in index order (a complete bucket waits for the ones before it), so every
 //   rank issues the same collectives in the same order while backward still runs.
-// - When the last parameter is ready the reducer finalizes by itself: it waits for every
-//   bucket and copies the averaged values back into the parameters' grad(). finalize() may
-//   also be called after backward; it is a no-op when the iteration already finished.
+// - At the first hook of a pass the reducer queues a callback with the autograd engine
+//   (ag::queueCallback) that finalizes when the whole pass is done: it waits for every bucket
+//   and copies the averaged values back into the parameters' grad(), so backward() returns
+//   with reduced gradients, or throws the unused-parameter error below. finalize() may also be
+//   called after backward; it is a no-op when the iteration already finished.
 // - After the first finished iteration, the order in which gradients became ready (rank 0's,
 //   broadcast so that every rank agrees) replaces the initial layout, once, at the next
 //   prepareForBackward: buckets then complete, and start, as early as backward allows.
@@ -21,8 +23,8 @@
 //   zeros) when the first hook of the iteration fires, so their buckets can complete. Ranks
 //   then agree (an all-reduce of used flags) on which parameters nobody used: those keep an
 //   undefined grad() if they had none. Without the option, an iteration where some parameter
-//   never got a gradient fails at finalize() (or at the next forward) with an error that
-//   names those parameters.
+//   never got a gradient fails with an error that names those parameters, thrown out of that
+//   backward (or, if no gradient arrived at all, at the next forward).
 // - Outside synced iterations (noSync, or eval), the hooks do nothing: gradients accumulate in
 //   grad(), and the next synced backward reduces the accumulated sum.
 // Thread-safety: one training thread (forward, backward and finalize on the same thread).
@@ -101,6 +103,7 @@ class Reducer {
 
   bool expecting_ = false;
   bool firstHookSeen_ = false;
+  bool finalizeQueued_ = false;
   size_t nextLaunch_ = 0;
   size_t readyCount_ = 0;
   std::vector<char> ready_;
