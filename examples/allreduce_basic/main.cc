@@ -18,9 +18,7 @@ int main() try {
 
   // Rank 0 decides, everyone learns.
   std::vector<int> config(2, pg.rank() == 0 ? 42 : 0);
-  loom::BroadcastOptions fromRank0;
-  fromRank0.root = 0;
-  pg.broadcast(loom::view(config.data(), config.size()), fromRank0)->wait();
+  pg.broadcast(loom::view(config.data(), config.size()), {.root = 0})->wait();
 
   pg.barrier()->wait();
   std::printf("rank %d/%d: allreduce %.0f (expected %d), broadcast %d\n", pg.rank(), pg.size(),

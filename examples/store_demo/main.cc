@@ -104,6 +104,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      // Only rank 0 writes the port; closing the other ends means the readers see EOF at
+      // once if rank 0 dies before sending it.
+      ::close(rank == 0 ? fds[0] : fds[1]);
       int code = 0;
       try {
         runRank(rank, nproc, fds[0], fds[1], milliseconds(timeoutMs));

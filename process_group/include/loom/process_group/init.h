@@ -70,10 +70,10 @@ int slurmTasksOnNode(std::string_view tasksPerNode, int nodeId);
 struct InitOptions {
   std::string backend = "tcp";
   // "env://", "tcp://host:port" or "file:///path"; empty = LOOM_INIT_METHOD or env://.
-  std::string initMethod;
+  std::string initMethod{};
   int rank = -1;       // >= 0 overrides the environment
   int worldSize = -1;  // >= 0 overrides the environment
-  ProcessGroupOptions pg;
+  ProcessGroupOptions pg{};
 };
 
 struct InitResult {

@@ -60,19 +60,19 @@ struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Unset: LOOM_DEBUG.
-  std::optional<DebugLevel> debug;
+  std::optional<DebugLevel> debug = std::nullopt;
   // Shown in messages ("rank 1 of group/2"); newGroup names its groups "group/<id>".
-  std::string groupName;
+  std::string groupName{};
   // Set by newGroup: the members' ranks in the parent group, so that messages can be mapped
   // back ("rank 1 of group/2 (parent ranks 1,3)"). Peers named by the comm layer use the
   // group's own numbering.
-  std::vector<int> parentRanks;
+  std::vector<int> parentRanks{};
   // After a failure, how long a rank waits for the other ranks' failure reports before it
   // raises (so that its error can name the ranks that never reported). Capped at timeout / 2.
   std::chrono::milliseconds failureReportWindow{2000};
 
   // tcp backend (comm::ContextOptions).
-  std::string host;
+  std::string host{};
   bool sharedMemory = true;
   int socketsPerPeer = 1;
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
@@ -83,42 +83,45 @@ struct ProcessGroupOptions {
 
 using OptionalTimeout = std::optional<std::chrono::milliseconds>;  // unset: the group's
 
+// Every member of the options structs has a default, so that designated initializers such as
+// pg.broadcast(buf, {.root = 1}) compile without -Wmissing-field-initializers warnings.
+
 struct AllreduceOptions {
   ReduceOp reduceOp = ReduceOp::kSum;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct BroadcastOptions {
   int root = 0;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct ReduceOptions {
   ReduceOp reduceOp = ReduceOp::kSum;
   int root = 0;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct AllgatherOptions {
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct ReduceScatterOptions {
   ReduceOp reduceOp = ReduceOp::kSum;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct GatherOptions {
   int root = 0;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct ScatterOptions {
   int root = 0;
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct AlltoallOptions {
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct BarrierOptions {
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 struct SendRecvOptions {
-  OptionalTimeout timeout;
+  OptionalTimeout timeout = std::nullopt;
 };
 
 enum class OpType : uint8_t {
