@@ -1,0 +1,109 @@
+// loom-store: a standalone TCPStore server.
+//
+//   loom-store --host H --port P [--token T | LOOM_STORE_TOKEN] [--workers N --timeout S]
+//
+// Prints "loom-store listening on H:P" once it accepts connections (port 0 picks one and the
+// line says which). With --workers N it then reports when N clients have joined, or exits 1
+// after --timeout seconds saying how many joined and which ranks are missing. SIGINT and
+// SIGTERM stop it cleanly (exit 0).
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/store/tcp_store_server.h"
+
+namespace {
+
+int run(const std::string& host, int port, const std::string& token, int workers,
+        double timeoutSeconds) {
+  // Block the stop signals before the server thread exists so that only sigtimedwait below
+  // receives them.
+  sigset_t stopSignals;
+  sigemptyset(&stopSignals);
+  sigaddset(&stopSignals, SIGINT);
+  sigaddset(&stopSignals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+
+  loom::TCPStoreServerOptions options;
+  options.host = host;
+  options.port = port;
+  options.token = token;
+  options.numWorkers = workers;
+  loom::TCPStoreServer server(options);
+  std::cout << "loom-store listening on " << server.address() << std::endl;
+
+  // The wait for workers runs on its own thread so that a signal can still stop everything.
+  std::atomic<int> joinState{workers > 0 ? 0 : 1};  // 0 waiting, 1 done, 2 failed
+  std::string joinError;
+  std::thread joiner;
+  if (workers > 0) {
+    joiner = std::thread([&] {
+      const loom::Deadline deadline(std::chrono::milliseconds(0));
+      try {
+        server.waitForWorkers(
+            workers, std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)));
+        std::cout << "loom-store: " << workers << "/" << workers << " workers joined in "
+                  << deadline.elapsed().count() << " ms" << std::endl;
+        joinState = 1;
+      } catch (const std::exception& e) {
+        joinError = e.what();
+        joinState = 2;
+      }
+    });
+  }
+  int code = 0;
+  for (;;) {
+    // Wake every 100 ms only to see whether the join failed; requests never wait on this loop.
+    timespec tick{0, 100 * 1000 * 1000};
+    const int sig = sigtimedwait(&stopSignals, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::cout << "loom-store: stopping on " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                << std::endl;
+      break;
+    }
+    if (joinState.load() == 2) {
+      std::cerr << "loom-store: " << joinError << std::endl;
+      code = 1;
+      break;
+    }
+  }
+  server.stop();
+  if (joiner.joinable()) joiner.join();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom-store: standalone TCPStore server"};
+  std::string host;
+  int port = 29500;
+  std::string token = loom::defaultStoreToken();
+  int workers = 0;
+  double timeoutSeconds = 300;
+  app.add_option("--host", host, "address to listen on (default: all interfaces)");
+  app.add_option("--port", port, "port to listen on; 0 picks a free one")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--token", token,
+                 "shared secret clients must present (default: LOOM_STORE_TOKEN)");
+  app.add_option("--workers", workers, "wait for this many clients to join (0: don't wait)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout", timeoutSeconds, "seconds to wait for --workers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(host, port, token, workers, timeoutSeconds);
+  } catch (const std::exception& e) {
+    std::cerr << "loom-store: " << e.what() << std::endl;
+    return 1;
+  }
+}
