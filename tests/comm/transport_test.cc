@@ -103,6 +103,35 @@ TEST(Transport, LargeMessagePostedBeforeAndAfterArrival) {
   });
 }
 
+TEST(Transport, LargeUnexpectedMessageWaitsInTheSocketUntilNeeded) {
+  // A large message nobody waits for is left in the socket; receiving a later message first
+  // must still work (the large one is then buffered).
+  HashStore store;
+  const size_t n = size_t{8} << 20;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> big(n);
+    if (rank == 0) {
+      for (size_t i = 0; i < n; ++i) big[i] = static_cast<uint8_t>(i % 251);
+      const uint64_t small = 42;
+      auto s1 = t.isend(1, big.data(), n, 1);
+      auto s2 = t.isend(1, &small, 8, 2);
+      ASSERT_TRUE(s1->wait(deadline));
+      ASSERT_TRUE(s2->wait(deadline));
+    } else {
+      uint64_t small = 0;
+      auto r2 = t.irecv(0, &small, 8, 2);
+      ASSERT_TRUE(r2->wait(deadline));
+      EXPECT_EQ(small, 42u);
+      auto r1 = t.irecv(0, big.data(), n, 1);
+      ASSERT_TRUE(r1->wait(deadline));
+      for (size_t i = 0; i < n; i += 997) ASSERT_EQ(big[i], static_cast<uint8_t>(i % 251));
+    }
+  });
+}
+
 TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {

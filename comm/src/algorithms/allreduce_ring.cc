@@ -30,7 +30,7 @@
 namespace loom::comm {
 
 namespace {
-constexpr int kWindow = 4;  // receive chunks posted ahead in the reduce-scatter phase
+constexpr size_t kWindow = 4;  // chunks in flight in the reduce-scatter phase
 }
 
 void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop) {
@@ -82,12 +82,15 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
           op.recv(prev, at(out, begin * esize), n * esize, static_cast<uint32_t>(size - 1 + k));
     }
   }
-  // Step 0 sends come straight from the input.
-  for (size_t c = 0; c < chunks; ++c) {
+  // Step 0 sends come straight from the input. They are paced like the receives (chunk
+  // c + kWindow leaves once chunk c arrived), so that they reach the peer's posted window
+  // instead of its unexpected-message queue.
+  auto postFirstSend = [&](size_t c) {
     size_t begin, n;
     chunkOf(segment(rank - 1), c, begin, n);
     sends.push_back(op.send(next, at(in, begin * esize), n * esize, 0));
-  }
+  };
+  for (size_t c = 0; c < std::min<size_t>(kWindow, chunks); ++c) postFirstSend(c);
 
   for (size_t i = 0; i < totalRecvs; ++i) {
     const size_t k = i / chunks, c = i % chunks;
@@ -98,6 +101,7 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
     uint8_t* dst = at(out, begin * esize);
     reduce(dst, at(in, begin * esize), window + (i % kWindow) * windowBytes, n);
     if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
+    if (i + kWindow < chunks) postFirstSend(i + kWindow);
     if (k + 1 < steps) {
       sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(k + 1)));
     } else {

@@ -18,7 +18,7 @@
 namespace loom::comm {
 
 namespace {
-constexpr int kWindow = 4;
+constexpr size_t kWindow = 4;
 }
 
 void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop) {
@@ -46,10 +46,12 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
                                  chunkCount(i % chunks) * esize, static_cast<uint32_t>(i / chunks));
   };
   for (size_t i = 0; i < std::min<size_t>(kWindow, total); ++i) post(i);
-  for (size_t c = 0; c < chunks; ++c) {
+  // Step 0 sends are paced like the receives (see allreduce_ring.cc).
+  auto postFirstSend = [&](size_t c) {
     const size_t offset = (segment(rank - 1) * count + c * perChunk) * esize;
     sends.push_back(op.send(next, at(in, offset), chunkCount(c) * esize, 0));
-  }
+  };
+  for (size_t c = 0; c < std::min<size_t>(kWindow, chunks); ++c) postFirstSend(c);
   for (size_t i = 0; i < total; ++i) {
     const size_t k = i / chunks, c = i % chunks;
     const int s = segment(rank - static_cast<int>(k) - 2);
@@ -60,6 +62,7 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
     uint8_t* dst = last ? at(out, c * perChunk * esize) : partial + offset;
     reduce(dst, at(in, offset), window + (i % kWindow) * windowBytes, n);
     if (i + kWindow < total) post(i + kWindow);
+    if (i + kWindow < chunks) postFirstSend(i + kWindow);
     if (!last) {
       sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(k + 1)));
     } else if (rop == ReduceOp::kAvg) {

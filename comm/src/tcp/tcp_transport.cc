@@ -1,6 +1,6 @@
 #include "tcp/tcp_transport.h"
 
-#include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -44,6 +44,10 @@ constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;
 constexpr size_t kMaxBytesPerPoll = 8 << 20;
 constexpr size_t kMaxAbortText = 4096;
+// An unexpected message larger than this is left in the socket (flow control holds the
+// sender back) until a receive is posted, so that it lands in place instead of in a
+// freshly allocated buffer; smaller ones are buffered at once.
+constexpr size_t kEagerBytes = 64 << 10;
 
 enum State : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
 
@@ -57,17 +61,9 @@ Clock::duration spinTime() {
   return spin;
 }
 
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, Clock::duration timeout) {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
-          0);
-}
+constexpr size_t kSpinBytes = 64 << 10;  // larger transfers go straight to drive()
 
-void futexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
-          nullptr, 0);
-}
+thread_local bool tlsDriving = false;  // this thread is inside TcpTransport::drive
 
 }  // namespace
 
@@ -86,20 +82,19 @@ class TcpRequest : public Request {
   }
 
   bool wait(const Deadline& deadline) override {
-    if (state_.load(std::memory_order_acquire) == kPending) {
+    if (state_.load(std::memory_order_acquire) == kPending && bytes_ <= kSpinBytes) {
       const auto spinEnd = Clock::now() + spinTime();
       do {
         transport_->pollPeer(peer_, send_);
         if (state_.load(std::memory_order_acquire) != kPending) break;
         sched_yield();
       } while (Clock::now() < spinEnd);
-      while (state_.load(std::memory_order_acquire) == kPending) {
-        const auto now = Clock::now();
-        if (now >= deadline.end()) return false;
-        sleeping_.store(1);
-        if (state_.load() != kPending) break;
-        futexWait(&state_, kPending, deadline.end() - now);
-      }
+    }
+    if (state_.load(std::memory_order_acquire) == kPending) {
+      sleeping_.store(1);
+      const bool done = transport_->drive(
+          [this] { return state_.load(std::memory_order_acquire) != kPending; }, deadline.end());
+      if (!done) return false;
     }
     return test();
   }
@@ -115,13 +110,13 @@ class TcpRequest : public Request {
   void complete() {
     done_.store(bytes_, std::memory_order_relaxed);
     state_.store(kDone);
-    if (sleeping_.load()) futexWakeAll(&state_);
+    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
   }
   void failWith(const std::string& message) {
     if (state_.load() != kPending) return;
     error_ = message;
     state_.store(kFailed);
-    if (sleeping_.load()) futexWakeAll(&state_);
+    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
   }
   void setDone(size_t n) { done_.store(n, std::memory_order_relaxed); }
 
@@ -159,6 +154,7 @@ struct Peer {
   size_t sendOffset = 0;                              // of header + payload of the front
   bool epollOut = false;
   bool sendClosed = false;
+  std::atomic<bool> sendPending{false};  // sendQueue non-empty (read by drive() unlocked)
 
   std::mutex recvMu;
   std::deque<std::shared_ptr<TcpRequest>> posted;
@@ -171,6 +167,9 @@ struct Peer {
   std::shared_ptr<TcpRequest> targetRequest;
   Unexpected* targetUnexpected = nullptr;
   bool targetAbort = false;
+  bool stalled = false;  // header read, no receive posted yet, payload left in the socket
+  std::atomic<bool> readPaused{false};  // EPOLLIN off while stalled
+  std::mutex epollMu;                   // serialises epoll_ctl(MOD) on this socket
   std::string abortText;
   std::unique_ptr<uint8_t[]> stage{new uint8_t[kStageBytes]};
   size_t stageBegin = 0;
@@ -269,6 +268,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
 void TcpTransport::start() {
   epollFd_ = LOOM_SYSCHECK(::epoll_create1(EPOLL_CLOEXEC), "epoll_create1");
   wakeFd_ = LOOM_SYSCHECK(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
+  notifyFd_ = LOOM_SYSCHECK(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = static_cast<uint64_t>(size_);  // size_ marks the wake fd
@@ -310,6 +310,7 @@ TcpTransport::~TcpTransport() {
   }
   if (epollFd_ >= 0) ::close(epollFd_);
   if (wakeFd_ >= 0) ::close(wakeFd_);
+  if (notifyFd_ >= 0) ::close(notifyFd_);
 }
 
 void TcpTransport::checkPeer(int peer) const {
@@ -343,6 +344,7 @@ RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes, uint64_
       return req;
     }
     p.sendQueue.push_back(req);
+    p.sendPending.store(true);
     if (p.sendQueue.size() == 1) error = progressSendLocked(p);
     if (error.empty() && !p.sendQueue.empty() && !p.epollOut) updateEpollLocked(p, true);
   }
@@ -378,6 +380,19 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       }
       return req;
     }
+    if (error.empty() && p.stalled) {
+      if (p.header.tag == tag && p.header.bytes == bytes) {
+        p.targetRequest = req;
+        p.target = req->data_;
+        resumeLocked(p);
+        error = progressRecvLocked(p);
+        if (error.empty()) return req;
+      } else {
+        // Another message is wanted first: buffer the stalled one after all.
+        bufferUnexpectedLocked(p);
+        resumeLocked(p);
+      }
+    }
     if (error.empty()) {
       if (p.closed) {
         error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
@@ -394,11 +409,18 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
 }
 
 void TcpTransport::updateEpollLocked(Peer& p, bool wantOut) {
+  p.epollOut = wantOut;
+  setEpollMask(p);
+}
+
+void TcpTransport::setEpollMask(Peer& p) {
+  std::lock_guard<std::mutex> lock(p.epollMu);
   if (!p.inEpoll.load()) return;
   epoll_event ev{};
-  ev.events = EPOLLIN | (wantOut ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  ev.events = (p.readPaused.load() ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+              (p.sendPending.load() ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.u64 = static_cast<uint64_t>(p.rank);
-  if (::epoll_ctl(epollFd_, EPOLL_CTL_MOD, p.sock.fd(), &ev) == 0) p.epollOut = wantOut;
+  ::epoll_ctl(epollFd_, EPOLL_CTL_MOD, p.sock.fd(), &ev);
 }
 
 std::string TcpTransport::progressSendLocked(Peer& p) {
@@ -438,6 +460,7 @@ std::string TcpTransport::progressSendLocked(Peer& p) {
     p.sendOffset = 0;
     done->complete();
   }
+  p.sendPending.store(!p.sendQueue.empty());
   if (p.sendQueue.empty() && p.epollOut) updateEpollLocked(p, false);
   return {};
 }
@@ -493,13 +516,16 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
           return;
         }
       }
-      auto u = std::make_unique<Unexpected>();
-      u->tag = h.tag;
-      u->bytes = h.bytes;
-      u->data.reset(new uint8_t[std::max<size_t>(h.bytes, 1)]);
-      p.target = u->data.get();
-      p.targetUnexpected = u.get();
-      p.unexpected.push_back(std::move(u));
+      if (h.bytes > kEagerBytes && p.posted.empty()) {
+        // Nothing is waiting on this peer: leave the payload in the socket until the
+        // matching receive is posted (irecv resumes reading).
+        p.stalled = true;
+        p.readingHeader = false;
+        p.readPaused.store(true);
+        setEpollMask(p);
+        return;
+      }
+      bufferUnexpectedLocked(p);
       break;
     }
     default:
@@ -509,6 +535,22 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
   }
   p.readingHeader = false;
   if (p.remaining == 0) onPayloadDoneLocked(p);
+}
+
+void TcpTransport::bufferUnexpectedLocked(Peer& p) {
+  auto u = std::make_unique<Unexpected>();
+  u->tag = p.header.tag;
+  u->bytes = p.header.bytes;
+  u->data.reset(new uint8_t[std::max<size_t>(u->bytes, 1)]);
+  p.target = u->data.get();
+  p.targetUnexpected = u.get();
+  p.unexpected.push_back(std::move(u));
+}
+
+void TcpTransport::resumeLocked(Peer& p) {
+  p.stalled = false;
+  p.readPaused.store(false);
+  setEpollMask(p);
 }
 
 void TcpTransport::onPayloadDoneLocked(Peer& p) {
@@ -532,7 +574,7 @@ void TcpTransport::onPayloadDoneLocked(Peer& p) {
 }
 
 std::string TcpTransport::progressRecvLocked(Peer& p) {
-  if (p.closed) return {};
+  if (p.closed || p.stalled) return {};
   size_t budget = kMaxBytesPerPoll;
   std::string error;
   for (;;) {
@@ -548,6 +590,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
           p.headerGot = 0;
           onHeaderLocked(p, error);
           if (!error.empty()) return error;
+          if (p.stalled) return {};  // staged payload bytes stay in the stage
         }
       } else {
         const size_t take = std::min(p.remaining, avail);
@@ -623,10 +666,81 @@ void TcpTransport::pollPeer(int peer, bool send) {
   if (!error.empty()) fail(error, true);
 }
 
+void TcpTransport::notifyDriver() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(notifyFd_, &one, sizeof(one));
+}
+
+template <typename Done>
+bool TcpTransport::drive(Done done, Clock::time_point end) {
+  driving_.fetch_add(1);
+  tlsDriving = true;
+  std::vector<pollfd> fds;
+  std::vector<int> ranks;
+  fds.reserve(peers_.size() + 1);
+  ranks.reserve(peers_.size() + 1);
+  bool finished = done();
+  while (!finished) {
+    fds.clear();
+    ranks.clear();
+    for (auto& p : peers_) {
+      if (!p || !p->inEpoll.load()) continue;
+      const short events = static_cast<short>((p->readPaused.load() ? 0 : POLLIN) |
+                                              (p->sendPending.load() ? POLLOUT : 0));
+      if (events == 0) continue;
+      fds.push_back({p->sock.fd(), events, 0});
+      ranks.push_back(p->rank);
+    }
+    fds.push_back({notifyFd_, POLLIN, 0});
+    ranks.push_back(-1);
+    const auto now = Clock::now();
+    if (now >= end) break;
+    const auto left = std::chrono::duration_cast<milliseconds>(end - now).count() + 1;
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 1)));
+    if (ready > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        if (ranks[i] < 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = ::read(notifyFd_, &v, sizeof(v));
+          continue;
+        }
+        Peer& p = *peers_[ranks[i]];
+        std::string error;
+        if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) {
+          std::lock_guard<std::mutex> lock(p.recvMu);
+          error = progressRecvLocked(p);
+        }
+        if (error.empty() && (fds[i].revents & POLLOUT)) {
+          std::lock_guard<std::mutex> lock(p.sendMu);
+          error = progressSendLocked(p);
+        }
+        if (!error.empty()) fail(error, true);
+      }
+    }
+    finished = done();
+  }
+  tlsDriving = false;
+  if (driving_.fetch_sub(1) == 1) {
+    const uint64_t one = 1;  // send the progress thread back to epoll
+    [[maybe_unused]] ssize_t w = ::write(wakeFd_, &one, sizeof(one));
+  }
+  return finished || done();
+}
+
 void TcpTransport::progressLoop() {
   epoll_event events[64];
   while (!stop_.load()) {
+    if (driving_.load() > 0) {
+      // A waiting thread drives the sockets; stay out of its way until it is done.
+      pollfd pfd{wakeFd_, POLLIN, 0};
+      ::poll(&pfd, 1, 100);
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(wakeFd_, &v, sizeof(v));
+      continue;
+    }
     const int n = ::epoll_wait(epollFd_, events, 64, 1000);
+    if (driving_.load() > 0) continue;
     for (int i = 0; i < n; ++i) {
       const auto id = static_cast<int>(events[i].data.u64);
       if (id == size_) {
@@ -704,6 +818,7 @@ std::string TcpTransport::describeUnexpected(int peer) const {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.recvMu);
   std::string out;
+  if (p.stalled) out = detail::str(describeTag(p.header.tag), " (", p.header.bytes, " bytes)");
   size_t shown = 0;
   for (const auto& u : p.unexpected) {
     if (u->claimedBy) continue;

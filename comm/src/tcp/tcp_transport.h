@@ -17,9 +17,13 @@
 //   no matching posted receive allocates an unexpected message.
 // - Progress: one epoll thread per transport (level-triggered EPOLLIN on every socket, plus
 //   EPOLLOUT while a send queue is non-empty). A thread waiting on a Request first spins for
-//   up to LOOM_SPIN_US (default 50 µs) driving that peer's socket itself (try-lock, so it
-//   never blocks the progress thread), then sleeps on a futex that the completing thread
-//   wakes. Small messages therefore complete without any thread wake-up.
+//   up to LOOM_SPIN_US (default 50 µs; only for messages up to 64 KiB) driving that peer's
+//   socket itself (try-lock, so it never blocks the progress thread). Then it drives all the
+//   sockets itself, blocked in poll() (on the sockets and a notification eventfd), while the
+//   progress thread stands aside (it idles while `driving_` > 0). So a small message
+//   completes without any thread wake-up, and a large transfer is moved by the thread that
+//   also reduces, instead of two threads per rank fighting for two cores. The progress thread
+//   moves data while the caller is busy elsewhere (reducing, or between collectives).
 // - Failure: EOF without goodbye, ECONNRESET, EPIPE or a corrupt header fail the whole
 //   transport (every pending and future request throws IoError naming the peer) and shut
 //   every socket down, so that the failure reaches every peer within milliseconds.
@@ -75,6 +79,13 @@ class TcpTransport : public Transport {
 
   // Used by TcpRequest::wait while spinning: drive one peer's socket without blocking.
   void pollPeer(int peer, bool send);
+  // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
+  // blocking in poll(), until `done` turns true or `end` passes (the progress thread stands
+  // aside meanwhile). Returns done().
+  template <typename Done>
+  bool drive(Done done, Clock::time_point end);
+  // Wakes a thread blocked in drive() (a request completed on another thread).
+  void notifyDriver();
 
  private:
   TcpTransport(int rank, int size);
@@ -86,6 +97,9 @@ class TcpTransport : public Transport {
   void onHeaderLocked(Peer& p, std::string& error);
   void onPayloadDoneLocked(Peer& p);
   void updateEpollLocked(Peer& p, bool wantOut);
+  void setEpollMask(Peer& p);
+  void bufferUnexpectedLocked(Peer& p);
+  void resumeLocked(Peer& p);
   void fail(const std::string& reason, bool notifyPeers);
   std::shared_ptr<TcpRequest> failedRequest(int peer, bool send, const void* data, size_t bytes,
                                             uint64_t tag);
@@ -95,7 +109,9 @@ class TcpTransport : public Transport {
   const int size_;
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
   int epollFd_ = -1;
-  int wakeFd_ = -1;  // eventfd: stop the progress thread
+  int wakeFd_ = -1;              // eventfd: stop the progress thread, or send it back to epoll
+  int notifyFd_ = -1;            // eventfd: a request completed while its waiter drives
+  std::atomic<int> driving_{0};  // threads inside drive(); the progress thread idles then
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
