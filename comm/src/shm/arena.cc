@@ -41,6 +41,7 @@ namespace {
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kPage = 4096;
+constexpr int64_t kMinSpinNs = 30000;  // about one futex wake-up on this kind of VM
 constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
 const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
 
@@ -81,6 +82,12 @@ bool processAlive(pid_t pid) {
   if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
   const char state = stat[paren + 2];
   return state != 'Z' && state != 'X';
+}
+
+int64_t nowNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
 int usableCpus() {
@@ -227,11 +234,20 @@ Arena::Arena(int rank, int size, size_t slotBytes, std::string name, void* base,
       base_(base),
       mapBytes_(mapBytes),
       header_(static_cast<Header*>(base)) {
-  // Spinning only pays while every rank has a core of its own; otherwise yield at once so
-  // that the rank being waited for gets to run.
+  // Spinning only pays while every rank has a core of its own: then spin up to 1 ms and go
+  // straight to the futex (sched_yield on a loaded machine hands the core to another job for a
+  // whole time slice). When ranks outnumber cores, spin a moment, then yield for up to 2 ms
+  // (the rank being waited for is likely runnable on our core), then sleep.
   const bool oversubscribed = size_ > usableCpus();
-  spinIterations_ = oversubscribed ? 64 : 8192;
-  yieldIterations_ = oversubscribed ? 256 : 64;
+  spinNs_ = oversubscribed ? 3000 : 1000000;
+  yieldNs_ = oversubscribed ? 2000000 : 0;
+  if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
+    spinNs_ = std::atoll(env) * 1000;
+  }
+  spinBudgetNs_ = spinNs_;
+  if (const char* env = std::getenv("LOOM_SHM_YIELD_US"); env != nullptr && *env != '\0') {
+    yieldNs_ = std::atoll(env) * 1000;
+  }
 }
 
 Arena::~Arena() {
@@ -342,14 +358,25 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
   Control& ctl = control(peer);
   std::atomic<uint64_t>& value = ctl.counters[counter];
   if (value.load(std::memory_order_acquire) >= target) return;
-  for (int i = 0; i < spinIterations_; ++i) {
-    LOOM_SHM_PAUSE();
-    if (value.load(std::memory_order_acquire) >= target) return;
+  // The spin budget adapts: it doubles after a wait that spinning satisfied and halves after
+  // one that had to sleep (the awaited rank was not running, e.g. it shares our core on a
+  // loaded machine), between about one futex wake-up (30 µs) and spinNs_: spinning as long
+  // as a sleep would cost never loses more than 2x.
+  const int64_t start = nowNs();
+  for (int64_t now = start; now - start < spinBudgetNs_; now = nowNs()) {
+    for (int i = 0; i < 64; ++i) {
+      LOOM_SHM_PAUSE();
+      if (value.load(std::memory_order_acquire) >= target) {
+        spinBudgetNs_ = std::min(spinNs_, spinBudgetNs_ * 2);
+        return;
+      }
+    }
   }
-  for (int i = 0; i < yieldIterations_; ++i) {
+  for (int64_t now = nowNs(); now - start < spinBudgetNs_ + yieldNs_; now = nowNs()) {
     ::sched_yield();
     if (value.load(std::memory_order_acquire) >= target) return;
   }
+  spinBudgetNs_ = std::max<int64_t>(std::min(kMinSpinNs, spinNs_), spinBudgetNs_ / 2);
   for (;;) {
     checkHealth(call, peer, what);
     header_->sleepers.fetch_add(1);

@@ -15,13 +15,14 @@
 //   finished the reduction phase of step k) and `consumed` (it no longer reads anybody's slot
 //   for step k). A rank writes its slot for step k only once every rank consumed step
 //   k - kSlots, so nobody reads a slot while it is overwritten.
-// - Waiting: spin briefly, then sched_yield, then FUTEX_WAIT on the awaited rank's futex word
-//   with a short timeout (ranks often outnumber cores). Publishing bumps the futex word and
-//   calls FUTEX_WAKE only when someone sleeps. Between futex waits the waiter checks the
-//   deadline (TimeoutError naming the operation, its sequence number and the rank waited
-//   for), the group's abort flag, the local transport's failure, and whether the awaited
-//   rank's process still lives (kill(pid, 0) and /proc/<pid>/stat for zombies), so a dead
-//   peer turns into an IoError naming it within about 100 ms.
+// - Waiting: spin (up to 1 ms when every rank has a core, a few µs otherwise), then
+//   sched_yield (only when ranks outnumber cores, up to 2 ms), then FUTEX_WAIT on the awaited
+//   rank's futex word with a short timeout (ranks often outnumber cores). Publishing bumps the
+//   futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits the waiter checks
+//   the deadline (TimeoutError naming the operation, its sequence number and the rank waited for),
+//   the group's abort flag, the local transport's failure, and whether the awaited rank's process
+//   still lives (kill(pid, 0) and /proc/<pid>/stat for zombies), so a dead peer turns into an
+//   IoError naming it within about 100 ms.
 // - Any failure sets the shared abort flag (naming the blamed rank and the reason) and wakes
 //   every sleeper, so every rank of the group fails fast.
 //
@@ -140,8 +141,9 @@ class Arena {
   const size_t mapBytes_;
   Header* header_;
   uint64_t step_ = 0;
-  int spinIterations_;
-  int yieldIterations_;
+  int64_t spinNs_;   // LOOM_SHM_SPIN_US overrides
+  int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
+  int64_t spinBudgetNs_;
   Transport* transport_ = nullptr;
 };
 

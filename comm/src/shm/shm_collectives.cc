@@ -9,6 +9,10 @@
 #include "shm/arena.h"
 #include "tag.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace loom::comm::shm {
 
 namespace {
@@ -43,6 +47,52 @@ Arena::Call makeCall(Arena& arena, OpKind kind, const CollectiveOptions& opts, s
 // Elements per chunk when a slot holds `pieces` pieces of the chunk.
 size_t chunkElements(const Arena& arena, size_t elementSize, int pieces) {
   return std::max<size_t>(1, arena.slotBytes() / (elementSize * static_cast<size_t>(pieces)));
+}
+
+// Outputs at least this large go around the cache (non-temporal stores): they cannot stay in
+// cache anyway, and streaming saves the read-for-ownership of every output line.
+constexpr size_t kStreamOutputBytes = 8 << 20;
+
+// memcpy with non-temporal stores (SSE2, part of x86-64); call fenceStreams() after the last.
+void streamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void fenceStreams() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Copies a piece of a collective's output: streamed when the whole output is large.
+void copyOut(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream) {
+    streamCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
 }
 
 void copy(void* dst, const void* src, size_t bytes) {
@@ -102,6 +152,7 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
     return;
   }
   const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     arena.acquireSlot(call);
@@ -112,11 +163,12 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
       const int q = (me + k) % size;  // start with our own sub-slice: it is ready
       arena.waitReduced(call, q);
       const size_t begin = segmentBegin(c, size, q);
-      std::memcpy(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
-                  segmentCount(c, size, q) * es);
+      copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
+              segmentCount(c, size, q) * es, stream);
     }
     arena.finishStep();
   }
+  if (stream) fenceStreams();
 }
 
 void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
@@ -178,6 +230,7 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
   const size_t es = dtypeSize(dtype);
   const bool isRoot = arena.rank() == root;
   const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     if (isRoot) {
@@ -186,10 +239,11 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
       arena.post(call);
     } else {
       arena.waitPosted(call, root);
-      std::memcpy(at(buf, offset * es), arena.slot(root, arena.step()), c * es);
+      copyOut(at(buf, offset * es), arena.slot(root, arena.step()), c * es, stream);
     }
     arena.finishStep();
   }
+  if (stream) fenceStreams();
 }
 
 void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
@@ -199,6 +253,7 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
   const int me = arena.rank();
   const int size = arena.size();
   const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es * size >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     arena.acquireSlot(call);
@@ -207,11 +262,12 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
     for (int k = 1; k < size; ++k) {
       const int q = (me + k) % size;
       arena.waitPosted(call, q);
-      std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es);
+      copyOut(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es, stream);
     }
     copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
     arena.finishStep();
   }
+  if (stream) fenceStreams();
 }
 
 void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
