@@ -1,7 +1,7 @@
 // The Context implementation: a transport to every peer plus scratch memory for the
-// algorithms. The transport is tcp; when every rank is on this host (and shared memory is on)
-// the Context also holds a shared-memory arena that the collectives use instead
-// (shm/arena.h).
+// algorithms. The transport is tcp with one socket per peer (socketsPerPeer is accepted but
+// not used yet); when every rank is on this host and sharedMemory is on, the Context also
+// holds a shared-memory arena that the collectives use instead (shm/arena.h).
 #include "loom/comm/context.h"
 
 #include <array>

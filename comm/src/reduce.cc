@@ -1,5 +1,8 @@
 #include "loom/comm/reduce.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "half.h"
 #include "loom/common/error.h"
 #include "reduce_isa.h"
@@ -8,10 +11,15 @@ namespace loom::comm {
 
 namespace {
 
+// LOOM_REDUCE_ISA=generic forces the portable kernels (tests run both).
 bool useAvx2() {
 #if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    const char* env = std::getenv("LOOM_REDUCE_ISA");
+    if (env != nullptr && std::string_view(env) == "generic") return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
   return yes;
 #else
   return false;

@@ -152,6 +152,35 @@ TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
   });
 }
 
+TEST(Transport, LargeSizeMismatchIsAnError) {
+  HashStore store;
+  std::latch sent(1);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> buf(size_t{2} << 20);
+    if (rank == 0) {
+      auto s = t.isend(1, buf.data(), buf.size() / 2, 5);
+      sent.count_down();
+      try {
+        s->wait(Deadline(10s));
+      } catch (const IoError&) {
+        // The receiver fails the connection; the send may or may not have completed.
+      }
+    } else {
+      sent.wait();
+      auto r = t.irecv(0, buf.data(), buf.size(), 5);
+      try {
+        r->wait(Deadline(10s));
+        ADD_FAILURE() << "no error";
+      } catch (const IoError& e) {
+        expectContains(e.what(), "sent 1048576 bytes");
+        expectContains(e.what(), "receives 2097152 bytes");
+      }
+    }
+  });
+}
+
 TEST(Transport, MismatchedCollectivesAreNamed) {
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {

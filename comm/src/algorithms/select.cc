@@ -9,11 +9,16 @@ namespace loom::comm {
 
 namespace {
 
-// Crossovers (bytes per rank); see the report in bench/kernels/README.md for how they were
-// measured on the 2-core loopback development machine.
-constexpr size_t kAllreduceSmall = 64 << 10;   // recursive doubling below, ring above
-constexpr size_t kBroadcastSmall = 64 << 10;   // tree below, chain above
-constexpr size_t kGatherLikeSmall = 16 << 10;  // direct below, ring above
+// Crossovers (bytes per rank), measured with bench/kernels/loom_comm_timing on the 2-core
+// development VM, process ranks on loopback (figures in bench/kernels/README.md). The VM was
+// heavily loaded by parallel builds while measuring, so these are coarse: all-reduce
+// recursive doubling beat the ring up to 64 KiB and tied at 256 KiB with 2 ranks, and still
+// won at 256 KiB with 4 ranks (ring 2.9x faster at 1 MiB); broadcast chain beat the tree from
+// 64 KiB on 4 ranks; direct all-gather was no slower than the ring up to 64 KiB per rank.
+constexpr size_t kAllreduceSmall2 = 128 << 10;  // 2 ranks: recursive doubling up to here
+constexpr size_t kAllreduceSmall = 256 << 10;   // more ranks
+constexpr size_t kBroadcastSmall = 64 << 10;    // tree below, chain above
+constexpr size_t kGatherLikeSmall = 64 << 10;   // direct below, ring above
 
 bool supports(OpKind kind, Algorithm a) {
   switch (kind) {
@@ -60,7 +65,9 @@ const char* supportedList(OpKind kind) {
 Algorithm automatic(OpKind kind, size_t bytes, int size) {
   switch (kind) {
     case OpKind::kAllreduce:
-      return bytes <= kAllreduceSmall ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+      return bytes <= (size <= 2 ? kAllreduceSmall2 : kAllreduceSmall)
+                 ? Algorithm::kRecursiveDoubling
+                 : Algorithm::kRing;
     case OpKind::kBroadcast:
       return bytes <= kBroadcastSmall || size <= 2 ? Algorithm::kTree : Algorithm::kChain;
     case OpKind::kReduce:

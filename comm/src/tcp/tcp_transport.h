@@ -28,8 +28,11 @@
 //   transport (every pending and future request throws IoError naming the peer) and shut
 //   every socket down, so that the failure reaches every peer within milliseconds.
 //
-// Locks: Peer::recvMu and Peer::sendMu are never held together except in failAll()/close,
-// which take recvMu before sendMu. failMu_ is a leaf lock.
+// Files: tcp_setup.cc (connect, teardown), tcp_transport.cc (data path, failure),
+// tcp_progress.cc (who moves bytes), tcp_request.cc (waiting), peer.h (wire format, state).
+//
+// Locks: Peer::recvMu and Peer::sendMu are held together only in fail(), which takes recvMu
+// before sendMu. Peer::epollMu and failMu_ are leaf locks.
 #pragma once
 
 #include <sys/uio.h>
@@ -80,10 +83,9 @@ class TcpTransport : public Transport {
   // Used by TcpRequest::wait while spinning: drive one peer's socket without blocking.
   void pollPeer(int peer, bool send);
   // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
-  // blocking in poll(), until `done` turns true or `end` passes (the progress thread stands
-  // aside meanwhile). Returns done().
-  template <typename Done>
-  bool drive(Done done, Clock::time_point end);
+  // blocking in poll(), until `state` leaves pending or `end` passes (the progress thread
+  // stands aside meanwhile). Returns true when it left pending.
+  bool drive(const std::atomic<uint32_t>& state, Clock::time_point end);
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
 

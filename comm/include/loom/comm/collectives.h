@@ -4,8 +4,10 @@
 // - Every function is blocking and runs on the caller's thread; the ProcessGroup layer runs
 //   them on its own worker thread to make them asynchronous.
 // - All ranks of the Context call the same collectives in the same order with matching
-//   arguments (count, dtype, op, root). `opts.seq` is the collective's sequence number; it
-//   travels in every message header so that a mismatch is detected and named.
+//   arguments (count, dtype, op, root). `opts.seq` is the collective's sequence number (the
+//   caller increments it per collective, below 2^40); it travels in every message header so
+//   that a mismatch (ranks running different collectives under one seq) is detected and
+//   named. seq 0 turns that check off (messages are still matched in order).
 // - In-place when the output pointer equals the input pointer (or the documented slot of it).
 // - Errors: InvalidArgumentError for bad arguments (root out of range, bitwise op on floats);
 //   TimeoutError when `opts.timeout` passes, naming the operation, seq, the peer waited on and

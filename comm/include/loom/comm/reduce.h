@@ -13,7 +13,8 @@
 // - avg: the kernel is the sum's; algorithms divide once at the end with divideBy (integers:
 //   C++ integer division, truncating toward zero).
 // - Kernels are compiled twice (generic x86-64 and AVX2+F16C+FMA, both -O3 so the compiler
-//   vectorises the loops) and the best one the CPU supports is picked at first use.
+//   vectorises the loops) and the best one the CPU supports is picked at first use
+//   (LOOM_REDUCE_ISA=generic forces the portable build).
 // - Thread-safe; no state.
 #pragma once
 

@@ -1,0 +1,152 @@
+// The tcp transport's private pieces shared by its .cc files: the wire format, the request
+// object and the per-peer state (see tcp_transport.h for how they work together).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "loom/comm/transport.h"
+#include "loom/common/error.h"
+#include "loom/common/socket.h"
+#include "tcp/tcp_transport.h"
+
+namespace loom::comm::tcp {
+
+constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" little-endian
+constexpr uint32_t kHelloVersion = 1;
+enum Kind : uint32_t { kData = 1, kGoodbye = 2, kAbort = 3 };
+
+struct Header {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t tag;
+  uint64_t bytes;
+};
+static_assert(sizeof(Header) == 24);
+
+struct Hello {
+  uint32_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t size;
+};
+
+constexpr size_t kStageBytes = 64 << 10;
+constexpr size_t kDirectBytes = 16 << 10;
+constexpr size_t kMaxBytesPerPoll = 8 << 20;
+constexpr size_t kMaxAbortText = 4096;
+// An unexpected message larger than this is left in the socket (flow control holds the
+// sender back) until a receive is posted, so that it lands in place instead of in a
+// freshly allocated buffer; smaller ones are buffered at once.
+constexpr size_t kEagerBytes = 64 << 10;
+
+enum State : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
+
+// Messages up to this size spin before blocking; larger transfers go straight to drive().
+constexpr size_t kSpinBytes = 64 << 10;
+// How long a waiter spins (LOOM_SPIN_US, default 50 µs).
+Clock::duration spinTime();
+// True on a thread inside TcpTransport::drive (completions there need no wake-up).
+extern thread_local bool tlsDriving;
+
+class TcpRequest : public Request {
+ public:
+  TcpRequest(TcpTransport* transport, int peer, bool send, uint8_t* data, size_t bytes,
+             uint64_t tag)
+      : transport_(transport), peer_(peer), send_(send), data_(data), bytes_(bytes), tag_(tag) {
+    header_ = Header{kMagic, kData, tag, bytes};
+  }
+
+  bool test() override {
+    const uint32_t s = state_.load(std::memory_order_acquire);
+    if (s == kFailed) throw IoError(error_);
+    return s == kDone;
+  }
+
+  bool wait(const Deadline& deadline) override;
+
+  int peer() const override { return peer_; }
+  bool isSend() const override { return send_; }
+  size_t bytes() const override { return bytes_; }
+  uint64_t tag() const override { return tag_; }
+  size_t bytesOutstanding() const override {
+    return bytes_ - std::min(bytes_, done_.load(std::memory_order_relaxed));
+  }
+
+  void complete() {
+    done_.store(bytes_, std::memory_order_relaxed);
+    state_.store(kDone);
+    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
+  }
+  void failWith(const std::string& message) {
+    if (state_.load() != kPending) return;
+    error_ = message;
+    state_.store(kFailed);
+    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
+  }
+  void setDone(size_t n) { done_.store(n, std::memory_order_relaxed); }
+
+  TcpTransport* const transport_;
+  const int peer_;
+  const bool send_;
+  uint8_t* const data_;
+  const size_t bytes_;
+  const uint64_t tag_;
+  Header header_;
+
+ private:
+  std::atomic<uint32_t> state_{kPending};
+  std::atomic<uint32_t> sleeping_{0};
+  std::atomic<size_t> done_{0};
+  std::string error_;  // written before state_ becomes kFailed
+};
+
+struct Unexpected {
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  std::unique_ptr<uint8_t[]> data;
+  bool complete = false;
+  std::shared_ptr<TcpRequest> claimedBy;  // a receive posted while the payload streamed in
+};
+
+struct Peer {
+  int rank = -1;
+  net::Socket sock;
+  std::string addr;
+  std::atomic<bool> inEpoll{false};
+
+  std::mutex sendMu;
+  std::deque<std::shared_ptr<TcpRequest>> sendQueue;  // front may be partly written
+  size_t sendOffset = 0;                              // of header + payload of the front
+  bool epollOut = false;
+  bool sendClosed = false;
+  std::atomic<bool> sendPending{false};  // sendQueue non-empty (read by drive() unlocked)
+
+  std::mutex recvMu;
+  std::deque<std::shared_ptr<TcpRequest>> posted;
+  std::deque<std::unique_ptr<Unexpected>> unexpected;
+  bool readingHeader = true;
+  Header header{};
+  size_t headerGot = 0;
+  uint8_t* target = nullptr;
+  size_t remaining = 0;
+  std::shared_ptr<TcpRequest> targetRequest;
+  Unexpected* targetUnexpected = nullptr;
+  bool targetAbort = false;
+  bool stalled = false;  // header read, no receive posted yet, payload left in the socket
+  std::atomic<bool> readPaused{false};  // EPOLLIN off while stalled
+  std::mutex epollMu;                   // serialises epoll_ctl(MOD) on this socket
+  std::string abortText;
+  std::unique_ptr<uint8_t[]> stage{new uint8_t[kStageBytes]};
+  size_t stageBegin = 0;
+  size_t stageEnd = 0;
+  bool goodbye = false;  // the peer said goodbye; a later EOF is a clean close
+  bool closed = false;   // nothing more will be read
+};
+
+}  // namespace loom::comm::tcp

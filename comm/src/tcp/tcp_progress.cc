@@ -1,0 +1,134 @@
+// Who moves the bytes: pollPeer (a spinning waiter, try-lock), drive (a blocked waiter, in
+// poll()), and the progress thread's epoll loop (when nobody waits).
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "tag.h"
+#include "tcp/peer.h"
+#include "tcp/tcp_transport.h"
+
+namespace loom::comm::tcp {
+
+void TcpTransport::pollPeer(int peer, bool send) {
+  Peer& p = *peers_[peer];
+  std::string error;
+  if (send) {
+    std::unique_lock<std::mutex> lock(p.sendMu, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    error = progressSendLocked(p);
+  } else {
+    std::unique_lock<std::mutex> lock(p.recvMu, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    error = progressRecvLocked(p);
+  }
+  if (!error.empty()) fail(error, true);
+}
+
+void TcpTransport::notifyDriver() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(notifyFd_, &one, sizeof(one));
+}
+
+bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
+  auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
+  driving_.fetch_add(1);
+  tlsDriving = true;
+  std::vector<pollfd> fds;
+  std::vector<int> ranks;
+  fds.reserve(peers_.size() + 1);
+  ranks.reserve(peers_.size() + 1);
+  bool finished = done();
+  while (!finished) {
+    fds.clear();
+    ranks.clear();
+    for (auto& p : peers_) {
+      if (!p || !p->inEpoll.load()) continue;
+      const short events = static_cast<short>((p->readPaused.load() ? 0 : POLLIN) |
+                                              (p->sendPending.load() ? POLLOUT : 0));
+      if (events == 0) continue;
+      fds.push_back({p->sock.fd(), events, 0});
+      ranks.push_back(p->rank);
+    }
+    fds.push_back({notifyFd_, POLLIN, 0});
+    ranks.push_back(-1);
+    const auto now = Clock::now();
+    if (now >= end) break;
+    const auto left = std::chrono::duration_cast<milliseconds>(end - now).count() + 1;
+    const int ready =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100)));
+    if (ready > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        if (ranks[i] < 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = ::read(notifyFd_, &v, sizeof(v));
+          continue;
+        }
+        Peer& p = *peers_[ranks[i]];
+        std::string error;
+        if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) {
+          std::lock_guard<std::mutex> lock(p.recvMu);
+          error = progressRecvLocked(p);
+        }
+        if (error.empty() && (fds[i].revents & POLLOUT)) {
+          std::lock_guard<std::mutex> lock(p.sendMu);
+          error = progressSendLocked(p);
+        }
+        if (!error.empty()) fail(error, true);
+      }
+    }
+    finished = done();
+  }
+  tlsDriving = false;
+  if (driving_.fetch_sub(1) == 1) {
+    const uint64_t one = 1;  // send the progress thread back to epoll
+    [[maybe_unused]] ssize_t w = ::write(wakeFd_, &one, sizeof(one));
+  }
+  return finished || done();
+}
+
+void TcpTransport::progressLoop() {
+  epoll_event events[64];
+  while (!stop_.load()) {
+    if (driving_.load() > 0) {
+      // A waiting thread drives the sockets; stay out of its way until it is done.
+      pollfd pfd{wakeFd_, POLLIN, 0};
+      ::poll(&pfd, 1, 100);
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(wakeFd_, &v, sizeof(v));
+      continue;
+    }
+    const int n = ::epoll_wait(epollFd_, events, 64, 1000);
+    if (driving_.load() > 0) continue;
+    for (int i = 0; i < n; ++i) {
+      const auto id = static_cast<int>(events[i].data.u64);
+      if (id == size_) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = ::read(wakeFd_, &v, sizeof(v));
+        continue;
+      }
+      Peer& p = *peers_[id];
+      std::string error;
+      if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+        std::lock_guard<std::mutex> lock(p.recvMu);
+        error = progressRecvLocked(p);
+      }
+      if (error.empty() && (events[i].events & EPOLLOUT)) {
+        std::lock_guard<std::mutex> lock(p.sendMu);
+        error = progressSendLocked(p);
+      }
+      if (!error.empty()) fail(error, true);
+    }
+  }
+}
+
+}  // namespace loom::comm::tcp

@@ -1,0 +1,41 @@
+// TcpRequest::wait: spin briefly on small messages, then let the waiting thread drive the
+// sockets (TcpTransport::drive) until the request completes or the deadline passes.
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "tcp/peer.h"
+
+namespace loom::comm::tcp {
+
+thread_local bool tlsDriving = false;
+
+Clock::duration spinTime() {
+  static const Clock::duration spin = [] {
+    const char* env = std::getenv("LOOM_SPIN_US");
+    long us = 50;
+    if (env != nullptr && *env != '\0') us = std::max(0L, std::strtol(env, nullptr, 10));
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(us));
+  }();
+  return spin;
+}
+
+bool TcpRequest::wait(const Deadline& deadline) {
+  if (state_.load(std::memory_order_acquire) == kPending && bytes_ <= kSpinBytes) {
+    const auto spinEnd = Clock::now() + spinTime();
+    do {
+      transport_->pollPeer(peer_, send_);
+      if (state_.load(std::memory_order_acquire) != kPending) break;
+      sched_yield();
+    } while (Clock::now() < spinEnd);
+  }
+  if (state_.load(std::memory_order_acquire) == kPending) {
+    sleeping_.store(1);
+    const bool done = transport_->drive(state_, deadline.end());
+    if (!done) return false;
+  }
+  return test();
+}
+
+}  // namespace loom::comm::tcp
