@@ -10,6 +10,7 @@
 #include "algorithms/select.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
+#include "shm/hierarchy.h"
 #include "shm/shm.h"
 #include "shm/shm_collectives.h"
 
@@ -46,6 +47,9 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   }
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::allreduce(*arena, opts, in, out, count, dtype, op);
+  }
+  if (const auto* hierarchy = shm::hierarchyFor(ctx, opts)) {
+    return shm::hierarchicalAllreduce(ctx, *hierarchy, opts, in, out, count, dtype, op);
   }
   Op o(ctx, OpKind::kAllreduce, opts);
   switch (algo) {

@@ -4,6 +4,7 @@
 // holds a shared-memory arena that the collectives use instead (shm/arena.h).
 #include "loom/comm/context.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
+#include "shm/hierarchy.h"
 #include "shm/shm.h"
 #include "tcp/tcp_transport.h"
 
@@ -25,24 +27,31 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+struct SharedMemory {
+  std::unique_ptr<shm::Arena> arena;  // the Context's, or this host's when hierarchical
+  bool singleHost = false;
+  bool hierarchical = false;
+  shm::Hierarchy hierarchy;
+};
+
 class ContextImpl : public Context {
  public:
-  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport,
-              std::unique_ptr<shm::Arena> arena)
-      : rank_(rank), size_(size), transport_(std::move(transport)), arena_(std::move(arena)) {
-    if (arena_) arena_->setTransport(transport_.get());
+  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared)
+      : rank_(rank), size_(size), transport_(std::move(transport)), shared_(std::move(shared)) {
+    if (shared_.arena) shared_.arena->setTransport(transport_.get());
   }
   // The arena goes first: it is unmapped before the sockets close.
-  ~ContextImpl() override { arena_.reset(); }
+  ~ContextImpl() override { shared_.arena.reset(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void abort(const std::string& reason) override {
     const std::string message = detail::str("rank ", rank_, ": context aborted: ", reason);
-    if (arena_) arena_->abort(rank_, message);
+    if (shared_.arena) shared_.arena->abort(rank_, message);
     transport_->abort(message);
   }
-  shm::Arena* arena() { return arena_.get(); }
+  shm::Arena* arena() { return shared_.singleHost ? shared_.arena.get() : nullptr; }
+  const shm::Hierarchy* hierarchy() { return shared_.hierarchical ? &shared_.hierarchy : nullptr; }
   Transport& transport() override { return *transport_; }
 
   void* scratch(size_t bytes, int slot) override {
@@ -67,15 +76,17 @@ class ContextImpl : public Context {
   const int rank_;
   const int size_;
   std::unique_ptr<Transport> transport_;
-  std::unique_ptr<shm::Arena> arena_;
+  SharedMemory shared_;
   std::array<Buffer, kSlots> scratch_;
 };
 
 // Same-host ranks get a shared-memory arena. Every rank publishes its host identity (or
-// "off" when shared memory is disabled on it) so that all ranks take the same decision.
-std::unique_ptr<shm::Arena> createArena(Store& store, int rank, int size,
-                                        const ContextOptions& options) {
-  if (size < 2) return nullptr;
+// "off" when shared memory is disabled on it) so that all ranks take the same decision: one
+// arena for the whole Context when all ranks share a host; one arena per host (for the
+// hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
+SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
+  SharedMemory shared;
+  if (size < 2) return shared;
   const bool enabled = options.sharedMemory && shm::sharedMemoryEnabledByEnv();
   const std::string prefix = options.storePrefix + "/shm";
   store.set(detail::str(prefix, "/host/", rank), enabled ? shm::hostIdentity() : "off");
@@ -83,13 +94,44 @@ std::unique_ptr<shm::Arena> createArena(Store& store, int rank, int size,
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "/host/", r));
   store.wait(keys, options.timeout);
   const std::vector<Bytes> hosts = store.multiGet(keys);
-  for (const Bytes& h : hosts) {
-    if (h != hosts[0] || toString(h) == "off") return nullptr;
+  std::vector<int> local;  // the ranks on this rank's host, in increasing order
+  for (int r = 0; r < size; ++r) {
+    if (toString(hosts[r]) == "off") return shared;
+    if (hosts[r] == hosts[rank]) local.push_back(r);
   }
   shm::ArenaOptions aopts;
   aopts.timeout = options.timeout;
-  aopts.keyPrefix = prefix;
-  return shm::Arena::create(store, rank, size, aopts);
+  if (static_cast<int>(local.size()) == size) {
+    aopts.keyPrefix = prefix;
+    shared.arena = shm::Arena::create(store, rank, size, aopts);
+    shared.singleHost = true;
+    return shared;
+  }
+  bool anyShared = false;
+  for (int r = 0; r < size; ++r) {
+    bool first = true, several = false;
+    for (int q = 0; q < size; ++q) {
+      if (hosts[q] == hosts[r] && q < r) first = false;
+      if (hosts[q] == hosts[r] && q != r) several = true;
+    }
+    if (first) shared.hierarchy.leaders.push_back(r);
+    anyShared = anyShared || several;
+  }
+  if (!anyShared) return shared;  // one rank per host: plain tcp
+  shared.hierarchical = true;
+  if (local.front() == rank) {
+    for (size_t h = 0; h < shared.hierarchy.leaders.size(); ++h) {
+      if (shared.hierarchy.leaders[h] == rank) shared.hierarchy.leaderIndex = static_cast<int>(h);
+    }
+  }
+  if (local.size() > 1) {
+    const int localRank =
+        static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+    aopts.keyPrefix = detail::str(prefix, "/host-of-", local.front());
+    shared.arena = shm::Arena::create(store, localRank, static_cast<int>(local.size()), aopts);
+    shared.hierarchy.arena = shared.arena.get();
+  }
+  return shared;
 }
 
 }  // namespace
@@ -106,7 +148,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.bufferBytes = options.socketBufferBytes;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
-                                       createArena(store, rank, size, options));
+                                       setupSharedMemory(store, rank, size, options));
 }
 
 namespace shm {
@@ -116,14 +158,28 @@ Arena* arenaOf(Context& ctx) {
   return impl != nullptr ? impl->arena() : nullptr;
 }
 
-Arena* arenaFor(Context& ctx, const CollectiveOptions& opts) {
-  if (opts.algorithm != Algorithm::kAuto) return nullptr;
+namespace {
+
+bool algorithmForced(const CollectiveOptions& opts) {
+  if (opts.algorithm != Algorithm::kAuto) return true;
   const char* env = std::getenv("LOOM_ALGO");
-  if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0 &&
-      std::strcmp(env, "shm") != 0) {
-    return nullptr;
-  }
-  return arenaOf(ctx);
+  return env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0 &&
+         std::strcmp(env, "shm") != 0;
+}
+
+}  // namespace
+
+Arena* arenaFor(Context& ctx, const CollectiveOptions& opts) {
+  return algorithmForced(opts) ? nullptr : arenaOf(ctx);
+}
+
+const Hierarchy* hierarchyOf(Context& ctx) {
+  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
+  return impl != nullptr ? impl->hierarchy() : nullptr;
+}
+
+const Hierarchy* hierarchyFor(Context& ctx, const CollectiveOptions& opts) {
+  return algorithmForced(opts) ? nullptr : hierarchyOf(ctx);
 }
 
 }  // namespace shm

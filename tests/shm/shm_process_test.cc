@@ -2,9 +2,11 @@
 // collectives across real processes; the segment's name is gone from /dev/shm as soon as
 // every rank is connected and stays gone after the job is SIGKILLed; a SIGKILLed peer is an
 // IoError naming it within seconds (not a timeout, not a hang); a SIGSTOPped peer is a
-// TimeoutError naming it after the collective's timeout, and every other rank fails with it.
+// TimeoutError naming it after the collective's timeout, and every other rank fails with it;
+// ranks split into "hosts" (LOOM_SHM_HOST_ID) run the hierarchical all-reduce.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
 #include "loom/testing/ranks.h"
+#include "shm/hierarchy.h"
 #include "shm/shm.h"
 
 namespace loom::comm::testing {
@@ -212,6 +215,47 @@ TEST(ShmProcesses, StoppedPeerIsATimeoutNamingIt) {
   }
   children.kill(victim, SIGKILL);
   EXPECT_EQ(children.wait(victim, 10s).signal, SIGKILL);
+}
+
+TEST(ShmProcesses, HierarchicalAllreduceOverFakeHosts) {
+  // Host layouts by rank: two hosts of two, interleaved hosts, and a single-rank host between
+  // two shared ones.
+  const std::vector<std::vector<std::string>> layouts = {
+      {"a", "a", "b", "b"}, {"a", "b", "a", "b"}, {"a", "a", "b", "c", "c"}};
+  for (const auto& layout : layouts) {
+    const int size = static_cast<int>(layout.size());
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    children.spawnRanks(size, [&](int rank) {
+      ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
+      DirStore store(dir.path());
+      auto ctx = Context::create(store, rank, size, options());
+      LOOM_CHECK(shm::arenaOf(*ctx) == nullptr, "a multi-host context got a single arena");
+      LOOM_CHECK(shm::hierarchyOf(*ctx) != nullptr, "no hierarchy");
+      CollectiveOptions opts;
+      const double sum = size * (size + 1) / 2.0;
+      for (size_t count : {size_t{1}, size_t{5000}, size_t{300001}}) {
+        std::vector<float> f(count, rank + 1.0f);
+        ++opts.seq;
+        allreduce(*ctx, f.data(), f.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+        for (float v : f) LOOM_CHECK_EQ(v, static_cast<float>(sum));
+        std::vector<double> in(count, rank + 1.0), out(count, -1.0);
+        ++opts.seq;
+        allreduce(*ctx, in.data(), out.data(), count, DType::kFloat64, ReduceOp::kAvg, opts);
+        for (double v : out) LOOM_CHECK_EQ(v, sum / size);
+        std::vector<int32_t> m(count);
+        for (size_t i = 0; i < count; ++i) m[i] = static_cast<int32_t>((i + rank) % size);
+        ++opts.seq;
+        allreduce(*ctx, m.data(), m.data(), count, DType::kInt32, ReduceOp::kMax, opts);
+        for (int32_t v : m) LOOM_CHECK_EQ(v, size - 1);
+        std::vector<int64_t> b(count, rank == size - 1 ? 7 : 0);
+        ++opts.seq;
+        broadcast(*ctx, b.data(), count, DType::kInt64, size - 1, opts);  // generic, over tcp
+        for (int64_t v : b) LOOM_CHECK_EQ(v, 7);
+      }
+    });
+    EXPECT_EQ(children.waitAllOk(90s), "") << "layout of " << size << " ranks";
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
+#include "tag.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -121,12 +122,19 @@ struct Arena::Control {
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> closed;
   uint64_t signature[kSlots];
+  // What the rank posted in each slot, for mismatch messages.
+  uint64_t postedSeq[kSlots];
+  uint64_t postedBytes[kSlots];
+  uint32_t postedKind[kSlots];
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::string hostIdentity() {
+  if (const char* env = std::getenv("LOOM_SHM_HOST_ID"); env != nullptr && *env != '\0') {
+    return detail::str("override|", env);
+  }
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   return detail::str(readFirstLine("/proc/sys/kernel/random/boot_id"), "|", host, "|",
@@ -347,8 +355,9 @@ void Arena::checkHealth(const Call& call, int peer, const char* what) {
   }
   if (call.deadline.expired()) {
     fail(call, peer,
-         detail::str("timed out after ", call.deadline.elapsed().count(), " ms waiting for rank ",
-                     peer, " to ", what),
+         detail::str("timed out after ", call.timeout.count(), " ms waiting for rank ", peer,
+                     " to ", what, " (", call.bytes - std::min(call.done, call.bytes), " of ",
+                     call.bytes, " bytes outstanding)"),
          true);
   }
 }
@@ -407,19 +416,27 @@ void Arena::acquireSlot(const Call& call) {
 }
 
 void Arena::post(const Call& call) {
-  control(rank_).signature[slotOf(step_)] = call.signature;
+  Control& mine = control(rank_);
+  const int s = slotOf(step_);
+  mine.signature[s] = call.signature;
+  mine.postedSeq[s] = call.seq;
+  mine.postedBytes[s] = call.bytes;
+  mine.postedKind[s] = call.kind;
   publish(kPosted, step_ + 1);
 }
 
 void Arena::waitPosted(const Call& call, int peer) {
   waitCounter(call, peer, kPosted, step_ + 1, kCounterNames[kPosted]);
-  const uint64_t theirs = control(peer).signature[slotOf(step_)];
-  if (theirs != call.signature) {
+  const Control& theirs = control(peer);
+  const int s = slotOf(step_);
+  if (theirs.signature[s] != call.signature) {
+    const std::string other = detail::str(opKindName(static_cast<OpKind>(theirs.postedKind[s])),
+                                          "#", theirs.postedSeq[s]);
     fail(call, peer,
-         detail::str("rank ", peer,
-                     " called a different collective or passed different arguments (count, "
-                     "dtype, op or root) at this point (signature ",
-                     theirs, " vs ", call.signature, ")"),
+         detail::str("mismatched collectives: rank ", rank_, " is in ", call.name, " (", call.bytes,
+                     " bytes), rank ", peer, " in ", other, " (", theirs.postedBytes[s],
+                     " bytes); the ranks called different collectives or passed different "
+                     "arguments (count, dtype, op or root)"),
          false);
   }
 }

@@ -58,6 +58,7 @@ struct ArenaOptions {
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
 // shm_open segment. The hostname alone is not enough (containers, network namespaces).
+// LOOM_SHM_HOST_ID, when set, replaces it (tests use it to split one machine into "hosts").
 std::string hostIdentity();
 
 // True unless LOOM_SHM is set to 0/off/false/no.
@@ -92,8 +93,12 @@ class Arena {
   struct Call {
     std::string name;  // "allreduce#17"
     Deadline deadline;
+    std::chrono::milliseconds timeout;
     size_t bytes;        // per rank, for messages
     uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
+    uint32_t kind;       // OpKind, for mismatch messages
+    uint64_t seq;
+    mutable size_t done = 0;  // bytes of this rank's part finished, for timeout messages
   };
 
   // Throws IoError when the group already failed or the Context was aborted.

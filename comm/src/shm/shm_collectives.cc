@@ -38,8 +38,13 @@ Arena::Call makeCall(Arena& arena, OpKind kind, const CollectiveOptions& opts, s
   std::string name = opKindName(kind);
   name += '#';
   name += std::to_string(opts.seq);
-  Arena::Call call{std::move(name), Deadline(opts.timeout), count * dtypeSize(dtype),
-                   signatureOf(kind, count, dtype, op, root)};
+  Arena::Call call{std::move(name),
+                   Deadline(opts.timeout),
+                   opts.timeout,
+                   count * dtypeSize(dtype),
+                   signatureOf(kind, count, dtype, op, root),
+                   static_cast<uint8_t>(kind),
+                   opts.seq};
   arena.checkUsable(call);
   return call;
 }
@@ -155,6 +160,7 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
   const bool stream = count * es >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     arena.acquireSlot(call);
     std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
     arena.post(call);
@@ -182,6 +188,7 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
   const size_t chunk = chunkElements(arena, es, 1);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     arena.acquireSlot(call);
     std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
     arena.post(call);
@@ -210,6 +217,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
   const size_t chunk = chunkElements(arena, es, size);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     arena.acquireSlot(call);
     uint8_t* mine = arena.slot(me, arena.step());
     for (int j = 0; j < size; ++j) {
@@ -233,6 +241,7 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
   const bool stream = count * es >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     if (isRoot) {
       arena.acquireSlot(call);
       std::memcpy(arena.slot(root, arena.step()), at(buf, offset * es), c * es);
@@ -256,6 +265,7 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
   const bool stream = count * es * size >= kStreamOutputBytes;
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     arena.acquireSlot(call);
     std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
     arena.post(call);
@@ -279,6 +289,7 @@ void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
   const size_t chunk = chunkElements(arena, es, 1);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     if (me != root) {
       arena.acquireSlot(call);
       std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
@@ -304,6 +315,7 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
   const size_t chunk = chunkElements(arena, es, size);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     if (me == root) {
       arena.acquireSlot(call);
       uint8_t* mine = arena.slot(me, arena.step());
@@ -329,6 +341,7 @@ void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void*
   const size_t chunk = chunkElements(arena, es, size);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
     arena.acquireSlot(call);
     uint8_t* mine = arena.slot(me, arena.step());
     for (int j = 0; j < size; ++j) {
