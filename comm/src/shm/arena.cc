@@ -42,7 +42,7 @@ namespace {
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kPage = 4096;
-constexpr int64_t kMinSpinNs = 30000;  // about one futex wake-up on this kind of VM
+constexpr int64_t kSameCpuSpinNs = 2000;
 constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
 const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
 
@@ -120,6 +120,7 @@ struct Arena::Control {
   // Bumped on every publish; sleepers FUTEX_WAIT on it.
   std::atomic<uint32_t> wake;
   std::atomic<int32_t> pid;
+  std::atomic<int32_t> cpu;  // where the rank last published (sched_getcpu)
   std::atomic<uint32_t> closed;
   uint64_t signature[kSlots];
   // What the rank posted in each slot, for mismatch messages.
@@ -252,7 +253,6 @@ Arena::Arena(int rank, int size, size_t slotBytes, std::string name, void* base,
   if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
     spinNs_ = std::atoll(env) * 1000;
   }
-  spinBudgetNs_ = spinNs_;
   if (const char* env = std::getenv("LOOM_SHM_YIELD_US"); env != nullptr && *env != '\0') {
     yieldNs_ = std::atoll(env) * 1000;
   }
@@ -291,8 +291,8 @@ void Arena::abort(int blamedRank, const std::string& reason) {
 }
 
 void Arena::fail(const Call& call, int blamedRank, const std::string& what, bool timeout) {
-  const std::string message = detail::str("rank ", rank_, ": ", call.name, " over shared memory (",
-                                          call.bytes, " bytes): ", what);
+  const std::string message = detail::str("rank ", rank_, ": ", call.name(),
+                                          " over shared memory (", call.bytes, " bytes): ", what);
   abort(blamedRank, message);
   if (transport_ != nullptr) transport_->abort(message);
   if (timeout) throw TimeoutError(message);
@@ -307,6 +307,10 @@ std::string Arena::transportFailure() const {
     return e.what();
   }
   return "unknown reason";
+}
+
+std::string Arena::Call::name() const {
+  return detail::str(opKindName(static_cast<OpKind>(kind)), "#", seq);
 }
 
 void Arena::checkUsable(const Call& call) {
@@ -324,7 +328,7 @@ void Arena::checkHealth(const Call& call, int peer, const char* what) {
     }
     const std::string reason = header_->reason;
     const std::string message = detail::str(
-        "rank ", rank_, ": ", call.name, ": the shared-memory group failed (rank ",
+        "rank ", rank_, ": ", call.name(), ": the shared-memory group failed (rank ",
         header_->abortingRank, " reported, blaming rank ", header_->blamedRank, "): ", reason);
     if (transport_ != nullptr) transport_->abort(message);
     throw IoError(message);
@@ -367,25 +371,21 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
   Control& ctl = control(peer);
   std::atomic<uint64_t>& value = ctl.counters[counter];
   if (value.load(std::memory_order_acquire) >= target) return;
-  // The spin budget adapts: it doubles after a wait that spinning satisfied and halves after
-  // one that had to sleep (the awaited rank was not running, e.g. it shares our core on a
-  // loaded machine), between about one futex wake-up (30 µs) and spinNs_: spinning as long
-  // as a sleep would cost never loses more than 2x.
+  // Spinning is futile while the awaited rank last ran on our own CPU (a loaded machine put
+  // both ranks on one core): then give the core away almost at once.
+  const int64_t spinNs =
+      ctl.cpu.load(std::memory_order_relaxed) == ::sched_getcpu() ? kSameCpuSpinNs : spinNs_;
   const int64_t start = nowNs();
-  for (int64_t now = start; now - start < spinBudgetNs_; now = nowNs()) {
+  for (int64_t now = start; now - start < spinNs; now = nowNs()) {
     for (int i = 0; i < 64; ++i) {
       LOOM_SHM_PAUSE();
-      if (value.load(std::memory_order_acquire) >= target) {
-        spinBudgetNs_ = std::min(spinNs_, spinBudgetNs_ * 2);
-        return;
-      }
+      if (value.load(std::memory_order_acquire) >= target) return;
     }
   }
-  for (int64_t now = nowNs(); now - start < spinBudgetNs_ + yieldNs_; now = nowNs()) {
+  for (int64_t now = nowNs(); now - start < spinNs + yieldNs_; now = nowNs()) {
     ::sched_yield();
     if (value.load(std::memory_order_acquire) >= target) return;
   }
-  spinBudgetNs_ = std::max<int64_t>(std::min(kMinSpinNs, spinNs_), spinBudgetNs_ / 2);
   for (;;) {
     checkHealth(call, peer, what);
     header_->sleepers.fetch_add(1);
@@ -402,6 +402,7 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
 
 void Arena::publish(int counter, uint64_t value) {
   Control& ctl = control(rank_);
+  ctl.cpu.store(::sched_getcpu(), std::memory_order_relaxed);
   ctl.counters[counter].store(value, std::memory_order_release);
   ctl.wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&ctl.wake);
@@ -433,8 +434,8 @@ void Arena::waitPosted(const Call& call, int peer) {
     const std::string other = detail::str(opKindName(static_cast<OpKind>(theirs.postedKind[s])),
                                           "#", theirs.postedSeq[s]);
     fail(call, peer,
-         detail::str("mismatched collectives: rank ", rank_, " is in ", call.name, " (", call.bytes,
-                     " bytes), rank ", peer, " in ", other, " (", theirs.postedBytes[s],
+         detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
+                     call.bytes, " bytes), rank ", peer, " in ", other, " (", theirs.postedBytes[s],
                      " bytes); the ranks called different collectives or passed different "
                      "arguments (count, dtype, op or root)"),
          false);

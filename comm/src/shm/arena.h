@@ -15,7 +15,8 @@
 //   finished the reduction phase of step k) and `consumed` (it no longer reads anybody's slot
 //   for step k). A rank writes its slot for step k only once every rank consumed step
 //   k - kSlots, so nobody reads a slot while it is overwritten.
-// - Waiting: spin (up to 1 ms when every rank has a core, a few µs otherwise), then
+// - Waiting: spin (up to 1 ms when every rank has a core and the awaited rank last ran on
+//   another CPU; 2-3 µs otherwise), then
 //   sched_yield (only when ranks outnumber cores, up to 2 ms), then FUTEX_WAIT on the awaited
 //   rank's futex word with a short timeout (ranks often outnumber cores). Publishing bumps the
 //   futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits the waiter checks
@@ -91,14 +92,14 @@ class Arena {
 
   // The state of one running collective: its name for messages and its deadline.
   struct Call {
-    std::string name;  // "allreduce#17"
     Deadline deadline;
     std::chrono::milliseconds timeout;
     size_t bytes;        // per rank, for messages
     uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
     uint32_t kind;       // OpKind, for mismatch messages
     uint64_t seq;
-    mutable size_t done = 0;  // bytes of this rank's part finished, for timeout messages
+    mutable size_t done = 0;   // bytes of this rank's part finished, for timeout messages
+    std::string name() const;  // "allreduce#17", built only for messages
   };
 
   // Throws IoError when the group already failed or the Context was aborted.
@@ -148,7 +149,6 @@ class Arena {
   uint64_t step_ = 0;
   int64_t spinNs_;   // LOOM_SHM_SPIN_US overrides
   int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
-  int64_t spinBudgetNs_;
   Transport* transport_ = nullptr;
 };
 

@@ -35,16 +35,9 @@ uint64_t signatureOf(OpKind kind, size_t count, DType dtype, int op, int root) {
 // Starts a collective: fails at once when the group already failed.
 Arena::Call makeCall(Arena& arena, OpKind kind, const CollectiveOptions& opts, size_t count,
                      DType dtype, int op = -1, int root = -1) {
-  std::string name = opKindName(kind);
-  name += '#';
-  name += std::to_string(opts.seq);
-  Arena::Call call{std::move(name),
-                   Deadline(opts.timeout),
-                   opts.timeout,
-                   count * dtypeSize(dtype),
-                   signatureOf(kind, count, dtype, op, root),
-                   static_cast<uint8_t>(kind),
-                   opts.seq};
+  Arena::Call call{Deadline(opts.timeout),     opts.timeout,
+                   count * dtypeSize(dtype),   signatureOf(kind, count, dtype, op, root),
+                   static_cast<uint8_t>(kind), opts.seq};
   arena.checkUsable(call);
   return call;
 }
