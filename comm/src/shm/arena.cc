@@ -243,13 +243,15 @@ Arena::Arena(int rank, int size, size_t slotBytes, std::string name, void* base,
       base_(base),
       mapBytes_(mapBytes),
       header_(static_cast<Header*>(base)) {
-  // Spinning only pays while every rank has a core of its own: then spin up to 1 ms and go
-  // straight to the futex (sched_yield on a loaded machine hands the core to another job for a
-  // whole time slice). When ranks outnumber cores, spin a moment, then yield for up to 2 ms
-  // (the rank being waited for is likely runnable on our core), then sleep.
+  // Spinning only pays while every rank has a core of its own: then spin up to 1 ms. When
+  // ranks outnumber cores, spin a moment only. Then sched_yield for up to 1 ms (2 ms when
+  // oversubscribed) before sleeping: a yielding rank stays runnable, so the load balancer
+  // keeps spreading the ranks over the cores, where sleeping ranks get packed onto one core
+  // of a loaded machine and every hand-over becomes a futex wake-up (measured here: 2 ranks,
+  // 64 KiB all-reduce 36 us with immediate sleep, 13.5 us with the yield phase).
   const bool oversubscribed = size_ > usableCpus();
   spinNs_ = oversubscribed ? 3000 : 1000000;
-  yieldNs_ = oversubscribed ? 2000000 : 0;
+  yieldNs_ = oversubscribed ? 2000000 : 1000000;
   if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
     spinNs_ = std::atoll(env) * 1000;
   }

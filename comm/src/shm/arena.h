@@ -17,7 +17,7 @@
 //   k - kSlots, so nobody reads a slot while it is overwritten.
 // - Waiting: spin (up to 1 ms when every rank has a core and the awaited rank last ran on
 //   another CPU; 2-3 µs otherwise), then
-//   sched_yield (only when ranks outnumber cores, up to 2 ms), then FUTEX_WAIT on the awaited
+//   sched_yield (up to 1 ms, 2 ms when ranks outnumber cores), then FUTEX_WAIT on the awaited
 //   rank's futex word with a short timeout (ranks often outnumber cores). Publishing bumps the
 //   futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits the waiter checks
 //   the deadline (TimeoutError naming the operation, its sequence number and the rank waited for),
