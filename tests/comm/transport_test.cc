@@ -293,6 +293,27 @@ TEST(Transport, InvalidArgumentsLeaveTheContextUsable) {
   });
 }
 
+TEST(Transport, TwoContextsOnOneStoreWithPrefixes) {
+  // Like a process group and a subgroup: independent contexts used alternately.
+  HashStore store;
+  loom::testing::runThreadRanks(3, [&](int rank) {
+    ContextOptions a = localOptions(), b = localOptions();
+    a.storePrefix = "group_a";
+    b.storePrefix = "group_b";
+    auto ctxA = Context::create(store, rank, 3, a);
+    auto ctxB = Context::create(store, rank, 3, b);
+    for (uint64_t seq = 1; seq <= 20; ++seq) {
+      int64_t x = rank + 1, y = rank * 10;
+      CollectiveOptions opts;
+      opts.seq = seq;
+      allreduce(*ctxA, &x, &x, 1, DType::kInt64, ReduceOp::kSum, opts);
+      allreduce(*ctxB, &y, &y, 1, DType::kInt64, ReduceOp::kMax, opts);
+      ASSERT_EQ(x, 6);
+      ASSERT_EQ(y, 20);
+    }
+  });
+}
+
 TEST(Transport, ContextSetupTimesOutNamingMissingRanks) {
   HashStore store;
   // Only ranks 0 and 1 of 3 show up.

@@ -50,8 +50,7 @@ class Op {
   const Deadline deadline_;
 };
 
-// Runs `body`; on any exception that is not an InvalidArgumentError raised before the first
-// message, the transport is already aborted by Op, so the error is simply rethrown.
+// "send to" / "receive from", for messages.
 inline const char* directionName(const Request& r) {
   return r.isSend() ? "send to" : "receive from";
 }

@@ -38,7 +38,7 @@ struct Hello {
 
 constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;
-constexpr size_t kMaxBytesPerPoll = 8 << 20;
+constexpr size_t kMaxBytesPerPoll = 2 << 20;  // per socket per pass, so threads can take turns
 constexpr size_t kMaxAbortText = 4096;
 // An unexpected message larger than this is left in the socket (flow control holds the
 // sender back) until a receive is posted, so that it lands in place instead of in a

@@ -332,6 +332,8 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
     }
     p.stageBegin = p.stageEnd = 0;
     if (budget == 0) return {};
+    // The progress thread leaves the socket to a thread that started driving meanwhile.
+    if (!tlsDriving && driving_.load(std::memory_order_relaxed) > 0) return {};
     ssize_t r;
     const bool direct = !p.readingHeader && p.remaining >= kDirectBytes;
     if (direct) {
