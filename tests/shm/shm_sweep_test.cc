@@ -102,6 +102,19 @@ TEST(ShmSweep, LargeWithDefaultSlots) {
   }
 }
 
+TEST(ShmSweep, StreamedOutputsAboveEightMiB) {
+  // Outputs of 8 MiB and more are copied out with non-temporal stores; odd counts make the
+  // sub-slices start unaligned.
+  const size_t count = (size_t{8} << 20) / 4 + 5;
+  runWorld(2, [&](Context& ctx) {
+    requireArena(ctx);
+    Checker check(ctx);
+    check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, count, false, 0});
+    check.broadcast({"broadcast", DType::kFloat32, ReduceOp::kSum, count, false, 0});
+    check.allgather({"allgather", DType::kFloat32, ReduceOp::kSum, count / 2 + 1, true, 0});
+  });
+}
+
 TEST(ShmSweep, AvgAndHalfTypesThroughTheSplitPath) {
   // 20000 float16 = 40000 bytes: above the small-message path with the default slot.
   for (int size : {2, 3}) {

@@ -225,13 +225,24 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   static_assert(sizeof(Header) <= kPage && sizeof(Control) <= kPage);
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, name, base, mapBytes));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
-  // The last rank to map the segment removes its name: from now on only the mappings keep it
-  // alive, so nothing outlives the processes, whatever kills them.
-  // (Per-rank keys rather than a counter, so that any Store with set/check will do.)
+  // Rank 0 waits until every rank mapped the segment and removes its name: from then on only
+  // the mappings keep it alive, so nothing outlives the processes, whatever kills them. (The
+  // other ranks go on at once; per-rank keys rather than a counter, so that any Store with
+  // set/wait will do.)
   store.set(detail::str(options.keyPrefix, "/mapped/", rank), "1");
-  std::vector<std::string> mapped;
-  for (int r = 0; r < size; ++r) mapped.push_back(detail::str(options.keyPrefix, "/mapped/", r));
-  if (store.check(mapped)) ::shm_unlink(name.c_str());
+  if (rank == 0) {
+    std::vector<std::string> mapped;
+    for (int r = 1; r < size; ++r) {
+      mapped.push_back(detail::str(options.keyPrefix, "/mapped/", r));
+    }
+    try {
+      store.wait(mapped, options.timeout);
+    } catch (...) {
+      ::shm_unlink(name.c_str());
+      throw;
+    }
+    ::shm_unlink(name.c_str());
+  }
   return arena;
 }
 
@@ -264,7 +275,6 @@ Arena::~Arena() {
   control(rank_).closed.store(1, std::memory_order_release);
   control(rank_).wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&control(rank_).wake);
-  ::shm_unlink(name_.c_str());  // normally gone already (ENOENT); not if a rank never mapped
   ::munmap(base_, mapBytes_);
 }
 

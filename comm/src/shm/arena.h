@@ -3,9 +3,10 @@
 //
 // What it is
 // - One segment per Context, created by rank 0 with shm_open under a unique name, mapped by
-//   every rank, and unlinked by the last rank to map it (a counter in the Store), so that once
-//   Context::create has returned on every rank nothing is left in /dev/shm even if the job is
-//   SIGKILLed. Threads-as-ranks map it too (each its own mapping); same code path.
+//   every rank, and unlinked by rank 0 as soon as every rank said (through the Store) that it
+//   mapped it, so that once Context::create has returned on rank 0 nothing is left in
+//   /dev/shm even if the job is SIGKILLed. Threads-as-ranks map it too (each its own mapping); same
+//   code path.
 // - Layout: a header (abort flag, sleeper count), then per rank a control block (its counters,
 //   its futex word, its pid) and `kSlots` staging slots of `slotBytes` each.
 // - A collective is a sequence of *steps*; every rank runs the same steps in the same order
