@@ -1,12 +1,13 @@
-// Arena: the shared-memory segment through which the ranks of one Context that all live on
-// one host run their collectives (docs/shm.md has the design and the measurements).
+// Arena: the shared-memory segment through which the ranks of one Context that live on one
+// host run their collectives (the whole Context, or one host's ranks for the hierarchical
+// all-reduce; docs/shm.md has the design and the measurements).
 //
 // What it is
-// - One segment per Context, created by rank 0 with shm_open under a unique name, mapped by
-//   every rank, and unlinked by rank 0 as soon as every rank said (through the Store) that it
-//   mapped it, so that once Context::create has returned on rank 0 nothing is left in
-//   /dev/shm even if the job is SIGKILLed. Threads-as-ranks map it too (each its own mapping); same
-//   code path.
+// - One segment per Context (or host), created by rank 0 with shm_open under a unique name,
+//   mapped by every rank, and unlinked by rank 0 as soon as every rank said (through the
+//   Store) that it mapped it: once Context::create has returned on rank 0 nothing is left in
+//   /dev/shm even if the job is SIGKILLed. Threads-as-ranks map it too (each its own
+//   mapping); same code path.
 // - Layout: a header (abort flag, sleeper count), then per rank a control block (its counters,
 //   its futex word, its pid) and `kSlots` staging slots of `slotBytes` each.
 // - A collective is a sequence of *steps*; every rank runs the same steps in the same order
@@ -17,14 +18,14 @@
 //   for step k). A rank writes its slot for step k only once every rank consumed step
 //   k - kSlots, so nobody reads a slot while it is overwritten.
 // - Waiting: spin (up to 1 ms when every rank has a core and the awaited rank last ran on
-//   another CPU; 2-3 µs otherwise), then
-//   sched_yield (up to 1 ms, 2 ms when ranks outnumber cores), then FUTEX_WAIT on the awaited
-//   rank's futex word with a short timeout (ranks often outnumber cores). Publishing bumps the
-//   futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits the waiter checks
-//   the deadline (TimeoutError naming the operation, its sequence number and the rank waited for),
-//   the group's abort flag, the local transport's failure, and whether the awaited rank's process
-//   still lives (kill(pid, 0) and /proc/<pid>/stat for zombies), so a dead peer turns into an
-//   IoError naming it within about 100 ms.
+//   another CPU; 2-3 µs otherwise), then sched_yield (up to 1 ms, 2 ms when ranks outnumber
+//   cores), then FUTEX_WAIT on the awaited rank's futex word with a 20 ms timeout. Publishing
+//   bumps the futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits
+//   the waiter checks the deadline (TimeoutError naming the operation, its sequence number,
+//   the rank waited for and the bytes outstanding), the group's abort flag, the local
+//   transport's failure, and whether the awaited rank's process still lives (kill(pid, 0)
+//   and /proc/<pid>/stat for zombies), so a dead peer turns into an IoError naming it within
+//   tens of milliseconds.
 // - Any failure sets the shared abort flag (naming the blamed rank and the reason) and wakes
 //   every sleeper, so every rank of the group fails fast.
 //
