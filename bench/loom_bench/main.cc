@@ -147,22 +147,14 @@ class LoomDriver : public Driver {
         pg_->barrier()->wait();
         break;
       case Op::kSendRecv: {
-        // A group runs its operations one at a time in issue order, so a recv issued before
-        // the send would wait for a peer that is itself waiting in its recv. Even ranks send
-        // first and odd ranks receive first, which breaks every cycle of the ring.
+        // Post the receive first, as c10d users do: point-to-point operations are not queued
+        // behind each other, so the ring cannot deadlock (pg_thread_test checks this).
         const int next = (pg_->rank() + 1) % pg_->size();
         const int prev = (pg_->rank() + pg_->size() - 1) % pg_->size();
-        if (pg_->rank() % 2 == 0) {
-          auto sent = pg_->send(buf(send, n), next);
-          auto received = pg_->recv(buf(c.recv, n), prev);
-          sent->wait();
-          received->wait();
-        } else {
-          auto received = pg_->recv(buf(c.recv, n), prev);
-          auto sent = pg_->send(buf(send, n), next);
-          received->wait();
-          sent->wait();
-        }
+        auto received = pg_->recv(buf(c.recv, n), prev);
+        auto sent = pg_->send(buf(send, n), next);
+        received->wait();
+        sent->wait();
         break;
       }
     }
