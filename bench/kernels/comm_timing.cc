@@ -8,8 +8,8 @@
 // (GB/s, nccl-tests definitions), and what the load of a shared machine distorts less: rank
 // 0's CPU time per iteration (all threads of its process, getrusage), CPU seconds per GB of
 // the buffer, context switches per iteration and the kernel's share of that CPU (sys%).
-// --iters fixes the iteration count (for strace -c -f), --sockbuf sets SO_SNDBUF/SO_RCVBUF. Not a test: numbers vary run to run on a shared
-// 2-core VM; compare side by side.
+// --iters fixes the iteration count (for strace -c -f), --sockbuf sets SO_SNDBUF/SO_RCVBUF.
+// Not a test: numbers vary run to run on a shared 2-core VM; compare side by side.
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
