@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "dir_store.h"
+#include "loom/store/file_store.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/socket.h"
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     const pid_t pid = fork();
     if (pid == 0) {
       try {
-        loom::comm::testing::DirStore store(dir);
+        loom::FileStore store(std::string(dir) + "/store");
         rankMain(store, r, cfg);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "dir_store.h"
+#include "loom/store/file_store.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
@@ -33,7 +33,7 @@ TEST(Processes, AllreduceAcrossProcesses) {
   loom::testing::ChildProcesses children;
   const int size = 3;
   children.spawnRanks(size, [&](int rank) {
-    DirStore store(dir.path());
+    FileStore store(dir.file("store"));
     auto ctx = Context::create(store, rank, size, options());
     for (size_t count : {size_t{1}, size_t{100000}}) {
       std::vector<double> buf(count, rank + 1.0);
@@ -52,7 +52,7 @@ TEST(Processes, KilledPeerBecomesIoErrorNamingItWithinSeconds) {
   const int size = 3;
   const int victim = 2;
   children.spawnRanks(size, [&](int rank) {
-    DirStore store(dir.path());
+    FileStore store(dir.file("store"));
     auto ctx = Context::create(store, rank, size, options());
     CollectiveOptions opts;
     opts.timeout = 60s;

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "dir_store.h"
+#include "loom/store/file_store.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
@@ -74,7 +74,7 @@ TEST(ShmProcesses, EveryCollectiveAcrossProcesses) {
     loom::testing::TempDir dir;
     loom::testing::ChildProcesses children;
     children.spawnRanks(size, [&](int rank) {
-      DirStore store(dir.path());
+      FileStore store(dir.file("store"));
       auto ctx = Context::create(store, rank, size, options());
       LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena across processes");
       CollectiveOptions opts;
@@ -109,7 +109,7 @@ TEST(ShmProcesses, SigkilledJobLeavesNothingInDevShm) {
   loom::testing::ChildProcesses children;
   const int size = 3;
   children.spawnRanks(size, [&](int rank) {
-    DirStore store(dir.path());
+    FileStore store(dir.file("store"));
     auto ctx = Context::create(store, rank, size, options());
     shm::Arena* arena = shm::arenaOf(*ctx);
     LOOM_CHECK(arena != nullptr, "no arena");
@@ -142,7 +142,7 @@ TEST(ShmProcesses, KilledPeerIsAnIoErrorNamingItWithinSeconds) {
   const int size = 4;
   const int victim = 2;
   children.spawnRanks(size, [&](int rank) {
-    DirStore store(dir.path());
+    FileStore store(dir.file("store"));
     auto ctx = Context::create(store, rank, size, options());
     LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena");
     CollectiveOptions opts;
@@ -185,7 +185,7 @@ TEST(ShmProcesses, StoppedPeerIsATimeoutNamingIt) {
   const int size = 3;
   const int victim = 1;
   children.spawnRanks(size, [&](int rank) {
-    DirStore store(dir.path());
+    FileStore store(dir.file("store"));
     auto ctx = Context::create(store, rank, size, options());
     CollectiveOptions opts;
     opts.timeout = 1s;
@@ -228,7 +228,7 @@ TEST(ShmProcesses, HierarchicalAllreduceOverFakeHosts) {
     loom::testing::ChildProcesses children;
     children.spawnRanks(size, [&](int rank) {
       ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
-      DirStore store(dir.path());
+      FileStore store(dir.file("store"));
       auto ctx = Context::create(store, rank, size, options());
       LOOM_CHECK(shm::arenaOf(*ctx) == nullptr, "a multi-host context got a single arena");
       LOOM_CHECK(shm::hierarchyOf(*ctx) != nullptr, "no hierarchy");
