@@ -433,7 +433,7 @@ void VerbsTransport::postCtrlLocked(VerbsPeer& p, ImmKind kind, uint32_t arg) {
 
 void VerbsTransport::returnCreditsLocked(VerbsPeer& p) {
   if (p.freed >= creditThreshold(options_.slots) && p.ctrlInFlight < kMaxCtrlInFlight &&
-      !failed_.load()) {
+      !p.goodbye && !failed_.load()) {
     const uint32_t n = p.freed;
     p.freed = 0;
     postCtrlLocked(p, ImmKind::kCredit, n);
@@ -529,6 +529,9 @@ void VerbsTransport::onCompletionLocked(const Completion& c) {
   VerbsPeer& p = *peers_[c.peer];
   if (!c.ok) {
     if (failed_.load() || stop_.load()) return;  // flushed work after a failure / shutdown
+    if (c.op == Completion::kSend && c.wrId == kCtrlWr) --p.ctrlInFlight;
+    // A credit return racing with the peer's goodbye: the peer is gone on purpose.
+    if (p.goodbye && c.op == Completion::kSend && c.wrId == kCtrlWr) return;
     failLocked(detail::str("rank ", rank_, ": RDMA ",
                            c.op == Completion::kSend ? "write to" : "receive from", " rank ",
                            p.rank, " (", p.addr, ") failed: ", c.error,
