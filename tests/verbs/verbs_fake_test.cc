@@ -281,6 +281,45 @@ TEST(VerbsFake, PeerThatLeftFailsReceivesFromIt) {
   });
 }
 
+// Corrupts the header of the 3rd data fragment it posts (what a protocol bug or a stray
+// write would look like to the receiver).
+class CorruptingOps : public FakeOps {
+ public:
+  using FakeOps::FakeOps;
+  void postWriteImm(int peer, uint64_t wrId, const std::vector<Sge>& sges, uint64_t raddr,
+                    uint32_t rkey, uint32_t imm) override {
+    if (immKind(imm) == ImmKind::kData && ++dataWrites_ == 3) {
+      auto* h = static_cast<SlotHeader*>(const_cast<void*>(sges[0].addr));
+      h->magic = 0x12345678;
+    }
+    FakeOps::postWriteImm(peer, wrId, sges, raddr, rkey, imm);
+  }
+
+ private:
+  int dataWrites_ = 0;
+};
+
+TEST(VerbsFake, CorruptFragmentFailsTheReceiverNamingTheSender) {
+  FakeWorld w;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o;
+    o.timeout = 10s;
+    auto ctx = createContextWithOps(w.store, rank, 2, o,
+                                    std::make_unique<CorruptingOps>(w.fabric, rank), w.config);
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> buf(2000);
+    if (rank == 0) {
+      auto s = t.isend(1, buf.data(), buf.size(), 3);
+      EXPECT_THAT(messageOf<IoError>([&] { s->wait(Deadline(10s)); }), HasSubstr("rank 1 aborted"));
+    } else {
+      auto r = t.irecv(0, buf.data(), buf.size(), 3);
+      const std::string m = messageOf<IoError>([&] { r->wait(Deadline(10s)); });
+      EXPECT_THAT(m, HasSubstr("corrupt fragment from rank 0"));
+      EXPECT_THAT(m, HasSubstr("bad header (magic 0x12345678"));
+    }
+  });
+}
+
 TEST(VerbsFake, SetupTimeoutNamesTheMissingRanks) {
   FakeWorld w;
   loom::testing::runThreadRanks(2, [&](int rank) {
