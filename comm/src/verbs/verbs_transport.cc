@@ -278,7 +278,14 @@ void VerbsTransport::registerBuffer(const void* data, size_t bytes) {
     ops_->deregMr(it->second);
     registered_.erase(it);
   }
-  registered_[a] = ops_->regMr(const_cast<void*>(data), bytes);
+  // Registration is an optimisation: when it fails (read-only pages, memlock limit), sends
+  // from this buffer go through the staging ring.
+  try {
+    registered_[a] = ops_->regMr(const_cast<void*>(data), bytes);
+  } catch (const std::exception& e) {
+    LOOM_LOG_WARNING("rank ", rank_, ": registering ", bytes,
+                     " bytes for zero-copy sends failed (sends from it are copied): ", e.what());
+  }
 }
 
 void VerbsTransport::unregisterBuffer(const void* data) {
