@@ -4,10 +4,14 @@
 //   loom_comm_timing --ranks 2 --op allreduce --sizes 8,65536,1048576,67108864 [--algo rd]
 //   loom_comm_timing --pingpong
 //
-// Prints one line per size: bytes, algorithm, median and min time of rank 0 (µs), algbw
-// and busbw (GB/s, nccl-tests definitions). Not a test: numbers vary run to run on a shared
-// 2-core VM; compare side by side.
+// Prints one line per size: bytes, median and min time of rank 0 (µs), algbw and busbw
+// (GB/s, nccl-tests definitions), and what the load of a shared machine distorts less: rank
+// 0's CPU time per iteration (all threads of its process, getrusage), CPU seconds per GB of
+// the buffer, context switches per iteration and the kernel's share of that CPU (sys%).
+// --iters fixes the iteration count (for strace -c -f), --sockbuf sets SO_SNDBUF/SO_RCVBUF.
+// Not a test: numbers vary run to run on a shared 2-core VM; compare side by side.
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +44,8 @@ struct Config {
   std::string algo = "auto";
   bool threads = false;
   double seconds = 0.5;  // target time per size
+  int64_t iters = 0;     // fixed iteration count (0: from --seconds)
+  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)
 };
 
 double busFactor(const std::string& op, int n) {
@@ -73,6 +79,7 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
   loom::comm::ContextOptions copts;
   copts.host = "127.0.0.1";
   copts.timeout = std::chrono::seconds(60);
+  copts.socketBufferBytes = cfg.sockbuf;
   auto ctx = Context::create(store, rank, cfg.ranks, copts);
   loom::comm::CollectiveOptions opts;
   opts.timeout = std::chrono::seconds(60);
@@ -80,7 +87,8 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
   if (rank == 0) {
     std::printf("# %s, %d %s ranks, algo %s, float32\n", cfg.op.c_str(), cfg.ranks,
                 cfg.threads ? "thread" : "process", cfg.algo.c_str());
-    std::printf("%12s %10s %10s %10s %10s\n", "bytes", "median_us", "min_us", "algbw", "busbw");
+    std::printf("%12s %10s %10s %10s %10s %10s %10s %8s %5s\n", "bytes", "median_us", "min_us",
+                "algbw", "busbw", "cpu_us/it", "cpu_s/GB", "csw/it", "sys%");
   }
   for (size_t bytes : cfg.sizes) {
     const size_t count = std::max<size_t>(bytes / 4, 1);
@@ -92,6 +100,7 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
     const double one = std::chrono::duration<double>(Clock::now() - t0).count();
     int64_t iters =
         std::clamp<int64_t>(static_cast<int64_t>(cfg.seconds / std::max(one, 1e-7)), 5, 20000);
+    if (cfg.iters > 0) iters = cfg.iters;
     loom::comm::broadcast(*ctx, &iters, 1, loom::DType::kInt64, 0, [&] {
       ++opts.seq;
       auto o = opts;
@@ -100,17 +109,29 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
     }());
     std::vector<double> times;
     times.reserve(iters);
+    rusage ru0{}, ru1{};
+    getrusage(RUSAGE_SELF, &ru0);
     for (int64_t i = 0; i < iters; ++i) {
       const auto start = Clock::now();
       runOnce(*ctx, cfg, in.data(), out.data(), count, opts);
       times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
+    getrusage(RUSAGE_SELF, &ru1);
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     if (rank == 0) {
+      // CPU time of rank 0's process (all its threads) per iteration: what a loaded machine
+      // does not distort much. cpu_s/GB: per GB of the user buffer (bytes per iteration).
+      auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; };
+      const double cpu =
+          sec(ru1.ru_utime) - sec(ru0.ru_utime) + sec(ru1.ru_stime) - sec(ru0.ru_stime);
+      const double sys = sec(ru1.ru_stime) - sec(ru0.ru_stime);
+      const double csw = double(ru1.ru_nvcsw - ru0.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nivcsw);
       const double algbw = bytes / (median * 1e-6) / 1e9;
-      std::printf("%12zu %10.1f %10.1f %10.3f %10.3f\n", bytes, median, times.front(), algbw,
-                  algbw * busFactor(cfg.op, cfg.ranks));
+      std::printf("%12zu %10.1f %10.1f %10.3f %10.3f %10.1f %10.3f %8.1f %5.0f\n", bytes, median,
+                  times.front(), algbw, algbw * busFactor(cfg.op, cfg.ranks), cpu / iters * 1e6,
+                  cpu / (double(bytes) * iters) * 1e9, csw / iters,
+                  cpu > 0 ? 100 * sys / cpu : 0.0);
       std::fflush(stdout);
     }
   }
@@ -175,6 +196,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", cfg.sizes, "message sizes in bytes (per rank buffer)")->delimiter(',');
   app.add_option("--algo", cfg.algo, "auto, ring, rd, direct, tree, chain");
   app.add_option("--seconds", cfg.seconds, "target time per size");
+  app.add_option("--iters", cfg.iters, "fixed iterations per size (default: from --seconds)");
+  app.add_option("--sockbuf", cfg.sockbuf, "socket buffer bytes (default: autotuning)");
   app.add_flag("--threads", cfg.threads, "ranks as threads of one process (default: processes)");
   app.add_flag("--pingpong", doPingpong, "raw TCP ping-pong baseline");
   CLI11_PARSE(app, argc, argv);

@@ -1,4 +1,5 @@
-// The public collectives: validate the arguments, pick an algorithm and run it. Arguments
+// The public collectives: validate the arguments, pick an algorithm and run it (the
+// shared-memory collectives when the Context has an arena and no algorithm was forced). Arguments
 // are checked before the first message, so an InvalidArgumentError leaves the Context
 // usable; any later error has aborted the transport (see algorithms/op.h).
 #include "loom/comm/collectives.h"
@@ -9,6 +10,9 @@
 #include "algorithms/select.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
+#include "shm/hierarchy.h"
+#include "shm/shm.h"
+#include "shm/shm_collectives.h"
 
 namespace loom::comm {
 
@@ -41,6 +45,12 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
     copyIfDifferent(out, in, bytes);
     return;  // avg over one rank is the value itself
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::allreduce(*arena, opts, in, out, count, dtype, op);
+  }
+  if (const auto* hierarchy = shm::hierarchyFor(ctx, opts)) {
+    return shm::hierarchicalAllreduce(ctx, *hierarchy, opts, in, out, count, dtype, op);
+  }
   Op o(ctx, OpKind::kAllreduce, opts);
   switch (algo) {
     case Algorithm::kRing:
@@ -60,6 +70,9 @@ void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
   const size_t bytes = count * dtypeSize(dtype);
   const Algorithm algo = selectAlgorithm(OpKind::kBroadcast, opts.algorithm, bytes, ctx.size());
   if (count == 0 || ctx.size() == 1) return;
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::broadcast(*arena, opts, buf, count, dtype, root);
+  }
   Op o(ctx, OpKind::kBroadcast, opts);
   switch (algo) {
     case Algorithm::kChain:
@@ -84,6 +97,9 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
     copyIfDifferent(out, in, bytes);
     return;
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::reduce(*arena, opts, in, out, count, dtype, op, root);
+  }
   Op o(ctx, OpKind::kReduce, opts);
   if (algo == Algorithm::kDirect) return reduceDirect(o, in, out, count, dtype, op, root);
   reduceTree(o, in, out, count, dtype, op, root);
@@ -99,6 +115,9 @@ void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
     return;
+  }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::allgather(*arena, opts, in, out, count, dtype);
   }
   Op o(ctx, OpKind::kAllgather, opts);
   if (algo == Algorithm::kDirect) return allgatherDirect(o, in, out, count, dtype);
@@ -117,6 +136,9 @@ void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType 
     copyIfDifferent(out, in, bytes);
     return;
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::reduceScatter(*arena, opts, in, out, count, dtype, op);
+  }
   Op o(ctx, OpKind::kReduceScatter, opts);
   if (algo == Algorithm::kDirect) return reduceScatterDirect(o, in, out, count, dtype, op);
   reduceScatterRing(o, in, out, count, dtype, op);
@@ -134,6 +156,9 @@ void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
     copyIfDifferent(out, in, bytes);
     return;
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::gather(*arena, opts, in, out, count, dtype, root);
+  }
   Op o(ctx, OpKind::kGather, opts);
   gatherDirect(o, in, out, count, dtype, root);
 }
@@ -150,6 +175,9 @@ void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
     copyIfDifferent(out, in, bytes);
     return;
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::scatter(*arena, opts, in, out, count, dtype, root);
+  }
   Op o(ctx, OpKind::kScatter, opts);
   scatterDirect(o, in, out, count, dtype, root);
 }
@@ -165,6 +193,9 @@ void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype
     copyIfDifferent(out, in, bytes);
     return;
   }
+  if (auto* arena = shm::arenaFor(ctx, opts)) {
+    return shm::alltoall(*arena, opts, in, out, count, dtype);
+  }
   Op o(ctx, OpKind::kAlltoall, opts);
   alltoallDirect(o, in, out, count, dtype);
 }
@@ -175,6 +206,7 @@ void barrier(Context& ctx, const CollectiveOptions& opts) {
                algorithmName(opts.algorithm));
   }
   if (ctx.size() == 1) return;
+  if (auto* arena = shm::arenaFor(ctx, opts)) return shm::barrier(*arena, opts);
   Op o(ctx, OpKind::kBarrier, opts);
   barrierDissemination(o);
 }

@@ -1,15 +1,22 @@
 // The Context implementation: a transport to every peer plus scratch memory for the
-// algorithms. Today the transport is always tcp with one socket per peer: the
-// ContextOptions fields sharedMemory and socketsPerPeer are accepted but not used yet (the
-// shm and verbs transports, and striping over several sockets, will be picked here).
+// algorithms. The transport is tcp with one socket per peer (socketsPerPeer is accepted but
+// not used yet); when every rank is on this host and sharedMemory is on, the Context also
+// holds a shared-memory arena that the collectives use instead (shm/arena.h).
 #include "loom/comm/context.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
+#include "loom/store/store.h"
+#include "shm/hierarchy.h"
+#include "shm/shm.h"
 #include "tcp/tcp_transport.h"
 
 namespace loom::comm {
@@ -20,16 +27,31 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+struct SharedMemory {
+  std::unique_ptr<shm::Arena> arena;  // the Context's, or this host's when hierarchical
+  bool singleHost = false;
+  bool hierarchical = false;
+  shm::Hierarchy hierarchy;
+};
+
 class ContextImpl : public Context {
  public:
-  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport)
-      : rank_(rank), size_(size), transport_(std::move(transport)) {}
+  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared)
+      : rank_(rank), size_(size), transport_(std::move(transport)), shared_(std::move(shared)) {
+    if (shared_.arena) shared_.arena->setTransport(transport_.get());
+  }
+  // The arena goes first: it is unmapped before the sockets close.
+  ~ContextImpl() override { shared_.arena.reset(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void abort(const std::string& reason) override {
-    transport_->abort(detail::str("rank ", rank_, ": context aborted: ", reason));
+    const std::string message = detail::str("rank ", rank_, ": context aborted: ", reason);
+    if (shared_.arena) shared_.arena->abort(rank_, message);
+    transport_->abort(message);
   }
+  shm::Arena* arena() { return shared_.singleHost ? shared_.arena.get() : nullptr; }
+  const shm::Hierarchy* hierarchy() { return shared_.hierarchical ? &shared_.hierarchy : nullptr; }
   Transport& transport() override { return *transport_; }
 
   void* scratch(size_t bytes, int slot) override {
@@ -54,8 +76,63 @@ class ContextImpl : public Context {
   const int rank_;
   const int size_;
   std::unique_ptr<Transport> transport_;
+  SharedMemory shared_;
   std::array<Buffer, kSlots> scratch_;
 };
+
+// Same-host ranks get a shared-memory arena. Every rank publishes its host identity (or
+// "off" when shared memory is disabled on it) so that all ranks take the same decision: one
+// arena for the whole Context when all ranks share a host; one arena per host (for the
+// hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
+SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
+  SharedMemory shared;
+  if (size < 2) return shared;
+  const bool enabled = options.sharedMemory && shm::sharedMemoryEnabledByEnv();
+  const std::string prefix = options.storePrefix + "/shm";
+  store.set(detail::str(prefix, "/host/", rank), enabled ? shm::hostIdentity() : "off");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "/host/", r));
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> hosts = store.multiGet(keys);
+  std::vector<int> local;  // the ranks on this rank's host, in increasing order
+  for (int r = 0; r < size; ++r) {
+    if (toString(hosts[r]) == "off") return shared;
+    if (hosts[r] == hosts[rank]) local.push_back(r);
+  }
+  shm::ArenaOptions aopts;
+  aopts.timeout = options.timeout;
+  if (static_cast<int>(local.size()) == size) {
+    aopts.keyPrefix = prefix;
+    shared.arena = shm::Arena::create(store, rank, size, aopts);
+    shared.singleHost = true;
+    return shared;
+  }
+  bool anyShared = false;
+  for (int r = 0; r < size; ++r) {
+    bool first = true, several = false;
+    for (int q = 0; q < size; ++q) {
+      if (hosts[q] == hosts[r] && q < r) first = false;
+      if (hosts[q] == hosts[r] && q != r) several = true;
+    }
+    if (first) shared.hierarchy.leaders.push_back(r);
+    anyShared = anyShared || several;
+  }
+  if (!anyShared) return shared;  // one rank per host: plain tcp
+  shared.hierarchical = true;
+  if (local.front() == rank) {
+    for (size_t h = 0; h < shared.hierarchy.leaders.size(); ++h) {
+      if (shared.hierarchy.leaders[h] == rank) shared.hierarchy.leaderIndex = static_cast<int>(h);
+    }
+  }
+  if (local.size() > 1) {
+    const int localRank =
+        static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+    aopts.keyPrefix = detail::str(prefix, "/host-of-", local.front());
+    shared.arena = shm::Arena::create(store, localRank, static_cast<int>(local.size()), aopts);
+    shared.hierarchy.arena = shared.arena.get();
+  }
+  return shared;
+}
 
 }  // namespace
 
@@ -70,7 +147,41 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.keyPrefix = options.storePrefix + "/tcp";
   topts.bufferBytes = options.socketBufferBytes;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
-  return std::make_shared<ContextImpl>(rank, size, std::move(transport));
+  return std::make_shared<ContextImpl>(rank, size, std::move(transport),
+                                       setupSharedMemory(store, rank, size, options));
 }
+
+namespace shm {
+
+Arena* arenaOf(Context& ctx) {
+  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
+  return impl != nullptr ? impl->arena() : nullptr;
+}
+
+namespace {
+
+bool algorithmForced(const CollectiveOptions& opts) {
+  if (opts.algorithm != Algorithm::kAuto) return true;
+  const char* env = std::getenv("LOOM_ALGO");
+  return env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0 &&
+         std::strcmp(env, "shm") != 0;
+}
+
+}  // namespace
+
+Arena* arenaFor(Context& ctx, const CollectiveOptions& opts) {
+  return algorithmForced(opts) ? nullptr : arenaOf(ctx);
+}
+
+const Hierarchy* hierarchyOf(Context& ctx) {
+  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
+  return impl != nullptr ? impl->hierarchy() : nullptr;
+}
+
+const Hierarchy* hierarchyFor(Context& ctx, const CollectiveOptions& opts) {
+  return algorithmForced(opts) ? nullptr : hierarchyOf(ctx);
+}
+
+}  // namespace shm
 
 }  // namespace loom::comm

@@ -4,6 +4,7 @@
 // peer, bytes outstanding), abort from another thread and its propagation to peers.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <latch>
@@ -99,6 +100,38 @@ TEST(Transport, LargeMessagePostedBeforeAndAfterArrival) {
       auto r2 = t.irecv(0, second.data(), n, 2);
       ASSERT_TRUE(r2->wait(deadline));
       EXPECT_EQ(0, std::memcmp(buf.data(), second.data(), n));
+    }
+  });
+}
+
+// The progress thread stands aside while a thread waits and for a moment after: a send that
+// nobody waits on must still finish once the sender stops waiting (here it spins on a flag,
+// never touching the transport, right after a wait of its own).
+TEST(Transport, SendNobodyWaitsOnFinishesAfterTheSenderStoppedWaiting) {
+  HashStore store;
+  const size_t n = size_t{32} << 20;  // far more than the socket buffers hold
+  std::atomic<bool> received{false};
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> buf(n, static_cast<uint8_t>(rank + 1));
+    uint8_t token = 0;
+    if (rank == 0) {
+      auto s = t.isend(1, buf.data(), n, 2);
+      auto r = t.irecv(1, &token, 1, 1);
+      ASSERT_TRUE(r->wait(deadline));  // returns long before the 32 MiB are through
+      while (!received.load() && !deadline.expired()) std::this_thread::yield();
+      ASSERT_TRUE(received.load()) << "the send made no progress without a waiter";
+      ASSERT_TRUE(s->wait(deadline));
+    } else {
+      auto s = t.isend(0, &token, 1, 1);
+      ASSERT_TRUE(s->wait(deadline));
+      auto r = t.irecv(0, buf.data(), n, 2);
+      ASSERT_TRUE(r->wait(deadline));
+      EXPECT_EQ(buf[0], 1);
+      EXPECT_EQ(buf[n - 1], 1);
+      received.store(true);
     }
   });
 }

@@ -425,6 +425,24 @@ TEST(ProcessGroupThreads, LargeSendRecvRingsDoNotDeadlock) {
   });
 }
 
+// c10d users post the receive first; point-to-point operations are not queued behind each
+// other, so a ring where every rank issues recv before send must complete.
+TEST(ProcessGroupThreads, RecvIssuedBeforeSendInARingCompletes) {
+  runGroups(3, quickOptions(milliseconds(20000)), [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    const int p = pg.size();
+    for (size_t n : {size_t{4}, size_t{1} << 20}) {
+      std::vector<float> msg(n, static_cast<float>(r));
+      std::vector<float> got(n, -1.0f);
+      auto recvd = pg.recv(view(got.data(), n), (r + p - 1) % p, /*tag=*/7);
+      auto sent = pg.send(view(msg.data(), n), (r + 1) % p, /*tag=*/7);
+      recvd->wait();
+      sent->wait();
+      EXPECT_EQ(got[n - 1], static_cast<float>((r + p - 1) % p));
+    }
+  });
+}
+
 TEST(ProcessGroupThreads, ARecvThatNeverMatchesTimesOutNamingPeerAndBytes) {
   auto store = std::make_shared<HashStore>();
   std::promise<void> rank0Done;

@@ -6,13 +6,14 @@
 //   `chunks` chunks of at most chunkBytes(). Every message is one chunk.
 // - Reduce-scatter, steps k = 0 .. size-2: rank r sends segment (r - k - 1) to `next` and
 //   receives segment (r - k - 2) from `prev`, reducing it into out with its own input:
-//   out[seg] = in[seg] (op) received. At step 0 the segment sent comes from `in`; later
+//   out[seg] = received (op) in[seg]. At step 0 the segment sent comes from `in`; later
 //   steps send the partial result written into out one step before. After the last step,
 //   segment r of out holds the full reduction.
 // - Pipelining: the loop walks (step, chunk) in order; as soon as chunk c of step k is
-//   reduced it is sent as chunk c of step k + 1, while the receives of the next `kWindow`
-//   chunks are already posted into the `window` receive buffers. So the socket receives
-//   chunk c + 1 while chunk c is reduced and sent on.
+//   reduced it is sent as chunk c of step k + 1, while later chunks are already arriving.
+//   Out of place, every reduce-scatter receive is posted up front straight into its place in
+//   out and reduced there (out = received (op) in): no window buffer, no unexpected message.
+//   In place, the receives go into `kWindow` window buffers, posted as chunks are consumed.
 // - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
 //   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
 //   after its last reduction, so the two phases overlap too. All all-gather receives are
@@ -56,24 +57,11 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
   };
   auto segment = [&](int s) { return ((s % size) + size) % size; };
 
-  const size_t windowBytes = perChunk * esize;
-  auto* window = static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0));
   const size_t steps = static_cast<size_t>(size - 1);
   const size_t totalRecvs = steps * chunks;  // reduce-scatter receives, in (step, chunk) order
 
   std::vector<RequestPtr> sends;
   std::vector<RequestPtr> gatherRecvs(steps * chunks);
-  std::vector<RequestPtr> scatterRecvs(kWindow);
-
-  // Reduce-scatter receive i = (step i / chunks, chunk i % chunks) goes to window slot i % kWindow.
-  auto postScatterRecv = [&](size_t i) {
-    const auto k = static_cast<int>(i / chunks);
-    size_t begin, n;
-    chunkOf(segment(rank - k - 2), i % chunks, begin, n);
-    scatterRecvs[i % kWindow] =
-        op.recv(prev, window + (i % kWindow) * windowBytes, n * esize, static_cast<uint32_t>(k));
-  };
-  for (size_t i = 0; i < std::min<size_t>(kWindow, totalRecvs); ++i) postScatterRecv(i);
   for (size_t k = 0; k < steps; ++k) {
     for (size_t c = 0; c < chunks; ++c) {
       size_t begin, n;
@@ -82,26 +70,55 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
           op.recv(prev, at(out, begin * esize), n * esize, static_cast<uint32_t>(size - 1 + k));
     }
   }
-  // Step 0 sends come straight from the input. They are paced like the receives (chunk
-  // c + kWindow leaves once chunk c arrived), so that they reach the peer's posted window
-  // instead of its unexpected-message queue.
   auto postFirstSend = [&](size_t c) {
     size_t begin, n;
     chunkOf(segment(rank - 1), c, begin, n);
     sends.push_back(op.send(next, at(in, begin * esize), n * esize, 0));
   };
-  for (size_t c = 0; c < std::min<size_t>(kWindow, chunks); ++c) postFirstSend(c);
+  // Reduce-scatter receive i = (step i / chunks, chunk i % chunks).
+  auto scatterChunk = [&](size_t i, size_t& begin, size_t& n) {
+    chunkOf(segment(rank - static_cast<int>(i / chunks) - 2), i % chunks, begin, n);
+  };
+
+  // Out of place: every reduce-scatter receive lands straight in its place in out and is
+  // reduced there (out = received (op) in), so all of them are posted up front, no message
+  // ever arrives unexpected, and there is no window buffer. A region of out that is a
+  // reduce-scatter target is also an all-gather target, but its all-gather data can only
+  // arrive after this rank's partial result for it has left (causality), so they never meet.
+  // In place: the input of out's segments is still needed, so receives go through a window
+  // of kWindow chunk buffers, posted as chunks are consumed.
+  const bool inPlace = in == out;
+  const size_t windowBytes = perChunk * esize;
+  uint8_t* window =
+      inPlace ? static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0)) : nullptr;
+  const size_t ahead = inPlace ? std::min<size_t>(kWindow, totalRecvs) : totalRecvs;
+  std::vector<RequestPtr> scatterRecvs(ahead);
+  auto postScatterRecv = [&](size_t i) {
+    size_t begin, n;
+    scatterChunk(i, begin, n);
+    uint8_t* dst = inPlace ? window + (i % kWindow) * windowBytes : at(out, begin * esize);
+    scatterRecvs[i % ahead] = op.recv(prev, dst, n * esize, static_cast<uint32_t>(i / chunks));
+  };
+  for (size_t i = 0; i < ahead; ++i) postScatterRecv(i);
+  // Step 0 sends come straight from the input. In place they are paced like the receives
+  // (chunk c + kWindow leaves once chunk c arrived), so that they reach the peer's posted
+  // window instead of its unexpected-message queue.
+  const size_t firstSends = inPlace ? std::min<size_t>(kWindow, chunks) : chunks;
+  for (size_t c = 0; c < firstSends; ++c) postFirstSend(c);
 
   for (size_t i = 0; i < totalRecvs; ++i) {
-    const size_t k = i / chunks, c = i % chunks;
-    const int s = segment(rank - static_cast<int>(k) - 2);
+    const size_t k = i / chunks;
     size_t begin, n;
-    chunkOf(s, c, begin, n);
-    op.wait(scatterRecvs[i % kWindow]);
+    scatterChunk(i, begin, n);
+    op.wait(scatterRecvs[i % ahead]);
     uint8_t* dst = at(out, begin * esize);
-    reduce(dst, at(in, begin * esize), window + (i % kWindow) * windowBytes, n);
-    if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
-    if (i + kWindow < chunks) postFirstSend(i + kWindow);
+    if (inPlace) {
+      reduce(dst, dst, window + (i % kWindow) * windowBytes, n);
+      if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
+      if (i + kWindow < chunks) postFirstSend(i + kWindow);
+    } else {
+      reduce(dst, dst, at(in, begin * esize), n);
+    }
     if (k + 1 < steps) {
       sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(k + 1)));
     } else {

@@ -51,8 +51,13 @@ enum State : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
 constexpr size_t kSpinBytes = 64 << 10;
 // How long a waiter spins (LOOM_SPIN_US, default 50 µs).
 Clock::duration spinTime();
-// True on a thread inside TcpTransport::drive (completions there need no wake-up).
+// True on a thread inside TcpRequest::wait (it drives sockets itself).
 extern thread_local bool tlsDriving;
+class TcpRequest;
+// The request this thread waits on (its completion needs no wake-up).
+extern thread_local const TcpRequest* tlsWaiting;
+// The progress thread stays parked this long after the last wait ended.
+constexpr auto kLinger = std::chrono::milliseconds(2);
 
 class TcpRequest : public Request {
  public:
@@ -81,13 +86,13 @@ class TcpRequest : public Request {
   void complete() {
     done_.store(bytes_, std::memory_order_relaxed);
     state_.store(kDone);
-    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
+    if (sleeping_.load() && tlsWaiting != this) transport_->notifyDriver();
   }
   void failWith(const std::string& message) {
     if (state_.load() != kPending) return;
     error_ = message;
     state_.store(kFailed);
-    if (sleeping_.load() && !tlsDriving) transport_->notifyDriver();
+    if (sleeping_.load() && tlsWaiting != this) transport_->notifyDriver();
   }
   void setDone(size_t n) { done_.store(n, std::memory_order_relaxed); }
 

@@ -23,12 +23,20 @@ void TcpTransport::pollPeer(int peer, bool send) {
   std::string error;
   if (send) {
     std::unique_lock<std::mutex> lock(p.sendMu, std::try_to_lock);
-    if (!lock.owns_lock()) return;
-    error = progressSendLocked(p);
+    if (lock.owns_lock()) error = progressSendLocked(p);
   } else {
     std::unique_lock<std::mutex> lock(p.recvMu, std::try_to_lock);
-    if (!lock.owns_lock()) return;
-    error = progressRecvLocked(p);
+    if (lock.owns_lock()) error = progressRecvLocked(p);
+  }
+  // The progress thread stands aside while anyone waits: finish queued sends to every peer
+  // too (a peer may need them before it can answer).
+  for (auto& q : peers_) {
+    if (!error.empty()) break;
+    if (!q || (send && q.get() == &p) || !q->sendPending.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(q->sendMu, std::try_to_lock);
+    if (lock.owns_lock()) error = progressSendLocked(*q);
   }
   if (!error.empty()) fail(error, true);
 }
@@ -38,10 +46,21 @@ void TcpTransport::notifyDriver() {
   [[maybe_unused]] ssize_t w = ::write(notifyFd_, &one, sizeof(one));
 }
 
-bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
-  auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
+void TcpTransport::beginWait(const TcpRequest* request) {
   driving_.fetch_add(1);
   tlsDriving = true;
+  tlsWaiting = request;
+}
+
+void TcpTransport::endWait() {
+  tlsDriving = false;
+  tlsWaiting = nullptr;
+  lastWaitEnd_.store(Clock::now().time_since_epoch().count());
+  driving_.fetch_sub(1);
+}
+
+bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
+  auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
   std::vector<pollfd> fds;
   std::vector<int> ranks;
   fds.reserve(peers_.size() + 1);
@@ -88,21 +107,21 @@ bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point e
     }
     finished = done();
   }
-  tlsDriving = false;
-  if (driving_.fetch_sub(1) == 1) {
-    const uint64_t one = 1;  // send the progress thread back to epoll
-    [[maybe_unused]] ssize_t w = ::write(wakeFd_, &one, sizeof(one));
-  }
   return finished || done();
 }
 
 void TcpTransport::progressLoop() {
   epoll_event events[64];
   while (!stop_.load()) {
-    if (driving_.load() > 0) {
-      // A waiting thread drives the sockets; stay out of its way until it is done.
+    const int64_t lingerEnd =
+        lastWaitEnd_.load() + std::chrono::duration_cast<Clock::duration>(kLinger).count();
+    if (driving_.load() > 0 || Clock::now().time_since_epoch().count() < lingerEnd) {
+      // A waiting thread drives the sockets (or did a moment ago and probably will again):
+      // stay out of its way, looking again every kLinger. Nothing wakes this thread when a
+      // wait ends, so a run of collectives costs it no wake-ups; bytes that nobody waits
+      // for meanwhile sit in the socket buffers for at most kLinger.
       pollfd pfd{wakeFd_, POLLIN, 0};
-      ::poll(&pfd, 1, 100);
+      ::poll(&pfd, 1, static_cast<int>(kLinger.count()));
       uint64_t v;
       [[maybe_unused]] ssize_t r = ::read(wakeFd_, &v, sizeof(v));
       continue;

@@ -10,6 +10,7 @@
 namespace loom::comm::tcp {
 
 thread_local bool tlsDriving = false;
+thread_local const TcpRequest* tlsWaiting = nullptr;
 
 Clock::duration spinTime() {
   static const Clock::duration spin = [] {
@@ -22,7 +23,14 @@ Clock::duration spinTime() {
 }
 
 bool TcpRequest::wait(const Deadline& deadline) {
-  if (state_.load(std::memory_order_acquire) == kPending && bytes_ <= kSpinBytes) {
+  if (state_.load(std::memory_order_acquire) != kPending) return test();
+  struct WaitScope {
+    TcpTransport* t;
+    ~WaitScope() { t->endWait(); }
+  };
+  transport_->beginWait(this);
+  WaitScope scope{transport_};
+  if (bytes_ <= kSpinBytes) {
     const auto spinEnd = Clock::now() + spinTime();
     do {
       transport_->pollPeer(peer_, send_);

@@ -20,7 +20,9 @@
 //   up to LOOM_SPIN_US (default 50 µs; only for messages up to 64 KiB) driving that peer's
 //   socket itself (try-lock, so it never blocks the progress thread). Then it drives all the
 //   sockets itself, blocked in poll() (on the sockets and a notification eventfd), while the
-//   progress thread stands aside (it idles while `driving_` > 0). So a small message
+//   progress thread stands aside (it idles while `driving_` > 0, and for kLinger after the
+//   last wait ended, waking only on its timeout: no eventfd write, no wake-up per wait). So a
+//   small message
 //   completes without any thread wake-up, and a large transfer is moved by the thread that
 //   also reduces, instead of two threads per rank fighting for two cores. The progress thread
 //   moves data while the caller is busy elsewhere (reducing, or between collectives).
@@ -82,9 +84,15 @@ class TcpTransport : public Transport {
 
   // Used by TcpRequest::wait while spinning: drive one peer's socket without blocking.
   void pollPeer(int peer, bool send);
+  // Used by TcpRequest::wait around its whole wait (spin and drive): while any thread waits,
+  // the progress thread stands aside, and it stays parked for kLinger after the last wait
+  // ended, so that back-to-back waits (the steps of a collective, consecutive collectives)
+  // never wake it.
+  void beginWait(const TcpRequest* request);
+  void endWait();
   // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
-  // blocking in poll(), until `state` leaves pending or `end` passes (the progress thread
-  // stands aside meanwhile). Returns true when it left pending.
+  // blocking in poll(), until `state` leaves pending or `end` passes. Returns true when it
+  // left pending.
   bool drive(const std::atomic<uint32_t>& state, Clock::time_point end);
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
@@ -111,9 +119,10 @@ class TcpTransport : public Transport {
   const int size_;
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
   int epollFd_ = -1;
-  int wakeFd_ = -1;              // eventfd: stop the progress thread, or send it back to epoll
-  int notifyFd_ = -1;            // eventfd: a request completed while its waiter drives
-  std::atomic<int> driving_{0};  // threads inside drive(); the progress thread idles then
+  int wakeFd_ = -1;                      // eventfd: stop the progress thread
+  int notifyFd_ = -1;                    // eventfd: a request completed while its waiter drives
+  std::atomic<int> driving_{0};          // threads inside a wait; the progress thread idles then
+  std::atomic<int64_t> lastWaitEnd_{0};  // steady clock ns when the last wait ended
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

@@ -1,0 +1,174 @@
+// tcp_baseline: what raw loopback TCP does on this machine, the yardstick of issue 5's targets
+// ("60% of loopback TCP stream rate", "within 2x of a raw TCP ping-pong"). Two processes (the
+// program forks), one TCP connection over 127.0.0.1 with TCP_NODELAY:
+//   ping-pong   8-byte messages bounced back and forth; round-trip time, median and p99, once
+//               with blocking reads and once busy-polling non-blocking reads;
+//   stream      one direction, 1 MiB writes, 4 MiB socket buffers; GB/s (1e9 bytes/s).
+// Prints a small Markdown table. No Loom code involved.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace {
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "tcp_baseline: %s: %s\n", what, std::strerror(errno));
+  std::exit(1);
+}
+
+void setOptions(int fd) {
+  int one = 1;
+  int buf = 4 << 20;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+void writeAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      die("write");
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+// Reads exactly n bytes; with `spin`, the socket is non-blocking and EAGAIN is retried.
+void readAll(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::read(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      die("read");
+    }
+    if (k == 0) {
+      errno = ECONNRESET;
+      die("read (peer closed)");
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void setNonBlocking(int fd, bool on) {
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+struct Params {
+  int roundTrips = 10000;
+  size_t streamBytes = size_t{1} << 30;
+  size_t chunk = size_t{1} << 20;
+};
+
+// The child: connects, echoes the ping-pongs, then receives the stream.
+void child(int port, const Params& p) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) die("connect");
+  setOptions(fd);
+  char msg[8];
+  for (bool spin : {false, true}) {
+    setNonBlocking(fd, spin);
+    for (int i = 0; i < p.roundTrips; ++i) {
+      readAll(fd, msg, sizeof(msg));
+      writeAll(fd, msg, sizeof(msg));
+    }
+  }
+  setNonBlocking(fd, false);
+  std::vector<char> buf(p.chunk);
+  for (size_t got = 0; got < p.streamBytes; got += p.chunk) readAll(fd, buf.data(), p.chunk);
+  writeAll(fd, msg, 1);  // done
+  ::close(fd);
+  std::_Exit(0);
+}
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q / 100.0 * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Raw loopback TCP: 8-byte ping-pong round trip and one-stream rate.",
+               "tcp_baseline"};
+  Params p;
+  app.add_option("--round-trips", p.roundTrips, "ping-pongs per mode")->capture_default_str();
+  app.add_option("--stream-bytes", p.streamBytes, "bytes streamed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (p.roundTrips < 1 || p.streamBytes < p.chunk) {
+    std::fprintf(stderr, "tcp_baseline: --round-trips must be >= 1 and --stream-bytes >= 1 MiB\n");
+    return 2;
+  }
+
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) die("bind");
+  if (listen(lfd, 1) != 0) die("listen");
+  socklen_t len = sizeof(addr);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) child(port, p);
+  const int fd = accept(lfd, nullptr, nullptr);
+  if (fd < 0) die("accept");
+  setOptions(fd);
+
+  using Clock = std::chrono::steady_clock;
+  char msg[8] = {};
+  double rtt[2][2];  // [spin][median, p99] in microseconds
+  for (int spin = 0; spin < 2; ++spin) {
+    setNonBlocking(fd, spin != 0);
+    std::vector<double> times;
+    times.reserve(static_cast<size_t>(p.roundTrips));
+    for (int i = 0; i < p.roundTrips; ++i) {
+      const auto start = Clock::now();
+      writeAll(fd, msg, sizeof(msg));
+      readAll(fd, msg, sizeof(msg));
+      times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+    rtt[spin][0] = percentile(times, 50);
+    rtt[spin][1] = percentile(times, 99);
+  }
+  setNonBlocking(fd, false);
+  std::vector<char> buf(p.chunk, 1);
+  const auto start = Clock::now();
+  for (size_t sent = 0; sent < p.streamBytes; sent += p.chunk) writeAll(fd, buf.data(), p.chunk);
+  readAll(fd, msg, 1);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  int status = 0;
+  waitpid(pid, &status, 0);
+
+  std::printf("| raw loopback TCP | value |\n|---|---:|\n");
+  std::printf("| 8-byte round trip, blocking reads (median / p99) | %.1f / %.1f us |\n", rtt[0][0],
+              rtt[0][1]);
+  std::printf("| 8-byte round trip, busy-polling reads (median / p99) | %.1f / %.1f us |\n",
+              rtt[1][0], rtt[1][1]);
+  std::printf("| one stream, 1 MiB writes | %.2f GB/s |\n",
+              static_cast<double>(p.streamBytes) / seconds / 1e9);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}

@@ -1,0 +1,373 @@
+#include "loom/bench/runner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <memory>
+
+#include "loom/bench/data.h"
+#include "loom/bench/plot.h"
+#include "loom/bench/sizes.h"
+#include "loom/common/error.h"
+
+namespace loom::bench {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+Buffer allocate(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, std::max<size_t>(bytes, 64)) != 0) {
+    LOOM_THROW(InvalidArgumentError, "cannot allocate ", bytes, " bytes for the benchmark buffers");
+  }
+  std::memset(p, 0, std::max<size_t>(bytes, 64));
+  return Buffer(static_cast<std::byte*>(p));
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto n = static_cast<double>(values.size());
+  const auto rank = static_cast<size_t>(std::max(1.0, std::ceil(p / 100.0 * n)));
+  return values[std::min(values.size(), rank) - 1];
+}
+
+// Everything one placement (out-of-place or in-place) of one row needs.
+struct Placement {
+  const void* send;
+  void* recv;
+};
+
+class Sweep {
+ public:
+  Sweep(Driver& driver, const SweepOptions& options)
+      : driver_(driver), opts_(options), rank_(driver.rank()), n_(driver.worldSize()) {}
+
+  std::vector<std::string> rankLines();
+  Row measureRow(ElemType type, RedOp redop, size_t bytes);
+
+ private:
+  Placement placement(const Layout& layout, ElemType type, bool inPlace);
+  void prepare(const Layout& layout, ElemType type, RedOp redop, bool inPlace);
+  Measure measure(const Layout& layout, ElemType type, RedOp redop, bool inPlace);
+
+  Driver& driver_;
+  const SweepOptions& opts_;
+  const int rank_;
+  const int n_;
+  Buffer send_ = allocate(opts_.maxBytes);
+  Buffer recv_ = allocate(opts_.maxBytes);
+};
+
+std::vector<std::string> Sweep::rankLines() {
+  constexpr size_t kHostChars = 48;
+  std::vector<double> mine(kHostChars + 1, 0.0);
+  mine[0] = static_cast<double>(::getpid());
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  for (size_t i = 0; i < kHostChars && host[i]; ++i)
+    mine[i + 1] = static_cast<unsigned char>(host[i]);
+  std::vector<double> all(mine.size() * static_cast<size_t>(n_));
+  driver_.allgatherDoubles(mine.data(), mine.size(), all.data());
+  std::vector<std::string> lines;
+  for (int r = 0; r < n_; ++r) {
+    const double* d = all.data() + mine.size() * static_cast<size_t>(r);
+    std::string name;
+    for (size_t i = 1; i <= kHostChars && d[i] != 0; ++i) name += static_cast<char>(d[i]);
+    char line[256];
+    std::snprintf(line, sizeof(line), "Rank %2d Group  0 Pid %6d on %10s device  0 [cpu] %s", r,
+                  static_cast<int>(d[0]), name.c_str(), driver_.series().c_str());
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+Placement Sweep::placement(const Layout& layout, ElemType type, bool inPlace) {
+  const size_t es = elemSize(type);
+  if (!inPlace) return {send_.get(), recv_.get()};
+  std::byte* base = recv_.get();
+  const auto r = static_cast<size_t>(rank_);
+  return {base + layout.sendInPlaceOffset * r * es, base + layout.recvInPlaceOffset * r * es};
+}
+
+void Sweep::prepare(const Layout& layout, ElemType type, RedOp redop, bool inPlace) {
+  const size_t es = elemSize(type);
+  const Placement p = placement(layout, type, inPlace);
+  // Outputs start as all-ones bytes, which no fill produces (data.h).
+  std::memset(recv_.get(), 0xff, std::max(layout.sendCount, layout.recvCount) * es);
+  fillInput(opts_.op, redop, type, rank_, n_, const_cast<void*>(p.send), layout.sendCount);
+}
+
+Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool inPlace) {
+  Measure m;
+  const Placement p = placement(layout, type, inPlace);
+  Call call;
+  call.op = opts_.op;
+  call.type = type;
+  call.redop = redop;
+  call.root = opUsesRoot(opts_.op) ? opts_.root : 0;
+  call.send = p.send;
+  call.recv = p.recv;
+  call.count = layout.opCount;
+  call.inPlace = inPlace;
+
+  prepare(layout, type, redop, inPlace);
+  driver_.barrier();
+  for (int i = 0; i < opts_.warmupIters; ++i) driver_.run(call);
+  driver_.barrier();
+  std::vector<double> times(static_cast<size_t>(opts_.iters));
+  for (int i = 0; i < opts_.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    driver_.run(call);
+    times[static_cast<size_t>(i)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::vector<double> all(times.size() * static_cast<size_t>(n_));
+  driver_.allgatherDoubles(times.data(), times.size(), all.data());
+  const TimeStats stats = timeStats(all, n_, opts_.iters);
+  m.timeUs = stats.meanUs;
+  m.p50Us = stats.p50Us;
+  m.p99Us = stats.p99Us;
+  m.skewUs = stats.skewUs;
+  const Bandwidth bw = bandwidth(opts_.op, layout.bytes, stats.meanUs * 1e-6, n_);
+  m.algBw = bw.alg;
+  m.busBw = bw.bus;
+
+  if (opts_.check > 0) {
+    int64_t wrong = 0;
+    for (int c = 0; c < opts_.check; ++c) {
+      prepare(layout, type, redop, inPlace);
+      driver_.barrier();
+      driver_.run(call);
+      wrong += countWrong(opts_.op, redop, type, rank_, n_, call.root, layout, p.recv);
+    }
+    const double mine = static_cast<double>(wrong);
+    std::vector<double> each(static_cast<size_t>(n_));
+    driver_.allgatherDoubles(&mine, 1, each.data());
+    m.wrong = 0;
+    for (double w : each) m.wrong += static_cast<int64_t>(w);
+  }
+  return m;
+}
+
+Row Sweep::measureRow(ElemType type, RedOp redop, size_t bytes) {
+  const Layout layout = layoutFor(opts_.op, bytes, type, n_);
+  Row row;
+  row.op = opts_.op;
+  row.bytes = layout.bytes;
+  row.count = layout.count;
+  row.type = elemTypeName(type);
+  row.redop = opUsesRedop(opts_.op) ? redOpName(redop) : "none";
+  row.root = opUsesRoot(opts_.op) ? opts_.root : -1;
+  row.outOfPlace = measure(layout, type, redop, false);
+  if (driver_.inPlaceUnsupported(opts_.op).empty()) {
+    row.inPlace = measure(layout, type, redop, true);
+  }
+  return row;
+}
+
+}  // namespace
+
+std::string Driver::unsupported(Op, ElemType, RedOp) const {
+  return {};
+}
+std::string Driver::inPlaceUnsupported(Op) const {
+  return {};
+}
+
+TimeStats timeStats(const std::vector<double>& times, int worldSize, int iters) {
+  TimeStats s;
+  if (iters <= 0 || worldSize <= 0) return s;
+  const auto k = static_cast<size_t>(iters);
+  std::vector<double> perIterMax(k, 0.0);
+  double slowest = 0, fastest = std::numeric_limits<double>::max();
+  for (int r = 0; r < worldSize; ++r) {
+    double sum = 0;
+    for (size_t i = 0; i < k; ++i) {
+      const double t = times[static_cast<size_t>(r) * k + i];
+      sum += t;
+      perIterMax[i] = std::max(perIterMax[i], t);
+    }
+    const double mean = sum / static_cast<double>(k);
+    slowest = std::max(slowest, mean);
+    fastest = std::min(fastest, mean);
+  }
+  s.meanUs = slowest * 1e6;
+  s.skewUs = (slowest - fastest) * 1e6;
+  s.p50Us = percentile(perIterMax, 50) * 1e6;
+  s.p99Us = percentile(perIterMax, 99) * 1e6;
+  return s;
+}
+
+SweepOptions SweepFlags::resolve() const {
+  SweepOptions o;
+  o.op = parseOp(op);
+  o.minBytes = parseSize(minBytes);
+  o.maxBytes = parseSize(maxBytes);
+  o.stepFactor = stepFactor;
+  if (o.op != Op::kBarrier) sweepSizes(o.minBytes, o.maxBytes, o.stepFactor);  // validates
+  LOOM_CHECK(iters >= 1, "-n/--iters must be at least 1, got ", iters);
+  LOOM_CHECK(warmupIters >= 0, "-w/--warmup_iters must be at least 0, got ", warmupIters);
+  LOOM_CHECK(check >= 0, "-c/--check must be at least 0, got ", check);
+  o.iters = iters;
+  o.warmupIters = warmupIters;
+  o.check = check;
+  o.types = dtype == "all" ? allElemTypes() : std::vector<ElemType>{parseElemType(dtype)};
+  o.redops = redop == "all" ? allRedOps() : std::vector<RedOp>{parseRedOp(redop)};
+  LOOM_CHECK(root >= 0, "-r/--root must be a rank (>= 0), got ", root);
+  o.root = root;
+  o.jsonPath = jsonPath;
+  o.csvPath = csvPath;
+  o.plotPath = plotPath;
+  o.series = series;
+  return o;
+}
+
+void addSweepFlags(CLI::App& app, SweepFlags& f) {
+  app.add_option("--op", f.op,
+                 "collective: all_reduce, broadcast, all_gather, reduce_scatter, reduce, "
+                 "gather, scatter, alltoall, barrier, sendrecv")
+      ->capture_default_str();
+  app.add_option("-b,--minbytes", f.minBytes, "smallest size (bytes; K, M, G suffixes)")
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", f.maxBytes, "largest size (bytes; K, M, G suffixes)")
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", f.stepFactor, "multiply the size by this between rows (>= 2)")
+      ->capture_default_str();
+  app.add_option("-n,--iters", f.iters, "timed iterations per size")->capture_default_str();
+  app.add_option("-w,--warmup_iters", f.warmupIters, "untimed iterations before timing")
+      ->capture_default_str();
+  app.add_option("-c,--check", f.check,
+                 "check results this many times per size (0: no check, #wrong shows N/A)")
+      ->capture_default_str();
+  app.add_option("-d,--datatype", f.dtype,
+                 "float, double, half, bfloat16, int8, uint8, int32, int64, or all")
+      ->capture_default_str();
+  app.add_option("-o,--op_type", f.redop, "reduction: sum, prod, min, max, avg, or all")
+      ->capture_default_str();
+  app.add_option("-r,--root", f.root, "root rank of broadcast, reduce, gather, scatter")
+      ->capture_default_str();
+  app.add_option("--json", f.jsonPath, "write nccl-tests' JSON document to this file (rank 0)");
+  app.add_option("--csv", f.csvPath, "write the rows as CSV to this file (rank 0)");
+  app.add_option("--plot", f.plotPath, "draw busbw against size as SVG into this file (rank 0)");
+  app.add_option("--series", f.series, "name of this run in the CSV, JSON and plot");
+}
+
+int rankFromEnvironment() {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return 0;
+}
+
+std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv,
+                                    const std::function<void()>& resolve) {
+  const bool speak = rankFromEnvironment() == 0;
+  try {
+    app.parse(argc, argv);
+    resolve();
+  } catch (const CLI::CallForHelp&) {
+    if (speak) std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (speak) std::cerr << app.get_name() << ": " << e.what() << "\n\n" << app.help();
+    return 2;
+  } catch (const InvalidArgumentError& e) {
+    if (speak) std::cerr << app.get_name() << ": " << e.what() << "\n\n" << app.help();
+    return 2;
+  }
+  return std::nullopt;
+}
+
+int runSweep(Driver& driver, const SweepOptions& options, const std::string& program,
+             const std::vector<std::string>& args) {
+  const int rank = driver.rank();
+  const int n = driver.worldSize();
+  const bool printer = rank == 0;
+  LOOM_CHECK(!opUsesRoot(options.op) || options.root < n, "-r/--root ", options.root,
+             " is not a rank of this world of ", n);
+  Sweep sweep(driver, options);
+
+  RunInfo info;
+  info.program = program;
+  info.series = options.series.empty() ? driver.series() : options.series;
+  info.op = opName(options.op);
+  info.worldSize = n;
+  info.minBytes = options.minBytes;
+  info.maxBytes = options.maxBytes;
+  info.stepFactor = options.stepFactor;
+  info.warmupIters = options.warmupIters;
+  info.iters = options.iters;
+  info.check = options.check;
+  info.args = args;
+  info.rankLines = sweep.rankLines();
+  if (printer) {
+    std::fputs(headerText(info).c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  const std::vector<size_t> sizes =
+      options.op == Op::kBarrier
+          ? std::vector<size_t>{0}
+          : sweepSizes(options.minBytes, options.maxBytes, options.stepFactor);
+  const std::vector<RedOp> redops =
+      opUsesRedop(options.op) ? options.redops : std::vector<RedOp>{RedOp::kSum};
+  const std::vector<ElemType> types =
+      options.op == Op::kBarrier ? std::vector<ElemType>{options.types.front()} : options.types;
+  if (printer) {
+    if (const std::string why = driver.inPlaceUnsupported(options.op); !why.empty()) {
+      std::printf("# in-place columns not measured: %s\n", why.c_str());
+    }
+  }
+  std::vector<Row> rows;
+  for (ElemType type : types) {
+    for (RedOp redop : redops) {
+      if (const std::string why = driver.unsupported(options.op, type, redop); !why.empty()) {
+        if (printer) {
+          std::printf("# skipped %s %s: %s\n", elemTypeName(type),
+                      opUsesRedop(options.op) ? redOpName(redop) : "", why.c_str());
+        }
+        continue;
+      }
+      for (size_t bytes : sizes) {
+        Row row = sweep.measureRow(type, redop, bytes);
+        if (printer) {
+          std::fputs(rowText(row).c_str(), stdout);
+          std::fflush(stdout);
+        }
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+  const Summary summary = summarize(rows);
+  if (printer) {
+    std::fputs(footerText(info, summary).c_str(), stdout);
+    std::fflush(stdout);
+    if (!options.jsonPath.empty()) {
+      writeFile(options.jsonPath, toJson(info, rows, summary).dump(2) + "\n");
+    }
+    if (!options.csvPath.empty()) writeFile(options.csvPath, toCsv(info, rows));
+    if (!options.plotPath.empty()) {
+      PlotSeries series{info.series, {}};
+      for (const Row& row : rows) {
+        series.points.emplace_back(static_cast<double>(row.bytes), row.outOfPlace.busBw);
+      }
+      PlotOptions plot;
+      plot.title = info.program + " " + info.op + ", world size " + std::to_string(n) +
+                   " (out-of-place busbw)";
+      writeFile(options.plotPath, plotSvg({series}, plot));
+    }
+  }
+  return summary.wrong > 0 ? 1 : 0;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,157 @@
+// Arena: the shared-memory segment through which the ranks of one Context that live on one
+// host run their collectives (the whole Context, or one host's ranks for the hierarchical
+// all-reduce; docs/shm.md has the design and the measurements).
+//
+// What it is
+// - One segment per Context (or host), created by rank 0 with shm_open under a unique name,
+//   mapped by every rank, and unlinked by rank 0 as soon as every rank said (through the
+//   Store) that it mapped it: once Context::create has returned on rank 0 nothing is left in
+//   /dev/shm even if the job is SIGKILLed. Threads-as-ranks map it too (each its own
+//   mapping); same code path.
+// - Layout: a header (abort flag, sleeper count), then per rank a control block (its counters,
+//   its futex word, its pid) and `kSlots` staging slots of `slotBytes` each.
+// - A collective is a sequence of *steps*; every rank runs the same steps in the same order
+//   (that is the collectives' contract), so a step number k means the same thing on every rank.
+//   Step k uses slot k % kSlots of each rank. Three monotonic counters per rank say how far
+//   it got: `posted` (its slot holds its data for step k: posted = k + 1), `reduced` (it
+//   finished the reduction phase of step k) and `consumed` (it no longer reads anybody's slot
+//   for step k). A rank writes its slot for step k only once every rank consumed step
+//   k - kSlots, so nobody reads a slot while it is overwritten.
+// - Waiting: spin (up to 1 ms when every rank has a core and the awaited rank last ran on
+//   another CPU; 2-3 µs otherwise), then sched_yield (up to 1 ms, 2 ms when ranks outnumber
+//   cores), then FUTEX_WAIT on the awaited rank's futex word with a 20 ms timeout. Publishing
+//   bumps the futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits
+//   the waiter checks the deadline (TimeoutError naming the operation, its sequence number,
+//   the rank waited for and the bytes outstanding), the group's abort flag, the local
+//   transport's failure, and whether the awaited rank's process still lives (kill(pid, 0)
+//   and /proc/<pid>/stat for zombies), so a dead peer turns into an IoError naming it within
+//   tens of milliseconds.
+// - Any failure sets the shared abort flag (naming the blamed rank and the reason) and wakes
+//   every sleeper, so every rank of the group fails fast.
+//
+// Thread-safety: one thread runs collectives on an Arena at a time (the Context's rule);
+// abort() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loom/common/deadline.h"
+
+namespace loom {
+class Store;
+}
+
+namespace loom::comm {
+class Transport;
+}
+
+namespace loom::comm::shm {
+
+struct ArenaOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::string keyPrefix = "comm/shm";
+  // Staging bytes per rank per slot (LOOM_SHM_SLOT_BYTES overrides).
+  size_t slotBytes = 256 << 10;
+};
+
+// "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
+// shm_open segment. The hostname alone is not enough (containers, network namespaces).
+// LOOM_SHM_HOST_ID, when set, replaces it (tests use it to split one machine into "hosts").
+std::string hostIdentity();
+
+// True unless LOOM_SHM is set to 0/off/false/no.
+bool sharedMemoryEnabledByEnv();
+
+class Arena {
+ public:
+  static constexpr int kSlots = 2;
+
+  // Collective over the ranks: creates (rank 0) or maps the segment. Throws IoError when the
+  // segment cannot be created or mapped and TimeoutError when a rank never arrives.
+  static std::unique_ptr<Arena> create(Store& store, int rank, int size,
+                                       const ArenaOptions& options);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slotBytes() const { return slotBytes_; }
+  const std::string& segmentName() const { return name_; }
+
+  // The transport to poll for local failure (Context::abort) while waiting; may be null.
+  void setTransport(Transport* transport) { transport_ = transport; }
+
+  // Marks the whole group failed (first reason wins) and wakes every waiter.
+  void abort(int blamedRank, const std::string& reason);
+
+  // ---- used by the shm collectives (shm_collectives.cc) ----
+
+  // The state of one running collective: its name for messages and its deadline.
+  struct Call {
+    Deadline deadline;
+    std::chrono::milliseconds timeout;
+    size_t bytes;        // per rank, for messages
+    uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
+    uint32_t kind;       // OpKind, for mismatch messages
+    uint64_t seq;
+    mutable size_t done = 0;   // bytes of this rank's part finished, for timeout messages
+    std::string name() const;  // "allreduce#17", built only for messages
+  };
+
+  // Throws IoError when the group already failed or the Context was aborted.
+  void checkUsable(const Call& call);
+
+  uint64_t step() const { return step_; }
+  int slotOf(uint64_t step) const { return static_cast<int>(step % kSlots); }
+  uint8_t* slot(int rank, uint64_t step);
+
+  // Before writing this rank's slot for the current step: waits until every rank consumed the
+  // step that last used the slot.
+  void acquireSlot(const Call& call);
+  // Publishes this rank's slot (and the call's signature) for the current step.
+  void post(const Call& call);
+  // Waits until `peer` posted the current step and checks its signature.
+  void waitPosted(const Call& call, int peer);
+  void waitPostedAll(const Call& call);
+  void markReduced();
+  void waitReduced(const Call& call, int peer);
+  void waitReducedAll(const Call& call);
+  // Ends the current step on this rank (it no longer reads other slots) and moves on.
+  void finishStep();
+
+  // Throws the group's failure as IoError (or TimeoutError) after aborting.
+  [[noreturn]] void fail(const Call& call, int blamedRank, const std::string& what, bool timeout);
+
+ private:
+  struct Header;
+  struct Control;
+
+  Arena(int rank, int size, size_t slotBytes, std::string name, void* base, size_t mapBytes);
+
+  Control& control(int rank) const;
+  // Waits until counter(peer) >= target; `what` names the phase for messages.
+  void waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what);
+  void publish(int counter, uint64_t value);
+  void checkHealth(const Call& call, int peer, const char* what);
+  std::string transportFailure() const;
+
+  const int rank_;
+  const int size_;
+  const size_t slotBytes_;
+  const std::string name_;
+  void* base_;
+  const size_t mapBytes_;
+  Header* header_;
+  uint64_t step_ = 0;
+  int64_t spinNs_;   // LOOM_SHM_SPIN_US overrides
+  int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
+  Transport* transport_ = nullptr;
+};
+
+}  // namespace loom::comm::shm

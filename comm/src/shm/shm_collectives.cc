@@ -1,0 +1,362 @@
+#include "shm/shm_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "algorithms/algorithms.h"
+#include "loom/comm/reduce.h"
+#include "shm/arena.h"
+#include "tag.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace loom::comm::shm {
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// What must agree between ranks for one collective: kind, count, dtype, op and root.
+uint64_t signatureOf(OpKind kind, size_t count, DType dtype, int op, int root) {
+  const uint64_t head = (uint64_t{static_cast<uint8_t>(kind)} << 56) |
+                        (uint64_t{static_cast<uint8_t>(dtype)} << 48) |
+                        (uint64_t(op & 0xff) << 40) | (uint64_t(root + 1) & 0xffffffu);
+  return mix(head ^ mix(count));
+}
+
+// Starts a collective: fails at once when the group already failed.
+Arena::Call makeCall(Arena& arena, OpKind kind, const CollectiveOptions& opts, size_t count,
+                     DType dtype, int op = -1, int root = -1) {
+  Arena::Call call{Deadline(opts.timeout),     opts.timeout,
+                   count * dtypeSize(dtype),   signatureOf(kind, count, dtype, op, root),
+                   static_cast<uint8_t>(kind), opts.seq};
+  arena.checkUsable(call);
+  return call;
+}
+
+// Elements per chunk when a slot holds `pieces` pieces of the chunk.
+size_t chunkElements(const Arena& arena, size_t elementSize, int pieces) {
+  return std::max<size_t>(1, arena.slotBytes() / (elementSize * static_cast<size_t>(pieces)));
+}
+
+// Outputs at least this large go around the cache (non-temporal stores): they cannot stay in
+// cache anyway, and streaming saves the read-for-ownership of every output line.
+constexpr size_t kStreamOutputBytes = 8 << 20;
+
+// memcpy with non-temporal stores (SSE2, part of x86-64); call fenceStreams() after the last.
+void streamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void fenceStreams() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Copies a piece of a collective's output: streamed when the whole output is large.
+void copyOut(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream) {
+    streamCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+// dst = reduction of `n` elements at byte offset `offset` of every rank's slot for the
+// current step, starting with `first`'s (dst may be that slot's range exactly).
+void reduceSlots(Arena& arena, ReduceFn fn, void* dst, int first, size_t offset, size_t n) {
+  const uint64_t step = arena.step();
+  const void* a = arena.slot(first, step) + offset;
+  bool started = false;
+  for (int q = 0; q < arena.size(); ++q) {
+    if (q == first) continue;
+    fn(dst, started ? dst : a, arena.slot(q, step) + offset, n);
+    started = true;
+  }
+}
+
+// The split reduction of one chunk of `c` elements already posted by every rank: this rank
+// reduces its sub-slice into its own slot and marks it reduced.
+void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, ReduceOp op, DType dtype,
+                       size_t c) {
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  arena.waitPostedAll(call);
+  const size_t begin = segmentBegin(c, arena.size(), me);
+  const size_t n = segmentCount(c, arena.size(), me);
+  if (n > 0) {
+    uint8_t* dst = arena.slot(me, arena.step()) + begin * es;
+    reduceSlots(arena, fn, dst, me, begin * es, n);
+    if (op == ReduceOp::kAvg) divideBy(dst, n, dtype, arena.size());
+  }
+  arena.markReduced();
+}
+
+}  // namespace
+
+void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+               DType dtype, ReduceOp op) {
+  const Arena::Call call =
+      makeCall(arena, OpKind::kAllreduce, opts, count, dtype, static_cast<int>(op));
+  const ReduceFn fn = reduceFunction(dtype, op);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  if (count * es <= std::min(kSmallBytes, arena.slotBytes())) {
+    arena.acquireSlot(call);
+    std::memcpy(arena.slot(me, arena.step()), in, count * es);
+    arena.post(call);
+    arena.waitPostedAll(call);
+    // Every rank reduces in rank order, so every rank computes bit-identical results.
+    fn(out, arena.slot(0, arena.step()), arena.slot(1, arena.step()), count);
+    for (int q = 2; q < size; ++q) fn(out, out, arena.slot(q, arena.step()), count);
+    if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size);
+    arena.finishStep();
+    return;
+  }
+  const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es >= kStreamOutputBytes;
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    arena.acquireSlot(call);
+    std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+    arena.post(call);
+    reduceOwnSubSlice(arena, call, fn, op, dtype, c);
+    for (int k = 0; k < size; ++k) {
+      const int q = (me + k) % size;  // start with our own sub-slice: it is ready
+      arena.waitReduced(call, q);
+      const size_t begin = segmentBegin(c, size, q);
+      copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
+              segmentCount(c, size, q) * es, stream);
+    }
+    arena.finishStep();
+  }
+  if (stream) fenceStreams();
+}
+
+void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+            DType dtype, ReduceOp op, int root) {
+  const Arena::Call call =
+      makeCall(arena, OpKind::kReduce, opts, count, dtype, static_cast<int>(op), root);
+  const ReduceFn fn = reduceFunction(dtype, op);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, 1);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    arena.acquireSlot(call);
+    std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+    arena.post(call);
+    reduceOwnSubSlice(arena, call, fn, op, dtype, c);
+    if (me == root) {
+      for (int k = 0; k < size; ++k) {
+        const int q = (me + k) % size;
+        arena.waitReduced(call, q);
+        const size_t begin = segmentBegin(c, size, q);
+        std::memcpy(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
+                    segmentCount(c, size, q) * es);
+      }
+    }
+    arena.finishStep();
+  }
+}
+
+void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
+                   size_t count, DType dtype, ReduceOp op) {
+  const Arena::Call call =
+      makeCall(arena, OpKind::kReduceScatter, opts, count, dtype, static_cast<int>(op));
+  const ReduceFn fn = reduceFunction(dtype, op);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, size);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    arena.acquireSlot(call);
+    uint8_t* mine = arena.slot(me, arena.step());
+    for (int j = 0; j < size; ++j) {
+      std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
+    }
+    arena.post(call);
+    arena.waitPostedAll(call);
+    void* dst = at(out, offset * es);
+    reduceSlots(arena, fn, dst, 0, me * c * es, c);
+    if (op == ReduceOp::kAvg) divideBy(dst, c, dtype, size);
+    arena.finishStep();
+  }
+}
+
+void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t count, DType dtype,
+               int root) {
+  const Arena::Call call = makeCall(arena, OpKind::kBroadcast, opts, count, dtype, -1, root);
+  const size_t es = dtypeSize(dtype);
+  const bool isRoot = arena.rank() == root;
+  const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es >= kStreamOutputBytes;
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    if (isRoot) {
+      arena.acquireSlot(call);
+      std::memcpy(arena.slot(root, arena.step()), at(buf, offset * es), c * es);
+      arena.post(call);
+    } else {
+      arena.waitPosted(call, root);
+      copyOut(at(buf, offset * es), arena.slot(root, arena.step()), c * es, stream);
+    }
+    arena.finishStep();
+  }
+  if (stream) fenceStreams();
+}
+
+void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+               DType dtype) {
+  const Arena::Call call = makeCall(arena, OpKind::kAllgather, opts, count, dtype);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, 1);
+  const bool stream = count * es * size >= kStreamOutputBytes;
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    arena.acquireSlot(call);
+    std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+    arena.post(call);
+    for (int k = 1; k < size; ++k) {
+      const int q = (me + k) % size;
+      arena.waitPosted(call, q);
+      copyOut(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es, stream);
+    }
+    copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
+    arena.finishStep();
+  }
+  if (stream) fenceStreams();
+}
+
+void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+            DType dtype, int root) {
+  const Arena::Call call = makeCall(arena, OpKind::kGather, opts, count, dtype, -1, root);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, 1);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    if (me != root) {
+      arena.acquireSlot(call);
+      std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+      arena.post(call);
+    } else {
+      for (int q = 0; q < size; ++q) {
+        if (q == me) continue;
+        arena.waitPosted(call, q);
+        std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es);
+      }
+      copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
+    }
+    arena.finishStep();
+  }
+}
+
+void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+             DType dtype, int root) {
+  const Arena::Call call = makeCall(arena, OpKind::kScatter, opts, count, dtype, -1, root);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, size);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    if (me == root) {
+      arena.acquireSlot(call);
+      uint8_t* mine = arena.slot(me, arena.step());
+      for (int j = 0; j < size; ++j) {
+        if (j != me) std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
+      }
+      arena.post(call);
+      copy(at(out, offset * es), at(in, (me * count + offset) * es), c * es);
+    } else {
+      arena.waitPosted(call, root);
+      std::memcpy(at(out, offset * es), arena.slot(root, arena.step()) + me * c * es, c * es);
+    }
+    arena.finishStep();
+  }
+}
+
+void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+              DType dtype) {
+  const Arena::Call call = makeCall(arena, OpKind::kAlltoall, opts, count, dtype);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t chunk = chunkElements(arena, es, size);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    const size_t c = std::min(chunk, count - offset);
+    call.done = offset * es;
+    arena.acquireSlot(call);
+    uint8_t* mine = arena.slot(me, arena.step());
+    for (int j = 0; j < size; ++j) {
+      std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
+    }
+    arena.post(call);
+    for (int k = 0; k < size; ++k) {
+      const int q = (me + k) % size;
+      if (q != me) arena.waitPosted(call, q);
+      std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()) + me * c * es,
+                  c * es);
+    }
+    arena.finishStep();
+  }
+}
+
+void barrier(Arena& arena, const CollectiveOptions& opts) {
+  const Arena::Call call = makeCall(arena, OpKind::kBarrier, opts, 0, DType::kUInt8);
+  arena.acquireSlot(call);
+  arena.post(call);
+  arena.waitPostedAll(call);
+  arena.finishStep();
+}
+
+}  // namespace loom::comm::shm

@@ -1,0 +1,51 @@
+// Collectives designed for shared memory, run when every rank of a Context is on this host
+// (collectives.cc picks them; arena.h explains the segment, its steps and its waits).
+//
+// How they work: a large buffer is cut into chunks that fit a staging slot (256 KiB by
+// default, so the working set stays in cache); each chunk is one arena step.
+// - allreduce: every rank copies its chunk into its slot and posts; rank r then reduces
+//   sub-slice r of the chunk from every rank's slot into its own slot (reading its peers'
+//   memory directly, no messages), marks it reduced, and every rank copies the N reduced
+//   sub-slices out. Memory traffic per rank and byte: one copy in, one pass of reduction
+//   over 1/N, one copy out. Chunks up to kSmallBytes skip the split: every rank reduces the
+//   whole chunk from all slots straight into its output (one synchronisation instead of two).
+// - reduce: the allreduce split, but only the root copies the reduced sub-slices out.
+// - reduceScatter: every rank stages the chunk of all N slices; rank r reduces piece r of
+//   every slot straight into its output.
+// - broadcast / scatter: the root stages, the others copy out. allgather / gather /
+//   alltoall: every rank stages its part, every (or the root) rank copies what it needs.
+// - barrier: a step without data (post, wait for every post).
+// All functions assume validated arguments, count > 0 and size > 1 (as algorithms.h).
+#pragma once
+
+#include <cstddef>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+
+namespace loom::comm::shm {
+
+class Arena;
+
+// Chunks at or below this many bytes per rank are reduced whole by every rank.
+constexpr size_t kSmallBytes = 16 << 10;
+
+void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+               DType dtype, ReduceOp op);
+void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+            DType dtype, ReduceOp op, int root);
+void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
+                   size_t count, DType dtype, ReduceOp op);
+void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t count, DType dtype,
+               int root);
+void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+               DType dtype);
+void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+            DType dtype, int root);
+void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+             DType dtype, int root);
+void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
+              DType dtype);
+void barrier(Arena& arena, const CollectiveOptions& opts);
+
+}  // namespace loom::comm::shm

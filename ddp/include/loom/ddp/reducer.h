@@ -1,0 +1,119 @@
+// Reducer: the gradient buckets behind DistributedDataParallel.
+//
+// How it works
+// - Parameters (float32 leaves that require grad) are packed into buckets, flat float32
+//   buffers. The first layout follows the reverse of registration order (the order gradients
+//   usually become ready in); the first bucket holds at most `firstBucketCapMb`, the others at
+//   most `bucketCapMb` (a parameter larger than the cap gets a bucket of its own).
+// - Every parameter has a gradient-ready hook. In a synced iteration (prepareForBackward was
+//   called), the hook copies the parameter's gradient into its slot of the bucket and, when
+//   the bucket is complete, starts the bucket's reduction through the comm hook. Buckets are
+//   started strictly in index order (a complete bucket waits for the ones before it), so every
+//   rank issues the same collectives in the same order while backward still runs.
+// - At the first hook of a pass the reducer queues a callback with the autograd engine
+//   (ag::queueCallback) that finalizes when the whole pass is done: it waits for every bucket
+//   and copies the averaged values back into the parameters' grad(), so backward() returns
+//   with reduced gradients, or throws the unused-parameter error below. finalize() may also be
+//   called after backward; it is a no-op when the iteration already finished.
+// - After the first finished iteration, the order in which gradients became ready (rank 0's,
+//   broadcast so that every rank agrees) replaces the initial layout, once, at the next
+//   prepareForBackward: buckets then complete, and start, as early as backward allows.
+// - Unused parameters: with findUnusedParameters, prepareForBackward walks the graph from
+//   the outputs; parameters it does not reach are marked ready (with their current grad, or
+//   zeros) when the first hook of the iteration fires, so their buckets can complete. Ranks
+//   then agree (an all-reduce of used flags) on which parameters nobody used: those keep an
+//   undefined grad() if they had none. Without the option, an iteration where some parameter
+//   never got a gradient fails with an error that names those parameters, thrown out of that
+//   backward (or, if no gradient arrived at all, at the next forward).
+// - Outside synced iterations (noSync, or eval), the hooks do nothing: gradients accumulate in
+//   grad(), and the next synced backward reduces the accumulated sum.
+// Thread-safety: one training thread (forward, backward and finalize on the same thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/autograd/tensor.h"
+#include "loom/ddp/comm_hook.h"
+#include "loom/process_group/process_group.h"
+
+namespace loom::ddp {
+
+struct ReducerOptions {
+  double bucketCapMb = 25.0;
+  double firstBucketCapMb = 1.0;
+  bool findUnusedParameters = false;
+  std::shared_ptr<CommHook> commHook;  // null: allreduceHook()
+};
+
+class Reducer {
+ public:
+  using NamedParameters = std::vector<std::pair<std::string, ag::Tensor>>;
+  Reducer(NamedParameters parameters, std::shared_ptr<ProcessGroup> pg,
+          const ReducerOptions& options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Arms the hooks for the backward of `outputs` (collective when a rebuild is pending).
+  // Throws the unused-parameter error if the previous synced backward never finished.
+  void prepareForBackward(const std::vector<ag::Tensor>& outputs);
+  // Waits for every bucket and writes averaged gradients back; see the file comment.
+  void finalize();
+  void setCommHook(std::shared_ptr<CommHook> hook);
+
+  size_t numBuckets() const { return buckets_.size(); }
+  // Parameter names of bucket i, in layout order.
+  std::vector<std::string> bucketParameterNames(size_t i) const;
+  bool rebuilt() const { return rebuilt_; }
+  bool expectingBackward() const { return expecting_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;   // indices into params_
+    std::vector<size_t> offsets;  // float offset of each in data
+    std::vector<float> data;
+    size_t pending = 0;  // parameters not yet ready this iteration
+    GradBucket view;
+    std::unique_ptr<HookFuture> future;
+    bool launched = false;
+  };
+
+  void buildBuckets(const std::vector<size_t>& order);
+  void rebuildFromObservedOrder();
+  void onGradReady(size_t param);
+  void markReady(size_t param, bool fromHook);
+  void launchReadyBuckets();
+  void waitLaunched() noexcept;
+  void resetIteration();
+  std::string who() const;
+
+  NamedParameters params_;
+  std::shared_ptr<ProcessGroup> pg_;
+  ReducerOptions options_;
+  std::vector<ag::HookHandle> hookHandles_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucketOf_;  // param -> bucket
+  std::vector<size_t> slotOf_;    // param -> position in its bucket
+
+  bool expecting_ = false;
+  bool firstHookSeen_ = false;
+  bool finalizeQueued_ = false;
+  size_t nextLaunch_ = 0;
+  size_t readyCount_ = 0;
+  std::vector<char> ready_;
+  std::vector<char> locallyUsed_;
+  std::vector<char> hadGrad_;
+  std::vector<size_t> unused_;
+
+  bool rebuilt_ = false;
+  bool rebuildPending_ = false;
+  std::vector<size_t> readyOrder_;
+};
+
+}  // namespace loom::ddp

@@ -1,0 +1,130 @@
+#include "loom/ddp/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "loom/autograd/serialize.h"
+#include "loom/common/error.h"
+#include "loom/ddp/distributed_data_parallel.h"
+#include "loom/ddp/tensor_view.h"
+
+namespace loom::ddp {
+
+namespace {
+
+void fsyncPath(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    LOOM_THROW(IoError, "checkpoint: cannot open ", path, " to fsync: ", detail::errnoText(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) LOOM_THROW(IoError, "checkpoint: fsync ", path, ": ", detail::errnoText(err));
+}
+
+}  // namespace
+
+void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
+                         const ag::nn::NamedTensors& extra) {
+  ag::nn::NamedTensors tensors;
+  for (const auto& [name, t] : model.stateDict()) tensors.emplace_back("model." + name, t);
+  for (const auto& [name, t] : extra) tensors.emplace_back("optim." + name, t);
+  const std::filesystem::path target(path);
+  const std::string dir =
+      target.has_parent_path() ? target.parent_path().string() : std::string(".");
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    ag::saveSafetensors(tmp, tensors, {{"step", std::to_string(step)}, {"format", "loom-ddp-1"}});
+  } catch (const std::exception& e) {
+    LOOM_THROW(IoError, "checkpoint: writing ", tmp, " failed: ", e.what());
+  }
+  fsyncPath(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    LOOM_THROW(IoError, "checkpoint: rename ", tmp, " -> ", path, ": ", detail::errnoText(errno));
+  }
+  fsyncPath(dir, true);
+}
+
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::nn::NamedTensors& extra) {
+  // Rank 0's outcome travels with the barrier-like broadcast, so that every rank fails
+  // together when the write fails instead of the others waiting for a file that never comes.
+  int32_t ok = 1;
+  std::string error;
+  if (pg.rank() == 0) {
+    try {
+      writeCheckpointFile(path, model, step, extra);
+    } catch (const std::exception& e) {
+      ok = 0;
+      error = e.what();
+    }
+  }
+  if (pg.size() > 1) pg.broadcast(view(&ok, 1))->wait();
+  if (!ok) {
+    if (pg.rank() == 0) throw IoError(error);
+    LOOM_THROW(IoError, pg.who(), ": rank 0 failed to write the checkpoint ", path);
+  }
+}
+
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::nn::NamedTensors extra, bool broadcastFromRank0) {
+  const bool reads = !broadcastFromRank0 || pg.rank() == 0;
+  int64_t step = 0;
+  int32_t ok = 1;
+  std::string error;
+  if (reads) {
+    try {
+      LOOM_CHECK(std::filesystem::exists(path), "checkpoint ", path, " does not exist");
+      std::map<std::string, std::string> meta;
+      ag::nn::NamedTensors loaded = ag::loadSafetensors(path, &meta);
+      ag::nn::NamedTensors modelState, optimState;
+      for (auto& [name, t] : loaded) {
+        if (name.rfind("model.", 0) == 0) {
+          modelState.emplace_back(name.substr(6), t);
+        } else if (name.rfind("optim.", 0) == 0) {
+          optimState.emplace_back(name.substr(6), t);
+        }
+      }
+      model.loadStateDict(modelState);
+      for (auto& [name, t] : extra) {
+        bool found = false;
+        for (auto& [n2, t2] : optimState) {
+          if (n2 != name) continue;
+          LOOM_CHECK(t2.shape() == t.shape() && t2.dtype() == t.dtype(), "checkpoint ", path,
+                     ": 'optim.", name, "' is ", ag::shapeToString(t2.shape()), " ",
+                     ag::dtypeName(t2.dtype()), ", expected ", ag::shapeToString(t.shape()), " ",
+                     ag::dtypeName(t.dtype()));
+          t.copyFrom(t2);
+          found = true;
+        }
+        LOOM_CHECK(found, "checkpoint ", path, " has no tensor 'optim.", name, "'");
+      }
+      auto it = meta.find("step");
+      LOOM_CHECK(it != meta.end(), "checkpoint ", path, " has no 'step' in its metadata");
+      step = std::stoll(it->second);
+    } catch (const std::exception& e) {
+      ok = 0;
+      error = e.what();
+    }
+  }
+  if (broadcastFromRank0 && pg.size() > 1) {
+    pg.broadcast(view(&ok, 1))->wait();
+    if (ok) {
+      pg.broadcast(view(&step, 1))->wait();
+      ag::nn::NamedTensors all = model.stateDict();
+      for (auto& e : extra) all.push_back(e);
+      broadcastTensors(pg, all, 0);
+    }
+  }
+  if (!ok) {
+    if (reads) throw InvalidArgumentError(pg.who() + ": loading checkpoint: " + error);
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": rank 0 failed to load checkpoint ", path);
+  }
+  return Checkpoint{step};
+}
+
+}  // namespace loom::ddp

@@ -1,0 +1,289 @@
+#include "loom/ddp/reducer.h"
+
+#include <cstring>
+#include <unordered_set>
+
+#include "loom/autograd/engine.h"
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+
+namespace loom::ddp {
+
+Reducer::Reducer(NamedParameters parameters, std::shared_ptr<ProcessGroup> pg,
+                 const ReducerOptions& options)
+    : params_(std::move(parameters)), pg_(std::move(pg)), options_(options) {
+  LOOM_CHECK(pg_ != nullptr, "Reducer needs a process group");
+  LOOM_CHECK(options_.bucketCapMb >= 0 && options_.firstBucketCapMb >= 0,
+             "bucket caps must be >= 0 MiB, got bucketCapMb=", options_.bucketCapMb,
+             " firstBucketCapMb=", options_.firstBucketCapMb);
+  if (!options_.commHook) options_.commHook = allreduceHook();
+  for (const auto& [name, p] : params_) {
+    LOOM_CHECK(p.dtype() == ag::DType::kFloat32, who(), ": parameter '", name, "' is ",
+               ag::dtypeName(p.dtype()), "; DDP reduces float32 parameters only");
+  }
+  std::vector<size_t> order;
+  for (size_t i = params_.size(); i-- > 0;) order.push_back(i);
+  buildBuckets(order);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hookHandles_.push_back(
+        params_[i].second.registerGradReadyHook([this, i](ag::Tensor&) { onGradReady(i); }));
+  }
+}
+
+Reducer::~Reducer() {
+  waitLaunched();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].second.removeGradReadyHook(hookHandles_[i]);
+  }
+}
+
+std::string Reducer::who() const {
+  return pg_->who() + ": DDP";
+}
+
+std::vector<std::string> Reducer::bucketParameterNames(size_t i) const {
+  LOOM_CHECK_LT(i, buckets_.size(), "bucket index out of range");
+  return buckets_[i].view.parameterNames;
+}
+
+void Reducer::setCommHook(std::shared_ptr<CommHook> hook) {
+  LOOM_CHECK(!expecting_, who(), ": cannot change the comm hook during a backward pass");
+  options_.commHook = hook ? std::move(hook) : allreduceHook();
+}
+
+// Closes a bucket once it holds at least its cap (PyTorch's rule), so a parameter larger than
+// the cap gets a bucket of its own and a cap of 0 gives one bucket per parameter.
+void Reducer::buildBuckets(const std::vector<size_t>& order) {
+  buckets_.clear();
+  bucketOf_.assign(params_.size(), 0);
+  slotOf_.assign(params_.size(), 0);
+  const double mib = 1024.0 * 1024.0;
+  double cap = options_.firstBucketCapMb * mib;
+  size_t bytes = 0;
+  for (size_t p : order) {
+    if (buckets_.empty() || bytes >= cap) {
+      if (!buckets_.empty()) cap = options_.bucketCapMb * mib;
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    bucketOf_[p] = buckets_.size() - 1;
+    slotOf_[p] = b.params.size();
+    b.params.push_back(p);
+    bytes += static_cast<size_t>(params_[p].second.numel()) * sizeof(float);
+  }
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    size_t count = 0;
+    for (size_t p : b.params) {
+      b.offsets.push_back(count);
+      b.view.parameterNames.push_back(params_[p].first);
+      count += static_cast<size_t>(params_[p].second.numel());
+    }
+    b.data.assign(count, 0.0f);
+    b.view.index = static_cast<int>(i);
+    b.view.data = b.data.data();
+    b.view.count = count;
+    b.view.offsets = b.offsets;
+  }
+}
+
+void Reducer::rebuildFromObservedOrder() {
+  const size_t n = params_.size();
+  std::vector<int64_t> order;
+  std::vector<char> seen(n, 0);
+  for (size_t p : readyOrder_) {
+    if (!seen[p]) order.push_back(static_cast<int64_t>(p)), seen[p] = 1;
+  }
+  for (size_t p = n; p-- > 0;) {
+    if (!seen[p]) order.push_back(static_cast<int64_t>(p));
+  }
+  // Every rank must use the same layout: take rank 0's observed order.
+  if (pg_->size() > 1 && n > 0) pg_->broadcast(view(order.data(), order.size()))->wait();
+  std::vector<size_t> layout;
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int64_t p : order) {
+    LOOM_CHECK(p >= 0 && static_cast<size_t>(p) < n && !seen[p], who(),
+               ": rank 0 sent an invalid bucket order (parameter index ", p, " of ", n, ")");
+    seen[p] = 1;
+    layout.push_back(static_cast<size_t>(p));
+  }
+  buildBuckets(layout);
+  rebuilt_ = true;
+  rebuildPending_ = false;
+}
+
+void Reducer::resetIteration() {
+  expecting_ = false;
+  firstHookSeen_ = false;
+  finalizeQueued_ = false;
+  nextLaunch_ = 0;
+  readyCount_ = 0;
+  ready_.assign(params_.size(), 0);
+  locallyUsed_.assign(params_.size(), 0);
+  hadGrad_.assign(params_.size(), 0);
+  unused_.clear();
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.future.reset();
+    b.launched = false;
+  }
+}
+
+void Reducer::prepareForBackward(const std::vector<ag::Tensor>& outputs) {
+  if (expecting_) finalize();  // throws the unused-parameter error when it never finished
+  if (rebuildPending_) rebuildFromObservedOrder();
+  resetIteration();
+  expecting_ = true;
+  if (!options_.findUnusedParameters) return;
+  // Leaves reachable from the outputs; parameters outside that set are this iteration's unused.
+  std::unordered_set<const ag::TensorImpl*> reached;
+  std::unordered_set<const ag::Node*> visited;
+  std::vector<const ag::Node*> stack;
+  for (const ag::Tensor& out : outputs) {
+    if (!out.defined()) continue;
+    if (out.gradFn()) {
+      stack.push_back(out.gradFn().get());
+    } else {
+      reached.insert(out.impl().get());
+    }
+  }
+  while (!stack.empty()) {
+    const ag::Node* node = stack.back();
+    stack.pop_back();
+    if (!visited.insert(node).second) continue;
+    for (const auto& input : node->inputs()) {
+      if (!input) continue;
+      if (input->gradFn) {
+        stack.push_back(input->gradFn.get());
+      } else {
+        reached.insert(input.get());
+      }
+    }
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!reached.count(params_[p].second.impl().get())) unused_.push_back(p);
+  }
+}
+
+void Reducer::onGradReady(size_t param) {
+  if (!expecting_) return;
+  try {
+    if (!firstHookSeen_) {
+      firstHookSeen_ = true;
+      for (size_t u : unused_) markReady(u, false);
+      // Finalize once the whole pass is done (PyTorch's queue_callback), so that waiting for
+      // the last buckets never holds up backward nodes that still have work to do.
+      if (ag::inBackward()) {
+        ag::queueCallback([this] { finalize(); });
+        finalizeQueued_ = true;
+      }
+    }
+    markReady(param, true);
+    launchReadyBuckets();
+  } catch (...) {
+    // The iteration is abandoned (the error leaves backward); the next forward starts afresh
+    // instead of reporting parameters that never got their gradient.
+    waitLaunched();
+    resetIteration();
+    throw;
+  }
+  if (!finalizeQueued_ && readyCount_ == params_.size()) finalize();
+}
+
+void Reducer::markReady(size_t param, bool fromHook) {
+  if (ready_[param]) {
+    LOOM_THROW(InvalidArgumentError, who(), ": parameter '", params_[param].first,
+               "' got a gradient twice in one iteration",
+               fromHook ? " (did backward run twice after one forward, or is it marked "
+                          "unused but used?)"
+                        : "");
+  }
+  ready_[param] = 1;
+  ++readyCount_;
+  if (fromHook) locallyUsed_[param] = 1;
+  if (!rebuilt_) readyOrder_.push_back(param);
+  Bucket& b = buckets_[bucketOf_[param]];
+  float* dst = b.data.data() + b.offsets[slotOf_[param]];
+  const ag::Tensor grad = params_[param].second.grad();
+  const size_t count = static_cast<size_t>(params_[param].second.numel());
+  hadGrad_[param] = grad.defined();
+  if (grad.defined()) {
+    std::memcpy(dst, grad.data<float>(), count * sizeof(float));
+  } else {
+    std::memset(dst, 0, count * sizeof(float));
+  }
+  --b.pending;
+}
+
+void Reducer::launchReadyBuckets() {
+  while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
+    Bucket& b = buckets_[nextLaunch_];
+    b.view.data = b.data.data();
+    b.future = options_.commHook->start(*pg_, b.view);
+    b.launched = true;
+    ++nextLaunch_;
+  }
+}
+
+void Reducer::waitLaunched() noexcept {
+  for (Bucket& b : buckets_) {
+    if (!b.future) continue;
+    try {
+      b.future->wait();
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING(who(), ": bucket ", b.view.index,
+                       " failed while abandoning the iteration: ", e.what());
+    }
+    b.future.reset();
+  }
+}
+
+void Reducer::finalize() {
+  if (!expecting_) return;
+  if (readyCount_ < params_.size()) {
+    waitLaunched();
+    std::string names;
+    size_t missing = 0;
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (ready_[p]) continue;
+      if (missing++ < 20) names += (names.empty() ? "" : ", ") + params_[p].first;
+    }
+    if (missing > 20) names += ", ...";
+    resetIteration();
+    LOOM_THROW(InvalidArgumentError, who(), ": ", missing, " of ", params_.size(),
+               " parameters got no gradient in the last synced backward: ", names,
+               ". Every parameter that requires grad must take part in the loss; construct "
+               "DistributedDataParallel with findUnusedParameters = true if some are unused in "
+               "some iterations",
+               missing == params_.size() ? " (none got one: was backward run after forward?)" : "");
+  }
+  try {
+    for (Bucket& b : buckets_) {
+      if (b.future) b.future->wait();
+    }
+  } catch (...) {
+    waitLaunched();
+    resetIteration();
+    throw;
+  }
+  std::vector<int32_t> globalUsed;
+  if (options_.findUnusedParameters) {
+    globalUsed.assign(locallyUsed_.begin(), locallyUsed_.end());
+    if (pg_->size() > 1 && !globalUsed.empty()) {
+      pg_->allreduce(view(globalUsed.data(), globalUsed.size()))->wait();
+    }
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    ag::Tensor& param = params_[p].second;
+    if (!globalUsed.empty() && globalUsed[p] == 0 && !param.grad().defined()) continue;
+    const Bucket& b = buckets_[bucketOf_[p]];
+    ag::Tensor grad = param.mutableGrad();
+    std::memcpy(grad.data<float>(), b.data.data() + b.offsets[slotOf_[p]],
+                static_cast<size_t>(param.numel()) * sizeof(float));
+  }
+  if (!rebuilt_) rebuildPending_ = true;
+  resetIteration();
+}
+
+}  // namespace loom::ddp

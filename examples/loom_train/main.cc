@@ -1,0 +1,337 @@
+// loom-train: trains an MLP with DistributedDataParallel, one process per rank.
+//
+//   loom-run --nproc-per-node 2 loom-train --hidden 1024,1024 --batch 64 --steps 200
+//
+// The model is Sequential(Linear, ReLU, ..., Linear) with --in inputs and --classes outputs,
+// so its parameter names are PyTorch's for the same nn.Sequential (0.weight, 0.bias, 2.weight,
+// ...) and --init-weights can take a safetensors file saved from PyTorch. Data comes from
+// --data X.npy (float32 [N, in]) and --labels Y.npy (int64 [N]), or is synthetic (normal
+// inputs labelled by a random linear teacher, from --seed). Each rank reads its share through a
+// DistributedSampler; --batch is per rank. Rank and world size come from the launcher's
+// environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as loom-run and torchrun set them);
+// without it, loom-train runs as a single process.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "loom/autograd/autograd.h"
+#include "loom/autograd/engine.h"
+#include "loom/autograd/npy.h"
+#include "loom/autograd/ops.h"
+#include "loom/autograd/optim.h"
+#include "loom/autograd/serialize.h"
+#include "loom/common/error.h"
+#include "loom/ddp/checkpoint.h"
+#include "loom/ddp/distributed_data_parallel.h"
+#include "loom/ddp/eval.h"
+#include "loom/ddp/sampler.h"
+#include "loom/process_group/factory.h"
+#include "loom/process_group/init.h"
+#include "loom/store/hash_store.h"
+
+namespace {
+
+using namespace loom;
+namespace nn = ag::nn;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int64_t in = 784;
+  int64_t classes = 10;
+  std::string hidden = "1024,1024";
+  int64_t batch = 64;
+  double lr = 0.01;
+  double momentum = 0.0;
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  double bucketCapMb = 25;
+  int accumulate = 1;
+  std::string commHook = "none";
+  std::string initWeights, data, labels, log, checkpointDir;
+  bool noShuffle = false;
+  bool resume = false;
+  int64_t checkpointEvery = 0;
+  int64_t samples = 8192;
+};
+
+std::vector<int64_t> parseHidden(const std::string& text) {
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    LOOM_CHECK(used == item.size() && v > 0, "--hidden: '", item,
+               "' is not a positive integer (expected a list like 1024,1024)");
+    sizes.push_back(v);
+  }
+  return sizes;
+}
+
+std::shared_ptr<nn::Sequential> buildModel(const Args& a) {
+  std::vector<int64_t> sizes{a.in};
+  for (int64_t h : parseHidden(a.hidden)) sizes.push_back(h);
+  sizes.push_back(a.classes);
+  auto model = std::make_shared<nn::Sequential>();
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    nn::LinearOptions lo;
+    lo.seed = a.seed * 1000 + i;
+    model->append(std::make_shared<nn::Linear>(sizes[i], sizes[i + 1], lo));
+    if (i + 2 < sizes.size()) model->append(std::make_shared<nn::ReLU>());
+  }
+  return model;
+}
+
+struct Data {
+  ag::Tensor x, y;
+  int64_t rows() const { return x.size(0); }
+};
+
+Data loadData(const Args& a) {
+  Data d;
+  if (!a.data.empty() || !a.labels.empty()) {
+    LOOM_CHECK(!a.data.empty() && !a.labels.empty(), "--data and --labels go together");
+    d.x = ag::loadNpy(a.data);
+    d.y = ag::loadNpy(a.labels);
+    LOOM_CHECK(d.x.dtype() == ag::DType::kFloat32 && d.x.dim() == 2 && d.x.size(1) == a.in, a.data,
+               ": expected float32 [N, ", a.in, "], got ", ag::dtypeName(d.x.dtype()), " ",
+               ag::shapeToString(d.x.shape()));
+    LOOM_CHECK(d.y.dtype() == ag::DType::kInt64 && d.y.dim() == 1 && d.y.size(0) == d.x.size(0),
+               a.labels, ": expected int64 [", d.x.size(0), "], got ", ag::dtypeName(d.y.dtype()),
+               " ", ag::shapeToString(d.y.shape()));
+    const int64_t* labels = d.y.data<int64_t>();
+    for (int64_t i = 0; i < d.y.numel(); ++i) {
+      LOOM_CHECK(labels[i] >= 0 && labels[i] < a.classes, a.labels, ": label ", labels[i],
+                 " at row ", i, " is outside [0, ", a.classes, ")");
+    }
+    return d;
+  }
+  // Synthetic: x ~ N(0, 1); the label is the argmax of a fixed random linear teacher.
+  ag::NoGradGuard noGrad;
+  ag::Generator gen(a.seed + 12345);
+  d.x = ag::randn({a.samples, a.in}, gen);
+  const ag::Tensor teacher = ag::randn({a.in, a.classes}, gen);
+  const ag::Tensor scores = ag::matmul(d.x, teacher);
+  std::vector<int64_t> labels(a.samples);
+  const float* s = scores.data<float>();
+  for (int64_t i = 0; i < a.samples; ++i) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < a.classes; ++c) {
+      if (s[i * a.classes + c] > s[i * a.classes + best]) best = c;
+    }
+    labels[i] = best;
+  }
+  d.y = ag::fromVector(labels);
+  return d;
+}
+
+void gatherRows(const ag::Tensor& src, const std::vector<int64_t>& rows, ag::Tensor& dst) {
+  const size_t rowBytes = src.nbytes() / src.size(0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(static_cast<char*>(dst.rawData()) + i * rowBytes,
+                static_cast<const char*>(src.rawData()) + rows[i] * rowBytes, rowBytes);
+  }
+}
+
+bool launchedByLauncher() {
+  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+int run(const Args& a) {
+  LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
+             "--batch, --in must be > 0, --classes > 1, --steps >= 0, --accumulate >= 1");
+  std::shared_ptr<ProcessGroup> pg;
+  std::shared_ptr<Store> store;
+  if (launchedByLauncher()) {
+    InitResult init = initProcessGroup();
+    pg = init.pg;
+    store = init.store;
+  } else {
+    store = std::make_shared<HashStore>();
+    pg = createProcessGroup("tcp", store, 0, 1);
+  }
+  const int rank = pg->rank(), world = pg->size();
+  const bool leader = rank == 0;
+
+  const Data data = loadData(a);
+  auto model = buildModel(a);
+  if (!a.initWeights.empty()) ag::loadStateDict(*model, a.initWeights);
+
+  ddp::DdpOptions options;
+  options.bucketCapMb = a.bucketCapMb;
+  options.commHook = ddp::commHookByName(a.commHook);
+  ddp::DistributedDataParallel ddpModel(model, pg, options);
+  ag::optim::SGDOptions so;
+  so.momentum = a.momentum;
+  ag::optim::SGD optimizer(model->parameters(), a.lr, so);
+
+  const std::string ckptPath =
+      a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
+  int64_t startStep = 0;
+  if (a.resume) {
+    LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
+    if (std::filesystem::exists(ckptPath)) {
+      startStep = ddp::loadCheckpoint(*pg, ckptPath, *model, {}, true).step;
+      if (leader)
+        std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
+                     static_cast<long long>(startStep));
+    }
+  }
+  if (!ckptPath.empty() && leader) std::filesystem::create_directories(a.checkpointDir);
+
+  ddp::DistributedSampler sampler(data.rows(), world, rank, !a.noShuffle, a.seed, true);
+  const int64_t batchesPerEpoch = sampler.numSamples() / a.batch;
+  LOOM_CHECK(batchesPerEpoch >= 1, "the data set has ", data.rows(), " rows: too few for ", world,
+             " ranks with --batch ", a.batch);
+  std::vector<int64_t> indices;
+  int64_t currentEpoch = -1;
+
+  std::ofstream log;
+  if (leader && !a.log.empty()) {
+    log.open(a.log, startStep > 0 ? std::ios::app : std::ios::trunc);
+    LOOM_CHECK(static_cast<bool>(log), "--log: cannot open ", a.log, " for writing");
+    log.precision(9);
+    if (startStep == 0) log << "step,loss\n";
+  }
+  const bool tty = leader && ::isatty(STDERR_FILENO);
+  const int64_t plainEvery = std::max<int64_t>(1, a.steps / 20);
+
+  ag::Tensor x = ag::empty({a.batch, a.in});
+  ag::Tensor y = ag::empty({a.batch}, ag::DType::kInt64);
+  const auto t0 = Clock::now();
+  auto tSteady = t0;
+  int64_t steadySteps = 0;
+  double lastLoss = 0;
+  for (int64_t step = startStep; step < a.steps; ++step) {
+    optimizer.zeroGrad();
+    double lossSum = 0;
+    for (int k = 0; k < a.accumulate; ++k) {
+      const int64_t micro = step * a.accumulate + k;
+      const int64_t epoch = micro / batchesPerEpoch;
+      if (epoch != currentEpoch) {
+        sampler.setEpoch(epoch);
+        indices = sampler.indices();
+        currentEpoch = epoch;
+      }
+      const int64_t pos = (micro % batchesPerEpoch) * a.batch;
+      const std::vector<int64_t> rows(indices.begin() + pos, indices.begin() + pos + a.batch);
+      gatherRows(data.x, rows, x);
+      gatherRows(data.y, rows, y);
+      auto forwardBackward = [&] {
+        ag::Tensor loss = ag::crossEntropy(ddpModel.forward(x), y);
+        if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
+        loss.backward();
+        lossSum += loss.item();
+      };
+      if (k + 1 < a.accumulate) {
+        auto guard = ddpModel.noSync();
+        forwardBackward();
+      } else {
+        forwardBackward();
+        ddpModel.finalize();
+      }
+    }
+    optimizer.step();
+    lastLoss = ddp::reduceMean(*pg, lossSum);
+    if (step == startStep) {
+      tSteady = Clock::now();  // the first step warms up; rates count from here
+    } else {
+      ++steadySteps;
+    }
+    if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step + 1);
+    }
+    if (!leader) continue;
+    if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
+    const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
+    const double rate =
+        steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
+    if (tty) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * (step + 1) / std::max<int64_t>(1, a.steps));
+      std::fprintf(stderr, "\r[%s%s] %lld/%lld loss %.4f %.0f samples/s ",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                   static_cast<long long>(step + 1), static_cast<long long>(a.steps), lastLoss,
+                   rate);
+      std::fflush(stderr);
+    } else if ((step + 1) % plainEvery == 0 || step + 1 == a.steps) {
+      std::printf("step %lld/%lld loss %.4f samples/s %.0f\n", static_cast<long long>(step + 1),
+                  static_cast<long long>(a.steps), lastLoss, rate);
+      std::fflush(stdout);
+    }
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
+  if (!ckptPath.empty() && a.steps > startStep) {
+    ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps);
+  }
+  if (leader) {
+    if (tty) std::fprintf(stderr, "\n");
+    const double rate =
+        steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
+    std::printf(
+        "loom-train: world %d, batch %lld per rank, %lld steps, final loss %.4f, "
+        "%.0f samples/s (steps after the first)\n",
+        world, static_cast<long long>(a.batch), static_cast<long long>(a.steps - startStep),
+        lastLoss, rate);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"loom-train: trains an MLP with DistributedDataParallel (run under loom-run)"};
+  app.add_option("--in", a.in, "input features")->capture_default_str();
+  app.add_option("--classes", a.classes, "output classes")->capture_default_str();
+  app.add_option("--hidden", a.hidden, "hidden layer sizes, comma-separated")
+      ->capture_default_str();
+  app.add_option("--batch", a.batch, "batch size per rank")->capture_default_str();
+  app.add_option("--lr", a.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the weights, synthetic data and shuffling")
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mb", a.bucketCapMb, "DDP gradient bucket size (MiB)")
+      ->capture_default_str();
+  app.add_option("--accumulate", a.accumulate,
+                 "micro-batches per step (noSync for all but the last)")
+      ->capture_default_str();
+  app.add_option("--comm-hook", a.commHook, "none, fp16 or bf16")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--init-weights", a.initWeights, "initial weights (.safetensors)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--data", a.data, "inputs, float32 [N, in] (.npy)")->check(CLI::ExistingFile);
+  app.add_option("--labels", a.labels, "labels, int64 [N] (.npy)")->check(CLI::ExistingFile);
+  app.add_flag("--no-shuffle", a.noShuffle, "keep the data order (no per-epoch shuffle)");
+  app.add_option("--log", a.log, "CSV of step,loss (loss: the mean over ranks), written by rank 0");
+  app.add_option("--checkpoint-dir", a.checkpointDir,
+                 "directory of checkpoint.safetensors (written at the end, and every "
+                 "--checkpoint-every steps)");
+  app.add_option("--checkpoint-every", a.checkpointEvery, "steps between checkpoints (0: end only)")
+      ->capture_default_str();
+  app.add_flag("--resume", a.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom-train: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Runs loom-bench and its peers (Gloo over TCP; Open MPI over shared memory and over TCP) through
+# the same sweep on this machine, in one run, then prints a Markdown table of busbw, time and
+# ratios (Loom / peer) per operation and world size, and draws one SVG plot per pair.
+# Loom runs with LOOM_SHM=0 so that TCP is compared with TCP (Open MPI shm is the reference
+# for what shared memory reaches).
+#
+# Usage: scripts/peers.sh [options]
+#   --ops "all_reduce broadcast all_gather"   operations (loom-bench --op names)
+#   --ranks "2 4"                             world sizes
+#   -b SIZE -e SIZE -f FACTOR                 sweep (default 8 .. 64M, factor 4)
+#   -n ITERS -w WARMUP                        iterations per size (default 20, 5)
+#   -d TYPE                                   data type (default float)
+#   --quick                                   -e 16M -f 8 -n 5 -w 2 (a smoke run)
+#   --out DIR                                 results folder (default bench-results/<date>)
+#   --no-setup                                skip scripts/setup.sh --peers
+#   --only "loom gloo mpi"                    which families to run
+# Environment: LOOM_BUILD_DIR (default build).
+# Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
+#         DIR/compare.md (raw TCP yardstick + in-place tables), DIR/compare_p50.md (the same
+#         with median times), DIR/compare_out_of_place.md,
+#         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root_dir=$(pwd)
+
+ops="all_reduce broadcast all_gather"
+ranks="2 4"
+minb=8 maxb=64M factor=4 iters=20 warmup=5 dtype=float
+out="" setup=1 only="loom gloo mpi"
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case "$1" in
+    --ops) ops=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    -b) minb=$2; shift 2 ;;
+    -e) maxb=$2; shift 2 ;;
+    -f) factor=$2; shift 2 ;;
+    -n) iters=$2; shift 2 ;;
+    -w) warmup=$2; shift 2 ;;
+    -d) dtype=$2; shift 2 ;;
+    --quick) maxb=16M factor=8 iters=5 warmup=2; shift ;;
+    --out) out=$2; shift 2 ;;
+    --no-setup) setup=0; shift ;;
+    --only) only=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "peers.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+build=${LOOM_BUILD_DIR:-build}
+out=${out:-bench-results/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out/csv" "$out/logs"
+out=$(cd "$out" && pwd)
+
+if ((setup)); then scripts/setup.sh --peers; fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${LOOM_BUILD_TYPE:-RelWithDebInfo} >/dev/null
+targets=(loom-bench-compare)
+known=$(cmake --build "$build" --target help)  # captured whole: grep -q would cut the pipe
+for t in loom-bench loom-run gloo_bench mpi_bench tcp_baseline; do
+  if grep -q "^$t:" <<<"$known"; then targets+=("$t"); fi
+done
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+bin=$root_dir/$build/bin
+
+sweep=(-b "$minb" -e "$maxb" -f "$factor" -n "$iters" -w "$warmup" -d "$dtype" -c 1)
+mpi_root=()
+if [[ $(id -u) -eq 0 ]]; then mpi_root=(--allow-run-as-root); fi
+failures=0
+port=$((29500 + RANDOM % 2000))
+
+# run NAME COMMAND...: runs one benchmark with a deadline, keeps its table, counts failures.
+run() {
+  local name=$1; shift
+  echo "== $name"
+  if timeout 900 "$@" >"$out/logs/$name.log" 2>&1; then
+    grep -E "^# (Out of bounds|Avg bus)" "$out/logs/$name.log" | sed 's/^/   /'
+  else
+    echo "   FAILED (exit $?), see $out/logs/$name.log"; tail -5 "$out/logs/$name.log" | sed 's/^/   /'
+    failures=$((failures + 1))
+  fi
+}
+
+# spawn N COMMAND...: starts N ranks with torchrun's variables (when loom-run is not built).
+spawn() {
+  local n=$1; shift
+  local pids=() rc=0
+  port=$((port + 1))
+  for ((r = 0; r < n; r++)); do
+    if ((r == 0)); then
+      RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$port "$@" &
+    else
+      RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$port "$@" >/dev/null &
+    fi
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+
+for n in $ranks; do
+  for op in $ops; do
+    tag=${op}_n$n
+    if [[ " $only " == *" loom "* && -x $bin/loom-bench ]]; then
+      if [[ -x $bin/loom-run ]]; then
+        # loom-run picks a free MASTER_PORT for the workers.
+        run "loom-tcp_$tag" env LOOM_SHM=0 "$bin/loom-run" --nproc-per-node "$n" \
+          "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
+          --series "loom tcp" --csv "$out/csv/loom-tcp_$tag.csv"
+      else
+        run "loom-tcp_$tag" env LOOM_SHM=0 bash -c "$(declare -f spawn); port=$port; spawn $n \
+          '$bin/loom-bench' --backend tcp --op $op ${sweep[*]} --series 'loom tcp' \
+          --csv '$out/csv/loom-tcp_$tag.csv'"
+        port=$((port + 1))
+      fi
+    fi
+    if [[ " $only " == *" gloo "* && -x $bin/gloo_bench ]]; then
+      algos=ring
+      if [[ $op == all_reduce ]]; then algos="ring bcube ring_chunked halving_doubling"; fi
+      for algo in $algos; do
+        series="gloo $algo"
+        if [[ $op != all_reduce ]]; then series=gloo; fi
+        store=$(mktemp -d)
+        run "gloo-${algo}_$tag" bash -c "$(declare -f spawn); port=$port; spawn $n \
+          '$bin/gloo_bench' --algo $algo --store-dir '$store' --op $op ${sweep[*]} \
+          --series '$series' --csv '$out/csv/gloo-${algo}_$tag.csv'"
+        rm -rf "$store"
+      done
+    fi
+    if [[ " $only " == *" mpi "* && -x $bin/mpi_bench ]]; then
+      run "mpi-shm_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
+        --mca btl self,vader "$bin/mpi_bench" --op "$op" "${sweep[@]}" --series "mpi shm" \
+        --csv "$out/csv/mpi-shm_$tag.csv"
+      run "mpi-tcp_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
+        --mca btl self,tcp --mca btl_tcp_if_include lo "$bin/mpi_bench" --op "$op" \
+        "${sweep[@]}" --series "mpi tcp" --csv "$out/csv/mpi-tcp_$tag.csv"
+    fi
+  done
+done
+
+# Raw loopback TCP, the yardstick of the tcp backend's targets (ping-pong and stream rate).
+if [[ -x $bin/tcp_baseline ]]; then
+  echo "== raw loopback TCP"
+  "$bin/tcp_baseline" | tee "$out/tcp_baseline.md"
+fi
+
+baseline=()
+if ls "$out"/csv/loom-tcp_*.csv >/dev/null 2>&1; then baseline=(--baseline "loom tcp"); fi
+if ls "$out"/csv/*.csv >/dev/null 2>&1; then
+  # In place is the primary comparison: Loom's all_reduce/broadcast/reduce are in place only,
+  # so their out-of-place columns include a copy the peers do not make (docs/bench.md).
+  "$bin/loom-bench-compare" "${baseline[@]}" "$out"/csv/*.csv \
+    >"$out/compare_out_of_place.md"
+  # The same with median times (robust against a busy machine's descheduling spikes).
+  "$bin/loom-bench-compare" "${baseline[@]}" --in-place --stat p50 "$out"/csv/*.csv \
+    >"$out/compare_p50.md"
+  {
+    if [[ -f $out/tcp_baseline.md ]]; then cat "$out/tcp_baseline.md"; fi
+    "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
+      "$out"/csv/*.csv
+  } | tee "$out/compare.md"
+fi
+echo
+echo "results: $out (compare.md = in place, compare_p50.md, compare_out_of_place.md, plot_*.svg,"
+echo "  logs/, csv/)"
+echo "$failures run(s) failed"
+exit $((failures > 0))

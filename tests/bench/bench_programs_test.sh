@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# End-to-end test of the benchmark programs: loom-bench's flags (--help exits 0, a bad flag
+# exits 2), then every operation at 2 and 3 ranks over the tcp backend with -c 1 over every
+# dtype and reduction (exit 0, no wrong element), and a smoke sweep of gloo_bench and mpi_bench
+# when they were built. Usage: bench_programs_test.sh BIN_DIR
+set -uo pipefail
+bin=$1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin/loom-bench" --help >"$tmp/help" 2>&1 || fail "--help exited $?"
+grep -q -- "--op" "$tmp/help" || fail "--help does not list --op"
+for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bogus" \
+  "--backend nope" "--algo nope" "-n 0"; do
+  # shellcheck disable=SC2086
+  "$bin/loom-bench" $bad >"$tmp/bad" 2>&1
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "loom-bench $bad exited $rc, expected 2"
+  grep -q "Usage" "$tmp/bad" || fail "loom-bench $bad printed no usage"
+done
+
+# ranks N PROGRAM ARGS...: N ranks with torchrun's variables; rank 0's output in $tmp/out.
+port=$((31000 + RANDOM % 2000))
+ranks() {
+  local n=$1; shift
+  local pids=() rc=0
+  port=$((port + 1))
+  for ((r = 0; r < n; r++)); do
+    if ((r == 0)); then out="$tmp/out"; else out="$tmp/out$r"; fi
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_SHM=0 \
+      timeout 120 "$@" >"$out" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  return $rc
+}
+
+ops="all_reduce broadcast all_gather reduce_scatter reduce gather scatter alltoall barrier sendrecv"
+for n in 2 3; do
+  for op in $ops; do
+    if ! ranks "$n" "$bin/loom-bench" --op "$op" -b 8 -e 8K -f 32 -n 2 -w 1 -c 1 -d all -o all \
+      -r $((n - 1)); then
+      fail "loom-bench --op $op at $n ranks exited non-zero"; tail -5 "$tmp"/out*
+    fi
+    grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "loom-bench --op $op at $n ranks: wrong elements"
+  done
+done
+
+if [[ -x $bin/gloo_bench ]]; then
+  for op in all_reduce all_gather reduce_scatter; do
+    store=$(mktemp -d -p "$tmp")
+    ranks 2 "$bin/gloo_bench" --store-dir "$store" --op "$op" -b 8 -e 8K -f 32 -n 2 -w 1 -c 1 \
+      -d all -o all || fail "gloo_bench --op $op exited non-zero"
+    grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "gloo_bench --op $op: wrong elements"
+  done
+fi
+if [[ -x $bin/mpi_bench ]] && command -v mpirun >/dev/null; then
+  root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
+  for op in all_reduce reduce_scatter alltoall; do
+    timeout 120 mpirun "${root[@]}" --oversubscribe -np 2 --mca btl self,vader "$bin/mpi_bench" \
+      --op "$op" -b 8 -e 8K -f 32 -n 2 -w 1 -c 1 -d all -o all >"$tmp/out" 2>&1 ||
+      fail "mpi_bench --op $op exited non-zero"
+    grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "mpi_bench --op $op: wrong elements"
+  done
+fi
+
+if ((failures)); then echo "$failures failure(s)"; exit 1; fi
+echo "all benchmark program checks passed"

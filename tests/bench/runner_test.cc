@@ -1,0 +1,236 @@
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "loom/bench/data.h"
+#include "loom/bench/runner.h"
+#include "loom/common/error.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::bench {
+namespace {
+
+std::optional<int> parse(std::vector<std::string> args, SweepFlags& flags, SweepOptions& out) {
+  CLI::App app{"test", "loom-bench"};
+  addSweepFlags(app, flags);
+  std::vector<char*> argv;
+  args.insert(args.begin(), "loom-bench");
+  for (std::string& a : args) argv.push_back(a.data());
+  return parseCommandLine(app, static_cast<int>(argv.size()), argv.data(),
+                          [&] { out = flags.resolve(); });
+}
+
+TEST(Flags, ParsesNcclTestsStyleFlags) {
+  SweepFlags flags;
+  SweepOptions o;
+  EXPECT_EQ(parse({"--op",     "reduce_scatter",
+                   "-b",       "1K",
+                   "-e",       "16M",
+                   "-f",       "4",
+                   "-n",       "7",
+                   "-w",       "1",
+                   "-c",       "0",
+                   "-d",       "bf16",
+                   "-o",       "max",
+                   "-r",       "1",
+                   "--json",   "a.json",
+                   "--csv",    "a.csv",
+                   "--plot",   "a.svg",
+                   "--series", "x"},
+                  flags, o),
+            std::nullopt);
+  EXPECT_EQ(o.op, Op::kReduceScatter);
+  EXPECT_EQ(o.minBytes, 1024u);
+  EXPECT_EQ(o.maxBytes, 16u << 20);
+  EXPECT_EQ(o.stepFactor, 4u);
+  EXPECT_EQ(o.iters, 7);
+  EXPECT_EQ(o.warmupIters, 1);
+  EXPECT_EQ(o.check, 0);
+  EXPECT_EQ(o.types, std::vector<ElemType>{ElemType::kBFloat16});
+  EXPECT_EQ(o.redops, std::vector<RedOp>{RedOp::kMax});
+  EXPECT_EQ(o.root, 1);
+  EXPECT_EQ(o.jsonPath, "a.json");
+  EXPECT_EQ(o.csvPath, "a.csv");
+  EXPECT_EQ(o.plotPath, "a.svg");
+  EXPECT_EQ(o.series, "x");
+}
+
+TEST(Flags, AllExpandsTypesAndReductions) {
+  SweepFlags flags;
+  SweepOptions o;
+  EXPECT_EQ(parse({"-d", "all", "-o", "all"}, flags, o), std::nullopt);
+  EXPECT_EQ(o.types.size(), 8u);
+  EXPECT_EQ(o.redops.size(), 5u);
+}
+
+TEST(Flags, BadFlagsExitWithTwo) {
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--op", "allreduse"},
+                                       {"-b", "1Q"},
+                                       {"-b", "16M", "-e", "1M"},
+                                       {"-f", "1"},
+                                       {"-n", "0"},
+                                       {"-d", "float128"},
+                                       {"-o", "xor"},
+                                       {"--bogus"},
+                                       {"-n", "x"},
+                                       {"-r", "-1"}}) {
+    SweepFlags flags;
+    SweepOptions o;
+    EXPECT_EQ(parse(bad, flags, o), 2) << bad[0];
+  }
+}
+
+TEST(Flags, HelpExitsWithZero) {
+  SweepFlags flags;
+  SweepOptions o;
+  EXPECT_EQ(parse({"--help"}, flags, o), 0);
+}
+
+TEST(Stats, SlowestRankPercentilesAndSkew) {
+  // 2 ranks x 4 iterations, rank-major.
+  const std::vector<double> t = {1e-6, 2e-6, 3e-6, 4e-6, 2e-6, 2e-6, 2e-6, 10e-6};
+  const TimeStats s = timeStats(t, 2, 4);
+  EXPECT_DOUBLE_EQ(s.meanUs, 4.0);   // rank 1: (2+2+2+10)/4
+  EXPECT_NEAR(s.skewUs, 1.5, 1e-9);  // 4.0 - 2.5
+  EXPECT_NEAR(s.p50Us, 2.0, 1e-9);   // per-iteration max: 2 2 3 10
+  EXPECT_NEAR(s.p99Us, 10.0, 1e-9);
+}
+
+// Ranks as threads with a reference implementation of every collective, so that the sweep's
+// layouts, in-place pointers, fills and checks are exercised end to end before any backend.
+struct Shared {
+  explicit Shared(int n) : sync(n), sends(n), doubles(n) {}
+  std::barrier<> sync;
+  std::vector<const void*> sends;
+  std::vector<const double*> doubles;
+};
+
+class ThreadDriver : public Driver {
+ public:
+  ThreadDriver(Shared& shared, int rank, int n, bool corrupt)
+      : s_(shared), rank_(rank), n_(n), corrupt_(corrupt) {}
+  int rank() const override { return rank_; }
+  int worldSize() const override { return n_; }
+  std::string series() const override { return "reference"; }
+  void barrier() override { s_.sync.arrive_and_wait(); }
+  void allgatherDoubles(const double* in, size_t count, double* out) override {
+    s_.doubles[rank_] = in;
+    barrier();
+    for (int q = 0; q < n_; ++q) std::memcpy(out + q * count, s_.doubles[q], count * 8);
+    barrier();
+  }
+  void run(const Call& c) override {
+    s_.sends[rank_] = c.send;
+    barrier();
+    const size_t k = c.count;
+    auto in = [&](int q, size_t i) { return loadElem(c.type, s_.sends[q], i); };
+    auto red = [&](size_t i) {
+      double acc = in(0, i);
+      for (int q = 1; q < n_; ++q) {
+        const double v = in(q, i);
+        if (c.redop == RedOp::kSum || c.redop == RedOp::kAvg) acc += v;
+        if (c.redop == RedOp::kProd) acc *= v;
+        if (c.redop == RedOp::kMin) acc = std::min(acc, v);
+        if (c.redop == RedOp::kMax) acc = std::max(acc, v);
+      }
+      return c.redop == RedOp::kAvg ? acc / n_ : acc;
+    };
+    std::vector<double> out;
+    const size_t r = static_cast<size_t>(rank_);
+    switch (c.op) {
+      case Op::kAllReduce:
+        for (size_t i = 0; i < k; ++i) out.push_back(red(i));
+        break;
+      case Op::kReduce:
+        if (rank_ == c.root) {
+          for (size_t i = 0; i < k; ++i) out.push_back(red(i));
+        }
+        break;
+      case Op::kReduceScatter:
+        for (size_t i = 0; i < k; ++i) out.push_back(red(r * k + i));
+        break;
+      case Op::kBroadcast:
+        for (size_t i = 0; i < k; ++i) out.push_back(in(c.root, i));
+        break;
+      case Op::kAllGather:
+      case Op::kGather:
+        if (c.op == Op::kAllGather || rank_ == c.root) {
+          for (int q = 0; q < n_; ++q) {
+            for (size_t i = 0; i < k; ++i) out.push_back(in(q, i));
+          }
+        }
+        break;
+      case Op::kScatter:
+        for (size_t i = 0; i < k; ++i) out.push_back(in(c.root, r * k + i));
+        break;
+      case Op::kAllToAll:
+        for (int q = 0; q < n_; ++q) {
+          for (size_t i = 0; i < k; ++i) out.push_back(in(q, r * k + i));
+        }
+        break;
+      case Op::kSendRecv:
+        for (size_t i = 0; i < k; ++i) out.push_back(in((rank_ + n_ - 1) % n_, i));
+        break;
+      case Op::kBarrier:
+        break;
+    }
+    barrier();  // everyone has read every input before anyone writes (in-place)
+    for (size_t i = 0; i < out.size(); ++i) storeElem(c.type, c.recv, i, out[i]);
+    if (corrupt_ && rank_ == n_ - 1 && !out.empty()) storeElem(c.type, c.recv, 0, out[0] + 1);
+    barrier();
+  }
+
+ private:
+  Shared& s_;
+  const int rank_;
+  const int n_;
+  const bool corrupt_;
+};
+
+int runAll(int n, Op op, const std::vector<ElemType>& types, const std::vector<RedOp>& redops,
+           bool corrupt) {
+  Shared shared(n);
+  std::mutex mu;
+  std::vector<int> codes;
+  testing::runThreadRanks(n, [&](int rank) {
+    ThreadDriver driver(shared, rank, n, corrupt);
+    SweepOptions o;
+    o.op = op;
+    o.minBytes = 1;
+    o.maxBytes = 4096;
+    o.stepFactor = 8;
+    o.iters = 2;
+    o.warmupIters = 1;
+    o.types = types;
+    o.redops = redops;
+    o.root = n - 1;
+    const int code = runSweep(driver, o, "loom-bench-test", {});
+    std::lock_guard<std::mutex> lock(mu);
+    codes.push_back(code);
+  });
+  for (int c : codes) {
+    if (c != codes.front()) return -1;  // ranks disagree
+  }
+  return codes.front();
+}
+
+TEST(Sweep, EveryOpTypeAndReductionChecksCleanOnAReferenceBackend) {
+  for (int n : {1, 2, 3, 4}) {
+    for (Op op : allOps()) {
+      EXPECT_EQ(runAll(n, op, allElemTypes(), allRedOps(), false), 0) << opName(op) << " n=" << n;
+    }
+  }
+}
+
+TEST(Sweep, AWrongElementFailsTheRunOnEveryRank) {
+  for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kAllToAll, Op::kSendRecv}) {
+    EXPECT_EQ(runAll(3, op, {ElemType::kFloat}, {RedOp::kSum}, true), 1) << opName(op);
+  }
+}
+
+}  // namespace
+}  // namespace loom::bench

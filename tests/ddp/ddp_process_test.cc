@@ -1,0 +1,165 @@
+// DDP with ranks as forked processes (tcp groups over a FileStore): training matches one
+// process, checkpoints round-trip (every rank reading, or rank 0 reading and broadcasting),
+// and a writer SIGKILLed in the middle of a checkpoint write leaves the previous checkpoint
+// intact.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "ddp_test_util.h"
+#include "loom/autograd/serialize.h"
+#include "loom/common/error.h"
+#include "loom/ddp/checkpoint.h"
+#include "loom/ddp/distributed_data_parallel.h"
+#include "loom/process_group/factory.h"
+#include "loom/store/file_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::ddp {
+namespace {
+
+using namespace loom::ddp::testing;
+using std::chrono::milliseconds;
+
+// Throws (so the child exits 1 with the message) when a and b differ by more than tol.
+void requireClose(const nn::NamedTensors& a, const nn::NamedTensors& b, double tol,
+                  const std::string& what) {
+  LOOM_CHECK_EQ(a.size(), b.size(), what);
+  for (size_t i = 0; i < a.size(); ++i) {
+    LOOM_CHECK_EQ(a[i].first, b[i].first, what);
+    if (a[i].second.dtype() != ag::DType::kFloat32) continue;
+    const float* x = a[i].second.data<float>();
+    const float* y = b[i].second.data<float>();
+    for (int64_t j = 0; j < a[i].second.numel(); ++j) {
+      LOOM_CHECK(std::fabs(x[j] - y[j]) <= tol * std::max(1.0f, std::fabs(y[j])), what, ": ",
+                 a[i].first, "[", j, "] = ", x[j], " vs ", y[j]);
+    }
+  }
+}
+
+nn::NamedTensors cloneState(const nn::Module& m) {
+  nn::NamedTensors out;
+  for (const auto& [name, t] : m.stateDict()) out.emplace_back(name, t.detach().clone());
+  return out;
+}
+
+TEST(DdpProcesses, TrainAndCheckpointLikeOneProcess) {
+  loom::testing::TempDir dir;
+  const std::vector<int64_t> sizes{8, 10, 3};
+  const int world = 2, steps = 3;
+  const int64_t batch = 4;
+  loom::testing::ChildProcesses ranks;
+  ranks.spawnRanks(world, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir.file("store"));
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::seconds(30);
+    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    const Dataset d = makeData(world * batch * steps, sizes.front(), sizes.back());
+
+    auto ref = makeMlp(sizes);
+    ag::optim::SGD refOpt(ref->parameters(), 0.1);
+    for (int s = 0; s < steps; ++s) {
+      refOpt.zeroGrad();
+      ag::crossEntropy(ref->forward(rowsOf(d.x, s * world * batch, world * batch)),
+                       rowsOf(d.labels, s * world * batch, world * batch))
+          .backward();
+      refOpt.step();
+    }
+
+    auto model = makeMlp(sizes, rank == 0 ? 7 : 100 + rank);  // rank 0 as the reference
+    DistributedDataParallel ddp(model, pg);
+    ag::optim::SGD opt(model->parameters(), 0.1);
+    for (int s = 0; s < steps; ++s) {
+      opt.zeroGrad();
+      const int64_t begin = s * world * batch + rank * batch;
+      ag::crossEntropy(ddp.forward(rowsOf(d.x, begin, batch)), rowsOf(d.labels, begin, batch))
+          .backward();
+      opt.step();
+    }
+    requireClose(cloneState(*model), cloneState(*ref), 1e-5, "after training");
+
+    const std::string path = dir.file("ckpt.safetensors");
+    saveCheckpoint(*pg, path, *model, steps);
+    LOOM_CHECK(std::filesystem::exists(path), "no checkpoint after the barrier");
+    for (bool broadcast : {false, true}) {
+      auto fresh = makeMlp(sizes, 500 + rank);
+      const Checkpoint c = loadCheckpoint(*pg, path, *fresh, {}, broadcast);
+      LOOM_CHECK_EQ(c.step, steps);
+      requireClose(cloneState(*fresh), cloneState(*model), 0, "loaded checkpoint");
+    }
+    // A checkpoint of a different model is refused on every rank, naming the tensor.
+    auto other = makeMlp({8, 11, 3});
+    try {
+      loadCheckpoint(*pg, path, *other, {}, true);
+      LOOM_THROW(Error, "loading a mismatched checkpoint did not fail");
+    } catch (const InvalidArgumentError& e) {
+      if (rank == 0) {
+        LOOM_CHECK(std::string(e.what()).find("0.weight") != std::string::npos, e.what());
+      }
+    }
+  });
+  EXPECT_EQ(ranks.waitAllOk(milliseconds(60000)), "");
+}
+
+// Every tensor of a checkpoint written at step s holds the value s, so a torn or mixed file
+// is detected.
+std::shared_ptr<nn::Sequential> filled(double value) {
+  auto model = makeMlp({256, 256, 64});
+  for (auto& [name, t] : model->stateDict()) t.fill(value);
+  return model;
+}
+
+void expectConsistent(const std::string& path) {
+  std::map<std::string, std::string> meta;
+  const nn::NamedTensors tensors = ag::loadSafetensors(path, &meta);
+  ASSERT_EQ(tensors.size(), 4u);
+  const double step = std::stod(meta.at("step"));
+  for (const auto& [name, t] : tensors) {
+    const float* d = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      ASSERT_EQ(d[i], step) << name << "[" << i << "] of the checkpoint at step " << step;
+    }
+  }
+}
+
+TEST(DdpProcesses, SigkillMidWriteLeavesTheOldCheckpoint) {
+  loom::testing::TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  writeCheckpointFile(path, *filled(0), 0);
+  int killedMidWrite = 0;
+  for (int round = 0; round < 5; ++round) {
+    loom::testing::ChildProcesses writer;
+    writer.spawn([&] {
+      for (int64_t step = 1;; ++step) writeCheckpointFile(path, *filled(step), step);
+    });
+    const std::string tmp = path + ".tmp-" + std::to_string(writer.pid(0));
+    // Kill as soon as a write is in progress (its temporary file exists), after a few writes.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int seen = 0;
+    bool wasWriting = false;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const bool writing = std::filesystem::exists(tmp) || std::filesystem::exists(tmp + ".tmp");
+      if (writing && !wasWriting) ++seen;
+      wasWriting = writing;
+      if (writing && seen > round + 1) break;
+    }
+    writer.kill(0, SIGKILL);
+    const auto exit = writer.wait(0, milliseconds(10000));
+    EXPECT_EQ(exit.signal, SIGKILL) << exit.describe();
+    if (std::filesystem::exists(tmp) || std::filesystem::exists(tmp + ".tmp")) ++killedMidWrite;
+    expectConsistent(path);
+    std::filesystem::remove(tmp);
+    std::filesystem::remove(tmp + ".tmp");
+  }
+  // The kills must actually have landed inside writes for the test to mean anything.
+  EXPECT_GE(killedMidWrite, 1);
+}
+
+}  // namespace
+}  // namespace loom::ddp

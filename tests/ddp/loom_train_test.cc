@@ -1,0 +1,143 @@
+// loom-train end to end, ranks as processes started with the launcher's environment:
+// per-step losses and final weights equal PyTorch DDP's (gloo, 2 ranks) from the same initial
+// weights and data (fixtures/make_torch_ddp_reference.py), with and without --accumulate, and
+// --resume continues a run exactly (SGD without momentum: optimizer state is not saved yet).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/autograd/npy.h"
+#include "loom/autograd/serialize.h"
+#include "loom/testing/ranks.h"
+
+namespace {
+
+using std::chrono::milliseconds;
+const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
+int nextPort = 29000 + static_cast<int>(::getpid() % 2000) * 3;
+
+// Runs loom-train on `world` process ranks; returns "" or a description of the failures.
+std::string runLoomTrain(int world, const std::vector<std::string>& args) {
+  loom::testing::ChildProcesses ranks;
+  const int port = nextPort++;
+  for (int r = 0; r < world; ++r) {
+    ranks.spawn([&, r] {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<std::string> all{LOOM_TRAIN_BIN};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    });
+  }
+  return ranks.waitAllOk(milliseconds(60000));
+}
+
+std::vector<double> readLosses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> losses;
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,loss") << path;
+  while (std::getline(in, line)) {
+    const auto comma = line.find(',');
+    EXPECT_EQ(std::stoi(line.substr(0, comma)), static_cast<int>(losses.size()) + 1) << line;
+    losses.push_back(std::stod(line.substr(comma + 1)));
+  }
+  return losses;
+}
+
+void expectSameLosses(const std::vector<double>& actual, const std::vector<double>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::fabs(expected[i])) << "step " << i + 1;
+  }
+}
+
+std::vector<std::string> commonArgs(const std::string& dir) {
+  return {"--in",
+          "8",
+          "--hidden",
+          "6,5",
+          "--classes",
+          "3",
+          "--batch",
+          "4",
+          "--lr",
+          "0.1",
+          "--no-shuffle",
+          "--data",
+          kFixtures + "x.npy",
+          "--labels",
+          kFixtures + "y.npy",
+          "--init-weights",
+          kFixtures + "init.safetensors",
+          "--checkpoint-dir",
+          dir};
+}
+
+TEST(LoomTrain, MatchesPyTorchDdp) {
+  for (int accumulate : {1, 2}) {
+    loom::testing::TempDir dir;
+    auto args = commonArgs(dir.path());
+    for (std::string a : {"--momentum", "0.9", "--steps", "8", "--log"}) args.push_back(a);
+    args.push_back(dir.file("loss.csv"));
+    args.push_back("--accumulate");
+    args.push_back(std::to_string(accumulate));
+    ASSERT_EQ(runLoomTrain(2, args), "");
+    SCOPED_TRACE("accumulate " + std::to_string(accumulate));
+    expectSameLosses(
+        readLosses(dir.file("loss.csv")),
+        readLosses(kFixtures + (accumulate == 1 ? "losses.csv" : "losses_accumulate2.csv")));
+    if (accumulate != 1) continue;
+    // Final weights, flattened in state-dict order, as PyTorch left them.
+    const auto tensors = loom::ag::loadSafetensors(dir.file("checkpoint.safetensors"));
+    const loom::ag::Tensor expected = loom::ag::loadNpy(kFixtures + "final.npy");
+    int64_t offset = 0;
+    for (const auto& [name, t] : tensors) {
+      for (int64_t i = 0; i < t.numel(); ++i, ++offset) {
+        ASSERT_LT(offset, expected.numel());
+        const float e = expected.data<float>()[offset];
+        EXPECT_NEAR(t.data<float>()[i], e, 1e-5 * std::max(1.0f, std::fabs(e))) << name << i;
+      }
+    }
+    EXPECT_EQ(offset, expected.numel());
+  }
+}
+
+TEST(LoomTrain, ResumeContinuesTheRun) {
+  loom::testing::TempDir whole, split;
+  auto a = commonArgs(whole.path());
+  for (std::string s : {"--steps", "8", "--log"}) a.push_back(s);
+  a.push_back(whole.file("loss.csv"));
+  ASSERT_EQ(runLoomTrain(2, a), "");
+  auto b = commonArgs(split.path());
+  for (std::string s : {"--steps", "5", "--log"}) b.push_back(s);
+  b.push_back(split.file("loss.csv"));
+  ASSERT_EQ(runLoomTrain(2, b), "");
+  b[b.size() - 3] = "8";
+  b.push_back("--resume");
+  ASSERT_EQ(runLoomTrain(2, b), "");
+  expectSameLosses(readLosses(split.file("loss.csv")), readLosses(whole.file("loss.csv")));
+}
+
+TEST(LoomTrain, BadFlagsAreNamed) {
+  loom::testing::TempDir dir;
+  auto args = commonArgs(dir.path());
+  args[1] = "9";  // --in 9 does not match x.npy's 8 columns
+  EXPECT_NE(runLoomTrain(1, args), "");
+}
+
+}  // namespace

@@ -1,0 +1,262 @@
+// Process ranks (forked before any thread exists) over a directory store: the shared-memory
+// collectives across real processes; the segment's name is gone from /dev/shm as soon as
+// every rank is connected and stays gone after the job is SIGKILLed; a SIGKILLed peer is an
+// IoError naming it within seconds (not a timeout, not a hang); a SIGSTOPped peer is a
+// TimeoutError naming it after the collective's timeout, and every other rank fails with it;
+// ranks split into "hosts" (LOOM_SHM_HOST_ID) run the hierarchical all-reduce.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dir_store.h"
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/common/error.h"
+#include "loom/testing/ranks.h"
+#include "shm/hierarchy.h"
+#include "shm/shm.h"
+
+namespace loom::comm::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+ContextOptions options() {
+  ContextOptions o;
+  o.host = "127.0.0.1";
+  o.timeout = 20s;
+  return o;
+}
+
+bool shmNameExists(const std::string& name) {
+  struct stat st {};
+  return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path + ".tmp");
+    out << text;
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+// Polls for a file the children write (the parent has no other channel to them).
+bool waitForFile(const std::string& path, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  struct stat st {};
+  while (::stat(path.c_str(), &st) != 0) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+TEST(ShmProcesses, EveryCollectiveAcrossProcesses) {
+  for (int size : {2, 4}) {
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    children.spawnRanks(size, [&](int rank) {
+      DirStore store(dir.path());
+      auto ctx = Context::create(store, rank, size, options());
+      LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena across processes");
+      CollectiveOptions opts;
+      const int sum = size * (size + 1) / 2;
+      for (size_t count : {size_t{1}, size_t{3000}, size_t{300001}}) {
+        std::vector<float> buf(count, rank + 1.0f);
+        ++opts.seq;
+        allreduce(*ctx, buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+        for (float v : buf) LOOM_CHECK_EQ(v, static_cast<float>(sum));
+        std::vector<int64_t> b(count, rank == 1 ? 42 : 0);
+        ++opts.seq;
+        broadcast(*ctx, b.data(), count, DType::kInt64, 1, opts);
+        for (int64_t v : b) LOOM_CHECK_EQ(v, 42);
+        std::vector<int32_t> in(count, rank), all(count * size, -1);
+        ++opts.seq;
+        allgather(*ctx, in.data(), all.data(), count, DType::kInt32, opts);
+        for (size_t i = 0; i < all.size(); ++i) LOOM_CHECK_EQ(all[i], static_cast<int>(i / count));
+        std::vector<int32_t> rs(count, -1);
+        ++opts.seq;
+        reduceScatter(*ctx, all.data(), rs.data(), count, DType::kInt32, ReduceOp::kSum, opts);
+        for (int32_t v : rs) LOOM_CHECK_EQ(v, rank * size);
+        ++opts.seq;
+        barrier(*ctx, opts);
+      }
+    });
+    EXPECT_EQ(children.waitAllOk(90s), "") << "world size " << size;
+  }
+}
+
+TEST(ShmProcesses, SigkilledJobLeavesNothingInDevShm) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const int size = 3;
+  children.spawnRanks(size, [&](int rank) {
+    DirStore store(dir.path());
+    auto ctx = Context::create(store, rank, size, options());
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr, "no arena");
+    CollectiveOptions opts;
+    opts.seq = 1;
+    barrier(*ctx, opts);  // every rank has returned from create: every rank mapped it
+    if (rank == 0) {
+      LOOM_CHECK(!shmNameExists(arena->segmentName()), arena->segmentName(),
+                 " still exists in /dev/shm after every rank connected");
+      writeFile(dir.file("segment"), arena->segmentName());
+    }
+    std::vector<float> buf(100000, 1.0f);
+    for (uint64_t seq = 2;; ++seq) {
+      opts.seq = seq;
+      allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kMax, opts);
+      if (rank == 0 && seq == 50) writeFile(dir.file("running"), "1");
+    }
+  });
+  ASSERT_TRUE(waitForFile(dir.file("running"), 60s)) << children.waitAllOk(1ms);
+  const std::string name = readFile(dir.file("segment"));
+  ASSERT_FALSE(name.empty());
+  for (int i = 0; i < size; ++i) children.kill(i, SIGKILL);
+  for (const auto& e : children.waitAll(30s)) EXPECT_EQ(e.signal, SIGKILL) << e.describe();
+  EXPECT_FALSE(shmNameExists(name)) << name << " leaked";
+}
+
+TEST(ShmProcesses, KilledPeerIsAnIoErrorNamingItWithinSeconds) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const int size = 4;
+  const int victim = 2;
+  children.spawnRanks(size, [&](int rank) {
+    DirStore store(dir.path());
+    auto ctx = Context::create(store, rank, size, options());
+    LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena");
+    CollectiveOptions opts;
+    opts.timeout = 60s;
+    std::vector<float> buf(rank % 2 == 0 ? 2 : 50000, 1.0f);  // small and split paths
+    for (uint64_t seq = 1;; ++seq) {
+      if (rank == victim && seq == 30) ::kill(::getpid(), SIGKILL);
+      opts.seq = seq;
+      const auto start = Clock::now();
+      try {
+        const size_t count = seq % 2 == 0 ? 2 : 50000;
+        buf.resize(count);
+        allreduce(*ctx, buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kMax, opts);
+      } catch (const IoError& e) {
+        const auto waited = Clock::now() - start;
+        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
+        LOOM_CHECK(waited < 5s, "the error took ",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms");
+        LOOM_CHECK(std::string(e.what()).find("rank 2") != std::string::npos,
+                   "the error does not name rank 2: ", e.what());
+        LOOM_CHECK(dynamic_cast<const TimeoutError*>(&e) == nullptr, "got a timeout");
+        return;
+      }
+      LOOM_CHECK(seq < 1000000, "never saw the failure");
+    }
+  });
+  const auto exits = children.waitAll(60s);
+  for (int rank = 0; rank < size; ++rank) {
+    if (rank == victim) {
+      EXPECT_EQ(exits[rank].signal, SIGKILL) << exits[rank].describe();
+    } else {
+      EXPECT_TRUE(exits[rank].ok()) << "rank " << rank << ": " << exits[rank].describe();
+    }
+  }
+}
+
+TEST(ShmProcesses, StoppedPeerIsATimeoutNamingIt) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const int size = 3;
+  const int victim = 1;
+  children.spawnRanks(size, [&](int rank) {
+    DirStore store(dir.path());
+    auto ctx = Context::create(store, rank, size, options());
+    CollectiveOptions opts;
+    opts.timeout = 1s;
+    std::vector<double> buf(1000, 1.0);
+    for (uint64_t seq = 1;; ++seq) {
+      if (rank == victim && seq == 10) ::raise(SIGSTOP);
+      opts.seq = seq;
+      const auto start = Clock::now();
+      try {
+        allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat64, ReduceOp::kMin, opts);
+      } catch (const IoError& e) {
+        const auto waited = Clock::now() - start;
+        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
+        LOOM_CHECK(waited < 3s, "the error took ",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms");
+        LOOM_CHECK(std::string(e.what()).find("rank 1") != std::string::npos,
+                   "the error does not name rank 1: ", e.what());
+        return;
+      }
+      LOOM_CHECK(seq < 1000000, "never saw the failure");
+    }
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    if (rank == victim) continue;
+    const auto e = children.wait(rank, 30s);
+    EXPECT_TRUE(e.ok()) << "rank " << rank << ": " << e.describe();
+  }
+  children.kill(victim, SIGKILL);
+  EXPECT_EQ(children.wait(victim, 10s).signal, SIGKILL);
+}
+
+TEST(ShmProcesses, HierarchicalAllreduceOverFakeHosts) {
+  // Host layouts by rank: two hosts of two, interleaved hosts, and a single-rank host between
+  // two shared ones.
+  const std::vector<std::vector<std::string>> layouts = {
+      {"a", "a", "b", "b"}, {"a", "b", "a", "b"}, {"a", "a", "b", "c", "c"}};
+  for (const auto& layout : layouts) {
+    const int size = static_cast<int>(layout.size());
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    children.spawnRanks(size, [&](int rank) {
+      ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
+      DirStore store(dir.path());
+      auto ctx = Context::create(store, rank, size, options());
+      LOOM_CHECK(shm::arenaOf(*ctx) == nullptr, "a multi-host context got a single arena");
+      LOOM_CHECK(shm::hierarchyOf(*ctx) != nullptr, "no hierarchy");
+      CollectiveOptions opts;
+      const double sum = size * (size + 1) / 2.0;
+      for (size_t count : {size_t{1}, size_t{5000}, size_t{300001}}) {
+        std::vector<float> f(count, rank + 1.0f);
+        ++opts.seq;
+        allreduce(*ctx, f.data(), f.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+        for (float v : f) LOOM_CHECK_EQ(v, static_cast<float>(sum));
+        std::vector<double> in(count, rank + 1.0), out(count, -1.0);
+        ++opts.seq;
+        allreduce(*ctx, in.data(), out.data(), count, DType::kFloat64, ReduceOp::kAvg, opts);
+        for (double v : out) LOOM_CHECK_EQ(v, sum / size);
+        std::vector<int32_t> m(count);
+        for (size_t i = 0; i < count; ++i) m[i] = static_cast<int32_t>((i + rank) % size);
+        ++opts.seq;
+        allreduce(*ctx, m.data(), m.data(), count, DType::kInt32, ReduceOp::kMax, opts);
+        for (int32_t v : m) LOOM_CHECK_EQ(v, size - 1);
+        std::vector<int64_t> b(count, rank == size - 1 ? 7 : 0);
+        ++opts.seq;
+        broadcast(*ctx, b.data(), count, DType::kInt64, size - 1, opts);  // generic, over tcp
+        for (int64_t v : b) LOOM_CHECK_EQ(v, 7);
+      }
+    });
+    EXPECT_EQ(children.waitAllOk(90s), "") << "layout of " << size << " ranks";
+  }
+}
+
+}  // namespace
+}  // namespace loom::comm::testing
