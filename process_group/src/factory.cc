@@ -1,5 +1,6 @@
 #include "loom/process_group/factory.h"
 
+#include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "loom/process_group/tcp_backend.h"
 
@@ -15,6 +16,7 @@ std::vector<std::string> backendNames() {
 
 bool isAvailable(const std::string& backend) {
   if (backend == "tcp") return true;
+  if (backend == "verbs") return comm::verbsAvailable();
 #ifdef LOOM_HAVE_NCCL
   if (backend == "nccl") return ncclDeviceCount() > 0;
 #endif
@@ -40,9 +42,12 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
 #endif
   }
   if (backend == "verbs") {
-    LOOM_THROW(NotAvailableError,
-               "the verbs backend is not implemented yet; use \"tcp\" (or \"nccl\" for CUDA "
-               "buffers)");
+    std::string why;
+    if (!comm::verbsAvailable(&why)) {
+      LOOM_THROW(NotAvailableError, "createProcessGroup(\"verbs\"): ", why);
+    }
+    return std::make_shared<ProcessGroupTcp>("verbs", std::move(store), rank, size, options,
+                                             &comm::createVerbsContext);
   }
   LOOM_THROW(InvalidArgumentError, "unknown backend \"", backend,
              "\"; expected one of: tcp, nccl, verbs");

@@ -156,15 +156,23 @@ milliseconds storeSlack(milliseconds window) {
 
 ProcessGroupTcp::ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
                                  const ProcessGroupOptions& options)
-    : ProcessGroup("tcp", std::move(store), rank, size, options) {
+    : ProcessGroupTcp("tcp", std::move(store), rank, size, options,
+                      [](Store& s, int r, int n, const comm::ContextOptions& o) {
+                        return comm::Context::create(s, r, n, o);
+                      }) {}
+
+ProcessGroupTcp::ProcessGroupTcp(std::string backend, std::shared_ptr<Store> store, int rank,
+                                 int size, const ProcessGroupOptions& options,
+                                 const ContextFactory& makeContext)
+    : ProcessGroup(std::move(backend), std::move(store), rank, size, options) {
   comm::ContextOptions ctxOptions;
   ctxOptions.timeout = options.timeout;
   ctxOptions.host = options.host;
   ctxOptions.sharedMemory = options.sharedMemory;
   ctxOptions.socketsPerPeer = options.socketsPerPeer;
-  ctx_ = comm::Context::create(*this->store(), rank, size, ctxOptions);
+  ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
   if (debugLevel() != DebugLevel::kOff) {
-    LOOM_LOG_INFO(who(), ": tcp process group of size ", size, " ready");
+    LOOM_LOG_INFO(who(), ": ", backendName(), " process group of size ", size, " ready");
   }
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -180,8 +188,8 @@ ProcessGroupTcp::~ProcessGroupTcp() {
 
 void ProcessGroupTcp::checkDevice(const BufferView& buf, const char* opName) const {
   if (buf.device.type != DeviceType::kCpu) {
-    LOOM_THROW(InvalidArgumentError, who(), ": ", opName,
-               ": the tcp backend takes CPU buffers, got a ", deviceName(buf.device),
+    LOOM_THROW(InvalidArgumentError, who(), ": ", opName, ": the ", backendName(),
+               " backend takes CPU buffers, got a ", deviceName(buf.device),
                " buffer (use the nccl backend for CUDA memory)");
   }
 }

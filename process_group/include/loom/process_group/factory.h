@@ -8,11 +8,13 @@
 //   the ranks that never showed up within options.timeout.
 // - Backends: "tcp" (comm/ algorithms over TCP, shared memory between same-host ranks),
 //   "nccl" (CUDA buffers; only when built with NCCL and a CUDA device is present), "verbs"
-//   (not implemented yet). A backend that is compiled out or not implemented throws
+//   (comm/ algorithms over RDMA verbs; CPU buffers; only when built with libibverbs and an
+//   RDMA device is present, see docs/verbs.md). A backend that is compiled out or has no
+//   device throws
 //   NotAvailableError saying why; an unknown name throws InvalidArgumentError listing the
 //   valid ones; rank/size out of range throw InvalidArgumentError.
 // - isAvailable(backend) tells whether createProcessGroup can succeed for that backend in
-//   this build (for "nccl" also: at least one CUDA device is visible).
+//   this build (for "nccl" also: at least one CUDA device is visible; for "verbs": an RDMA device).
 #pragma once
 
 #include <memory>

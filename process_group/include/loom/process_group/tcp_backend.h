@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,12 +46,19 @@ namespace loom {
 
 namespace comm {
 class Context;
-}
+struct ContextOptions;
+}  // namespace comm
 
 class ProcessGroupTcp final : public ProcessGroup {
  public:
   ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
                   const ProcessGroupOptions& options = {});
+  // The same group over another comm::Context (the verbs backend: comm/ algorithms over the
+  // verbs transport); `backend` names it in messages.
+  using ContextFactory = std::function<std::shared_ptr<comm::Context>(Store&, int rank, int size,
+                                                                      const comm::ContextOptions&)>;
+  ProcessGroupTcp(std::string backend, std::shared_ptr<Store> store, int rank, int size,
+                  const ProcessGroupOptions& options, const ContextFactory& makeContext);
   ~ProcessGroupTcp() override;
 
   void abort(const std::string& reason) override;

@@ -1,0 +1,676 @@
+#include "verbs/verbs_transport.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/store/store.h"
+#include "tag.h"
+
+namespace loom::comm::verbs {
+
+namespace {
+
+constexpr uint64_t kCtrlWr = uint64_t{1} << 40;  // wr id of control writes (data: the slot)
+constexpr uint64_t kRecvWr = uint64_t{1} << 41;  // wr ids of receives: kRecvWr | index
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+std::unique_ptr<uint8_t, FreeDeleter> allocRing(size_t bytes) {
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (p == nullptr) LOOM_THROW(IoError, "cannot allocate a verbs ring of ", bytes, " bytes");
+  std::memset(p, 0, bytes);
+  return std::unique_ptr<uint8_t, FreeDeleter>(static_cast<uint8_t*>(p));
+}
+
+}  // namespace
+
+class VerbsRequest : public Request {
+ public:
+  VerbsRequest(VerbsTransport* t, int peer, bool send, uint8_t* data, size_t bytes, uint64_t tag)
+      : t_(t), peer_(peer), send_(send), data_(data), bytes_(bytes), tag_(tag) {}
+
+  bool test() override {
+    std::lock_guard<std::mutex> lock(t_->mu_);
+    return doneLocked();
+  }
+  bool wait(const Deadline& deadline) override {
+    std::unique_lock<std::mutex> lock(t_->mu_);
+    if (!t_->cv_.wait_until(lock, deadline.end(), [&] { return state_ != kPending; })) {
+      return false;
+    }
+    return doneLocked();
+  }
+  int peer() const override { return peer_; }
+  bool isSend() const override { return send_; }
+  size_t bytes() const override { return bytes_; }
+  uint64_t tag() const override { return tag_; }
+  size_t bytesOutstanding() const override {
+    std::lock_guard<std::mutex> lock(t_->mu_);
+    return bytes_ - done_;
+  }
+
+  // All below: under the transport's mutex.
+  void completeLocked() {
+    if (state_ != kPending) return;
+    done_ = bytes_;
+    state_ = kDone;
+    t_->cv_.notify_all();
+  }
+  void failLocked(const std::string& why) {
+    if (state_ != kPending) return;
+    error_ = why;
+    state_ = kFailed;
+    t_->cv_.notify_all();
+  }
+  bool doneLocked() const {
+    if (state_ == kFailed) throw IoError(error_);
+    return state_ == kDone;
+  }
+
+  enum State { kPending, kDone, kFailed };
+  VerbsTransport* const t_;
+  const int peer_;
+  const bool send_;
+  uint8_t* const data_;
+  const size_t bytes_;
+  const uint64_t tag_;
+  State state_ = kPending;
+  std::string error_;
+  size_t done_ = 0;
+  // Sends.
+  size_t offset_ = 0;  // bytes handed to fragments so far
+  bool allPosted_ = false;
+  const MemoryRegion* mr_ = nullptr;  // zero-copy source
+  int fragsInFlight_ = 0;             // zero-copy fragments not yet completed
+};
+
+struct Unexpected {
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  size_t got = 0;
+  std::unique_ptr<uint8_t[]> data;
+  std::shared_ptr<VerbsRequest> claimedBy;
+};
+
+struct VerbsPeer {
+  int rank = -1;
+  std::string addr;  // for messages: "lid L qpn Q"
+  QpInfo local, remote;
+  std::unique_ptr<uint8_t, FreeDeleter> recvRing, sendRing;
+  MemoryRegion recvMr, sendMr;
+  // Sending.
+  uint32_t credits = 0;
+  uint32_t nextSendSlot = 0;
+  std::vector<bool> slotBusy;
+  std::vector<std::shared_ptr<VerbsRequest>> slotOwner;  // zero-copy fragment in the slot
+  std::deque<std::shared_ptr<VerbsRequest>> sendQueue;
+  int ctrlInFlight = 0;
+  // Receiving.
+  uint32_t freed = 0;  // slots consumed, credits not yet returned
+  std::deque<std::shared_ptr<VerbsRequest>> posted;
+  std::deque<std::unique_ptr<Unexpected>> unexpected;
+  std::shared_ptr<VerbsRequest> inReq;  // message being received into a posted request
+  Unexpected* inUnexpected = nullptr;   // or into an unexpected message
+  bool goodbye = false;                 // the peer closed after its last message
+};
+
+VerbsTransport::VerbsTransport(int rank, int size, std::unique_ptr<VerbsOps> ops,
+                               const VerbsTransportOptions& options)
+    : rank_(rank),
+      size_(size),
+      options_(options),
+      payloadPerSlot_(options.slotBytes - sizeof(SlotHeader)),
+      ops_(std::move(ops)) {}
+
+std::unique_ptr<VerbsTransport> VerbsTransport::create(Store& store, int rank, int size,
+                                                       std::unique_ptr<VerbsOps> ops,
+                                                       const VerbsTransportOptions& options) {
+  LOOM_CHECK(ops != nullptr, "verbs transport: no verbs ops");
+  LOOM_CHECK(options.slots >= 2 && options.slots <= (1u << 16), "verbs transport: ", options.slots,
+             " slots per peer, expected 2..65536");
+  LOOM_CHECK(options.slotBytes > sizeof(SlotHeader) + 64, "verbs transport: slots of ",
+             options.slotBytes, " bytes are too small (expected more than ",
+             sizeof(SlotHeader) + 64, ")");
+  std::unique_ptr<VerbsTransport> t(new VerbsTransport(rank, size, std::move(ops), options));
+  t->setup(store);
+  t->progress_ = std::thread([p = t.get()] { p->progressLoop(); });
+  return t;
+}
+
+void VerbsTransport::setup(Store& store) {
+  const uint32_t slots = options_.slots;
+  const size_t ringBytes = size_t{slots} * options_.slotBytes;
+  const int recvDepth = static_cast<int>(slots) + kCtrlRecvs;
+  const int sendDepth = static_cast<int>(slots) + kMaxCtrlInFlight + 2;
+  peers_.resize(size_);
+  std::vector<std::string> keys, values;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto p = std::make_unique<VerbsPeer>();
+    p->rank = r;
+    p->recvRing = allocRing(ringBytes);
+    p->sendRing = allocRing(ringBytes);
+    p->recvMr = ops_->regMr(p->recvRing.get(), ringBytes);
+    p->sendMr = ops_->regMr(p->sendRing.get(), ringBytes);
+    p->local = ops_->createQp(r, sendDepth, recvDepth);
+    p->local.rkey = p->recvMr.rkey;
+    p->local.addr = reinterpret_cast<uint64_t>(p->recvRing.get());
+    p->local.slots = slots;
+    p->local.slotBytes = options_.slotBytes;
+    for (int i = 0; i < recvDepth; ++i) ops_->postRecv(r, kRecvWr | static_cast<uint64_t>(i));
+    p->credits = slots;
+    p->slotBusy.assign(slots, false);
+    p->slotOwner.resize(slots);
+    keys.push_back(detail::str(options_.keyPrefix, "/qp/", rank_, "/", r));
+    values.push_back(serializeQpInfo(p->local));
+    peers_[r] = std::move(p);
+  }
+  if (!keys.empty()) {
+    std::vector<Bytes> bytes;
+    for (auto& v : values) bytes.push_back(toBytes(v));
+    store.multiSet(keys, bytes);
+  }
+
+  auto waitAll = [&](const std::vector<std::string>& want, const std::vector<int>& ranks,
+                     const char* what) {
+    try {
+      store.wait(want, options_.timeout);
+    } catch (const TimeoutError&) {
+      std::string missing;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (!store.check({want[i]}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[i]);
+      }
+      LOOM_THROW(TimeoutError, "rank ", rank_, ": verbs setup: ranks ", missing,
+                 " never published their ", what, " within ", options_.timeout.count(),
+                 " ms (keys under ", options_.keyPrefix, ")");
+    }
+  };
+  std::vector<std::string> want;
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    want.push_back(detail::str(options_.keyPrefix, "/qp/", r, "/", rank_));
+    ranks.push_back(r);
+  }
+  waitAll(want, ranks, "queue-pair info");
+  for (size_t i = 0; i < want.size(); ++i) {
+    VerbsPeer& p = *peers_[ranks[i]];
+    p.remote = parseQpInfo(store.getString(want[i]), want[i]);
+    if (p.remote.slots != options_.slots || p.remote.slotBytes != options_.slotBytes) {
+      LOOM_THROW(InvalidArgumentError, "rank ", rank_, ": rank ", p.rank, " uses ", p.remote.slots,
+                 " slots of ", p.remote.slotBytes, " bytes, this rank ", options_.slots, " of ",
+                 options_.slotBytes,
+                 " (LOOM_IB_SLOTS / LOOM_IB_SLOT_BYTES must be equal on "
+                 "every rank)");
+    }
+    p.addr = detail::str("lid ", p.remote.lid, " qpn ", p.remote.qpn);
+    ops_->connectQp(p.rank, p.local, p.remote);
+  }
+  store.set(detail::str(options_.keyPrefix, "/ready/", rank_), std::string("1"));
+  std::vector<std::string> ready;
+  for (int r : ranks) ready.push_back(detail::str(options_.keyPrefix, "/ready/", r));
+  if (!ready.empty()) waitAll(ready, ranks, "ready mark");
+}
+
+VerbsTransport::~VerbsTransport() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!failed_.load()) {
+      for (auto& pp : peers_) {
+        if (pp && !pp->goodbye) postCtrlLocked(*pp, ImmKind::kGoodbye, 0);
+      }
+      // Let the goodbyes leave before the queue pairs go (bounded: a dead peer fails them).
+      const auto end = Clock::now() + std::chrono::seconds(2);
+      cv_.wait_until(lock, end, [&] {
+        if (failed_.load()) return true;
+        for (auto& pp : peers_) {
+          if (pp && pp->ctrlInFlight > 0) return false;
+        }
+        return true;
+      });
+    }
+  }
+  stop_.store(true);
+  ops_->wake();
+  if (progress_.joinable()) progress_.join();
+  for (auto& [addr, mr] : registered_) ops_->deregMr(mr);
+  for (auto& pp : peers_) {
+    if (!pp) continue;
+    ops_->deregMr(pp->recvMr);
+    ops_->deregMr(pp->sendMr);
+  }
+  ops_.reset();
+}
+
+void VerbsTransport::checkPeer(int peer) const {
+  LOOM_CHECK(peer >= 0 && peer < size_ && peer != rank_, "rank ", rank_, ": peer ", peer,
+             " is not another rank of this world of size ", size_);
+}
+
+std::shared_ptr<VerbsRequest> VerbsTransport::makeRequest(int peer, bool send, const void* data,
+                                                          size_t bytes, uint64_t tag) {
+  return std::make_shared<VerbsRequest>(this, peer, send,
+                                        static_cast<uint8_t*>(const_cast<void*>(data)), bytes, tag);
+}
+
+const MemoryRegion* VerbsTransport::findRegisteredLocked(const void* data, size_t bytes) const {
+  const auto a = reinterpret_cast<uintptr_t>(data);
+  auto it = registered_.upper_bound(a);
+  if (it == registered_.begin()) return nullptr;
+  --it;
+  if (a + bytes > it->first + it->second.bytes) return nullptr;
+  return &it->second;
+}
+
+void VerbsTransport::registerBuffer(const void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto a = reinterpret_cast<uintptr_t>(data);
+  auto it = registered_.find(a);
+  if (it != registered_.end()) {
+    if (it->second.bytes >= bytes) return;
+    ops_->deregMr(it->second);
+    registered_.erase(it);
+  }
+  // Registration is an optimisation: when it fails (read-only pages, memlock limit), sends
+  // from this buffer go through the staging ring.
+  try {
+    registered_[a] = ops_->regMr(const_cast<void*>(data), bytes);
+  } catch (const std::exception& e) {
+    LOOM_LOG_WARNING("rank ", rank_, ": registering ", bytes,
+                     " bytes for zero-copy sends failed (sends from it are copied): ", e.what());
+  }
+}
+
+void VerbsTransport::unregisterBuffer(const void* data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = registered_.find(reinterpret_cast<uintptr_t>(data));
+  if (it == registered_.end()) return;
+  // A zero-copy fragment still reading it keeps the request pending; the caller's contract
+  // is to unregister only after its requests completed.
+  ops_->deregMr(it->second);
+  registered_.erase(it);
+}
+
+size_t VerbsTransport::registeredRegions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registered_.size();
+}
+
+uint64_t VerbsTransport::zeroCopySends() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return zeroCopySends_;
+}
+
+RequestPtr VerbsTransport::isend(int peer, const void* data, size_t bytes, uint64_t tag) {
+  checkPeer(peer);
+  auto req = makeRequest(peer, true, data, bytes, tag);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load()) {
+    req->failLocked(failure_);
+    return req;
+  }
+  VerbsPeer& p = *peers_[peer];
+  if (p.goodbye) {
+    req->failLocked(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ",
+                                peer, ": it closed its connection (its context was destroyed)"));
+    return req;
+  }
+  req->mr_ = bytes > 0 ? findRegisteredLocked(data, bytes) : nullptr;
+  p.sendQueue.push_back(req);
+  pumpLocked(p);
+  return req;
+}
+
+RequestPtr VerbsTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
+  checkPeer(peer);
+  auto req = makeRequest(peer, false, data, bytes, tag);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load()) {
+    req->failLocked(failure_);
+    return req;
+  }
+  VerbsPeer& p = *peers_[peer];
+  std::string error;
+  for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
+    Unexpected& u = **it;
+    if (u.tag != tag || u.claimedBy) continue;
+    if (u.bytes != bytes) {
+      error = detail::str("rank ", peer, " sent ", u.bytes, " bytes for ", describeTag(tag),
+                          " but rank ", rank_, " receives ", bytes,
+                          " bytes (ranks called the collective with different counts or dtypes)");
+      break;
+    }
+    if (u.got == u.bytes && p.inUnexpected != &u) {
+      if (bytes > 0) std::memcpy(data, u.data.get(), bytes);
+      p.unexpected.erase(it);
+      req->completeLocked();
+    } else {
+      u.claimedBy = req;
+    }
+    return req;
+  }
+  if (error.empty()) {
+    for (const auto& u : p.unexpected) {
+      if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
+          tagKind(u->tag) != OpKind::kP2P && tagKind(tag) != OpKind::kP2P) {
+        error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
+                            " while rank ", rank_, " runs ", describeTag(tag));
+        break;
+      }
+    }
+  }
+  if (error.empty() && p.goodbye) {
+    error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
+                        describeTag(tag));
+  }
+  if (error.empty()) {
+    p.posted.push_back(req);
+    return req;
+  }
+  failLocked(error, true);
+  req->failLocked(error);
+  return req;
+}
+
+void VerbsTransport::pumpLocked(VerbsPeer& p) {
+  const uint32_t slots = options_.slots;
+  while (!failed_.load() && !p.sendQueue.empty() && p.credits > 0 && !p.slotBusy[p.nextSendSlot]) {
+    auto& req = p.sendQueue.front();
+    const uint32_t slot = p.nextSendSlot;
+    const size_t frag = std::min(req->bytes_ - req->offset_, payloadPerSlot_);
+    uint8_t* base = p.sendRing.get() + size_t{slot} * options_.slotBytes;
+    SlotHeader h{req->tag_, req->bytes_, req->offset_, static_cast<uint32_t>(frag), kSlotMagic};
+    std::memcpy(base, &h, sizeof(h));
+    std::vector<Sge> sges;
+    const bool zeroCopy = req->mr_ != nullptr && frag > 0;
+    if (zeroCopy) {
+      sges.push_back({base, sizeof(h), p.sendMr.lkey});
+      sges.push_back({req->data_ + req->offset_, frag, req->mr_->lkey});
+    } else {
+      if (frag > 0) std::memcpy(base + sizeof(h), req->data_ + req->offset_, frag);
+      sges.push_back({base, sizeof(h) + frag, p.sendMr.lkey});
+    }
+    const uint64_t raddr = p.remote.addr + uint64_t{slot} * p.remote.slotBytes;
+    try {
+      ops_->postWriteImm(p.rank, slot, sges, raddr, p.remote.rkey, encodeImm(ImmKind::kData, slot));
+    } catch (const std::exception& e) {
+      failLocked(detail::str("rank ", rank_, ": posting an RDMA write of ", describeTag(req->tag_),
+                             " to rank ", p.rank, " failed: ", e.what()),
+                 true);
+      return;
+    }
+    --p.credits;
+    p.slotBusy[slot] = true;
+    p.nextSendSlot = (slot + 1) % slots;
+    if (zeroCopy) {
+      ++req->fragsInFlight_;
+      p.slotOwner[slot] = req;
+      ++zeroCopySends_;
+    }
+    req->offset_ += frag;
+    if (!zeroCopy) req->done_ = req->offset_;
+    if (req->offset_ == req->bytes_) {
+      req->allPosted_ = true;
+      if (req->fragsInFlight_ == 0) req->completeLocked();
+      p.sendQueue.pop_front();
+    }
+  }
+}
+
+void VerbsTransport::postCtrlLocked(VerbsPeer& p, ImmKind kind, uint32_t arg) {
+  try {
+    ops_->postWriteImm(p.rank, kCtrlWr, {}, 0, p.remote.rkey, encodeImm(kind, arg));
+    ++p.ctrlInFlight;
+  } catch (const std::exception& e) {
+    if (kind == ImmKind::kCredit) {
+      failLocked(detail::str("rank ", rank_, ": returning credits to rank ", p.rank,
+                             " failed: ", e.what()),
+                 true);
+    }
+    // goodbye / abort are best effort.
+  }
+}
+
+void VerbsTransport::returnCreditsLocked(VerbsPeer& p) {
+  if (p.freed >= creditThreshold(options_.slots) && p.ctrlInFlight < kMaxCtrlInFlight &&
+      !p.goodbye && !failed_.load()) {
+    const uint32_t n = p.freed;
+    p.freed = 0;
+    postCtrlLocked(p, ImmKind::kCredit, n);
+  }
+}
+
+void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
+  auto corrupt = [&](const std::string& what) {
+    failLocked(detail::str("rank ", rank_, ": corrupt fragment from rank ", p.rank, " (", p.addr,
+                           ") in slot ", slot, ": ", what),
+               true);
+  };
+  if (slot >= options_.slots) return corrupt("slot out of range");
+  const uint8_t* base = p.recvRing.get() + size_t{slot} * options_.slotBytes;
+  SlotHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  if (h.magic != kSlotMagic || h.fragBytes > payloadPerSlot_ || h.offset > h.totalBytes ||
+      h.fragBytes > h.totalBytes - h.offset) {
+    return corrupt(detail::str("bad header (magic 0x", std::hex, h.magic, std::dec, ", offset ",
+                               h.offset, ", fragment ", h.fragBytes, ", total ", h.totalBytes,
+                               ")"));
+  }
+  if (h.offset == 0) {
+    if (p.inReq || p.inUnexpected) return corrupt("a new message starts inside another");
+    auto it = std::find_if(p.posted.begin(), p.posted.end(),
+                           [&](const auto& r) { return r->tag_ == h.tag; });
+    if (it != p.posted.end()) {
+      if ((*it)->bytes_ != h.totalBytes) {
+        const std::string error =
+            detail::str("rank ", p.rank, " sent ", h.totalBytes, " bytes for ", describeTag(h.tag),
+                        " but rank ", rank_, " receives ", (*it)->bytes_,
+                        " bytes (ranks called the collective with different counts or dtypes)");
+        failLocked(error, true);
+        return;
+      }
+      p.inReq = std::move(*it);
+      p.posted.erase(it);
+    } else {
+      for (const auto& r : p.posted) {
+        if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
+            tagSeq(h.tag) != 0 && tagKind(h.tag) != OpKind::kP2P &&
+            tagKind(r->tag_) != OpKind::kP2P) {
+          failLocked(
+              detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
+                          " while rank ", rank_, " runs ", describeTag(r->tag_)),
+              true);
+          return;
+        }
+      }
+      auto u = std::make_unique<Unexpected>();
+      u->tag = h.tag;
+      u->bytes = h.totalBytes;
+      u->data.reset(new uint8_t[std::max<size_t>(h.totalBytes, 1)]);
+      p.inUnexpected = u.get();
+      p.unexpected.push_back(std::move(u));
+    }
+  } else if (!p.inReq && !p.inUnexpected) {
+    return corrupt("a continuation fragment without a message");
+  }
+  const uint8_t* payload = base + sizeof(h);
+  if (p.inReq) {
+    VerbsRequest& r = *p.inReq;
+    if (h.tag != r.tag_ || h.totalBytes != r.bytes_) return corrupt("fragment of another message");
+    if (h.fragBytes > 0) std::memcpy(r.data_ + h.offset, payload, h.fragBytes);
+    r.done_ = h.offset + h.fragBytes;
+    if (r.done_ == r.bytes_) {
+      r.completeLocked();
+      p.inReq.reset();
+    }
+  } else {
+    Unexpected& u = *p.inUnexpected;
+    if (h.tag != u.tag || h.totalBytes != u.bytes) return corrupt("fragment of another message");
+    if (h.fragBytes > 0) std::memcpy(u.data.get() + h.offset, payload, h.fragBytes);
+    u.got = h.offset + h.fragBytes;
+    if (u.got == u.bytes) {
+      p.inUnexpected = nullptr;
+      if (u.claimedBy) {
+        if (u.bytes > 0) std::memcpy(u.claimedBy->data_, u.data.get(), u.bytes);
+        auto req = std::move(u.claimedBy);
+        auto it = std::find_if(p.unexpected.begin(), p.unexpected.end(),
+                               [&](const auto& e) { return e.get() == &u; });
+        p.unexpected.erase(it);
+        req->completeLocked();
+      }
+    }
+  }
+  ++p.freed;
+  returnCreditsLocked(p);
+}
+
+void VerbsTransport::onCompletionLocked(const Completion& c) {
+  if (c.peer < 0 || c.peer >= size_ || !peers_[c.peer]) return;
+  VerbsPeer& p = *peers_[c.peer];
+  if (!c.ok) {
+    if (failed_.load() || stop_.load()) return;  // flushed work after a failure / shutdown
+    if (c.op == Completion::kSend && c.wrId == kCtrlWr) --p.ctrlInFlight;
+    // A credit return racing with the peer's goodbye: the peer is gone on purpose.
+    if (p.goodbye && c.op == Completion::kSend && c.wrId == kCtrlWr) return;
+    failLocked(detail::str("rank ", rank_, ": RDMA ",
+                           c.op == Completion::kSend ? "write to" : "receive from", " rank ",
+                           p.rank, " (", p.addr, ") failed: ", c.error,
+                           " (the peer process exited, crashed or aborted, or the link is down)"),
+               true);
+    return;
+  }
+  if (c.op == Completion::kSend) {
+    if (c.wrId == kCtrlWr) {
+      --p.ctrlInFlight;
+      returnCreditsLocked(p);
+      cv_.notify_all();  // the destructor waits for goodbyes
+      return;
+    }
+    const auto slot = static_cast<uint32_t>(c.wrId);
+    if (slot >= options_.slots) return;
+    p.slotBusy[slot] = false;
+    if (auto owner = std::move(p.slotOwner[slot])) {
+      --owner->fragsInFlight_;
+      owner->done_ = std::min(owner->bytes_, owner->done_ + payloadPerSlot_);
+      if (owner->allPosted_ && owner->fragsInFlight_ == 0) owner->completeLocked();
+    }
+    pumpLocked(p);
+    return;
+  }
+  // A receive: repost it first, so the peer never finds none posted.
+  if (failed_.load()) return;
+  try {
+    ops_->postRecv(p.rank, c.wrId);
+  } catch (const std::exception& e) {
+    failLocked(detail::str("rank ", rank_, ": reposting a receive for rank ", p.rank,
+                           " failed: ", e.what()),
+               true);
+    return;
+  }
+  switch (immKind(c.imm)) {
+    case ImmKind::kData:
+      onDataLocked(p, immArg(c.imm));
+      break;
+    case ImmKind::kCredit:
+      p.credits += immArg(c.imm);
+      if (p.credits > options_.slots) {
+        failLocked(detail::str("rank ", rank_, ": rank ", p.rank, " returned more credits (",
+                               p.credits, ") than slots (", options_.slots, ")"),
+                   true);
+        return;
+      }
+      pumpLocked(p);
+      break;
+    case ImmKind::kGoodbye:
+      p.goodbye = true;
+      if (!p.posted.empty() || p.inReq) {
+        failLocked(detail::str("rank ", p.rank, " (", p.addr, ") closed its connection while rank ",
+                               rank_, " still waits for ",
+                               describeTag(p.inReq ? p.inReq->tag_ : p.posted.front()->tag_)),
+                   true);
+      }
+      break;
+    case ImmKind::kAbort:
+      failLocked(detail::str("rank ", p.rank, " aborted"), false);
+      break;
+    default:
+      failLocked(detail::str("rank ", rank_, ": unknown immediate 0x", std::hex, c.imm,
+                             " from rank ", std::dec, p.rank),
+                 true);
+  }
+}
+
+void VerbsTransport::progressLoop() {
+  Completion batch[32];
+  while (!stop_.load()) {
+    const int n = ops_->pollCq(batch, 32);
+    if (n == 0) {
+      ops_->waitCq(std::chrono::milliseconds(100));
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i = 0; i < n; ++i) onCompletionLocked(batch[i]);
+  }
+}
+
+void VerbsTransport::failLocked(const std::string& reason, bool notifyPeers) {
+  if (failed_.load()) return;
+  failure_ = reason;
+  failed_.store(true, std::memory_order_release);
+  LOOM_LOG_INFO("verbs transport of rank ", rank_, " failed: ", reason);
+  for (auto& pp : peers_) {
+    if (!pp) continue;
+    VerbsPeer& p = *pp;
+    for (auto& r : p.posted) r->failLocked(reason);
+    p.posted.clear();
+    if (p.inReq) p.inReq->failLocked(reason);
+    p.inReq.reset();
+    for (auto& u : p.unexpected) {
+      if (u->claimedBy) u->claimedBy->failLocked(reason);
+      u->claimedBy.reset();
+    }
+    for (auto& r : p.sendQueue) r->failLocked(reason);
+    p.sendQueue.clear();
+    for (auto& r : p.slotOwner) {
+      if (r) r->failLocked(reason);
+      r.reset();
+    }
+    if (notifyPeers && !p.goodbye) postCtrlLocked(p, ImmKind::kAbort, 0);
+  }
+  cv_.notify_all();
+}
+
+void VerbsTransport::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failLocked(reason, true);
+}
+
+std::string VerbsTransport::peerAddress(int peer) const {
+  if (peer < 0 || peer >= size_ || !peers_[peer]) return "?";
+  return detail::str(ops_->describe(), " ", peers_[peer]->addr);
+}
+
+std::string VerbsTransport::describeUnexpected(int peer) const {
+  if (peer < 0 || peer >= size_ || !peers_[peer]) return {};
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  size_t shown = 0;
+  for (const auto& u : peers_[peer]->unexpected) {
+    if (u->claimedBy) continue;
+    if (shown++ == 4) {
+      out += ", ...";
+      break;
+    }
+    out += detail::str(out.empty() ? "" : ", ", describeTag(u->tag), " (", u->bytes, " bytes)");
+  }
+  return out;
+}
+
+}  // namespace loom::comm::verbs
