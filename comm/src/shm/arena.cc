@@ -332,7 +332,13 @@ void Arena::checkUsable(const Call& call) {
   }
 }
 
-void Arena::checkHealth(const Call& call, int peer, const char* what) {
+bool Arena::checkHealth(const Call& call, int peer, const char* what,
+                        const std::atomic<uint64_t>* counter, uint64_t target) {
+  // A peer publishes its counter before it closes or exits, so once it is seen gone, one more
+  // read of the counter tells a finished peer from a failed one.
+  auto published = [&] {
+    return counter != nullptr && counter->load(std::memory_order_acquire) >= target;
+  };
   const uint32_t aborted = header_->aborted.load(std::memory_order_acquire);
   if (aborted != 0) {
     for (int i = 0; i < 1000000 && header_->aborted.load(std::memory_order_acquire) != 2; ++i) {
@@ -358,12 +364,14 @@ void Arena::checkHealth(const Call& call, int peer, const char* what) {
   Control& ctl = control(peer);
   const pid_t pid = ctl.pid.load(std::memory_order_acquire);
   if (pid > 0 && pid != ::getpid() && !processAlive(pid)) {
+    if (published()) return false;
     fail(call, peer,
          detail::str("rank ", peer, " (pid ", pid, ") died while rank ", rank_,
                      " waited for it to ", what),
          false);
   }
   if (ctl.closed.load(std::memory_order_acquire) != 0) {
+    if (published()) return false;
     fail(call, peer,
          detail::str("rank ", peer, " destroyed its context while rank ", rank_,
                      " waited for it to ", what, " (mismatched collectives?)"),
@@ -376,6 +384,7 @@ void Arena::checkHealth(const Call& call, int peer, const char* what) {
                      call.bytes, " bytes outstanding)"),
          true);
   }
+  return true;
 }
 
 void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target,
@@ -399,7 +408,7 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
     if (value.load(std::memory_order_acquire) >= target) return;
   }
   for (;;) {
-    checkHealth(call, peer, what);
+    if (!checkHealth(call, peer, what, &value, target)) return;
     header_->sleepers.fetch_add(1);
     const uint32_t seen = ctl.wake.load();
     if (value.load(std::memory_order_acquire) >= target) {

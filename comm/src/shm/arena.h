@@ -138,7 +138,11 @@ class Arena {
   // Waits until counter(peer) >= target; `what` names the phase for messages.
   void waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what);
   void publish(int counter, uint64_t value);
-  void checkHealth(const Call& call, int peer, const char* what);
+  // Throws when the group failed, `peer` died or closed its context, or the deadline passed.
+  // When `counter` is given, a peer that is gone but had already published `target` is not a
+  // failure: returns false ("the data is there") instead; true means keep waiting.
+  bool checkHealth(const Call& call, int peer, const char* what,
+                   const std::atomic<uint64_t>* counter = nullptr, uint64_t target = 0);
   std::string transportFailure() const;
 
   const int rank_;
