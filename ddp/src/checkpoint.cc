@@ -174,11 +174,12 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
           state = optimizer->stateDict();
           description = describe(state);
         }
-        uint64_t length = description.size();
+        int64_t length = static_cast<int64_t>(description.size());
         pg.broadcast(view(&length, 1))->wait();
-        description.resize(length);
+        description.resize(static_cast<size_t>(length));
         if (length > 0) {
-          pg.broadcast(view(reinterpret_cast<uint8_t*>(description.data()), length))->wait();
+          pg.broadcast(view(reinterpret_cast<uint8_t*>(description.data()), description.size()))
+              ->wait();
         }
         if (pg.rank() != 0) state = allocate(description);
         broadcastTensors(pg, state, 0);
