@@ -23,7 +23,9 @@ namespace {
 
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
-int nextPort = 29000 + static_cast<int>(::getpid() % 2000) * 3;
+// 16 ports per test binary (it uses 14), below Linux's ephemeral range (32768 and up), so that
+// neither concurrent binaries nor outgoing connections take a rank 0's port.
+int nextPort = 19000 + static_cast<int>(::getpid() % 800) * 16;
 
 // Runs loom-train on `world` process ranks; returns "" or a description of the failures.
 std::string runLoomTrain(int world, const std::vector<std::string>& args) {
