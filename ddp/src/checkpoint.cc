@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
+#include <vector>
 
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
@@ -26,10 +28,8 @@ void fsyncPath(const std::string& path, bool directory) {
   if (rc != 0) LOOM_THROW(IoError, "checkpoint: fsync ", path, ": ", detail::errnoText(err));
 }
 
-}  // namespace
-
-void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
-                         const ag::nn::NamedTensors& extra) {
+void writeFile(const std::string& path, const ag::nn::Module& model, int64_t step,
+               const ag::nn::NamedTensors& extra) {
   ag::nn::NamedTensors tensors;
   for (const auto& [name, t] : model.stateDict()) tensors.emplace_back("model." + name, t);
   for (const auto& [name, t] : extra) tensors.emplace_back("optim." + name, t);
@@ -49,15 +49,54 @@ void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, i
   fsyncPath(dir, true);
 }
 
-void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
-                    int64_t step, const ag::nn::NamedTensors& extra) {
+// Optimizer entries as text, one per line: name, dtype code, dims (tab-separated); what rank 0
+// sends so that the other ranks can allocate the tensors before their values arrive.
+std::string describe(const ag::nn::NamedTensors& tensors) {
+  std::string out;
+  for (const auto& [name, t] : tensors) {
+    out += name + "\t" + std::to_string(static_cast<int>(t.dtype()));
+    for (int64_t d : t.shape()) out += "\t" + std::to_string(d);
+    out += "\n";
+  }
+  return out;
+}
+
+ag::nn::NamedTensors allocate(const std::string& description) {
+  ag::nn::NamedTensors out;
+  size_t pos = 0;
+  while (pos < description.size()) {
+    const size_t end = description.find('\n', pos);
+    LOOM_CHECK(end != std::string::npos, "checkpoint: malformed optimizer description");
+    std::vector<std::string> fields;
+    size_t f = pos;
+    while (true) {
+      const size_t tab = description.find('\t', f);
+      if (tab == std::string::npos || tab > end) {
+        fields.push_back(description.substr(f, end - f));
+        break;
+      }
+      fields.push_back(description.substr(f, tab - f));
+      f = tab + 1;
+    }
+    LOOM_CHECK(fields.size() >= 2, "checkpoint: malformed optimizer description");
+    ag::Shape shape;
+    for (size_t k = 2; k < fields.size(); ++k) shape.push_back(std::stoll(fields[k]));
+    out.emplace_back(fields[0], ag::zeros(shape, static_cast<ag::DType>(std::stoi(fields[1]))));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// The saves share this: rank 0 writes, and its outcome travels with a broadcast.
+template <class Write>
+void saveCollective(ProcessGroup& pg, const std::string& path, Write&& write) {
   // Rank 0's outcome travels with the barrier-like broadcast, so that every rank fails
   // together when the write fails instead of the others waiting for a file that never comes.
   int32_t ok = 1;
   std::string error;
   if (pg.rank() == 0) {
     try {
-      writeCheckpointFile(path, model, step, extra);
+      write();
     } catch (const std::exception& e) {
       ok = 0;
       error = e.what();
@@ -70,8 +109,10 @@ void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Mod
   }
 }
 
-Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
-                          ag::nn::NamedTensors extra, bool broadcastFromRank0) {
+// Both loads: `extra` tensors are loaded in place; `optimizer`, when given, gets its state.
+Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                    ag::nn::NamedTensors extra, ag::optim::Optimizer* optimizer,
+                    bool broadcastFromRank0) {
   const bool reads = !broadcastFromRank0 || pg.rank() == 0;
   int64_t step = 0;
   int32_t ok = 1;
@@ -87,6 +128,14 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
           modelState.emplace_back(name.substr(6), t);
         } else if (name.rfind("optim.", 0) == 0) {
           optimState.emplace_back(name.substr(6), t);
+        }
+      }
+      if (optimizer != nullptr) {
+        try {
+          optimizer->loadStateDict(optimState);
+        } catch (const std::invalid_argument& e) {
+          LOOM_THROW(InvalidArgumentError, "checkpoint ", path,
+                     ": optimizer state (entries 'optim.*'): ", e.what());
         }
       }
       model.loadStateDict(modelState);
@@ -118,6 +167,31 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
       ag::nn::NamedTensors all = model.stateDict();
       for (auto& e : extra) all.push_back(e);
       broadcastTensors(pg, all, 0);
+      if (optimizer != nullptr) {
+        ag::nn::NamedTensors state;
+        std::string description;
+        if (pg.rank() == 0) {
+          state = optimizer->stateDict();
+          description = describe(state);
+        }
+        int64_t length = static_cast<int64_t>(description.size());
+        pg.broadcast(view(&length, 1))->wait();
+        description.resize(static_cast<size_t>(length));
+        if (length > 0) {
+          pg.broadcast(view(reinterpret_cast<uint8_t*>(description.data()), description.size()))
+              ->wait();
+        }
+        if (pg.rank() != 0) state = allocate(description);
+        broadcastTensors(pg, state, 0);
+        if (pg.rank() != 0) {
+          try {
+            optimizer->loadStateDict(state);
+          } catch (const std::invalid_argument& e) {
+            LOOM_THROW(InvalidArgumentError, pg.who(), ": checkpoint ", path,
+                       ": rank 0's optimizer state does not fit this rank's optimizer: ", e.what());
+          }
+        }
+      }
     }
   }
   if (!ok) {
@@ -125,6 +199,38 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
     LOOM_THROW(InvalidArgumentError, pg.who(), ": rank 0 failed to load checkpoint ", path);
   }
   return Checkpoint{step};
+}
+
+}  // namespace
+
+void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
+                         const ag::nn::NamedTensors& extra) {
+  writeFile(path, model, step, extra);
+}
+
+void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
+                         const ag::optim::Optimizer& optimizer) {
+  writeFile(path, model, step, optimizer.stateDict());
+}
+
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::nn::NamedTensors& extra) {
+  saveCollective(pg, path, [&] { writeFile(path, model, step, extra); });
+}
+
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::optim::Optimizer& optimizer) {
+  saveCollective(pg, path, [&] { writeFile(path, model, step, optimizer.stateDict()); });
+}
+
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::nn::NamedTensors extra, bool broadcastFromRank0) {
+  return loadImpl(pg, path, model, std::move(extra), nullptr, broadcastFromRank0);
+}
+
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::optim::Optimizer& optimizer, bool broadcastFromRank0) {
+  return loadImpl(pg, path, model, {}, &optimizer, broadcastFromRank0);
 }
 
 }  // namespace loom::ddp

@@ -9,7 +9,9 @@
 // inputs labelled by a random linear teacher, from --seed). Each rank reads its share through a
 // DistributedSampler; --batch is per rank. Rank and world size come from the launcher's
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as loom-run and torchrun set them);
-// without it, loom-train runs as a single process.
+// without it, loom-train runs as a single process. --optimizer picks SGD (--momentum,
+// --nesterov), Adam or AdamW; checkpoints hold the model, the optimizer state and the step, so
+// --resume continues a run exactly as if it had not stopped.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "loom/autograd/autograd.h"
@@ -49,6 +52,9 @@ struct Args {
   int64_t batch = 64;
   double lr = 0.01;
   double momentum = 0.0;
+  double weightDecay = 0.0;
+  bool nesterov = false;
+  std::string optimizer = "sgd";
   int64_t steps = 100;
   uint64_t seed = 0;
   double bucketCapMb = 25;
@@ -175,9 +181,22 @@ int run(const Args& a) {
   options.bucketCapMb = a.bucketCapMb;
   options.commHook = ddp::commHookByName(a.commHook);
   ddp::DistributedDataParallel ddpModel(model, pg, options);
-  ag::optim::SGDOptions so;
-  so.momentum = a.momentum;
-  ag::optim::SGD optimizer(model->parameters(), a.lr, so);
+  std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
+  if (a.optimizer == "sgd") {
+    ag::optim::SGDOptions so;
+    so.momentum = a.momentum;
+    so.weightDecay = a.weightDecay;
+    so.nesterov = a.nesterov;
+    optimizerPtr = std::make_unique<ag::optim::SGD>(model->parameters(), a.lr, so);
+  } else {
+    LOOM_CHECK(a.momentum == 0.0 && !a.nesterov,
+               "--momentum and --nesterov are for --optimizer sgd");
+    ag::optim::AdamOptions ao;
+    ao.weightDecay = a.weightDecay;
+    optimizerPtr =
+        std::make_unique<ag::optim::Adam>(model->parameters(), a.lr, ao, a.optimizer == "adamw");
+  }
+  ag::optim::Optimizer& optimizer = *optimizerPtr;
 
   const std::string ckptPath =
       a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
@@ -185,7 +204,7 @@ int run(const Args& a) {
   if (a.resume) {
     LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
     if (std::filesystem::exists(ckptPath)) {
-      startStep = ddp::loadCheckpoint(*pg, ckptPath, *model, {}, true).step;
+      startStep = ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, true).step;
       if (leader)
         std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
                      static_cast<long long>(startStep));
@@ -253,7 +272,7 @@ int run(const Args& a) {
       ++steadySteps;
     }
     if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
-      ddp::saveCheckpoint(*pg, ckptPath, *model, step + 1);
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step + 1, optimizer);
     }
     if (!leader) continue;
     if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
@@ -276,7 +295,7 @@ int run(const Args& a) {
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
   if (!ckptPath.empty() && a.steps > startStep) {
-    ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps);
+    ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps, optimizer);
   }
   if (leader) {
     if (tty) std::fprintf(stderr, "\n");
@@ -301,8 +320,15 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", a.hidden, "hidden layer sizes, comma-separated")
       ->capture_default_str();
   app.add_option("--batch", a.batch, "batch size per rank")->capture_default_str();
-  app.add_option("--lr", a.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "sgd, adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  app.add_flag("--nesterov", a.nesterov, "SGD with Nesterov momentum");
+  app.add_option("--weight-decay", a.weightDecay,
+                 "weight decay (SGD, Adam: added to the gradient; AdamW: decoupled)")
+      ->capture_default_str();
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of the weights, synthetic data and shuffling")
       ->capture_default_str();
@@ -325,7 +351,8 @@ int main(int argc, char** argv) {
                  "--checkpoint-every steps)");
   app.add_option("--checkpoint-every", a.checkpointEvery, "steps between checkpoints (0: end only)")
       ->capture_default_str();
-  app.add_flag("--resume", a.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_flag("--resume", a.resume,
+               "continue from the checkpoint in --checkpoint-dir (model, optimizer state, step)");
   app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

@@ -1,13 +1,14 @@
 // DDP with ranks as forked processes (tcp groups over a FileStore): training matches one
 // process, checkpoints round-trip (every rank reading, or rank 0 reading and broadcasting),
-// and a writer SIGKILLed in the middle of a checkpoint write leaves the previous checkpoint
-// intact.
+// optimizer state round-trips with the model, and a writer SIGKILLed in the middle of a checkpoint
+// write leaves the previous checkpoint intact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -101,6 +102,72 @@ TEST(DdpProcesses, TrainAndCheckpointLikeOneProcess) {
     } catch (const InvalidArgumentError& e) {
       if (rank == 0) {
         LOOM_CHECK(std::string(e.what()).find("0.weight") != std::string::npos, e.what());
+      }
+    }
+  });
+  EXPECT_EQ(ranks.waitAllOk(milliseconds(60000)), "");
+}
+
+// Optimizer state travels with the model: Adam's moments and step counts (and a parameter whose
+// state was never created) are restored on every rank, with every rank reading or with rank 0
+// reading and broadcasting; a checkpoint of another optimizer kind is refused, naming the entry.
+TEST(DdpProcesses, CheckpointWithOptimizerState) {
+  loom::testing::TempDir dir;
+  const std::vector<int64_t> sizes{8, 10, 3};
+  const int world = 2;
+  const int64_t batch = 4;
+  loom::testing::ChildProcesses ranks;
+  ranks.spawnRanks(world, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir.file("store"));
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::seconds(30);
+    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    const Dataset d = makeData(world * batch * 2, sizes.front(), sizes.back());
+    auto model = makeMlp(sizes);
+    DistributedDataParallel ddp(model, pg);
+    auto withIdle = [](std::vector<ag::Tensor> ps) {
+      ps.push_back(ag::zeros({2}).setRequiresGrad());  // never has a gradient
+      return ps;
+    };
+    ag::optim::Adam opt(withIdle(model->parameters()), 0.01);
+    for (int s = 0; s < 2; ++s) {
+      opt.zeroGrad();
+      const int64_t begin = s * world * batch + rank * batch;
+      ag::crossEntropy(ddp.forward(rowsOf(d.x, begin, batch)), rowsOf(d.labels, begin, batch))
+          .backward();
+      opt.step();
+    }
+    const std::string path = dir.file("ckpt.safetensors");
+    saveCheckpoint(*pg, path, *model, 2, opt);
+    const nn::NamedTensors want = opt.stateDict();
+    for (bool broadcast : {false, true}) {
+      auto fresh = makeMlp(sizes, 500 + rank);
+      ag::optim::Adam freshOpt(withIdle(fresh->parameters()), 0.5);
+      const Checkpoint c = loadCheckpoint(*pg, path, *fresh, freshOpt, broadcast);
+      LOOM_CHECK_EQ(c.step, 2);
+      requireClose(cloneState(*fresh), cloneState(*model), 0, "loaded model");
+      const nn::NamedTensors got = freshOpt.stateDict();
+      LOOM_CHECK_EQ(got.size(), want.size(), "optimizer state entries");
+      for (size_t i = 0; i < got.size(); ++i) {
+        LOOM_CHECK_EQ(got[i].first, want[i].first);
+        LOOM_CHECK(got[i].second.shape() == want[i].second.shape() &&
+                       std::memcmp(got[i].second.rawData(), want[i].second.rawData(),
+                                   want[i].second.nbytes()) == 0,
+                   "optimizer entry ", want[i].first, " differs (broadcast ", broadcast, ")");
+      }
+      for (const auto& [name, t] : got) {
+        LOOM_CHECK(name.rfind("state.4.", 0) != 0, "the idle parameter has state: ", name);
+      }
+    }
+    ag::optim::SGD sgd(withIdle(model->parameters()), 0.1, {.momentum = 0.9});
+    try {
+      loadCheckpoint(*pg, path, *model, sgd, true);
+      LOOM_THROW(Error, "loading Adam state into SGD did not fail");
+    } catch (const InvalidArgumentError& e) {
+      if (rank == 0) {
+        LOOM_CHECK(std::string(e.what()).find("missing entry 'param_groups.0.momentum'") !=
+                       std::string::npos,
+                   e.what());
       }
     }
   });

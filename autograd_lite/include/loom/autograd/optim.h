@@ -4,11 +4,30 @@
 // place in step(), outside autograd. Parameters whose grad() is undefined are skipped (as in
 // PyTorch). State (momentum buffers, Adam moments, step counts) is per parameter, created
 // lazily at the first step that parameter has a gradient. float32 and float64 parameters.
+//
+// State dicts (stateDict / loadStateDict), named after PyTorch's optimizer state_dict with
+// parameters by index in the order the optimizer was given them (one parameter group, "0"):
+//   state.<i>.momentum_buffer                           SGD with momentum, same shape/dtype as p_i
+//   state.<i>.exp_avg, state.<i>.exp_avg_sq             Adam/AdamW, same shape/dtype as p_i
+//   state.<i>.step                                      Adam/AdamW, int64 scalar (0-d)
+//   param_groups.0.num_params                           int64 scalar
+//   param_groups.0.lr, .momentum, .dampening, .weight_decay        float64 scalars (SGD)
+//   param_groups.0.nesterov                             int64 scalar 0/1 (SGD)
+//   param_groups.0.lr, .beta1, .beta2, .eps, .weight_decay          float64 scalars (Adam)
+//   param_groups.0.decoupled_weight_decay               int64 scalar 0/1 (Adam: 0, AdamW: 1)
+// State that was not created yet (no step with a gradient for that parameter) has no entries;
+// loading such a dict leaves that parameter's state uncreated, so it is created at its next
+// step exactly as in an uninterrupted run. stateDict returns copies. loadStateDict overwrites
+// the state and the hyper-parameters (as PyTorch does), after checking every entry: a missing,
+// unexpected, duplicated, wrong-shaped or wrong-dtype entry, or a bad value, throws
+// std::invalid_argument naming the entry and what was expected, and leaves the optimizer as it
+// was.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "loom/autograd/nn.h"
 #include "loom/autograd/tensor.h"
 
 namespace loom::ag::optim {
@@ -22,6 +41,9 @@ class Optimizer {
   double lr() const { return lr_; }
   void setLr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
+  // See the top of this file for the names.
+  virtual nn::NamedTensors stateDict() const = 0;
+  virtual void loadStateDict(const nn::NamedTensors& state) = 0;
 
  protected:
   std::vector<Tensor> params_;
@@ -42,6 +64,9 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, double lr, const SGDOptions& options = {});
   void step() override;
+  nn::NamedTensors stateDict() const override;
+  void loadStateDict(const nn::NamedTensors& state) override;
+  const SGDOptions& options() const { return options_; }
 
  private:
   SGDOptions options_;
@@ -63,6 +88,10 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, double lr = 1e-3, const AdamOptions& options = {},
        bool decoupled = false);
   void step() override;
+  nn::NamedTensors stateDict() const override;
+  void loadStateDict(const nn::NamedTensors& state) override;
+  const AdamOptions& options() const { return options_; }
+  bool decoupled() const { return decoupled_; }
 
  private:
   AdamOptions options_;

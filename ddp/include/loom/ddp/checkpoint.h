@@ -13,14 +13,24 @@
 //   values (and the step) are broadcast; otherwise every rank reads it (a shared filesystem).
 //   Names, shapes and dtypes are checked; a mismatch is an InvalidArgumentError naming the
 //   tensor and the file.
-// - optimizer state: autograd_lite's optimizers do not expose their state yet, so callers pass
-//   what they want saved in `extra` (loaded back into the same tensors, in place).
+// - Optimizer state: the overloads taking an ag::optim::Optimizer save its stateDict() (momentum
+//   buffers, Adam moments and step counts, hyper-parameters such as lr; see
+//   loom/autograd/optim.h) as "optim.<name>", and load it back with loadStateDict, so a resumed
+//   run continues exactly as the uninterrupted one. Lazily created state that did not exist yet
+//   is absent from the file and stays uncreated after loading. With `broadcastFromRank0`, rank 0
+//   sends the optimizer entries' names, dtypes and shapes, then the values, so the other ranks
+//   need not know in advance which state exists. An optimizer whose state does not match the
+//   file (other kind, other parameters, missing entries) is an InvalidArgumentError naming the
+//   entry and the file.
+// - The older overloads save/load what callers pass in `extra` (as "optim.<name>", loaded back
+//   into the same tensors, in place); they ignore optimizer entries in the file when loading.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "loom/autograd/nn.h"
+#include "loom/autograd/optim.h"
 #include "loom/process_group/process_group.h"
 
 namespace loom::ddp {
@@ -39,5 +49,13 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
 // Rank 0's write alone (what saveCheckpoint does on rank 0, without the barrier).
 void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
                          const ag::nn::NamedTensors& extra = {});
+
+// With the optimizer's state (see the contract above).
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::optim::Optimizer& optimizer);
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::optim::Optimizer& optimizer, bool broadcastFromRank0 = false);
+void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
+                         const ag::optim::Optimizer& optimizer);
 
 }  // namespace loom::ddp
