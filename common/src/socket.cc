@@ -193,6 +193,33 @@ Socket acceptWithDeadline(int listenFd, const Deadline& deadline) {
   }
 }
 
+std::string localAddressTowards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "";
+  std::string out;
+  for (addrinfo* ai = found; ai != nullptr && out.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
 void setNonBlocking(int fd, bool on) {
   const int flags = LOOM_SYSCHECK(::fcntl(fd, F_GETFL), "fcntl(F_GETFL)");
   const int want = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
 #include "loom/store/file_store.h"
 #include "loom/store/prefix_store.h"
@@ -297,8 +298,18 @@ InitResult initProcessGroup(const InitOptions& options) {
     result.store = std::make_shared<TCPStore>(host, port, storeOptions);
   }
   result.store->setTimeout(options.pg.timeout);
+  ProcessGroupOptions pgOptions = options.pg;
+  const char* loomHost = std::getenv("LOOM_HOST");
+  if (pgOptions.host.empty() && (loomHost == nullptr || *loomHost == '\0') &&
+      method.kind != InitMethod::Kind::kFile) {
+    // Listen where the peers can reach us: the address on the route to the store's host, not
+    // the host name (Debian maps it to 127.0.1.1, useless to ranks on other machines).
+    const std::string storeHost =
+        method.kind == InitMethod::Kind::kTcp ? method.host : result.env.masterAddr;
+    pgOptions.host = net::localAddressTowards(storeHost);
+  }
   auto pgStore = std::make_shared<PrefixStore>("default_pg", result.store);
-  result.pg = createProcessGroup(options.backend, pgStore, rank, size, options.pg);
+  result.pg = createProcessGroup(options.backend, pgStore, rank, size, pgOptions);
   return result;
 }
 

@@ -87,5 +87,10 @@ TEST(Socket, AddressInUseNamesHostAndPort) {
   }
 }
 
+TEST(Socket, LocalAddressTowardsLoopbackIsLoopback) {
+  EXPECT_EQ(localAddressTowards("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(localAddressTowards("no-such-host.invalid"), "");
+}
+
 }  // namespace
 }  // namespace loom::net

@@ -12,6 +12,7 @@
 
 #include "launch_options.h"
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
 #include "rendezvous.h"
 #include "rendezvous_store.h"
 #include "shepherd.h"
@@ -140,7 +141,8 @@ class Launcher {
     // The workers' transports listen on this node's address towards node 0, unless the user
     // chose one (LOOM_HOST).
     const char* userHost = std::getenv("LOOM_HOST");
-    if (userHost == nullptr || *userHost == '\0') loomHost_ = localAddressTowards(o_.masterAddr);
+    if (userHost == nullptr || *userHost == '\0')
+      loomHost_ = net::localAddressTowards(o_.masterAddr);
     std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
     RendezvousOptions ro;
     ro.runId = o_.runId;

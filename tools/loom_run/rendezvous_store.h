@@ -26,10 +26,4 @@ std::unique_ptr<RendezvousStore> openRendezvousStore(const LaunchOptions& option
 // A TCP port that was free on every interface a moment ago (bind to port 0, read, close).
 int pickFreePort();
 
-// This machine's address on the route towards `host` (resolved, then a UDP socket connected to
-// it: no packet is sent), as text; "" when it cannot be found. Multi-node loom-run hands it to
-// the workers as LOOM_HOST, the address their transports listen on and publish, so that a host
-// name resolving to 127.0.1.1 (Debian's /etc/hosts) or to another namespace cannot mislead them.
-std::string localAddressTowards(const std::string& host);
-
 }  // namespace loom::run

@@ -56,6 +56,10 @@ int localPort(int fd);
 
 // This machine's hostname (gethostname).
 std::string hostname();
+// The local address the kernel would use to reach `host` (a connected UDP socket; nothing is
+// sent), e.g. "10.213.7.2". Empty when `host` does not resolve or is unreachable. Used to
+// listen on an address peers can reach, since Debian maps the hostname to 127.0.1.1.
+std::string localAddressTowards(const std::string& host);
 
 // host may be a name, an IPv4/IPv6 literal, "" or "*" (all interfaces), or "localhost".
 Socket listenOn(const std::string& host, int port, int backlog = 512);
