@@ -13,6 +13,7 @@
 #include "shm/hierarchy.h"
 #include "shm/shm.h"
 #include "shm/shm_collectives.h"
+#include "tag.h"
 
 namespace loom::comm {
 
@@ -209,6 +210,11 @@ void barrier(Context& ctx, const CollectiveOptions& opts) {
   if (auto* arena = shm::arenaFor(ctx, opts)) return shm::barrier(*arena, opts);
   Op o(ctx, OpKind::kBarrier, opts);
   barrierDissemination(o);
+}
+
+uint64_t pointToPointTag(uint64_t tag) {
+  static_assert(kMaxPointToPointTag == kMaxP2PTag, "public and wire tag limits agree");
+  return makeP2PTag(tag);
 }
 
 void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, uint64_t tag,

@@ -147,7 +147,7 @@ void ProcessGroup::checkRoot(int root, const char* opName, const char* what) con
 
 namespace {
 
-constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;
+constexpr uint64_t kMaxTag = comm::kMaxPointToPointTag;
 
 void checkSameDtype(const std::string& who, const char* opName, const BufferView& in,
                     const BufferView& out) {

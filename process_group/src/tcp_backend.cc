@@ -136,9 +136,6 @@ struct FailureExchange {
   }
 };
 
-// Point-to-point messages use the same tag layout as comm::send / comm::recv (op kind kP2P,
-// 10, in the top byte, the user's tag below), so a group's send matches a comm::recv.
-constexpr uint64_t kP2PTagKind = uint64_t{10} << 56;
 // How often a waiting send / recv batch looks for more send / recv operations to start:
 // every kP2PSliceMin at first, backing off to kP2PSliceMax while nothing changes.
 constexpr milliseconds kP2PSliceMin{1};
@@ -384,7 +381,8 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
   std::vector<Pending> batch;
   const auto post = [&](Item item) {
     const OpDesc& op = item.op;
-    const uint64_t tag = kP2PTagKind | op.tag;
+    // The same wire tag as comm::send / comm::recv, so a group's send matches a comm::recv.
+    const uint64_t tag = comm::pointToPointTag(op.tag);
     const size_t bytes = op.count * dtypeSize(op.dtype);
     Deadline deadline(op.timeout);
     batch.push_back(Pending{std::move(item), nullptr, deadline, false});

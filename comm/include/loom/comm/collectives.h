@@ -72,7 +72,11 @@ void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype
               const CollectiveOptions& opts = {});
 // Returns once every rank has entered.
 void barrier(Context& ctx, const CollectiveOptions& opts = {});
-// Point-to-point; `tag` distinguishes concurrent messages between the same pair.
+// Point-to-point; `tag` distinguishes concurrent messages between the same pair. User tags go
+// up to kMaxPointToPointTag; pointToPointTag(tag) is the transport tag send/recv put on the
+// wire, for layers that post point-to-point messages on the Transport directly.
+constexpr uint64_t kMaxPointToPointTag = (uint64_t{1} << 56) - 1;
+uint64_t pointToPointTag(uint64_t tag);
 void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, uint64_t tag,
           const CollectiveOptions& opts = {});
 void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t tag,
