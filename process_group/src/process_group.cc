@@ -360,40 +360,32 @@ std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& opts) {
 
 std::shared_ptr<Work> ProcessGroup::send(BufferView buf, int dst, uint64_t tag,
                                          const SendRecvOptions& opts) {
-  const char* name = "send";
-  checkBuffer(buf, name, "buffer");
-  checkTag(who(), name, tag);
-  checkRoot(dst, name, "destination rank");
-  if (dst == rank_) {
-    LOOM_THROW(InvalidArgumentError, who(), ": send: destination rank ", dst,
-               " is this rank; a rank cannot send to itself");
-  }
-  OpDesc op;
-  op.type = OpType::kSend;
-  op.in = op.out = buf;
-  op.count = buf.count;
-  op.dtype = buf.dtype;
-  op.root = dst;
-  op.tag = tag;
-  return issue(std::move(op), opts.timeout);
+  return pointToPoint(OpType::kSend, buf, dst, tag, opts);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
                                          const SendRecvOptions& opts) {
-  const char* name = "recv";
+  return pointToPoint(OpType::kRecv, buf, src, tag, opts);
+}
+
+std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, int peer,
+                                                 uint64_t tag, const SendRecvOptions& opts) {
+  const bool isSend = type == OpType::kSend;
+  const char* name = isSend ? "send" : "recv";
+  const char* peerWhat = isSend ? "destination rank" : "source rank";
   checkBuffer(buf, name, "buffer");
   checkTag(who(), name, tag);
-  checkRoot(src, name, "source rank");
-  if (src == rank_) {
-    LOOM_THROW(InvalidArgumentError, who(), ": recv: source rank ", src,
-               " is this rank; a rank cannot receive from itself");
+  checkRoot(peer, name, peerWhat);
+  if (peer == rank_) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": ", peerWhat, " ", peer,
+               " is this rank; a rank cannot ", isSend ? "send to" : "receive from", " itself");
   }
   OpDesc op;
-  op.type = OpType::kRecv;
+  op.type = type;
   op.in = op.out = buf;
   op.count = buf.count;
   op.dtype = buf.dtype;
-  op.root = src;
+  op.root = peer;
   op.tag = tag;
   return issue(std::move(op), opts.timeout);
 }

@@ -13,6 +13,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include <gtest/gtest.h>
+
+#include "loom/common/error.h"
+
 namespace loom::testing {
 
 void runThreadRanks(int worldSize, const std::function<void(int rank)>& fn) {
@@ -167,6 +171,25 @@ std::string ChildProcesses::waitAllOk(std::chrono::milliseconds timeout) {
     }
   }
   return failures;
+}
+
+void expectOnlyVictimKilled(const std::vector<ChildExit>& exits, int victim) {
+  for (size_t rank = 0; rank < exits.size(); ++rank) {
+    if (static_cast<int>(rank) == victim) {
+      EXPECT_EQ(exits[rank].signal, SIGKILL) << exits[rank].describe();
+    } else {
+      EXPECT_TRUE(exits[rank].ok()) << "rank " << rank << ": " << exits[rank].describe();
+    }
+  }
+}
+
+void checkDeadPeerError(const std::exception& error, std::chrono::milliseconds waited,
+                        std::chrono::milliseconds bound, const std::string& peerName) {
+  LOOM_CHECK(waited < bound, "the error took ", waited.count(), " ms (bound ", bound.count(),
+             " ms): ", error.what());
+  LOOM_CHECK(std::string(error.what()).find(peerName) != std::string::npos,
+             "the error does not name ", peerName, ": ", error.what());
+  LOOM_CHECK(dynamic_cast<const TimeoutError*>(&error) == nullptr, "got a timeout: ", error.what());
 }
 
 TempDir::TempDir() {

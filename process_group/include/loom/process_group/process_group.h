@@ -234,6 +234,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
   void checkBuffer(const BufferView& buf, const char* opName, const char* what) const;
   void checkRoot(int root, const char* opName, const char* what) const;
+  // send and recv: argument checks, then issue (one body for both directions).
+  std::shared_ptr<Work> pointToPoint(OpType type, BufferView buf, int peer, uint64_t tag,
+                                     const SendRecvOptions& opts);
 
   const std::string backend_;
   const std::shared_ptr<Store> store_;

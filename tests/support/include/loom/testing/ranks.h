@@ -65,6 +65,15 @@ class ChildProcesses {
   std::vector<Child> children_;
 };
 
+// For fault-injection tests where rank `victim` SIGKILLs itself: the victim died by SIGKILL
+// and every other rank exited 0 (gtest expectations, one per rank).
+void expectOnlyVictimKilled(const std::vector<ChildExit>& exits, int victim);
+
+// Inside a surviving rank: the error raised after a peer died must arrive within `bound`, name
+// `peerName` ("rank 2"), and not be a timeout. Throws (failing the child) otherwise.
+void checkDeadPeerError(const std::exception& error, std::chrono::milliseconds waited,
+                        std::chrono::milliseconds bound, const std::string& peerName);
+
 class TempDir {
  public:
   TempDir();
