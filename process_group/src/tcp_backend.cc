@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <map>
 #include <utility>
 #include <vector>
@@ -149,6 +150,26 @@ milliseconds storeSlack(milliseconds window) {
   return std::min(kStoreSlack, window / 2);
 }
 
+// The hand-off (see tcp_backend.h): how long the worker leaves a fresh lone operation to its
+// waiter, how long it naps while waiters run operations, and for how long after the last
+// inline run it keeps napping. A waiter calls wait() within a microsecond of issuing in the
+// usual issue-then-wait code; the grace only has to cover a preempted caller now and then.
+constexpr std::chrono::microseconds kGrace{50};
+constexpr std::chrono::microseconds kNap{1000};
+constexpr milliseconds kHotWindow{5};
+
+std::chrono::microseconds microsFromEnv(const char* name, std::chrono::microseconds fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return fallback;
+  char* end = nullptr;
+  const long long us = std::strtoll(v, &end, 10);
+  if (*end != 0 || us < 0 || us > 1000000) {
+    LOOM_THROW(InvalidArgumentError, name, "='", v,
+               "' is not a duration; expected microseconds from 0 to 1000000");
+  }
+  return std::chrono::microseconds(us);
+}
+
 }  // namespace
 
 ProcessGroupTcp::ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
@@ -161,7 +182,9 @@ ProcessGroupTcp::ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int siz
 ProcessGroupTcp::ProcessGroupTcp(std::string backend, std::shared_ptr<Store> store, int rank,
                                  int size, const ProcessGroupOptions& options,
                                  const ContextFactory& makeContext)
-    : ProcessGroup(std::move(backend), std::move(store), rank, size, options) {
+    : ProcessGroup(std::move(backend), std::move(store), rank, size, options),
+      grace_(microsFromEnv("LOOM_PG_GRACE_US", kGrace)),
+      nap_(microsFromEnv("LOOM_PG_NAP_US", kNap)) {
   comm::ContextOptions ctxOptions;
   ctxOptions.timeout = options.timeout;
   ctxOptions.host = options.host;
@@ -220,112 +243,177 @@ void ProcessGroupTcp::abort(const std::string& reason) {
 
 namespace {
 
-// A Work whose unbounded wait() runs the operation on the waiting thread when it is next in
-// the queue and the worker is idle: issue-then-wait then costs no thread hand-off (two
-// wake-ups, tens of microseconds on a loaded machine). Issue order is kept: only the head of
-// the queue runs, and never while another operation runs.
+// A Work that lets its waiter run the operation (see the hand-off in tcp_backend.h): the
+// unbounded wait() runs the queue up to this operation inline when nothing runs, and a wait
+// that is about to sleep tells the worker to start the queue at once.
 class TcpWork final : public Work {
  public:
-  TcpWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroupTcp> group)
+  TcpWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
       : Work(opTypeName(op.type), op.seq, rank), group_(std::move(group)) {}
 
  protected:
   bool runInline() override {
     auto group = group_.lock();
-    return group && group->runInline(this);
+    return group && static_cast<ProcessGroupTcp&>(*group).runInline(this);
+  }
+  void beforeSleep() override {
+    if (auto group = group_.lock()) static_cast<ProcessGroupTcp&>(*group).wakeForWaiter(this);
   }
 
  private:
-  std::weak_ptr<ProcessGroupTcp> group_;
+  std::weak_ptr<ProcessGroup> group_;
 };
 
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
-  // Null when this group is not owned by a shared_ptr: then no inline runs.
-  auto work = std::make_shared<TcpWork>(
-      op, rank(), std::static_pointer_cast<ProcessGroupTcp>(weak_from_this().lock()));
+  // group is null when this group is not owned by a shared_ptr: then no inline runs.
   std::weak_ptr<ProcessGroup> self = weak_from_this();
+  auto work = std::make_shared<TcpWork>(op, rank(), self);
   work->setOnWaitTimeout([self](const std::string& reason) {
     if (auto pg = self.lock()) pg->abort(reason);
   });
+  const TimePoint now = grace_.count() > 0 ? Clock::now() : TimePoint{};
+  bool queued = false;
+  bool wake = false;
+  std::string cause;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_) {
-      queue_.push_back(Item{std::move(op), work});
-      wake_.notify_all();
-      return work;
+    if (broken_) {
+      cause = brokenCause_;
+    } else {
+      queue_.push_back(Item{op, work, now});
+      queued = true;
+      wake = workerNeedsWakeLocked();
     }
   }
+  if (queued) {
+    if (wake) wake_.notify_all();
+    return work;
+  }
   // A broken group fails at once, without touching the queue.
-  const std::string cause = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return brokenCause_;
-  }();
   work->markFailed(std::make_exception_ptr(
       IoError(who() + ": " + op.describe() + " was not run: the group failed earlier: " + cause)));
   return work;
 }
 
+bool ProcessGroupTcp::workerNeedsWakeLocked() const {
+  if (running_ || workerState_ == WorkerState::kBusy) {
+    // The worker looks at the queue before it waits again; the thread running an operation
+    // inline wakes it when it is done (runInline).
+    return false;
+  }
+  if (workerState_ == WorkerState::kSleeping || stopping_ || broken_ || urgent_) return true;
+  // Napping: it comes back on its own within the nap; a lone fresh operation is left to its
+  // waiter. More than one queued means nobody waited: start now.
+  return queue_.size() > 1;
+}
+
 void ProcessGroupTcp::workerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    Item item;
-    bool closeNow = false;
-    std::string cause;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // ctx_ is still set while broken only after abort() with no failed operation.
-      wake_.wait(lock,
-                 [&] { return !running_ && (stopping_ || !queue_.empty() || (broken_ && ctx_)); });
-      if (broken_ && ctx_) {
-        closeNow = true;
-        cause = brokenCause_;
-      } else if (!queue_.empty()) {
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      } else {
-        break;  // stopping, and the queue is drained
-      }
-      running_ = true;
+    workerState_ = WorkerState::kBusy;
+    if (running_) {
+      // A waiter runs an operation inline; it wakes the worker when it is done.
+      workerState_ = WorkerState::kSleeping;
+      wake_.wait(lock);
+      continue;
     }
-    if (closeNow) {
+    // ctx_ is still set while broken only after abort() with no failed operation.
+    if (broken_ && ctx_) {
+      const std::string cause = brokenCause_;
+      running_ = true;
+      lock.unlock();
       const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
       auto exchange =
           FailureExchange::start(store(), rank(), size(), "io\n" + cause, window, false);
       if (exchange) exchange->waitFor(exchange->published, Clock::now() + window);
       std::shared_ptr<comm::Context> closing;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<std::mutex> relock(mu_);
         closing = std::move(ctx_);
       }
-      // `closing` is released here, outside the lock: the connections close.
-    } else {
-      execute(item);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+      closing.reset();  // outside the lock: the connections close
+      lock.lock();
       running_ = false;
+      continue;
     }
-    wake_.notify_all();
+    if (queue_.empty()) {
+      urgent_ = false;
+      if (stopping_) break;  // the queue is drained
+      if (nap_.count() > 0 && Clock::now() - lastInline_ < kHotWindow) {
+        workerState_ = WorkerState::kNapping;
+        wake_.wait_for(lock, nap_);
+      } else {
+        workerState_ = WorkerState::kSleeping;
+        wake_.wait(lock);
+      }
+      continue;
+    }
+    if (grace_.count() > 0 && queue_.size() == 1 && !urgent_ && !stopping_ && !broken_) {
+      const TimePoint due = queue_.front().posted + grace_;
+      if (Clock::now() < due) {
+        // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).
+        workerState_ = WorkerState::kNapping;
+        wake_.wait_until(lock, due);
+        continue;
+      }
+    }
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    execute(item);
+    item = Item{};  // drop the buffers' Work outside the lock
+    lock.lock();
+    running_ = false;
   }
+  workerState_ = WorkerState::kBusy;
 }
 
 bool ProcessGroupTcp::runInline(const Work* work) {
-  Item item;
+  for (;;) {
+    Item item;
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ || broken_ || queue_.empty()) return false;
+      mine = queue_.front().work.get() == work;
+      if (!mine && std::none_of(queue_.begin(), queue_.end(),
+                                [&](const Item& i) { return i.work.get() == work; })) {
+        return false;  // not queued: running on the worker, or done
+      }
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      lastInline_ = Clock::now();
+    }
+    execute(item);
+    item = Item{};
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      if (queue_.empty()) urgent_ = false;
+      wake = workerState_ != WorkerState::kBusy &&
+             (!queue_.empty() || broken_ || stopping_ || urgent_);
+    }
+    if (wake) wake_.notify_all();
+    if (mine) return true;
+  }
+}
+
+void ProcessGroupTcp::wakeForWaiter(const Work* work) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (running_ || broken_ || queue_.empty() || queue_.front().work.get() != work) return false;
-    item = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = true;
+    if (std::any_of(queue_.begin(), queue_.end(),
+                    [&](const Item& i) { return i.work.get() == work; })) {
+      urgent_ = true;
+      wake = !running_ && workerState_ != WorkerState::kBusy;
+    }
   }
-  execute(item);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-  }
-  wake_.notify_all();
-  return true;
+  if (wake) wake_.notify_all();
 }
 
 void ProcessGroupTcp::execute(Item& item) {

@@ -15,40 +15,40 @@ std::string Work::describe() const {
 }
 
 bool Work::isCompleted() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (completed_) return true;
-  }
+  if (done()) return true;
   return pollIntervalUs() > 0 && poll();
 }
 
 bool Work::isSuccess() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_ && !error_;
+  return done() && !error_;
 }
 
 std::exception_ptr Work::exception() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return done() ? error_ : nullptr;
+}
+
+bool Work::complete(std::exception_ptr error) {
+  uint8_t expected = kPending;
+  if (!state_.compare_exchange_strong(expected, kSetting, std::memory_order_acq_rel)) {
+    return false;  // completion is final: the first call won
+  }
+  error_ = std::move(error);
+  state_.store(kDone, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    // Taking mu_ orders this notify after the sleeper's check of state_ (it holds mu_ from
+    // that check until the condition variable releases it).
+    { std::lock_guard<std::mutex> lock(mu_); }
+    done_.notify_all();
+  }
+  return true;
 }
 
 void Work::markCompleted() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (completed_) return;
-    completed_ = true;
-  }
-  done_.notify_all();
+  complete(nullptr);
 }
 
 void Work::markFailed(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (completed_) return;
-    completed_ = true;
-    error_ = std::move(error);
-  }
-  done_.notify_all();
+  complete(std::move(error));
 }
 
 void Work::setOnWaitTimeout(std::function<void(const std::string&)> hook) {
@@ -57,7 +57,7 @@ void Work::setOnWaitTimeout(std::function<void(const std::string&)> hook) {
 }
 
 bool Work::wait() {
-  if (!isCompleted()) runInline();
+  if (!done()) runInline();
   return waitUntil(std::chrono::steady_clock::time_point::max(), false);
 }
 
@@ -68,21 +68,27 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded) {
   const auto start = std::chrono::steady_clock::now();
   const int pollUs = pollIntervalUs();
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!completed_) {
-    if (bounded && std::chrono::steady_clock::now() >= deadline) break;
-    if (pollUs > 0) {
-      lock.unlock();
-      const bool done = poll();
-      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(pollUs));
-      lock.lock();
-    } else if (bounded) {
-      done_.wait_until(lock, deadline);
-    } else {
-      done_.wait(lock);
+  if (!done()) beforeSleep();
+  if (pollUs > 0) {
+    while (!done()) {
+      if (bounded && std::chrono::steady_clock::now() >= deadline) break;
+      if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(pollUs));
     }
+  } else if (!done()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    // Sequentially consistent, to pair with complete()'s store of kDone and load of sleepers_.
+    const auto finished = [&] { return state_.load(std::memory_order_seq_cst) == kDone; };
+    while (!finished()) {
+      if (!bounded) {
+        done_.wait(lock);
+      } else if (done_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        break;
+      }
+    }
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
-  if (completed_) {
+  if (done()) {
     if (error_) std::rethrow_exception(error_);
     return true;
   }
@@ -91,8 +97,11 @@ bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounde
   const std::string reason =
       detail::str("rank ", rank_, ": ", describe(), " did not complete within ", waited.count(),
                   " ms of wait(); the group was aborted");
-  auto hook = onWaitTimeout_;
-  lock.unlock();
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = onWaitTimeout_;
+  }
   if (hook) hook(reason);
   throw TimeoutError(reason);
 }

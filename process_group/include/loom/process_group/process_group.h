@@ -10,8 +10,12 @@
 //   (InvalidArgumentError, thrown at once, for a root out of range, buffer sizes that do not
 //   match the world size, mismatched dtypes, a bitwise reduce op on a floating-point dtype,
 //   a buffer on a device the backend cannot use), then queues the operation and returns its
-//   Work. Operations run in issue order on the group's own thread, so the caller computes
-//   while they run. Buffers are caller-owned and must stay valid until the Work completes.
+//   Work; issuing never waits for an earlier operation. Operations run one at a time in
+//   issue order, on the group's own thread, so the caller computes while they run; a
+//   backend may instead run an operation on the thread that waits for it (Work::wait on an
+//   operation that has not started: the tcp backend does, which spares issue-then-wait two
+//   thread wake-ups), never out of order. Buffers are caller-owned and must stay valid until
+//   the Work completes.
 // - Issue operations on one group from one thread at a time (or serialize the calls): the
 //   issue order defines the sequence numbers.
 // - send / recv take the same queue; consecutive send / recv operations are started together

@@ -4,8 +4,19 @@
 //
 // Contract (on top of ProcessGroup's)
 // - CPU buffers only (InvalidArgumentError otherwise).
-// - Work::wait() on the operation at the head of the queue, with the worker idle, runs it on
-//   the waiting thread (no thread hand-off for issue-then-wait); the order is unchanged.
+// - Hand-off ("the waiter runs it"): operations run one at a time in issue order, each on
+//   exactly one thread: the worker, or a thread blocked in Work::wait() on it. An unbounded
+//   wait() on an operation that is still queued, with no operation running, claims the
+//   operations from the head of the queue up to its own (under the queue lock, so exactly
+//   one thread takes each) and runs them inline: issue-then-wait costs no thread hand-off
+//   and no wake-up. To leave a waiter that chance, the worker does not take a fresh
+//   operation that is alone in the queue until it has waited kGrace (50 us) for it, unless
+//   a waiter sleeps on the queue or more operations queue up (the async pattern: then it
+//   starts at once). While waiters run operations (the last inline run less than kHotWindow,
+//   5 ms, ago) the worker naps in slices of kNap (1 ms) instead of sleeping, and issuing a lone
+//   operation does not wake it: an operation nobody waits on then starts within kNap at
+//   the latest. LOOM_PG_GRACE_US and LOOM_PG_NAP_US override kGrace and kNap (0 turns the
+//   grace, or the napping, off: every issue then wakes the worker).
 // - send / recv at the head of the queue are posted on the transport as they reach it (with
 //   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
 //   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
@@ -31,6 +42,7 @@
 //   deadline, or failing at once when the group is broken) and joins the worker.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -64,21 +76,36 @@ class ProcessGroupTcp final : public ProcessGroup {
   void abort(const std::string& reason) override;
   bool isBroken() const override;
 
-  // Runs `work`'s operation on the calling thread when it is the head of the queue and no
-  // operation is running (Work::wait() calls it before blocking); returns false otherwise.
+  // Runs the queued operations up to and including `work`'s on the calling thread, in issue
+  // order, when `work` is still queued and no operation is running (Work::wait() calls it
+  // before blocking). Returns true once `work`'s operation ran, false when it could not
+  // (running elsewhere, behind a running operation, already done, group broken).
   bool runInline(const Work* work);
+  // A thread is about to sleep on `work`: when it is still queued, the worker starts the
+  // queue now instead of leaving it to a waiter.
+  void wakeForWaiter(const Work* work);
 
  protected:
   std::shared_ptr<Work> post(OpDesc op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
 
  private:
+  using TimePoint = std::chrono::steady_clock::time_point;
   struct Item {
     OpDesc op;
     std::shared_ptr<Work> work;
+    TimePoint posted{};  // when it was queued (the grace is counted from here)
+  };
+  // What the worker is doing, so that post() knows whether it must be woken.
+  enum class WorkerState : uint8_t {
+    kBusy,      // running, or about to look at the queue (it will see what is there)
+    kNapping,   // a timed wait: it looks at the queue again on its own soon
+    kSleeping,  // waits until notified
   };
 
   void workerLoop();
+  // Whether the worker must be notified for the queue as it is now (mu_ held).
+  bool workerNeedsWakeLocked() const;
   // Runs one dequeued item (fails it at once when the group is broken). The caller set
   // running_.
   void execute(Item& item);
@@ -93,13 +120,18 @@ class ProcessGroupTcp final : public ProcessGroup {
   // Marks the group broken with `cause` (first call wins); returns true on the first call.
   bool markBroken(const std::string& cause);
 
-  std::shared_ptr<comm::Context> ctx_;  // used by the worker only; abort() may call ctx_->abort
+  std::shared_ptr<comm::Context> ctx_;     // used by the running thread; abort() may call abort
+  const std::chrono::microseconds grace_;  // kGrace or LOOM_PG_GRACE_US
+  const std::chrono::microseconds nap_;    // kNap or LOOM_PG_NAP_US
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable wake_;
   std::deque<Item> queue_;
   bool stopping_ = false;
   bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
+  WorkerState workerState_ = WorkerState::kBusy;
+  bool urgent_ = false;     // a waiter sleeps on a queued operation: no grace until it drains
+  TimePoint lastInline_{};  // when a waiter last ran an operation inline
   bool broken_ = false;
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only

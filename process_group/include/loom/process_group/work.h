@@ -4,20 +4,26 @@
 // - A Work is created by a ProcessGroup when an operation is issued and completes exactly
 //   once, either successfully or with an exception (markCompleted / markFailed, called by the
 //   backend). Completion is final.
-// - isCompleted(), isSuccess() and exception() never block. exception() is null unless the
-//   operation failed.
+// - isCompleted(), isSuccess() and exception() never block (for pushed completion they are
+//   one atomic load). exception() is null unless the operation failed.
 // - wait() blocks until the operation completes. It returns true on success and rethrows the
 //   stored exception on failure. It has no deadline of its own: every operation runs against
 //   the group's (or its own) timeout, and after a failure the group fails every queued
-//   operation at once, so wait() always ends.
+//   operation at once, so wait() always ends. A backend may run the operation on the thread
+//   that calls wait() instead of handing it to its own thread (runInline below; the tcp
+//   backend does when the operation is next in issue order), so the waiting thread may spend
+//   the operation's time inside wait().
 // - wait(timeout) sets the caller's own deadline on top. When it passes before the operation
 //   completes, wait throws TimeoutError naming the operation and its sequence number, and the
 //   group is aborted first (like NCCL's watchdog): a TimeoutError is an IoError and always
-//   means the group is unusable. Use isCompleted() to poll without that consequence.
+//   means the group is unusable. Use isCompleted() to poll without that consequence. A
+//   bounded wait never runs the operation itself, so its deadline holds.
 // - The buffers an operation reads and writes must stay valid until its Work completes.
-// - Thread-safe: any thread may wait on or query a Work.
+// - Thread-safe: any thread may wait on or query a Work. Completion wakes sleeping waiters
+//   only: completing a Work nobody sleeps on makes no system call.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -67,6 +73,10 @@ class Work {
   // run the operation on the waiting thread (when that keeps the issue order) and return
   // true once it did.
   virtual bool runInline() { return false; }
+  // Called by every wait() (bounded or not) right before it sleeps, with no lock held: a
+  // backend that holds fresh operations back for their waiters to run (the tcp backend)
+  // starts them now, since this waiter will not.
+  virtual void beforeSleep() {}
 
  private:
   bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);
@@ -75,10 +85,22 @@ class Work {
   const uint64_t seq_;
   const int rank_;
 
-  mutable std::mutex mu_;
-  std::condition_variable done_;
-  bool completed_ = false;
+  // Completion: the first mark* call moves state_ from kPending to kSetting (so exactly one
+  // wins), stores error_, then publishes kDone (release). error_ is never written again, so a
+  // reader that saw kDone (acquire) reads it without a lock. A waiter that sleeps counts
+  // itself in sleepers_ first, then re-checks state_ under mu_; the completer stores kDone,
+  // then looks at sleepers_ (both sequentially consistent) and only then takes mu_ and
+  // notifies: either the waiter sees kDone or the completer sees the sleeper.
+  enum : uint8_t { kPending, kSetting, kDone };
+  bool done() const { return state_.load(std::memory_order_acquire) == kDone; }
+  bool complete(std::exception_ptr error);
+
+  std::atomic<uint8_t> state_{kPending};
+  std::atomic<int> sleepers_{0};
   std::exception_ptr error_;
+
+  mutable std::mutex mu_;  // guards the condition variable's sleep and onWaitTimeout_
+  std::condition_variable done_;
   std::function<void(const std::string&)> onWaitTimeout_;
 };
 
