@@ -282,7 +282,7 @@ std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
     if (broken_) {
       cause = brokenCause_;
     } else {
-      queue_.push_back(Item{op, work, now});
+      queue_.push_back(Item{op, work, queue_.empty() && !running_, now});
       queued = true;
       wake = workerNeedsWakeLocked();
     }
@@ -350,7 +350,8 @@ void ProcessGroupTcp::workerLoop() {
       }
       continue;
     }
-    if (grace_.count() > 0 && queue_.size() == 1 && !urgent_ && !stopping_ && !broken_) {
+    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front().lone && !urgent_ && !stopping_ &&
+        !broken_) {
       const TimePoint due = queue_.front().posted + grace_;
       if (Clock::now() < due) {
         // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).

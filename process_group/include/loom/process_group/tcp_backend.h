@@ -10,13 +10,14 @@
 //   operations from the head of the queue up to its own (under the queue lock, so exactly
 //   one thread takes each) and runs them inline: issue-then-wait costs no thread hand-off
 //   and no wake-up. To leave a waiter that chance, the worker does not take a fresh
-//   operation that is alone in the queue until it has waited kGrace (50 us) for it, unless
-//   a waiter sleeps on the queue or more operations queue up (the async pattern: then it
-//   starts at once). While waiters run operations (the last inline run less than kHotWindow,
-//   5 ms, ago) the worker naps in slices of kNap (1 ms) instead of sleeping, and issuing a lone
-//   operation does not wake it: an operation nobody waits on then starts within kNap at
-//   the latest. LOOM_PG_GRACE_US and LOOM_PG_NAP_US override kGrace and kNap (0 turns the
-//   grace, or the napping, off: every issue then wakes the worker).
+//   operation issued with nothing queued or running ahead of it until kGrace (50 us) after
+//   its issue, unless a waiter sleeps on the queue, more operations queue up behind it (the
+//   async pattern) or the group is being destroyed: then it starts at once. While waiters run
+//   operations (the last inline run less than kHotWindow, 5 ms, ago) the worker naps in slices of
+//   kNap (1 ms) instead of sleeping, and issuing a lone operation does not wake it: an operation
+//   nobody waits on then starts within kNap at the latest. LOOM_PG_GRACE_US and LOOM_PG_NAP_US
+//   override kGrace and kNap (0 turns the grace, or the napping, off: every issue then wakes the
+//   worker).
 // - send / recv at the head of the queue are posted on the transport as they reach it (with
 //   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
 //   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
@@ -94,7 +95,10 @@ class ProcessGroupTcp final : public ProcessGroup {
   struct Item {
     OpDesc op;
     std::shared_ptr<Work> work;
-    TimePoint posted{};  // when it was queued (the grace is counted from here)
+    // Set when it was queued with nothing queued or running ahead of it: only such an
+    // operation is left to its waiter for the grace, counted from `posted`.
+    bool lone = false;
+    TimePoint posted{};
   };
   // What the worker is doing, so that post() knows whether it must be woken.
   enum class WorkerState : uint8_t {
