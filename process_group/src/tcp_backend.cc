@@ -204,6 +204,13 @@ ProcessGroupTcp::~ProcessGroupTcp() {
   }
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (debugLevel() != DebugLevel::kOff) {
+    const HandoffStats& st = stats_;
+    LOOM_LOG_INFO(who(), ": hand-off: ", st.inlineRuns, " operations run by their waiters, ",
+                  st.workerRuns, " by the worker; the worker was woken by ", st.issueWakes,
+                  " issues and ", st.waiterWakes, " waiters, waited ", st.workerWaits, " times (",
+                  st.graceWaits, " holding a fresh operation for its waiter)");
+  }
 }
 
 void ProcessGroupTcp::checkDevice(const BufferView& buf, const char* opName) const {
@@ -285,6 +292,7 @@ std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
       queue_.push_back(Item{op, work, queue_.empty() && !running_, now});
       queued = true;
       wake = workerNeedsWakeLocked();
+      stats_.issueWakes += wake;
     }
   }
   if (queued) {
@@ -313,10 +321,19 @@ void ProcessGroupTcp::workerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     workerState_ = WorkerState::kBusy;
+    const bool hot = nap_.count() > 0 && Clock::now() - lastInline_ < kHotWindow;
     if (running_) {
-      // A waiter runs an operation inline; it wakes the worker when it is done.
-      workerState_ = WorkerState::kSleeping;
-      wake_.wait(lock);
+      // A waiter runs an operation inline; it wakes the worker when it is done and work is
+      // left. Napping (not sleeping) while waiters run operations keeps the next issue from
+      // having to wake the worker.
+      ++stats_.workerWaits;
+      if (hot) {
+        workerState_ = WorkerState::kNapping;
+        wake_.wait_for(lock, nap_);
+      } else {
+        workerState_ = WorkerState::kSleeping;
+        wake_.wait(lock);
+      }
       continue;
     }
     // ctx_ is still set while broken only after abort() with no failed operation.
@@ -341,7 +358,8 @@ void ProcessGroupTcp::workerLoop() {
     if (queue_.empty()) {
       urgent_ = false;
       if (stopping_) break;  // the queue is drained
-      if (nap_.count() > 0 && Clock::now() - lastInline_ < kHotWindow) {
+      ++stats_.workerWaits;
+      if (hot) {
         workerState_ = WorkerState::kNapping;
         wake_.wait_for(lock, nap_);
       } else {
@@ -356,6 +374,8 @@ void ProcessGroupTcp::workerLoop() {
       if (Clock::now() < due) {
         // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).
         workerState_ = WorkerState::kNapping;
+        ++stats_.workerWaits;
+        ++stats_.graceWaits;
         wake_.wait_until(lock, due);
         continue;
       }
@@ -363,6 +383,7 @@ void ProcessGroupTcp::workerLoop() {
     Item item = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;
+    ++stats_.workerRuns;
     lock.unlock();
     execute(item);
     item = Item{};  // drop the buffers' Work outside the lock
@@ -388,6 +409,7 @@ bool ProcessGroupTcp::runInline(const Work* work) {
       queue_.pop_front();
       running_ = true;
       lastInline_ = Clock::now();
+      ++stats_.inlineRuns;
     }
     execute(item);
     item = Item{};
@@ -412,6 +434,7 @@ void ProcessGroupTcp::wakeForWaiter(const Work* work) {
                     [&](const Item& i) { return i.work.get() == work; })) {
       urgent_ = true;
       wake = !running_ && workerState_ != WorkerState::kBusy;
+      stats_.waiterWakes += wake;
     }
   }
   if (wake) wake_.notify_all();

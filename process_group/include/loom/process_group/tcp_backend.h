@@ -136,6 +136,15 @@ class ProcessGroupTcp final : public ProcessGroup {
   WorkerState workerState_ = WorkerState::kBusy;
   bool urgent_ = false;     // a waiter sleeps on a queued operation: no grace until it drains
   TimePoint lastInline_{};  // when a waiter last ran an operation inline
+  // Hand-off counters, logged by the destructor when LOOM_DEBUG is INFO or DETAIL.
+  struct HandoffStats {
+    uint64_t inlineRuns = 0;   // operations run by a waiter
+    uint64_t workerRuns = 0;   // operations run by the worker
+    uint64_t issueWakes = 0;   // issues that notified the worker
+    uint64_t waiterWakes = 0;  // waiters about to sleep that notified the worker
+    uint64_t workerWaits = 0;  // times the worker waited (slept, napped or held back)
+    uint64_t graceWaits = 0;   // of which it held a fresh lone operation back for its waiter
+  } stats_;
   bool broken_ = false;
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only
