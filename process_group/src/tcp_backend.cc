@@ -266,6 +266,10 @@ class TcpWork final : public Work {
   void beforeSleep() override {
     if (auto group = group_.lock()) static_cast<ProcessGroupTcp&>(*group).wakeForWaiter(this);
   }
+  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
+  void onWaitTimeout(const std::string& reason) override {
+    if (auto group = group_.lock()) group->abort(reason);
+  }
 
  private:
   std::weak_ptr<ProcessGroup> group_;
@@ -274,13 +278,9 @@ class TcpWork final : public Work {
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
-  // group is null when this group is not owned by a shared_ptr: then no inline runs.
-  std::weak_ptr<ProcessGroup> self = weak_from_this();
-  auto work = std::make_shared<TcpWork>(op, rank(), self);
-  work->setOnWaitTimeout([self](const std::string& reason) {
-    if (auto pg = self.lock()) pg->abort(reason);
-  });
-  const TimePoint now = grace_.count() > 0 ? Clock::now() : TimePoint{};
+  // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
+  // runs (and a bounded wait that expires cannot abort the group).
+  auto work = std::make_shared<TcpWork>(op, rank(), weak_from_this());
   bool queued = false;
   bool wake = false;
   std::string cause;
@@ -289,7 +289,7 @@ std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
     if (broken_) {
       cause = brokenCause_;
     } else {
-      queue_.push_back(Item{op, work, queue_.empty() && !running_, now});
+      queue_.push_back(Item{op, work, queue_.empty() && !running_, TimePoint{}});
       queued = true;
       wake = workerNeedsWakeLocked();
       stats_.issueWakes += wake;
@@ -321,7 +321,12 @@ void ProcessGroupTcp::workerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     workerState_ = WorkerState::kBusy;
-    const bool hot = nap_.count() > 0 && Clock::now() - lastInline_ < kHotWindow;
+    const TimePoint now = Clock::now();
+    if (stats_.inlineRuns != inlineSeen_) {
+      inlineSeen_ = stats_.inlineRuns;
+      inlineSeenAt_ = now;
+    }
+    const bool hot = nap_.count() > 0 && now - inlineSeenAt_ < kHotWindow;
     if (running_) {
       // A waiter runs an operation inline; it wakes the worker when it is done and work is
       // left. Napping (not sleeping) while waiters run operations keeps the next issue from
@@ -370,8 +375,10 @@ void ProcessGroupTcp::workerLoop() {
     }
     if (grace_.count() > 0 && queue_.size() == 1 && queue_.front().lone && !urgent_ && !stopping_ &&
         !broken_) {
-      const TimePoint due = queue_.front().posted + grace_;
-      if (Clock::now() < due) {
+      TimePoint& seen = queue_.front().seen;
+      if (seen == TimePoint{}) seen = now;
+      const TimePoint due = seen + grace_;
+      if (now < due) {
         // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).
         workerState_ = WorkerState::kNapping;
         ++stats_.workerWaits;
@@ -408,7 +415,6 @@ bool ProcessGroupTcp::runInline(const Work* work) {
       item = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
-      lastInline_ = Clock::now();
       ++stats_.inlineRuns;
     }
     execute(item);

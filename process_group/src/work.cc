@@ -97,13 +97,17 @@ bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounde
   const std::string reason =
       detail::str("rank ", rank_, ": ", describe(), " did not complete within ", waited.count(),
                   " ms of wait(); the group was aborted");
+  onWaitTimeout(reason);
+  throw TimeoutError(reason);
+}
+
+void Work::onWaitTimeout(const std::string& reason) {
   std::function<void(const std::string&)> hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hook = onWaitTimeout_;
   }
   if (hook) hook(reason);
-  throw TimeoutError(reason);
 }
 
 }  // namespace loom

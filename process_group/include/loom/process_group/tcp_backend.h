@@ -11,7 +11,7 @@
 //   one thread takes each) and runs them inline: issue-then-wait costs no thread hand-off
 //   and no wake-up. To leave a waiter that chance, the worker does not take a fresh
 //   operation issued with nothing queued or running ahead of it until kGrace (50 us) after
-//   its issue, unless a waiter sleeps on the queue, more operations queue up behind it (the
+//   it first found it, unless a waiter sleeps on the queue, more operations queue up behind it (the
 //   async pattern) or the group is being destroyed: then it starts at once. While waiters run
 //   operations (the last inline run less than kHotWindow, 5 ms, ago) the worker naps in slices of
 //   kNap (1 ms) instead of sleeping, and issuing a lone operation does not wake it: an operation
@@ -96,9 +96,10 @@ class ProcessGroupTcp final : public ProcessGroup {
     OpDesc op;
     std::shared_ptr<Work> work;
     // Set when it was queued with nothing queued or running ahead of it: only such an
-    // operation is left to its waiter for the grace, counted from `posted`.
+    // operation is left to its waiter for the grace, counted from `seen`, when the worker
+    // first found it at the head (issuing reads no clock).
     bool lone = false;
-    TimePoint posted{};
+    TimePoint seen{};
   };
   // What the worker is doing, so that post() knows whether it must be woken.
   enum class WorkerState : uint8_t {
@@ -134,9 +135,13 @@ class ProcessGroupTcp final : public ProcessGroup {
   bool stopping_ = false;
   bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
   WorkerState workerState_ = WorkerState::kBusy;
-  bool urgent_ = false;     // a waiter sleeps on a queued operation: no grace until it drains
-  TimePoint lastInline_{};  // when a waiter last ran an operation inline
-  // Hand-off counters, logged by the destructor when LOOM_DEBUG is INFO or DETAIL.
+  bool urgent_ = false;  // a waiter sleeps on a queued operation: no grace until it drains
+  // The worker's view of inline runs: the count it last saw and when it saw it change (so
+  // that running inline reads no clock).
+  uint64_t inlineSeen_ = 0;
+  TimePoint inlineSeenAt_{};
+  // Hand-off counters, logged by the destructor when LOOM_DEBUG is INFO or DETAIL
+  // (inlineRuns also tells the worker that waiters run operations).
   struct HandoffStats {
     uint64_t inlineRuns = 0;   // operations run by a waiter
     uint64_t workerRuns = 0;   // operations run by the worker

@@ -77,6 +77,9 @@ class Work {
   // backend that holds fresh operations back for their waiters to run (the tcp backend)
   // starts them now, since this waiter will not.
   virtual void beforeSleep() {}
+  // Called (once, with no lock held) when wait(timeout) expires; the default runs the hook
+  // of setOnWaitTimeout. A backend may override it instead of setting a hook per operation.
+  virtual void onWaitTimeout(const std::string& reason);
 
  private:
   bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);
