@@ -149,29 +149,30 @@ namespace {
 
 constexpr uint64_t kMaxTag = comm::kMaxPointToPointTag;
 
-void checkSameDtype(const std::string& who, const char* opName, const BufferView& in,
+// The helpers take the group, not who(): its string is built only for an error.
+void checkSameDtype(const ProcessGroup& pg, const char* opName, const BufferView& in,
                     const BufferView& out) {
   if (in.dtype != out.dtype) {
-    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": input and output dtypes differ (",
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": input and output dtypes differ (",
                dtypeName(in.dtype), " vs ", dtypeName(out.dtype), ")");
   }
   if (!(in.device == out.device)) {
-    LOOM_THROW(InvalidArgumentError, who, ": ", opName,
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName,
                ": input and output are on different devices (", deviceName(in.device), " vs ",
                deviceName(out.device), ")");
   }
 }
 
-void checkReduceOpFor(const std::string& who, const char* opName, ReduceOp op, DType dtype) {
+void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, DType dtype) {
   if (isBitwise(op) && isFloatingPoint(dtype)) {
-    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": reduce op ", reduceOpName(op),
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": reduce op ", reduceOpName(op),
                " is bitwise and needs an integer dtype, got ", dtypeName(dtype));
   }
 }
 
-void checkTag(const std::string& who, const char* opName, uint64_t tag) {
+void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {
   if (tag > kMaxTag) {
-    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": tag ", tag,
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": tag ", tag,
                " is too large; tags go up to 2^56 - 1 = ", kMaxTag);
   }
 }
@@ -200,7 +201,7 @@ std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& time
 std::shared_ptr<Work> ProcessGroup::allreduce(BufferView buf, const AllreduceOptions& opts) {
   const char* name = "allreduce";
   checkBuffer(buf, name, "buffer");
-  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
+  checkReduceOpFor(*this, name, opts.reduceOp, buf.dtype);
   OpDesc op;
   op.type = OpType::kAllreduce;
   op.in = op.out = buf;
@@ -227,7 +228,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(BufferView buf, const ReduceOptions& 
   const char* name = "reduce";
   checkBuffer(buf, name, "buffer");
   checkRoot(opts.root, name, "root");
-  checkReduceOpFor(who(), name, opts.reduceOp, buf.dtype);
+  checkReduceOpFor(*this, name, opts.reduceOp, buf.dtype);
   OpDesc op;
   op.type = OpType::kReduce;
   op.in = buf;
@@ -244,7 +245,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(BufferView in, BufferView out,
   const char* name = "allgather";
   checkBuffer(in, name, "input");
   checkBuffer(out, name, "output");
-  checkSameDtype(who(), name, in, out);
+  checkSameDtype(*this, name, in, out);
   if (out.count != in.count * size_) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": output has ", out.count,
                " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
@@ -264,8 +265,8 @@ std::shared_ptr<Work> ProcessGroup::reduceScatter(BufferView in, BufferView out,
   const char* name = "reduce_scatter";
   checkBuffer(in, name, "input");
   checkBuffer(out, name, "output");
-  checkSameDtype(who(), name, in, out);
-  checkReduceOpFor(who(), name, opts.reduceOp, in.dtype);
+  checkSameDtype(*this, name, in, out);
+  checkReduceOpFor(*this, name, opts.reduceOp, in.dtype);
   if (in.count != out.count * size_) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
                " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
@@ -291,7 +292,7 @@ std::shared_ptr<Work> ProcessGroup::gather(BufferView in, BufferView out,
   op.in = in;
   if (rank_ == opts.root) {
     checkBuffer(out, name, "output");
-    checkSameDtype(who(), name, in, out);
+    checkSameDtype(*this, name, in, out);
     if (out.count != in.count * size_) {
       LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": output on the root has ", out.count,
                  " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
@@ -314,7 +315,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(BufferView in, BufferView out,
   op.type = OpType::kScatter;
   if (rank_ == opts.root) {
     checkBuffer(in, name, "input");
-    checkSameDtype(who(), name, in, out);
+    checkSameDtype(*this, name, in, out);
     if (in.count != out.count * size_) {
       LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input on the root has ", in.count,
                  " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
@@ -334,7 +335,7 @@ std::shared_ptr<Work> ProcessGroup::alltoall(BufferView in, BufferView out,
   const char* name = "alltoall";
   checkBuffer(in, name, "input");
   checkBuffer(out, name, "output");
-  checkSameDtype(who(), name, in, out);
+  checkSameDtype(*this, name, in, out);
   if (in.count != out.count) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
                " elements but output has ", out.count, "; they must be equal");
@@ -374,7 +375,7 @@ std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, in
   const char* name = isSend ? "send" : "recv";
   const char* peerWhat = isSend ? "destination rank" : "source rank";
   checkBuffer(buf, name, "buffer");
-  checkTag(who(), name, tag);
+  checkTag(*this, name, tag);
   checkRoot(peer, name, peerWhat);
   if (peer == rank_) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": ", peerWhat, " ", peer,

@@ -222,14 +222,14 @@ void ProcessGroupTcp::checkDevice(const BufferView& buf, const char* opName) con
 }
 
 bool ProcessGroupTcp::isBroken() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return broken_;
+  return brokenFlag_.load(std::memory_order_acquire);
 }
 
 bool ProcessGroupTcp::markBroken(const std::string& cause) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return false;
   broken_ = true;
+  brokenFlag_.store(true, std::memory_order_release);
   brokenCause_ = cause;
   return true;
 }
@@ -240,6 +240,7 @@ void ProcessGroupTcp::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_) {
       broken_ = true;
+      brokenFlag_.store(true, std::memory_order_release);
       brokenCause_ = who() + ": aborted: " + reason;
     }
     ctx = ctx_;
@@ -448,9 +449,9 @@ void ProcessGroupTcp::wakeForWaiter(const Work* work) {
 
 void ProcessGroupTcp::execute(Item& item) {
   std::string cause;
-  {
+  if (brokenFlag_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) cause = brokenCause_;
+    cause = brokenCause_;
   }
   if (!cause.empty()) {
     item.work->markFailed(std::make_exception_ptr(IoError(

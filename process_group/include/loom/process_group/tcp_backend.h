@@ -43,6 +43,7 @@
 //   deadline, or failing at once when the group is broken) and joins the worker.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -151,6 +152,7 @@ class ProcessGroupTcp final : public ProcessGroup {
     uint64_t graceWaits = 0;   // of which it held a fresh lone operation back for its waiter
   } stats_;
   bool broken_ = false;
+  std::atomic<bool> brokenFlag_{false};  // broken_, for a lock-free look before each operation
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only
 
