@@ -85,5 +85,78 @@ TEST(Work, ManyWaitersAreAllWoken) {
   EXPECT_EQ(woken.load(), 4);
 }
 
+// Completion racing with a waiter that is about to sleep: the waiter must never miss the
+// wake-up (it counts itself as a sleeper, then re-checks; the completer publishes, then looks
+// for sleepers). A lost wake-up would show as a wait that runs into its 10 s deadline.
+TEST(Work, CompletionRacingWithASleepingWaiterIsNeverLost) {
+  for (int i = 0; i < 2000; ++i) {
+    Work work("allreduce", static_cast<uint64_t>(i + 1), 0);
+    std::thread completer([&] {
+      if (i % 2) std::this_thread::yield();
+      if (i % 3 == 0) {
+        work.markFailed(std::make_exception_ptr(IoError("failed on purpose")));
+      } else {
+        work.markCompleted();
+      }
+    });
+    if (i % 3 == 0) {
+      EXPECT_THROW(work.wait(milliseconds(10000)), IoError) << "iteration " << i;
+    } else {
+      EXPECT_TRUE(work.wait(milliseconds(10000))) << "iteration " << i;
+    }
+    completer.join();
+  }
+}
+
+// The backend hooks: wait() offers the operation to runInline() first and does not sleep
+// when it ran; a wait that must sleep calls beforeSleep() first; a bounded wait never runs
+// the operation inline; an expired bounded wait calls onWaitTimeout().
+class HookedWork final : public Work {
+ public:
+  explicit HookedWork(bool runs) : Work("barrier", 4, 1), runs_(runs) {}
+  std::atomic<int> inlineCalls{0};
+  std::atomic<int> sleepCalls{0};
+  std::atomic<int> timeoutCalls{0};
+
+ protected:
+  bool runInline() override {
+    ++inlineCalls;
+    if (!runs_) return false;
+    markCompleted();
+    return true;
+  }
+  void beforeSleep() override { ++sleepCalls; }
+  void onWaitTimeout(const std::string&) override { ++timeoutCalls; }
+
+ private:
+  const bool runs_;
+};
+
+TEST(Work, WaitOffersTheOperationToRunInlineBeforeSleeping) {
+  HookedWork ran(true);
+  EXPECT_TRUE(ran.wait());
+  EXPECT_EQ(ran.inlineCalls.load(), 1);
+  EXPECT_EQ(ran.sleepCalls.load(), 0);
+  EXPECT_TRUE(ran.wait());  // complete: no more offers
+  EXPECT_EQ(ran.inlineCalls.load(), 1);
+
+  HookedWork declined(false);
+  std::thread completer([&] {
+    while (declined.sleepCalls.load() == 0) std::this_thread::yield();
+    declined.markCompleted();
+  });
+  EXPECT_TRUE(declined.wait());
+  completer.join();
+  EXPECT_EQ(declined.inlineCalls.load(), 1);
+  EXPECT_EQ(declined.sleepCalls.load(), 1);
+
+  HookedWork bounded(true);
+  EXPECT_THROW(bounded.wait(milliseconds(20)), TimeoutError);
+  EXPECT_EQ(bounded.inlineCalls.load(), 0);
+  EXPECT_EQ(bounded.sleepCalls.load(), 1);
+  EXPECT_EQ(bounded.timeoutCalls.load(), 1);
+  EXPECT_FALSE(bounded.isCompleted());
+}
+
 }  // namespace
 }  // namespace loom
