@@ -10,7 +10,8 @@
 //
 // LOOM_PG_GRACE_US is set to 1 s for the whole binary (main below), before any group
 // exists: the worker then never takes a lone fresh operation during a test, so that an
-// issue-then-wait runs on the waiting thread deterministically.
+// issue-then-wait runs on the waiting thread deterministically. Tests that change the
+// setting do so only while no group exists (getenv and setenv must not overlap).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -402,6 +403,42 @@ TEST(ProcessGroupHandoff, AFailedPeerFailsTheInlineOperationNamingItsReport) {
     EXPECT_EQ(recorder->threads(), std::set<std::thread::id>{std::this_thread::get_id()});
     EXPECT_TRUE(pg->isBroken());
   });
+}
+
+// With no grace and no napping the worker races every waiter for every operation: mixed
+// issue/wait patterns must still run each operation once, in order.
+TEST(ProcessGroupHandoff, WorkerAndWaitersRacingRunEachOperationOnceInOrder) {
+  ::setenv("LOOM_PG_GRACE_US", "0", 1);
+  ::setenv("LOOM_PG_NAP_US", "0", 1);
+  auto store = std::make_shared<HashStore>();
+  std::string failure;
+  try {
+    testing::runThreadRanks(2, [&](int rank) {
+      auto pg = makeGroup(store, rank, 2, options(), std::make_shared<Recorder>());
+      for (int round = 0; round < 150; ++round) {
+        const int n = 1 + round % 3;
+        std::vector<std::vector<int64_t>> bufs(n, std::vector<int64_t>(2 + round % 5));
+        std::vector<std::shared_ptr<Work>> works;
+        for (int i = 0; i < n; ++i) {
+          fill(bufs[i], rank, i);
+          works.push_back(pg->allreduce(view(bufs[i].data(), bufs[i].size())));
+          if ((round + rank) % 4 == 0) std::this_thread::yield();
+        }
+        if ((round + rank) % 2) {
+          EXPECT_TRUE(works.back()->wait());
+        }
+        for (auto& w : works) EXPECT_TRUE(w->wait());
+        for (int i = 0; i < n; ++i) {
+          expectSum(bufs[i], i, "round " + std::to_string(round) + " op " + std::to_string(i));
+        }
+      }
+    });
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  ::setenv("LOOM_PG_GRACE_US", "1000000", 1);
+  ::unsetenv("LOOM_PG_NAP_US");
+  EXPECT_EQ(failure, "");
 }
 
 TEST(ProcessGroupHandoff, ABadHandoffSettingIsNamed) {
