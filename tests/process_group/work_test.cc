@@ -158,5 +158,37 @@ TEST(Work, WaitOffersTheOperationToRunInlineBeforeSleeping) {
   EXPECT_FALSE(bounded.isCompleted());
 }
 
+// Completion observed by polling (the NCCL backend's CUDA events): wait() and isCompleted()
+// call poll() until it reports completion; a bounded wait gives up at its deadline.
+class PolledWork final : public Work {
+ public:
+  explicit PolledWork(int pollsNeeded) : Work("allreduce", 9, 0), pollsNeeded_(pollsNeeded) {}
+  std::atomic<int> polls{0};
+
+ protected:
+  bool poll() override {
+    if (++polls < pollsNeeded_) return false;
+    markCompleted();
+    return true;
+  }
+  int pollIntervalUs() const override { return 50; }
+
+ private:
+  const int pollsNeeded_;
+};
+
+TEST(Work, PolledCompletionIsSeenByWaitAndIsCompleted) {
+  PolledWork work(5);
+  EXPECT_FALSE(work.isCompleted());
+  EXPECT_TRUE(work.wait());
+  EXPECT_GE(work.polls.load(), 5);
+  EXPECT_TRUE(work.isCompleted());
+  EXPECT_TRUE(work.isSuccess());
+
+  PolledWork never(1 << 30);
+  EXPECT_THROW(never.wait(milliseconds(20)), TimeoutError);
+  EXPECT_FALSE(never.isCompleted());
+}
+
 }  // namespace
 }  // namespace loom
