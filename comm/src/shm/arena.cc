@@ -152,7 +152,9 @@ bool sharedMemoryEnabledByEnv() {
 
 std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                                      const ArenaOptions& options) {
-  size_t slotBytes = options.slotBytes;
+  size_t slotBytes = options.slotBytes != 0 ? options.slotBytes
+                     : size <= 4            ? size_t{2} << 20
+                                            : size_t{1} << 20;
   if (const char* env = std::getenv("LOOM_SHM_SLOT_BYTES"); env != nullptr && *env != '\0') {
     const long long v = std::atoll(env);
     LOOM_CHECK(v >= 4096, "LOOM_SHM_SLOT_BYTES must be at least 4096, got '", env, "'");

@@ -55,8 +55,10 @@ namespace loom::comm::shm {
 struct ArenaOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string keyPrefix = "comm/shm";
-  // Staging bytes per rank per slot (LOOM_SHM_SLOT_BYTES overrides).
-  size_t slotBytes = 256 << 10;
+  // Staging bytes per rank per slot; 0 = 2 MiB up to 4 ranks, 1 MiB beyond (large
+  // collectives fill a whole slot per step, smaller ones use 256 KiB chunks; see
+  // shm_collectives.h). LOOM_SHM_SLOT_BYTES overrides.
+  size_t slotBytes = 0;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
