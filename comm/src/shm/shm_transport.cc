@@ -112,6 +112,7 @@ struct ShmTransport::Control {
   std::atomic<int32_t> sleeping;  // threads of this rank asleep on the doorbell
   std::atomic<int32_t> waiters;   // of which waiting on a request (not the progress thread)
   std::atomic<int32_t> polling;   // threads of this rank spinning in a wait
+  std::atomic<int32_t> cpu;       // where the rank last moved data (sched_getcpu)
   alignas(64) std::atomic<int32_t> pid;
   std::atomic<uint32_t> closed;  // the rank destroyed its transport (after its last message)
 };
@@ -192,16 +193,21 @@ class ShmRequest final : public Request {
 
 bool ShmRequest::wait(const Deadline& deadline) {
   if (check()) return true;
-  // Spin, moving data ourselves, while that is cheaper than sleeping (see the arena).
+  // Spin, moving data ourselves, while that is cheaper than sleeping; then yield the core
+  // for a while; then sleep (the arena's policy, arena.h). Spinning is futile while the peer
+  // last ran on our own CPU (a loaded machine put both on one core): then yield almost at once.
   static const int64_t spinNs = []() -> int64_t {
     if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
       return std::atoll(env) * 1000;
     }
-    return int64_t{-1};
+    return -1;
   }();
-  const int64_t budget = spinNs >= 0                                             ? spinNs
-                         : t_->local_.size() > static_cast<size_t>(usableCpus()) ? 3000
-                                                                                 : 1000000;
+  const bool oversubscribed = t_->local_.size() > static_cast<size_t>(usableCpus());
+  const int peerIndex = t_->indexOf(peer_);
+  const bool sameCpu =
+      t_->control(peerIndex).cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+  const int64_t spin = sameCpu ? 2000 : spinNs >= 0 ? spinNs : oversubscribed ? 3000 : 1000000;
+  const int64_t yield = oversubscribed ? 2000000 : 1000000;
   {
     struct Polling {
       ShmTransport* t;
@@ -209,11 +215,18 @@ bool ShmRequest::wait(const Deadline& deadline) {
       ~Polling() { t->endPolling(); }
     } polling(t_);
     const int64_t start = nowNs();
+    int64_t now = start;
     do {
       t_->tryProgress();
       if (check()) return true;
       for (int i = 0; i < 16; ++i) LOOM_SHMT_PAUSE();
-    } while (nowNs() - start < budget);
+    } while ((now = nowNs()) - start < spin);
+    while (now - start < spin + yield && !deadline.expired()) {
+      ::sched_yield();
+      t_->tryProgress();
+      if (check()) return true;
+      now = nowNs();
+    }
   }
   // Then sleep on this rank's doorbell, progressing on every ring of it.
   ShmTransport::Control& mine = t_->control(t_->me_);
@@ -513,6 +526,7 @@ bool ShmTransport::pushSendsLocked(int i) {
       notifyCompletion();
     }
     if (moved) {
+      control(me_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
       r.head.store(p.head, std::memory_order_seq_cst);
       // Wake the receiver when it waits for data, or when it must drain a full ring.
       if (full || r.readerWaiting.load(std::memory_order_seq_cst) != 0) ringDoorbell(i);
@@ -569,6 +583,7 @@ bool ShmTransport::drainLocked(int i) {
     if (p.in.got == p.in.padded) completeIncomingLocked(i);
   }
   if (moved) {
+    control(me_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     r.tail.store(p.tail, std::memory_order_seq_cst);
     if (r.writerWaiting.load(std::memory_order_seq_cst) != 0) ringDoorbell(i);
   }
