@@ -74,7 +74,7 @@ TEST(ShmSweep, DataMovingCollectives) {
             check.alltoall({"alltoall", dtype, ReduceOp::kSum, count, inPlace, 0});
           }
           check.barrier();
-          // Point-to-point still runs over tcp next to the arena.
+          // Point-to-point runs over the shared-memory transport next to the arena.
           check.sendRecv({"send/recv", dtype, ReduceOp::kSum, count, false, 0});
         }
       }

@@ -705,14 +705,12 @@ void ShmTransport::checkHealthLocked() {
                false);
     return;
   }
-  if (sibling_ != nullptr && sibling_->failed()) {
-    failLocked(detail::str("rank ", rank_, ": the context's tcp transport failed"), false);
-    return;
-  }
+  const bool siblingFailed = sibling_ != nullptr && sibling_->failed();
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
     if (i == me_) continue;
     Peer& p = *peers_[i];
-    if (p.sends.empty() && p.posted.empty() && !p.in.active) continue;
+    // When tcp failed, usually a peer died and its sockets closed first: name it if so.
+    if (!siblingFailed && p.sends.empty() && p.posted.empty() && !p.in.active) continue;
     Control& c = control(i);
     if (c.closed.load(std::memory_order_acquire) != 0) {
       drainLocked(i);
@@ -727,6 +725,16 @@ void ShmTransport::checkHealthLocked() {
                  true);
       return;
     }
+  }
+  if (siblingFailed) {
+    // A failed transport fails every new request with its first reason: ask it.
+    std::string why = "unknown reason";
+    try {
+      sibling_->isend((rank_ + 1) % size_, nullptr, 0, ~uint64_t{0})->test();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    failLocked(detail::str("rank ", rank_, ": the context's tcp transport failed: ", why), false);
   }
 }
 
