@@ -13,7 +13,10 @@ RoutingTransport::~RoutingTransport() {
 }
 
 Transport& RoutingTransport::route(int peer) const {
-  if (shm_->reaches(peer)) return *shm_;
+  // Once tcp failed (a shm failure aborts tcp too), every request goes to tcp and fails at
+  // once with its first reason, also those for same-host peers (the shm transport may not
+  // have noticed yet).
+  if (shm_->reaches(peer) && !tcp_->failed()) return *shm_;
   return *tcp_;
 }
 
