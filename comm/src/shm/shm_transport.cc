@@ -214,16 +214,18 @@ bool ShmRequest::wait(const Deadline& deadline) {
       explicit Polling(ShmTransport* tt) : t(tt) { t->beginPolling(); }
       ~Polling() { t->endPolling(); }
     } polling(t_);
-    const int64_t start = nowNs();
+    // The budgets count time without progress: a long transfer that keeps moving keeps its
+    // waiter awake (sleeping would cost a wake-up per ring's worth of data).
+    int64_t start = nowNs();
     int64_t now = start;
     do {
-      t_->tryProgress();
+      if (t_->tryProgress()) start = nowNs();
       if (check()) return true;
       for (int i = 0; i < 16; ++i) LOOM_SHMT_PAUSE();
     } while ((now = nowNs()) - start < spin);
     while (now - start < spin + yield && !deadline.expired()) {
       ::sched_yield();
-      t_->tryProgress();
+      if (t_->tryProgress()) start = nowNs();
       if (check()) return true;
       now = nowNs();
     }
@@ -776,9 +778,9 @@ void ShmTransport::notifyCompletion() {
   }
 }
 
-void ShmTransport::tryProgress() {
+bool ShmTransport::tryProgress() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (lock.owns_lock()) progressLocked();
+  return lock.owns_lock() && progressLocked();
 }
 
 void ShmTransport::beginPolling() {

@@ -137,8 +137,8 @@ class ShmTransport final : public Transport {
   bool workVisible() const;
   void ringDoorbell(int index);
   void notifyCompletion();
-  // For waiting requests: one progress pass if the lock is free.
-  void tryProgress();
+  // For waiting requests: one progress pass if the lock is free; true when data moved.
+  bool tryProgress();
   void beginPolling();
   void endPolling();
   // Sleeps until a request completes or `ns` passed.
