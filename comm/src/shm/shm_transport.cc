@@ -126,7 +126,8 @@ struct ShmTransport::Ring {
 
 struct ShmTransport::Unexpected {
   uint64_t tag;
-  std::vector<uint8_t> data;
+  size_t bytes;
+  std::unique_ptr<uint8_t[]> data;  // not zeroed: it is overwritten from the ring
   bool complete = false;
 };
 
@@ -160,12 +161,13 @@ class ShmRequest final : public Request {
   // Under the transport's lock.
   void complete() {
     done_.store(bytes_, std::memory_order_relaxed);
-    state_.store(kDone, std::memory_order_release);
+    // seq_cst: pairs with the waiter's "waiters++, then look at state_" (no lost wake-up).
+    state_.store(kDone, std::memory_order_seq_cst);
   }
   void failWith(const std::string& error) {
     if (state_.load(std::memory_order_relaxed) != kPending) return;
     error_ = error;
-    state_.store(kFailed, std::memory_order_release);
+    state_.store(kFailed, std::memory_order_seq_cst);
   }
   void progressed(size_t done) { done_.store(std::min(done, bytes_), std::memory_order_relaxed); }
 
@@ -240,7 +242,7 @@ bool ShmRequest::wait(const Deadline& deadline) {
     mine.waiters.fetch_add(1);
     mine.sleeping.fetch_add(1);
     const uint32_t seen = mine.doorbell.load();
-    if (state_.load(std::memory_order_acquire) == kPending && !t_->workVisible()) {
+    if (state_.load(std::memory_order_seq_cst) == kPending && !t_->workVisible()) {
       const int64_t leftNs = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
       futexWait(&mine.doorbell, seen,
                 static_cast<long>(std::clamp<int64_t>(leftNs, 1000, kHealthPeriodNs)), true);
@@ -401,9 +403,9 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
                          [&](const auto& u) { return u->tag == tag; });
   if (it != p.unexpected.end()) {
     std::shared_ptr<Unexpected> u = *it;
-    if (u->data.size() != bytes) {
+    if (u->bytes != bytes) {
       const std::string error =
-          detail::str("rank ", rank_, ": rank ", peer, " sent ", u->data.size(), " bytes for ",
+          detail::str("rank ", rank_, ": rank ", peer, " sent ", u->bytes, " bytes for ",
                       describeTag(tag), " but this rank receives ", bytes,
                       " bytes (ranks called the collective with different counts or dtypes)");
       failLocked(error, true);
@@ -412,13 +414,13 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
     }
     p.unexpected.erase(it);
     if (u->complete) {
-      if (bytes > 0) std::memcpy(data, u->data.data(), bytes);
+      if (bytes > 0) std::memcpy(data, u->data.get(), bytes);
       req->complete();
       return req;
     }
     // Still arriving (it is the message being read): keep what came, the rest lands here.
     const size_t have = std::min(p.in.got, bytes);
-    if (have > 0) std::memcpy(data, u->data.data(), have);
+    if (have > 0) std::memcpy(data, u->data.get(), have);
     p.in.unexpected.reset();
     p.in.request = req;
     p.in.target = static_cast<uint8_t*>(data);
@@ -464,8 +466,7 @@ std::string ShmTransport::describeUnexpected(int peer) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string text;
   for (const auto& u : peers_[i]->unexpected) {
-    text +=
-        detail::str(text.empty() ? "" : ", ", describeTag(u->tag), " (", u->data.size(), " bytes)");
+    text += detail::str(text.empty() ? "" : ", ", describeTag(u->tag), " (", u->bytes, " bytes)");
   }
   return text;
 }
@@ -624,9 +625,10 @@ void ShmTransport::matchHeaderLocked(int i) {
   }
   auto u = std::make_shared<Unexpected>();
   u->tag = tag;
-  u->data.resize(p.in.bytes);
+  u->bytes = p.in.bytes;
+  u->data.reset(new uint8_t[std::max<size_t>(p.in.bytes, 1)]);
   p.in.unexpected = u;
-  p.in.target = u->data.data();
+  p.in.target = u->data.get();
   p.unexpected.push_back(std::move(u));
 }
 
@@ -746,7 +748,7 @@ bool ShmTransport::workVisible() const {
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
     if (i == me_) continue;
     const Ring& in = ring(i, me_);
-    if (in.head.load(std::memory_order_acquire) != in.tail.load(std::memory_order_relaxed)) {
+    if (in.head.load(std::memory_order_seq_cst) != in.tail.load(std::memory_order_relaxed)) {
       return true;
     }
     if (peers_[i]->sendsPending.load(std::memory_order_acquire)) {
