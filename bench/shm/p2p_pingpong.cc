@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes, "message sizes in bytes")->delimiter(',');
   app.add_option("--seconds", seconds, "target time per size");
   CLI11_PARSE(app, argc, argv);
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("loom-p2p-" + std::to_string(::getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("loom-p2p-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::fflush(stdout);
   std::vector<pid_t> children;
