@@ -668,7 +668,7 @@ void ShmTransport::failLocked(const std::string& reason, bool propagate) {
       futexWake(&control(i).doorbell, true);
     }
   }
-  if (sibling_ != nullptr) sibling_->abort(reason);
+  if (Transport* sibling = sibling_.load(std::memory_order_acquire)) sibling->abort(reason);
   notifyCompletion();
 }
 
@@ -709,7 +709,8 @@ void ShmTransport::checkHealthLocked() {
                false);
     return;
   }
-  const bool siblingFailed = sibling_ != nullptr && sibling_->failed();
+  Transport* const sibling = sibling_.load(std::memory_order_acquire);
+  const bool siblingFailed = sibling != nullptr && sibling->failed();
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
     if (i == me_) continue;
     Peer& p = *peers_[i];
@@ -734,7 +735,7 @@ void ShmTransport::checkHealthLocked() {
     // A failed transport fails every new request with its first reason: ask it.
     std::string why = "unknown reason";
     try {
-      sibling_->isend((rank_ + 1) % size_, nullptr, 0, ~uint64_t{0})->test();
+      sibling->isend((rank_ + 1) % size_, nullptr, 0, ~uint64_t{0})->test();
     } catch (const std::exception& e) {
       why = e.what();
     }

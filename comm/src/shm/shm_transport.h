@@ -73,7 +73,8 @@ class ShmTransport final : public Transport {
   // True when `peer` (a Context rank) is on this host.
   bool reaches(int peer) const;
   // Polled for failure and aborted with this transport (tcp, for the other peers); may be null.
-  void setSibling(Transport* sibling) { sibling_ = sibling; }
+  // Set once, before first use; the progress thread may already read it (hence atomic).
+  void setSibling(Transport* sibling) { sibling_.store(sibling, std::memory_order_release); }
 
   const char* name() const override { return "shm"; }
   int rank() const override { return rank_; }
@@ -161,7 +162,7 @@ class ShmTransport final : public Transport {
   std::atomic<uint32_t> completions_{0};
   std::atomic<int> completionWaiters_{0};
   std::atomic<bool> stop_{false};
-  Transport* sibling_ = nullptr;
+  std::atomic<Transport*> sibling_{nullptr};
   int64_t lastHealthNs_ = 0;
   std::thread thread_;
 };
