@@ -1,7 +1,8 @@
 // The Context implementation: a transport to every peer plus scratch memory for the
 // algorithms. The transport is tcp with one socket per peer (socketsPerPeer is accepted but
-// not used yet); when every rank is on this host and sharedMemory is on, the Context also
-// holds a shared-memory arena that the collectives use instead (shm/arena.h).
+// not used yet); with sharedMemory on, peers on this host are reached through a shared-memory
+// transport instead (shm/routing_transport.h), and when every rank is on this host the
+// Context also holds a shared-memory arena that the collectives use (shm/arena.h).
 #include "loom/comm/context.h"
 
 #include <algorithm>
@@ -16,7 +17,9 @@
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
+#include "shm/routing_transport.h"
 #include "shm/shm.h"
+#include "shm/shm_transport.h"
 #include "tcp/tcp_transport.h"
 
 namespace loom::comm {
@@ -28,7 +31,8 @@ struct FreeDeleter {
 };
 
 struct SharedMemory {
-  std::unique_ptr<shm::Arena> arena;  // the Context's, or this host's when hierarchical
+  std::unique_ptr<shm::Arena> arena;       // the Context's, or this host's when hierarchical
+  std::unique_ptr<shm::ShmTransport> p2p;  // to the other ranks of this host
   bool singleHost = false;
   bool hierarchical = false;
   shm::Hierarchy hierarchy;
@@ -37,7 +41,14 @@ struct SharedMemory {
 class ContextImpl : public Context {
  public:
   ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared)
-      : rank_(rank), size_(size), transport_(std::move(transport)), shared_(std::move(shared)) {
+      : rank_(rank), size_(size), shared_(std::move(shared)) {
+    // Same-host peers get point-to-point over shared memory, the others keep tcp.
+    if (shared_.p2p) {
+      transport_ =
+          std::make_unique<shm::RoutingTransport>(std::move(transport), std::move(shared_.p2p));
+    } else {
+      transport_ = std::move(transport);
+    }
     if (shared_.arena) shared_.arena->setTransport(transport_.get());
   }
   // The arena goes first: it is unmapped before the sockets close.
@@ -75,15 +86,22 @@ class ContextImpl : public Context {
   };
   const int rank_;
   const int size_;
-  std::unique_ptr<Transport> transport_;
   SharedMemory shared_;
+  std::unique_ptr<Transport> transport_;
   std::array<Buffer, kSlots> scratch_;
 };
 
-// Same-host ranks get a shared-memory arena. Every rank publishes its host identity (or
-// "off" when shared memory is disabled on it) so that all ranks take the same decision: one
-// arena for the whole Context when all ranks share a host; one arena per host (for the
-// hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
+// LOOM_SHM_P2P=0 keeps point-to-point on tcp while the collectives use the arena (for
+// measurements); LOOM_SHM=0 turns both off.
+bool pointToPointEnabledByEnv() {
+  const char* env = std::getenv("LOOM_SHM_P2P");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+// Same-host ranks get a shared-memory arena and a shared-memory transport. Every rank publishes its
+// host identity (or "off" when shared memory is disabled on it) so that all ranks take the same
+// decision: one arena for the whole Context when all ranks share a host; one arena per host (for
+// the hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
 SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
   SharedMemory shared;
   if (size < 2) return shared;
@@ -101,10 +119,15 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   }
   shm::ArenaOptions aopts;
   aopts.timeout = options.timeout;
+  shm::ShmTransportOptions topts;
+  topts.timeout = options.timeout;
+  const bool p2p = local.size() > 1 && pointToPointEnabledByEnv();
   if (static_cast<int>(local.size()) == size) {
     aopts.keyPrefix = prefix;
     shared.arena = shm::Arena::create(store, rank, size, aopts);
     shared.singleHost = true;
+    topts.keyPrefix = prefix + "/p2p";
+    if (p2p) shared.p2p = shm::ShmTransport::create(store, rank, size, local, topts);
     return shared;
   }
   bool anyShared = false;
@@ -130,6 +153,8 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
     aopts.keyPrefix = detail::str(prefix, "/host-of-", local.front());
     shared.arena = shm::Arena::create(store, localRank, static_cast<int>(local.size()), aopts);
     shared.hierarchy.arena = shared.arena.get();
+    topts.keyPrefix = detail::str(prefix, "/p2p-of-", local.front());
+    if (p2p) shared.p2p = shm::ShmTransport::create(store, rank, size, local, topts);
   }
   return shared;
 }

@@ -3,7 +3,10 @@
 // every rank is connected and stays gone after the job is SIGKILLed; a SIGKILLed peer is an
 // IoError naming it within seconds (not a timeout, not a hang); a SIGSTOPped peer is a
 // TimeoutError naming it after the collective's timeout, and every other rank fails with it;
-// ranks split into "hosts" (LOOM_SHM_HOST_ID) run the hierarchical all-reduce.
+// ranks split into "hosts" (LOOM_SHM_HOST_ID) run the hierarchical all-reduce and route
+// point-to-point through shared memory or tcp by host; a peer killed during send/recv is an
+// IoError naming it; rank 0 killed inside segment creation leaves nothing in /dev/shm; the
+// named-segment fallback (LOOM_SHM_MEMFD=0) works and is unlinked once every rank mapped it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -19,9 +23,11 @@
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
+#include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/store/file_store.h"
 #include "loom/testing/ranks.h"
+#include "shm/arena.h"
 #include "shm/hierarchy.h"
 #include "shm/shm.h"
 
@@ -246,6 +252,140 @@ TEST(ShmProcesses, HierarchicalAllreduceOverFakeHosts) {
     });
     EXPECT_EQ(children.waitAllOk(90s), "") << "layout of " << size << " ranks";
   }
+}
+
+TEST(ShmProcesses, PointToPointOverSharedMemoryAndTcpAcrossFakeHosts) {
+  // Hosts a a b b: 0<->1 and 2<->3 go through shared memory, the other pairs through tcp.
+  const std::vector<std::string> layout = {"a", "a", "b", "b"};
+  const int size = 4;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, size, options());
+    Transport& t = ctx->transport();
+    LOOM_CHECK(std::string(t.name()) == "shm+tcp", "transport is ", t.name());
+    const Deadline deadline(30s);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{3} << 20}) {
+      std::vector<std::vector<uint8_t>> out(size), in(size);
+      std::vector<RequestPtr> reqs;
+      for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        out[p].assign(n, static_cast<uint8_t>(rank * 16 + p));
+        in[p].assign(n, 0xff);
+        reqs.push_back(t.isend(p, out[p].data(), n, 5));
+        reqs.push_back(t.irecv(p, in[p].data(), n, 5));
+      }
+      for (auto& r : reqs) LOOM_CHECK(r->wait(deadline), "timed out");
+      for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        for (uint8_t v : in[p]) LOOM_CHECK_EQ(static_cast<int>(v), p * 16 + rank);
+      }
+    }
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+TEST(ShmProcesses, KilledPeerDuringPointToPointIsAnIoErrorNamingIt) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const int victim = 1;
+  children.spawnRanks(2, [&](int rank) {
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, 2, options());
+    LOOM_CHECK(std::string(ctx->transport().name()) == "shm+tcp", "no shm transport");
+    std::vector<float> buf(100000, 1.0f);
+    CollectiveOptions opts;
+    opts.timeout = 60s;
+    for (int i = 0;; ++i) {
+      if (rank == victim && i == 20) ::kill(::getpid(), SIGKILL);
+      const auto start = Clock::now();
+      try {
+        if (rank == 0) {
+          send(*ctx, buf.data(), buf.size(), DType::kFloat32, 1, 1, opts);
+          recv(*ctx, buf.data(), buf.size(), DType::kFloat32, 1, 2, opts);
+        } else {
+          recv(*ctx, buf.data(), buf.size(), DType::kFloat32, 0, 1, opts);
+          send(*ctx, buf.data(), buf.size(), DType::kFloat32, 0, 2, opts);
+        }
+      } catch (const IoError& e) {
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
+        loom::testing::checkDeadPeerError(e, waited, 5s, "rank 1");
+        return;
+      }
+      LOOM_CHECK(i < 1000000, "never saw the failure");
+    }
+  });
+  loom::testing::expectOnlyVictimKilled(children.waitAll(60s), victim);
+}
+
+// Names in /dev/shm that a segment created by `pid` would have had.
+std::vector<std::string> devShmNamesOf(pid_t pid) {
+  std::vector<std::string> names;
+  const std::string prefix = detail::str("loom-shm-", pid, "-");
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+TEST(ShmProcesses, RankZeroKilledInsideCreateLeavesNothing) {
+  // Rank 0 creates the segment and waits for rank 1, which never comes; the job is then
+  // SIGKILLed. With the memfd nothing ever had a name.
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(2, [&](int rank) {
+    if (rank == 1) {
+      ::pause();  // until killed
+      return;
+    }
+    FileStore store(dir.file("store"));
+    shm::ArenaOptions o;
+    o.timeout = 60s;
+    o.keyPrefix = "leak";
+    shm::Arena::create(store, 0, 2, o);
+  });
+  FileStore store(dir.file("store"));
+  store.wait({"leak/memfd"}, 30s);
+  const pid_t pid0 = children.pid(0);
+  EXPECT_TRUE(devShmNamesOf(pid0).empty());
+  for (int i = 0; i < 2; ++i) children.kill(i, SIGKILL);
+  for (const auto& e : children.waitAll(30s)) EXPECT_EQ(e.signal, SIGKILL) << e.describe();
+  EXPECT_TRUE(devShmNamesOf(pid0).empty()) << devShmNamesOf(pid0).front() << " leaked";
+}
+
+TEST(ShmProcesses, NamedSegmentFallbackWorksAndIsUnlinked) {
+  // LOOM_SHM_MEMFD=0 takes the fallback used when /proc/<pid>/fd cannot be opened.
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(3, [&](int rank) {
+    ::setenv("LOOM_SHM_MEMFD", "0", 1);
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, 3, options());
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr, "no arena");
+    LOOM_CHECK(arena->segmentName().rfind("/loom-shm-", 0) == 0,
+               "not a named segment: ", arena->segmentName());
+    CollectiveOptions opts;
+    opts.seq = 1;
+    barrier(*ctx, opts);  // every rank mapped it: the name is gone
+    LOOM_CHECK(!shmNameExists(arena->segmentName()), arena->segmentName(), " still exists");
+    std::vector<double> buf(300001, rank + 1.0);
+    opts.seq = 2;
+    allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat64, ReduceOp::kSum, opts);
+    for (double v : buf) LOOM_CHECK_EQ(v, 6.0);
+    std::vector<int32_t> p(1000, rank);
+    if (rank == 0) send(*ctx, p.data(), p.size(), DType::kInt32, 2, 3);
+    if (rank == 2) {
+      recv(*ctx, p.data(), p.size(), DType::kInt32, 0, 3);
+      for (int32_t v : p) LOOM_CHECK_EQ(v, 0);
+    }
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ TEST(ShmSweep, DataMovingCollectives) {
             check.alltoall({"alltoall", dtype, ReduceOp::kSum, count, inPlace, 0});
           }
           check.barrier();
-          // Point-to-point still runs over tcp next to the arena.
+          // Point-to-point runs over the shared-memory transport next to the arena.
           check.sendRecv({"send/recv", dtype, ReduceOp::kSum, count, false, 0});
         }
       }
@@ -103,8 +103,8 @@ TEST(ShmSweep, LargeWithDefaultSlots) {
 }
 
 TEST(ShmSweep, StreamedOutputsAboveEightMiB) {
-  // Outputs of 8 MiB and more are copied out with non-temporal stores; odd counts make the
-  // sub-slices start unaligned.
+  // Outputs of 8 MiB and more are copied out with non-temporal stores and step in whole slots;
+  // odd counts make the sub-slices start unaligned.
   const size_t count = (size_t{8} << 20) / 4 + 5;
   runWorld(2, [&](Context& ctx) {
     requireArena(ctx);
@@ -112,6 +112,12 @@ TEST(ShmSweep, StreamedOutputsAboveEightMiB) {
     check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, count, false, 0});
     check.broadcast({"broadcast", DType::kFloat32, ReduceOp::kSum, count, false, 0});
     check.allgather({"allgather", DType::kFloat32, ReduceOp::kSum, count / 2 + 1, true, 0});
+    // At 8 MiB and more every step fills a whole slot (2 MiB), also for the collectives
+    // whose slot holds one piece per rank.
+    check.reduceScatter(
+        {"reduce_scatter", DType::kFloat32, ReduceOp::kSum, count / 2 + 1, false, 0});
+    check.alltoall({"alltoall", DType::kFloat32, ReduceOp::kSum, count / 2 + 1, false, 0});
+    check.reduce({"reduce", DType::kFloat32, ReduceOp::kMax, count, true, 1});
   });
 }
 

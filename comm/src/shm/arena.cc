@@ -1,5 +1,7 @@
 #include "shm/arena.h"
 
+#include "shm/segment.h"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -152,7 +154,9 @@ bool sharedMemoryEnabledByEnv() {
 
 std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                                      const ArenaOptions& options) {
-  size_t slotBytes = options.slotBytes;
+  size_t slotBytes = options.slotBytes != 0 ? options.slotBytes
+                     : size <= 4            ? size_t{2} << 20
+                                            : size_t{1} << 20;
   if (const char* env = std::getenv("LOOM_SHM_SLOT_BYTES"); env != nullptr && *env != '\0') {
     const long long v = std::atoll(env);
     LOOM_CHECK(v >= 4096, "LOOM_SHM_SLOT_BYTES must be at least 4096, got '", env, "'");
@@ -160,48 +164,10 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   }
   slotBytes = roundUp(std::max<size_t>(slotBytes, kPage), kPage);
   const size_t perRankBytes = kPage + kSlots * slotBytes;
-  const std::string nameKey = options.keyPrefix + "/name";
-  std::string name;
-  int fd = -1;
-  size_t mapBytes = 0;
-  if (rank == 0) {
-    std::random_device rd;
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "/loom-shm-%d-%08x%08x", static_cast<int>(::getpid()), rd(),
-                  rd());
-    name = buf;
-    mapBytes = kPage + size * perRankBytes;
-    fd =
-        LOOM_SYSCHECK(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600), "shm_open ", name);
-    // Reserve the pages now: a full /dev/shm must be an error here, not a SIGBUS later.
-    if (::ftruncate(fd, static_cast<off_t>(mapBytes)) != 0 ||
-        (errno = ::posix_fallocate(fd, 0, static_cast<off_t>(mapBytes))) != 0) {
-      const int err = errno;
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      LOOM_THROW(IoError, "cannot reserve ", mapBytes, " bytes of shared memory for ", name, ": ",
-                 detail::errnoText(err));
-    }
-  } else {
-    store.wait({nameKey}, options.timeout);
-    name = store.getString(nameKey);
-    fd = LOOM_SYSCHECK(::shm_open(name.c_str(), O_RDWR, 0600), "shm_open ", name,
-                       " (created by rank 0)");
-    struct stat st {};
-    LOOM_SYSCHECK(::fstat(fd, &st), "fstat ", name);
-    mapBytes = static_cast<size_t>(st.st_size);
-  }
-  void* base = ::mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int mmapErr = errno;
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    if (rank == 0) ::shm_unlink(name.c_str());
-    LOOM_THROW(IoError, "rank ", rank, ": cannot map ", mapBytes, " bytes of ", name, ": ",
-               detail::errnoText(mmapErr));
-  }
-  auto* header = static_cast<Header*>(base);
-  if (rank == 0) {
-    new (header) Header{};
+  const size_t totalBytes = kPage + size * perRankBytes;
+  static_assert(sizeof(Header) <= kPage && sizeof(Control) <= kPage);
+  auto init = [&](void* base, size_t) {
+    auto* header = new (base) Header{};
     header->size = size;
     header->slotBytes = slotBytes;
     header->perRankBytes = perRankBytes;
@@ -212,48 +178,35 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
     }
     header->version = kVersion;
     header->magic = kMagic;
-    store.set(nameKey, name);
-  } else {
+  };
+  // Every rank computes the same layout from the same options (rank 0's slot size travels in
+  // the header only as a check: a rank with another LOOM_SHM_SLOT_BYTES is refused).
+  auto check = [&](const void* base, size_t bytes) {
+    const auto* header = static_cast<const Header*>(base);
     if (header->magic != kMagic || header->version != kVersion || header->size != size ||
-        mapBytes != kPage + size * header->perRankBytes) {
-      ::munmap(base, mapBytes);
-      LOOM_THROW(IoError, "rank ", rank, ": shared-memory segment ", name,
-                 " does not match this group (world size ", size, ", ", mapBytes, " bytes)");
+        header->slotBytes != slotBytes || bytes != totalBytes) {
+      LOOM_THROW(IoError, "rank ", rank,
+                 ": the shared-memory segment does not match this group "
+                 "(world size ",
+                 size, ", slot bytes ", slotBytes, ", ", totalBytes,
+                 " bytes; "
+                 "was LOOM_SHM_SLOT_BYTES set differently on the ranks?)");
     }
-    slotBytes = header->slotBytes;
-  }
-  static_assert(sizeof(Header) <= kPage && sizeof(Control) <= kPage);
-  std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, name, base, mapBytes));
+  };
+  auto segment = Segment::create(store, rank, size, totalBytes, options.keyPrefix, options.timeout,
+                                 init, check);
+  std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, std::move(segment)));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
-  // Rank 0 waits until every rank mapped the segment and removes its name: from then on only
-  // the mappings keep it alive, so nothing outlives the processes, whatever kills them. (The
-  // other ranks go on at once; per-rank keys rather than a counter, so that any Store with
-  // set/wait will do.)
-  store.set(detail::str(options.keyPrefix, "/mapped/", rank), "1");
-  if (rank == 0) {
-    std::vector<std::string> mapped;
-    for (int r = 1; r < size; ++r) {
-      mapped.push_back(detail::str(options.keyPrefix, "/mapped/", r));
-    }
-    try {
-      store.wait(mapped, options.timeout);
-    } catch (...) {
-      ::shm_unlink(name.c_str());
-      throw;
-    }
-    ::shm_unlink(name.c_str());
-  }
   return arena;
 }
 
-Arena::Arena(int rank, int size, size_t slotBytes, std::string name, void* base, size_t mapBytes)
+Arena::Arena(int rank, int size, size_t slotBytes, std::unique_ptr<Segment> segment)
     : rank_(rank),
       size_(size),
       slotBytes_(slotBytes),
-      name_(std::move(name)),
-      base_(base),
-      mapBytes_(mapBytes),
-      header_(static_cast<Header*>(base)) {
+      segment_(std::move(segment)),
+      base_(segment_->base()),
+      header_(static_cast<Header*>(base_)) {
   // Spinning only pays while every rank has a core of its own: then spin up to 1 ms. When
   // ranks outnumber cores, spin a moment only. Then sched_yield for up to 1 ms (2 ms when
   // oversubscribed) before sleeping: a yielding rank stays runnable, so the load balancer
@@ -275,7 +228,10 @@ Arena::~Arena() {
   control(rank_).closed.store(1, std::memory_order_release);
   control(rank_).wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&control(rank_).wake);
-  ::munmap(base_, mapBytes_);
+}
+
+const std::string& Arena::segmentName() const {
+  return segment_->name();
 }
 
 Arena::Control& Arena::control(int rank) const {

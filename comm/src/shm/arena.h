@@ -3,11 +3,10 @@
 // all-reduce; docs/shm.md has the design and the measurements).
 //
 // What it is
-// - One segment per Context (or host), created by rank 0 with shm_open under a unique name,
-//   mapped by every rank, and unlinked by rank 0 as soon as every rank said (through the
-//   Store) that it mapped it: once Context::create has returned on rank 0 nothing is left in
-//   /dev/shm even if the job is SIGKILLed. Threads-as-ranks map it too (each its own
-//   mapping); same code path.
+// - One segment per Context (or host), created by rank 0 and shared so that nothing is left
+//   behind whenever the job is SIGKILLed (an anonymous memfd; a named segment unlinked once
+//   every rank mapped it where that is refused: segment.h). Threads-as-ranks map it too
+//   (each its own mapping); same code path.
 // - Layout: a header (abort flag, sleeper count), then per rank a control block (its counters,
 //   its futex word, its pid) and `kSlots` staging slots of `slotBytes` each.
 // - A collective is a sequence of *steps*; every rank runs the same steps in the same order
@@ -52,11 +51,15 @@ class Transport;
 
 namespace loom::comm::shm {
 
+class Segment;
+
 struct ArenaOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string keyPrefix = "comm/shm";
-  // Staging bytes per rank per slot (LOOM_SHM_SLOT_BYTES overrides).
-  size_t slotBytes = 256 << 10;
+  // Staging bytes per rank per slot; 0 = 2 MiB up to 4 ranks, 1 MiB beyond (large
+  // collectives fill a whole slot per step, smaller ones use 256 KiB chunks; see
+  // shm_collectives.h). LOOM_SHM_SLOT_BYTES overrides.
+  size_t slotBytes = 0;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
@@ -82,7 +85,8 @@ class Arena {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
-  const std::string& segmentName() const { return name_; }
+  // "memfd:<pid>:<fd>", or the POSIX name when the memfd could not be shared (segment.h).
+  const std::string& segmentName() const;
 
   // The transport to poll for local failure (Context::abort) while waiting; may be null.
   void setTransport(Transport* transport) { transport_ = transport; }
@@ -132,7 +136,7 @@ class Arena {
   struct Header;
   struct Control;
 
-  Arena(int rank, int size, size_t slotBytes, std::string name, void* base, size_t mapBytes);
+  Arena(int rank, int size, size_t slotBytes, std::unique_ptr<Segment> segment);
 
   Control& control(int rank) const;
   // Waits until counter(peer) >= target; `what` names the phase for messages.
@@ -148,9 +152,8 @@ class Arena {
   const int rank_;
   const int size_;
   const size_t slotBytes_;
-  const std::string name_;
+  std::unique_ptr<Segment> segment_;
   void* base_;
-  const size_t mapBytes_;
   Header* header_;
   uint64_t step_ = 0;
   int64_t spinNs_;   // LOOM_SHM_SPIN_US overrides

@@ -9,8 +9,8 @@
 // leader broadcasts the result within its host through the arena. A host with one rank skips
 // the shared-memory steps. avg is a sum everywhere and one division at the end.
 //
-// The other collectives run the generic algorithms over tcp in a multi-host Context (same-host
-// pairs still talk over loopback tcp there: there is no shm point-to-point transport yet).
+// The other collectives run the generic algorithms over the Context's transport in a
+// multi-host Context (same-host pairs through the shared-memory transport, the others tcp).
 #pragma once
 
 #include <cstddef>

@@ -29,6 +29,10 @@ class Arena;
 
 // Chunks at or below this many bytes per rank are reduced whole by every rank.
 constexpr size_t kSmallBytes = 16 << 10;
+// Collectives moving fewer bytes per rank than kWholeSlotBytes step in chunks of at most
+// kCacheChunkBytes; larger ones use the whole slot (ArenaOptions::slotBytes) per step.
+constexpr size_t kCacheChunkBytes = 256 << 10;
+constexpr size_t kWholeSlotBytes = 8 << 20;
 
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype, ReduceOp op);
