@@ -46,7 +46,7 @@ struct Config {
   bool inPlace = false;  // all-reduce in = out; all-gather input inside the output
   double seconds = 0.5;  // target time per size
   int64_t iters = 0;     // fixed iteration count (0: from --seconds)
-  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)
+  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: the transport default, < 0: autotuning)
 };
 
 double busFactor(const std::string& op, int n) {
@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
   app.add_option("--algo", cfg.algo, "auto, ring, rd, direct, tree, chain");
   app.add_option("--seconds", cfg.seconds, "target time per size");
   app.add_option("--iters", cfg.iters, "fixed iterations per size (default: from --seconds)");
-  app.add_option("--sockbuf", cfg.sockbuf, "socket buffer bytes (default: autotuning)");
+  app.add_option("--sockbuf", cfg.sockbuf,
+                 "socket buffer bytes (default 0: the transport default; -1: kernel autotuning)");
   app.add_flag("--threads", cfg.threads, "ranks as threads of one process (default: processes)");
   app.add_flag("--in-place", cfg.inPlace,
                "all-reduce with in == out, all-gather with the input inside the output");
