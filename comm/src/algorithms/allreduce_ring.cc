@@ -16,10 +16,9 @@
 //   In place, the receives land in a scratch staging area of two segments (steps k and
 //   k + 1, double-buffered); steps 0 and 1 are posted up front, and chunk c of step k + 2 is
 //   posted into chunk c's slot of step k once that one is reduced. Every step-0 chunk is sent
-//   at once in both cases, so the pipe stays full. A chunk of step k + 2 can only reach this
-//   rank before its slot is free if `prev` runs two steps ahead (from 4 ranks on, the only
-//   sizes with a step k + 2);
-//   it then waits in the transport's unexpected queue, which costs a copy, not correctness.
+//   at once in both cases, so the pipe stays full. A chunk of step k + 2 (only from 4 ranks
+//   on) can reach this rank before its slot is free only if `prev` runs two steps ahead; it
+//   then waits in the transport's unexpected queue, which costs a copy, not correctness.
 // - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
 //   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
 //   after its last reduction, so the two phases overlap too. All all-gather receives are
