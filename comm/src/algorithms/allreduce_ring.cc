@@ -12,13 +12,8 @@
 // - Pipelining: the loop walks (step, chunk) in order; as soon as chunk c of step k is
 //   reduced it is sent as chunk c of step k + 1, while later chunks are already arriving.
 //   Out of place, every reduce-scatter receive is posted up front straight into its place in
-//   out and reduced there (out = received (op) in): no staging buffer, no unexpected message.
-//   In place, the receives land in a scratch staging area of two segments (steps k and
-//   k + 1, double-buffered); steps 0 and 1 are posted up front, and chunk c of step k + 2 is
-//   posted into chunk c's slot of step k once that one is reduced. Every step-0 chunk is sent
-//   at once in both cases, so the pipe stays full. A chunk of step k + 2 (only from 4 ranks
-//   on) can reach this rank before its slot is free only if `prev` runs two steps ahead; it
-//   then waits in the transport's unexpected queue, which costs a copy, not correctness.
+//   out and reduced there (out = received (op) in): no window buffer, no unexpected message.
+//   In place, the receives go into `kWindow` window buffers, posted as chunks are consumed.
 // - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
 //   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
 //   after its last reduction, so the two phases overlap too. All all-gather receives are
@@ -34,6 +29,10 @@
 #include "algorithms/algorithms.h"
 
 namespace loom::comm {
+
+namespace {
+constexpr size_t kWindow = 4;  // chunks in flight in the reduce-scatter phase
+}
 
 void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop) {
   const int size = op.size();
@@ -83,45 +82,40 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
 
   // Out of place: every reduce-scatter receive lands straight in its place in out and is
   // reduced there (out = received (op) in), so all of them are posted up front, no message
-  // ever arrives unexpected, and there is no staging buffer. A region of out that is a
+  // ever arrives unexpected, and there is no window buffer. A region of out that is a
   // reduce-scatter target is also an all-gather target, but its all-gather data can only
   // arrive after this rank's partial result for it has left (causality), so they never meet.
-  // In place: the input of out's segments is still needed, so reduce-scatter receives land in
-  // scratch, one segment per step, double-buffered: steps 0 and 1 are posted up front, and
-  // the receive of chunk c of step k + 2 is posted into the slot of chunk c of step k as soon
-  // as that one is reduced (out = out (op) received).
+  // In place: the input of out's segments is still needed, so receives go through a window
+  // of kWindow chunk buffers, posted as chunks are consumed.
   const bool inPlace = in == out;
-  const size_t slotBytes = perChunk * esize;
-  const size_t buffers = std::min<size_t>(steps, 2);
-  uint8_t* staging =
-      inPlace ? static_cast<uint8_t*>(op.context().scratch(slotBytes * chunks * buffers, 0))
-              : nullptr;
-  auto stagingSlot = [&](size_t i) {
-    return staging + ((i / chunks) % buffers * chunks + i % chunks) * slotBytes;
-  };
-  std::vector<RequestPtr> scatterRecvs(totalRecvs);
+  const size_t windowBytes = perChunk * esize;
+  uint8_t* window =
+      inPlace ? static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0)) : nullptr;
+  const size_t ahead = inPlace ? std::min<size_t>(kWindow, totalRecvs) : totalRecvs;
+  std::vector<RequestPtr> scatterRecvs(ahead);
   auto postScatterRecv = [&](size_t i) {
     size_t begin, n;
     scatterChunk(i, begin, n);
-    uint8_t* dst = inPlace ? stagingSlot(i) : at(out, begin * esize);
-    scatterRecvs[i] = op.recv(prev, dst, n * esize, static_cast<uint32_t>(i / chunks));
+    uint8_t* dst = inPlace ? window + (i % kWindow) * windowBytes : at(out, begin * esize);
+    scatterRecvs[i % ahead] = op.recv(prev, dst, n * esize, static_cast<uint32_t>(i / chunks));
   };
-  const size_t ahead = inPlace ? buffers * chunks : totalRecvs;
   for (size_t i = 0; i < ahead; ++i) postScatterRecv(i);
-  // Step 0 sends come straight from the input (segment rank - 1, which no reduce-scatter
-  // receive writes; its all-gather data arrives only after these bytes have left).
-  for (size_t c = 0; c < chunks; ++c) postFirstSend(c);
+  // Step 0 sends come straight from the input. In place they are paced like the receives
+  // (chunk c + kWindow leaves once chunk c arrived), so that they reach the peer's posted
+  // window instead of its unexpected-message queue.
+  const size_t firstSends = inPlace ? std::min<size_t>(kWindow, chunks) : chunks;
+  for (size_t c = 0; c < firstSends; ++c) postFirstSend(c);
 
   for (size_t i = 0; i < totalRecvs; ++i) {
     const size_t k = i / chunks;
     size_t begin, n;
     scatterChunk(i, begin, n);
-    op.wait(scatterRecvs[i]);
-    scatterRecvs[i].reset();
+    op.wait(scatterRecvs[i % ahead]);
     uint8_t* dst = at(out, begin * esize);
     if (inPlace) {
-      reduce(dst, dst, stagingSlot(i), n);
-      if (i + ahead < totalRecvs) postScatterRecv(i + ahead);
+      reduce(dst, dst, window + (i % kWindow) * windowBytes, n);
+      if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
+      if (i + kWindow < chunks) postFirstSend(i + kWindow);
     } else {
       reduce(dst, dst, at(in, begin * esize), n);
     }

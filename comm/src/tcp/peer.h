@@ -36,13 +36,12 @@ struct Hello {
   int32_t size;
 };
 
-// SO_SNDBUF/SO_RCVBUF unless TcpOptions or LOOM_TCP_BUFFER_BYTES say otherwise (the kernel
-// doubles it). Measured on loopback (bench/kernels/README.md): with autotuning the receive
-// buffer grows towards tcp_rmem's maximum (32 MiB), the bytes in flight fall out of the
-// caches, and both kernel copies run from memory; 128 KiB keeps them in L2 and cut the CPU
-// per byte of a 16-64 MiB ring all-reduce by about 15% (0.41-0.45 -> 0.34-0.40 ns/B per
-// rank) and raised single-stream broadcast from 2.7-3.1 to 3.3-4.8 GB/s.
-constexpr size_t kDefaultBufferBytes = 128 << 10;
+// SO_SNDBUF/SO_RCVBUF when TcpOptions::bufferBytes is 0: 0 = the kernel's autotuning, unless
+// LOOM_TCP_BUFFER_BYTES names a size. Measured on loopback (bench/kernels/README.md): a fixed
+// 128 KiB keeps the bytes in flight in cache and lowers the CPU per byte by ~15% when other
+// work competes for the cores, but on a less loaded machine autotuning gave 10-35% more
+// all-reduce busbw (fewer wake-ups), so it stays the default.
+constexpr size_t kDefaultBufferBytes = 0;
 
 constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;

@@ -25,7 +25,7 @@ TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
 namespace {
 
 // SO_SNDBUF/SO_RCVBUF for TcpOptions::bufferBytes == 0: LOOM_TCP_BUFFER_BYTES (a byte count,
-// or "auto" for the kernel's autotuning), else kDefaultBufferBytes.
+// or "auto" for the kernel's autotuning), else kDefaultBufferBytes (0: autotuning).
 int defaultBufferBytes() {
   static const int bytes = [] {
     const char* env = std::getenv("LOOM_TCP_BUFFER_BYTES");
