@@ -26,10 +26,10 @@
 #include <thread>
 #include <vector>
 
-#include "loom/store/file_store.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/socket.h"
+#include "loom/store/file_store.h"
 #include "loom/store/hash_store.h"
 
 namespace {
@@ -43,9 +43,10 @@ struct Config {
   std::vector<size_t> sizes = {8, 65536, 1 << 20, 64 << 20};
   std::string algo = "auto";
   bool threads = false;
+  bool inPlace = false;  // all-reduce in = out; all-gather input inside the output
   double seconds = 0.5;  // target time per size
   int64_t iters = 0;     // fixed iteration count (0: from --seconds)
-  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)
+  int sockbuf = 0;       // SO_SNDBUF/SO_RCVBUF bytes (0: the transport default, < 0: autotuning)
 };
 
 double busFactor(const std::string& op, int n) {
@@ -60,11 +61,14 @@ void runOnce(Context& ctx, const Config& cfg, float* in, float* out, size_t coun
   using namespace loom::comm;
   const int n = ctx.size();
   if (cfg.op == "allreduce") {
-    allreduce(ctx, in, out, count, loom::DType::kFloat32, loom::ReduceOp::kSum, opts);
+    allreduce(ctx, cfg.inPlace ? out : in, out, count, loom::DType::kFloat32, loom::ReduceOp::kSum,
+              opts);
   } else if (cfg.op == "broadcast") {
     broadcast(ctx, out, count, loom::DType::kFloat32, 0, opts);
   } else if (cfg.op == "allgather") {
-    allgather(ctx, in, out, count / n, loom::DType::kFloat32, opts);
+    const size_t part = count / n;
+    allgather(ctx, cfg.inPlace ? out + part * ctx.rank() : in, out, part, loom::DType::kFloat32,
+              opts);
   } else if (cfg.op == "reduce_scatter") {
     reduceScatter(ctx, in, out, count / n, loom::DType::kFloat32, loom::ReduceOp::kSum, opts);
   } else if (cfg.op == "barrier") {
@@ -85,8 +89,9 @@ void rankMain(loom::Store& store, int rank, const Config& cfg) {
   opts.timeout = std::chrono::seconds(60);
   opts.algorithm = loom::comm::parseAlgorithm(cfg.algo);
   if (rank == 0) {
-    std::printf("# %s, %d %s ranks, algo %s, float32\n", cfg.op.c_str(), cfg.ranks,
-                cfg.threads ? "thread" : "process", cfg.algo.c_str());
+    std::printf("# %s, %d %s ranks, algo %s, float32%s\n", cfg.op.c_str(), cfg.ranks,
+                cfg.threads ? "thread" : "process", cfg.algo.c_str(),
+                cfg.inPlace ? ", in place" : "");
     std::printf("%12s %10s %10s %10s %10s %10s %10s %8s %5s\n", "bytes", "median_us", "min_us",
                 "algbw", "busbw", "cpu_us/it", "cpu_s/GB", "csw/it", "sys%");
   }
@@ -197,8 +202,11 @@ int main(int argc, char** argv) {
   app.add_option("--algo", cfg.algo, "auto, ring, rd, direct, tree, chain");
   app.add_option("--seconds", cfg.seconds, "target time per size");
   app.add_option("--iters", cfg.iters, "fixed iterations per size (default: from --seconds)");
-  app.add_option("--sockbuf", cfg.sockbuf, "socket buffer bytes (default: autotuning)");
+  app.add_option("--sockbuf", cfg.sockbuf,
+                 "socket buffer bytes (default 0: the transport default; -1: kernel autotuning)");
   app.add_flag("--threads", cfg.threads, "ranks as threads of one process (default: processes)");
+  app.add_flag("--in-place", cfg.inPlace,
+               "all-reduce with in == out, all-gather with the input inside the output");
   app.add_flag("--pingpong", doPingpong, "raw TCP ping-pong baseline");
   CLI11_PARSE(app, argc, argv);
   if (doPingpong) {

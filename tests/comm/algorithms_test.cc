@@ -83,6 +83,29 @@ TEST_P(ForcedAlgorithm, ThroughEnvironment) {
 INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
                          ::testing::Values("ring", "rd", "direct", "tree", "chain"));
 
+// The ring all-reduce in place stages reduce-scatter receives in two scratch segments and
+// reposts chunk c of step k + 2 into the slot of step k: counts below the world size (empty
+// segments), odd counts, one and many chunks (4096-byte chunks here), world sizes with one,
+// two and three reduce-scatter steps, every dtype and op, twice in a row (scratch reuse).
+TEST(RingInPlace, EveryDTypeOpAndChunking) {
+  for (int size : {2, 3, 4}) {
+    SCOPED_TRACE(detail::str("world size ", size));
+    runWorld(size, [&](Context& ctx) {
+      Checker check(ctx, Algorithm::kRing);
+      for (DType dtype : allDTypes()) {
+        for (ReduceOp op : validOps(dtype)) {
+          for (size_t count :
+               {size_t{1}, static_cast<size_t>(size - 1), size_t{4097}, size_t{3 * 4096 * 4 + 5}}) {
+            check.allreduce({"allreduce", dtype, op, count, true, 0});
+          }
+        }
+      }
+      check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, 200003, true, 0});
+      check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, 200003, true, 0});
+    });
+  }
+}
+
 TEST(ForcedOption, EveryAlgorithmOfEachCollective) {
   for (int size : {3, 4}) {
     runWorld(size, [&](Context& ctx) {

@@ -265,8 +265,10 @@ GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInt
       report("rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.localRank) +
              ", pid " + std::to_string(e.pid) + ") " + e.describe() + " (first failure)");
     }
-    if (stopSignal == 0 && tick && Clock::now() >= nextTick && anyRunning()) {
-      if (auto reason = tick()) {
+    // nextTick moves on even without a tick: otherwise pumpStreams would poll with timeout 0
+    // from the first interval on and this loop would spin, taking a core from the workers.
+    if (stopSignal == 0 && Clock::now() >= nextTick && anyRunning()) {
+      if (auto reason = tick ? tick() : std::nullopt) {
         result.kind = GroupResult::kStopRequested;
         result.stopReason = *reason;
         stopSignal = SIGTERM;

@@ -13,7 +13,9 @@
 //   reduced it is sent as chunk c of step k + 1, while later chunks are already arriving.
 //   Out of place, every reduce-scatter receive is posted up front straight into its place in
 //   out and reduced there (out = received (op) in): no window buffer, no unexpected message.
-//   In place, the receives go into `kWindow` window buffers, posted as chunks are consumed.
+//   In place, the receives go into scratch slots, posted as chunks are consumed: `kWindow`
+//   slots with paced step-0 sends at 2 ranks, two whole steps of slots (all step-0 chunks
+//   sent at once) from 3 ranks on (measurements in bench/kernels/README.md).
 // - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
 //   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
 //   after its last reduction, so the two phases overlap too. All all-gather receives are
@@ -85,25 +87,34 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
   // ever arrives unexpected, and there is no window buffer. A region of out that is a
   // reduce-scatter target is also an all-gather target, but its all-gather data can only
   // arrive after this rank's partial result for it has left (causality), so they never meet.
-  // In place: the input of out's segments is still needed, so receives go through a window
-  // of kWindow chunk buffers, posted as chunks are consumed.
+  // In place: the input of out's segments is still needed, so receives land in `slots`
+  // scratch chunk buffers, receive i in slot i % slots, reposted as chunks are consumed:
+  // - 2 ranks: kWindow slots, and the step-0 sends paced like the receives (chunk c + kWindow
+  //   leaves once chunk c arrived), so that they reach the peer's posted window instead of
+  //   its unexpected-message queue; the small window stays in cache.
+  // - 3 ranks and more: two whole steps of slots (steps k and k + 1, double-buffered), every
+  //   step-0 chunk sent at once: pacing made each chunk wait for the neighbour to be
+  //   scheduled, which costs most when ranks share cores. A chunk of step k + 2 (from 4
+  //   ranks) reaches this rank before its slot is free only if `prev` runs two steps ahead;
+  //   it then waits in the transport's unexpected queue (a copy, not an error).
   const bool inPlace = in == out;
-  const size_t windowBytes = perChunk * esize;
+  const bool paced = inPlace && size == 2;
+  const size_t slotBytes = perChunk * esize;
+  const size_t slots = paced ? kWindow : std::min<size_t>(steps, 2) * chunks;
   uint8_t* window =
-      inPlace ? static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0)) : nullptr;
-  const size_t ahead = inPlace ? std::min<size_t>(kWindow, totalRecvs) : totalRecvs;
+      inPlace ? static_cast<uint8_t*>(op.context().scratch(slotBytes * slots, 0)) : nullptr;
+  const size_t ahead = inPlace ? std::min<size_t>(slots, totalRecvs) : totalRecvs;
   std::vector<RequestPtr> scatterRecvs(ahead);
   auto postScatterRecv = [&](size_t i) {
     size_t begin, n;
     scatterChunk(i, begin, n);
-    uint8_t* dst = inPlace ? window + (i % kWindow) * windowBytes : at(out, begin * esize);
+    uint8_t* dst = inPlace ? window + (i % slots) * slotBytes : at(out, begin * esize);
     scatterRecvs[i % ahead] = op.recv(prev, dst, n * esize, static_cast<uint32_t>(i / chunks));
   };
   for (size_t i = 0; i < ahead; ++i) postScatterRecv(i);
-  // Step 0 sends come straight from the input. In place they are paced like the receives
-  // (chunk c + kWindow leaves once chunk c arrived), so that they reach the peer's posted
-  // window instead of its unexpected-message queue.
-  const size_t firstSends = inPlace ? std::min<size_t>(kWindow, chunks) : chunks;
+  // Step 0 sends come straight from the input (segment rank - 1, which no reduce-scatter
+  // receive writes; its all-gather data arrives only after these bytes have left).
+  const size_t firstSends = paced ? std::min<size_t>(kWindow, chunks) : chunks;
   for (size_t c = 0; c < firstSends; ++c) postFirstSend(c);
 
   for (size_t i = 0; i < totalRecvs; ++i) {
@@ -113,9 +124,9 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
     op.wait(scatterRecvs[i % ahead]);
     uint8_t* dst = at(out, begin * esize);
     if (inPlace) {
-      reduce(dst, dst, window + (i % kWindow) * windowBytes, n);
-      if (i + kWindow < totalRecvs) postScatterRecv(i + kWindow);
-      if (i + kWindow < chunks) postFirstSend(i + kWindow);
+      reduce(dst, dst, window + (i % slots) * slotBytes, n);
+      if (i + slots < totalRecvs) postScatterRecv(i + slots);
+      if (paced && i + kWindow < chunks) postFirstSend(i + kWindow);
     } else {
       reduce(dst, dst, at(in, begin * esize), n);
     }

@@ -36,6 +36,13 @@ struct Hello {
   int32_t size;
 };
 
+// SO_SNDBUF/SO_RCVBUF when TcpOptions::bufferBytes is 0: 0 = the kernel's autotuning, unless
+// LOOM_TCP_BUFFER_BYTES names a size. Measured on loopback (bench/kernels/README.md): a fixed
+// 128 KiB keeps the bytes in flight in cache and lowers the CPU per byte by ~15% when other
+// work competes for the cores, but on a less loaded machine autotuning gave 10-35% more
+// all-reduce busbw (fewer wake-ups), so it stays the default.
+constexpr size_t kDefaultBufferBytes = 0;
+
 constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;
 constexpr size_t kMaxBytesPerPoll = 2 << 20;  // per socket per pass, so threads can take turns

@@ -22,6 +22,26 @@ namespace loom::comm::tcp {
 
 TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
 
+namespace {
+
+// SO_SNDBUF/SO_RCVBUF for TcpOptions::bufferBytes == 0: LOOM_TCP_BUFFER_BYTES (a byte count,
+// or "auto" for the kernel's autotuning), else kDefaultBufferBytes (0: autotuning).
+int defaultBufferBytes() {
+  static const int bytes = [] {
+    const char* env = std::getenv("LOOM_TCP_BUFFER_BYTES");
+    if (env == nullptr || *env == '\0') return static_cast<int>(kDefaultBufferBytes);
+    if (std::strcmp(env, "auto") == 0) return -1;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    LOOM_CHECK(end != env && *end == '\0' && v > 0 && v <= (1L << 30), "LOOM_TCP_BUFFER_BYTES='",
+               env, "' is not valid; expected a byte count in [1, 2^30] or 'auto'");
+    return static_cast<int>(v);
+  }();
+  return bytes;
+}
+
+}  // namespace
+
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
                                                    const TcpOptions& options) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
@@ -50,11 +70,12 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   const int port = net::localPort(listener.fd());
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
+  const int bufferBytes = options.bufferBytes == 0 ? defaultBufferBytes() : options.bufferBytes;
   auto setupSocket = [&](net::Socket sock, int peer) {
     auto p = std::make_unique<Peer>();
     p->rank = peer;
     net::setNoDelay(sock.fd());
-    if (options.bufferBytes > 0) net::setBufferSizes(sock.fd(), options.bufferBytes);
+    if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
     net::setNonBlocking(sock.fd(), true);
     p->addr = net::peerAddressOf(sock.fd());
     p->sock = std::move(sock);

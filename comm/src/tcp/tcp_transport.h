@@ -60,7 +60,9 @@ struct TcpOptions {
   milliseconds timeout{std::chrono::minutes(5)};  // connection setup
   std::string host;                               // address to listen on and publish
   std::string keyPrefix = "loom/tcp";             // Store keys
-  int bufferBytes = 0;                            // SO_SNDBUF/SO_RCVBUF; 0 = kernel autotuning
+  // SO_SNDBUF/SO_RCVBUF: > 0 that size; 0 the default (LOOM_TCP_BUFFER_BYTES if set, else
+  // kDefaultBufferBytes in peer.h, which is 0: kernel autotuning); < 0 autotuning.
+  int bufferBytes = 0;
 };
 
 class TcpRequest;

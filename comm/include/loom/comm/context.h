@@ -35,7 +35,8 @@ struct ContextOptions {
   // Store keys are "<storePrefix>/..."; every Context on one Store needs its own prefix
   // (or a PrefixStore), and the keys of an old Context must not be reused.
   std::string storePrefix = "comm";
-  // SO_SNDBUF/SO_RCVBUF per socket; 0 leaves the kernel's autotuning on, which on Linux
+  // SO_SNDBUF/SO_RCVBUF per socket; 0 takes the tcp transport's default (LOOM_TCP_BUFFER_BYTES
+  // if set, else the kernel's autotuning); a negative value forces autotuning, which on Linux
   // grows the receive buffer up to net.ipv4.tcp_rmem's maximum (32 MiB on the dev VM), more
   // than an explicit size may (capped by net.core.rmem_max, 4 MiB there).
   int socketBufferBytes = 0;
