@@ -2,8 +2,8 @@
 # Runs loom-bench and its peers (Gloo over TCP; Open MPI over shared memory and over TCP) through
 # the same sweep on this machine, in one run, then prints a Markdown table of busbw, time and
 # ratios (Loom / peer) per operation and world size, and draws one SVG plot per pair.
-# Loom runs with LOOM_SHM=0 so that TCP is compared with TCP (Open MPI shm is the reference
-# for what shared memory reaches).
+# Loom runs twice: with LOOM_SHM=0 ("loom tcp", TCP compared with TCP: Gloo, Open MPI tcp) and
+# with its shared-memory path ("loom shm", compared with Open MPI's shared-memory transport).
 #
 # Usage: scripts/peers.sh [options]
 #   --ops "all_reduce broadcast all_gather"   operations (loom-bench --op names)
@@ -14,10 +14,11 @@
 #   --quick                                   -e 16M -f 8 -n 5 -w 2 (a smoke run)
 #   --out DIR                                 results folder (default bench-results/<date>)
 #   --no-setup                                skip scripts/setup.sh --peers
-#   --only "loom gloo mpi"                    which families to run
+#   --only "loom loom-shm gloo mpi"           which families to run
 # Environment: LOOM_BUILD_DIR (default build).
 # Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
-#         DIR/compare.md (raw TCP yardstick + in-place tables), DIR/compare_p50.md (the same
+#         DIR/compare.md (raw TCP yardstick + in-place tables, ratios of loom tcp),
+#         DIR/compare_shm.md (in place, median times, ratios of loom shm), DIR/compare_p50.md (the same
 #         with median times), DIR/compare_out_of_place.md,
 #         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
 set -euo pipefail
@@ -27,7 +28,7 @@ root_dir=$(pwd)
 ops="all_reduce broadcast all_gather"
 ranks="2 4"
 minb=8 maxb=64M factor=4 iters=20 warmup=5 dtype=float
-out="" setup=1 only="loom gloo mpi"
+out="" setup=1 only="loom loom-shm gloo mpi"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -116,6 +117,11 @@ for n in $ranks; do
         port=$((port + 1))
       fi
     fi
+    if [[ " $only " == *" loom-shm "* && -x $bin/loom-bench && -x $bin/loom-run ]]; then
+      run "loom-shm_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
+        "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
+        --series "loom shm" --csv "$out/csv/loom-shm_$tag.csv"
+    fi
     if [[ " $only " == *" gloo "* && -x $bin/gloo_bench ]]; then
       algos=ring
       if [[ $op == all_reduce ]]; then algos="ring bcube ring_chunked halving_doubling"; fi
@@ -156,6 +162,11 @@ if ls "$out"/csv/*.csv >/dev/null 2>&1; then
   # The same with median times (robust against a busy machine's descheduling spikes).
   "$bin/loom-bench-compare" "${baseline[@]}" --in-place --stat p50 "$out"/csv/*.csv \
     >"$out/compare_p50.md"
+  if ls "$out"/csv/loom-shm_*.csv >/dev/null 2>&1; then
+    # Shared memory against shared memory (and against Loom's own tcp), median times.
+    "$bin/loom-bench-compare" --baseline "loom shm" --in-place --stat p50 "$out"/csv/*.csv \
+      >"$out/compare_shm.md"
+  fi
   {
     if [[ -f $out/tcp_baseline.md ]]; then cat "$out/tcp_baseline.md"; fi
     "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
@@ -163,7 +174,7 @@ if ls "$out"/csv/*.csv >/dev/null 2>&1; then
   } | tee "$out/compare.md"
 fi
 echo
-echo "results: $out (compare.md = in place, compare_p50.md, compare_out_of_place.md, plot_*.svg,"
+echo "results: $out (compare.md = in place, compare_p50.md, compare_shm.md, compare_out_of_place.md, plot_*.svg,"
 echo "  logs/, csv/)"
 echo "$failures run(s) failed"
 exit $((failures > 0))
