@@ -34,6 +34,32 @@ void expectContains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }
 
+TEST(Transport, AnAddressThatIsNotThisHostsIsAnError) {
+  // 203.0.113.0/24 is TEST-NET-3: never an address of this machine. Falling back to loopback
+  // would publish an address that peers on other hosts cannot reach, so it must fail loudly.
+  HashStore store;
+  std::string error0;
+  bool rank1Failed = false;
+  std::thread rank1([&] {
+    try {
+      Context::create(store, 1, 2, localOptions(3s));
+    } catch (const Error&) {
+      rank1Failed = true;  // rank 0 never published its address
+    }
+  });
+  try {
+    ContextOptions o = localOptions(3s);
+    o.host = "203.0.113.7";
+    Context::create(store, 0, 2, o);
+  } catch (const IoError& e) {
+    error0 = e.what();
+  }
+  rank1.join();
+  expectContains(error0, "cannot listen on 203.0.113.7");
+  expectContains(error0, "ContextOptions::host");
+  EXPECT_TRUE(rank1Failed);
+}
+
 TEST(Transport, TaggedMessagesMatchByTagInAnyOrder) {
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {

@@ -54,16 +54,29 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   }
   const Deadline deadline(options.timeout);
   std::string host = options.host;
+  const char* hostFrom = "ContextOptions::host";
   if (host.empty()) {
     const char* env = std::getenv("LOOM_HOST");
-    host = env != nullptr && *env != '\0' ? env : net::hostname();
+    if (env != nullptr && *env != '\0') {
+      host = env;
+      hostFrom = "LOOM_HOST";
+    } else {
+      host = net::hostname();
+      hostFrom = nullptr;
+    }
   }
   net::Socket listener;
   try {
     listener = net::listenOn(host, 0);
   } catch (const IoError& e) {
-    LOOM_LOG_WARNING("rank ", rank, ": cannot listen on ", host, " (", e.what(),
-                     "); using 127.0.0.1");
+    // An address the user chose must work: publishing loopback instead would send the peers
+    // of other hosts to themselves. Only the address derived from the hostname falls back.
+    if (hostFrom != nullptr) {
+      LOOM_THROW(IoError, "rank ", rank, ": cannot listen on ", host, " (from ", hostFrom,
+                 "): ", e.what(), "; expected an address of this host");
+    }
+    LOOM_LOG_WARNING("rank ", rank, ": cannot listen on ", host, " (the hostname; ", e.what(),
+                     "); using 127.0.0.1, which only peers on this host can reach (set LOOM_HOST)");
     host = "127.0.0.1";
     listener = net::listenOn(host, 0);
   }

@@ -25,8 +25,9 @@ namespace loom::comm {
 struct ContextOptions {
   // Connection setup and default collective deadline.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Address this rank listens on for peers; empty = derived from the hostname (or
-  // LOOM_SOCKET_IFNAME / LOOM_HOST when set).
+  // Address this rank listens on for peers; empty = LOOM_HOST when set, else the hostname's
+  // address (127.0.0.1 with a warning when that cannot be listened on). An address given here
+  // or in LOOM_HOST that cannot be listened on is an IoError.
   std::string host;
   // Same-host peers use shared memory when available (LOOM_SHM=0 turns it off).
   bool sharedMemory = true;
