@@ -1,5 +1,6 @@
 #include "shm/arena.h"
 
+#include "shm/os.h"
 #include "shm/segment.h"
 
 #include <fcntl.h>
@@ -48,56 +49,11 @@ constexpr int64_t kSameCpuSpinNs = 2000;
 constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
 const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
 
-size_t roundUp(size_t n, size_t to) {
-  return (n + to - 1) / to * to;
-}
-
-std::string readFirstLine(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
 std::string namespaceId(const char* path) {
   char buf[128];
   const ssize_t n = ::readlink(path, buf, sizeof(buf) - 1);
   if (n <= 0) return "?";
   return std::string(buf, static_cast<size_t>(n));
-}
-
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, long timeoutNs) {
-  timespec ts{0, timeoutNs};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futexWakeAll(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// False once `pid` is gone or a zombie (killed but not yet reaped by its parent).
-bool processAlive(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  const std::string stat = readFirstLine(path);
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
-  const char state = stat[paren + 2];
-  return state != 'Z' && state != 'X';
-}
-
-int64_t nowNs() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
-int usableCpus() {
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 }  // namespace

@@ -1,0 +1,238 @@
+// ShmTransport's data path: a request's wait (spin, yield, sleep on the doorbell) and moving
+// bytes between the caller's buffers and the rings (all under mu_).
+#include "shm/shm_transport_impl.h"
+
+namespace loom::comm::shm {
+
+bool ShmRequest::wait(const Deadline& deadline) {
+  if (check()) return true;
+  // Spin, moving data ourselves, while that is cheaper than sleeping; then yield the core
+  // for a while; then sleep (the arena's policy, arena.h). Spinning is futile while the peer
+  // last ran on our own CPU (a loaded machine put both on one core): then yield almost at once.
+  static const int64_t spinNs = []() -> int64_t {
+    if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
+      return std::atoll(env) * 1000;
+    }
+    return -1;
+  }();
+  const bool oversubscribed = t_->local_.size() > static_cast<size_t>(usableCpus());
+  const int peerIndex = t_->indexOf(peer_);
+  const bool sameCpu =
+      t_->control(peerIndex).cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+  const int64_t spin = sameCpu ? 2000 : spinNs >= 0 ? spinNs : oversubscribed ? 3000 : 1000000;
+  const int64_t yield = oversubscribed ? 2000000 : 1000000;
+  {
+    struct Polling {
+      ShmTransport* t;
+      explicit Polling(ShmTransport* tt) : t(tt) { t->beginPolling(); }
+      ~Polling() { t->endPolling(); }
+    } polling(t_);
+    // The budgets count time without progress: a long transfer that keeps moving keeps its
+    // waiter awake (sleeping would cost a wake-up per ring's worth of data).
+    int64_t start = nowNs();
+    int64_t now = start;
+    do {
+      if (t_->tryProgress()) start = nowNs();
+      if (check()) return true;
+      for (int i = 0; i < 16; ++i) LOOM_SHMT_PAUSE();
+    } while ((now = nowNs()) - start < spin);
+    while (now - start < spin + yield && !deadline.expired()) {
+      ::sched_yield();
+      if (t_->tryProgress()) start = nowNs();
+      if (check()) return true;
+      now = nowNs();
+    }
+  }
+  // Then sleep on this rank's doorbell, progressing on every ring of it.
+  ShmTransport::Control& mine = t_->control(t_->me_);
+  for (;;) {
+    t_->tryProgress();
+    if (check()) return true;
+    const auto left = deadline.remaining();
+    if (deadline.expired()) return false;
+    mine.waiters.fetch_add(1);
+    mine.sleeping.fetch_add(1);
+    const uint32_t seen = mine.doorbell.load();
+    if (state_.load(std::memory_order_seq_cst) == kPending && !t_->workVisible()) {
+      const int64_t leftNs = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      futexWait(&mine.doorbell, seen,
+                static_cast<long>(std::clamp<int64_t>(leftNs, 1000, p2p::kHealthPeriodNs)), true);
+    }
+    mine.sleeping.fetch_sub(1);
+    mine.waiters.fetch_sub(1);
+  }
+}
+
+// ---- moving data (all under mu_) ----
+
+bool ShmTransport::progressLocked() {
+  if (failed_.load(std::memory_order_relaxed)) return false;
+  bool moved = false;
+  for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
+    if (i == me_) continue;
+    moved = drainLocked(i) || moved;
+    if (!peers_[i]->sends.empty()) moved = pushSendsLocked(i) || moved;
+    if (failed_.load(std::memory_order_relaxed)) return moved;
+  }
+  return moved;
+}
+
+bool ShmTransport::pushSendsLocked(int i) {
+  Peer& p = *peers_[i];
+  Ring& r = ring(me_, i);
+  uint8_t* data = ringData(me_, i);
+  bool moved = false;
+  for (;;) {
+    const uint64_t tail = r.tail.load(std::memory_order_acquire);
+    bool full = false;
+    while (!p.sends.empty()) {
+      ShmRequest& req = *p.sends.front();
+      size_t space = ringBytes_ - (p.head - tail);
+      if (!p.headerSent) {
+        if (space < p2p::kHeaderBytes) {
+          full = true;
+          break;
+        }
+        const uint64_t header[2] = {req.tag_, req.bytes_};
+        p2p::copyToRing(data, ringBytes_, p.head, header, p2p::kHeaderBytes);
+        p.head += p2p::kHeaderBytes;
+        space -= p2p::kHeaderBytes;
+        p.headerSent = true;
+        p.sent = 0;
+        moved = true;
+      }
+      const size_t padded = roundUp(req.bytes_, 16);
+      const size_t n = std::min(space, padded - p.sent);
+      if (n > 0) {
+        const size_t payload = p.sent < req.bytes_ ? std::min(n, req.bytes_ - p.sent) : 0;
+        if (payload > 0) p2p::copyToRing(data, ringBytes_, p.head, req.data_ + p.sent, payload);
+        p.head += n;
+        p.sent += n;
+        req.progressed(p.sent);
+        moved = true;
+      }
+      if (p.sent < padded) {
+        full = true;
+        break;
+      }
+      req.complete();
+      p.sends.pop_front();
+      p.headerSent = false;
+      notifyCompletion();
+    }
+    if (moved) {
+      control(me_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
+      r.head.store(p.head, std::memory_order_seq_cst);
+      // Wake the receiver when it waits for data, or when it must drain a full ring.
+      if (full || r.readerWaiting.load(std::memory_order_seq_cst) != 0) ringDoorbell(i);
+    }
+    if (!full) {
+      r.writerWaiting.store(0, std::memory_order_relaxed);
+      break;
+    }
+    // Tell the receiver we wait for space, then look once more (it may have drained meanwhile
+    // without seeing the flag).
+    r.writerWaiting.store(1, std::memory_order_seq_cst);
+    if (r.tail.load(std::memory_order_seq_cst) == tail) break;
+  }
+  p.sendsPending.store(!p.sends.empty(), std::memory_order_release);
+  return moved;
+}
+
+bool ShmTransport::drainLocked(int i) {
+  Peer& p = *peers_[i];
+  Ring& r = ring(i, me_);
+  const uint8_t* data = ringData(i, me_);
+  const uint64_t head = r.head.load(std::memory_order_seq_cst);
+  bool moved = false;
+  while (!failed_.load(std::memory_order_relaxed)) {
+    if (!p.in.active) {
+      if (head - p.tail < p2p::kHeaderBytes) break;
+      uint64_t header[2];
+      p2p::copyFromRing(header, data, ringBytes_, p.tail, p2p::kHeaderBytes);
+      p.tail += p2p::kHeaderBytes;
+      moved = true;
+      p.in = Incoming{};
+      p.in.active = true;
+      p.in.tag = header[0];
+      p.in.bytes = header[1];
+      p.in.padded = roundUp(header[1], 16);
+      matchHeaderLocked(i);
+      if (failed_.load(std::memory_order_relaxed)) break;
+      if (p.in.padded == 0) {
+        completeIncomingLocked(i);
+        continue;
+      }
+    }
+    const size_t avail = head - p.tail;
+    if (avail == 0) break;
+    const size_t n = std::min<size_t>(avail, p.in.padded - p.in.got);
+    if (p.in.got < p.in.bytes) {
+      p2p::copyFromRing(p.in.target + p.in.got, data, ringBytes_, p.tail,
+                        std::min(n, p.in.bytes - p.in.got));
+    }
+    p.tail += n;
+    p.in.got += n;
+    moved = true;
+    if (p.in.request) p.in.request->progressed(p.in.got);
+    if (p.in.got == p.in.padded) completeIncomingLocked(i);
+  }
+  if (moved) {
+    control(me_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
+    r.tail.store(p.tail, std::memory_order_seq_cst);
+    if (r.writerWaiting.load(std::memory_order_seq_cst) != 0) ringDoorbell(i);
+  }
+  r.readerWaiting.store(!p.posted.empty() || (p.in.active && p.in.request) ? 1 : 0,
+                        std::memory_order_relaxed);
+  return moved;
+}
+
+void ShmTransport::matchHeaderLocked(int i) {
+  Peer& p = *peers_[i];
+  const uint64_t tag = p.in.tag;
+  auto it =
+      std::find_if(p.posted.begin(), p.posted.end(), [&](const auto& r) { return r->tag_ == tag; });
+  if (it != p.posted.end()) {
+    if ((*it)->bytes_ != p.in.bytes) {
+      failLocked(detail::str("rank ", rank_, ": rank ", p.rank, " sent ", p.in.bytes, " bytes for ",
+                             describeTag(tag), " but this rank receives ", (*it)->bytes_,
+                             " bytes (ranks called the collective with different counts or "
+                             "dtypes)"),
+                 true);
+      return;
+    }
+    p.in.request = std::move(*it);
+    p.posted.erase(it);
+    p.in.target = p.in.request->data_;
+    return;
+  }
+  for (const auto& r : p.posted) {
+    if (tagKind(r->tag_) != tagKind(tag) && tagSeq(r->tag_) == tagSeq(tag) && tagSeq(tag) != 0 &&
+        tagKind(tag) != OpKind::kP2P && tagKind(r->tag_) != OpKind::kP2P) {
+      failLocked(detail::str("rank ", rank_, ": mismatched collectives: rank ", p.rank, " sent ",
+                             describeTag(tag), " while this rank runs ", describeTag(r->tag_)),
+                 true);
+      return;
+    }
+  }
+  auto u = std::make_shared<Unexpected>();
+  u->tag = tag;
+  u->bytes = p.in.bytes;
+  u->data.reset(new uint8_t[std::max<size_t>(p.in.bytes, 1)]);
+  p.in.unexpected = u;
+  p.in.target = u->data.get();
+  p.unexpected.push_back(std::move(u));
+}
+
+void ShmTransport::completeIncomingLocked(int i) {
+  Peer& p = *peers_[i];
+  if (p.in.request) {
+    p.in.request->complete();
+    notifyCompletion();
+  } else if (p.in.unexpected) {
+    p.in.unexpected->complete = true;
+  }
+  p.in = Incoming{};
+}
+
+}  // namespace loom::comm::shm
