@@ -151,6 +151,15 @@ void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, Reduc
   arena.markReduced();
 }
 
+// Stages elements [offset, offset + c) of each of the `size` slices of `in` (slice j starts
+// at element j * count) back to back into `slot`; slice `skip` is left out (-1: none).
+void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, size_t c, size_t es,
+                 int size, int skip = -1) {
+  for (int j = 0; j < size; ++j) {
+    if (j != skip) std::memcpy(slot + j * c * es, at(in, (j * count + offset) * es), c * es);
+  }
+}
+
 }  // namespace
 
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
@@ -237,9 +246,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
     call.done = offset * es;
     arena.acquireSlot(call);
     uint8_t* mine = arena.slot(me, arena.step());
-    for (int j = 0; j < size; ++j) {
-      std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
-    }
+    stageSlices(mine, in, count, offset, c, es, size);
     arena.post(call);
     arena.waitPostedAll(call);
     void* dst = at(out, offset * es);
@@ -336,9 +343,7 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
     if (me == root) {
       arena.acquireSlot(call);
       uint8_t* mine = arena.slot(me, arena.step());
-      for (int j = 0; j < size; ++j) {
-        if (j != me) std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
-      }
+      stageSlices(mine, in, count, offset, c, es, size, /*skip=*/me);
       arena.post(call);
       copy(at(out, offset * es), at(in, (me * count + offset) * es), c * es);
     } else {
@@ -361,9 +366,7 @@ void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void*
     call.done = offset * es;
     arena.acquireSlot(call);
     uint8_t* mine = arena.slot(me, arena.step());
-    for (int j = 0; j < size; ++j) {
-      std::memcpy(mine + j * c * es, at(in, (j * count + offset) * es), c * es);
-    }
+    stageSlices(mine, in, count, offset, c, es, size);
     arena.post(call);
     for (int k = 0; k < size; ++k) {
       const int q = (me + k) % size;
