@@ -1,0 +1,146 @@
+// ProcessGroupTcp's private pieces shared by tcp_backend.cc (running operations, failures) and
+// tcp_handoff.cc (how an operation reaches the thread that runs it): the store keys, the
+// failure-report exchange and the hand-off's timing constants.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/common/deadline.h"
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/store/store.h"
+
+namespace loom::tcp_pg {
+
+inline std::string failureKey(int rank) {
+  return "failure/" + std::to_string(rank);
+}
+
+inline std::string signatureKey(uint64_t seq, int rank) {
+  return "sig/" + std::to_string(seq) + "/" + std::to_string(rank);
+}
+
+// The failure-report exchange through the store. It runs on its own detached thread, which
+// owns copies of everything it touches, so that a store that does not answer (its host is
+// stopped, the network is cut) never holds the worker past its window: the worker waits on
+// `published` and `done` with deadlines and goes on without the reports when they pass. The
+// thread itself ends when the store's own deadline passes.
+struct FailureExchange {
+  std::mutex mu;
+  std::condition_variable changed;
+  bool published = false;
+  bool done = false;
+  std::vector<int> silent;  // ranks with no report within the window
+  std::string reports;      // "\n  rank 1 reported: ..." lines
+  bool anyTimeout = false;  // some rank's failure was a timeout
+  std::string storeError;   // the store failed while reading the reports
+
+  // Publishes `report` under this rank's key, then (when `collect`) waits up to `window` for
+  // the other ranks' keys and reads them.
+  static void run(std::shared_ptr<FailureExchange> self, std::shared_ptr<Store> store, int rank,
+                  int size, std::string report, milliseconds window, bool collect) {
+    try {
+      store->set(failureKey(rank), report);
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING("rank ", rank, ": could not publish the failure report: ", e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->published = true;
+    }
+    self->changed.notify_all();
+    if (!collect) return;
+
+    std::vector<int> silent;
+    std::string reports;
+    bool anyTimeout = false;
+    std::string storeError;
+    try {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) {
+        if (r != rank) keys.push_back(failureKey(r));
+      }
+      if (!keys.empty()) {
+        try {
+          store->wait(keys, window);
+        } catch (const TimeoutError&) {
+        }
+      }
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        if (!store->check({failureKey(r)})) {
+          silent.push_back(r);
+          continue;
+        }
+        const std::string got = store->getString(failureKey(r));
+        const size_t nl = got.find('\n');
+        if (got.substr(0, nl) == "timeout") anyTimeout = true;
+        reports += "\n  rank " + std::to_string(r) +
+                   " reported: " + (nl == std::string::npos ? got : got.substr(nl + 1));
+      }
+    } catch (const std::exception& e) {
+      storeError = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->silent = std::move(silent);
+      self->reports = std::move(reports);
+      self->anyTimeout = anyTimeout;
+      self->storeError = std::move(storeError);
+      self->done = true;
+    }
+    self->changed.notify_all();
+  }
+
+  // Starts run() on a detached thread; returns null when no thread could be started.
+  static std::shared_ptr<FailureExchange> start(std::shared_ptr<Store> store, int rank, int size,
+                                                std::string report, milliseconds window,
+                                                bool collect) {
+    auto self = std::make_shared<FailureExchange>();
+    try {
+      std::thread(run, self, std::move(store), rank, size, std::move(report), window, collect)
+          .detach();
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING("rank ", rank, ": no thread for the failure report: ", e.what());
+      return nullptr;
+    }
+    return self;
+  }
+
+  // Waits until `flag` is set or `until` passes; returns whether it was set.
+  bool waitFor(const bool& flag, Clock::time_point until) {
+    std::unique_lock<std::mutex> lock(mu);
+    return changed.wait_until(lock, until, [&] { return flag; });
+  }
+};
+
+// How often a waiting send / recv batch looks for more send / recv operations to start:
+// every kP2PSliceMin at first, backing off to kP2PSliceMax while nothing changes.
+constexpr milliseconds kP2PSliceMin{1};
+constexpr milliseconds kP2PSliceMax{10};
+
+// Extra time the store gets beyond the report window before the worker gives up on it: at
+// most half the window, so that window + slack <= 0.75 x the timeout and a failure is raised
+// within 1.75 x the timeout.
+inline constexpr milliseconds kStoreSlack{500};
+inline milliseconds storeSlack(milliseconds window) {
+  return std::min(kStoreSlack, window / 2);
+}
+
+// The hand-off (see tcp_backend.h): how long the worker leaves a fresh lone operation to its
+// waiter, how long it naps while waiters run operations, and for how long after the last
+// inline run it keeps napping. A waiter calls wait() within a microsecond of issuing in the
+// usual issue-then-wait code; the grace only has to cover a preempted caller now and then.
+inline constexpr std::chrono::microseconds kGrace{50};
+inline constexpr std::chrono::microseconds kNap{1000};
+inline constexpr milliseconds kHotWindow{5};
+
+}  // namespace loom::tcp_pg

@@ -1,0 +1,213 @@
+// ProcessGroupTcp's hand-off: how an operation gets from the thread that issues it to the
+// thread that runs it (the worker, or the waiter itself; tcp_backend.h and docs/handoff.md).
+#include <algorithm>
+#include <utility>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/process_group/tcp_backend.h"
+#include "tcp_backend_impl.h"
+
+namespace loom {
+
+using namespace tcp_pg;
+
+namespace {
+
+// A Work that lets its waiter run the operation (see the hand-off in tcp_backend.h): the
+// unbounded wait() runs the queue up to this operation inline when nothing runs, and a wait
+// that is about to sleep tells the worker to start the queue at once.
+class TcpWork final : public Work {
+ public:
+  TcpWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
+      : Work(opTypeName(op.type), op.seq, rank), group_(std::move(group)) {}
+
+ protected:
+  bool runInline() override {
+    auto group = group_.lock();
+    return group && static_cast<ProcessGroupTcp&>(*group).runInline(this);
+  }
+  void beforeSleep() override {
+    if (auto group = group_.lock()) static_cast<ProcessGroupTcp&>(*group).wakeForWaiter(this);
+  }
+  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
+  void onWaitTimeout(const std::string& reason) override {
+    if (auto group = group_.lock()) group->abort(reason);
+  }
+
+ private:
+  std::weak_ptr<ProcessGroup> group_;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
+  // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
+  // runs (and a bounded wait that expires cannot abort the group).
+  auto work = std::make_shared<TcpWork>(op, rank(), weak_from_this());
+  bool queued = false;
+  bool wake = false;
+  std::string cause;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) {
+      cause = brokenCause_;
+    } else {
+      queue_.push_back(Item{op, work, queue_.empty() && !running_, TimePoint{}});
+      queued = true;
+      wake = workerNeedsWakeLocked();
+      stats_.issueWakes += wake;
+    }
+  }
+  if (queued) {
+    if (wake) wake_.notify_all();
+    return work;
+  }
+  // A broken group fails at once, without touching the queue.
+  work->markFailed(std::make_exception_ptr(
+      IoError(who() + ": " + op.describe() + " was not run: the group failed earlier: " + cause)));
+  return work;
+}
+
+bool ProcessGroupTcp::workerNeedsWakeLocked() const {
+  if (running_ || workerState_ == WorkerState::kBusy) {
+    // The worker looks at the queue before it waits again; the thread running an operation
+    // inline wakes it when it is done (runInline).
+    return false;
+  }
+  if (workerState_ == WorkerState::kSleeping || stopping_ || broken_ || urgent_) return true;
+  // Napping: it comes back on its own within the nap; a lone fresh operation is left to its
+  // waiter. More than one queued means nobody waited: start now.
+  return queue_.size() > 1;
+}
+
+void ProcessGroupTcp::workerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    workerState_ = WorkerState::kBusy;
+    const TimePoint now = Clock::now();
+    if (stats_.inlineRuns != inlineSeen_) {
+      inlineSeen_ = stats_.inlineRuns;
+      inlineSeenAt_ = now;
+    }
+    const bool hot = nap_.count() > 0 && now - inlineSeenAt_ < kHotWindow;
+    if (running_) {
+      // A waiter runs an operation inline; it wakes the worker when it is done and work is
+      // left. Napping (not sleeping) while waiters run operations keeps the next issue from
+      // having to wake the worker.
+      ++stats_.workerWaits;
+      if (hot) {
+        workerState_ = WorkerState::kNapping;
+        wake_.wait_for(lock, nap_);
+      } else {
+        workerState_ = WorkerState::kSleeping;
+        wake_.wait(lock);
+      }
+      continue;
+    }
+    // ctx_ is still set while broken only after abort() with no failed operation.
+    if (broken_ && ctx_) {
+      const std::string cause = brokenCause_;
+      running_ = true;
+      lock.unlock();
+      const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
+      auto exchange =
+          FailureExchange::start(store(), rank(), size(), "io\n" + cause, window, false);
+      if (exchange) exchange->waitFor(exchange->published, Clock::now() + window);
+      std::shared_ptr<comm::Context> closing;
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        closing = std::move(ctx_);
+      }
+      closing.reset();  // outside the lock: the connections close
+      lock.lock();
+      running_ = false;
+      continue;
+    }
+    if (queue_.empty()) {
+      urgent_ = false;
+      if (stopping_) break;  // the queue is drained
+      ++stats_.workerWaits;
+      if (hot) {
+        workerState_ = WorkerState::kNapping;
+        wake_.wait_for(lock, nap_);
+      } else {
+        workerState_ = WorkerState::kSleeping;
+        wake_.wait(lock);
+      }
+      continue;
+    }
+    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front().lone && !urgent_ && !stopping_ &&
+        !broken_) {
+      TimePoint& seen = queue_.front().seen;
+      if (seen == TimePoint{}) seen = now;
+      const TimePoint due = seen + grace_;
+      if (now < due) {
+        // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).
+        workerState_ = WorkerState::kNapping;
+        ++stats_.workerWaits;
+        ++stats_.graceWaits;
+        wake_.wait_until(lock, due);
+        continue;
+      }
+    }
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    ++stats_.workerRuns;
+    lock.unlock();
+    execute(item);
+    item = Item{};  // drop the buffers' Work outside the lock
+    lock.lock();
+    running_ = false;
+  }
+  workerState_ = WorkerState::kBusy;
+}
+
+bool ProcessGroupTcp::runInline(const Work* work) {
+  for (;;) {
+    Item item;
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ || broken_ || queue_.empty()) return false;
+      mine = queue_.front().work.get() == work;
+      if (!mine && std::none_of(queue_.begin(), queue_.end(),
+                                [&](const Item& i) { return i.work.get() == work; })) {
+        return false;  // not queued: running on the worker, or done
+      }
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      ++stats_.inlineRuns;
+    }
+    execute(item);
+    item = Item{};
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      if (queue_.empty()) urgent_ = false;
+      wake = workerState_ != WorkerState::kBusy &&
+             (!queue_.empty() || broken_ || stopping_ || urgent_);
+    }
+    if (wake) wake_.notify_all();
+    if (mine) return true;
+  }
+}
+
+void ProcessGroupTcp::wakeForWaiter(const Work* work) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::any_of(queue_.begin(), queue_.end(),
+                    [&](const Item& i) { return i.work.get() == work; })) {
+      urgent_ = true;
+      wake = !running_ && workerState_ != WorkerState::kBusy;
+      stats_.waiterWakes += wake;
+    }
+  }
+  if (wake) wake_.notify_all();
+}
+
+}  // namespace loom
