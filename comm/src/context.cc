@@ -171,6 +171,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.host = options.host;
   topts.keyPrefix = options.storePrefix + "/tcp";
   topts.bufferBytes = options.socketBufferBytes;
+  topts.busyPollUs = options.busyPollUs;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
                                        setupSharedMemory(store, rank, size, options));

@@ -1,4 +1,5 @@
-// The tcp transport and the error paths of the collectives, with thread ranks: tagged
+// The transport and the error paths of the collectives, with thread ranks (ctest runs it once
+// with same-host shared memory, as by default, and once with LOOM_SHM=0 for tcp): tagged
 // matching and the unexpected-message queue, receives posted before the data, large
 // messages, size and collective mismatches, timeout messages (operation, sequence number,
 // peer, bytes outstanding), abort from another thread and its propagation to peers.
@@ -10,6 +11,9 @@
 #include <latch>
 #include <numeric>
 #include <thread>
+#include <vector>
+
+#include <time.h>
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
@@ -371,6 +375,82 @@ TEST(Transport, TwoContextsOnOneStoreWithPrefixes) {
       ASSERT_EQ(y, 20);
     }
   });
+}
+
+// Both ways of waiting deliver the same bytes: blocking in poll() at once (busyPollUs 0) and
+// polling without blocking while bytes move (the default), on messages that cross the socket
+// buffers many times, in both directions at once.
+TEST(Transport, BusyAndBlockingWaitersDeliverTheSameBytes) {
+  for (int busyUs : {0, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "busyPollUs " << busyUs);
+    HashStore store;
+    const size_t n = (size_t{24} << 20) + 5;
+    loom::testing::runThreadRanks(2, [&](int rank) {
+      ContextOptions o = localOptions();
+      o.sharedMemory = false;  // the tcp transport's waiters
+      o.busyPollUs = busyUs;
+      auto ctx = Context::create(store, rank, 2, o);
+      Transport& t = ctx->transport();
+      const Deadline deadline(60s);
+      const int peer = 1 - rank;
+      std::vector<uint8_t> out(n), in(n);
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(i * 13 + rank);
+      for (uint64_t round = 1; round <= 3; ++round) {
+        auto r = t.irecv(peer, in.data(), n, round);
+        auto s = t.isend(peer, out.data(), n, round);
+        ASSERT_TRUE(r->wait(deadline));
+        ASSERT_TRUE(s->wait(deadline));
+        for (size_t i = 0; i < n; i += 4099) {
+          ASSERT_EQ(in[i], static_cast<uint8_t>(i * 13 + peer)) << "byte " << i;
+        }
+        ASSERT_EQ(in[n - 1], static_cast<uint8_t>((n - 1) * 13 + peer));
+      }
+    });
+  }
+}
+
+// A waiter polls without blocking only while bytes move: waiting on a peer that sends nothing
+// for a while must block after busyPollUs, not burn the core until the message comes.
+TEST(Transport, BusyWaiterBlocksOnceNothingMoves) {
+  HashStore store;
+  std::atomic<double> waiterCpuMs{-1};
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o = localOptions();
+    o.sharedMemory = false;  // the tcp transport's waiters
+    o.busyPollUs = 2000;
+    auto ctx = Context::create(store, rank, 2, o);
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> buf(size_t{1} << 20, 7);
+    if (rank == 0) {
+      std::this_thread::sleep_for(600ms);
+      ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 1)->wait(deadline));
+    } else {
+      timespec before{}, after{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &before);
+      ASSERT_TRUE(t.irecv(0, buf.data(), buf.size(), 1)->wait(deadline));
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &after);
+      waiterCpuMs = static_cast<double>(after.tv_sec - before.tv_sec) * 1e3 +
+                    static_cast<double>(after.tv_nsec - before.tv_nsec) * 1e-6;
+    }
+  });
+  // About 2 ms of polling, then blocked; receiving 1 MiB costs well under 100 ms of CPU even
+  // on a loaded machine, while polling for the whole 600 ms would cost several hundred.
+  EXPECT_GE(waiterCpuMs.load(), 0.0);
+  EXPECT_LT(waiterCpuMs.load(), 200.0) << "the waiter kept polling while nothing moved";
+}
+
+TEST(Transport, BusyPollOutOfRangeIsAnError) {
+  HashStore store;
+  ContextOptions o = localOptions(2s);
+  o.busyPollUs = 20'000'000;
+  try {
+    Context::create(store, 0, 1, o);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgumentError& e) {
+    expectContains(e.what(), "busyPollUs 20000000");
+    expectContains(e.what(), "expected at most 10000000");
+  }
 }
 
 TEST(Transport, ContextSetupTimesOutNamingMissingRanks) {

@@ -43,6 +43,13 @@ struct Hello {
 // all-reduce busbw (fewer wake-ups), so it stays the default.
 constexpr size_t kDefaultBufferBytes = 0;
 
+// TcpOptions::busyPollUs when neither the option nor LOOM_TCP_BUSY_US sets it. A thread that
+// blocks in poll() and is woken by the next segment costs tens of µs per wake-up on a VM
+// (the idle vCPU halts); polling while bytes flow gave loopback broadcast and all-reduce
+// 1.2-1.8x the bandwidth at 1-64 MiB on the 2-core dev VM (docs/bench.md). Between passes
+// the poller yields, so ranks sharing a core still take turns.
+constexpr int kDefaultBusyPollUs = 1000;
+
 constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;
 constexpr size_t kMaxBytesPerPoll = 2 << 20;  // per socket per pass, so threads can take turns

@@ -1,6 +1,8 @@
-// Who moves the bytes: pollPeer (a spinning waiter, try-lock), drive (a blocked waiter, in
-// poll()), and the progress thread's epoll loop (when nobody waits).
+// Who moves the bytes: pollPeer (a spinning waiter, try-lock), drive (a waiter: first busy
+// polling every socket while bytes move, then blocked in poll()), and the progress thread's
+// epoll loop (when nobody waits).
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -59,6 +61,39 @@ void TcpTransport::endWait() {
   driving_.fetch_sub(1);
 }
 
+template <typename Done>
+bool TcpTransport::driveBusy(const Done& done, Clock::time_point end) {
+  auto lastMoved = Clock::now();
+  uint64_t seen = moved_.load(std::memory_order_relaxed);
+  for (;;) {
+    for (auto& p : peers_) {
+      if (!p || !p->inEpoll.load(std::memory_order_relaxed)) continue;
+      std::string error;
+      if (!p->readPaused.load(std::memory_order_relaxed)) {
+        std::unique_lock<std::mutex> lock(p->recvMu, std::try_to_lock);
+        if (lock.owns_lock()) error = progressRecvLocked(*p);
+      }
+      if (error.empty() && p->sendPending.load(std::memory_order_relaxed)) {
+        std::unique_lock<std::mutex> lock(p->sendMu, std::try_to_lock);
+        if (lock.owns_lock()) error = progressSendLocked(*p);
+      }
+      if (!error.empty()) fail(error, true);
+    }
+    if (done()) return true;
+    const auto now = Clock::now();
+    if (now >= end) return false;
+    const uint64_t moved = moved_.load(std::memory_order_relaxed);
+    if (moved != seen) {
+      seen = moved;
+      lastMoved = now;
+    } else if (now - lastMoved > busy_) {
+      return false;
+    }
+    // Another rank of this host may need this core to produce what we wait for.
+    sched_yield();
+  }
+}
+
 bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
   auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
   std::vector<pollfd> fds;
@@ -66,6 +101,7 @@ bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point e
   fds.reserve(peers_.size() + 1);
   ranks.reserve(peers_.size() + 1);
   bool finished = done();
+  if (!finished && busy_.count() > 0) finished = driveBusy(done, end);
   while (!finished) {
     fds.clear();
     ranks.clear();

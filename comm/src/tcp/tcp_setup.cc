@@ -40,13 +40,31 @@ int defaultBufferBytes() {
   return bytes;
 }
 
+// TcpOptions::busyPollUs when the option is < 0: LOOM_TCP_BUSY_US, else kDefaultBusyPollUs.
+int defaultBusyPollUs() {
+  static const int us = [] {
+    const char* env = std::getenv("LOOM_TCP_BUSY_US");
+    if (env == nullptr || *env == '\0') return kDefaultBusyPollUs;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    LOOM_CHECK(end != env && *end == '\0' && v >= 0 && v <= 10'000'000, "LOOM_TCP_BUSY_US='", env,
+               "' is not valid; expected microseconds in [0, 10000000] (0 blocks at once)");
+    return static_cast<int>(v);
+  }();
+  return us;
+}
+
 }  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
                                                    const TcpOptions& options) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
+  LOOM_CHECK(options.busyPollUs <= 10'000'000, "busyPollUs ", options.busyPollUs,
+             " is out of range; expected at most 10000000 µs (or < 0 for the default)");
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
+  t->busy_ =
+      std::chrono::microseconds(options.busyPollUs >= 0 ? options.busyPollUs : defaultBusyPollUs());
   t->peers_.resize(size);
   if (size == 1) {
     t->start();

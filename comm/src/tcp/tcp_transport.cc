@@ -172,6 +172,7 @@ std::string TcpTransport::progressSendLocked(Peer& p) {
           err == EPIPE || err == ECONNRESET ? " (the peer process exited, crashed or aborted)"
                                             : "");
     }
+    moved_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
     p.sendOffset += static_cast<size_t>(w);
     if (p.sendOffset < total) {
       req.setDone(p.sendOffset > sizeof(Header) ? p.sendOffset - sizeof(Header) : 0);
@@ -342,6 +343,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
       r = ::recv(p.sock.fd(), p.stage.get(), kStageBytes, MSG_DONTWAIT);
     }
     if (r > 0) {
+      moved_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
       budget -= std::min(budget, static_cast<size_t>(r));
       if (direct) {
         p.target += r;

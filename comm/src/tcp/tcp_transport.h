@@ -19,7 +19,10 @@
 //   EPOLLOUT while a send queue is non-empty). A thread waiting on a Request first spins for
 //   up to LOOM_SPIN_US (default 50 µs; only for messages up to 64 KiB) driving that peer's
 //   socket itself (try-lock, so it never blocks the progress thread). Then it drives all the
-//   sockets itself, blocked in poll() (on the sockets and a notification eventfd), while the
+//   sockets itself: first busy, with non-blocking passes over every socket (yielding between
+//   passes) for as long as bytes keep moving and until TcpOptions::busyPollUs passes without
+//   any (so a transfer never waits on a wake-up, which costs tens of µs on a VM), then
+//   blocked in poll() (on the sockets and a notification eventfd), while the
 //   progress thread stands aside (it idles while `driving_` > 0, and for kLinger after the
 //   last wait ended, waking only on its timeout: no eventfd write, no wake-up per wait). So a
 //   small message
@@ -63,6 +66,10 @@ struct TcpOptions {
   // SO_SNDBUF/SO_RCVBUF: > 0 that size; 0 the default (LOOM_TCP_BUFFER_BYTES if set, else
   // kDefaultBufferBytes in peer.h, which is 0: kernel autotuning); < 0 autotuning.
   int bufferBytes = 0;
+  // How long a waiter keeps polling the sockets without blocking after bytes last moved, in
+  // µs: >= 0 that long (0: block at once); < 0 the default (LOOM_TCP_BUSY_US if set, else
+  // kDefaultBusyPollUs in peer.h).
+  int busyPollUs = -1;
 };
 
 class TcpRequest;
@@ -96,6 +103,10 @@ class TcpTransport : public Transport {
   // blocking in poll(), until `state` leaves pending or `end` passes. Returns true when it
   // left pending.
   bool drive(const std::atomic<uint32_t>& state, Clock::time_point end);
+  // The busy phase of drive(): non-blocking passes over every socket, yielding the core
+  // between passes, until done() or `end`, or until no byte moved for busy_.
+  template <typename Done>
+  bool driveBusy(const Done& done, Clock::time_point end);
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
 
@@ -125,6 +136,8 @@ class TcpTransport : public Transport {
   int notifyFd_ = -1;                    // eventfd: a request completed while its waiter drives
   std::atomic<int> driving_{0};          // threads inside a wait; the progress thread idles then
   std::atomic<int64_t> lastWaitEnd_{0};  // steady clock ns when the last wait ended
+  std::atomic<uint64_t> moved_{0};       // bytes sent + received, for the busy phase of drive()
+  Clock::duration busy_{0};              // see TcpOptions::busyPollUs
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

@@ -41,6 +41,11 @@ struct ContextOptions {
   // grows the receive buffer up to net.ipv4.tcp_rmem's maximum (32 MiB on the dev VM), more
   // than an explicit size may (capped by net.core.rmem_max, 4 MiB there).
   int socketBufferBytes = 0;
+  // How long (µs) a thread waiting on a TCP transfer keeps polling the sockets without
+  // blocking after bytes last moved, yielding the core between passes: < 0 the default
+  // (LOOM_TCP_BUSY_US if set, else 1000); 0 blocks in poll() at once (less CPU, more latency
+  // and lower bandwidth where wake-ups are slow, as on VMs).
+  int busyPollUs = -1;
 };
 
 class Transport;
