@@ -61,47 +61,19 @@ void TcpTransport::endWait() {
   driving_.fetch_sub(1);
 }
 
-template <typename Done>
-bool TcpTransport::driveBusy(const Done& done, Clock::time_point end) {
-  auto lastMoved = Clock::now();
-  uint64_t seen = moved_.load(std::memory_order_relaxed);
-  for (;;) {
-    for (auto& p : peers_) {
-      if (!p || !p->inEpoll.load(std::memory_order_relaxed)) continue;
-      std::string error;
-      if (!p->readPaused.load(std::memory_order_relaxed)) {
-        std::unique_lock<std::mutex> lock(p->recvMu, std::try_to_lock);
-        if (lock.owns_lock()) error = progressRecvLocked(*p);
-      }
-      if (error.empty() && p->sendPending.load(std::memory_order_relaxed)) {
-        std::unique_lock<std::mutex> lock(p->sendMu, std::try_to_lock);
-        if (lock.owns_lock()) error = progressSendLocked(*p);
-      }
-      if (!error.empty()) fail(error, true);
-    }
-    if (done()) return true;
-    const auto now = Clock::now();
-    if (now >= end) return false;
-    const uint64_t moved = moved_.load(std::memory_order_relaxed);
-    if (moved != seen) {
-      seen = moved;
-      lastMoved = now;
-    } else if (now - lastMoved > busy_) {
-      return false;
-    }
-    // Another rank of this host may need this core to produce what we wait for.
-    sched_yield();
-  }
-}
-
 bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
   auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
   std::vector<pollfd> fds;
   std::vector<int> ranks;
   fds.reserve(peers_.size() + 1);
   ranks.reserve(peers_.size() + 1);
+  // Busy phase first: poll() without a timeout (it reads the sockets' state without taking
+  // their locks, unlike a recv or send that would fail) while bytes keep moving, yielding the
+  // core when nothing is ready; blocked in poll() once busy_ passes without progress.
+  bool busy = busy_.count() > 0;
+  auto lastMoved = Clock::now();
+  uint64_t seen = moved_.load(std::memory_order_relaxed);
   bool finished = done();
-  if (!finished && busy_.count() > 0) finished = driveBusy(done, end);
   while (!finished) {
     fds.clear();
     ranks.clear();
@@ -117,9 +89,18 @@ bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point e
     ranks.push_back(-1);
     const auto now = Clock::now();
     if (now >= end) break;
+    if (busy) {
+      const uint64_t moved = moved_.load(std::memory_order_relaxed);
+      if (moved != seen) {
+        seen = moved;
+        lastMoved = now;
+      } else if (now - lastMoved > busy_) {
+        busy = false;
+      }
+    }
     const auto left = std::chrono::duration_cast<milliseconds>(end - now).count() + 1;
-    const int ready =
-        ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, 100)));
+    const int timeout = busy ? 0 : static_cast<int>(std::min<int64_t>(left, 100));
+    const int ready = ::poll(fds.data(), fds.size(), timeout);
     if (ready > 0) {
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
@@ -140,6 +121,9 @@ bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point e
         }
         if (!error.empty()) fail(error, true);
       }
+    } else if (busy) {
+      // Another rank of this host may need this core to produce what we wait for.
+      sched_yield();
     }
     finished = done();
   }

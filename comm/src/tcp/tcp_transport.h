@@ -100,13 +100,9 @@ class TcpTransport : public Transport {
   void beginWait(const TcpRequest* request);
   void endWait();
   // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
-  // blocking in poll(), until `state` leaves pending or `end` passes. Returns true when it
-  // left pending.
+  // polling without blocking while bytes move (busy_), then blocking in poll(), until `state`
+  // leaves pending or `end` passes. Returns true when it left pending.
   bool drive(const std::atomic<uint32_t>& state, Clock::time_point end);
-  // The busy phase of drive(): non-blocking passes over every socket, yielding the core
-  // between passes, until done() or `end`, or until no byte moved for busy_.
-  template <typename Done>
-  bool driveBusy(const Done& done, Clock::time_point end);
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
 
