@@ -40,7 +40,8 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   checkBuffer(in, count, "allreduce", "input");
   checkBuffer(out, count, "allreduce", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kAllreduce, opts.algorithm, bytes, ctx.size());
+  const Algorithm algo = selectAlgorithm(OpKind::kAllreduce, opts.algorithm,
+                                         environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -69,7 +70,8 @@ void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
   checkRoot(ctx, root, "broadcast");
   checkBuffer(buf, count, "broadcast", "buffer");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kBroadcast, opts.algorithm, bytes, ctx.size());
+  const Algorithm algo = selectAlgorithm(OpKind::kBroadcast, opts.algorithm,
+                                         environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0 || ctx.size() == 1) return;
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::broadcast(*arena, opts, buf, count, dtype, root);
@@ -92,7 +94,8 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   checkBuffer(in, count, "reduce", "input");
   if (ctx.rank() == root) checkBuffer(out, count, "reduce", "output on the root");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kReduce, opts.algorithm, bytes, ctx.size());
+  const Algorithm algo = selectAlgorithm(OpKind::kReduce, opts.algorithm, environmentAlgorithm(ctx),
+                                         bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -111,7 +114,8 @@ void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   checkBuffer(in, count, "allgather", "input");
   checkBuffer(out, count, "allgather", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kAllgather, opts.algorithm, bytes, ctx.size());
+  const Algorithm algo = selectAlgorithm(OpKind::kAllgather, opts.algorithm,
+                                         environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -131,7 +135,8 @@ void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType 
   checkBuffer(in, count, "reduce_scatter", "input");
   checkBuffer(out, count, "reduce_scatter", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kReduceScatter, opts.algorithm, bytes, ctx.size());
+  const Algorithm algo = selectAlgorithm(OpKind::kReduceScatter, opts.algorithm,
+                                         environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -151,7 +156,8 @@ void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   checkBuffer(in, count, "gather", "input");
   if (ctx.rank() == root) checkBuffer(out, count, "gather", "output on the root");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kGather, opts.algorithm, bytes, ctx.size());
+  (void)selectAlgorithm(OpKind::kGather, opts.algorithm, environmentAlgorithm(ctx), bytes,
+                        ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -170,7 +176,8 @@ void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
   if (ctx.rank() == root) checkBuffer(in, count, "scatter", "input on the root");
   checkBuffer(out, count, "scatter", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kScatter, opts.algorithm, bytes, ctx.size());
+  (void)selectAlgorithm(OpKind::kScatter, opts.algorithm, environmentAlgorithm(ctx), bytes,
+                        ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);
@@ -188,7 +195,8 @@ void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype
   checkBuffer(in, count, "alltoall", "input");
   checkBuffer(out, count, "alltoall", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kAlltoall, opts.algorithm, bytes, ctx.size());
+  (void)selectAlgorithm(OpKind::kAlltoall, opts.algorithm, environmentAlgorithm(ctx), bytes,
+                        ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
     copyIfDifferent(out, in, bytes);

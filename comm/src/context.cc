@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/select.h"
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
@@ -40,8 +41,9 @@ struct SharedMemory {
 
 class ContextImpl : public Context {
  public:
-  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared)
-      : rank_(rank), size_(size), shared_(std::move(shared)) {
+  ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared,
+              Algorithm envAlgorithm)
+      : rank_(rank), size_(size), envAlgorithm_(envAlgorithm), shared_(std::move(shared)) {
     // Same-host peers get point-to-point over shared memory, the others keep tcp.
     if (shared_.p2p) {
       transport_ =
@@ -64,6 +66,7 @@ class ContextImpl : public Context {
   shm::Arena* arena() { return shared_.singleHost ? shared_.arena.get() : nullptr; }
   const shm::Hierarchy* hierarchy() { return shared_.hierarchical ? &shared_.hierarchy : nullptr; }
   Transport& transport() override { return *transport_; }
+  Algorithm envAlgorithm() const { return envAlgorithm_; }
 
   void* scratch(size_t bytes, int slot) override {
     LOOM_CHECK(slot >= 0 && slot < kSlots, "scratch slot ", slot, " out of range");
@@ -86,6 +89,7 @@ class ContextImpl : public Context {
   };
   const int rank_;
   const int size_;
+  const Algorithm envAlgorithm_;  // LOOM_ALGO at creation (kAuto: none)
   SharedMemory shared_;
   std::unique_ptr<Transport> transport_;
   std::array<Buffer, kSlots> scratch_;
@@ -166,6 +170,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.socketsPerPeer >= 1, "socketsPerPeer must be at least 1");
+  const Algorithm envAlgorithm = algorithmFromEnvironment();  // a bad LOOM_ALGO fails here
   tcp::TcpOptions topts;
   topts.timeout = options.timeout;
   topts.host = options.host;
@@ -174,7 +179,12 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.busyPollUs = options.busyPollUs;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
-                                       setupSharedMemory(store, rank, size, options));
+                                       setupSharedMemory(store, rank, size, options), envAlgorithm);
+}
+
+Algorithm environmentAlgorithm(Context& ctx) {
+  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
+  return impl != nullptr ? impl->envAlgorithm() : algorithmFromEnvironment();
 }
 
 namespace shm {
@@ -186,17 +196,14 @@ Arena* arenaOf(Context& ctx) {
 
 namespace {
 
-bool algorithmForced(const CollectiveOptions& opts) {
-  if (opts.algorithm != Algorithm::kAuto) return true;
-  const char* env = std::getenv("LOOM_ALGO");
-  return env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0 &&
-         std::strcmp(env, "shm") != 0;
+bool algorithmForced(Context& ctx, const CollectiveOptions& opts) {
+  return opts.algorithm != Algorithm::kAuto || environmentAlgorithm(ctx) != Algorithm::kAuto;
 }
 
 }  // namespace
 
 Arena* arenaFor(Context& ctx, const CollectiveOptions& opts) {
-  return algorithmForced(opts) ? nullptr : arenaOf(ctx);
+  return algorithmForced(ctx, opts) ? nullptr : arenaOf(ctx);
 }
 
 const Hierarchy* hierarchyOf(Context& ctx) {
@@ -205,7 +212,7 @@ const Hierarchy* hierarchyOf(Context& ctx) {
 }
 
 const Hierarchy* hierarchyFor(Context& ctx, const CollectiveOptions& opts) {
-  return algorithmForced(opts) ? nullptr : hierarchyOf(ctx);
+  return algorithmForced(ctx, opts) ? nullptr : hierarchyOf(ctx);
 }
 
 }  // namespace shm

@@ -28,25 +28,44 @@ class ScopedEnv {
 };
 
 TEST(Select, EnvironmentAndOptions) {
+  constexpr Algorithm kAuto = Algorithm::kAuto;
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 8, 2), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 64 << 20, 2), Algorithm::kRing);
+  // LOOM_ALGO=ring
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, Algorithm::kRing, 8, 2), Algorithm::kRing);
+  // Not implemented for broadcast: the environment falls back to the automatic choice.
+  EXPECT_EQ(selectAlgorithm(OpKind::kBroadcast, kAuto, Algorithm::kRing, 8, 2), Algorithm::kTree);
+  // An explicit option wins over the environment.
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kDirect, Algorithm::kRing, 8, 2),
+            Algorithm::kDirect);
+  EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kTree, kAuto, 8, 2),
+               InvalidArgumentError);
   {
     ScopedEnv env("LOOM_ALGO", nullptr);
-    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2),
-              Algorithm::kRecursiveDoubling);
-    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 64 << 20, 2), Algorithm::kRing);
+    EXPECT_EQ(algorithmFromEnvironment(), kAuto);
+  }
+  for (const char* name : {"auto", "shm", ""}) {
+    ScopedEnv env("LOOM_ALGO", name);
+    EXPECT_EQ(algorithmFromEnvironment(), kAuto) << name;
   }
   {
-    ScopedEnv env("LOOM_ALGO", "ring");
-    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2), Algorithm::kRing);
-    // Not implemented for broadcast: the environment falls back to the automatic choice.
-    EXPECT_EQ(selectAlgorithm(OpKind::kBroadcast, Algorithm::kAuto, 8, 2), Algorithm::kTree);
-    // An explicit option wins over the environment.
-    EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kDirect, 8, 2), Algorithm::kDirect);
+    ScopedEnv env("LOOM_ALGO", "Ring");
+    EXPECT_EQ(algorithmFromEnvironment(), Algorithm::kRing);
   }
   {
+    // A bad LOOM_ALGO fails Context creation, before any connection, naming the choices.
     ScopedEnv env("LOOM_ALGO", "bogus");
-    EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kAuto, 8, 2), InvalidArgumentError);
+    HashStore store;
+    try {
+      Context::create(store, 0, 1);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown algorithm 'bogus'"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("ring, rd, direct, tree, chain"), std::string::npos)
+          << e.what();
+    }
   }
-  EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kTree, 8, 2), InvalidArgumentError);
   EXPECT_EQ(parseAlgorithm("RD"), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(parseAlgorithm("chain"), Algorithm::kChain);
   EXPECT_STREQ(algorithmName(Algorithm::kRecursiveDoubling), "rd");

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "loom/common/error.h"
 
@@ -119,17 +120,22 @@ Algorithm parseAlgorithm(std::string_view name) {
              "'; expected one of auto, ring, rd, direct, tree, chain");
 }
 
-Algorithm selectAlgorithm(OpKind kind, Algorithm requested, size_t bytes, int size) {
+Algorithm algorithmFromEnvironment() {
+  const char* env = std::getenv("LOOM_ALGO");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "shm") return Algorithm::kAuto;
+  return parseAlgorithm(env);
+}
+
+Algorithm selectAlgorithm(OpKind kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+                          int size) {
   if (requested != Algorithm::kAuto) {
     LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
                " is not implemented for ", opKindName(kind), "; choose one of ",
                supportedList(kind));
     return requested;
   }
-  const char* env = std::getenv("LOOM_ALGO");
-  if (env != nullptr && *env != '\0') {
-    const Algorithm forced = parseAlgorithm(env);
-    if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
+  if (fromEnvironment != Algorithm::kAuto && supports(kind, fromEnvironment)) {
+    return fromEnvironment;
   }
   return automatic(kind, bytes, size);
 }

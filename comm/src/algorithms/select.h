@@ -1,4 +1,5 @@
-// Algorithm selection: opts.algorithm when set, else LOOM_ALGO (read at each call), else a
+// Algorithm selection: opts.algorithm when set, else LOOM_ALGO (read once, when the Context is
+// created), else a
 // choice by message size and world size from crossovers measured with
 // bench/kernels/loom_comm_timing (see select.cc for the figures).
 #pragma once
@@ -14,6 +15,17 @@ namespace loom::comm {
 // rank contributes). An explicitly requested algorithm that `kind` does not implement is an
 // InvalidArgumentError; one from LOOM_ALGO falls back to the automatic choice (so that
 // LOOM_ALGO=rd forces all-reduce without breaking broadcast).
-Algorithm selectAlgorithm(OpKind kind, Algorithm requested, size_t bytes, int size);
+// `fromEnvironment` is the Context's LOOM_ALGO (environmentAlgorithm).
+Algorithm selectAlgorithm(OpKind kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+                          int size);
+
+// LOOM_ALGO parsed: kAuto when unset, empty, "auto" or "shm"; an unknown name is an
+// InvalidArgumentError naming the choices.
+Algorithm algorithmFromEnvironment();
+
+class Context;
+// The LOOM_ALGO the Context read when it was created (contexts not made by Context::create
+// read the environment at each call).
+Algorithm environmentAlgorithm(Context& ctx);
 
 }  // namespace loom::comm
