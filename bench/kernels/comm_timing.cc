@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", cfg.ranks, "number of ranks")->check(CLI::Range(1, 64));
   app.add_option("--op", cfg.op, "allreduce, broadcast, allgather, reduce_scatter, barrier");
   app.add_option("--sizes", cfg.sizes, "message sizes in bytes (per rank buffer)")->delimiter(',');
-  app.add_option("--algo", cfg.algo, "auto, ring, rd, direct, tree, chain");
+  app.add_option("--algo", cfg.algo, "auto, ring, rd, hd, direct, tree, chain");
   app.add_option("--seconds", cfg.seconds, "target time per size");
   app.add_option("--iters", cfg.iters, "fixed iterations per size (default: from --seconds)");
   app.add_option("--sockbuf", cfg.sockbuf,

@@ -191,7 +191,7 @@ int loomBenchMain(int argc, char** argv) {
   app.add_option("--init-method", initMethod,
                  "env:// (default; LOOM_INIT_METHOD), tcp://host:port or file:///path");
   app.add_option("--algo", algo,
-                 "force a comm algorithm for every collective (auto, ring, rd, direct, tree, "
+                 "force a comm algorithm for every collective (auto, ring, rd, hd, direct, tree, "
                  "chain); default: LOOM_ALGO or automatic");
   app.add_option("--timeout", timeoutS, "deadline of setup and of every operation, seconds")
       ->capture_default_str();

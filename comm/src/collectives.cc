@@ -59,6 +59,8 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
       return allreduceRing(o, in, out, count, dtype, op);
     case Algorithm::kDirect:
       return allreduceDirect(o, in, out, count, dtype, op);
+    case Algorithm::kHalvingDoubling:
+      return allreduceHalvingDoubling(o, in, out, count, dtype, op);
     default:
       return allreduceRecursiveDoubling(o, in, out, count, dtype, op);
   }

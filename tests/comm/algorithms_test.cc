@@ -31,6 +31,14 @@ TEST(Select, EnvironmentAndOptions) {
   constexpr Algorithm kAuto = Algorithm::kAuto;
   EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 8, 2), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 64 << 20, 2), Algorithm::kRing);
+  // Halving-doubling for mid sizes on power-of-two worlds from 4, the ring otherwise.
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 4),
+            Algorithm::kHalvingDoubling);
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 8),
+            Algorithm::kHalvingDoubling);
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 3), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 2), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 64 << 20, 4), Algorithm::kRing);
   // LOOM_ALGO=ring
   EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, Algorithm::kRing, 8, 2), Algorithm::kRing);
   // Not implemented for broadcast: the environment falls back to the automatic choice.
@@ -62,7 +70,7 @@ TEST(Select, EnvironmentAndOptions) {
     } catch (const InvalidArgumentError& e) {
       EXPECT_NE(std::string(e.what()).find("unknown algorithm 'bogus'"), std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("ring, rd, direct, tree, chain"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("ring, rd, hd, direct, tree, chain"), std::string::npos)
           << e.what();
     }
   }
@@ -100,7 +108,7 @@ TEST_P(ForcedAlgorithm, ThroughEnvironment) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
-                         ::testing::Values("ring", "rd", "direct", "tree", "chain"));
+                         ::testing::Values("ring", "rd", "hd", "direct", "tree", "chain"));
 
 // The ring all-reduce in place stages reduce-scatter receives in two scratch segments and
 // reposts chunk c of step k + 2 into the slot of step k: counts below the world size (empty
@@ -125,10 +133,35 @@ TEST(RingInPlace, EveryDTypeOpAndChunking) {
   }
 }
 
+// Halving-doubling: world sizes that are powers of two (2, 4, 8) and not (3, 5, 6, 7: the
+// fold of the extra ranks), counts below the number of blocks (empty blocks), odd counts,
+// one and many chunks per exchange (4096-byte chunks here), every dtype and op (avg divides
+// the owned block once), in place and out of place, twice in a row (scratch reuse).
+TEST(HalvingDoubling, EveryWorldSizeDTypeOpAndChunking) {
+  for (int size : {2, 3, 4, 5, 6, 7, 8}) {
+    SCOPED_TRACE(detail::str("world size ", size));
+    runWorld(size, [&](Context& ctx) {
+      Checker check(ctx, Algorithm::kHalvingDoubling);
+      for (DType dtype : allDTypes()) {
+        for (ReduceOp op : validOps(dtype)) {
+          for (size_t count : {size_t{1}, static_cast<size_t>(size + 1), size_t{4097 * 3}}) {
+            for (bool inPlace : {true, false}) {
+              check.allreduce({"allreduce", dtype, op, count, inPlace, 0});
+            }
+          }
+        }
+      }
+      check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, 200003, true, 0});
+      check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kAvg, 200003, false, 0});
+    });
+  }
+}
+
 TEST(ForcedOption, EveryAlgorithmOfEachCollective) {
   for (int size : {3, 4}) {
     runWorld(size, [&](Context& ctx) {
-      for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect}) {
+      for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling,
+                          Algorithm::kHalvingDoubling, Algorithm::kDirect}) {
         Checker check(ctx, a);
         check.allreduce({"allreduce", DType::kFloat32, ReduceOp::kSum, 10007, false, 0});
       }

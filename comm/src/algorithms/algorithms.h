@@ -35,6 +35,8 @@ inline const uint8_t* at(const void* p, size_t byteOffset) {
 void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop);
 void allreduceRecursiveDoubling(Op& op, const void* in, void* out, size_t count, DType dtype,
                                 ReduceOp rop);
+void allreduceHalvingDoubling(Op& op, const void* in, void* out, size_t count, DType dtype,
+                              ReduceOp rop);
 void allreduceDirect(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop);
 
 void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop);

@@ -13,8 +13,10 @@
 //   TimeoutError when `opts.timeout` passes, naming the operation, seq, the peer waited on and
 //   the bytes outstanding; IoError when a peer dies (naming its rank). After an IoError the
 //   Context is unusable.
-// - `opts.algorithm` (or the LOOM_ALGO environment variable) forces an algorithm; kAuto picks
-//   by size and world size using measured crossovers.
+// - `opts.algorithm` (or the LOOM_ALGO environment variable, read when the Context is
+//   created) forces an algorithm; kAuto picks by size and world size using measured
+//   crossovers (all-reduce: recursive doubling for small buffers, halving-doubling for mid
+//   sizes on power-of-two worlds from 4 ranks, the ring otherwise; comm/src/algorithms/select.cc).
 #pragma once
 
 #include <chrono>
@@ -35,9 +37,10 @@ enum class Algorithm : uint8_t {
   kDirect,             // every rank exchanges with every rank (small worlds / all-to-all)
   kTree,               // binomial tree (broadcast / reduce)
   kChain,              // pipelined chain (broadcast)
+  kHalvingDoubling,    // Rabenseifner: recursive-halving reduce-scatter + doubling all-gather
 };
 const char* algorithmName(Algorithm algorithm);
-Algorithm parseAlgorithm(std::string_view name);  // "auto", "ring", "rd", "direct", ...
+Algorithm parseAlgorithm(std::string_view name);  // "auto", "ring", "rd", "hd", "direct", ...
 
 struct CollectiveOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
