@@ -1,0 +1,14 @@
+// ThreadSanitizer suppressions compiled into every test binary of a LOOM_SANITIZE=thread build
+// (cmake/LoomHelpers.cmake, loom_add_test).
+//
+// race:sendmsg — the kernel's read of a send payload (the sendmsg interceptor) against a later
+// receive into the same buffer (the tcp transport's recv or memcpy into a posted receive). The
+// collectives reuse buffers by causality through the network: in the ring all-reduce in place,
+// the all-gather data for a segment can only arrive after the peer received (so the kernel had
+// copied) this rank's reduce-scatter bytes from that segment. Thread ranks share one process,
+// and TSan, which cannot see ordering through a TCP connection (each end is a different fd),
+// reports these pairs. Nothing else is suppressed: races on the transport's own state have no
+// sendmsg frame.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:sendmsg\n";
+}
