@@ -88,33 +88,6 @@ struct Params {
   size_t chunk = size_t{1} << 20;
 };
 
-// The child: connects, echoes the ping-pongs, then receives the two streams.
-void child(int port, const Params& p) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) die("connect");
-  setOptions(fd);
-  char msg[8];
-  for (bool spin : {false, true}) {
-    setNonBlocking(fd, spin);
-    for (int i = 0; i < p.roundTrips; ++i) {
-      readAll(fd, msg, sizeof(msg));
-      writeAll(fd, msg, sizeof(msg));
-    }
-  }
-  std::vector<char> buf(p.chunk);
-  for (bool spin : {false, true}) {
-    setNonBlocking(fd, spin);
-    for (size_t got = 0; got < p.streamBytes; got += p.chunk) readAll(fd, buf.data(), p.chunk);
-    writeAll(fd, msg, 1);  // done
-  }
-  ::close(fd);
-  std::_Exit(0);
-}
-
 int listenLoopback(int& port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -136,6 +109,28 @@ int connectLoopback(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) die("connect");
   return fd;
+}
+
+// The child: connects, echoes the ping-pongs, then receives the two streams.
+void child(int port, const Params& p) {
+  const int fd = connectLoopback(port);
+  setOptions(fd);
+  char msg[8];
+  for (bool spin : {false, true}) {
+    setNonBlocking(fd, spin);
+    for (int i = 0; i < p.roundTrips; ++i) {
+      readAll(fd, msg, sizeof(msg));
+      writeAll(fd, msg, sizeof(msg));
+    }
+  }
+  std::vector<char> buf(p.chunk);
+  for (bool spin : {false, true}) {
+    setNonBlocking(fd, spin);
+    for (size_t got = 0; got < p.streamBytes; got += p.chunk) readAll(fd, buf.data(), p.chunk);
+    writeAll(fd, msg, 1);  // done
+  }
+  ::close(fd);
+  std::_Exit(0);
 }
 
 // One process of the ring: sends `bytes` to the next process while receiving as many from the
@@ -242,15 +237,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) die("bind");
-  if (listen(lfd, 1) != 0) die("listen");
-  socklen_t len = sizeof(addr);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
+  int port = 0;
+  const int lfd = listenLoopback(port);
   const pid_t pid = fork();
   if (pid < 0) die("fork");
   if (pid == 0) child(port, p);

@@ -32,6 +32,19 @@ inline const uint8_t* at(const void* p, size_t byteOffset) {
   return static_cast<const uint8_t*>(p) + byteOffset;
 }
 
+// The fold of recursive doubling and halving-doubling onto p2 = the largest power of two <= size
+// ranks, rem = size - p2: the 2*rem lowest ranks pair up; even rank 2i sends its input to 2i + 1
+// and waits there for the final result (foldIn returns -1: `out` holds it), odd rank 2i + 1
+// reduces it into out (the lower rank's value first) and goes on as virtual rank i; the other
+// ranks go on as rank - rem, their values still in `in`. foldOut sends the result back to the
+// ranks that sat out (tag step 63). Tag step 0 is the fold's.
+int foldIn(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceFn reduce, int rem);
+void foldOut(Op& op, const void* out, size_t bytes, int rem);
+// The rank behind virtual rank v of the fold.
+inline int unfoldedRank(int vrank, int rem) {
+  return vrank < rem ? vrank * 2 + 1 : vrank + rem;
+}
+
 void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceOp rop);
 void allreduceRecursiveDoubling(Op& op, const void* in, void* out, size_t count, DType dtype,
                                 ReduceOp rop);

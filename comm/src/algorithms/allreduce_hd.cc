@@ -40,36 +40,17 @@ void allreduceHalvingDoubling(Op& op, const void* in, void* out, size_t count, D
   const size_t bytes = count * esize;
   const ReduceFn reduce = reduceFunction(dtype, rop);
   int p2 = 1;
-  int steps = 0;
-  while (p2 * 2 <= size) {
-    p2 *= 2;
-    ++steps;
-  }
+  while (p2 * 2 <= size) p2 *= 2;
   const int rem = size - p2;
-  auto realRank = [&](int vrank) { return vrank < rem ? vrank * 2 + 1 : vrank + rem; };
+  auto realRank = [&](int v) { return unfoldedRank(v, rem); };
   const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
 
-  const void* src = in;  // where this rank's current values are read from
-  int vrank;
-  if (rank < 2 * rem) {
-    if (rank % 2 == 0) {
-      auto s = op.send(rank + 1, in, bytes, 0);
-      auto r = op.recv(rank + 1, out, bytes, 63);
-      op.wait(s);
-      op.wait(r);
-      return;
-    }
-    void* tmp = op.context().scratch(bytes, 0);
-    auto r = op.recv(rank - 1, tmp, bytes, 0);
-    op.wait(r);
-    reduce(out, tmp, in, count);  // the lower rank's value first
-    src = out;
-    vrank = rank / 2;
-  } else {
-    vrank = rank - rem;
-  }
+  const int vrank = foldIn(op, in, out, count, dtype, reduce, rem);
+  if (vrank < 0) return;
+  // Where this rank's current values are read from: out once the fold or a step wrote them.
+  const void* src = rank < 2 * rem ? out : in;
 
-  // Elements [begin, end) of blocks [lo, hi).
+  // The first element of block b (block p2: count).
   auto elemBegin = [&](int block) { return segmentBegin(count, p2, block); };
   std::vector<RequestPtr> recvs, sends;
   // Sends elements [b, e) of `from` to `peer` in chunks, tagged `step`.
@@ -144,10 +125,7 @@ void allreduceHalvingDoubling(Op& op, const void* in, void* out, size_t count, D
     lo = std::min(lo, theirLo);
     hi = std::max(hi, theirHi);
   }
-  if (rank < 2 * rem) {
-    auto s = op.send(rank - 1, out, bytes, 63);
-    op.wait(s);
-  }
+  foldOut(op, out, bytes, rem);
 }
 
 }  // namespace loom::comm

@@ -27,25 +27,10 @@ void allreduceRecursiveDoubling(Op& op, const void* in, void* out, size_t count,
   while (p2 * 2 <= size) p2 *= 2;
   const int rem = size - p2;
   void* tmp = op.context().scratch(bytes, 0);
-
-  auto realRank = [&](int vrank) { return vrank < rem ? vrank * 2 + 1 : vrank + rem; };
-  int vrank;
-  if (rank < 2 * rem) {
-    if (rank % 2 == 0) {
-      auto s = op.send(rank + 1, in, bytes, 0);
-      auto r = op.recv(rank + 1, out, bytes, 63);
-      op.wait(s);
-      op.wait(r);
-      return;
-    }
-    auto r = op.recv(rank - 1, tmp, bytes, 0);
-    op.wait(r);
-    reduce(out, tmp, in, count);  // the lower rank's value first
-    vrank = rank / 2;
-  } else {
-    if (out != in) std::memcpy(out, in, bytes);
-    vrank = rank - rem;
-  }
+  const int vrank = foldIn(op, in, out, count, dtype, reduce, rem);
+  if (vrank < 0) return;
+  if (rank >= 2 * rem && out != in) std::memcpy(out, in, bytes);
+  auto realRank = [&](int v) { return unfoldedRank(v, rem); };
   uint32_t round = 1;
   for (int mask = 1; mask < p2; mask <<= 1, ++round) {
     const int partner = realRank(vrank ^ mask);
@@ -60,7 +45,30 @@ void allreduceRecursiveDoubling(Op& op, const void* in, void* out, size_t count,
     }
   }
   if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
-  if (rank < 2 * rem) {
+  foldOut(op, out, bytes, rem);
+}
+
+int foldIn(Op& op, const void* in, void* out, size_t count, DType dtype, ReduceFn reduce, int rem) {
+  const int rank = op.rank();
+  const size_t bytes = count * dtypeSize(dtype);
+  if (rank >= 2 * rem) return rank - rem;
+  if (rank % 2 == 0) {
+    auto s = op.send(rank + 1, in, bytes, 0);
+    auto r = op.recv(rank + 1, out, bytes, 63);
+    op.wait(s);
+    op.wait(r);
+    return -1;
+  }
+  void* tmp = op.context().scratch(bytes, 0);
+  auto r = op.recv(rank - 1, tmp, bytes, 0);
+  op.wait(r);
+  reduce(out, tmp, in, count);  // the lower rank's value first
+  return rank / 2;
+}
+
+void foldOut(Op& op, const void* out, size_t bytes, int rem) {
+  const int rank = op.rank();
+  if (rank < 2 * rem && rank % 2 == 1) {
     auto s = op.send(rank - 1, out, bytes, 63);
     op.wait(s);
   }
