@@ -8,7 +8,8 @@
 // - Wire format: each message is a 24-byte Header {magic, kind, tag, bytes} followed by the
 //   payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean close) or
 //   abort (payload: the reason, so that peers can name the original failure).
-// - Sending: isend writes header and payload with one writev straight from the caller's
+// - Sending: isend writes header and payload (in sendmsg calls of at most kMaxSendBytes, so
+//   that the receiver can copy out while the rest is copied in) straight from the caller's
 //   thread when nothing is queued for that peer; what the socket does not take is queued and
 //   finished by the progress thread on EPOLLOUT (or by the waiting thread, see below).
 // - Receiving: a per-peer reader state machine (header, then payload). Small reads go
