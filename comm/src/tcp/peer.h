@@ -51,13 +51,15 @@ constexpr size_t kDefaultBufferBytes = 0;
 constexpr int kDefaultBusyPollUs = 1000;
 
 // Bytes handed to one sendmsg call; a larger message takes several calls in one pass. Linux
-// pushes the segments of a write to the peer only when the call returns (or half a window was
-// queued), so one multi-MiB call copies it all before the receiver may start copying out; in
-// 256 KiB steps the two cores copy at the same time. Measured (bench/peers/ab.sh, 2 ranks,
-// LOOM_SHM=0, medians of 3 rounds): broadcast 1-64 MiB 5.35/5.72/4.43/4.15 -> 7.48/7.77/5.86/
-// 4.89 GB/s, 4-rank broadcast 0.93/1.09/1.23/1.40 -> 1.85/1.57/1.55/1.57; all-reduce, whose
-// messages are 512 KiB chunks, within noise. 128 KiB was slower than 256 KiB, 512 KiB between.
-constexpr size_t kMaxSendBytes = 256 << 10;
+// pushes the segments of a write to the peer when the call returns (or once half a window is
+// queued), so one multi-MiB call may copy it all before the receiver starts copying out; in
+// steps the two cores can copy at once (Open MPI writes 128 KiB fragments). Measured with
+// bench/peers/ab.sh (LOOM_SHM=0, interleaved rounds; docs/bench.md): broadcast, one whole
+// message per send, gained up to 1.4x at 2 ranks with 256 KiB steps (512 KiB: about half of
+// that) in some sets of rounds and nothing in others; the 4-rank all-reduce, whose messages
+// are 512 KiB chunks, looked slightly slower with 256 KiB steps. 512 KiB leaves the chunked
+// algorithms' messages whole. LOOM_TCP_SEND_BYTES overrides it.
+constexpr size_t kMaxSendBytes = 512 << 10;
 
 constexpr size_t kStageBytes = 64 << 10;
 constexpr size_t kDirectBytes = 16 << 10;

@@ -54,6 +54,20 @@ int defaultBusyPollUs() {
   return us;
 }
 
+// Bytes per sendmsg call: LOOM_TCP_SEND_BYTES, else kMaxSendBytes.
+size_t sendStepBytes() {
+  static const size_t bytes = [] {
+    const char* env = std::getenv("LOOM_TCP_SEND_BYTES");
+    if (env == nullptr || *env == '\0') return kMaxSendBytes;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    LOOM_CHECK(end != env && *end == '\0' && v >= 4096 && v <= (1L << 30), "LOOM_TCP_SEND_BYTES='",
+               env, "' is not valid; expected a byte count in [4096, 2^30]");
+    return static_cast<size_t>(v);
+  }();
+  return bytes;
+}
+
 }  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
@@ -65,6 +79,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
   t->busy_ =
       std::chrono::microseconds(options.busyPollUs >= 0 ? options.busyPollUs : defaultBusyPollUs());
+  t->sendStep_ = sendStepBytes();
   t->peers_.resize(size);
   if (size == 1) {
     t->start();

@@ -154,10 +154,10 @@ std::string TcpTransport::progressSendLocked(Peer& p) {
     if (p.sendOffset < sizeof(Header)) {
       iov[n++] = {reinterpret_cast<uint8_t*>(&req.header_) + p.sendOffset,
                   sizeof(Header) - p.sendOffset};
-      if (req.bytes_ > 0) iov[n++] = {req.data_, std::min(req.bytes_, kMaxSendBytes)};
+      if (req.bytes_ > 0) iov[n++] = {req.data_, std::min(req.bytes_, sendStep_)};
     } else {
       const size_t off = p.sendOffset - sizeof(Header);
-      iov[n++] = {req.data_ + off, std::min(req.bytes_ - off, kMaxSendBytes)};
+      iov[n++] = {req.data_ + off, std::min(req.bytes_ - off, sendStep_)};
     }
     msghdr msg{};
     msg.msg_iov = iov;

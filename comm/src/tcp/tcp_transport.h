@@ -135,6 +135,7 @@ class TcpTransport : public Transport {
   std::atomic<int64_t> lastWaitEnd_{0};  // steady clock ns when the last wait ended
   std::atomic<uint64_t> moved_{0};       // bytes sent + received, for the busy phase of drive()
   Clock::duration busy_{0};              // see TcpOptions::busyPollUs
+  size_t sendStep_ = 0;  // bytes per sendmsg call (kMaxSendBytes, LOOM_TCP_SEND_BYTES)
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
