@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <stdlib.h>
 #include <time.h>
 
 #include "loom/comm/collectives.h"
@@ -451,6 +452,54 @@ TEST(Transport, BusyPollOutOfRangeIsAnError) {
     expectContains(e.what(), "busyPollUs 20000000");
     expectContains(e.what(), "expected at most 10000000");
   }
+}
+
+// The tcp transport's environment knobs are read at each setup: a bad value fails
+// Context::create naming the variable, the value and what is expected; a good one is taken.
+TEST(Transport, BadTcpEnvironmentValuesFailSetupNamingThem) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* expected;
+  };
+  for (const Case& c : {Case{"LOOM_TCP_BUSY_US", "-5", "microseconds in [0, 10000000]"},
+                        Case{"LOOM_TCP_BUSY_US", "10ms", "microseconds in [0, 10000000]"},
+                        Case{"LOOM_TCP_SEND_BYTES", "12", "a byte count in [4096, 2^30]"},
+                        Case{"LOOM_TCP_BUFFER_BYTES", "lots", "or 'auto'"}}) {
+    SCOPED_TRACE(::testing::Message() << c.name << "=" << c.value);
+    ::setenv(c.name, c.value, 1);
+    HashStore store;
+    try {
+      Context::create(store, 0, 1, localOptions(2s));
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgumentError& e) {
+      expectContains(e.what(), detail::str(c.name, "='", c.value, "' is not valid"));
+      expectContains(e.what(), c.expected);
+    }
+    ::unsetenv(c.name);
+  }
+  ::setenv("LOOM_TCP_SEND_BYTES", "65536", 1);
+  ::setenv("LOOM_TCP_BUSY_US", "0", 1);
+  HashStore store;
+  const size_t n = (size_t{3} << 20) + 1;  // many send steps of 64 KiB
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o = localOptions();
+    o.sharedMemory = false;
+    auto ctx = Context::create(store, rank, 2, o);
+    Transport& t = ctx->transport();
+    const Deadline deadline(30s);
+    std::vector<uint8_t> buf(n);
+    if (rank == 0) {
+      for (size_t i = 0; i < n; ++i) buf[i] = static_cast<uint8_t>(i * 5 + 3);
+      ASSERT_TRUE(t.isend(1, buf.data(), n, 1)->wait(deadline));
+    } else {
+      ASSERT_TRUE(t.irecv(0, buf.data(), n, 1)->wait(deadline));
+      for (size_t i = 0; i < n; i += 997) ASSERT_EQ(buf[i], static_cast<uint8_t>(i * 5 + 3));
+      ASSERT_EQ(buf[n - 1], static_cast<uint8_t>((n - 1) * 5 + 3));
+    }
+  });
+  ::unsetenv("LOOM_TCP_SEND_BYTES");
+  ::unsetenv("LOOM_TCP_BUSY_US");
 }
 
 TEST(Transport, ContextSetupTimesOutNamingMissingRanks) {

@@ -24,48 +24,27 @@ TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
 
 namespace {
 
+// The integer in environment variable `name`, `fallback` when it is unset or empty; a value
+// that is not an integer in [lo, hi] is an InvalidArgumentError naming the variable and
+// `expected`. Read at each transport setup, so a bad value fails there, every time.
+long envInteger(const char* name, long lo, long hi, long fallback, const char* expected) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  LOOM_CHECK(end != env && *end == '\0' && v >= lo && v <= hi, name, "='", env,
+             "' is not valid; expected ", expected);
+  return v;
+}
+
 // SO_SNDBUF/SO_RCVBUF for TcpOptions::bufferBytes == 0: LOOM_TCP_BUFFER_BYTES (a byte count,
 // or "auto" for the kernel's autotuning), else kDefaultBufferBytes (0: autotuning).
 int defaultBufferBytes() {
-  static const int bytes = [] {
-    const char* env = std::getenv("LOOM_TCP_BUFFER_BYTES");
-    if (env == nullptr || *env == '\0') return static_cast<int>(kDefaultBufferBytes);
-    if (std::strcmp(env, "auto") == 0) return -1;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    LOOM_CHECK(end != env && *end == '\0' && v > 0 && v <= (1L << 30), "LOOM_TCP_BUFFER_BYTES='",
-               env, "' is not valid; expected a byte count in [1, 2^30] or 'auto'");
-    return static_cast<int>(v);
-  }();
-  return bytes;
-}
-
-// TcpOptions::busyPollUs when the option is < 0: LOOM_TCP_BUSY_US, else kDefaultBusyPollUs.
-int defaultBusyPollUs() {
-  static const int us = [] {
-    const char* env = std::getenv("LOOM_TCP_BUSY_US");
-    if (env == nullptr || *env == '\0') return kDefaultBusyPollUs;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    LOOM_CHECK(end != env && *end == '\0' && v >= 0 && v <= 10'000'000, "LOOM_TCP_BUSY_US='", env,
-               "' is not valid; expected microseconds in [0, 10000000] (0 blocks at once)");
-    return static_cast<int>(v);
-  }();
-  return us;
-}
-
-// Bytes per sendmsg call: LOOM_TCP_SEND_BYTES, else kMaxSendBytes.
-size_t sendStepBytes() {
-  static const size_t bytes = [] {
-    const char* env = std::getenv("LOOM_TCP_SEND_BYTES");
-    if (env == nullptr || *env == '\0') return kMaxSendBytes;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    LOOM_CHECK(end != env && *end == '\0' && v >= 4096 && v <= (1L << 30), "LOOM_TCP_SEND_BYTES='",
-               env, "' is not valid; expected a byte count in [4096, 2^30]");
-    return static_cast<size_t>(v);
-  }();
-  return bytes;
+  const char* env = std::getenv("LOOM_TCP_BUFFER_BYTES");
+  if (env != nullptr && std::strcmp(env, "auto") == 0) return -1;
+  return static_cast<int>(envInteger("LOOM_TCP_BUFFER_BYTES", 1, 1L << 30,
+                                     static_cast<long>(kDefaultBufferBytes),
+                                     "a byte count in [1, 2^30] or 'auto'"));
 }
 
 }  // namespace
@@ -76,10 +55,17 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.busyPollUs <= 10'000'000, "busyPollUs ", options.busyPollUs,
              " is out of range; expected at most 10000000 µs (or < 0 for the default)");
+  const long busyUs = options.busyPollUs >= 0
+                          ? options.busyPollUs
+                          : envInteger("LOOM_TCP_BUSY_US", 0, 10'000'000, kDefaultBusyPollUs,
+                                       "microseconds in [0, 10000000] (0 blocks at once)");
+  const long sendStep =
+      envInteger("LOOM_TCP_SEND_BYTES", 4096, 1L << 30, static_cast<long>(kMaxSendBytes),
+                 "a byte count in [4096, 2^30]");
+  const int bufferBytes = options.bufferBytes == 0 ? defaultBufferBytes() : options.bufferBytes;
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
-  t->busy_ =
-      std::chrono::microseconds(options.busyPollUs >= 0 ? options.busyPollUs : defaultBusyPollUs());
-  t->sendStep_ = sendStepBytes();
+  t->busy_ = std::chrono::microseconds(busyUs);
+  t->sendStep_ = static_cast<size_t>(sendStep);
   t->peers_.resize(size);
   if (size == 1) {
     t->start();
@@ -116,7 +102,6 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   const int port = net::localPort(listener.fd());
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
-  const int bufferBytes = options.bufferBytes == 0 ? defaultBufferBytes() : options.bufferBytes;
   auto setupSocket = [&](net::Socket sock, int peer) {
     auto p = std::make_unique<Peer>();
     p->rank = peer;
