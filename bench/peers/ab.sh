@@ -7,11 +7,14 @@
 #   CONFIG   "NAME|VAR=VALUE ..."   loom-bench under loom-run with those environment variables
 #                                   (LOOM_SHM=0 unless the config sets LOOM_SHM)
 #            "mpi-tcp" / "mpi-shm"  Open MPI's mpi_bench over TCP / shared memory, as peers.sh
+#            "gloo-ALGO"            Gloo's gloo_bench --algo ALGO over its TCP transport (ring,
+#                                   ring_chunked, halving_doubling, bcube; ring for other ops)
 #   --op OP            loom-bench --op (default all_reduce)
 #   --ranks N          world size (default 2)
 #   --rounds N         rounds (default 3)
 #   -b SIZE -e SIZE -f FACTOR -n ITERS -w WARMUP   sweep (default 1M 64M 4 20 5)
 # Example: bench/peers/ab.sh --ranks 4 "ring|LOOM_ALGO=ring" "hd|LOOM_ALGO=hd" mpi-tcp
+#          bench/peers/ab.sh --rounds 5 loom gloo-ring gloo-ring_chunked gloo-halving_doubling
 # Environment: LOOM_BUILD_DIR (default build). Builds nothing: run scripts/peers.sh or build first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,6 +60,15 @@ run() {
       [[ $cfg == mpi-tcp ]] && btl=(--mca btl self,tcp --mca btl_tcp_if_include lo)
       out=$(timeout 900 mpirun "${mpi_root[@]}" --oversubscribe -np "$ranks" --mca pml ob1 \
         "${btl[@]}" "$bin/mpi_bench" "${sweep[@]}" 2>&1) ;;
+    gloo-*)
+      [[ -x $bin/gloo_bench ]] || { echo "ab.sh: $bin/gloo_bench is not built" >&2; exit 2; }
+      local store
+      store=$(mktemp -d)
+      out=$(timeout 900 "$bin/loom-run" --nproc-per-node "$ranks" "$bin/gloo_bench" \
+        --algo "${cfg#gloo-}" --store-dir "$store" "${sweep[@]}" 2>&1)
+      local rc=$?
+      rm -rf "$store"
+      ((rc == 0)) ;;
     *)
       local envs=()
       [[ $cfg == *"|"* ]] && read -r -a envs <<<"${cfg#*|}"

@@ -134,15 +134,17 @@ void child(int port, const Params& p) {
 }
 
 // One process of the ring: sends `bytes` to the next process while receiving as many from the
-// previous one, on one thread (non-blocking sockets; poll() when !spin). Writes its elapsed
-// seconds to `report` once a byte from `go` started it.
-[[noreturn]] void ringMember(int out, int in, size_t bytes, size_t chunk, bool spin, int go,
-                             int report) {
+// previous one, on one thread (non-blocking sockets; poll() when !spin), at most `chunk` bytes a
+// call, walking through send and receive buffers of `span` bytes: a span of one chunk stays in
+// cache, a span of 64 MiB makes every copy touch memory as a 64 MiB collective does. Writes its
+// elapsed seconds to `report` once a byte from `go` started it.
+[[noreturn]] void ringMember(int out, int in, size_t bytes, size_t chunk, size_t span, bool spin,
+                             int go, int report) {
   setOptions(out);
   setOptions(in);
   setNonBlocking(out, true);
   setNonBlocking(in, true);
-  std::vector<char> sendBuf(chunk, 1), recvBuf(chunk);
+  std::vector<char> sendBuf(span, 1), recvBuf(span);
   char c;
   if (::read(go, &c, 1) != 1) die("read(go)");
   const auto start = std::chrono::steady_clock::now();
@@ -154,14 +156,14 @@ void child(int port, const Params& p) {
       if (::poll(fds, 2, 10000) < 0 && errno != EINTR) die("poll");
     }
     if (sent < bytes) {
-      const size_t n = std::min(chunk - sent % chunk, bytes - sent);
-      const ssize_t k = ::send(out, sendBuf.data() + sent % chunk, n, MSG_NOSIGNAL);
+      const size_t n = std::min({chunk - sent % chunk, bytes - sent, span - sent % span});
+      const ssize_t k = ::send(out, sendBuf.data() + sent % span, n, MSG_NOSIGNAL);
       if (k > 0) sent += static_cast<size_t>(k);
       if (k < 0 && errno != EAGAIN && errno != EINTR) die("send");
     }
     if (got < bytes) {
-      const size_t n = std::min(chunk - got % chunk, bytes - got);
-      const ssize_t k = ::recv(in, recvBuf.data() + got % chunk, n, 0);
+      const size_t n = std::min({chunk - got % chunk, bytes - got, span - got % span});
+      const ssize_t k = ::recv(in, recvBuf.data() + got % span, n, 0);
       if (k > 0) got += static_cast<size_t>(k);
       if (k == 0) die("recv (peer closed)");
       if (k < 0 && errno != EAGAIN && errno != EINTR) die("recv");
@@ -174,7 +176,7 @@ void child(int port, const Params& p) {
 }
 
 // Aggregate GB/s of `ranks` processes streaming around a ring, `bytes` each.
-double ringAggregate(int ranks, size_t bytes, size_t chunk, bool spin) {
+double ringAggregate(int ranks, size_t bytes, size_t chunk, size_t span, bool spin) {
   std::vector<int> listeners(static_cast<size_t>(ranks)), ports(static_cast<size_t>(ranks));
   for (int i = 0; i < ranks; ++i) listeners[i] = listenLoopback(ports[i]);
   int go[2], report[2];
@@ -187,7 +189,7 @@ double ringAggregate(int ranks, size_t bytes, size_t chunk, bool spin) {
       const int out = connectLoopback(ports[(i + 1) % ranks]);
       const int in = accept(listeners[i], nullptr, nullptr);
       if (in < 0) die("accept");
-      ringMember(out, in, bytes, chunk, spin, go[0], report[1]);
+      ringMember(out, in, bytes, chunk, span, spin, go[0], report[1]);
     }
     pids.push_back(pid);
   }
@@ -225,7 +227,19 @@ int main(int argc, char** argv) {
   std::vector<int> ringRanks{2, 4};
   app.add_option("--ring-ranks", ringRanks, "process counts of the ring measurement (0: skip)")
       ->capture_default_str();
+  std::vector<size_t> ringSpans{p.chunk};
+  app.add_option("--ring-span", ringSpans,
+                 "bytes of the buffers each ring process walks through, a multiple of 1 MiB "
+                 "(1 MiB stays in cache: the upper bound; 64 MiB makes every copy touch memory)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  for (size_t span : ringSpans) {
+    if (span < p.chunk || span % p.chunk != 0) {
+      std::fprintf(stderr, "tcp_baseline: --ring-span must be a multiple of 1 MiB, got %zu\n",
+                   span);
+      return 2;
+    }
+  }
   for (int n : ringRanks) {
     if (n == 1 || n < 0 || n > 64) {
       std::fprintf(stderr, "tcp_baseline: --ring-ranks must be 0 or in [2, 64], got %d\n", n);
@@ -287,9 +301,12 @@ int main(int argc, char** argv) {
   for (int n : ringRanks) {
     if (n == 0) continue;
     const size_t each = std::max(p.chunk, p.streamBytes / static_cast<size_t>(n));
-    for (bool spin : {false, true}) {
-      std::printf("| ring of %d streams, aggregate, %s | %.2f GB/s |\n", n,
-                  spin ? "busy-polling" : "blocking", ringAggregate(n, each, p.chunk, spin));
+    for (size_t span : ringSpans) {
+      for (bool spin : {false, true}) {
+        std::printf("| ring of %d streams, aggregate, %s, %zu MiB buffers | %.2f GB/s |\n", n,
+                    spin ? "busy-polling" : "blocking", span >> 20,
+                    ringAggregate(n, each, p.chunk, span, spin));
+      }
     }
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
