@@ -15,12 +15,17 @@
 #   --out DIR                                 results folder (default bench-results/<date>)
 #   --no-setup                                skip scripts/setup.sh --peers
 #   --only "loom loom-shm gloo mpi"           which families to run
+#   --rounds R                                run everything R times (default 1); round r starts
+#                                             each cell at another family, and DIR/median.md holds
+#                                             the median over rounds (bench/peers/median_of_runs.py)
 # Environment: LOOM_BUILD_DIR (default build).
 # Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
 #         DIR/compare.md (raw TCP yardstick + in-place tables, ratios of loom tcp),
 #         DIR/compare_shm.md (in place, median times, ratios of loom shm), DIR/compare_p50.md (the same
 #         with median times), DIR/compare_out_of_place.md,
 #         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
+#         With --rounds R > 1 each round writes all of that into DIR/round<r>/, and DIR/median.md
+#         has, per size, the median busbw over the rounds and the median of each round's ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root_dir=$(pwd)
@@ -28,7 +33,7 @@ root_dir=$(pwd)
 ops="all_reduce broadcast all_gather"
 ranks="2 4"
 minb=8 maxb=64M factor=4 iters=20 warmup=5 dtype=float
-out="" setup=1 only="loom loom-shm gloo mpi"
+out="" setup=1 only="loom loom-shm gloo mpi" rounds=1
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -44,14 +49,18 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --no-setup) setup=0; shift ;;
     --only) only=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "peers.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+  echo "peers.sh: --rounds must be a positive integer, got '$rounds'" >&2; exit 2
+fi
 build=${LOOM_BUILD_DIR:-build}
 out=${out:-bench-results/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$out/csv" "$out/logs"
+mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
 if ((setup)); then scripts/setup.sh --peers; fi
@@ -70,14 +79,15 @@ if [[ $(id -u) -eq 0 ]]; then mpi_root=(--allow-run-as-root); fi
 failures=0
 port=$((29500 + RANDOM % 2000))
 
-# run NAME COMMAND...: runs one benchmark with a deadline, keeps its table, counts failures.
+# run DIR NAME COMMAND...: runs one benchmark with a deadline, keeps its table in DIR/logs,
+# counts failures.
 run() {
-  local name=$1; shift
+  local dir=$1 name=$2; shift 2
   echo "== $name"
-  if timeout 900 "$@" >"$out/logs/$name.log" 2>&1; then
-    grep -E "^# (Out of bounds|Avg bus)" "$out/logs/$name.log" | sed 's/^/   /'
+  if timeout 900 "$@" >"$dir/logs/$name.log" 2>&1; then
+    grep -E "^# (Out of bounds|Avg bus)" "$dir/logs/$name.log" | sed 's/^/   /'
   else
-    echo "   FAILED (exit $?), see $out/logs/$name.log"; tail -5 "$out/logs/$name.log" | sed 's/^/   /'
+    echo "   FAILED (exit $?), see $dir/logs/$name.log"; tail -5 "$dir/logs/$name.log" | sed 's/^/   /'
     failures=$((failures + 1))
   fi
 }
@@ -101,80 +111,116 @@ spawn() {
   return $rc
 }
 
-for n in $ranks; do
-  for op in $ops; do
-    tag=${op}_n$n
-    if [[ " $only " == *" loom "* && -x $bin/loom-bench ]]; then
+# The families of one (world size, operation) cell; run_family FAMILY N OP DIR runs one of them.
+families=()
+for f in loom loom-shm gloo mpi; do
+  if [[ " $only " == *" $f "* ]]; then families+=("$f"); fi
+done
+run_family() {
+  local family=$1 n=$2 op=$3 dir=$4
+  local tag=${op}_n$n
+  case "$family" in
+    loom)
+      [[ -x $bin/loom-bench ]] || return 0
       if [[ -x $bin/loom-run ]]; then
         # loom-run picks a free MASTER_PORT for the workers.
-        run "loom-tcp_$tag" env LOOM_SHM=0 "$bin/loom-run" --nproc-per-node "$n" \
+        run "$dir" "loom-tcp_$tag" env LOOM_SHM=0 "$bin/loom-run" --nproc-per-node "$n" \
           "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
-          --series "loom tcp" --csv "$out/csv/loom-tcp_$tag.csv"
+          --series "loom tcp" --csv "$dir/csv/loom-tcp_$tag.csv"
       else
-        run "loom-tcp_$tag" env LOOM_SHM=0 bash -c "$(declare -f spawn); port=$port; spawn $n \
+        run "$dir" "loom-tcp_$tag" env LOOM_SHM=0 bash -c "$(declare -f spawn); port=$port; spawn $n \
           '$bin/loom-bench' --backend tcp --op $op ${sweep[*]} --series 'loom tcp' \
-          --csv '$out/csv/loom-tcp_$tag.csv'"
+          --csv '$dir/csv/loom-tcp_$tag.csv'"
         port=$((port + 1))
-      fi
-    fi
-    if [[ " $only " == *" loom-shm "* && -x $bin/loom-bench && -x $bin/loom-run ]]; then
-      run "loom-shm_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
+      fi ;;
+    loom-shm)
+      [[ -x $bin/loom-bench && -x $bin/loom-run ]] || return 0
+      run "$dir" "loom-shm_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
         "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
-        --series "loom shm" --csv "$out/csv/loom-shm_$tag.csv"
-    fi
-    if [[ " $only " == *" gloo "* && -x $bin/gloo_bench ]]; then
-      algos=ring
+        --series "loom shm" --csv "$dir/csv/loom-shm_$tag.csv" ;;
+    gloo)
+      [[ -x $bin/gloo_bench ]] || return 0
+      local algos=ring algo series store
       if [[ $op == all_reduce ]]; then algos="ring bcube ring_chunked halving_doubling"; fi
       for algo in $algos; do
         series="gloo $algo"
         if [[ $op != all_reduce ]]; then series=gloo; fi
         store=$(mktemp -d)
-        run "gloo-${algo}_$tag" bash -c "$(declare -f spawn); port=$port; spawn $n \
+        run "$dir" "gloo-${algo}_$tag" bash -c "$(declare -f spawn); port=$port; spawn $n \
           '$bin/gloo_bench' --algo $algo --store-dir '$store' --op $op ${sweep[*]} \
-          --series '$series' --csv '$out/csv/gloo-${algo}_$tag.csv'"
+          --series '$series' --csv '$dir/csv/gloo-${algo}_$tag.csv'"
         rm -rf "$store"
-      done
-    fi
-    if [[ " $only " == *" mpi "* && -x $bin/mpi_bench ]]; then
-      run "mpi-shm_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
+      done ;;
+    mpi)
+      [[ -x $bin/mpi_bench ]] || return 0
+      run "$dir" "mpi-shm_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
         --mca btl self,vader "$bin/mpi_bench" --op "$op" "${sweep[@]}" --series "mpi shm" \
-        --csv "$out/csv/mpi-shm_$tag.csv"
-      run "mpi-tcp_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
+        --csv "$dir/csv/mpi-shm_$tag.csv"
+      run "$dir" "mpi-tcp_$tag" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" --mca pml ob1 \
         --mca btl self,tcp --mca btl_tcp_if_include lo "$bin/mpi_bench" --op "$op" \
-        "${sweep[@]}" --series "mpi tcp" --csv "$out/csv/mpi-tcp_$tag.csv"
-    fi
-  done
-done
+        "${sweep[@]}" --series "mpi tcp" --csv "$dir/csv/mpi-tcp_$tag.csv" ;;
+  esac
+}
 
-# Raw loopback TCP, the yardstick of the tcp backend's targets (ping-pong and stream rate).
-if [[ -x $bin/tcp_baseline ]]; then
-  echo "== raw loopback TCP"
-  "$bin/tcp_baseline" | tee "$out/tcp_baseline.md"
-fi
-
-baseline=()
-if ls "$out"/csv/loom-tcp_*.csv >/dev/null 2>&1; then baseline=(--baseline "loom tcp"); fi
-if ls "$out"/csv/*.csv >/dev/null 2>&1; then
+# compare DIR: the tables and plots of one round's csv files.
+compare() {
+  local dir=$1 baseline=()
+  ls "$dir"/csv/*.csv >/dev/null 2>&1 || return 0
+  if ls "$dir"/csv/loom-tcp_*.csv >/dev/null 2>&1; then baseline=(--baseline "loom tcp"); fi
   # In place is the primary comparison: Loom's all_reduce/broadcast/reduce are in place only,
   # so their out-of-place columns include a copy the peers do not make (docs/bench.md).
-  "$bin/loom-bench-compare" "${baseline[@]}" "$out"/csv/*.csv \
-    >"$out/compare_out_of_place.md"
+  "$bin/loom-bench-compare" "${baseline[@]}" "$dir"/csv/*.csv >"$dir/compare_out_of_place.md"
   # The same with median times (robust against a busy machine's descheduling spikes).
-  "$bin/loom-bench-compare" "${baseline[@]}" --in-place --stat p50 "$out"/csv/*.csv \
-    >"$out/compare_p50.md"
-  if ls "$out"/csv/loom-shm_*.csv >/dev/null 2>&1; then
+  "$bin/loom-bench-compare" "${baseline[@]}" --in-place --stat p50 "$dir"/csv/*.csv \
+    >"$dir/compare_p50.md"
+  if ls "$dir"/csv/loom-shm_*.csv >/dev/null 2>&1; then
     # Shared memory against shared memory (and against Loom's own tcp), median times.
-    "$bin/loom-bench-compare" --baseline "loom shm" --in-place --stat p50 "$out"/csv/*.csv \
-      >"$out/compare_shm.md"
+    "$bin/loom-bench-compare" --baseline "loom shm" --in-place --stat p50 "$dir"/csv/*.csv \
+      >"$dir/compare_shm.md"
   fi
   {
-    if [[ -f $out/tcp_baseline.md ]]; then cat "$out/tcp_baseline.md"; fi
-    "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$out/plot_" \
-      "$out"/csv/*.csv
-  } | tee "$out/compare.md"
+    if [[ -f $dir/tcp_baseline.md ]]; then cat "$dir/tcp_baseline.md"; fi
+    "$bin/loom-bench-compare" "${baseline[@]}" --in-place --plot-prefix "$dir/plot_" \
+      "$dir"/csv/*.csv
+  } >"$dir/compare.md"
+}
+
+# Round r runs every cell's families starting at family r (mod their number), so that no family
+# always runs first or last in a cell when the machine drifts between minutes.
+dirs=()
+for ((r = 0; r < rounds; r++)); do
+  dir=$out
+  if ((rounds > 1)); then dir=$out/round$((r + 1)); echo "=== round $((r + 1)) of $rounds"; fi
+  mkdir -p "$dir/csv" "$dir/logs"
+  dirs+=("$dir")
+  for n in $ranks; do
+    for op in $ops; do
+      for ((i = 0; i < ${#families[@]}; i++)); do
+        run_family "${families[(i + r) % ${#families[@]}]}" "$n" "$op" "$dir"
+      done
+    done
+  done
+  # Raw loopback TCP, the yardstick of the tcp backend's targets (ping-pong and stream rate).
+  if [[ -x $bin/tcp_baseline ]]; then
+    echo "== raw loopback TCP"
+    "$bin/tcp_baseline" >"$dir/tcp_baseline.md"
+  fi
+  compare "$dir"
+done
+if ((rounds == 1)); then
+  cat "$out/compare.md"
+else
+  if ! bench/peers/median_of_runs.py "${dirs[@]}" >"$out/median.md"; then
+    echo "peers.sh: median_of_runs.py failed" >&2
+    failures=$((failures + 1))
+  fi
+  cat "$out/median.md"
+  for dir in "${dirs[@]}"; do cat "$dir/tcp_baseline.md" 2>/dev/null; done
 fi
 echo
-echo "results: $out (compare.md = in place, compare_p50.md, compare_shm.md, compare_out_of_place.md, plot_*.svg,"
-echo "  logs/, csv/)"
+where=$out
+if ((rounds > 1)); then echo "results: $out/median.md"; where="$out/round1 .. round$rounds"; fi
+echo "results: $where (compare.md = in place, compare_p50.md, compare_shm.md,"
+echo "  compare_out_of_place.md, plot_*.svg, logs/, csv/)"
 echo "$failures run(s) failed"
 exit $((failures > 0))
