@@ -13,13 +13,14 @@
 #   --ranks N          world size (default 2)
 #   --rounds N         rounds (default 3)
 #   -b SIZE -e SIZE -f FACTOR -n ITERS -w WARMUP   sweep (default 1M 64M 4 20 5)
+#   --time             print the in-place time (us, mean over the iterations) instead of busbw
 # Example: bench/peers/ab.sh --ranks 4 "ring|LOOM_ALGO=ring" "hd|LOOM_ALGO=hd" mpi-tcp
 #          bench/peers/ab.sh --rounds 5 loom gloo-ring gloo-ring_chunked gloo-halving_doubling
 # Environment: LOOM_BUILD_DIR (default build). Builds nothing: run scripts/peers.sh or build first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-op=all_reduce ranks=2 rounds=3 minb=1M maxb=64M factor=4 iters=20 warmup=5
+op=all_reduce ranks=2 rounds=3 minb=1M maxb=64M factor=4 iters=20 warmup=5 column=12
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 configs=()
 while (($#)); do
@@ -32,6 +33,7 @@ while (($#)); do
     -f) factor=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
     -w) warmup=$2; shift 2 ;;
+    --time) column=10; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "ab.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     *) configs+=("$1"); shift ;;
@@ -78,15 +80,17 @@ run() {
   if ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
     echo "ab.sh: $name reported wrong elements" >&2; exit 1
   fi
-  # nccl-tests rows: column 1 size, column 12 in-place busbw.
-  awk -v n="$name" '/^ +[0-9]/ {print n, $1, $12}' <<<"$out" >>"$results"
+  # nccl-tests rows: column 1 size, column 10 in-place time, column 12 in-place busbw.
+  awk -v n="$name" -v c="$column" '/^ +[0-9]/ {print n, $1, $c}' <<<"$out" >>"$results"
 }
 
 for ((r = 1; r <= rounds; r++)); do
   for cfg in "${configs[@]}"; do run "$cfg"; done
 done
 
-echo "# $op, $ranks ranks, in-place busbw GB/s: median of $rounds interleaved rounds [each round]"
+what="busbw GB/s"
+((column == 10)) && what="time us"
+echo "# $op, $ranks ranks, in-place $what: median of $rounds interleaved rounds [each round]"
 for cfg in "${configs[@]}"; do
   name=${cfg%%|*}
   line="$name:"
