@@ -4,20 +4,28 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "loom/common/env.h"
 
 namespace loom {
 namespace {
 
+// LOOM_LOG_LEVEL, read once. Logging must always work, so a bad value is not an error: it is
+// one warning naming the variable, the value and the accepted levels, and the warning level.
 LogLevel levelFromEnv() {
-  const char* env = std::getenv("LOOM_LOG_LEVEL");
-  if (env == nullptr || *env == '\0') return LogLevel::kWarning;
-  if (std::strcmp(env, "debug") == 0) return LogLevel::kDebug;
-  if (std::strcmp(env, "info") == 0) return LogLevel::kInfo;
-  if (std::strcmp(env, "warning") == 0 || std::strcmp(env, "warn") == 0) return LogLevel::kWarning;
-  if (std::strcmp(env, "error") == 0) return LogLevel::kError;
-  if (std::strcmp(env, "off") == 0) return LogLevel::kOff;
+  std::string level;
+  try {
+    level = env::choice("LOOM_LOG_LEVEL", {"debug", "info", "warning", "warn", "error", "off"},
+                        "warning");
+  } catch (const std::exception& e) {
+    // Straight to the sink (logMessage does not consult the level, which is not set yet).
+    logMessage(LogLevel::kWarning, detail::str(e.what(), "; using warning"));
+    return LogLevel::kWarning;
+  }
+  if (level == "debug") return LogLevel::kDebug;
+  if (level == "info") return LogLevel::kInfo;
+  if (level == "error") return LogLevel::kError;
+  if (level == "off") return LogLevel::kOff;
   return LogLevel::kWarning;
 }
 

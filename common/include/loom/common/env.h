@@ -1,0 +1,53 @@
+// Loom's environment knobs (LOOM_*, RANK, ...), parsed one way everywhere. docs/env.md lists
+// every variable.
+//
+// Contract:
+// - A variable that is unset or set to the empty string is "not set": the caller's fallback.
+// - A value that is set must be valid as a whole: no leading or trailing blanks, no trailing
+//   garbage, no silent clamping. Anything else is an InvalidArgumentError that names the
+//   variable, quotes the value and says what is accepted:
+//     LOOM_CHUNK_BYTES='4x' is not valid; expected a byte count in [4096, 1073741824] ...
+// - Integers are base 10 with an optional '-'. Byte counts are non-negative integers with an
+//   optional binary suffix K, M or G (case-insensitive), optionally followed by B or iB:
+//   512K, 4M, 1GiB, 65536. Flags are 1/0, on/off, true/false, yes/no (case-insensitive).
+//   Choices are matched case-insensitively and returned spelled as in `allowed`.
+// - The parse* functions take the value itself (for tests and for readers with an injected
+//   getenv); the others read the process environment with std::getenv each time they are
+//   called. Callers read a knob where the object it configures is set up and keep the
+//   result; hot paths never call these.
+// - Thread-safety: the parse* functions are pure. The readers call std::getenv, which must not
+//   race with setenv/unsetenv (a POSIX rule, not Loom's).
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace loom::env {
+
+// ---- pure parsers: `value` is what the variable `name` holds (empty is an error) ----
+
+// `note`, when given, is appended to the expected form: "(microseconds)", "(or 'auto')".
+long long parseInteger(const char* name, std::string_view value, long long lo, long long hi,
+                       std::string_view note = {});
+size_t parseBytes(const char* name, std::string_view value, size_t lo, size_t hi,
+                  std::string_view note = {});
+bool parseFlag(const char* name, std::string_view value);
+std::string parseChoice(const char* name, std::string_view value,
+                        std::initializer_list<std::string_view> allowed);
+
+// ---- readers of the process environment ----
+
+// The value of `name`; nullopt when it is unset or empty.
+std::optional<std::string> get(const char* name);
+
+long long integer(const char* name, long long lo, long long hi, long long fallback,
+                  std::string_view note = {});
+size_t bytes(const char* name, size_t lo, size_t hi, size_t fallback, std::string_view note = {});
+bool flag(const char* name, bool fallback);
+std::string choice(const char* name, std::initializer_list<std::string_view> allowed,
+                   std::string_view fallback);
+
+}  // namespace loom::env

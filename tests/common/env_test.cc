@@ -1,0 +1,191 @@
+// loom::env: the parsers on good values, suffixes, bounds, garbage and empty strings; the
+// readers on unset, empty and set variables; the error text names the variable, quotes the
+// value and says what is accepted. LOOM_LOG_LEVEL's bad value is a warning, not an error
+// (checked in a forked child, since the level is read once per process).
+#include "loom/common/env.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+
+namespace loom::env {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InvalidArgumentError";
+  return {};
+}
+
+// Sets `name` for the scope of the object and restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Env, IntegerAcceptsWholeBase10NumbersInRange) {
+  EXPECT_EQ(parseInteger("X", "0", 0, 10), 0);
+  EXPECT_EQ(parseInteger("X", "10", 0, 10), 10);
+  EXPECT_EQ(parseInteger("X", "-3", -5, 5), -3);
+  EXPECT_EQ(parseInteger("X", "007", 0, 10), 7);
+  EXPECT_EQ(parseInteger("X", "9223372036854775807", 0, INT64_MAX), INT64_MAX);
+}
+
+TEST(Env, IntegerRejectsGarbageBoundsAndEmptyNamingTheVariable) {
+  for (const char* bad :
+       {"", "abc", "4x", " 4", "4 ", "+4", "1e3", "0x10", "11", "-1", "99999999999999999999"}) {
+    SCOPED_TRACE(bad);
+    const std::string what = errorOf([&] { parseInteger("LOOM_SPIN_US", bad, 0, 10); });
+    EXPECT_THAT(what, HasSubstr(std::string("LOOM_SPIN_US='") + bad + "' is not valid"));
+    EXPECT_THAT(what, HasSubstr("expected an integer in [0, 10]"));
+  }
+  EXPECT_THAT(errorOf([] { parseInteger("LOOM_PG_NAP_US", "soon", 0, 1000000, "microseconds"); }),
+              HasSubstr("expected an integer in [0, 1000000] (microseconds)"));
+}
+
+TEST(Env, BytesAcceptBinarySuffixes) {
+  const size_t kMax = size_t{1} << 40;
+  EXPECT_EQ(parseBytes("X", "4096", 0, kMax), 4096u);
+  EXPECT_EQ(parseBytes("X", "512K", 0, kMax), 512u << 10);
+  EXPECT_EQ(parseBytes("X", "512k", 0, kMax), 512u << 10);
+  EXPECT_EQ(parseBytes("X", "256KB", 0, kMax), 256u << 10);
+  EXPECT_EQ(parseBytes("X", "256KiB", 0, kMax), 256u << 10);
+  EXPECT_EQ(parseBytes("X", "4M", 0, kMax), 4u << 20);
+  EXPECT_EQ(parseBytes("X", "4mib", 0, kMax), 4u << 20);
+  EXPECT_EQ(parseBytes("X", "1G", 0, kMax), size_t{1} << 30);
+  EXPECT_EQ(parseBytes("X", "1GiB", 0, kMax), size_t{1} << 30);
+  EXPECT_EQ(parseBytes("X", "0", 0, kMax), 0u);
+}
+
+TEST(Env, BytesRejectGarbageBoundsAndEmptyNamingTheVariable) {
+  for (const char* bad : {"", "4x", "abc", "K", "-4096", "4 K", "4K ", "4KK", "4KB2", "1.5M", "4Bi",
+                          "4T", "2K", "2G", "99999999999999999999G"}) {
+    SCOPED_TRACE(bad);
+    const std::string what =
+        errorOf([&] { parseBytes("LOOM_CHUNK_BYTES", bad, 4096, size_t{1} << 30); });
+    EXPECT_THAT(what, HasSubstr(std::string("LOOM_CHUNK_BYTES='") + bad + "' is not valid"));
+    EXPECT_THAT(what, HasSubstr("expected a byte count in [4096, 1073741824]"));
+    EXPECT_THAT(what, HasSubstr("512K, 4M, 1GiB"));
+  }
+  EXPECT_THAT(errorOf([] { parseBytes("LOOM_TCP_BUFFER_BYTES", "lots", 1, 10, "or 'auto'"); }),
+              HasSubstr("(or 'auto')"));
+}
+
+TEST(Env, FlagsAcceptTheUsualSpellingsInAnyCase) {
+  for (const char* on : {"1", "on", "ON", "true", "True", "yes", "YES"}) {
+    EXPECT_TRUE(parseFlag("X", on)) << on;
+  }
+  for (const char* off : {"0", "off", "OFF", "false", "FALSE", "no", "No"}) {
+    EXPECT_FALSE(parseFlag("X", off)) << off;
+  }
+  for (const char* bad : {"", "of", "disable", "2", "y", " 1"}) {
+    SCOPED_TRACE(bad);
+    const std::string what = errorOf([&] { parseFlag("LOOM_SHM", bad); });
+    EXPECT_THAT(what, HasSubstr(std::string("LOOM_SHM='") + bad + "' is not valid"));
+    EXPECT_THAT(what, HasSubstr("1/0, on/off, true/false or yes/no"));
+  }
+}
+
+TEST(Env, ChoiceMatchesInAnyCaseAndListsTheAllowedValues) {
+  EXPECT_EQ(parseChoice("X", "generic", {"auto", "generic"}), "generic");
+  EXPECT_EQ(parseChoice("X", "AUTO", {"auto", "generic"}), "auto");
+  for (const char* bad : {"", "avx", "generic "}) {
+    SCOPED_TRACE(bad);
+    const std::string what = errorOf([&] {
+      parseChoice("LOOM_REDUCE_ISA", bad, {"auto", "generic"});
+    });
+    EXPECT_THAT(what, HasSubstr(std::string("LOOM_REDUCE_ISA='") + bad + "' is not valid"));
+    EXPECT_THAT(what, HasSubstr("expected one of: auto, generic"));
+  }
+}
+
+TEST(Env, ReadersTreatUnsetAndEmptyAsTheFallback) {
+  const char* kName = "LOOM_ENV_TEST_KNOB";
+  for (const char* value : {static_cast<const char*>(nullptr), ""}) {
+    ScopedEnv scoped(kName, value);
+    EXPECT_FALSE(get(kName).has_value());
+    EXPECT_EQ(integer(kName, 0, 10, 7), 7);
+    EXPECT_EQ(bytes(kName, 0, 10, 9), 9u);
+    EXPECT_TRUE(flag(kName, true));
+    EXPECT_FALSE(flag(kName, false));
+    EXPECT_EQ(choice(kName, {"a", "b"}, "b"), "b");
+  }
+  {
+    ScopedEnv scoped(kName, "4K");
+    EXPECT_EQ(get(kName), "4K");
+    EXPECT_EQ(bytes(kName, 0, size_t{1} << 20, 9), 4096u);
+    EXPECT_THAT(errorOf([&] { integer(kName, 0, 10, 7); }),
+                HasSubstr("LOOM_ENV_TEST_KNOB='4K' is not valid"));
+  }
+  {
+    ScopedEnv scoped(kName, "off");
+    EXPECT_FALSE(flag(kName, true));
+    EXPECT_THAT(errorOf([&] {
+                  choice(kName, {"a", "b"}, "a");
+                }),
+                HasSubstr("expected one of: a, b"));
+  }
+}
+
+// A bad LOOM_LOG_LEVEL must not take logging down: one warning naming the variable, the value
+// and the accepted levels, then the warning level. Runs in a child: the level is read once.
+TEST(Env, BadLogLevelIsAWarningAndMeansWarning) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[0]);
+    ::setenv("LOOM_LOG_LEVEL", "verbose", 1);
+    const bool ok = !logEnabled(LogLevel::kInfo) && logEnabled(LogLevel::kWarning);
+    LOOM_LOG_WARNING("still logging");
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) err.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+  EXPECT_THAT(err, HasSubstr("LOOM_LOG_LEVEL='verbose' is not valid"));
+  EXPECT_THAT(err, HasSubstr("debug, info, warning"));
+  EXPECT_THAT(err, HasSubstr("still logging"));
+}
+
+}  // namespace
+}  // namespace loom::env
