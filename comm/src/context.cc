@@ -8,13 +8,14 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "algorithms/select.h"
+#include "knobs.h"
 #include "loom/comm/transport.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
@@ -98,8 +99,7 @@ class ContextImpl : public Context {
 // LOOM_SHM_P2P=0 keeps point-to-point on tcp while the collectives use the arena (for
 // measurements); LOOM_SHM=0 turns both off.
 bool pointToPointEnabledByEnv() {
-  const char* env = std::getenv("LOOM_SHM_P2P");
-  return env == nullptr || std::strcmp(env, "0") != 0;
+  return env::flag("LOOM_SHM_P2P", true);
 }
 
 // Same-host ranks get a shared-memory arena and a shared-memory transport. Every rank publishes its
@@ -108,8 +108,11 @@ bool pointToPointEnabledByEnv() {
 // the hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
 SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
   SharedMemory shared;
+  // Read whether or not they matter here, so that a bad value always fails setup.
+  const bool enabledByEnv = shm::sharedMemoryEnabledByEnv();
+  const bool p2pByEnv = pointToPointEnabledByEnv();
   if (size < 2) return shared;
-  const bool enabled = options.sharedMemory && shm::sharedMemoryEnabledByEnv();
+  const bool enabled = options.sharedMemory && enabledByEnv;
   const std::string prefix = options.storePrefix + "/shm";
   store.set(detail::str(prefix, "/host/", rank), enabled ? shm::hostIdentity() : "off");
   std::vector<std::string> keys;
@@ -125,7 +128,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.timeout = options.timeout;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
-  const bool p2p = local.size() > 1 && pointToPointEnabledByEnv();
+  const bool p2p = local.size() > 1 && p2pByEnv;
   if (static_cast<int>(local.size()) == size) {
     aopts.keyPrefix = prefix;
     shared.arena = shm::Arena::create(store, rank, size, aopts);
@@ -170,7 +173,10 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.socketsPerPeer >= 1, "socketsPerPeer must be at least 1");
-  const Algorithm envAlgorithm = algorithmFromEnvironment();  // a bad LOOM_ALGO fails here
+  // The process-wide knobs are re-read at every setup: a bad value fails here (knobs.h).
+  const Algorithm envAlgorithm = algorithmFromEnvironment();
+  loadChunkBytes();
+  loadReduceIsa();
   tcp::TcpOptions topts;
   topts.timeout = options.timeout;
   topts.host = options.host;

@@ -1,9 +1,10 @@
 #include "loom/comm/reduce.h"
 
-#include <cstdlib>
-#include <string_view>
+#include <atomic>
 
 #include "half.h"
+#include "knobs.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "reduce_isa.h"
 
@@ -11,22 +12,33 @@ namespace loom::comm {
 
 namespace {
 
-// LOOM_REDUCE_ISA=generic forces the portable kernels (tests run both).
+// 1: the AVX2 kernels, 0: the portable ones, -1: LOOM_REDUCE_ISA not read yet (loadReduceIsa).
+std::atomic<int> gUseAvx2{-1};
+
 bool useAvx2() {
-#if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
-  static const bool yes = [] {
-    const char* env = std::getenv("LOOM_REDUCE_ISA");
-    if (env != nullptr && std::string_view(env) == "generic") return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-  }();
-  return yes;
-#else
-  return false;
-#endif
+  int use = gUseAvx2.load(std::memory_order_relaxed);
+  if (use < 0) {
+    loadReduceIsa();
+    use = gUseAvx2.load(std::memory_order_relaxed);
+  }
+  return use == 1;
 }
 
 }  // namespace
+
+// LOOM_REDUCE_ISA=generic forces the portable kernels (tests run both); auto takes AVX2 where
+// the CPU has AVX2, FMA and F16C.
+void loadReduceIsa() {
+  const bool generic = env::choice("LOOM_REDUCE_ISA", {"auto", "generic"}, "auto") == "generic";
+#if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
+  const bool avx2 = !generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+#else
+  const bool avx2 = false;
+  (void)generic;
+#endif
+  gUseAvx2.store(avx2 ? 1 : 0, std::memory_order_relaxed);
+}
 
 ReduceFn reduceFunction(DType dtype, ReduceOp op) {
   checkReduceOp(op, dtype);

@@ -249,5 +249,51 @@ TEST(ShmTransport, ForcedGenericAlgorithmsRunOverIt) {
   }
 }
 
+// The arena's and the shm transport's knobs are read when they are set up: a bad value fails
+// Context::create on every rank naming the variable and what is accepted; a good one
+// (suffixed byte counts included) is taken.
+TEST(ShmTransport, BadShmEnvironmentValuesFailSetupNamingThem) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* expected;
+  };
+  for (const Case& c : {Case{"LOOM_SHM_SLOT_BYTES", "4x", "a byte count in [4096, 1073741824]"},
+                        Case{"LOOM_SHM_SLOT_BYTES", "2K", "a byte count in [4096, 1073741824]"},
+                        Case{"LOOM_SHM_RING_BYTES", "lots", "a byte count in [4096, 1073741824]"},
+                        Case{"LOOM_SHM_SPIN_US", "abc", "an integer in [0, 10000000]"},
+                        Case{"LOOM_SHM_YIELD_US", "1ms", "an integer in [0, 10000000]"},
+                        Case{"LOOM_SHM_MEMFD", "maybe", "1/0, on/off, true/false or yes/no"}}) {
+    SCOPED_TRACE(::testing::Message() << c.name << "=" << c.value);
+    ScopedEnv bad(c.name, c.value);
+    HashStore store;
+    loom::testing::runThreadRanks(2, [&](int rank) {
+      try {
+        Context::create(store, rank, 2, options());
+        ADD_FAILURE() << "no error";
+      } catch (const InvalidArgumentError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(detail::str(c.name, "='", c.value, "' is not valid")),
+                  std::string::npos)
+            << what;
+        EXPECT_NE(what.find(c.expected), std::string::npos) << what;
+      }
+    });
+  }
+  ScopedEnv slot("LOOM_SHM_SLOT_BYTES", "64K");
+  ScopedEnv ring("LOOM_SHM_RING_BYTES", "8KiB");
+  ScopedEnv spin("LOOM_SHM_SPIN_US", "0");
+  ScopedEnv memfd("LOOM_SHM_MEMFD", "on");
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, options());
+    EXPECT_STREQ(ctx->transport().name(), "shm+tcp");
+    std::vector<float> data(100000, static_cast<float>(rank + 1));
+    allreduce(*ctx, data.data(), data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(data.front(), 3.0f);
+    EXPECT_EQ(data.back(), 3.0f);
+  });
+}
+
 }  // namespace
 }  // namespace loom::comm::testing

@@ -423,7 +423,7 @@ TEST(VerbsNoDevice, EntryPointsSayNoDeviceWasFound) {
   unsetenv("LOOM_IB_DEVICE");
   setenv("LOOM_IB_PORT", "abc", 1);
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createVerbsContext(store, 0, 1); }),
-              HasSubstr("LOOM_IB_PORT=\"abc\" is not valid"));
+              HasSubstr("LOOM_IB_PORT='abc' is not valid"));
   EXPECT_FALSE(verbsAvailable(&why));
   EXPECT_THAT(why, HasSubstr("LOOM_IB_PORT"));
   unsetenv("LOOM_IB_PORT");

@@ -121,7 +121,7 @@ TEST(Config, DefaultsAndOverrides) {
           {"LOOM_IB_PORT", "2"},
           {"LOOM_IB_GID_INDEX", "3"},
           {"LOOM_IB_SLOTS", "32"},
-          {"LOOM_IB_SLOT_BYTES", "4096"}};
+          {"LOOM_IB_SLOT_BYTES", "4K"}};
   c = parseVerbsConfig(fakeGetenv);
   EXPECT_EQ(c.device, "mlx5_1");
   EXPECT_EQ(c.port, 2);
@@ -130,13 +130,13 @@ TEST(Config, DefaultsAndOverrides) {
   EXPECT_EQ(c.slotBytes, 4096u);
   gEnv = {{"LOOM_IB_PORT", "0"}};
   EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_PORT=\"0\" is not valid: expected an integer in [1, 255]"));
+              HasSubstr("LOOM_IB_PORT='0' is not valid; expected an integer in [1, 255]"));
   gEnv = {{"LOOM_IB_GID_INDEX", "x"}};
   EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_GID_INDEX=\"x\""));
+              HasSubstr("LOOM_IB_GID_INDEX='x' is not valid"));
   gEnv = {{"LOOM_IB_SLOTS", "1"}};
   EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_SLOTS=\"1\""));
+              HasSubstr("LOOM_IB_SLOTS='1' is not valid"));
   gEnv.clear();
 }
 

@@ -20,11 +20,13 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
 
 #include "loom/comm/transport.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "tag.h"
@@ -91,8 +93,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::string hostIdentity() {
-  if (const char* env = std::getenv("LOOM_SHM_HOST_ID"); env != nullptr && *env != '\0') {
-    return detail::str("override|", env);
+  if (const std::optional<std::string> id = env::get("LOOM_SHM_HOST_ID")) {
+    return detail::str("override|", *id);
   }
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -102,10 +104,7 @@ std::string hostIdentity() {
 }
 
 bool sharedMemoryEnabledByEnv() {
-  const char* env = std::getenv("LOOM_SHM");
-  if (env == nullptr || *env == '\0') return true;
-  const std::string v(env);
-  return !(v == "0" || v == "off" || v == "OFF" || v == "false" || v == "no");
+  return env::flag("LOOM_SHM", true);
 }
 
 std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
@@ -113,11 +112,8 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   size_t slotBytes = options.slotBytes != 0 ? options.slotBytes
                      : size <= 4            ? size_t{2} << 20
                                             : size_t{1} << 20;
-  if (const char* env = std::getenv("LOOM_SHM_SLOT_BYTES"); env != nullptr && *env != '\0') {
-    const long long v = std::atoll(env);
-    LOOM_CHECK(v >= 4096, "LOOM_SHM_SLOT_BYTES must be at least 4096, got '", env, "'");
-    slotBytes = static_cast<size_t>(v);
-  }
+  slotBytes = env::bytes("LOOM_SHM_SLOT_BYTES", 4096, size_t{1} << 30, slotBytes);
+  const WaitBudget budget = waitBudget(size);
   slotBytes = roundUp(std::max<size_t>(slotBytes, kPage), kPage);
   const size_t perRankBytes = kPage + kSlots * slotBytes;
   const size_t totalBytes = kPage + size * perRankBytes;
@@ -151,34 +147,21 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   };
   auto segment = Segment::create(store, rank, size, totalBytes, options.keyPrefix, options.timeout,
                                  init, check);
-  std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, std::move(segment)));
+  std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   return arena;
 }
 
-Arena::Arena(int rank, int size, size_t slotBytes, std::unique_ptr<Segment> segment)
+Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
+             std::unique_ptr<Segment> segment)
     : rank_(rank),
       size_(size),
       slotBytes_(slotBytes),
       segment_(std::move(segment)),
       base_(segment_->base()),
-      header_(static_cast<Header*>(base_)) {
-  // Spinning only pays while every rank has a core of its own: then spin up to 1 ms. When
-  // ranks outnumber cores, spin a moment only. Then sched_yield for up to 1 ms (2 ms when
-  // oversubscribed) before sleeping: a yielding rank stays runnable, so the load balancer
-  // keeps spreading the ranks over the cores, where sleeping ranks get packed onto one core
-  // of a loaded machine and every hand-over becomes a futex wake-up (measured here: 2 ranks,
-  // 64 KiB all-reduce 36 us with immediate sleep, 13.5 us with the yield phase).
-  const bool oversubscribed = size_ > usableCpus();
-  spinNs_ = oversubscribed ? 3000 : 1000000;
-  yieldNs_ = oversubscribed ? 2000000 : 1000000;
-  if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
-    spinNs_ = std::atoll(env) * 1000;
-  }
-  if (const char* env = std::getenv("LOOM_SHM_YIELD_US"); env != nullptr && *env != '\0') {
-    yieldNs_ = std::atoll(env) * 1000;
-  }
-}
+      header_(static_cast<Header*>(base_)),
+      spinNs_(budget.spinNs),
+      yieldNs_(budget.yieldNs) {}
 
 Arena::~Arena() {
   control(rank_).closed.store(1, std::memory_order_release);

@@ -40,6 +40,7 @@
 #include <string>
 
 #include "loom/common/deadline.h"
+#include "shm/os.h"
 
 namespace loom {
 class Store;
@@ -67,7 +68,7 @@ struct ArenaOptions {
 // LOOM_SHM_HOST_ID, when set, replaces it (tests use it to split one machine into "hosts").
 std::string hostIdentity();
 
-// True unless LOOM_SHM is set to 0/off/false/no.
+// LOOM_SHM as a flag (env.h), default on; a bad value is an InvalidArgumentError.
 bool sharedMemoryEnabledByEnv();
 
 class Arena {
@@ -136,7 +137,7 @@ class Arena {
   struct Header;
   struct Control;
 
-  Arena(int rank, int size, size_t slotBytes, std::unique_ptr<Segment> segment);
+  Arena(int rank, int size, size_t slotBytes, WaitBudget budget, std::unique_ptr<Segment> segment);
 
   Control& control(int rank) const;
   // Waits until counter(peer) >= target; `what` names the phase for messages.
@@ -156,8 +157,8 @@ class Arena {
   void* base_;
   Header* header_;
   uint64_t step_ = 0;
-  int64_t spinNs_;   // LOOM_SHM_SPIN_US overrides
-  int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
+  const int64_t spinNs_;   // waitBudget (os.h): LOOM_SHM_SPIN_US overrides
+  const int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
   Transport* transport_ = nullptr;
 };
 

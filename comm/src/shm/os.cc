@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "loom/common/env.h"
+
 namespace loom::comm::shm {
 
 int64_t nowNs() {
@@ -54,6 +56,19 @@ int usableCpus() {
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// The yield phase: a yielding rank stays runnable, so the load balancer keeps spreading the
+// ranks over the cores, where sleeping ranks get packed onto one core of a loaded machine and
+// every hand-over becomes a futex wake-up (measured here: 2 ranks, 64 KiB all-reduce 36 us
+// with immediate sleep, 13.5 us with the yield phase).
+WaitBudget waitBudget(int localRanks) {
+  const bool oversubscribed = localRanks > usableCpus();
+  const int64_t spinUs =
+      env::integer("LOOM_SHM_SPIN_US", 0, 10'000'000, oversubscribed ? 3 : 1000, "microseconds");
+  const int64_t yieldUs = env::integer("LOOM_SHM_YIELD_US", 0, 10'000'000,
+                                       oversubscribed ? 2000 : 1000, "microseconds");
+  return WaitBudget{spinUs * 1000, yieldUs * 1000};
 }
 
 }  // namespace loom::comm::shm

@@ -12,17 +12,13 @@
 #include <random>
 #include <vector>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 
 namespace loom::comm::shm {
 
 namespace {
-
-bool memfdEnabledByEnv() {
-  const char* env = std::getenv("LOOM_SHM_MEMFD");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
 
 // Sizes `fd` to `bytes` and reserves the pages; false (errno set) on failure.
 bool reserve(int fd, size_t bytes) {
@@ -49,6 +45,9 @@ std::unique_ptr<Segment> Segment::create(Store& store, int rank, int size, size_
                                          const std::string& keyPrefix,
                                          std::chrono::milliseconds timeout, const Init& init,
                                          const Check& check) {
+  // LOOM_SHM_MEMFD=0 skips the memfd. Read on every rank, so that a bad value fails each of
+  // them at once, not only rank 0.
+  const bool memfd = env::flag("LOOM_SHM_MEMFD", true);
   // ---- first choice: an anonymous memfd, opened by the others through /proc ----
   const std::string memfdKey = keyPrefix + "/memfd";
   std::string memfdName = "none";
@@ -56,7 +55,7 @@ std::unique_ptr<Segment> Segment::create(Store& store, int rank, int size, size_
   void* base = nullptr;
   size_t mapBytes = bytes;
   if (rank == 0) {
-    if (memfdEnabledByEnv()) fd = ::memfd_create("loom-shm", MFD_CLOEXEC);
+    if (memfd) fd = ::memfd_create("loom-shm", MFD_CLOEXEC);
     if (fd >= 0) {
       if (!reserve(fd, bytes)) {
         const int err = errno;

@@ -1,5 +1,7 @@
 #include "shm/shm_transport_impl.h"
 
+#include "loom/common/env.h"
+
 namespace loom::comm::shm {
 
 // ---- setup ----
@@ -13,11 +15,8 @@ std::unique_ptr<ShmTransport> ShmTransport::create(Store& store, int rank, int s
   size_t ringBytes = options.ringBytes != 0 ? options.ringBytes
                      : n <= 4               ? size_t{1} << 20
                                             : size_t{256} << 10;
-  if (const char* env = std::getenv("LOOM_SHM_RING_BYTES"); env != nullptr && *env != '\0') {
-    const long long v = std::atoll(env);
-    LOOM_CHECK(v >= 4096, "LOOM_SHM_RING_BYTES must be at least 4096, got '", env, "'");
-    ringBytes = static_cast<size_t>(v);
-  }
+  ringBytes = env::bytes("LOOM_SHM_RING_BYTES", 4096, size_t{1} << 30, ringBytes);
+  const WaitBudget budget = waitBudget(n);
   ringBytes = roundUp(ringBytes, p2p::kPage);
   static_assert(sizeof(Header) <= p2p::kPage && sizeof(Control) <= p2p::kPage &&
                 sizeof(Ring) <= p2p::kPage);
@@ -45,16 +44,17 @@ std::unique_ptr<ShmTransport> ShmTransport::create(Store& store, int rank, int s
   auto segment =
       Segment::create(store, me, n, total, options.keyPrefix, options.timeout, init, check);
   return std::unique_ptr<ShmTransport>(
-      new ShmTransport(rank, size, local, ringBytes, std::move(segment)));
+      new ShmTransport(rank, size, local, ringBytes, budget, std::move(segment)));
 }
 
 ShmTransport::ShmTransport(int rank, int size, std::vector<int> local, size_t ringBytes,
-                           std::unique_ptr<Segment> segment)
+                           WaitBudget budget, std::unique_ptr<Segment> segment)
     : rank_(rank),
       size_(size),
       local_(std::move(local)),
       me_(static_cast<int>(std::find(local_.begin(), local_.end(), rank) - local_.begin())),
       ringBytes_(ringBytes),
+      budget_(budget),
       segment_(std::move(segment)),
       header_(static_cast<Header*>(segment_->base())) {
   for (size_t i = 0; i < local_.size(); ++i) {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "loom/comm/transport.h"
+#include "shm/os.h"
 
 namespace loom {
 class Store;
@@ -115,7 +116,7 @@ class ShmTransport final : public Transport {
     std::atomic<bool> sendsPending{false};
   };
 
-  ShmTransport(int rank, int size, std::vector<int> local, size_t ringBytes,
+  ShmTransport(int rank, int size, std::vector<int> local, size_t ringBytes, WaitBudget budget,
                std::unique_ptr<Segment> segment);
 
   int indexOf(int peer) const;  // local index, or -1
@@ -152,6 +153,7 @@ class ShmTransport final : public Transport {
   const std::vector<int> local_;
   const int me_;  // this rank's local index
   const size_t ringBytes_;
+  const WaitBudget budget_;  // how long a waiting request spins, then yields (os.h)
   std::unique_ptr<Segment> segment_;
   Header* header_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by local index (ours unused)

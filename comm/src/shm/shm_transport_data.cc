@@ -7,20 +7,14 @@ namespace loom::comm::shm {
 bool ShmRequest::wait(const Deadline& deadline) {
   if (check()) return true;
   // Spin, moving data ourselves, while that is cheaper than sleeping; then yield the core
-  // for a while; then sleep (the arena's policy, arena.h). Spinning is futile while the peer
-  // last ran on our own CPU (a loaded machine put both on one core): then yield almost at once.
-  static const int64_t spinNs = []() -> int64_t {
-    if (const char* env = std::getenv("LOOM_SHM_SPIN_US"); env != nullptr && *env != '\0') {
-      return std::atoll(env) * 1000;
-    }
-    return -1;
-  }();
-  const bool oversubscribed = t_->local_.size() > static_cast<size_t>(usableCpus());
+  // for a while; then sleep (the arena's policy, arena.h; budgets from waitBudget, os.h).
+  // Spinning is futile while the peer last ran on our own CPU (a loaded machine put both on
+  // one core): then yield almost at once.
   const int peerIndex = t_->indexOf(peer_);
   const bool sameCpu =
       t_->control(peerIndex).cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
-  const int64_t spin = sameCpu ? 2000 : spinNs >= 0 ? spinNs : oversubscribed ? 3000 : 1000000;
-  const int64_t yield = oversubscribed ? 2000000 : 1000000;
+  const int64_t spin = sameCpu ? 2000 : t_->budget_.spinNs;
+  const int64_t yield = t_->budget_.yieldNs;
   {
     struct Polling {
       ShmTransport* t;

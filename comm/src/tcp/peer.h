@@ -74,8 +74,9 @@ enum State : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
 
 // Messages up to this size spin before blocking; larger transfers go straight to drive().
 constexpr size_t kSpinBytes = 64 << 10;
-// How long a waiter spins (LOOM_SPIN_US, default 50 µs).
-Clock::duration spinTime();
+// How long a waiter on a small message spins (TcpTransport::spinTime) unless LOOM_SPIN_US
+// says otherwise.
+constexpr int kDefaultSpinUs = 50;
 // True on a thread inside TcpRequest::wait (it drives sockets itself).
 extern thread_local bool tlsDriving;
 class TcpRequest;

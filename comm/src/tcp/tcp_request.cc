@@ -2,25 +2,12 @@
 // sockets (TcpTransport::drive) until the request completes or the deadline passes.
 #include <sched.h>
 
-#include <algorithm>
-#include <cstdlib>
-
 #include "tcp/peer.h"
 
 namespace loom::comm::tcp {
 
 thread_local bool tlsDriving = false;
 thread_local const TcpRequest* tlsWaiting = nullptr;
-
-Clock::duration spinTime() {
-  static const Clock::duration spin = [] {
-    const char* env = std::getenv("LOOM_SPIN_US");
-    long us = 50;
-    if (env != nullptr && *env != '\0') us = std::max(0L, std::strtol(env, nullptr, 10));
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(us));
-  }();
-  return spin;
-}
 
 bool TcpRequest::wait(const Deadline& deadline) {
   if (state_.load(std::memory_order_acquire) != kPending) return test();
@@ -31,7 +18,7 @@ bool TcpRequest::wait(const Deadline& deadline) {
   transport_->beginWait(this);
   WaitScope scope{transport_};
   if (bytes_ <= kSpinBytes) {
-    const auto spinEnd = Clock::now() + spinTime();
+    const auto spinEnd = Clock::now() + transport_->spinTime();
     do {
       transport_->pollPeer(peer_, send_);
       if (state_.load(std::memory_order_acquire) != kPending) break;

@@ -8,9 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
+#include <optional>
+#include <string>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
@@ -24,27 +25,14 @@ TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
 
 namespace {
 
-// The integer in environment variable `name`, `fallback` when it is unset or empty; a value
-// that is not an integer in [lo, hi] is an InvalidArgumentError naming the variable and
-// `expected`. Read at each transport setup, so a bad value fails there, every time.
-long envInteger(const char* name, long lo, long hi, long fallback, const char* expected) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  LOOM_CHECK(end != env && *end == '\0' && v >= lo && v <= hi, name, "='", env,
-             "' is not valid; expected ", expected);
-  return v;
-}
-
 // SO_SNDBUF/SO_RCVBUF for TcpOptions::bufferBytes == 0: LOOM_TCP_BUFFER_BYTES (a byte count,
 // or "auto" for the kernel's autotuning), else kDefaultBufferBytes (0: autotuning).
 int defaultBufferBytes() {
-  const char* env = std::getenv("LOOM_TCP_BUFFER_BYTES");
-  if (env != nullptr && std::strcmp(env, "auto") == 0) return -1;
-  return static_cast<int>(envInteger("LOOM_TCP_BUFFER_BYTES", 1, 1L << 30,
-                                     static_cast<long>(kDefaultBufferBytes),
-                                     "a byte count in [1, 2^30] or 'auto'"));
+  const std::optional<std::string> env = env::get("LOOM_TCP_BUFFER_BYTES");
+  if (!env) return static_cast<int>(kDefaultBufferBytes);
+  if (*env == "auto") return -1;
+  return static_cast<int>(env::parseBytes("LOOM_TCP_BUFFER_BYTES", *env, 1, size_t{1} << 30,
+                                          "or 'auto' for the kernel's autotuning"));
 }
 
 }  // namespace
@@ -55,17 +43,19 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.busyPollUs <= 10'000'000, "busyPollUs ", options.busyPollUs,
              " is out of range; expected at most 10000000 µs (or < 0 for the default)");
-  const long busyUs = options.busyPollUs >= 0
-                          ? options.busyPollUs
-                          : envInteger("LOOM_TCP_BUSY_US", 0, 10'000'000, kDefaultBusyPollUs,
-                                       "microseconds in [0, 10000000] (0 blocks at once)");
-  const long sendStep =
-      envInteger("LOOM_TCP_SEND_BYTES", 4096, 1L << 30, static_cast<long>(kMaxSendBytes),
-                 "a byte count in [4096, 2^30]");
+  // The environment knobs are read at each setup, so a bad value fails here, every time.
+  const long long busyUs = options.busyPollUs >= 0
+                               ? options.busyPollUs
+                               : env::integer("LOOM_TCP_BUSY_US", 0, 10'000'000, kDefaultBusyPollUs,
+                                              "microseconds; 0 blocks at once");
+  const size_t sendStep = env::bytes("LOOM_TCP_SEND_BYTES", 4096, size_t{1} << 30, kMaxSendBytes);
+  const long long spinUs = env::integer("LOOM_SPIN_US", 0, 10'000'000, kDefaultSpinUs,
+                                        "microseconds a small message's wait spins");
   const int bufferBytes = options.bufferBytes == 0 ? defaultBufferBytes() : options.bufferBytes;
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
   t->busy_ = std::chrono::microseconds(busyUs);
-  t->sendStep_ = static_cast<size_t>(sendStep);
+  t->sendStep_ = sendStep;
+  t->spin_ = std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(spinUs));
   t->peers_.resize(size);
   if (size == 1) {
     t->start();
@@ -75,9 +65,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   std::string host = options.host;
   const char* hostFrom = "ContextOptions::host";
   if (host.empty()) {
-    const char* env = std::getenv("LOOM_HOST");
-    if (env != nullptr && *env != '\0') {
-      host = env;
+    if (const std::optional<std::string> env = env::get("LOOM_HOST")) {
+      host = *env;
       hostFrom = "LOOM_HOST";
     } else {
       host = net::hostname();

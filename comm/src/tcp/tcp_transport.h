@@ -92,6 +92,8 @@ class TcpTransport : public Transport {
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
 
+  // How long TcpRequest::wait spins on a small message (LOOM_SPIN_US at setup).
+  Clock::duration spinTime() const { return spin_; }
   // Used by TcpRequest::wait while spinning: drive one peer's socket without blocking.
   void pollPeer(int peer, bool send);
   // Used by TcpRequest::wait around its whole wait (spin and drive): while any thread waits,
@@ -135,7 +137,8 @@ class TcpTransport : public Transport {
   std::atomic<int64_t> lastWaitEnd_{0};  // steady clock ns when the last wait ended
   std::atomic<uint64_t> moved_{0};       // bytes sent + received, for the busy phase of drive()
   Clock::duration busy_{0};              // see TcpOptions::busyPollUs
-  size_t sendStep_ = 0;  // bytes per sendmsg call (kMaxSendBytes, LOOM_TCP_SEND_BYTES)
+  size_t sendStep_ = 0;      // bytes per sendmsg call (kMaxSendBytes, LOOM_TCP_SEND_BYTES)
+  Clock::duration spin_{0};  // see spinTime()
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

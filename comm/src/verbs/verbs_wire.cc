@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "verbs/verbs_ops.h"
 
@@ -92,29 +93,30 @@ QpInfo parseQpInfo(const std::string& text, const std::string& what) {
 
 namespace {
 
+// The variable through the injected getenv, parsed by env.h's rules (unset or empty: `def`).
 long envInt(const char* (*getenv)(const char*), const char* name, long def, long lo, long hi) {
   const char* v = getenv(name);
   if (v == nullptr || *v == '\0') return def;
-  errno = 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || errno != 0 || x < lo || x > hi) {
-    LOOM_THROW(InvalidArgumentError, name, "=\"", v, "\" is not valid: expected an integer in [",
-               lo, ", ", hi, "]");
-  }
-  return x;
+  return static_cast<long>(env::parseInteger(name, v, lo, hi));
+}
+
+size_t envBytes(const char* (*getenv)(const char*), const char* name, size_t def, size_t lo,
+                size_t hi) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  return env::parseBytes(name, v, lo, hi);
 }
 
 }  // namespace
 
 VerbsConfig parseVerbsConfig(const char* (*getenv)(const char*)) {
   VerbsConfig c;
-  if (const char* d = getenv("LOOM_IB_DEVICE"); d != nullptr) c.device = d;
+  if (const char* d = getenv("LOOM_IB_DEVICE"); d != nullptr && *d != '\0') c.device = d;
   c.port = static_cast<int>(envInt(getenv, "LOOM_IB_PORT", 1, 1, 255));
   c.gidIndex = static_cast<int>(envInt(getenv, "LOOM_IB_GID_INDEX", 0, 0, 65535));
   c.slots = static_cast<uint32_t>(envInt(getenv, "LOOM_IB_SLOTS", 16, 2, 4096));
   c.slotBytes = static_cast<uint32_t>(
-      envInt(getenv, "LOOM_IB_SLOT_BYTES", 64 * 1024, 256, 64L * 1024 * 1024));
+      envBytes(getenv, "LOOM_IB_SLOT_BYTES", 64 * 1024, 256, 64 * 1024 * 1024));
   return c;
 }
 
