@@ -25,6 +25,7 @@
 
 #include "loom/bench/runner.h"
 #include "loom/comm/collectives.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
@@ -218,9 +219,9 @@ int loomBenchMain(int argc, char** argv) {
   init.initMethod = initMethod;
   init.pg.timeout = std::chrono::seconds(timeoutS);
   init.pg.algorithm = algorithm;
-  if (const char* shm = std::getenv("LOOM_SHM")) init.pg.sharedMemory = std::strcmp(shm, "0") != 0;
-  int rank = rankFromEnvironment();
+  int rank = rankFromEnvironment();  // valid: parseCommandLine checked it
   try {
+    init.pg.sharedMemory = env::flag("LOOM_SHM", true);
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
     LoomDriver driver(group.pg);

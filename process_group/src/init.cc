@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
@@ -257,8 +258,7 @@ InitMethod parseInitMethod(std::string_view url) {
 InitResult initProcessGroup(const InitOptions& options) {
   std::string url = options.initMethod;
   if (url.empty()) {
-    const char* v = std::getenv("LOOM_INIT_METHOD");
-    url = v && *v ? v : "env://";
+    url = env::get("LOOM_INIT_METHOD").value_or("env://");
   }
   const InitMethod method = parseInitMethod(url);
   const Environment env = currentEnvironment();
@@ -299,9 +299,7 @@ InitResult initProcessGroup(const InitOptions& options) {
   }
   result.store->setTimeout(options.pg.timeout);
   ProcessGroupOptions pgOptions = options.pg;
-  const char* loomHost = std::getenv("LOOM_HOST");
-  if (pgOptions.host.empty() && (loomHost == nullptr || *loomHost == '\0') &&
-      method.kind != InitMethod::Kind::kFile) {
+  if (pgOptions.host.empty() && !env::get("LOOM_HOST") && method.kind != InitMethod::Kind::kFile) {
     // Listen where the peers can reach us: the address on the route to the store's host, not
     // the host name (Debian maps it to 127.0.1.1, useless to ranks on other machines).
     const std::string storeHost =

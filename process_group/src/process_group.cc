@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/process_group/factory.h"
@@ -25,8 +26,8 @@ DebugLevel parseDebugLevel(std::string_view value) {
 }
 
 DebugLevel debugLevelFromEnv() {
-  const char* v = std::getenv("LOOM_DEBUG");
-  return v ? parseDebugLevel(v) : DebugLevel::kOff;
+  const std::optional<std::string> v = env::get("LOOM_DEBUG");
+  return v ? parseDebugLevel(*v) : DebugLevel::kOff;
 }
 
 const char* opTypeName(OpType type) {

@@ -11,6 +11,7 @@
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
 #include "loom/common/deadline.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
@@ -38,16 +39,10 @@ std::string joinRanks(const std::vector<int>& ranks) {
   return out;
 }
 
+// A hand-off setting in microseconds, read at each group's setup (env.h's rules).
 std::chrono::microseconds microsFromEnv(const char* name, std::chrono::microseconds fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == 0) return fallback;
-  char* end = nullptr;
-  const long long us = std::strtoll(v, &end, 10);
-  if (*end != 0 || us < 0 || us > 1000000) {
-    LOOM_THROW(InvalidArgumentError, name, "='", v,
-               "' is not a duration; expected microseconds from 0 to 1000000");
-  }
-  return std::chrono::microseconds(us);
+  return std::chrono::microseconds(
+      env::integer(name, 0, 1000000, fallback.count(), "microseconds"));
 }
 
 }  // namespace

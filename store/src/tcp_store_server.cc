@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/common/socket.h"
@@ -25,8 +26,7 @@ using store_protocol::Message;
 using store_protocol::Op;
 
 std::string defaultStoreToken() {
-  const char* env = std::getenv("LOOM_STORE_TOKEN");
-  return env == nullptr ? std::string() : std::string(env);
+  return env::get("LOOM_STORE_TOKEN").value_or(std::string());
 }
 
 namespace {

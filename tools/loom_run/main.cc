@@ -11,6 +11,7 @@
 #include <set>
 
 #include "launch_options.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
 #include "rendezvous.h"
@@ -140,9 +141,7 @@ class Launcher {
   int runMultiNode() {
     // The workers' transports listen on this node's address towards node 0, unless the user
     // chose one (LOOM_HOST).
-    const char* userHost = std::getenv("LOOM_HOST");
-    if (userHost == nullptr || *userHost == '\0')
-      loomHost_ = net::localAddressTowards(o_.masterAddr);
+    if (!env::get("LOOM_HOST")) loomHost_ = net::localAddressTowards(o_.masterAddr);
     std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
     RendezvousOptions ro;
     ro.runId = o_.runId;

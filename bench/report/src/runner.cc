@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "loom/bench/data.h"
 #include "loom/bench/plot.h"
 #include "loom/bench/sizes.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 
 namespace loom::bench {
@@ -264,14 +266,23 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
 
 int rankFromEnvironment() {
   for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (const char* v = std::getenv(name)) return std::atoi(v);
+    if (const std::optional<std::string> v = env::get(name)) {
+      return static_cast<int>(env::parseInteger(name, *v, 0, INT_MAX, "this process's rank"));
+    }
   }
   return 0;
 }
 
 std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv,
                                     const std::function<void()>& resolve) {
-  const bool speak = rankFromEnvironment() == 0;
+  int rank = 0;
+  try {
+    rank = rankFromEnvironment();
+  } catch (const InvalidArgumentError& e) {
+    std::cerr << app.get_name() << ": " << e.what() << "\n";
+    return 2;
+  }
+  const bool speak = rank == 0;
   try {
     app.parse(argc, argv);
     resolve();

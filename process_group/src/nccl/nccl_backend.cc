@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/common/deadline.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 
@@ -454,9 +455,9 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::shared_ptr<NcclState> state_;
 };
 
+// LOCAL_RANK picks the device (-1 when unset); a bad value is an InvalidArgumentError.
 int localRankFromEnv() {
-  const char* v = std::getenv("LOCAL_RANK");
-  return v && *v ? std::atoi(v) : -1;
+  return static_cast<int>(env::integer("LOCAL_RANK", 0, 1 << 20, -1, "the rank on this node"));
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv,
                                     const std::function<void()>& resolve);
 
 // This process's rank as the launchers (loom-run, torchrun, srun, mpirun) put it in the
-// environment, or 0; used to print usage errors once.
+// environment, or 0; used to print usage errors once. A value that is not a rank is an
+// InvalidArgumentError naming the variable (parseCommandLine then exits with status 2).
 int rankFromEnvironment();
 
 struct Call {
