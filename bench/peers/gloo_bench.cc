@@ -38,13 +38,17 @@
 #include <gloo/types.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "loom/bench/runner.h"
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 
 namespace loom::bench {
@@ -292,9 +296,14 @@ class GlooDriver : public Driver {
   std::vector<std::byte> scratch_;
 };
 
-int envInt(std::initializer_list<const char*> names, int fallback) {
+// The first of `names` that is set, as an integer in [lo, INT_MAX]; `fallback` when none is.
+// A value that is not such an integer is an InvalidArgumentError naming the variable.
+int launcherInteger(std::initializer_list<const char*> names, int lo, int fallback,
+                    const char* what) {
   for (const char* name : names) {
-    if (const char* v = std::getenv(name)) return std::atoi(v);
+    if (const std::optional<std::string> v = loom::env::get(name)) {
+      return static_cast<int>(loom::env::parseInteger(name, *v, lo, INT_MAX, what));
+    }
   }
   return fallback;
 }
@@ -330,8 +339,16 @@ int glooBenchMain(int argc, char** argv) {
       })) {
     return *code;
   }
-  const int rank = envInt({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, -1);
-  const int size = envInt({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, -1);
+  int rank = -1, size = -1;
+  try {
+    rank = launcherInteger({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, 0, -1,
+                           "this process's rank");
+    size = launcherInteger({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1,
+                           -1, "the number of ranks");
+  } catch (const loom::InvalidArgumentError& e) {
+    std::cerr << "gloo_bench: " << e.what() << "\n";
+    return 2;
+  }
   if (rank < 0 || size < 1 || rank >= size) {
     std::cerr << "gloo_bench: set RANK and WORLD_SIZE (as loom-run and torchrun do) or start it "
                  "with mpirun; got RANK="
