@@ -37,6 +37,7 @@ struct SharedMemory {
   std::unique_ptr<shm::ShmTransport> p2p;  // to the other ranks of this host
   bool singleHost = false;
   bool hierarchical = false;
+  int localRanks = 1;  // ranks on this rank's host (this one included)
   shm::Hierarchy hierarchy;
 };
 
@@ -49,6 +50,7 @@ class ContextImpl : public Context {
     if (shared_.p2p) {
       transport_ =
           std::make_unique<shm::RoutingTransport>(std::move(transport), std::move(shared_.p2p));
+      shmPointToPoint_ = true;
     } else {
       transport_ = std::move(transport);
     }
@@ -63,6 +65,23 @@ class ContextImpl : public Context {
     const std::string message = detail::str("rank ", rank_, ": context aborted: ", reason);
     if (shared_.arena) shared_.arena->abort(rank_, message);
     transport_->abort(message);
+  }
+  std::string transportSummary() const override {
+    if (size_ == 1) return "none (world size 1)";
+    const char* p2p = shmPointToPoint_ ? "" : ", tcp point-to-point";
+    if (shared_.singleHost) {
+      return detail::str("shm (all ", size_, " ranks on this host", p2p, ")");
+    }
+    if (shared_.hierarchical && shared_.localRanks == 1) {
+      return detail::str("tcp (alone on this host; shm within the other hosts of ",
+                         shared_.hierarchy.leaders.size(), ")");
+    }
+    if (shared_.hierarchical) {
+      return detail::str("shm within hosts (", shared_.localRanks, " of ", size_,
+                         " ranks on this host", p2p, "), tcp between ",
+                         shared_.hierarchy.leaders.size(), " hosts");
+    }
+    return "tcp";
   }
   shm::Arena* arena() { return shared_.singleHost ? shared_.arena.get() : nullptr; }
   const shm::Hierarchy* hierarchy() { return shared_.hierarchical ? &shared_.hierarchy : nullptr; }
@@ -93,6 +112,7 @@ class ContextImpl : public Context {
   const Algorithm envAlgorithm_;  // LOOM_ALGO at creation (kAuto: none)
   SharedMemory shared_;
   std::unique_ptr<Transport> transport_;
+  bool shmPointToPoint_ = false;  // same-host point-to-point goes over shm
   std::array<Buffer, kSlots> scratch_;
 };
 
@@ -128,6 +148,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.timeout = options.timeout;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
+  shared.localRanks = static_cast<int>(local.size());
   const bool p2p = local.size() > 1 && p2pByEnv;
   if (static_cast<int>(local.size()) == size) {
     aopts.keyPrefix = prefix;

@@ -67,9 +67,14 @@ ProcessGroupTcp::ProcessGroupTcp(std::string backend, std::shared_ptr<Store> sto
   ctxOptions.socketsPerPeer = options.socketsPerPeer;
   ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
   if (debugLevel() != DebugLevel::kOff) {
-    LOOM_LOG_INFO(who(), ": ", backendName(), " process group of size ", size, " ready");
+    LOOM_LOG_INFO(who(), ": ", backendName(), " process group of size ", size, " ready over ",
+                  ctx_->transportSummary());
   }
   worker_ = std::thread([this] { workerLoop(); });
+}
+
+std::string ProcessGroupTcp::transportSummary() const {
+  return ctx_->transportSummary();
 }
 
 ProcessGroupTcp::~ProcessGroupTcp() {

@@ -95,6 +95,7 @@ class RecordingContext final : public comm::Context {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void abort(const std::string& reason) override { inner_->abort(reason); }
+  std::string transportSummary() const override { return inner_->transportSummary(); }
   comm::Transport& transport() override {
     recorder_->note();
     return inner_->transport();

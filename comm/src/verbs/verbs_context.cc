@@ -30,6 +30,7 @@ class VerbsContext : public Context {
   void abort(const std::string& reason) override {
     transport_->abort(detail::str("rank ", rank_, ": context aborted: ", reason));
   }
+  std::string transportSummary() const override { return "verbs"; }
   Transport& transport() override { return *transport_; }
 
   void* scratch(size_t bytes, int slot) override {

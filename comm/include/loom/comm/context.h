@@ -60,6 +60,10 @@ class Context {
   virtual int size() const = 0;
   // Fail every blocked and future operation with IoError(reason); thread-safe.
   virtual void abort(const std::string& reason) = 0;
+  // What carries this rank's data, for logs and benchmark headers: "tcp", "shm (all 4 ranks
+  // on this host)", "shm within hosts (2 ranks on this host), tcp between 2 hosts", "verbs".
+  // Fixed at creation; thread-safe.
+  virtual std::string transportSummary() const = 0;
 
   // The transport the algorithms run over (collectives.h); owned by the Context.
   virtual Transport& transport() = 0;

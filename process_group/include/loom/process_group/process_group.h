@@ -218,6 +218,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void abort(const std::string& reason) = 0;
   // True once the group failed (or was aborted); every operation then fails at once.
   virtual bool isBroken() const = 0;
+  // What carries this rank's data, for logs and benchmark headers: the backend's name, or for
+  // the tcp and verbs backends comm::Context::transportSummary() ("shm (all 4 ranks on this
+  // host)", "tcp", ...). Fixed once the group is constructed.
+  virtual std::string transportSummary() const { return backend_; }
 
   // "rank 2" or "rank 1 of group/3 (parent ranks 1,3)": the prefix of every message.
   std::string who() const;
