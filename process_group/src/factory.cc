@@ -23,20 +23,14 @@ bool isAvailable(const std::string& backend) {
   return false;
 }
 
-std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
-                                                 std::shared_ptr<Store> store, int rank, int size,
-                                                 const ProcessGroupOptions& options) {
-  LOOM_CHECK(store != nullptr, "createProcessGroup(\"", backend, "\"): the store is null");
-  LOOM_CHECK(size >= 1, "createProcessGroup(\"", backend,
-             "\"): world size must be at least 1, got ", size);
-  LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
-             " is out of range for world size ", size, " (expected 0 <= rank < ", size, ")");
-  if (backend == "tcp") {
-    return std::make_shared<ProcessGroupTcp>(std::move(store), rank, size, options);
-  }
+void checkAvailable(const std::string& backend) {
+  if (backend == "tcp") return;
   if (backend == "nccl") {
 #ifdef LOOM_HAVE_NCCL
-    return createProcessGroupNccl(std::move(store), rank, size, options);
+    if (ncclDeviceCount() == 0) {
+      LOOM_THROW(NotAvailableError, "nccl backend: no CUDA device is visible");
+    }
+    return;
 #else
     LOOM_THROW(NotAvailableError, "built without NCCL (LOOM_WITH_NCCL=OFF)");
 #endif
@@ -46,11 +40,29 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
     if (!comm::verbsAvailable(&why)) {
       LOOM_THROW(NotAvailableError, "createProcessGroup(\"verbs\"): ", why);
     }
-    return std::make_shared<ProcessGroupTcp>("verbs", std::move(store), rank, size, options,
-                                             &comm::createVerbsContext);
+    return;
   }
   LOOM_THROW(InvalidArgumentError, "unknown backend \"", backend,
              "\"; expected one of: tcp, nccl, verbs");
+}
+
+std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
+                                                 std::shared_ptr<Store> store, int rank, int size,
+                                                 const ProcessGroupOptions& options) {
+  LOOM_CHECK(store != nullptr, "createProcessGroup(\"", backend, "\"): the store is null");
+  LOOM_CHECK(size >= 1, "createProcessGroup(\"", backend,
+             "\"): world size must be at least 1, got ", size);
+  LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
+             " is out of range for world size ", size, " (expected 0 <= rank < ", size, ")");
+  checkAvailable(backend);
+  if (backend == "tcp") {
+    return std::make_shared<ProcessGroupTcp>(std::move(store), rank, size, options);
+  }
+#ifdef LOOM_HAVE_NCCL
+  if (backend == "nccl") return createProcessGroupNccl(std::move(store), rank, size, options);
+#endif
+  return std::make_shared<ProcessGroupTcp>("verbs", std::move(store), rank, size, options,
+                                           &comm::createVerbsContext);
 }
 
 }  // namespace loom

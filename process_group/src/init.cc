@@ -280,6 +280,9 @@ InitResult initProcessGroup(const InitOptions& options) {
   const int size = result.env.worldSize;
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank,
              " is out of range for world size ", size, " (expected 0 <= rank < world size)");
+  // Before the store: rank 0 failing after it started the store server would leave the
+  // others retrying to connect to it until their timeout.
+  checkAvailable(options.backend);
 
   if (method.kind == InitMethod::Kind::kFile) {
     FileStoreOptions fileOptions;

@@ -4,11 +4,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/common/error.h"
+#include "loom/process_group/init.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
 
@@ -48,6 +50,37 @@ TEST(Factory, VerbsWithoutADeviceSaysWhy) {
   auto store = std::make_shared<HashStore>();
   EXPECT_THAT(messageOf<NotAvailableError>([&] { createProcessGroup("verbs", store, 0, 1); }),
               HasSubstr("createProcessGroup(\"verbs\"): "));
+}
+
+TEST(Factory, CheckAvailableThrowsWhatCreateWould) {
+  EXPECT_NO_THROW(checkAvailable("tcp"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { checkAvailable("gloo"); }),
+              HasSubstr("unknown backend \"gloo\""));
+  if (!isAvailable("verbs")) {
+    EXPECT_THROW(checkAvailable("verbs"), NotAvailableError);
+  }
+  if (!isAvailable("nccl")) {
+    EXPECT_THROW(checkAvailable("nccl"), NotAvailableError);
+  }
+}
+
+// Rank 1 of a job whose backend is missing here fails at once, before its store: it never
+// waits for rank 0's store server (which, failing alike, never comes up). The store address
+// below has nobody listening; reaching it would take the whole 60 s timeout.
+TEST(Factory, InitWithAnUnavailableBackendFailsBeforeTheRendezvous) {
+  std::string backend;
+  if (!isAvailable("verbs")) backend = "verbs";
+  if (!isAvailable("nccl")) backend = "nccl";
+  if (backend.empty()) GTEST_SKIP() << "both nccl and verbs are available here";
+  InitOptions options;
+  options.backend = backend;
+  options.initMethod = "tcp://127.0.0.1:9";  // discard port: no store there
+  options.rank = 1;
+  options.worldSize = 2;
+  options.pg.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(initProcessGroup(options), NotAvailableError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 TEST(Factory, RankAndSizeAreChecked) {

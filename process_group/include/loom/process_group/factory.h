@@ -15,6 +15,9 @@
 //   valid ones; rank/size out of range throw InvalidArgumentError.
 // - isAvailable(backend) tells whether createProcessGroup can succeed for that backend in
 //   this build (for "nccl" also: at least one CUDA device is visible; for "verbs": an RDMA device).
+//   checkAvailable(backend) throws the error createProcessGroup would (NotAvailableError saying
+//   why, InvalidArgumentError for an unknown name) without touching a store, so that a job can
+//   fail on every rank alike before its rendezvous (initProcessGroup does).
 #pragma once
 
 #include <memory>
@@ -30,6 +33,7 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
                                                  const ProcessGroupOptions& options = {});
 
 bool isAvailable(const std::string& backend);
+void checkAvailable(const std::string& backend);
 
 // Every backend name createProcessGroup knows, available or not: tcp, nccl, verbs.
 std::vector<std::string> backendNames();

@@ -23,9 +23,10 @@
 //     file:///path  a FileStore at /path (a file on a filesystem every rank sees; use a
 //                   fresh path per job: the file keeps the keys of earlier runs).
 //   Rank and world size come from options.rank / options.worldSize when set (>= 0), else the
-//   environment. The group gets its own namespace ("default_pg/") in the store, so the
-//   returned store may be used for other keys. Returns once every rank is connected, or
-//   throws TimeoutError after options.pg.timeout.
+//   environment. A backend that is not available here (factory.h: checkAvailable) fails
+//   before the store is created, on every rank alike. The group gets its own namespace
+//   ("default_pg/") in the store, so the returned store may be used for other keys. Returns
+//   once every rank is connected, or throws TimeoutError after options.pg.timeout.
 #pragma once
 
 #include <map>
