@@ -5,9 +5,15 @@
 // the sweep of bench/report (runner.h); rank 0 prints the nccl-tests table and writes --json,
 // --csv and --plot. The exit status is 0, 1 when any element was wrong on any rank (-c 1), 2
 // for a bad flag (or a root outside the world), 3 when the group could not be created or an
-// operation failed (also for
-// --backend nccl, whose CUDA buffers this program does not allocate yet, and verbs, which the
-// process group does not implement yet).
+// operation failed (also when the backend is not available: --backend nccl without a CUDA
+// device or in a build without NCCL, --backend verbs without an RDMA device).
+//
+// Memory: host buffers for tcp and verbs. --backend nccl allocates the collectives' buffers on
+// the rank's CUDA device (LOCAL_RANK modulo the visible devices, as the nccl backend picks it;
+// the group is told the same device), fills and checks host mirrors and copies between them
+// outside the timed loop (runner.h). Each timed iteration ends when Work::wait() returns,
+// which for nccl is when the collective's CUDA event has completed: the device work is in
+// the time, as in nccl-tests.
 //
 // How each op maps onto the ProcessGroup API (whose all_reduce, broadcast and reduce are
 // in place only, like c10d's): out-of-place all_reduce, broadcast (root) and reduce copy the
@@ -23,6 +29,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "cuda_memory.h"
 #include "loom/bench/runner.h"
 #include "loom/comm/collectives.h"
 #include "loom/common/env.h"
@@ -72,13 +79,27 @@ ReduceOp toReduceOp(RedOp op) {
   return ReduceOp::kSum;
 }
 
+// Where the collectives' buffers live: host memory, or a CUDA device (`memory` set).
+struct Memory {
+  std::unique_ptr<DeviceMemory> memory;  // null: host
+  Device device;                         // what the BufferViews say
+  std::string label;                     // "[cpu]", "[cuda:1] NVIDIA H100 80GB HBM3"
+};
+
 class LoomDriver : public Driver {
  public:
-  explicit LoomDriver(std::shared_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {}
+  LoomDriver(std::shared_ptr<ProcessGroup> pg, Memory memory)
+      : pg_(std::move(pg)), mem_(std::move(memory)) {}
 
   int rank() const override { return pg_->rank(); }
   int worldSize() const override { return pg_->size(); }
   std::string series() const override { return "loom " + pg_->backendName(); }
+  std::string deviceLine() const override {
+    const int index = mem_.device.type == DeviceType::kCuda ? mem_.device.index : 0;
+    return " " + std::to_string(index) + " " + mem_.label + " " + series() + " over " +
+           pg_->transportSummary();
+  }
+  DeviceMemory* deviceMemory() override { return mem_.memory.get(); }
 
   std::string unsupported(Op op, ElemType, RedOp) const override {
     if (op == Op::kSendRecv && pg_->size() < 2) return "sendrecv needs at least 2 ranks";
@@ -96,10 +117,12 @@ class LoomDriver : public Driver {
     const size_t world = static_cast<size_t>(pg_->size());
     const size_t bytes = n * elemSize(c.type);
     void* send = const_cast<void*>(c.send);
-    auto buf = [&](void* data, size_t count) { return BufferView{data, count, dtype, {}}; };
+    auto buf = [&](void* data, size_t count) {
+      return BufferView{data, count, dtype, mem_.device};
+    };
     switch (c.op) {
       case Op::kAllReduce:
-        if (!c.inPlace) std::memcpy(c.recv, send, bytes);
+        if (!c.inPlace) copy(c.recv, send, bytes);
         {
           AllreduceOptions opts;
           opts.reduceOp = toReduceOp(c.redop);
@@ -107,7 +130,7 @@ class LoomDriver : public Driver {
         }
         break;
       case Op::kBroadcast:
-        if (!c.inPlace && pg_->rank() == c.root) std::memcpy(c.recv, send, bytes);
+        if (!c.inPlace && pg_->rank() == c.root) copy(c.recv, send, bytes);
         {
           BroadcastOptions opts;
           opts.root = c.root;
@@ -115,7 +138,7 @@ class LoomDriver : public Driver {
         }
         break;
       case Op::kReduce:
-        if (!c.inPlace) std::memcpy(c.recv, send, bytes);
+        if (!c.inPlace) copy(c.recv, send, bytes);
         {
           ReduceOptions opts;
           opts.reduceOp = toReduceOp(c.redop);
@@ -163,15 +186,57 @@ class LoomDriver : public Driver {
 
   void barrier() override { pg_->barrier()->wait(); }
 
+  // Through the group, so on the device when the group only takes device buffers (nccl).
   void allgatherDoubles(const double* in, size_t count, double* out) override {
-    pg_->allgather(BufferView{const_cast<double*>(in), count, DType::kFloat64, {}},
-                   BufferView{out, count * static_cast<size_t>(pg_->size()), DType::kFloat64, {}})
-        ->wait();
+    const size_t total = count * static_cast<size_t>(pg_->size());
+    if (!mem_.memory) {
+      pg_->allgather(BufferView{const_cast<double*>(in), count, DType::kFloat64, {}},
+                     BufferView{out, total, DType::kFloat64, {}})
+          ->wait();
+      return;
+    }
+    DeviceMemory& m = *mem_.memory;
+    auto* dev = static_cast<double*>(m.allocate((count + total) * sizeof(double)));
+    try {
+      m.toDevice(dev, in, count * sizeof(double));
+      pg_->allgather(BufferView{dev, count, DType::kFloat64, mem_.device},
+                     BufferView{dev + count, total, DType::kFloat64, mem_.device})
+          ->wait();
+      m.toHost(out, dev + count, total * sizeof(double));
+    } catch (...) {
+      m.release(dev);
+      throw;
+    }
+    m.release(dev);
   }
 
  private:
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (mem_.memory) {
+      mem_.memory->copy(dst, src, bytes);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  }
+
   std::shared_ptr<ProcessGroup> pg_;
+  Memory mem_;
 };
+
+// Host memory for tcp and verbs; for nccl the CUDA device the group will use (LOCAL_RANK
+// modulo the visible devices). Throws NotAvailableError without one.
+Memory memoryFor(const std::string& backend) {
+  Memory m;
+  m.label = "[cpu]";
+  if (backend != "nccl") return m;
+  const int devices = cudaDevices();
+  const LaunchEnv launch = parseLaunchEnv(currentEnvironment(), /*needMaster=*/false);
+  const int index = devices > 0 ? launch.localRank % devices : 0;
+  m.memory = makeCudaMemory(index);  // NotAvailableError without CUDA or without a device
+  m.device = Device::cuda(index);
+  m.label = "[cuda:" + std::to_string(index) + "] " + cudaDeviceName(index);
+  return m;
+}
 
 int loomBenchMain(int argc, char** argv) {
   CLI::App app{
@@ -187,7 +252,9 @@ int loomBenchMain(int argc, char** argv) {
   int timeoutS = 300;
   addSweepFlags(app, flags);
   app.add_option("--backend", backend,
-                 "tcp (nccl and verbs are named but not runnable yet: they exit with status 3)")
+                 "tcp (host buffers; LOOM_SHM=0 keeps same-host peers on TCP), nccl (CUDA "
+                 "buffers on device LOCAL_RANK modulo the visible devices) or verbs (host "
+                 "buffers, RDMA); a backend that is not available exits with status 3")
       ->capture_default_str();
   app.add_option("--init-method", initMethod,
                  "env:// (default; LOOM_INIT_METHOD), tcp://host:port or file:///path");
@@ -208,12 +275,6 @@ int loomBenchMain(int argc, char** argv) {
       })) {
     return *code;
   }
-  if (backend == "nccl") {
-    std::cerr << "loom-bench: --backend nccl needs CUDA buffers, which this build of "
-                 "loom-bench does not allocate yet (it benchmarks host memory)\n";
-    return 3;
-  }
-
   InitOptions init;
   init.backend = backend;
   init.initMethod = initMethod;
@@ -222,9 +283,11 @@ int loomBenchMain(int argc, char** argv) {
   int rank = rankFromEnvironment();  // valid: parseCommandLine checked it
   try {
     init.pg.sharedMemory = env::flag("LOOM_SHM", true);
+    Memory memory = memoryFor(backend);
+    if (memory.device.type == DeviceType::kCuda) init.pg.device = memory.device.index;
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
-    LoomDriver driver(group.pg);
+    LoomDriver driver(group.pg, std::move(memory));
     return runSweep(driver, options, "loom-bench", std::vector<std::string>(argv, argv + argc));
   } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
     std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;

@@ -37,6 +37,27 @@ ranks() {
   return $rc
 }
 
+# A backend that is not available here exits 3 on every rank and says why (the GPU and RDMA
+# runs themselves need the device: see pg_nccl_test and verbs_device_test).
+if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+  ranks 2 "$bin/loom-bench" --backend nccl -b 8 -e 1K
+  rc=$?
+  [[ $rc -eq 3 ]] || fail "loom-bench --backend nccl without a GPU exited $rc, expected 3"
+  grep -qiE "no CUDA device|built without CUDA" "$tmp/out" ||
+    fail "loom-bench --backend nccl without a GPU did not say why: $(tail -2 "$tmp/out")"
+fi
+if [[ -z $(ls /sys/class/infiniband 2>/dev/null) ]]; then
+  ranks 2 "$bin/loom-bench" --backend verbs -b 8 -e 1K
+  rc=$?
+  [[ $rc -eq 3 ]] || fail "loom-bench --backend verbs without an RDMA device exited $rc, expected 3"
+  grep -qiE "RDMA|verbs" "$tmp/out" ||
+    fail "loom-bench --backend verbs without a device did not say why: $(tail -2 "$tmp/out")"
+fi
+# The device lines say what carries the data.
+ranks 2 "$bin/loom-bench" -b 8 -e 8 -n 1 -w 0 || fail "loom-bench 8 bytes at 2 ranks failed"
+grep -q "device  0 \[cpu\] loom tcp over tcp" "$tmp/out" ||
+  fail "with LOOM_SHM=0 the device lines do not say tcp: $(grep device "$tmp/out")"
+
 ops="all_reduce broadcast all_gather reduce_scatter reduce gather scatter alltoall barrier sendrecv"
 for n in 2 3; do
   for op in $ops; do

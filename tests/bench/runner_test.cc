@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "loom/bench/data.h"
@@ -109,10 +112,76 @@ struct Shared {
   std::vector<const double*> doubles;
 };
 
+// "Device" memory in separate host allocations that start as 0xab bytes: a sweep that ran the
+// collective on its host buffers, or forgot a copy in either direction, checks wrong.
+class FakeDevice : public DeviceMemory {
+ public:
+  void* allocate(size_t bytes) override {
+    auto block = std::make_unique<std::byte[]>(bytes);
+    std::memset(block.get(), 0xab, bytes);
+    void* p = block.get();
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_.push_back({std::move(block), bytes});
+    return p;
+  }
+  void release(void* p) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(blocks_, [p](const Block& b) { return b.data.get() == p; });
+    ++releases;
+  }
+  void toDevice(void* dst, const void* src, size_t bytes) override {
+    expectOwned(dst, bytes, false);
+    expectOwned(src, bytes, true);
+    std::memcpy(dst, src, bytes);
+    ++toDeviceCalls;
+  }
+  void toHost(void* dst, const void* src, size_t bytes) override {
+    expectOwned(dst, bytes, true);
+    expectOwned(src, bytes, false);
+    std::memcpy(dst, src, bytes);
+    ++toHostCalls;
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    expectOwned(dst, bytes, false);
+    expectOwned(src, bytes, false);
+    std::memmove(dst, src, bytes);
+  }
+  // [p, p + bytes) lies inside one of this device's allocations.
+  bool owns(const void* p, size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto* b = static_cast<const std::byte*>(p);
+    return std::any_of(blocks_.begin(), blocks_.end(), [&](const Block& block) {
+      return b >= block.data.get() && b + bytes <= block.data.get() + block.bytes;
+    });
+  }
+  size_t live() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blocks_.size();
+  }
+
+  std::atomic<int> toDeviceCalls{0}, toHostCalls{0}, releases{0}, misplaced{0};
+
+ private:
+  void expectOwned(const void* p, size_t bytes, bool host) {
+    if (owns(p, bytes) == host) ++misplaced;
+  }
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    size_t bytes;
+  };
+  mutable std::mutex mu_;
+  std::vector<Block> blocks_;
+};
+
 class ThreadDriver : public Driver {
  public:
-  ThreadDriver(Shared& shared, int rank, int n, bool corrupt)
-      : s_(shared), rank_(rank), n_(n), corrupt_(corrupt) {}
+  ThreadDriver(Shared& shared, int rank, int n, bool corrupt, FakeDevice* device = nullptr)
+      : s_(shared), rank_(rank), n_(n), corrupt_(corrupt), device_(device) {}
+  DeviceMemory* deviceMemory() override { return device_; }
+  std::string deviceLine() const override {
+    return device_ ? " " + std::to_string(rank_) + " [fake:" + std::to_string(rank_) + "] test"
+                   : Driver::deviceLine();
+  }
   int rank() const override { return rank_; }
   int worldSize() const override { return n_; }
   std::string series() const override { return "reference"; }
@@ -124,6 +193,12 @@ class ThreadDriver : public Driver {
     barrier();
   }
   void run(const Call& c) override {
+    if (device_ != nullptr) {
+      const size_t es = elemSize(c.type);
+      if (c.count > 0 && (!device_->owns(c.recv, es) || !device_->owns(c.send, es))) {
+        ++device_->misplaced;  // the collective must see only device pointers
+      }
+    }
     s_.sends[rank_] = c.send;
     barrier();
     const size_t k = c.count;
@@ -189,15 +264,17 @@ class ThreadDriver : public Driver {
   const int rank_;
   const int n_;
   const bool corrupt_;
+  FakeDevice* const device_;
 };
 
+// Runs the sweep on n thread ranks; with `devices` (one per rank) on fake device memory.
 int runAll(int n, Op op, const std::vector<ElemType>& types, const std::vector<RedOp>& redops,
-           bool corrupt) {
+           bool corrupt, std::vector<FakeDevice>* devices = nullptr) {
   Shared shared(n);
   std::mutex mu;
   std::vector<int> codes;
   testing::runThreadRanks(n, [&](int rank) {
-    ThreadDriver driver(shared, rank, n, corrupt);
+    ThreadDriver driver(shared, rank, n, corrupt, devices ? &(*devices)[rank] : nullptr);
     SweepOptions o;
     o.op = op;
     o.minBytes = 1;
@@ -224,6 +301,31 @@ TEST(Sweep, EveryOpTypeAndReductionChecksCleanOnAReferenceBackend) {
       EXPECT_EQ(runAll(n, op, allElemTypes(), allRedOps(), false), 0) << opName(op) << " n=" << n;
     }
   }
+}
+
+TEST(Sweep, DeviceMemoryIsFilledBeforeAndReadBackAfterEveryCheckedRun) {
+  for (int n : {1, 2, 3}) {
+    for (Op op : allOps()) {
+      std::vector<FakeDevice> devices(n);
+      EXPECT_EQ(runAll(n, op, {ElemType::kFloat, ElemType::kInt8}, {RedOp::kSum, RedOp::kMax},
+                       false, &devices),
+                0)
+          << opName(op) << " n=" << n;
+      for (FakeDevice& d : devices) {
+        EXPECT_EQ(d.misplaced, 0) << opName(op) << ": a host pointer reached the collective, "
+                                  << "or a copy went the wrong way";
+        EXPECT_GT(d.toDeviceCalls, 0) << opName(op);
+        EXPECT_GT(d.toHostCalls, 0) << opName(op);
+        EXPECT_EQ(d.live(), 0u) << opName(op) << ": device buffers leaked";
+        EXPECT_EQ(d.releases, 2) << opName(op);
+      }
+    }
+  }
+}
+
+TEST(Sweep, AWrongElementOnTheDeviceFailsTheRun) {
+  std::vector<FakeDevice> devices(3);
+  EXPECT_EQ(runAll(3, Op::kAllReduce, {ElemType::kFloat}, {RedOp::kSum}, true, &devices), 1);
 }
 
 TEST(Sweep, AWrongElementFailsTheRunOnEveryRank) {

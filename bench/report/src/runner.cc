@@ -43,6 +43,24 @@ double percentile(std::vector<double> values, double p) {
   return values[std::min(values.size(), rank) - 1];
 }
 
+// Buffers on the driver's device, released through it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceMemory* memory, size_t bytes)
+      : memory_(memory), data_(static_cast<std::byte*>(memory->allocate(bytes))) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr) memory_->release(data_);
+  }
+  std::byte* get() const { return data_; }
+
+ private:
+  DeviceMemory* memory_ = nullptr;
+  std::byte* data_ = nullptr;
+};
+
 // Everything one placement (out-of-place or in-place) of one row needs.
 struct Placement {
   const void* send;
@@ -58,7 +76,9 @@ class Sweep {
   Row measureRow(ElemType type, RedOp redop, size_t bytes);
 
  private:
-  Placement placement(const Layout& layout, ElemType type, bool inPlace);
+  // Where the placement's send and recv lie in the buffers starting at sendBase / recvBase.
+  Placement placement(const Layout& layout, ElemType type, bool inPlace, std::byte* sendBase,
+                      std::byte* recvBase) const;
   void prepare(const Layout& layout, ElemType type, RedOp redop, bool inPlace);
   Measure measure(const Layout& layout, ElemType type, RedOp redop, bool inPlace);
 
@@ -66,52 +86,80 @@ class Sweep {
   const SweepOptions& opts_;
   const int rank_;
   const int n_;
+  DeviceMemory* const device_ = driver_.deviceMemory();  // nullptr: host memory
+  // The fills and checks; the collectives' buffers too when device_ is null.
   Buffer send_ = allocate(opts_.maxBytes);
   Buffer recv_ = allocate(opts_.maxBytes);
+  // The collectives' buffers on device_ (empty without one).
+  DeviceBuffer deviceSend_ = device_ ? DeviceBuffer(device_, opts_.maxBytes) : DeviceBuffer();
+  DeviceBuffer deviceRecv_ = device_ ? DeviceBuffer(device_, opts_.maxBytes) : DeviceBuffer();
 };
 
+// Every rank's pid, host name and device line, gathered as characters in doubles (the one
+// exchange every driver has), so that rank 0 prints what each rank really uses.
 std::vector<std::string> Sweep::rankLines() {
   constexpr size_t kHostChars = 48;
-  std::vector<double> mine(kHostChars + 1, 0.0);
+  constexpr size_t kDeviceChars = 160;
+  std::vector<double> mine(1 + kHostChars + kDeviceChars, 0.0);
   mine[0] = static_cast<double>(::getpid());
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  for (size_t i = 0; i < kHostChars && host[i]; ++i)
-    mine[i + 1] = static_cast<unsigned char>(host[i]);
+  for (size_t i = 0; i < kHostChars && host[i]; ++i) {
+    mine[1 + i] = static_cast<unsigned char>(host[i]);
+  }
+  const std::string device = driver_.deviceLine();
+  for (size_t i = 0; i < kDeviceChars && i < device.size(); ++i) {
+    mine[1 + kHostChars + i] = static_cast<unsigned char>(device[i]);
+  }
   std::vector<double> all(mine.size() * static_cast<size_t>(n_));
   driver_.allgatherDoubles(mine.data(), mine.size(), all.data());
+  auto text = [](const double* d, size_t chars) {
+    std::string s;
+    for (size_t i = 0; i < chars && d[i] != 0; ++i) s += static_cast<char>(d[i]);
+    return s;
+  };
   std::vector<std::string> lines;
   for (int r = 0; r < n_; ++r) {
     const double* d = all.data() + mine.size() * static_cast<size_t>(r);
-    std::string name;
-    for (size_t i = 1; i <= kHostChars && d[i] != 0; ++i) name += static_cast<char>(d[i]);
-    char line[256];
-    std::snprintf(line, sizeof(line), "Rank %2d Group  0 Pid %6d on %10s device  0 [cpu] %s", r,
-                  static_cast<int>(d[0]), name.c_str(), driver_.series().c_str());
+    const std::string name = text(d + 1, kHostChars);
+    const std::string dev = text(d + 1 + kHostChars, kDeviceChars);
+    char line[512];
+    std::snprintf(line, sizeof(line), "Rank %2d Group  0 Pid %6d on %10s device %s", r,
+                  static_cast<int>(d[0]), name.c_str(), dev.c_str());
     lines.push_back(line);
   }
   return lines;
 }
 
-Placement Sweep::placement(const Layout& layout, ElemType type, bool inPlace) {
+Placement Sweep::placement(const Layout& layout, ElemType type, bool inPlace, std::byte* sendBase,
+                           std::byte* recvBase) const {
   const size_t es = elemSize(type);
-  if (!inPlace) return {send_.get(), recv_.get()};
-  std::byte* base = recv_.get();
+  if (!inPlace) return {sendBase, recvBase};
   const auto r = static_cast<size_t>(rank_);
-  return {base + layout.sendInPlaceOffset * r * es, base + layout.recvInPlaceOffset * r * es};
+  return {recvBase + layout.sendInPlaceOffset * r * es,
+          recvBase + layout.recvInPlaceOffset * r * es};
 }
 
 void Sweep::prepare(const Layout& layout, ElemType type, RedOp redop, bool inPlace) {
   const size_t es = elemSize(type);
-  const Placement p = placement(layout, type, inPlace);
-  // Outputs start as all-ones bytes, which no fill produces (data.h).
-  std::memset(recv_.get(), 0xff, std::max(layout.sendCount, layout.recvCount) * es);
+  const Placement p = placement(layout, type, inPlace, send_.get(), recv_.get());
+  // Outputs start as all-ones bytes, which no fill produces (data.h). In place, the input
+  // lies inside this span of the output buffer.
+  const size_t span = std::max(layout.sendCount, layout.recvCount) * es;
+  std::memset(recv_.get(), 0xff, span);
   fillInput(opts_.op, redop, type, rank_, n_, const_cast<void*>(p.send), layout.sendCount);
+  if (device_ != nullptr) {
+    device_->toDevice(deviceRecv_.get(), recv_.get(), span);
+    if (!inPlace) device_->toDevice(deviceSend_.get(), send_.get(), layout.sendCount * es);
+  }
 }
 
 Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool inPlace) {
   Measure m;
-  const Placement p = placement(layout, type, inPlace);
+  // The collective runs on `p` (on the device when there is one); the checks read `host`.
+  const Placement host = placement(layout, type, inPlace, send_.get(), recv_.get());
+  const Placement p =
+      device_ ? placement(layout, type, inPlace, deviceSend_.get(), deviceRecv_.get()) : host;
   Call call;
   call.op = opts_.op;
   call.type = type;
@@ -150,7 +198,11 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
       prepare(layout, type, redop, inPlace);
       driver_.barrier();
       driver_.run(call);
-      wrong += countWrong(opts_.op, redop, type, rank_, n_, call.root, layout, p.recv);
+      if (device_ != nullptr) {
+        const size_t span = std::max(layout.sendCount, layout.recvCount) * elemSize(type);
+        device_->toHost(recv_.get(), deviceRecv_.get(), span);
+      }
+      wrong += countWrong(opts_.op, redop, type, rank_, n_, call.root, layout, host.recv);
     }
     const double mine = static_cast<double>(wrong);
     std::vector<double> each(static_cast<size_t>(n_));
@@ -179,6 +231,9 @@ Row Sweep::measureRow(ElemType type, RedOp redop, size_t bytes) {
 
 }  // namespace
 
+std::string Driver::deviceLine() const {
+  return " 0 [cpu] " + series();
+}
 std::string Driver::unsupported(Op, ElemType, RedOp) const {
   return {};
 }

@@ -9,6 +9,11 @@
 // gathered (untimed); see report.h for how time, p50, p99 and skew are derived. With
 // `check` > 0 the inputs are refilled with check data (data.h), the collective runs once more
 // and wrong output elements are counted on every rank and summed.
+//
+// Buffers: host memory unless the driver's collectives need device memory (a DeviceMemory,
+// e.g. CUDA buffers for loom-bench --backend nccl). Then the sweep fills and checks host
+// mirrors and copies the inputs to the device before each warm-up/timing block and each
+// checked run, and the outputs back before counting; the copies are never timed.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +92,18 @@ struct Call {
   bool inPlace = false;        // send and recv follow nccl-tests' in-place layout
 };
 
+// Device memory a driver's collectives run on. Every call is synchronous (returns when the
+// copy is complete) and throws on failure; release() never throws.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void toDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void toHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+};
+
 class Driver {
  public:
   virtual ~Driver() = default;
@@ -94,6 +111,11 @@ class Driver {
   virtual int worldSize() const = 0;
   // Default plot label: "loom tcp", "gloo ring", "mpi tcp".
   virtual std::string series() const = 0;
+  // This rank's entry of the "# Using devices" lines after "device ": "0 [cpu] loom tcp" by
+  // default; "1 [cuda:1] NVIDIA H100 ..." for a GPU.
+  virtual std::string deviceLine() const;
+  // nullptr (the default): the collectives run on host memory. Owned by the driver.
+  virtual DeviceMemory* deviceMemory() { return nullptr; }
   // Empty when the driver can run this combination, else why not ("MPI has no half type").
   virtual std::string unsupported(Op op, ElemType type, RedOp redop) const;
   // Empty when the in-place variant exists, else why not.
