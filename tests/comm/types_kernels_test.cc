@@ -247,6 +247,67 @@ TEST(Kernels, HalfSumRoundsOnce) {
   EXPECT_EQ(halfToFloat(out[1]), 2052.0f);
 }
 
+// Every 16-bit pattern shows up (NaNs, infinities, subnormals, ties), in lengths that cover the
+// 8-wide vector body and the tail: each element must be the scalar rule, widen both operands
+// to float, apply the op in float (NaN propagates through min / max), round once.
+TEST(Kernels, HalfTypesOnEveryBitPatternMatchWidenApplyRoundOnce) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> bits(0, 0xffff);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const bool bf16 = dtype == DType::kBFloat16;
+    auto widen = [&](uint16_t h) { return bf16 ? bfloat16ToFloat(h) : halfToFloat(h); };
+    auto narrow = [&](float f) { return bf16 ? floatToBFloat16(f) : floatToHalf(f); };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+      for (size_t n : {size_t{8}, size_t{13}, size_t{65536 + 7}}) {
+        std::vector<uint16_t> a(n), b(n), out(n);
+        for (size_t i = 0; i < n; ++i) {
+          // The first 65536 elements of a walk every pattern against random partners.
+          a[i] = static_cast<uint16_t>(n > 65536 && i < 65536 ? i : bits(rng));
+          b[i] = static_cast<uint16_t>(bits(rng));
+        }
+        // Pairs random patterns rarely meet: +0 and -0 (min / max pick by order), infinities
+        // of both signs (their sum is NaN), the largest finite values (the sum overflows).
+        const uint16_t inf = bf16 ? 0x7f80 : 0x7c00, big = bf16 ? 0x7f7f : 0x7bff;
+        const uint16_t special[][2] = {
+            {0x0000, 0x8000}, {0x8000, 0x0000}, {inf, uint16_t(inf | 0x8000)}, {big, big}};
+        for (size_t k = 0; k < 4; ++k) {
+          a[n - 1 - k] = special[k][0];
+          b[n - 1 - k] = special[k][1];
+          a[k] = special[k][1];
+          b[k] = special[k][0];
+        }
+        reduceFunction(dtype, op)(out.data(), a.data(), b.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+          const float x = widen(a[i]), y = widen(b[i]);
+          float r = 0;
+          switch (op) {
+            case ReduceOp::kSum:
+              r = x + y;
+              break;
+            case ReduceOp::kProd:
+              r = x * y;
+              break;
+            case ReduceOp::kMin:
+              r = (x < y || x != x) ? x : y;
+              break;
+            default:
+              r = (x > y || x != x) ? x : y;
+              break;
+          }
+          if (std::isnan(r)) {
+            ASSERT_TRUE(std::isnan(widen(out[i])))
+                << dtypeName(dtype) << " " << reduceOpName(op) << " i=" << i << " a=" << a[i]
+                << " b=" << b[i] << ": NaN expected, got " << out[i];
+          } else {
+            ASSERT_EQ(out[i], narrow(r)) << dtypeName(dtype) << " " << reduceOpName(op)
+                                         << " i=" << i << " a=" << a[i] << " b=" << b[i];
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, DivideByForAvg) {
   float f[3] = {3, 4, 5};
   divideBy(f, 3, DType::kFloat32, 2);
