@@ -14,13 +14,16 @@ std::vector<std::string> backendNames() {
   return {"tcp", "nccl", "verbs"};
 }
 
+// checkAvailable is the one place that decides; isAvailable only asks it.
 bool isAvailable(const std::string& backend) {
-  if (backend == "tcp") return true;
-  if (backend == "verbs") return comm::verbsAvailable();
-#ifdef LOOM_HAVE_NCCL
-  if (backend == "nccl") return ncclDeviceCount() > 0;
-#endif
-  return false;
+  try {
+    checkAvailable(backend);
+    return true;
+  } catch (const NotAvailableError&) {
+    return false;
+  } catch (const InvalidArgumentError&) {
+    return false;
+  }
 }
 
 void checkAvailable(const std::string& backend) {

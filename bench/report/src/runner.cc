@@ -131,6 +131,11 @@ std::vector<std::string> Sweep::rankLines() {
   return lines;
 }
 
+// Bytes of the output buffer a row uses; in place, the input lies inside them too.
+size_t spanBytes(const Layout& layout, ElemType type) {
+  return std::max(layout.sendCount, layout.recvCount) * elemSize(type);
+}
+
 Placement Sweep::placement(const Layout& layout, ElemType type, bool inPlace, std::byte* sendBase,
                            std::byte* recvBase) const {
   const size_t es = elemSize(type);
@@ -143,9 +148,8 @@ Placement Sweep::placement(const Layout& layout, ElemType type, bool inPlace, st
 void Sweep::prepare(const Layout& layout, ElemType type, RedOp redop, bool inPlace) {
   const size_t es = elemSize(type);
   const Placement p = placement(layout, type, inPlace, send_.get(), recv_.get());
-  // Outputs start as all-ones bytes, which no fill produces (data.h). In place, the input
-  // lies inside this span of the output buffer.
-  const size_t span = std::max(layout.sendCount, layout.recvCount) * es;
+  // Outputs start as all-ones bytes, which no fill produces (data.h).
+  const size_t span = spanBytes(layout, type);
   std::memset(recv_.get(), 0xff, span);
   fillInput(opts_.op, redop, type, rank_, n_, const_cast<void*>(p.send), layout.sendCount);
   if (device_ != nullptr) {
@@ -199,8 +203,7 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
       driver_.barrier();
       driver_.run(call);
       if (device_ != nullptr) {
-        const size_t span = std::max(layout.sendCount, layout.recvCount) * elemSize(type);
-        device_->toHost(recv_.get(), deviceRecv_.get(), span);
+        device_->toHost(recv_.get(), deviceRecv_.get(), spanBytes(layout, type));
       }
       wrong += countWrong(opts_.op, redop, type, rank_, n_, call.root, layout, host.recv);
     }
