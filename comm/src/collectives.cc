@@ -40,7 +40,7 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   checkBuffer(in, count, "allreduce", "input");
   checkBuffer(out, count, "allreduce", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kAllreduce, opts.algorithm,
+  const Algorithm algo = selectAlgorithm(OpType::kAllreduce, opts.algorithm,
                                          environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -53,7 +53,7 @@ void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   if (const auto* hierarchy = shm::hierarchyFor(ctx, opts)) {
     return shm::hierarchicalAllreduce(ctx, *hierarchy, opts, in, out, count, dtype, op);
   }
-  Op o(ctx, OpKind::kAllreduce, opts);
+  Op o(ctx, OpType::kAllreduce, opts);
   switch (algo) {
     case Algorithm::kRing:
       return allreduceRing(o, in, out, count, dtype, op);
@@ -72,13 +72,13 @@ void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
   checkRoot(ctx, root, "broadcast");
   checkBuffer(buf, count, "broadcast", "buffer");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kBroadcast, opts.algorithm,
+  const Algorithm algo = selectAlgorithm(OpType::kBroadcast, opts.algorithm,
                                          environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0 || ctx.size() == 1) return;
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::broadcast(*arena, opts, buf, count, dtype, root);
   }
-  Op o(ctx, OpKind::kBroadcast, opts);
+  Op o(ctx, OpType::kBroadcast, opts);
   switch (algo) {
     case Algorithm::kChain:
       return broadcastChain(o, buf, count, dtype, root);
@@ -96,7 +96,7 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   checkBuffer(in, count, "reduce", "input");
   if (ctx.rank() == root) checkBuffer(out, count, "reduce", "output on the root");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kReduce, opts.algorithm, environmentAlgorithm(ctx),
+  const Algorithm algo = selectAlgorithm(OpType::kReduce, opts.algorithm, environmentAlgorithm(ctx),
                                          bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -106,7 +106,7 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::reduce(*arena, opts, in, out, count, dtype, op, root);
   }
-  Op o(ctx, OpKind::kReduce, opts);
+  Op o(ctx, OpType::kReduce, opts);
   if (algo == Algorithm::kDirect) return reduceDirect(o, in, out, count, dtype, op, root);
   reduceTree(o, in, out, count, dtype, op, root);
 }
@@ -116,7 +116,7 @@ void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   checkBuffer(in, count, "allgather", "input");
   checkBuffer(out, count, "allgather", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kAllgather, opts.algorithm,
+  const Algorithm algo = selectAlgorithm(OpType::kAllgather, opts.algorithm,
                                          environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -126,7 +126,7 @@ void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtyp
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::allgather(*arena, opts, in, out, count, dtype);
   }
-  Op o(ctx, OpKind::kAllgather, opts);
+  Op o(ctx, OpType::kAllgather, opts);
   if (algo == Algorithm::kDirect) return allgatherDirect(o, in, out, count, dtype);
   allgatherRing(o, in, out, count, dtype);
 }
@@ -137,7 +137,7 @@ void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType 
   checkBuffer(in, count, "reduce_scatter", "input");
   checkBuffer(out, count, "reduce_scatter", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpKind::kReduceScatter, opts.algorithm,
+  const Algorithm algo = selectAlgorithm(OpType::kReduceScatter, opts.algorithm,
                                          environmentAlgorithm(ctx), bytes, ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -147,7 +147,7 @@ void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType 
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::reduceScatter(*arena, opts, in, out, count, dtype, op);
   }
-  Op o(ctx, OpKind::kReduceScatter, opts);
+  Op o(ctx, OpType::kReduceScatter, opts);
   if (algo == Algorithm::kDirect) return reduceScatterDirect(o, in, out, count, dtype, op);
   reduceScatterRing(o, in, out, count, dtype, op);
 }
@@ -158,7 +158,7 @@ void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   checkBuffer(in, count, "gather", "input");
   if (ctx.rank() == root) checkBuffer(out, count, "gather", "output on the root");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kGather, opts.algorithm, environmentAlgorithm(ctx), bytes,
+  (void)selectAlgorithm(OpType::kGather, opts.algorithm, environmentAlgorithm(ctx), bytes,
                         ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -168,7 +168,7 @@ void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::gather(*arena, opts, in, out, count, dtype, root);
   }
-  Op o(ctx, OpKind::kGather, opts);
+  Op o(ctx, OpType::kGather, opts);
   gatherDirect(o, in, out, count, dtype, root);
 }
 
@@ -178,7 +178,7 @@ void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
   if (ctx.rank() == root) checkBuffer(in, count, "scatter", "input on the root");
   checkBuffer(out, count, "scatter", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kScatter, opts.algorithm, environmentAlgorithm(ctx), bytes,
+  (void)selectAlgorithm(OpType::kScatter, opts.algorithm, environmentAlgorithm(ctx), bytes,
                         ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -188,7 +188,7 @@ void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::scatter(*arena, opts, in, out, count, dtype, root);
   }
-  Op o(ctx, OpKind::kScatter, opts);
+  Op o(ctx, OpType::kScatter, opts);
   scatterDirect(o, in, out, count, dtype, root);
 }
 
@@ -197,7 +197,7 @@ void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype
   checkBuffer(in, count, "alltoall", "input");
   checkBuffer(out, count, "alltoall", "output");
   const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpKind::kAlltoall, opts.algorithm, environmentAlgorithm(ctx), bytes,
+  (void)selectAlgorithm(OpType::kAlltoall, opts.algorithm, environmentAlgorithm(ctx), bytes,
                         ctx.size());
   if (count == 0) return;
   if (ctx.size() == 1) {
@@ -207,7 +207,7 @@ void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype
   if (auto* arena = shm::arenaFor(ctx, opts)) {
     return shm::alltoall(*arena, opts, in, out, count, dtype);
   }
-  Op o(ctx, OpKind::kAlltoall, opts);
+  Op o(ctx, OpType::kAlltoall, opts);
   alltoallDirect(o, in, out, count, dtype);
 }
 
@@ -218,7 +218,7 @@ void barrier(Context& ctx, const CollectiveOptions& opts) {
   }
   if (ctx.size() == 1) return;
   if (auto* arena = shm::arenaFor(ctx, opts)) return shm::barrier(*arena, opts);
-  Op o(ctx, OpKind::kBarrier, opts);
+  Op o(ctx, OpType::kBarrier, opts);
   barrierDissemination(o);
 }
 
@@ -236,7 +236,7 @@ void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, ui
   checkBuffer(buf, count, "send", "buffer");
   CollectiveOptions o2 = opts;
   o2.seq = 0;  // the user's tag, not the sequence number, identifies point-to-point messages
-  Op o(ctx, OpKind::kP2P, o2);
+  Op o(ctx, OpType::kSend, o2);
   auto r = o.sendTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
   o.wait(r);
 }
@@ -250,7 +250,7 @@ void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t
   checkBuffer(buf, count, "recv", "buffer");
   CollectiveOptions o2 = opts;
   o2.seq = 0;
-  Op o(ctx, OpKind::kP2P, o2);
+  Op o(ctx, OpType::kRecv, o2);
   auto r = o.recvTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
   o.wait(r);
 }

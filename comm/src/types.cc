@@ -92,6 +92,38 @@ bool isInteger(DType dtype) {
   return !isFloatingPoint(dtype);
 }
 
+const char* opTypeName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
+    case OpType::kAlltoall:
+      return "alltoall";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
+  }
+  return static_cast<uint8_t>(type) == 0 ? "none" : "unknown";
+}
+
+bool isCollective(OpType type) {
+  return type != OpType::kSend && type != OpType::kRecv;
+}
+
 const char* reduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:

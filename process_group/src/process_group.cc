@@ -30,38 +30,6 @@ DebugLevel debugLevelFromEnv() {
   return v ? parseDebugLevel(*v) : DebugLevel::kOff;
 }
 
-const char* opTypeName(OpType type) {
-  switch (type) {
-    case OpType::kAllreduce:
-      return "allreduce";
-    case OpType::kBroadcast:
-      return "broadcast";
-    case OpType::kReduce:
-      return "reduce";
-    case OpType::kAllgather:
-      return "allgather";
-    case OpType::kReduceScatter:
-      return "reduce_scatter";
-    case OpType::kGather:
-      return "gather";
-    case OpType::kScatter:
-      return "scatter";
-    case OpType::kAlltoall:
-      return "alltoall";
-    case OpType::kBarrier:
-      return "barrier";
-    case OpType::kSend:
-      return "send";
-    case OpType::kRecv:
-      return "recv";
-  }
-  return "unknown";
-}
-
-bool isCollective(OpType type) {
-  return type != OpType::kSend && type != OpType::kRecv;
-}
-
 std::string OpDesc::describe() const {
   std::string out = std::string(opTypeName(type)) + "#" + std::to_string(seq);
   if (type == OpType::kSend) out += " to rank " + std::to_string(root);

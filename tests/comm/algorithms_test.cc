@@ -29,24 +29,24 @@ class ScopedEnv {
 
 TEST(Select, EnvironmentAndOptions) {
   constexpr Algorithm kAuto = Algorithm::kAuto;
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 8, 2), Algorithm::kRecursiveDoubling);
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 64 << 20, 2), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 8, 2), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 64 << 20, 2), Algorithm::kRing);
   // Halving-doubling for mid sizes on power-of-two worlds from 4, the ring otherwise.
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 4),
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 4),
             Algorithm::kHalvingDoubling);
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 8),
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 8),
             Algorithm::kHalvingDoubling);
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 3), Algorithm::kRing);
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 4 << 20, 2), Algorithm::kRing);
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, kAuto, 64 << 20, 4), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 3), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 2), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 64 << 20, 4), Algorithm::kRing);
   // LOOM_ALGO=ring
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, kAuto, Algorithm::kRing, 8, 2), Algorithm::kRing);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, Algorithm::kRing, 8, 2), Algorithm::kRing);
   // Not implemented for broadcast: the environment falls back to the automatic choice.
-  EXPECT_EQ(selectAlgorithm(OpKind::kBroadcast, kAuto, Algorithm::kRing, 8, 2), Algorithm::kTree);
+  EXPECT_EQ(selectAlgorithm(OpType::kBroadcast, kAuto, Algorithm::kRing, 8, 2), Algorithm::kTree);
   // An explicit option wins over the environment.
-  EXPECT_EQ(selectAlgorithm(OpKind::kAllreduce, Algorithm::kDirect, Algorithm::kRing, 8, 2),
+  EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, Algorithm::kDirect, Algorithm::kRing, 8, 2),
             Algorithm::kDirect);
-  EXPECT_THROW(selectAlgorithm(OpKind::kAllreduce, Algorithm::kTree, kAuto, 8, 2),
+  EXPECT_THROW(selectAlgorithm(OpType::kAllreduce, Algorithm::kTree, kAuto, 8, 2),
                InvalidArgumentError);
   {
     ScopedEnv env("LOOM_ALGO", nullptr);

@@ -133,14 +133,14 @@ TEST(VerbsFake, UnexpectedMessageWaitsUntilReceived) {
       // Completes with no receive posted: the receiver drains the ring into an unexpected
       // message and keeps returning credits.
       ASSERT_TRUE(
-          t.isend(1, data.data(), n, makeTag(OpKind::kAllreduce, 5, 2))->wait(Deadline(10s)));
+          t.isend(1, data.data(), n, makeTag(OpType::kAllreduce, 5, 2))->wait(Deadline(10s)));
       w.store.set("sent", toBytes("1"));
       w.store.wait({"received"}, 10s);
     } else {
       w.store.wait({"sent"}, 10s);
       EXPECT_THAT(t.describeUnexpected(0), HasSubstr("(100000 bytes)"));
       std::vector<uint8_t> in(n);
-      ASSERT_TRUE(t.irecv(0, in.data(), n, makeTag(OpKind::kAllreduce, 5, 2))->wait(Deadline(10s)));
+      ASSERT_TRUE(t.irecv(0, in.data(), n, makeTag(OpType::kAllreduce, 5, 2))->wait(Deadline(10s)));
       EXPECT_EQ(in, pattern(n, 3));
       EXPECT_EQ(t.describeUnexpected(0), "");
       w.store.set("received", toBytes("1"));

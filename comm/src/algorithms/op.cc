@@ -4,7 +4,7 @@
 
 namespace loom::comm {
 
-Op::Op(Context& ctx, OpKind kind, const CollectiveOptions& opts)
+Op::Op(Context& ctx, OpType kind, const CollectiveOptions& opts)
     : ctx_(ctx),
       transport_(ctx.transport()),
       kind_(kind),
@@ -17,7 +17,7 @@ Op::Op(Context& ctx, OpKind kind, const CollectiveOptions& opts)
 }
 
 std::string Op::name() const {
-  return detail::str(opKindName(kind_), "#", seq_);
+  return detail::str(opTypeName(kind_), "#", seq_);
 }
 
 RequestPtr Op::send(int peer, const void* data, size_t bytes, uint32_t step) {

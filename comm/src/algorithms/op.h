@@ -19,7 +19,7 @@ namespace loom::comm {
 
 class Op {
  public:
-  Op(Context& ctx, OpKind kind, const CollectiveOptions& opts);
+  Op(Context& ctx, OpType kind, const CollectiveOptions& opts);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -42,7 +42,7 @@ class Op {
 
   Context& ctx_;
   Transport& transport_;
-  const OpKind kind_;
+  const OpType kind_;
   const uint64_t seq_;
   const int rank_;
   const int size_;

@@ -27,52 +27,52 @@ constexpr size_t kAllreduceHalvingDoublingMax = 32 << 20;
 constexpr size_t kBroadcastSmall = 64 << 10;   // tree below, chain above
 constexpr size_t kGatherLikeSmall = 64 << 10;  // direct below, ring above
 
-bool supports(OpKind kind, Algorithm a) {
+bool supports(OpType kind, Algorithm a) {
   switch (kind) {
-    case OpKind::kAllreduce:
+    case OpType::kAllreduce:
       return a == Algorithm::kRing || a == Algorithm::kRecursiveDoubling ||
              a == Algorithm::kHalvingDoubling || a == Algorithm::kDirect;
-    case OpKind::kBroadcast:
+    case OpType::kBroadcast:
       return a == Algorithm::kTree || a == Algorithm::kChain || a == Algorithm::kDirect;
-    case OpKind::kReduce:
+    case OpType::kReduce:
       return a == Algorithm::kTree || a == Algorithm::kDirect;
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
+    case OpType::kAllgather:
+    case OpType::kReduceScatter:
       return a == Algorithm::kRing || a == Algorithm::kDirect;
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAlltoall:
+    case OpType::kGather:
+    case OpType::kScatter:
+    case OpType::kAlltoall:
       return a == Algorithm::kDirect;
-    case OpKind::kBarrier:
+    case OpType::kBarrier:
       return false;  // one algorithm (dissemination)
     default:
       return false;
   }
 }
 
-const char* supportedList(OpKind kind) {
+const char* supportedList(OpType kind) {
   switch (kind) {
-    case OpKind::kAllreduce:
+    case OpType::kAllreduce:
       return "auto, ring, rd, hd, direct";
-    case OpKind::kBroadcast:
+    case OpType::kBroadcast:
       return "auto, tree, chain, direct";
-    case OpKind::kReduce:
+    case OpType::kReduce:
       return "auto, tree, direct";
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
+    case OpType::kAllgather:
+    case OpType::kReduceScatter:
       return "auto, ring, direct";
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAlltoall:
+    case OpType::kGather:
+    case OpType::kScatter:
+    case OpType::kAlltoall:
       return "auto, direct";
     default:
       return "auto";
   }
 }
 
-Algorithm automatic(OpKind kind, size_t bytes, int size) {
+Algorithm automatic(OpType kind, size_t bytes, int size) {
   switch (kind) {
-    case OpKind::kAllreduce:
+    case OpType::kAllreduce:
       if (bytes <= (size <= 2 ? kAllreduceSmall2 : kAllreduceSmall)) {
         return Algorithm::kRecursiveDoubling;
       }
@@ -80,16 +80,16 @@ Algorithm automatic(OpKind kind, size_t bytes, int size) {
         return Algorithm::kHalvingDoubling;
       }
       return Algorithm::kRing;
-    case OpKind::kBroadcast:
+    case OpType::kBroadcast:
       return bytes <= kBroadcastSmall || size <= 2 ? Algorithm::kTree : Algorithm::kChain;
-    case OpKind::kReduce:
+    case OpType::kReduce:
       return Algorithm::kTree;
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
+    case OpType::kAllgather:
+    case OpType::kReduceScatter:
       return bytes <= kGatherLikeSmall ? Algorithm::kDirect : Algorithm::kRing;
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAlltoall:
+    case OpType::kGather:
+    case OpType::kScatter:
+    case OpType::kAlltoall:
       return Algorithm::kDirect;
     default:
       return Algorithm::kAuto;
@@ -142,11 +142,11 @@ Algorithm algorithmFromEnvironment() {
   return parseAlgorithm(env);
 }
 
-Algorithm selectAlgorithm(OpKind kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
                           int size) {
   if (requested != Algorithm::kAuto) {
     LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
-               " is not implemented for ", opKindName(kind), "; choose one of ",
+               " is not implemented for ", opTypeName(kind), "; choose one of ",
                supportedList(kind));
     return requested;
   }

@@ -16,7 +16,7 @@ namespace loom::comm {
 // InvalidArgumentError; one from LOOM_ALGO falls back to the automatic choice (so that
 // LOOM_ALGO=rd forces all-reduce without breaking broadcast).
 // `fromEnvironment` is the Context's LOOM_ALGO (environmentAlgorithm).
-Algorithm selectAlgorithm(OpKind kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
                           int size);
 
 // LOOM_ALGO parsed: kAuto when unset, empty, "auto" or "shm"; an unknown name is an

@@ -217,7 +217,7 @@ std::string Arena::transportFailure() const {
 }
 
 std::string Arena::Call::name() const {
-  return detail::str(opKindName(static_cast<OpKind>(kind)), "#", seq);
+  return detail::str(opTypeName(static_cast<OpType>(kind)), "#", seq);
 }
 
 void Arena::checkUsable(const Call& call) {
@@ -347,7 +347,7 @@ void Arena::waitPosted(const Call& call, int peer) {
   const Control& theirs = control(peer);
   const int s = slotOf(step_);
   if (theirs.signature[s] != call.signature) {
-    const std::string other = detail::str(opKindName(static_cast<OpKind>(theirs.postedKind[s])),
+    const std::string other = detail::str(opTypeName(static_cast<OpType>(theirs.postedKind[s])),
                                           "#", theirs.postedSeq[s]);
     fail(call, peer,
          detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",

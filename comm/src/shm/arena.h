@@ -103,7 +103,7 @@ class Arena {
     std::chrono::milliseconds timeout;
     size_t bytes;        // per rank, for messages
     uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
-    uint32_t kind;       // OpKind, for mismatch messages
+    uint32_t kind;       // OpType, for mismatch messages
     uint64_t seq;
     mutable size_t done = 0;   // bytes of this rank's part finished, for timeout messages
     std::string name() const;  // "allreduce#17", built only for messages

@@ -25,7 +25,7 @@ void hierarchicalAllreduce(Context& ctx, const Hierarchy& hierarchy, const Colle
   if (hierarchy.leaderIndex >= 0) {
     const int hosts = static_cast<int>(hierarchy.leaders.size());
     const int me = hierarchy.leaderIndex;
-    Op o(ctx, OpKind::kAllreduce, opts);
+    Op o(ctx, OpType::kAllreduce, opts);
     auto* partials = static_cast<uint8_t*>(ctx.scratch(bytes * hosts, 0));
     std::memcpy(partials + me * bytes, out, bytes);
     std::vector<RequestPtr> recvs(hosts), sends;

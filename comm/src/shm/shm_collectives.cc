@@ -25,7 +25,7 @@ uint64_t mix(uint64_t x) {
 }
 
 // What must agree between ranks for one collective: kind, count, dtype, op and root.
-uint64_t signatureOf(OpKind kind, size_t count, DType dtype, int op, int root) {
+uint64_t signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
   const uint64_t head = (uint64_t{static_cast<uint8_t>(kind)} << 56) |
                         (uint64_t{static_cast<uint8_t>(dtype)} << 48) |
                         (uint64_t(op & 0xff) << 40) | (uint64_t(root + 1) & 0xffffffu);
@@ -33,7 +33,7 @@ uint64_t signatureOf(OpKind kind, size_t count, DType dtype, int op, int root) {
 }
 
 // Starts a collective: fails at once when the group already failed.
-Arena::Call makeCall(Arena& arena, OpKind kind, const CollectiveOptions& opts, size_t count,
+Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, size_t count,
                      DType dtype, int op = -1, int root = -1) {
   Arena::Call call{Deadline(opts.timeout),     opts.timeout,
                    count * dtypeSize(dtype),   signatureOf(kind, count, dtype, op, root),
@@ -165,7 +165,7 @@ void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, siz
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype, ReduceOp op) {
   const Arena::Call call =
-      makeCall(arena, OpKind::kAllreduce, opts, count, dtype, static_cast<int>(op));
+      makeCall(arena, OpType::kAllreduce, opts, count, dtype, static_cast<int>(op));
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
@@ -206,7 +206,7 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
 void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
             DType dtype, ReduceOp op, int root) {
   const Arena::Call call =
-      makeCall(arena, OpKind::kReduce, opts, count, dtype, static_cast<int>(op), root);
+      makeCall(arena, OpType::kReduce, opts, count, dtype, static_cast<int>(op), root);
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
@@ -235,7 +235,7 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
 void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
                    size_t count, DType dtype, ReduceOp op) {
   const Arena::Call call =
-      makeCall(arena, OpKind::kReduceScatter, opts, count, dtype, static_cast<int>(op));
+      makeCall(arena, OpType::kReduceScatter, opts, count, dtype, static_cast<int>(op));
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
@@ -258,7 +258,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
 
 void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t count, DType dtype,
                int root) {
-  const Arena::Call call = makeCall(arena, OpKind::kBroadcast, opts, count, dtype, -1, root);
+  const Arena::Call call = makeCall(arena, OpType::kBroadcast, opts, count, dtype, -1, root);
   const size_t es = dtypeSize(dtype);
   const bool isRoot = arena.rank() == root;
   const size_t chunk = chunkElements(arena, es, 1, count * es);
@@ -281,7 +281,7 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
 
 void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype) {
-  const Arena::Call call = makeCall(arena, OpKind::kAllgather, opts, count, dtype);
+  const Arena::Call call = makeCall(arena, OpType::kAllgather, opts, count, dtype);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -306,7 +306,7 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
 
 void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
             DType dtype, int root) {
-  const Arena::Call call = makeCall(arena, OpKind::kGather, opts, count, dtype, -1, root);
+  const Arena::Call call = makeCall(arena, OpType::kGather, opts, count, dtype, -1, root);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -332,7 +332,7 @@ void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
 
 void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
              DType dtype, int root) {
-  const Arena::Call call = makeCall(arena, OpKind::kScatter, opts, count, dtype, -1, root);
+  const Arena::Call call = makeCall(arena, OpType::kScatter, opts, count, dtype, -1, root);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -356,7 +356,7 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
 
 void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
               DType dtype) {
-  const Arena::Call call = makeCall(arena, OpKind::kAlltoall, opts, count, dtype);
+  const Arena::Call call = makeCall(arena, OpType::kAlltoall, opts, count, dtype);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -379,7 +379,7 @@ void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void*
 }
 
 void barrier(Arena& arena, const CollectiveOptions& opts) {
-  const Arena::Call call = makeCall(arena, OpKind::kBarrier, opts, 0, DType::kUInt8);
+  const Arena::Call call = makeCall(arena, OpType::kBarrier, opts, 0, DType::kUInt8);
   arena.acquireSlot(call);
   arena.post(call);
   arena.waitPostedAll(call);

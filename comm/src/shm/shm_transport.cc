@@ -180,7 +180,7 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
   } else {
     for (const auto& u : p.unexpected) {
       if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-          tagKind(u->tag) != OpKind::kP2P && tagKind(tag) != OpKind::kP2P) {
+          !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
         failLocked(detail::str("rank ", rank_, ": mismatched collectives: rank ", peer, " sent ",
                                describeTag(u->tag), " while this rank runs ", describeTag(tag)),
                    true);

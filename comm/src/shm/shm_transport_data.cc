@@ -202,7 +202,7 @@ void ShmTransport::matchHeaderLocked(int i) {
   }
   for (const auto& r : p.posted) {
     if (tagKind(r->tag_) != tagKind(tag) && tagSeq(r->tag_) == tagSeq(tag) && tagSeq(tag) != 0 &&
-        tagKind(tag) != OpKind::kP2P && tagKind(r->tag_) != OpKind::kP2P) {
+        !isPointToPointTag(tag) && !isPointToPointTag(r->tag_)) {
       failLocked(detail::str("rank ", rank_, ": mismatched collectives: rank ", p.rank, " sent ",
                              describeTag(tag), " while this rank runs ", describeTag(r->tag_)),
                  true);

@@ -108,7 +108,7 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       // ranks disagree about what they are running.
       for (const auto& u : p.unexpected) {
         if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-            tagKind(u->tag) != OpKind::kP2P && tagKind(tag) != OpKind::kP2P) {
+            !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
           error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
                               " while this rank runs ", describeTag(tag));
           break;
@@ -233,8 +233,7 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
       // Same sequence number and step but another collective: the ranks disagree.
       for (const auto& r : p.posted) {
         if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
-            tagSeq(h.tag) != 0 && tagKind(h.tag) != OpKind::kP2P &&
-            tagKind(r->tag_) != OpKind::kP2P) {
+            tagSeq(h.tag) != 0 && !isPointToPointTag(h.tag) && !isPointToPointTag(r->tag_)) {
           error = detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
                               " while this rank runs ", describeTag(r->tag_));
           return;

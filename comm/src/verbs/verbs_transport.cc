@@ -359,7 +359,7 @@ RequestPtr VerbsTransport::irecv(int peer, void* data, size_t bytes, uint64_t ta
   if (error.empty()) {
     for (const auto& u : p.unexpected) {
       if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-          tagKind(u->tag) != OpKind::kP2P && tagKind(tag) != OpKind::kP2P) {
+          !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
         error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
                             " while rank ", rank_, " runs ", describeTag(tag));
         break;
@@ -481,8 +481,7 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
     } else {
       for (const auto& r : p.posted) {
         if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
-            tagSeq(h.tag) != 0 && tagKind(h.tag) != OpKind::kP2P &&
-            tagKind(r->tag_) != OpKind::kP2P) {
+            tagSeq(h.tag) != 0 && !isPointToPointTag(h.tag) && !isPointToPointTag(r->tag_)) {
           failLocked(
               detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
                           " while rank ", rank_, " runs ", describeTag(r->tag_)),

@@ -40,6 +40,26 @@ bool isBitwise(ReduceOp op);
 // Throws InvalidArgumentError when `op` is not defined for `dtype` (bitwise ops on floats).
 void checkReduceOp(ReduceOp op, DType dtype);
 
+// Every operation a group runs, one vocabulary for every layer: the comm algorithms and their
+// message tags, the shared-memory arena's mismatch checks and the ProcessGroup's Work. Values
+// start at 1 so that 0 reads as "no operation" in tags and shared state.
+enum class OpType : uint8_t {
+  kAllreduce = 1,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+// "allreduce", "reduce_scatter", "send", ...; "none" for 0, "unknown" for other values.
+const char* opTypeName(OpType type);
+bool isCollective(OpType type);  // everything but send / recv
+
 enum class DeviceType : uint8_t { kCpu, kCuda };
 
 struct Device {

@@ -128,22 +128,6 @@ struct SendRecvOptions {
   OptionalTimeout timeout = std::nullopt;
 };
 
-enum class OpType : uint8_t {
-  kAllreduce,
-  kBroadcast,
-  kReduce,
-  kAllgather,
-  kReduceScatter,
-  kGather,
-  kScatter,
-  kAlltoall,
-  kBarrier,
-  kSend,
-  kRecv,
-};
-const char* opTypeName(OpType type);  // "allreduce", "reduce_scatter", ...
-bool isCollective(OpType type);       // everything but send / recv
-
 // One issued operation as a backend receives it, arguments already checked. `count` is the
 // per-rank element count the comm layer takes (comm/collectives.h).
 struct OpDesc {

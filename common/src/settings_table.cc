@@ -1,0 +1,199 @@
+// The declaration of every environment variable Loom reads (settings.h). docs/env.md is
+// generated from this table: change a row here, then run
+//   build/bin/loom-settings --markdown > docs/env.md
+#include "settings_table.h"
+
+namespace loom::settings {
+
+namespace {
+
+using K = Kind;
+using S = Section;
+constexpr long long kGiB = 1LL << 30;
+constexpr long long kMicros10s = 10'000'000;
+
+constexpr Setting kTable[] = {
+    // ---- comm: the Context and its engines ----
+    {"LOOM_ALGO", K::kChoice, S::kRuntime, "auto", 0, 0,
+     "auto|shm|ring|rd|recursive_doubling|hd|halving_doubling|rabenseifner|direct|tree|binomial|"
+     "chain|pipeline",
+     "",
+     "forces one generic algorithm where it is implemented (auto and shm keep the automatic "
+     "choice, the shared-memory arena included)",
+     "comm::ContextOptions::algorithm", "Context setup"},
+    {"LOOM_CHUNK_BYTES", K::kBytes, S::kRuntime, "512K", 4096, kGiB, "", "",
+     "message size of the chunked, pipelined algorithms (ring, halving-doubling, chain)",
+     "comm::ContextOptions::chunkBytes", "Context setup"},
+    {"LOOM_REDUCE_ISA", K::kChoice, S::kRuntime, "auto", 0, 0, "auto|generic", "",
+     "generic forces the portable reduce kernels; auto takes AVX2/FMA/F16C ones where the CPU "
+     "has them (process-wide: the last Context created sets it)",
+     "comm::ContextOptions::reduceIsa", "Context setup"},
+    {"LOOM_HOST", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "where the tcp transport listens and what it publishes to its peers (default: the host "
+     "name; initProcessGroup: the address on the route to the store's host); loom-run sets it "
+     "on multi-node jobs",
+     "comm::ContextOptions::host", "Context setup, initProcessGroup, loom-run"},
+    {"LOOM_TCP_BUSY_US", K::kInteger, S::kRuntime, "1000", 0, kMicros10s, "", "µs",
+     "how long a thread driving the sockets polls without blocking while bytes flow (0: block "
+     "at once)",
+     "comm::ContextOptions::busyPollUs", "Context setup"},
+    {"LOOM_TCP_SEND_BYTES", K::kBytes, S::kRuntime, "512K", 4096, kGiB, "", "",
+     "bytes handed to one sendmsg call", "comm::ContextOptions::tcpSendBytes", "Context setup"},
+    {"LOOM_TCP_BUFFER_BYTES", K::kBytes, S::kRuntime, "auto", 1, kGiB, "auto", "",
+     "SO_SNDBUF/SO_RCVBUF of every socket (auto: the kernel's autotuning)",
+     "comm::ContextOptions::socketBufferBytes", "Context setup"},
+    {"LOOM_SPIN_US", K::kInteger, S::kRuntime, "50", 0, kMicros10s, "", "µs",
+     "how long a wait on a small (<= 64 KiB) tcp message spins before it drives the sockets",
+     "comm::ContextOptions::tcpSpinUs", "Context setup"},
+    {"LOOM_SHM", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
+     "shared memory for same-host ranks (arena and point-to-point); 0: tcp only",
+     "comm::ContextOptions::sharedMemory", "Context setup"},
+    {"LOOM_SHM_P2P", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
+     "shared-memory point-to-point; 0 keeps send/recv on tcp while collectives use the arena",
+     "comm::ContextOptions::shmPointToPoint", "Context setup"},
+    {"LOOM_SHM_HOST_ID", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "replaces the host identity (boot id, host name and namespaces) that decides which ranks "
+     "share memory; tests split one machine into hosts with it",
+     "comm::ContextOptions::shmHostId", "Context setup"},
+    {"LOOM_SHM_MEMFD", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
+     "0 skips the anonymous memfd and uses the named-segment fallback",
+     "comm::ContextOptions::shmMemfd", "Context setup"},
+    {"LOOM_SHM_SLOT_BYTES", K::kBytes, S::kRuntime, "", 4096, kGiB, "", "",
+     "size of each arena staging slot, rounded up to 4 KiB (default: 2 MiB up to 4 ranks, "
+     "else 1 MiB); must be equal on all ranks",
+     "comm::ContextOptions::shmSlotBytes", "Context setup"},
+    {"LOOM_SHM_RING_BYTES", K::kBytes, S::kRuntime, "", 4096, kGiB, "", "",
+     "size of each shared-memory point-to-point ring, rounded up to 4 KiB (default: 1 MiB up "
+     "to 4 local ranks, else 256 KiB); must be equal on all ranks",
+     "comm::ContextOptions::shmRingBytes", "Context setup"},
+    {"LOOM_SHM_SPIN_US", K::kInteger, S::kRuntime, "", 0, kMicros10s, "", "µs",
+     "how long a shared-memory waiter spins before yielding (default: 1000; 3 when local ranks "
+     "outnumber CPUs)",
+     "comm::ContextOptions::shmSpinUs", "Context setup"},
+    {"LOOM_SHM_YIELD_US", K::kInteger, S::kRuntime, "", 0, kMicros10s, "", "µs",
+     "how long a shared-memory waiter then yields before it sleeps on a futex (default: 1000; "
+     "2000 when local ranks outnumber CPUs)",
+     "comm::ContextOptions::shmYieldUs", "Context setup"},
+    {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "which RDMA device the verbs transport opens (default: the first)",
+     "comm::VerbsOptions::device", "verbs Context setup"},
+    {"LOOM_IB_PORT", K::kInteger, S::kRuntime, "1", 1, 255, "", "", "the RDMA device port",
+     "comm::VerbsOptions::port", "verbs Context setup"},
+    {"LOOM_IB_GID_INDEX", K::kInteger, S::kRuntime, "0", 0, 65535, "", "", "GID table index (RoCE)",
+     "comm::VerbsOptions::gidIndex", "verbs Context setup"},
+    {"LOOM_IB_SLOTS", K::kInteger, S::kRuntime, "16", 2, 4096, "", "",
+     "slots in each peer's receive ring; equal on all ranks", "comm::VerbsOptions::slots",
+     "verbs Context setup"},
+    {"LOOM_IB_SLOT_BYTES", K::kBytes, S::kRuntime, "64K", 256, 64LL << 20, "", "",
+     "bytes per verbs slot, header included; equal on all ranks", "comm::VerbsOptions::slotBytes",
+     "verbs Context setup"},
+
+    // ---- process_group ----
+    {"LOOM_DEBUG", K::kChoice, S::kRuntime, "OFF", 0, 0, "OFF|0|INFO|DETAIL", "",
+     "INFO logs group setup and hand-off counters; DETAIL also checks that every rank calls "
+     "the same collective with the same signature",
+     "ProcessGroupOptions::debug", "ProcessGroup setup"},
+    {"LOOM_PG_NAP_US", K::kInteger, S::kRuntime, "1000", 0, 1'000'000, "", "µs",
+     "how long the comm backend's worker naps while waiting threads run operations themselves "
+     "(docs/handoff.md)",
+     "CommBackendOptions::napUs", "ProcessGroup setup"},
+    {"LOOM_PG_GRACE_US", K::kInteger, S::kRuntime, "50", 0, 1'000'000, "", "µs",
+     "how long the comm backend's worker leaves a fresh lone operation to the thread that will "
+     "wait on it (docs/handoff.md)",
+     "CommBackendOptions::graceUs", "ProcessGroup setup"},
+
+    // ---- common, store ----
+    {"LOOM_LOG_LEVEL", K::kChoice, S::kRuntime, "warning", 0, 0,
+     "debug|info|warning|warn|error|off", "",
+     "the log level (setLogLevel changes it); a bad value is a warning, never an error",
+     "setLogLevel", "first log call"},
+    {"LOOM_STORE_TOKEN", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "shared secret a TCPStore client presents and its server checks (default: none)",
+     "TCPStoreOptions::token, TCPStoreServerOptions::token", "TCPStore construction"},
+
+    // ---- launch ----
+    {"LOOM_INIT_METHOD", K::kText, S::kLaunch, "env://", 0, 0, "", "",
+     "how ranks meet: env://, tcp://host:port or file:///absolute/path", "InitOptions::initMethod",
+     "initProcessGroup"},
+    {"RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "this process's rank, 0 <= RANK < WORLD_SIZE (torchrun, loom-run); required for env://",
+     "InitOptions::rank", "initProcessGroup, bench programs"},
+    {"WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "the number of processes; required for env://", "InitOptions::worldSize",
+     "initProcessGroup, bench programs"},
+    {"LOCAL_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "rank on this node (default: RANK); also picks the CUDA device of the nccl backend",
+     "LaunchEnv::localRank, NcclOptions::device", "initProcessGroup, nccl setup"},
+    {"LOCAL_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "process count on this node (default: WORLD_SIZE)", "LaunchEnv::localWorldSize",
+     "initProcessGroup"},
+    {"MASTER_ADDR", K::kText, S::kLaunch, "", 0, 0, "", "",
+     "the host where rank 0 serves the job's TCPStore; required for env://",
+     "LaunchEnv::masterAddr", "initProcessGroup"},
+    {"MASTER_PORT", K::kInteger, S::kLaunch, "", 1, 65535, "", "",
+     "the port of the job's TCPStore; required for env://", "LaunchEnv::masterPort",
+     "initProcessGroup"},
+    {"NODE_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "this node's index (loom-run sets it)", "LaunchEnv::nodeRank", "initProcessGroup"},
+    {"SLURM_PROCID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "rank under srun (read when RANK is unset)", "LaunchEnv::rank", "initProcessGroup"},
+    {"SLURM_NTASKS", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "world size under srun", "LaunchEnv::worldSize", "initProcessGroup"},
+    {"SLURM_LOCALID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "local rank under srun", "LaunchEnv::localRank", "initProcessGroup"},
+    {"SLURM_NODEID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "node index under srun", "LaunchEnv::nodeRank", "initProcessGroup"},
+    {"SLURM_TASKS_PER_NODE", K::kText, S::kLaunch, "", 0, 0, "", "",
+     "tasks per node under srun (\"4(x2)\"), for the local world size", "LaunchEnv::localWorldSize",
+     "initProcessGroup"},
+    {"SLURM_JOB_NODELIST", K::kText, S::kLaunch, "", 0, 0, "", "",
+     "the job's nodes under srun; the first is the master host (SLURM_NODELIST also read)",
+     "LaunchEnv::masterAddr", "initProcessGroup"},
+    {"SLURM_NODELIST", K::kText, S::kLaunch, "", 0, 0, "", "", "older name of SLURM_JOB_NODELIST",
+     "LaunchEnv::masterAddr", "initProcessGroup"},
+    {"SLURM_JOB_ID", K::kInteger, S::kLaunch, "", 0, (1LL << 62), "", "",
+     "under srun the master port is 29500 + job id % 1000", "LaunchEnv::masterPort",
+     "initProcessGroup"},
+    {"OMPI_COMM_WORLD_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "rank under Open MPI's mpirun (read when RANK and SLURM_PROCID are unset)", "LaunchEnv::rank",
+     "initProcessGroup, bench programs"},
+    {"OMPI_COMM_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "world size under mpirun", "LaunchEnv::worldSize", "initProcessGroup, bench programs"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "local rank under mpirun", "LaunchEnv::localRank", "initProcessGroup"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "local world size under mpirun", "LaunchEnv::localWorldSize", "initProcessGroup"},
+    {"PMI_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "rank under other MPI launchers (bench programs only, to print usage once)", "",
+     "bench programs"},
+
+    {"GROUP_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
+     "loom-run sets it to the node rank (torchrun's name)", "", "set by loom-run"},
+    {"GROUP_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "loom-run sets it to the number of nodes (torchrun's name)", "", "set by loom-run"},
+    {"LOOM_RUN_ID", K::kText, S::kLaunch, "", 0, 0, "", "",
+     "loom-run --run-id, for the training program; the libraries do not read it", "",
+     "set by loom-run"},
+    {"LOOM_RESTART_COUNT", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
+     "0, then 1, 2, ... per loom-run restart, for the training program", "", "set by loom-run"},
+    {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
+     "loom-run --max-restarts, for the training program", "", "set by loom-run"},
+
+    // ---- read, not Loom's; and test-only ----
+    {"PATH", K::kText, S::kOther, "", 0, 0, "", "",
+     "where loom-run and spawn look for a program named without a '/'", "", "loom-run"},
+    {"TMPDIR", K::kText, S::kOther, "/tmp", 0, 0, "", "",
+     "where process tests make their temporary directories", "", "tests"},
+    {"LOOM_TEST_HOST", K::kText, S::kOther, "", 0, 0, "", "",
+     "tests/netns: the namespace a worker runs in", "", "tests"},
+    {"LOOM_TEST_ADDR", K::kText, S::kOther, "", 0, 0, "", "",
+     "tests/netns: the address a worker must listen on", "", "tests"},
+};
+
+}  // namespace
+
+std::span<const Setting> table() {
+  return kTable;
+}
+
+}  // namespace loom::settings
