@@ -138,6 +138,14 @@ std::optional<std::string> word(std::string_view name) {
   return v ? matchedWord(*s, *v) : std::nullopt;
 }
 
+std::optional<std::string> value(std::string_view name) {
+  if (find(name) == nullptr) {
+    LOOM_THROW(Error, "environment variable ", name,
+               " is not declared in the settings registry (common/src/settings_table.cc)");
+  }
+  return raw(name);
+}
+
 std::map<std::string, std::string> snapshot(Section section) {
   std::map<std::string, std::string> out;
   for (const Setting& s : table()) {

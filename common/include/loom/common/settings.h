@@ -78,6 +78,10 @@ std::optional<std::string> text(std::string_view name);
 // else nullopt (the value is then read with integer() / bytes()).
 std::optional<std::string> word(std::string_view name);
 
+// The raw value of a declared variable of any kind, unchecked (loom-settings shows it; tests'
+// ScopedEnv saves it); nullopt when unset or empty.
+std::optional<std::string> value(std::string_view name);
+
 // Fills `field` from the variable when the caller left the field at `defaultValue` (see the
 // precedence rule above). `value` is what a reader returned.
 template <class T, class U>
