@@ -9,6 +9,8 @@
 #include "loom/common/error.h"
 #include "settings_table.h"
 
+extern char** environ;
+
 namespace loom::settings {
 
 namespace {
@@ -152,6 +154,12 @@ std::map<std::string, std::string> snapshot(Section section) {
     if (s.section != section) continue;
     if (std::optional<std::string> v = raw(s.name)) out.emplace(s.name, std::move(*v));
   }
+  return out;
+}
+
+std::vector<std::string> inherited() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
   return out;
 }
 

@@ -91,6 +91,9 @@ void fillDefault(T& field, const T& defaultValue, const std::optional<U>& value)
 
 // The declared variables of `section` that are set, name -> value (launch parsing takes this).
 std::map<std::string, std::string> snapshot(Section section);
+// Every NAME=VALUE of this process's environment, declared or not: what a launcher (loom-run,
+// spawn) passes on to the processes it starts.
+std::vector<std::string> inherited();
 // "LOOM_SHM=0 LOOM_ALGO=ring": every declared runtime variable that is set, for logs.
 std::string describeSet();
 
