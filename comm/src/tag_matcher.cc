@@ -137,6 +137,10 @@ void TagMatcher::failAll(const std::string& reason, bool nameTag) {
   for (auto& r : posted_) failOne(*r);
   posted_.clear();
   if (in_.request) failOne(*in_.request);
+  // Half a message never completes: a later receive must not wait for its rest.
+  if (in_.unexpected != nullptr) {
+    std::erase_if(unexpected_, [&](const auto& u) { return u.get() == in_.unexpected; });
+  }
   in_ = Incoming{};
 }
 

@@ -98,8 +98,10 @@ class TagMatcher {
   uint64_t waitingTag() const { return in_.request ? in_.request->tag() : posted_.front()->tag(); }
 
   // Fails every receive waiting on this peer (posted, and the incoming message's) with
-  // `reason`, plus the receive's tag when `nameTag`; forgets the incoming message. The
-  // unexpected messages stay, for describeUnexpected().
+  // `reason`, plus the receive's tag when `nameTag`; forgets the incoming message (and its
+  // unexpected buffer, which would never complete). The complete unexpected messages stay,
+  // for describeUnexpected() and for receives still posted (a peer that closed after
+  // sending them).
   void failAll(const std::string& reason, bool nameTag = false);
 
   // What arrived from the peer and was never received, oldest first ("allreduce#5 step 2
