@@ -218,6 +218,52 @@ TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
   });
 }
 
+TEST(Transport, UnexpectedMessagesAreDescribedOldestFirstUntilReceived) {
+  HashStore store;
+  std::latch received(2);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> a(8, 1), b(16, 2);
+    if (rank == 0) {
+      ASSERT_TRUE(t.isend(1, a.data(), a.size(), 1)->wait(Deadline(10s)));
+      ASSERT_TRUE(t.isend(1, b.data(), b.size(), 2)->wait(Deadline(10s)));
+    } else {
+      const std::string both = "none#0 step 1 (8 bytes), none#0 step 2 (16 bytes)";
+      const auto end = Clock::now() + 10s;
+      while (t.describeUnexpected(0) != both && Clock::now() < end) std::this_thread::yield();
+      EXPECT_EQ(t.describeUnexpected(0), both);
+      std::vector<uint8_t> in(16);
+      ASSERT_TRUE(t.irecv(0, in.data(), 16, 2)->wait(Deadline(10s)));
+      EXPECT_EQ(in, b);
+      EXPECT_EQ(t.describeUnexpected(0), "none#0 step 1 (8 bytes)");
+      ASSERT_TRUE(t.irecv(0, in.data(), 8, 1)->wait(Deadline(10s)));
+      EXPECT_EQ(t.describeUnexpected(0), "");
+    }
+    received.arrive_and_wait();  // rank 0's context outlives rank 1's receives
+  });
+}
+
+TEST(Transport, RegisterBufferReturnsAHandleWithoutKey) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> buf(4096, static_cast<uint8_t>(rank + 1));
+    const RegisteredBuffer handle = t.registerBuffer(buf.data(), buf.size());
+    EXPECT_EQ(handle.data, buf.data());
+    EXPECT_EQ(handle.bytes, buf.size());
+    EXPECT_EQ(handle.rkey, 0u);  // tcp and shm: nothing a peer could write through
+    if (rank == 0) {
+      ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+    } else {
+      ASSERT_TRUE(t.irecv(0, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+      EXPECT_EQ(buf[4095], 1);
+    }
+    t.unregisterBuffer(handle);
+  });
+}
+
 TEST(Transport, LargeSizeMismatchIsAnError) {
   HashStore store;
   std::latch sent(1);
