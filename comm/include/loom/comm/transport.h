@@ -16,11 +16,11 @@
 //   after an IoError (every other pending and future request throws IoError).
 // - Receives posted before the data arrives land directly in the caller's buffer; data that
 //   arrives first waits in an unexpected-message queue and is copied when the receive is
-//   posted.
+//   posted (a message still arriving then moves over: the rest lands in the caller's buffer).
 // - Request::wait(deadline) returns true when the transfer completed and false when the
 //   deadline passed first (the algorithm layer turns that into a TimeoutError naming the
 //   operation, sequence number, peer and bytes outstanding). It throws IoError when the peer
-//   failed or the transport was aborted.
+//   failed or the transport was aborted, InvalidArgumentError for a size mismatch (above).
 // - A peer that closes its connection without saying goodbye (crash, kill, abort) or resets
 //   it fails every pending and future request on this transport fast with an IoError naming
 //   that peer. A peer that said goodbye (its Context was destroyed after its last collective)
@@ -49,9 +49,10 @@ class Request {
  public:
   virtual ~Request() = default;
 
-  // True when complete; throws the transfer's IoError when it failed. Never blocks.
+  // True when complete; throws the transfer's error (IoError, or InvalidArgumentError for a
+  // size mismatch) when it failed. Never blocks.
   virtual bool test() = 0;
-  // Blocks until complete (true) or the deadline passed (false); throws IoError on failure.
+  // Blocks until complete (true) or the deadline passed (false); throws as test() on failure.
   virtual bool wait(const Deadline& deadline) = 0;
 
   virtual int peer() const = 0;
