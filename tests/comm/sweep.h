@@ -62,7 +62,6 @@ class Checker {
   }
 
   Context& ctx() { return ctx_; }
-  void setAlgorithm(Algorithm algorithm) { opts_.algorithm = algorithm; }
   // From now on a mismatch is appended to *out instead of thrown.
   void recordMismatchesIn(std::vector<std::string>* out) { mismatches_ = out; }
 
