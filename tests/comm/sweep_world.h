@@ -5,8 +5,8 @@
 // World: `size` thread ranks, each with its own Context over one HashStore and its own
 // Checker, kept alive between cases and running one job at a time on every rank. Building a
 // world (threads, connections, an shm arena) costs more than most cases, so a SweepTest
-// suite keeps the world of the last size asked for (cases are listed world size first) and
-// drops it when the suite ends. Inside a job the Checker records mismatches instead of
+// suite keeps one world per size until the suite ends (gtest runs a suite's cases test by
+// test, each over every size). Inside a job the Checker records mismatches instead of
 // throwing, so every rank issues every collective of the case and the world stays in step;
 // run() returns them, SweepTest::check reports each one. Anything else a rank raises (an
 // IoError, a timeout: the Checker's collectives time out after 60 s) leaves the world broken:
@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -186,7 +187,7 @@ inline std::vector<SweepCase> sweepCases(const std::vector<int>& sizes,
 
 class SweepTest : public ::testing::TestWithParam<SweepCase> {
  public:
-  static void TearDownTestSuite() { world().reset(); }
+  static void TearDownTestSuite() { worlds().clear(); }
 
  protected:
   const SweepCase& param() const { return GetParam(); }
@@ -194,8 +195,8 @@ class SweepTest : public ::testing::TestWithParam<SweepCase> {
 
   // Runs job on every rank of a world of the case's size and reports every mismatch.
   void check(const World::Job& job) {
-    auto& w = world();
-    if (!w || w->size() != param().size || w->broken()) {
+    auto& w = worlds()[param().size];
+    if (!w || w->broken()) {
       w.reset();
       w = std::make_unique<World>(param().size);
     }
@@ -203,8 +204,8 @@ class SweepTest : public ::testing::TestWithParam<SweepCase> {
   }
 
  private:
-  static std::unique_ptr<World>& world() {
-    static std::unique_ptr<World> w;
+  static std::map<int, std::unique_ptr<World>>& worlds() {
+    static std::map<int, std::unique_ptr<World>> w;
     return w;
   }
 };
