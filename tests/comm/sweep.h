@@ -1,7 +1,10 @@
 // The collective sweep: each check runs one collective on every rank of a thread-rank world
 // with fill-by-rank inputs and compares each output element with its closed form
-// (fill.h: integers exactly, floats exactly except avg within `tolerance`). A mismatch
-// throws with the collective, dtype, op, count, placement, root, index and both values.
+// (fill.h: integers exactly, floats exactly except avg within `tolerance`). A mismatch names
+// the collective, dtype, op, count, placement, root, index and both values; it throws, or,
+// once recordMismatchesIn() was called, is appended there (the first one of each check) so
+// that the rank goes on with the next collective and the world stays in step
+// (sweep_world.h reports every one).
 #pragma once
 
 #include <chrono>
@@ -38,15 +41,6 @@ struct Case {
   }
 };
 
-inline void expectElem(const Case& c, const void* buf, size_t i, double want, double tol,
-                       int rank) {
-  const double got = getElem(buf, i, c.dtype);
-  if (!close(got, want, tol)) {
-    throw std::runtime_error(detail::str("rank ", rank, ": ", c.describe(), ": element ", i, " is ",
-                                         got, ", expected ", want, " (tolerance ", tol, ")"));
-  }
-}
-
 // Runs fn(ctx) on `size` thread ranks, each with its own Context over one HashStore.
 inline void runWorld(int size, const std::function<void(Context&)>& fn,
                      std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
@@ -67,6 +61,10 @@ class Checker {
     opts_.timeout = std::chrono::seconds(60);
   }
 
+  Context& ctx() { return ctx_; }
+  // From now on a mismatch is appended to *out instead of thrown.
+  void recordMismatchesIn(std::vector<std::string>* out) { mismatches_ = out; }
+
   void allreduce(const Case& c) {
     const int rank = ctx_.rank(), size = ctx_.size();
     Buffer in = makeBuffer(c.count, c.dtype), out = makeBuffer(c.count, c.dtype);
@@ -75,7 +73,8 @@ class Checker {
     void* dst = c.inPlace ? in.data() : out.data();
     comm::allreduce(ctx_, in.data(), dst, c.count, c.dtype, c.op, next());
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, dst, i, expectedReduce(size, i, c.op, c.dtype), tolerance(c.op, c.dtype), rank);
+      if (!expect(c, dst, i, expectedReduce(size, i, c.op, c.dtype), tolerance(c.op, c.dtype)))
+        return;
     }
   }
 
@@ -89,7 +88,8 @@ class Checker {
                  next());
     if (rank != c.root) return;
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, dst, i, expectedReduce(size, i, c.op, c.dtype), tolerance(c.op, c.dtype), rank);
+      if (!expect(c, dst, i, expectedReduce(size, i, c.op, c.dtype), tolerance(c.op, c.dtype)))
+        return;
     }
   }
 
@@ -102,8 +102,9 @@ class Checker {
     void* dst = c.inPlace ? in.data() + rank * c.count * dtypeSize(c.dtype) : out.data();
     comm::reduceScatter(ctx_, in.data(), dst, c.count, c.dtype, c.op, next());
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, dst, i, expectedReduce(size, rank * c.count + i, c.op, c.dtype),
-                 tolerance(c.op, c.dtype), rank);
+      if (!expect(c, dst, i, expectedReduce(size, rank * c.count + i, c.op, c.dtype),
+                  tolerance(c.op, c.dtype)))
+        return;
     }
   }
 
@@ -116,7 +117,7 @@ class Checker {
     comm::allgather(ctx_, src, out.data(), c.count, c.dtype, next());
     for (int r = 0; r < size; ++r) {
       for (size_t i = 0; i < c.count; ++i) {
-        expectElem(c, out.data(), r * c.count + i, wrapped(c.dtype, value(r, i)), 0, rank);
+        if (!expect(c, out.data(), r * c.count + i, wrapped(c.dtype, value(r, i)), 0)) return;
       }
     }
   }
@@ -129,7 +130,7 @@ class Checker {
     }
     comm::broadcast(ctx_, buf.data(), c.count, c.dtype, c.root, next());
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, buf.data(), i, wrapped(c.dtype, value(c.root, i)), 0, rank);
+      if (!expect(c, buf.data(), i, wrapped(c.dtype, value(c.root, i)), 0)) return;
     }
   }
 
@@ -144,7 +145,7 @@ class Checker {
     if (rank != c.root) return;
     for (int r = 0; r < size; ++r) {
       for (size_t i = 0; i < c.count; ++i) {
-        expectElem(c, out.data(), r * c.count + i, wrapped(c.dtype, value(r, i)), 0, rank);
+        if (!expect(c, out.data(), r * c.count + i, wrapped(c.dtype, value(r, i)), 0)) return;
       }
     }
   }
@@ -160,7 +161,7 @@ class Checker {
     comm::scatter(ctx_, rank == c.root ? in.data() : nullptr, dst, c.count, c.dtype, c.root,
                   next());
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, dst, i, wrapped(c.dtype, value(c.root, rank * c.count + i)), 0, rank);
+      if (!expect(c, dst, i, wrapped(c.dtype, value(c.root, rank * c.count + i)), 0)) return;
     }
   }
 
@@ -172,8 +173,9 @@ class Checker {
     comm::alltoall(ctx_, in.data(), dst, c.count, c.dtype, next());
     for (int r = 0; r < size; ++r) {
       for (size_t i = 0; i < c.count; ++i) {
-        expectElem(c, dst, r * c.count + i, wrapped(c.dtype, value(r, rank * c.count + i)), 0,
-                   rank);
+        if (!expect(c, dst, r * c.count + i, wrapped(c.dtype, value(r, rank * c.count + i)), 0)) {
+          return;
+        }
       }
     }
   }
@@ -197,13 +199,24 @@ class Checker {
       comm::send(ctx_, in.data(), c.count, c.dtype, (rank + 1) % size, c.count, opts_);
     }
     for (size_t i = 0; i < c.count; ++i) {
-      expectElem(c, out.data(), i, wrapped(c.dtype, value(prev, i)), 0, rank);
+      if (!expect(c, out.data(), i, wrapped(c.dtype, value(prev, i)), 0)) return;
     }
   }
 
   uint64_t seq() const { return opts_.seq; }
 
  private:
+  // Element i of buf against its closed form; false (and the mismatch thrown or recorded)
+  // when it differs.
+  bool expect(const Case& c, const void* buf, size_t i, double want, double tol) {
+    const double got = getElem(buf, i, c.dtype);
+    if (close(got, want, tol)) return true;
+    std::string what = detail::str("rank ", ctx_.rank(), ": ", c.describe(), ": element ", i,
+                                   " is ", got, ", expected ", want, " (tolerance ", tol, ")");
+    if (mismatches_ == nullptr) throw std::runtime_error(what);
+    mismatches_->push_back(std::move(what));
+    return false;
+  }
   static int64_t value(int rank, size_t i) { return static_cast<int64_t>((rank * 31 + i) % 101); }
   static double wrapped(DType dtype, int64_t v) {
     uint8_t tmp[8];
@@ -217,6 +230,7 @@ class Checker {
 
   Context& ctx_;
   CollectiveOptions opts_;
+  std::vector<std::string>* mismatches_ = nullptr;
 };
 
 inline std::vector<size_t> smallCounts(int size) {

@@ -1,52 +1,46 @@
 // Thread-rank sweep of the reducing collectives (all-reduce, reduce, reduce-scatter): world
-// sizes {1, 2, 3, 4, 7, 8} x counts {0, 1, size-1, 1000} x every dtype x every valid op x
-// in-place and out-of-place x every root (reduce). The large count 2^20+3 is in
+// sizes {1, 2, 3, 4, 7, 8} x counts {0, 1, size-1, 1000} x every dtype x every valid op, one
+// test per case (`Sweep/Reduce.Allreduce/ws4_count1000_float_sum`), each in-place and
+// out-of-place and, for reduce, to every root. The large count 2^20+3 is in
 // sweep_large_test.cc.
 #include <gtest/gtest.h>
 
-#include "sweep.h"
+#include "sweep_world.h"
 
 namespace loom::comm::testing {
 namespace {
 
-TEST(SweepReduce, AllreduceReduceScatter) {
-  for (int size : worldSizes()) {
-    SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      Checker check(ctx);
-      for (DType dtype : allDTypes()) {
-        for (ReduceOp op : validOps(dtype)) {
-          for (size_t count : smallCounts(size)) {
-            for (bool inPlace : {false, true}) {
-              check.allreduce({"allreduce", dtype, op, count, inPlace, 0});
-              check.reduceScatter({"reduce_scatter", dtype, op, count, inPlace, 0});
-            }
-          }
-        }
-      }
-    });
-  }
+using Reduce = SweepTest;
+
+TEST_P(Reduce, Allreduce) {
+  check([&](Checker& check) {
+    for (bool inPlace : {false, true}) {
+      check.allreduce({"allreduce", param().dtype, op(), param().count, inPlace, 0});
+    }
+  });
 }
 
-TEST(SweepReduce, ReduceEveryRoot) {
-  for (int size : worldSizes()) {
-    SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      Checker check(ctx);
-      for (DType dtype : allDTypes()) {
-        for (ReduceOp op : validOps(dtype)) {
-          for (size_t count : smallCounts(size)) {
-            for (int root = 0; root < size; ++root) {
-              for (bool inPlace : {false, true}) {
-                check.reduce({"reduce", dtype, op, count, inPlace, root});
-              }
-            }
-          }
-        }
-      }
-    });
-  }
+TEST_P(Reduce, ReduceScatter) {
+  check([&](Checker& check) {
+    for (bool inPlace : {false, true}) {
+      check.reduceScatter({"reduce_scatter", param().dtype, op(), param().count, inPlace, 0});
+    }
+  });
 }
+
+TEST_P(Reduce, ReduceEveryRoot) {
+  check([&](Checker& check) {
+    for (int root = 0; root < param().size; ++root) {
+      for (bool inPlace : {false, true}) {
+        check.reduce({"reduce", param().dtype, op(), param().count, inPlace, root});
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, Reduce,
+                         ::testing::ValuesIn(sweepCases(worldSizes(), smallCounts, true)),
+                         sweepCaseName);
 
 }  // namespace
 }  // namespace loom::comm::testing

@@ -357,6 +357,7 @@ TEST(Transport, TimeoutNamesOperationSeqPeerAndBytes) {
 
 TEST(Transport, AbortFromAnotherThreadFailsBlockedAndPeers) {
   HashStore store;
+  std::atomic<int> entered{0};
   loom::testing::runThreadRanks(3, [&](int rank) {
     auto ctx = Context::create(store, rank, 3, localOptions());
     std::vector<int32_t> buf(8, rank);
@@ -366,7 +367,12 @@ TEST(Transport, AbortFromAnotherThreadFailsBlockedAndPeers) {
     std::thread aborter;
     if (rank == 0) {
       aborter = std::thread([&] {
-        std::this_thread::sleep_for(100ms);  // let the others block first
+        // Abort once ranks 1 and 2 are entering their all-reduce (blocked there, or about to
+        // be: either way it must fail with the reason).
+        const Deadline deadline(10s);
+        while (entered.load() < 2 && !deadline.expired()) {
+          std::this_thread::sleep_for(1ms);  // poll interval of a wait with a deadline
+        }
         ctx->abort("stopped by the test");
       });
     }
@@ -377,6 +383,7 @@ TEST(Transport, AbortFromAnotherThreadFailsBlockedAndPeers) {
         int32_t x;
         recv(*ctx, &x, 1, DType::kInt32, 1, 99, opts);
       } else {
+        ++entered;
         allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kInt32, ReduceOp::kSum, opts);
       }
       ADD_FAILURE() << "rank " << rank << ": no error";
@@ -475,7 +482,7 @@ TEST(Transport, BusyWaiterBlocksOnceNothingMoves) {
     const Deadline deadline(30s);
     std::vector<uint8_t> buf(size_t{1} << 20, 7);
     if (rank == 0) {
-      std::this_thread::sleep_for(600ms);
+      std::this_thread::sleep_for(600ms);  // the behaviour under test: a peer silent for 600 ms
       ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 1)->wait(deadline));
     } else {
       timespec before{}, after{};

@@ -463,7 +463,7 @@ class SlowHook : public CommHook {
       }
       const auto t0 = Clock::now();
       try {
-        std::this_thread::sleep_for(delay_);
+        std::this_thread::sleep_for(delay_);  // simulated slow communication
         job.pg->allreduce(view(job.data, job.count))->wait();
         for (size_t i = 0; i < job.count; ++i) job.data[i] /= job.pg->size();
         job.work->markCompleted();
@@ -492,6 +492,7 @@ TEST(DdpThreads, CommunicationOverlapsBackward) {
     // Slow "compute": each weight's gradient takes computeDelay longer to appear.
     for (auto& [name, p] : model->namedParameters()) {
       if (name.find("weight") != std::string::npos) {
+        // Simulated compute time: the behaviour under test.
         p.registerGradReadyHook([=](ag::Tensor&) { std::this_thread::sleep_for(computeDelay); });
       }
     }

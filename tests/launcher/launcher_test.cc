@@ -98,7 +98,7 @@ class LoomRun {
         waitpid(pid_, &f.status, 0);
         break;
       }
-      std::this_thread::sleep_for(5ms);
+      std::this_thread::sleep_for(5ms);  // poll interval, bounded by the deadline
     }
     reaped_ = true;
     f.took = Clock::now() - start_;
@@ -129,7 +129,7 @@ bool waitForFiles(const std::vector<std::string>& paths, std::chrono::millisecon
       return true;
     }
     if (Clock::now() >= end) return false;
-    std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(5ms);  // poll interval, bounded by the deadline
   }
 }
 
@@ -148,7 +148,7 @@ bool noDescendantsLeft(std::chrono::milliseconds timeout, const std::vector<pid_
       }
       return false;
     }
-    std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(5ms);  // poll interval, bounded by the deadline
   }
 }
 

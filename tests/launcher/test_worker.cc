@@ -58,7 +58,7 @@ void writeFile(const std::string& path, const std::string& text) {
 
 // Waits for a signal, at most 60 s (a bound, so a broken launcher can't leave us forever).
 void waitLong() {
-  for (int i = 0; i < 600; ++i) usleep(100 * 1000);
+  for (int i = 0; i < 600; ++i) usleep(100 * 1000);  // the worker must live until killed
   std::exit(91);
 }
 

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
           if (connect(t, reinterpret_cast<sockaddr*>(&targetAddr), sizeof(targetAddr)) != 0) {
             close(t);
             t = -1;
-            usleep(50 * 1000);
+            usleep(50 * 1000);  // retry interval, bounded by the 200 attempts
           }
         }
         if (t < 0) {

@@ -70,7 +70,7 @@ bool waitForFile(const std::string& path, std::chrono::milliseconds timeout) {
   struct stat st {};
   while (::stat(path.c_str(), &st) != 0) {
     if (deadline.expired()) return false;
-    std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(5ms);  // poll interval, bounded by the deadline
   }
   return true;
 }

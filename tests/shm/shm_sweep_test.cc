@@ -1,16 +1,17 @@
 // Thread-rank sweep of every collective through the shared-memory arena: world sizes
 // {2, 3, 4, 5} x every dtype x every valid op x counts that hit each size class (the
 // small-message path, one chunk, many chunks with a partial last one) x in-place and
-// out-of-place x every root. Slots are shrunk with LOOM_SHM_SLOT_BYTES so that many chunks
-// and the slot reuse across steps are covered at small counts; a second pass with the
-// default slot covers the large path at 2^18 + 3 elements.
+// out-of-place x every root, one test per case (`Sweep/ShmReduce.AllreduceReduceScatterReduce/
+// ws3_count700_half_avg`). Slots are shrunk with LOOM_SHM_SLOT_BYTES so that many chunks and
+// the slot reuse across steps are covered at small counts; a second pass with the default
+// slot covers the large path at 2^18 + 3 elements.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "shm/shm.h"
-#include "sweep.h"
+#include "sweep_world.h"
 
 namespace loom::comm::testing {
 namespace {
@@ -32,75 +33,91 @@ std::vector<size_t> counts(int size) {
   return {1, static_cast<size_t>(size + 1), 700, 3001};
 }
 
-TEST(ShmSweep, ReducingCollectives) {
-  SlotBytes slot("4096");
-  for (int size : {2, 3, 4, 5}) {
-    SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      requireArena(ctx);
-      Checker check(ctx);
-      for (DType dtype : allDTypes()) {
-        for (ReduceOp op : validOps(dtype)) {
-          for (size_t count : counts(size)) {
-            for (bool inPlace : {false, true}) {
-              check.allreduce({"allreduce", dtype, op, count, inPlace, 0});
-              check.reduceScatter({"reduce_scatter", dtype, op, count, inPlace, 0});
-            }
-            check.reduce({"reduce", dtype, op, count, false, static_cast<int>(count % size)});
-          }
-        }
-      }
-    });
+// 4096-byte slots for the whole suite: the env is read when the suite's world is built.
+class SmallSlots : public SweepTest {
+ public:
+  static void SetUpTestSuite() { slot_ = std::make_unique<SlotBytes>("4096"); }
+  static void TearDownTestSuite() {
+    SweepTest::TearDownTestSuite();
+    slot_.reset();
   }
+
+ private:
+  static inline std::unique_ptr<SlotBytes> slot_;
+};
+
+using ShmReduce = SmallSlots;
+
+TEST_P(ShmReduce, AllreduceReduceScatterReduce) {
+  check([&](Checker& check) {
+    requireArena(check.ctx());
+    const SweepCase& p = param();
+    for (bool inPlace : {false, true}) {
+      check.allreduce({"allreduce", p.dtype, op(), p.count, inPlace, 0});
+      check.reduceScatter({"reduce_scatter", p.dtype, op(), p.count, inPlace, 0});
+    }
+    check.reduce({"reduce", p.dtype, op(), p.count, false, static_cast<int>(p.count % p.size)});
+  });
 }
 
-TEST(ShmSweep, DataMovingCollectives) {
-  SlotBytes slot("4096");
-  for (int size : {2, 3, 4, 5}) {
-    SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      requireArena(ctx);
-      Checker check(ctx);
-      for (DType dtype : allDTypes()) {
-        for (size_t count : counts(size)) {
-          for (int root = 0; root < size; ++root) {
-            const bool inPlace = root % 2 == 1;
-            check.broadcast({"broadcast", dtype, ReduceOp::kSum, count, inPlace, root});
-            check.gather({"gather", dtype, ReduceOp::kSum, count, inPlace, root});
-            check.scatter({"scatter", dtype, ReduceOp::kSum, count, inPlace, root});
-          }
-          for (bool inPlace : {false, true}) {
-            check.allgather({"allgather", dtype, ReduceOp::kSum, count, inPlace, 0});
-            check.alltoall({"alltoall", dtype, ReduceOp::kSum, count, inPlace, 0});
-          }
-          check.barrier();
-          // Point-to-point runs over the shared-memory transport next to the arena.
-          check.sendRecv({"send/recv", dtype, ReduceOp::kSum, count, false, 0});
-        }
-      }
-    });
-  }
+INSTANTIATE_TEST_SUITE_P(Sweep, ShmReduce,
+                         ::testing::ValuesIn(sweepCases({2, 3, 4, 5}, counts, true)),
+                         sweepCaseName);
+
+using ShmData = SmallSlots;
+
+TEST_P(ShmData, EveryDataMovingCollective) {
+  check([&](Checker& check) {
+    requireArena(check.ctx());
+    const SweepCase& p = param();
+    for (int root = 0; root < p.size; ++root) {
+      const bool inPlace = root % 2 == 1;
+      check.broadcast({"broadcast", p.dtype, ReduceOp::kSum, p.count, inPlace, root});
+      check.gather({"gather", p.dtype, ReduceOp::kSum, p.count, inPlace, root});
+      check.scatter({"scatter", p.dtype, ReduceOp::kSum, p.count, inPlace, root});
+    }
+    for (bool inPlace : {false, true}) {
+      check.allgather({"allgather", p.dtype, ReduceOp::kSum, p.count, inPlace, 0});
+      check.alltoall({"alltoall", p.dtype, ReduceOp::kSum, p.count, inPlace, 0});
+    }
+    check.barrier();
+    // Point-to-point runs over the shared-memory transport next to the arena.
+    check.sendRecv({"send/recv", p.dtype, ReduceOp::kSum, p.count, false, 0});
+  });
 }
 
-TEST(ShmSweep, LargeWithDefaultSlots) {
-  const size_t count = (size_t{1} << 18) + 3;
-  for (int size : {2, 3, 4}) {
-    SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      requireArena(ctx);
-      Checker check(ctx);
-      for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
-        check.allreduce({"allreduce", dtype, ReduceOp::kSum, count, false, 0});
-        check.allreduce({"allreduce", dtype, ReduceOp::kMax, count, true, 0});
-        check.reduce({"reduce", dtype, ReduceOp::kSum, count, false, size - 1});
-        check.reduceScatter({"reduce_scatter", dtype, ReduceOp::kSum, count / size, false, 0});
-        check.broadcast({"broadcast", dtype, ReduceOp::kSum, count, false, 1});
-        check.allgather({"allgather", dtype, ReduceOp::kSum, count / size, false, 0});
-        check.alltoall({"alltoall", dtype, ReduceOp::kSum, count / size, false, 0});
-      }
-    });
-  }
+INSTANTIATE_TEST_SUITE_P(Sweep, ShmData,
+                         ::testing::ValuesIn(sweepCases({2, 3, 4, 5}, counts, false)),
+                         sweepCaseName);
+
+// The default slot, 2^18 + 3 elements: the large path.
+using ShmLarge = SweepTest;
+
+std::vector<size_t> largeCount(int) {
+  return {(size_t{1} << 18) + 3};
 }
+
+TEST_P(ShmLarge, WithDefaultSlots) {
+  check([&](Checker& check) {
+    requireArena(check.ctx());
+    const DType dtype = param().dtype;
+    const size_t count = param().count;
+    const int size = param().size;
+    check.allreduce({"allreduce", dtype, ReduceOp::kSum, count, false, 0});
+    check.allreduce({"allreduce", dtype, ReduceOp::kMax, count, true, 0});
+    check.reduce({"reduce", dtype, ReduceOp::kSum, count, false, size - 1});
+    check.reduceScatter({"reduce_scatter", dtype, ReduceOp::kSum, count / size, false, 0});
+    check.broadcast({"broadcast", dtype, ReduceOp::kSum, count, false, 1});
+    check.allgather({"allgather", dtype, ReduceOp::kSum, count / size, false, 0});
+    check.alltoall({"alltoall", dtype, ReduceOp::kSum, count / size, false, 0});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ShmLarge,
+                         ::testing::ValuesIn(sweepCases({2, 3, 4}, largeCount, false,
+                                                        {DType::kFloat32, DType::kBFloat16,
+                                                         DType::kInt64})),
+                         sweepCaseName);
 
 TEST(ShmSweep, StreamedOutputsAboveEightMiB) {
   // Outputs of 8 MiB and more are copied out with non-temporal stores and step in whole slots;
@@ -121,20 +138,25 @@ TEST(ShmSweep, StreamedOutputsAboveEightMiB) {
   });
 }
 
-TEST(ShmSweep, AvgAndHalfTypesThroughTheSplitPath) {
-  // 20000 float16 = 40000 bytes: above the small-message path with the default slot.
-  for (int size : {2, 3}) {
-    runWorld(size, [&](Context& ctx) {
-      requireArena(ctx);
-      Checker check(ctx);
-      for (DType dtype : {DType::kFloat16, DType::kFloat32, DType::kInt32}) {
-        for (ReduceOp op : validOps(dtype)) {
-          check.allreduce({"allreduce", dtype, op, 20000, false, 0});
-        }
-      }
-    });
-  }
+// 20000 float16 = 40000 bytes: above the small-message path with the default slot.
+using ShmSplitPath = SweepTest;
+
+std::vector<size_t> splitPathCount(int) {
+  return {20000};
 }
+
+TEST_P(ShmSplitPath, Allreduce) {
+  check([&](Checker& check) {
+    requireArena(check.ctx());
+    check.allreduce({"allreduce", param().dtype, op(), param().count, false, 0});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ShmSplitPath,
+                         ::testing::ValuesIn(sweepCases({2, 3}, splitPathCount, true,
+                                                        {DType::kFloat16, DType::kFloat32,
+                                                         DType::kInt32})),
+                         sweepCaseName);
 
 }  // namespace
 }  // namespace loom::comm::testing

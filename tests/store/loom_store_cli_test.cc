@@ -74,7 +74,7 @@ class StoreProgram {
         reaped_ = true;
         return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       }
-      ::usleep(1000);
+      ::usleep(1000);  // poll interval, bounded by the deadline
     }
     return 999;
   }

@@ -47,7 +47,7 @@ bool waitUntil(F condition) {
   Deadline d(milliseconds(10000));
   while (!condition()) {
     if (d.expired()) return false;
-    std::this_thread::sleep_for(milliseconds(1));
+    std::this_thread::sleep_for(milliseconds(1));  // poll interval, bounded by the deadline
   }
   return true;
 }
@@ -274,7 +274,8 @@ TEST(TCPStoreClient, ConnectRetriesUntilTheServerStarts) {
   }
   std::unique_ptr<TCPStoreServer> server;
   std::thread late([&] {
-    // The client below is already retrying when the server comes up.
+    // The behaviour under test: a server that comes up 300 ms late, while the client below is
+    // already retrying (nothing observable tells that it has failed a first connect).
     std::this_thread::sleep_for(milliseconds(300));
     server = std::make_unique<TCPStoreServer>(TCPStoreServerOptions{"127.0.0.1", port, "", -1});
   });

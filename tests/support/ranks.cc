@@ -147,7 +147,7 @@ ChildExit ChildProcesses::wait(int index, std::chrono::milliseconds timeout) {
       child.exit = e;
       return e;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // poll interval (deadline above)
   }
 }
 
