@@ -14,6 +14,7 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/testing/scoped_env.h"
 
 namespace loom::env {
 namespace {
@@ -31,29 +32,7 @@ std::string errorOf(F&& f) {
   return {};
 }
 
-// Sets `name` for the scope of the object and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using loom::testing::ScopedEnv;
 
 TEST(Env, IntegerAcceptsWholeBase10NumbersInRange) {
   EXPECT_EQ(parseInteger("X", "0", 0, 10), 0);
