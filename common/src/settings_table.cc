@@ -123,7 +123,7 @@ constexpr Setting kTable[] = {
      "initProcessGroup, bench programs"},
     {"LOCAL_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "rank on this node (default: RANK); also picks the CUDA device of the nccl backend",
-     "LaunchEnv::localRank, NcclOptions::device", "initProcessGroup, nccl setup"},
+     "LaunchEnv::localRank, NcclOptions::localRank", "initProcessGroup, nccl setup"},
     {"LOCAL_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
      "process count on this node (default: WORLD_SIZE)", "LaunchEnv::localWorldSize",
      "initProcessGroup"},
