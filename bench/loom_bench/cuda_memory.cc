@@ -35,11 +35,6 @@ class CudaMemory final : public DeviceMemory {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device to host",
               bytes);
   }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device",
-              bytes);
-    cudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize after a device copy", bytes);
-  }
 
  private:
   const int device_;

@@ -26,7 +26,6 @@
 // LOOM_ALGO forces a comm algorithm (or --algo).
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 
 #include "cuda_memory.h"
@@ -115,37 +114,28 @@ class LoomDriver : public Driver {
     const DType dtype = toDType(c.type);
     const size_t n = c.count;
     const size_t world = static_cast<size_t>(pg_->size());
-    const size_t bytes = n * elemSize(c.type);
     void* send = const_cast<void*>(c.send);
     auto buf = [&](void* data, size_t count) {
       return BufferView{data, count, dtype, mem_.device};
     };
     switch (c.op) {
-      case Op::kAllReduce:
-        if (!c.inPlace) copy(c.recv, send, bytes);
-        {
-          AllreduceOptions opts;
-          opts.reduceOp = toReduceOp(c.redop);
-          pg_->allreduce(buf(c.recv, n), opts)->wait();
-        }
-        break;
-      case Op::kBroadcast:
-        if (!c.inPlace && pg_->rank() == c.root) copy(c.recv, send, bytes);
-        {
-          BroadcastOptions opts;
-          opts.root = c.root;
-          pg_->broadcast(buf(c.recv, n), opts)->wait();
-        }
-        break;
-      case Op::kReduce:
-        if (!c.inPlace) copy(c.recv, send, bytes);
-        {
-          ReduceOptions opts;
-          opts.reduceOp = toReduceOp(c.redop);
-          opts.root = c.root;
-          pg_->reduce(buf(c.recv, n), opts)->wait();
-        }
-        break;
+      // In place, send and recv are one buffer (nccl-tests' layout): the same calls.
+      case Op::kAllReduce: {
+        AllreduceOptions opts;
+        opts.reduceOp = toReduceOp(c.redop);
+        pg_->allreduce(buf(send, n), buf(c.recv, n), opts)->wait();
+      } break;
+      case Op::kBroadcast: {
+        BroadcastOptions opts;
+        opts.root = c.root;
+        pg_->broadcast(buf(send, n), buf(c.recv, n), opts)->wait();
+      } break;
+      case Op::kReduce: {
+        ReduceOptions opts;
+        opts.reduceOp = toReduceOp(c.redop);
+        opts.root = c.root;
+        pg_->reduce(buf(send, n), buf(c.recv, n), opts)->wait();
+      } break;
       case Op::kAllGather:
         pg_->allgather(buf(send, n), buf(c.recv, n * world))->wait();
         break;
@@ -211,14 +201,6 @@ class LoomDriver : public Driver {
   }
 
  private:
-  void copy(void* dst, const void* src, size_t bytes) {
-    if (mem_.memory) {
-      mem_.memory->copy(dst, src, bytes);
-    } else {
-      std::memcpy(dst, src, bytes);
-    }
-  }
-
   std::shared_ptr<ProcessGroup> pg_;
   Memory mem_;
 };
@@ -230,7 +212,7 @@ Memory memoryFor(const std::string& backend) {
   m.label = "[cpu]";
   if (backend != "nccl") return m;
   const int devices = cudaDevices();
-  const LaunchEnv launch = parseLaunchEnv(currentEnvironment(), /*needMaster=*/false);
+  const LaunchEnv launch = parseLaunchEnv(launchEnvironment(), /*needMaster=*/false);
   const int index = devices > 0 ? launch.localRank % devices : 0;
   m.memory = makeCudaMemory(index);  // NotAvailableError without CUDA or without a device
   m.device = Device::cuda(index);
@@ -279,12 +261,12 @@ int loomBenchMain(int argc, char** argv) {
   init.backend = backend;
   init.initMethod = initMethod;
   init.pg.timeout = std::chrono::seconds(timeoutS);
-  init.pg.algorithm = algorithm;
+  init.pg.comm.algorithm = algorithm;
   int rank = rankFromEnvironment();  // valid: parseCommandLine checked it
   try {
-    init.pg.sharedMemory = env::flag("LOOM_SHM", true);
+    init.pg.comm.context.sharedMemory = env::flag("LOOM_SHM", true);
     Memory memory = memoryFor(backend);
-    if (memory.device.type == DeviceType::kCuda) init.pg.device = memory.device.index;
+    if (memory.device.type == DeviceType::kCuda) init.pg.nccl.device = memory.device.index;
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
     LoomDriver driver(group.pg, std::move(memory));

@@ -96,11 +96,11 @@ constexpr Setting kTable[] = {
     {"LOOM_PG_NAP_US", K::kInteger, S::kRuntime, "1000", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker naps while waiting threads run operations themselves "
      "(docs/handoff.md)",
-     "CommBackendOptions::napUs", "ProcessGroup setup"},
+     "ProcessGroupOptions::comm.napUs", "ProcessGroup setup"},
     {"LOOM_PG_GRACE_US", K::kInteger, S::kRuntime, "50", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker leaves a fresh lone operation to the thread that will "
      "wait on it (docs/handoff.md)",
-     "CommBackendOptions::graceUs", "ProcessGroup setup"},
+     "ProcessGroupOptions::comm.graceUs", "ProcessGroup setup"},
 
     // ---- common, store ----
     {"LOOM_LOG_LEVEL", K::kChoice, S::kRuntime, "warning", 0, 0,
@@ -123,7 +123,7 @@ constexpr Setting kTable[] = {
      "initProcessGroup, bench programs"},
     {"LOCAL_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "rank on this node (default: RANK); also picks the CUDA device of the nccl backend",
-     "LaunchEnv::localRank, NcclOptions::device", "initProcessGroup, nccl setup"},
+     "LaunchEnv::localRank, NcclOptions::localRank", "initProcessGroup, nccl setup"},
     {"LOCAL_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
      "process count on this node (default: WORLD_SIZE)", "LaunchEnv::localWorldSize",
      "initProcessGroup"},

@@ -1,8 +1,13 @@
 #include "loom/process_group/factory.h"
 
+#include <algorithm>
+
+#include "comm_backend.h"
+#include "loom/comm/context.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
-#include "loom/process_group/tcp_backend.h"
+#include "loom/store/prefix_store.h"
+#include "pg_settings.h"
 
 #ifdef LOOM_HAVE_NCCL
 #include "nccl/nccl_backend.h"
@@ -58,14 +63,74 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
   LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
              " is out of range for world size ", size, " (expected 0 <= rank < ", size, ")");
   checkAvailable(backend);
+  const ProcessGroupOptions effective = withEnvironment(options);
+  std::shared_ptr<ProcessGroup> pg;
   if (backend == "tcp") {
-    return std::make_shared<ProcessGroupTcp>(std::move(store), rank, size, options);
-  }
+    pg = std::make_shared<ProcessGroupComm>("tcp", std::move(store), rank, size, effective,
+                                            &comm::Context::create);
+  } else if (backend == "verbs") {
+    pg = std::make_shared<ProcessGroupComm>("verbs", std::move(store), rank, size, effective,
+                                            &comm::createVerbsContext);
+  } else {
 #ifdef LOOM_HAVE_NCCL
-  if (backend == "nccl") return createProcessGroupNccl(std::move(store), rank, size, options);
+    pg = createProcessGroupNccl(std::move(store), rank, size, effective);
 #endif
-  return std::make_shared<ProcessGroupTcp>("verbs", std::move(store), rank, size, options,
-                                           &comm::createVerbsContext);
+  }
+  logGroupReady(*pg);
+  return pg;
+}
+
+std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks) {
+  ProcessGroupOptions options = parent.options();
+  options.groupName.clear();
+  options.parentRanks.clear();
+  return newGroup(parent, ranks, options);
+}
+
+std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
+                                       const ProcessGroupOptions& options) {
+  LOOM_CHECK(!ranks.empty(), parent.who(), ": newGroup: the rank list is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    parent.checkRoot(sorted[i], "newGroup", "rank");
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      LOOM_THROW(InvalidArgumentError, parent.who(), ": newGroup: rank ", sorted[i],
+                 " appears twice in the rank list");
+    }
+  }
+  int id = 0;
+  {
+    std::lock_guard<std::mutex> lock(parent.issueMu_);
+    id = ++parent.nextGroupId_;
+  }
+  const auto it = std::find(sorted.begin(), sorted.end(), parent.rank());
+  if (it == sorted.end()) return nullptr;
+
+  std::string list;
+  for (int r : sorted) list += (list.empty() ? "" : ",") + std::to_string(r);
+  const std::string name = "group/" + std::to_string(id);
+  auto sub = std::make_shared<PrefixStore>(name, parent.store());
+  // Every member checks its list against the lowest member's, so that a rank passing a
+  // different list gets a clear error instead of a hang in the connection setup.
+  sub->set("members/" + std::to_string(parent.rank()), list);
+  const std::string leaderKey = "members/" + std::to_string(sorted.front());
+  sub->wait({leaderKey}, options.timeout);
+  const std::string leaderList = sub->getString(leaderKey);
+  if (leaderList != list) {
+    LOOM_THROW(InvalidArgumentError, parent.who(), ": newGroup #", id, ": this rank passed ranks [",
+               list, "] but rank ", sorted.front(), " passed [", leaderList,
+               "]; every rank must pass the same list");
+  }
+  ProcessGroupOptions subOptions = options;
+  subOptions.parentRanks = sorted;
+  if (subOptions.groupName.empty()) {
+    const std::string& parentName = parent.options().groupName;
+    subOptions.groupName = parentName.empty() ? name : parentName + "/" + name;
+  }
+  const int subRank = static_cast<int>(it - sorted.begin());
+  return createProcessGroup(parent.backendName(), sub, subRank, static_cast<int>(sorted.size()),
+                            subOptions);
 }
 
 }  // namespace loom

@@ -4,18 +4,15 @@
 
 #include <cctype>
 #include <charconv>
-#include <cstdlib>
 #include <vector>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
 #include "loom/store/file_store.h"
 #include "loom/store/prefix_store.h"
 #include "loom/store/tcp_store.h"
-
-extern char** environ;
+#include "pg_settings.h"
 
 namespace loom {
 
@@ -212,17 +209,6 @@ LaunchEnv parseLaunchEnv(const Environment& env, bool needMaster) {
   return out;
 }
 
-Environment currentEnvironment() {
-  Environment env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string entry(*e);
-    const size_t eq = entry.find('=');
-    if (eq == std::string::npos) continue;
-    env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
-  }
-  return env;
-}
-
 InitMethod parseInitMethod(std::string_view url) {
   InitMethod out;
   const auto bad = [&](const char* why) {
@@ -255,13 +241,11 @@ InitMethod parseInitMethod(std::string_view url) {
   return out;
 }
 
-InitResult initProcessGroup(const InitOptions& options) {
-  std::string url = options.initMethod;
-  if (url.empty()) {
-    url = env::get("LOOM_INIT_METHOD").value_or("env://");
-  }
-  const InitMethod method = parseInitMethod(url);
-  const Environment env = currentEnvironment();
+InitResult initProcessGroup(const InitOptions& userOptions) {
+  const InitOptions options = withEnvironment(userOptions);
+  const InitMethod method =
+      parseInitMethod(options.initMethod.empty() ? "env://" : options.initMethod);
+  const Environment env = launchEnvironment();
 
   InitResult result;
   const bool explicitRanks = options.rank >= 0 && options.worldSize >= 0;
@@ -302,12 +286,12 @@ InitResult initProcessGroup(const InitOptions& options) {
   }
   result.store->setTimeout(options.pg.timeout);
   ProcessGroupOptions pgOptions = options.pg;
-  if (pgOptions.host.empty() && !env::get("LOOM_HOST") && method.kind != InitMethod::Kind::kFile) {
+  if (pgOptions.comm.context.host.empty() && method.kind != InitMethod::Kind::kFile) {
     // Listen where the peers can reach us: the address on the route to the store's host, not
     // the host name (Debian maps it to 127.0.1.1, useless to ranks on other machines).
     const std::string storeHost =
         method.kind == InitMethod::Kind::kTcp ? method.host : result.env.masterAddr;
-    pgOptions.host = net::localAddressTowards(storeHost);
+    pgOptions.comm.context.host = net::localAddressTowards(storeHost);
   }
   auto pgStore = std::make_shared<PrefixStore>("default_pg", result.store);
   result.pg = createProcessGroup(options.backend, pgStore, rank, size, pgOptions);

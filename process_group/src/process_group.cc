@@ -2,16 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
-#include <set>
 #include <utility>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
-#include "loom/process_group/factory.h"
-#include "loom/store/prefix_store.h"
-#include "loom/store/store.h"
 
 namespace loom {
 
@@ -25,9 +19,16 @@ DebugLevel parseDebugLevel(std::string_view value) {
              "' is not a debug level; expected OFF, INFO or DETAIL");
 }
 
-DebugLevel debugLevelFromEnv() {
-  const std::optional<std::string> v = env::get("LOOM_DEBUG");
-  return v ? parseDebugLevel(*v) : DebugLevel::kOff;
+const char* debugLevelName(DebugLevel level) {
+  switch (level) {
+    case DebugLevel::kOff:
+      return "OFF";
+    case DebugLevel::kInfo:
+      return "INFO";
+    case DebugLevel::kDetail:
+      return "DETAIL";
+  }
+  return "?";
 }
 
 std::string OpDesc::describe() const {
@@ -67,7 +68,7 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
       rank_(rank),
       size_(size),
       options_(std::move(options)),
-      debug_(options_.debug ? *options_.debug : debugLevelFromEnv()) {
+      debug_(options_.debug.value_or(DebugLevel::kOff)) {
   LOOM_CHECK(store_ != nullptr, "a ProcessGroup needs a store");
   LOOM_CHECK(size_ >= 1, "world size must be at least 1, got ", size_);
   LOOM_CHECK(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_,
@@ -132,6 +133,18 @@ void checkSameDtype(const ProcessGroup& pg, const char* opName, const BufferView
   }
 }
 
+void checkSameCount(const ProcessGroup& pg, const char* opName, const BufferView& in,
+                    const BufferView& out) {
+  if (in.count != out.count) {
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": input has ", in.count,
+               " elements but output has ", out.count, "; they must be equal");
+  }
+}
+
+bool sameView(const BufferView& a, const BufferView& b) {
+  return a.data == b.data && a.count == b.count && a.dtype == b.dtype && a.device == b.device;
+}
+
 void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, DType dtype) {
   if (isBitwise(op) && isFloatingPoint(dtype)) {
     LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": reduce op ", reduceOpName(op),
@@ -167,43 +180,83 @@ std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& time
   return post(std::move(op));
 }
 
+void ProcessGroup::checkInOut(const BufferView& in, const BufferView& out,
+                              const char* opName) const {
+  if (sameView(in, out)) {
+    checkBuffer(in, opName, "buffer");
+    return;
+  }
+  checkBuffer(in, opName, "input");
+  checkBuffer(out, opName, "output");
+  checkSameDtype(*this, opName, in, out);
+  checkSameCount(*this, opName, in, out);
+}
+
 std::shared_ptr<Work> ProcessGroup::allreduce(BufferView buf, const AllreduceOptions& opts) {
+  return allreduce(buf, buf, opts);
+}
+
+std::shared_ptr<Work> ProcessGroup::allreduce(BufferView in, BufferView out,
+                                              const AllreduceOptions& opts) {
   const char* name = "allreduce";
-  checkBuffer(buf, name, "buffer");
-  checkReduceOpFor(*this, name, opts.reduceOp, buf.dtype);
+  checkInOut(in, out, name);
+  checkReduceOpFor(*this, name, opts.reduceOp, in.dtype);
   OpDesc op;
   op.type = OpType::kAllreduce;
-  op.in = op.out = buf;
-  op.count = buf.count;
-  op.dtype = buf.dtype;
+  op.in = in;
+  op.out = out;
+  op.count = in.count;
+  op.dtype = in.dtype;
   op.reduceOp = opts.reduceOp;
   return issue(std::move(op), opts.timeout);
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(BufferView buf, const BroadcastOptions& opts) {
+  return broadcast(buf, buf, opts);
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(BufferView in, BufferView out,
+                                              const BroadcastOptions& opts) {
   const char* name = "broadcast";
-  checkBuffer(buf, name, "buffer");
   checkRoot(opts.root, name, "root");
   OpDesc op;
   op.type = OpType::kBroadcast;
-  op.in = op.out = buf;
-  op.count = buf.count;
-  op.dtype = buf.dtype;
+  if (rank_ == opts.root) {
+    checkInOut(in, out, name);
+    op.in = in;
+  } else {
+    checkBuffer(out, name, sameView(in, out) ? "buffer" : "output");
+    op.in = out;  // not read: a backend that looks at it sees an in-place broadcast
+  }
+  op.out = out;
+  op.count = out.count;
+  op.dtype = out.dtype;
   op.root = opts.root;
   return issue(std::move(op), opts.timeout);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(BufferView buf, const ReduceOptions& opts) {
+  return reduce(buf, buf, opts);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(BufferView in, BufferView out,
+                                           const ReduceOptions& opts) {
   const char* name = "reduce";
-  checkBuffer(buf, name, "buffer");
   checkRoot(opts.root, name, "root");
-  checkReduceOpFor(*this, name, opts.reduceOp, buf.dtype);
   OpDesc op;
   op.type = OpType::kReduce;
-  op.in = buf;
-  if (rank_ == opts.root) op.out = buf;  // non-roots keep their input intact
-  op.count = buf.count;
-  op.dtype = buf.dtype;
+  if (rank_ == opts.root) {
+    checkInOut(in, out, name);
+    op.out = out;
+  } else {
+    checkBuffer(in, name,
+                sameView(in, out) ? "buffer"
+                                  : "input");  // out stays empty: non-roots keep their input intact
+  }
+  checkReduceOpFor(*this, name, opts.reduceOp, in.dtype);
+  op.in = in;
+  op.count = in.count;
+  op.dtype = in.dtype;
   op.reduceOp = opts.reduceOp;
   op.root = opts.root;
   return issue(std::move(op), opts.timeout);
@@ -305,10 +358,7 @@ std::shared_ptr<Work> ProcessGroup::alltoall(BufferView in, BufferView out,
   checkBuffer(in, name, "input");
   checkBuffer(out, name, "output");
   checkSameDtype(*this, name, in, out);
-  if (in.count != out.count) {
-    LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": input has ", in.count,
-               " elements but output has ", out.count, "; they must be equal");
-  }
+  checkSameCount(*this, name, in, out);
   if (in.count % size_ != 0) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": ", in.count,
                " elements do not split into world size ", size_, " equal slices");
@@ -358,57 +408,6 @@ std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, in
   op.root = peer;
   op.tag = tag;
   return issue(std::move(op), opts.timeout);
-}
-
-std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks) {
-  ProcessGroupOptions opts = options_;
-  opts.groupName.clear();
-  opts.parentRanks.clear();
-  return newGroup(ranks, opts);
-}
-
-std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks,
-                                                     const ProcessGroupOptions& options) {
-  LOOM_CHECK(!ranks.empty(), who(), ": newGroup: the rank list is empty");
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    checkRoot(sorted[i], "newGroup", "rank");
-    if (i > 0 && sorted[i] == sorted[i - 1]) {
-      LOOM_THROW(InvalidArgumentError, who(), ": newGroup: rank ", sorted[i],
-                 " appears twice in the rank list");
-    }
-  }
-  int id = 0;
-  {
-    std::lock_guard<std::mutex> lock(issueMu_);
-    id = ++nextGroupId_;
-  }
-  const auto it = std::find(sorted.begin(), sorted.end(), rank_);
-  if (it == sorted.end()) return nullptr;
-
-  std::string list;
-  for (int r : sorted) list += (list.empty() ? "" : ",") + std::to_string(r);
-  const std::string name = "group/" + std::to_string(id);
-  auto sub = std::make_shared<PrefixStore>(name, store_);
-  // Every member checks its list against the lowest member's, so that a rank passing a
-  // different list gets a clear error instead of a hang in the connection setup.
-  sub->set("members/" + std::to_string(rank_), list);
-  const std::string leaderKey = "members/" + std::to_string(sorted.front());
-  sub->wait({leaderKey}, options.timeout);
-  const std::string leaderList = sub->getString(leaderKey);
-  if (leaderList != list) {
-    LOOM_THROW(InvalidArgumentError, who(), ": newGroup #", id, ": this rank passed ranks [", list,
-               "] but rank ", sorted.front(), " passed [", leaderList,
-               "]; every rank must pass the same list");
-  }
-  ProcessGroupOptions subOptions = options;
-  subOptions.parentRanks = sorted;
-  if (subOptions.groupName.empty()) {
-    subOptions.groupName = options_.groupName.empty() ? name : options_.groupName + "/" + name;
-  }
-  const int subRank = static_cast<int>(it - sorted.begin());
-  return createProcessGroup(backend_, sub, subRank, static_cast<int>(sorted.size()), subOptions);
 }
 
 }  // namespace loom

@@ -1,6 +1,5 @@
 #include "loom/process_group/work.h"
 
-#include <thread>
 #include <utility>
 
 #include "loom/common/error.h"
@@ -15,8 +14,7 @@ std::string Work::describe() const {
 }
 
 bool Work::isCompleted() {
-  if (done()) return true;
-  return pollIntervalUs() > 0 && poll();
+  return done();
 }
 
 bool Work::isSuccess() const {
@@ -51,13 +49,7 @@ void Work::markFailed(std::exception_ptr error) {
   complete(std::move(error));
 }
 
-void Work::setOnWaitTimeout(std::function<void(const std::string&)> hook) {
-  std::lock_guard<std::mutex> lock(mu_);
-  onWaitTimeout_ = std::move(hook);
-}
-
 bool Work::wait() {
-  if (!done()) runInline();
   return waitUntil(std::chrono::steady_clock::time_point::max(), false);
 }
 
@@ -67,14 +59,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 
 bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded) {
   const auto start = std::chrono::steady_clock::now();
-  const int pollUs = pollIntervalUs();
-  if (!done()) beforeSleep();
-  if (pollUs > 0) {
-    while (!done()) {
-      if (bounded && std::chrono::steady_clock::now() >= deadline) break;
-      if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(pollUs));
-    }
-  } else if (!done()) {
+  if (!done()) {
     std::unique_lock<std::mutex> lock(mu_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     // Sequentially consistent, to pair with complete()'s store of kDone and load of sleepers_.
@@ -88,10 +73,16 @@ bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounde
     }
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
-  if (done()) {
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
+  if (!done()) timedOut(start);
+  return finished();
+}
+
+bool Work::finished() const {
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void Work::timedOut(std::chrono::steady_clock::time_point start) {
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - start);
   const std::string reason =
@@ -101,13 +92,6 @@ bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounde
   throw TimeoutError(reason);
 }
 
-void Work::onWaitTimeout(const std::string& reason) {
-  std::function<void(const std::string&)> hook;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    hook = onWaitTimeout_;
-  }
-  if (hook) hook(reason);
-}
+void Work::onWaitTimeout(const std::string&) {}
 
 }  // namespace loom

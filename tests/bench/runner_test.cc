@@ -141,11 +141,6 @@ class FakeDevice : public DeviceMemory {
     std::memcpy(dst, src, bytes);
     ++toHostCalls;
   }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    expectOwned(dst, bytes, false);
-    expectOwned(src, bytes, false);
-    std::memmove(dst, src, bytes);
-  }
   // [p, p + bytes) lies inside one of this device's allocations.
   bool owns(const void* p, size_t bytes) const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,4 +1,5 @@
-// createProcessGroup / isAvailable, and the NCCL pieces that run without a device.
+// createProcessGroup / isAvailable, the environment into the options (pg_settings.h), and the
+// NCCL pieces that run without a device.
 #include "loom/process_group/factory.h"
 
 #include <gmock/gmock.h>
@@ -13,6 +14,8 @@
 #include "loom/process_group/init.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
+#include "loom/testing/scoped_env.h"
+#include "pg_settings.h"
 
 #ifdef LOOM_HAVE_NCCL
 #include "nccl/nccl_backend.h"
@@ -91,6 +94,48 @@ TEST(Factory, RankAndSizeAreChecked) {
               HasSubstr("world size must be at least 1, got 0"));
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", nullptr, 0, 1); }),
               HasSubstr("the store is null"));
+}
+
+// The one place process_group reads the environment: createProcessGroup fills the fields left
+// at their defaults; a bad value fails the creation naming it. (The other tests set options.)
+TEST(Factory, ReadsTheEnvironmentIntoDefaultOptionsOnly) {
+  using testing::ScopedEnv;
+  auto store = std::make_shared<HashStore>();
+  {
+    ScopedEnv debug("LOOM_DEBUG", "bogus");
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", store, 0, 1); }),
+                HasSubstr("LOOM_DEBUG='bogus' is not valid"));
+  }
+  ScopedEnv nap("LOOM_PG_NAP_US", "0");
+  ScopedEnv debug("LOOM_DEBUG", "detail");
+  ScopedEnv localRank("LOCAL_RANK", "3");
+  {
+    auto pg = createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1);
+    EXPECT_EQ(pg->options().comm.napUs, 0);
+    EXPECT_EQ(pg->options().comm.graceUs, CommBackendOptions{}.graceUs);
+    EXPECT_EQ(pg->debugLevel(), DebugLevel::kDetail);
+    EXPECT_EQ(pg->options().nccl.localRank, 3);
+  }
+  ProcessGroupOptions mine;
+  mine.comm.napUs = 7;
+  mine.debug = DebugLevel::kOff;
+  mine.nccl.localRank = 0;  // set (the default is -1): LOCAL_RANK=3 does not replace it
+  const ProcessGroupOptions filled = withEnvironment(mine);
+  EXPECT_EQ(filled.comm.napUs, 7);
+  EXPECT_EQ(filled.debug, DebugLevel::kOff);
+  EXPECT_EQ(filled.nccl.localRank, 0);
+}
+
+TEST(Factory, DescribesTheOptionsThatDifferFromTheirDefaults) {
+  EXPECT_EQ(describeNonDefault({}), "");
+  ProcessGroupOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  o.debug = DebugLevel::kInfo;
+  o.comm.napUs = 0;
+  o.comm.algorithm = comm::Algorithm::kRing;
+  o.nccl.device = 1;
+  EXPECT_EQ(describeNonDefault(o),
+            "timeout=1500ms debug=INFO comm.algorithm=ring comm.napUs=0 nccl.device=1");
 }
 
 #ifdef LOOM_HAVE_NCCL

@@ -22,7 +22,7 @@ TEST(NcclDevice, OneRankCollectivesAndChecks) {
   auto store = std::make_shared<HashStore>();
   ProcessGroupOptions options;
   options.timeout = std::chrono::milliseconds(60000);
-  options.device = 0;
+  options.nccl.device = 0;
   auto pg = createProcessGroup("nccl", store, 0, 1, options);
   ASSERT_TRUE(isAvailable("nccl"));
 
@@ -47,6 +47,19 @@ TEST(NcclDevice, OneRankCollectivesAndChecks) {
   std::vector<float> back(n);
   ASSERT_EQ(cudaMemcpy(back.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
+
+  // Out of place (one rank: every result is the input): the output gets it, the input stays.
+  const auto outOfPlace = [&](const char* name, auto&& issue) {
+    ASSERT_EQ(cudaMemset(g, 0, n * sizeof(float)), cudaSuccess);
+    EXPECT_TRUE(issue()->wait()) << name;
+    ASSERT_EQ(cudaMemcpy(back.data(), g, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(back, host) << name << ": output";
+    ASSERT_EQ(cudaMemcpy(back.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(back, host) << name << ": input";
+  };
+  outOfPlace("allreduce", [&] { return pg->allreduce(view(d, n, dev), view(g, n, dev)); });
+  outOfPlace("broadcast", [&] { return pg->broadcast(view(d, n, dev), view(g, n, dev)); });
+  outOfPlace("reduce", [&] { return pg->reduce(view(d, n, dev), view(g, n, dev)); });
 
   std::vector<float> cpu(n);
   try {

@@ -1,4 +1,4 @@
-// The tcp backend's hand-off ("the waiter runs it", tcp_backend.h): which thread runs an
+// The comm backend's hand-off ("the waiter runs it", comm_backend.h): which thread runs an
 // operation, and that nothing else changes with it. Ranks are threads over one HashStore;
 // each group runs over a RecordingContext, a comm::Context that forwards to the real one
 // and notes which threads asked for its transport (every collective does, on the thread
@@ -8,13 +8,10 @@
 // own value in place, so a second run would double the sum. Operations that ran out of
 // order would pair mismatched sequence numbers across the ranks and fail or time out.
 //
-// LOOM_PG_GRACE_US is set to 1 s for the whole binary (main below), before any group
-// exists: the worker then never takes a lone fresh operation during a test, so that an
-// issue-then-wait runs on the waiting thread deterministically. Tests that change the
-// setting do so only while no group exists (getenv and setenv must not overlap).
+// The grace is 1 s (options() below): the worker then never takes a lone fresh operation
+// during a test, so that an issue-then-wait runs on the waiting thread deterministically.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -28,10 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "comm_backend.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
-#include "loom/process_group/tcp_backend.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
 
@@ -112,13 +109,14 @@ ProcessGroupOptions options(milliseconds timeout = milliseconds(20000)) {
   o.timeout = timeout;
   o.debug = DebugLevel::kOff;
   o.failureReportWindow = milliseconds(300);
+  o.comm.graceUs = 1000000;
   return o;
 }
 
-std::shared_ptr<ProcessGroupTcp> makeGroup(std::shared_ptr<Store> store, int rank, int size,
-                                           const ProcessGroupOptions& o,
-                                           std::shared_ptr<Recorder> recorder) {
-  return std::make_shared<ProcessGroupTcp>(
+std::shared_ptr<ProcessGroupComm> makeGroup(std::shared_ptr<Store> store, int rank, int size,
+                                            const ProcessGroupOptions& o,
+                                            std::shared_ptr<Recorder> recorder) {
+  return std::make_shared<ProcessGroupComm>(
       "tcp", std::move(store), rank, size, o,
       [recorder](Store& s, int r, int n, const comm::ContextOptions& co) {
         return std::make_shared<RecordingContext>(comm::Context::create(s, r, n, co), recorder);
@@ -307,7 +305,7 @@ TEST(ProcessGroupHandoff, ATimeoutFiresForAnOperationRunningInline) {
     EXPECT_THAT(what, HasSubstr("allreduce#1"));
     EXPECT_THAT(what, HasSubstr("rank 1"));
     EXPECT_EQ(recorder->threads(), std::set<std::thread::id>{std::this_thread::get_id()});
-    // Within 1.75x the timeout (tcp_backend.h), with slack for a loaded machine.
+    // Within 1.75x the timeout (comm_backend.h), with slack for a loaded machine.
     EXPECT_LT(took, milliseconds(600 * 2 + 2000));
     EXPECT_GE(took, milliseconds(500));
     rank0Done.set_value();
@@ -409,13 +407,14 @@ TEST(ProcessGroupHandoff, AFailedPeerFailsTheInlineOperationNamingItsReport) {
 // With no grace and no napping the worker races every waiter for every operation: mixed
 // issue/wait patterns must still run each operation once, in order.
 TEST(ProcessGroupHandoff, WorkerAndWaitersRacingRunEachOperationOnceInOrder) {
-  ::setenv("LOOM_PG_GRACE_US", "0", 1);
-  ::setenv("LOOM_PG_NAP_US", "0", 1);
+  ProcessGroupOptions racing = options();
+  racing.comm.graceUs = 0;
+  racing.comm.napUs = 0;
   auto store = std::make_shared<HashStore>();
   std::string failure;
   try {
     testing::runThreadRanks(2, [&](int rank) {
-      auto pg = makeGroup(store, rank, 2, options(), std::make_shared<Recorder>());
+      auto pg = makeGroup(store, rank, 2, racing, std::make_shared<Recorder>());
       for (int round = 0; round < 150; ++round) {
         const int n = 1 + round % 3;
         std::vector<std::vector<int64_t>> bufs(n, std::vector<int64_t>(2 + round % 5));
@@ -437,32 +436,18 @@ TEST(ProcessGroupHandoff, WorkerAndWaitersRacingRunEachOperationOnceInOrder) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  ::setenv("LOOM_PG_GRACE_US", "1000000", 1);
-  ::unsetenv("LOOM_PG_NAP_US");
   EXPECT_EQ(failure, "");
 }
 
-TEST(ProcessGroupHandoff, ABadHandoffSettingIsNamed) {
-  const char* saved = std::getenv("LOOM_PG_NAP_US");
-  const std::string savedValue = saved ? saved : "";
-  ::setenv("LOOM_PG_NAP_US", "soon", 1);
+TEST(ProcessGroupHandoff, AHandoffSettingOutOfRangeIsNamed) {
   auto store = std::make_shared<HashStore>();
+  ProcessGroupOptions o = options();
+  o.comm.napUs = -1;
   const std::string what = messageOf<InvalidArgumentError>(
-      [&] { makeGroup(store, 0, 1, options(), std::make_shared<Recorder>()); });
-  if (saved) {
-    ::setenv("LOOM_PG_NAP_US", savedValue.c_str(), 1);
-  } else {
-    ::unsetenv("LOOM_PG_NAP_US");
-  }
-  EXPECT_THAT(what, HasSubstr("LOOM_PG_NAP_US='soon'"));
+      [&] { makeGroup(store, 0, 1, o, std::make_shared<Recorder>()); });
+  EXPECT_THAT(what, HasSubstr("options.comm.napUs = -1 is out of range"));
   EXPECT_THAT(what, HasSubstr("microseconds"));
 }
 
 }  // namespace
 }  // namespace loom
-
-int main(int argc, char** argv) {
-  ::setenv("LOOM_PG_GRACE_US", "1000000", 1);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

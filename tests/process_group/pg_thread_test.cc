@@ -95,6 +95,61 @@ TEST(ProcessGroupThreads, OutstandingOperationsCompleteInIssueOrder) {
   });
 }
 
+// Out of place: the output gets the result, the input stays (unless it is the output); in
+// and out may be one buffer; counts that differ are refused before anything is issued.
+TEST(ProcessGroupThreads, OutOfPlaceAllreduceBroadcastAndReduce) {
+  runGroups(3, quickOptions(), [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    const std::vector<int32_t> mine(5, r + 1);
+    std::vector<int32_t> in = mine;
+    std::vector<int32_t> out(5, -1);
+    pg.allreduce(view(in.data(), 5), view(out.data(), 5))->wait();
+    EXPECT_EQ(out, std::vector<int32_t>(5, 6));
+    EXPECT_EQ(in, mine);
+    pg.allreduce(view(in.data(), 5), view(in.data(), 5))->wait();  // in == out
+    EXPECT_EQ(in, std::vector<int32_t>(5, 6));
+
+    in = mine;
+    std::fill(out.begin(), out.end(), -1);
+    BroadcastOptions fromOne;
+    fromOne.root = 1;
+    // Non-roots pass no input.
+    pg.broadcast(r == 1 ? view(in.data(), 5) : BufferView{}, view(out.data(), 5), fromOne)->wait();
+    EXPECT_EQ(out, std::vector<int32_t>(5, 2));
+    EXPECT_EQ(in, mine);
+
+    std::fill(out.begin(), out.end(), -1);
+    ReduceOptions toTwo;
+    toTwo.root = 2;
+    pg.reduce(view(in.data(), 5), r == 2 ? view(out.data(), 5) : BufferView{}, toTwo)->wait();
+    EXPECT_EQ(out, std::vector<int32_t>(5, r == 2 ? 6 : -1));
+    EXPECT_EQ(in, mine);
+    pg.reduce(view(in.data(), 5), view(in.data(), 5), toTwo)->wait();  // in == out
+    EXPECT_EQ(in, r == 2 ? std::vector<int32_t>(5, 6) : mine);
+
+    const uint64_t seq = pg.lastSeq();
+    std::vector<int32_t> longer(6);
+    EXPECT_THAT(messageOf<InvalidArgumentError>(
+                    [&] { pg.allreduce(view(in.data(), 5), view(longer.data(), 6)); }),
+                HasSubstr("allreduce: input has 5 elements but output has 6"));
+    if (r == 1) {
+      EXPECT_THAT(messageOf<InvalidArgumentError>(
+                      [&] { pg.broadcast(view(in.data(), 5), view(longer.data(), 6), fromOne); }),
+                  HasSubstr("broadcast: input has 5 elements but output has 6"));
+    }
+    if (r == 2) {
+      EXPECT_THAT(messageOf<InvalidArgumentError>(
+                      [&] { pg.reduce(view(in.data(), 5), view(longer.data(), 6), toTwo); }),
+                  HasSubstr("reduce: input has 5 elements but output has 6"));
+    }
+    std::vector<float> floats(5);
+    EXPECT_THAT(messageOf<InvalidArgumentError>(
+                    [&] { pg.allreduce(view(in.data(), 5), view(floats.data(), 5)); }),
+                HasSubstr("allreduce: input and output dtypes differ (int32 vs float)"));
+    EXPECT_EQ(pg.lastSeq(), seq);
+  });
+}
+
 TEST(ProcessGroupThreads, ArgumentChecksNameTheMistake) {
   auto store = std::make_shared<HashStore>();
   auto pg = createProcessGroup("tcp", store, 0, 1, quickOptions());
@@ -286,8 +341,8 @@ TEST(ProcessGroupThreads, AbortFailsQueuedAndFutureOperationsAndDestroysCleanly)
 
 TEST(ProcessGroupThreads, NewGroupMembersGetASubgroupOthersGetNull) {
   runGroups(4, quickOptions(), [](ProcessGroup& pg) {
-    auto odd = pg.newGroup({3, 1});
-    auto all = pg.newGroup({0, 1, 2, 3});
+    auto odd = newGroup(pg, {3, 1});
+    auto all = newGroup(pg, {0, 1, 2, 3});
     if (pg.rank() % 2 == 1) {
       ASSERT_NE(odd, nullptr);
       EXPECT_EQ(odd->size(), 2);
@@ -309,11 +364,11 @@ TEST(ProcessGroupThreads, NewGroupMembersGetASubgroupOthersGetNull) {
     // The parent is unaffected.
     pg.barrier()->wait();
     EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
-                  pg.newGroup({1, 1});
+                  newGroup(pg, {1, 1});
                 }),
                 HasSubstr("rank 1 appears twice"));
     EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
-                  pg.newGroup({0, 4});
+                  newGroup(pg, {0, 4});
                 }),
                 HasSubstr("rank 4 is out of range for a group of size 4"));
   });
@@ -325,14 +380,14 @@ TEST(ProcessGroupThreads, NewGroupWithDifferentListsIsNamed) {
     auto pg = createProcessGroup("tcp", store, rank, 3, quickOptions(milliseconds(1000)));
     if (rank == 2) {
       EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
-                    pg->newGroup({0, 1, 2});
+                    newGroup(*pg, {0, 1, 2});
                   }),
                   HasSubstr("this rank passed ranks [0,1,2] but rank 0 passed [0,2]"));
     } else if (rank == 0) {
       // Rank 0 believes in {0, 2} and waits for a rank 2 that never comes.
-      EXPECT_THROW(pg->newGroup({0, 2}), TimeoutError);
+      EXPECT_THROW(newGroup(*pg, {0, 2}), TimeoutError);
     } else {
-      EXPECT_EQ(pg->newGroup({0, 2}), nullptr);
+      EXPECT_EQ(newGroup(*pg, {0, 2}), nullptr);
     }
   });
 }

@@ -52,22 +52,30 @@ TEST(Work, FailureIsStoredAndRethrownByEveryWait) {
   }
 }
 
-TEST(Work, BoundedWaitThrowsTimeoutNamingTheOpAndCallsTheAbortHook) {
-  Work work("allgather", 5, 1);
+// A backend's Work aborts its group in onWaitTimeout.
+class AbortingWork final : public Work {
+ public:
+  AbortingWork() : Work("allgather", 5, 1) {}
   std::atomic<int> hookCalls{0};
   std::string hookReason;
-  work.setOnWaitTimeout([&](const std::string& reason) {
+
+ protected:
+  void onWaitTimeout(const std::string& reason) override {
     hookReason = reason;
     ++hookCalls;
-  });
+  }
+};
+
+TEST(Work, BoundedWaitThrowsTimeoutNamingTheOpAndCallsTheAbortHook) {
+  AbortingWork work;
   try {
     work.wait(milliseconds(20));
     FAIL() << "wait should time out";
   } catch (const TimeoutError& e) {
     EXPECT_THAT(e.what(), HasSubstr("rank 1: allgather#5 did not complete within"));
   }
-  EXPECT_EQ(hookCalls.load(), 1);
-  EXPECT_THAT(hookReason, HasSubstr("allgather#5"));
+  EXPECT_EQ(work.hookCalls.load(), 1);
+  EXPECT_THAT(work.hookReason, HasSubstr("allgather#5"));
   EXPECT_FALSE(work.isCompleted());
 }
 
@@ -108,70 +116,66 @@ TEST(Work, CompletionRacingWithASleepingWaiterIsNeverLost) {
   }
 }
 
-// The backend hooks: wait() offers the operation to runInline() first and does not sleep
-// when it ran; a wait that must sleep calls beforeSleep() first; a bounded wait never runs
-// the operation inline; an expired bounded wait calls onWaitTimeout().
-class HookedWork final : public Work {
+// A backend's wait: runs the operation on the waiting thread when it can, then the base
+// class's blocking wait; a bounded wait does not run it (the comm backend's CommWork).
+class InlineWork final : public Work {
  public:
-  explicit HookedWork(bool runs) : Work("barrier", 4, 1), runs_(runs) {}
-  std::atomic<int> inlineCalls{0};
-  std::atomic<int> sleepCalls{0};
-  std::atomic<int> timeoutCalls{0};
+  explicit InlineWork(bool runs) : Work("barrier", 4, 1), runs_(runs) {}
+  std::atomic<int> inlineRuns{0};
 
- protected:
-  bool runInline() override {
-    ++inlineCalls;
-    if (!runs_) return false;
-    markCompleted();
-    return true;
+  using Work::wait;
+  bool wait() override {
+    if (runs_ && !isCompleted()) {
+      ++inlineRuns;
+      markCompleted();
+    }
+    return Work::wait();
   }
-  void beforeSleep() override { ++sleepCalls; }
-  void onWaitTimeout(const std::string&) override { ++timeoutCalls; }
 
  private:
   const bool runs_;
 };
 
-TEST(Work, WaitOffersTheOperationToRunInlineBeforeSleeping) {
-  HookedWork ran(true);
+TEST(Work, ABackendWaitCanRunTheOperationThenUseTheBaseWait) {
+  InlineWork ran(true);
   EXPECT_TRUE(ran.wait());
-  EXPECT_EQ(ran.inlineCalls.load(), 1);
-  EXPECT_EQ(ran.sleepCalls.load(), 0);
-  EXPECT_TRUE(ran.wait());  // complete: no more offers
-  EXPECT_EQ(ran.inlineCalls.load(), 1);
+  EXPECT_TRUE(ran.wait());  // complete: not run again
+  EXPECT_EQ(ran.inlineRuns.load(), 1);
 
-  HookedWork declined(false);
-  std::thread completer([&] {
-    while (declined.sleepCalls.load() == 0) std::this_thread::yield();
-    declined.markCompleted();
-  });
+  InlineWork declined(false);
+  std::thread completer([&] { declined.markCompleted(); });
   EXPECT_TRUE(declined.wait());
   completer.join();
-  EXPECT_EQ(declined.inlineCalls.load(), 1);
-  EXPECT_EQ(declined.sleepCalls.load(), 1);
+  EXPECT_EQ(declined.inlineRuns.load(), 0);
 
-  HookedWork bounded(true);
+  InlineWork bounded(true);
   EXPECT_THROW(bounded.wait(milliseconds(20)), TimeoutError);
-  EXPECT_EQ(bounded.inlineCalls.load(), 0);
-  EXPECT_EQ(bounded.sleepCalls.load(), 1);
-  EXPECT_EQ(bounded.timeoutCalls.load(), 1);
+  EXPECT_EQ(bounded.inlineRuns.load(), 0);
   EXPECT_FALSE(bounded.isCompleted());
 }
 
-// Completion observed by polling (the NCCL backend's CUDA events): wait() and isCompleted()
-// call poll() until it reports completion; a bounded wait gives up at its deadline.
+// Completion observed by polling (the nccl backend's CUDA events): isCompleted() polls, and
+// the waits poll until it reports completion, using finished() and timedOut().
 class PolledWork final : public Work {
  public:
   explicit PolledWork(int pollsNeeded) : Work("allreduce", 9, 0), pollsNeeded_(pollsNeeded) {}
   std::atomic<int> polls{0};
 
- protected:
-  bool poll() override {
+  bool isCompleted() override {
+    if (Work::isCompleted()) return true;
     if (++polls < pollsNeeded_) return false;
     markCompleted();
     return true;
   }
-  int pollIntervalUs() const override { return 50; }
+  bool wait() override { return wait(milliseconds(60000)); }
+  bool wait(milliseconds timeout) override {
+    const auto start = std::chrono::steady_clock::now();
+    while (!isCompleted()) {
+      if (std::chrono::steady_clock::now() - start >= timeout) timedOut(start);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return finished();
+  }
 
  private:
   const int pollsNeeded_;
@@ -186,7 +190,12 @@ TEST(Work, PolledCompletionIsSeenByWaitAndIsCompleted) {
   EXPECT_TRUE(work.isSuccess());
 
   PolledWork never(1 << 30);
-  EXPECT_THROW(never.wait(milliseconds(20)), TimeoutError);
+  try {
+    never.wait(milliseconds(20));
+    FAIL() << "wait should time out";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 0: allreduce#9 did not complete within"));
+  }
   EXPECT_FALSE(never.isCompleted());
 }
 

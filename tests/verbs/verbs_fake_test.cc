@@ -14,13 +14,13 @@
 #include <numeric>
 #include <vector>
 
+#include "comm_backend.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "loom/process_group/factory.h"
-#include "loom/process_group/tcp_backend.h"
 #include "loom/process_group/work.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
@@ -388,7 +388,7 @@ TEST(VerbsFake, ProcessGroupOverTheVerbsContext) {
   loom::testing::runThreadRanks(2, [&](int rank) {
     ProcessGroupOptions o;
     o.timeout = 20s;
-    auto pg = std::make_shared<ProcessGroupTcp>(
+    auto pg = std::make_shared<ProcessGroupComm>(
         "verbs", store, rank, 2, o, [&](Store& s, int r, int n, const ContextOptions& co) {
           return createContextWithOps(s, r, n, co, std::make_unique<FakeOps>(fabric, r), config);
         });

@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "loom/common/deadline.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 
@@ -195,21 +195,46 @@ struct NcclState {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, cudaEvent_t event)
+  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, cudaEvent_t event,
+           std::weak_ptr<ProcessGroup> group)
       : Work(opTypeName(op.type), op.seq, rank),
         description_(op.describe()),
         timeout_(op.timeout),
         deadline_(op.timeout),
         state_(std::move(state)),
-        event_(event) {}
+        event_(event),
+        group_(std::move(group)) {}
   ~NcclWork() override {
     if (event_) cudaEventDestroy(event_);
   }
 
- protected:
-  int pollIntervalUs() const override { return 50; }
+  // Completion is observed, not pushed: the event and the communicator are polled.
+  bool isCompleted() override { return Work::isCompleted() || poll(); }
+  bool wait() override { return waitPolling(std::nullopt); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    return waitPolling(std::chrono::steady_clock::now() + timeout);
+  }
 
-  bool poll() override {
+ protected:
+  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
+  void onWaitTimeout(const std::string& reason) override {
+    if (auto group = group_.lock()) group->abort(reason);
+  }
+
+ private:
+  static constexpr std::chrono::microseconds kPollInterval{50};
+
+  bool waitPolling(std::optional<std::chrono::steady_clock::time_point> deadline) {
+    const auto start = std::chrono::steady_clock::now();
+    while (!isCompleted()) {
+      if (deadline && std::chrono::steady_clock::now() >= *deadline) timedOut(start);
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    return finished();
+  }
+
+  // Looks at the event, the communicator's error and the deadline once; true once complete.
+  bool poll() {
     const cudaError_t done = cudaEventQuery(event_);
     if (done == cudaSuccess) {
       markCompleted();
@@ -249,12 +274,12 @@ class NcclWork final : public Work {
     return false;
   }
 
- private:
   const std::string description_;
   const std::chrono::milliseconds timeout_;
   const Deadline deadline_;
   std::shared_ptr<NcclState> state_;
   cudaEvent_t event_;
+  std::weak_ptr<ProcessGroup> group_;
 };
 
 class ProcessGroupNccl final : public ProcessGroup {
@@ -354,11 +379,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     cudaCheck(guard.status(), who(), "cudaSetDevice");
     cudaEvent_t event = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
-    auto work = std::make_shared<NcclWork>(op, rank(), state_, event);
-    std::weak_ptr<ProcessGroup> self = weak_from_this();
-    work->setOnWaitTimeout([self](const std::string& reason) {
-      if (auto pg = self.lock()) pg->abort(reason);
-    });
+    auto work = std::make_shared<NcclWork>(op, rank(), state_, event, weak_from_this());
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->broken) {
       work->markFailed(std::make_exception_ptr(
@@ -455,11 +476,6 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::shared_ptr<NcclState> state_;
 };
 
-// LOCAL_RANK picks the device (-1 when unset); a bad value is an InvalidArgumentError.
-int localRankFromEnv() {
-  return static_cast<int>(env::integer("LOCAL_RANK", 0, 1 << 20, -1, "the rank on this node"));
-}
-
 }  // namespace
 
 std::shared_ptr<ProcessGroup> createProcessGroupNccl(std::shared_ptr<Store> store, int rank,
@@ -470,7 +486,8 @@ std::shared_ptr<ProcessGroup> createProcessGroupNccl(std::shared_ptr<Store> stor
                ": nccl backend: no CUDA device is visible to this process (cudaGetDeviceCount "
                "found none); use the tcp backend for CPU buffers");
   }
-  const int device = nccl_detail::pickDevice(options.device, localRankFromEnv(), rank, count);
+  const int device =
+      nccl_detail::pickDevice(options.nccl.device, options.nccl.localRank, rank, count);
   return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, device);
 }
 

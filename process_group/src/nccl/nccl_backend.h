@@ -2,9 +2,9 @@
 // it through createProcessGroup("nccl", ...). This header is free of CUDA and NCCL headers.
 //
 // ProcessGroupNccl contract (on top of ProcessGroup's)
-// - CUDA buffers on the group's device only (options.device, else LOCAL_RANK or the rank
-//   modulo the device count). No device visible: NotAvailableError, before the store is
-//   touched, so every rank of a device-less job fails alike.
+// - CUDA buffers on the group's device only (options.nccl.device, else options.nccl.localRank
+//   (LOCAL_RANK) or the rank modulo the device count). No device visible: NotAvailableError, before
+//   the store is touched, so every rank of a device-less job fails alike.
 // - Setup: rank 0 creates the ncclUniqueId and publishes it in the store under
 //   "nccl/unique_id"; the others wait for it (options.timeout). The communicator is created
 //   non-blocking, so its setup and every enqueue are polled against a deadline and aborted
@@ -16,6 +16,8 @@
 //   deadline (counted from issue) passes first, the communicator is aborted and the Work fails
 //   with TimeoutError. After any failure the group is broken (every later operation fails at
 //   once with IoError naming the cause).
+// - Out-of-place allreduce, broadcast and reduce pass their input and output to ncclAllReduce,
+//   ncclBroadcast and ncclReduce (which take both); in place, the two are one buffer.
 // - Tags on send / recv are not supported by NCCL (InvalidArgumentError when non-zero);
 //   bitwise reduce ops neither (InvalidArgumentError naming the op).
 // - Destruction waits for the outstanding operations (bounded by options.timeout), then

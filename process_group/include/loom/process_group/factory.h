@@ -1,4 +1,4 @@
-// createProcessGroup: the one place that knows the concrete backends.
+// createProcessGroup and newGroup: the one place that knows the concrete backends.
 //
 // Contract
 // - createProcessGroup(backend, store, rank, size, options) is collective: every rank of the
@@ -13,6 +13,18 @@
 //   device throws
 //   NotAvailableError saying why; an unknown name throws InvalidArgumentError listing the
 //   valid ones; rank/size out of range throw InvalidArgumentError.
+// - Options: fields left at their defaults take the environment's values first (LOOM_DEBUG,
+//   LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK; docs/env.md); a bad value is an
+//   InvalidArgumentError naming the variable. The group logs one line at level info saying what
+//   carries its data, the variables set and the options that differ from their defaults.
+// - newGroup(parent, ranks[, options]) is c10d's new_group: a subgroup of the given ranks of
+//   `parent` (any order, no duplicates), with parent's backend. Collective over the parent:
+//   every rank calls it, in the same order relative to other newGroup calls on that parent,
+//   with the same ranks. Members get the new group (their rank = position in the sorted list,
+//   a store namespaced "group/<id>/" in the parent's, the parent's options unless given: those
+//   hold what the environment set when the parent was created); the other ranks get nullptr.
+//   Blocks until the members are connected. A rank list that differs between ranks is an
+//   InvalidArgumentError on the members, naming both lists.
 // - isAvailable(backend) tells whether createProcessGroup can succeed for that backend in
 //   this build (for "nccl" also: at least one CUDA device is visible; for "verbs": an RDMA device).
 //   checkAvailable(backend) throws the error createProcessGroup would (NotAvailableError saying
@@ -31,6 +43,10 @@ namespace loom {
 std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
                                                  std::shared_ptr<Store> store, int rank, int size,
                                                  const ProcessGroupOptions& options = {});
+
+std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks);
+std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
+                                       const ProcessGroupOptions& options);
 
 bool isAvailable(const std::string& backend);
 void checkAvailable(const std::string& backend);

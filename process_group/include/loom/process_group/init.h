@@ -51,8 +51,9 @@ struct LaunchEnv {
 using Environment = std::map<std::string, std::string>;
 
 LaunchEnv parseLaunchEnv(const Environment& env, bool needMaster = true);
-// This process's environment as a map.
-Environment currentEnvironment();
+// The launch variables this process has (settings.h: Section::kLaunch, RANK ... MASTER_PORT,
+// SLURM_*, OMPI_*), for parseLaunchEnv.
+Environment launchEnvironment();
 
 struct InitMethod {
   enum class Kind { kEnv, kTcp, kFile };
@@ -71,6 +72,9 @@ int slurmTasksOnNode(std::string_view tasksPerNode, int nodeId);
 struct InitOptions {
   std::string backend = "tcp";
   // "env://", "tcp://host:port" or "file:///path"; empty = LOOM_INIT_METHOD or env://.
+  // The group's options (pg) take the environment's values as createProcessGroup's do; when
+  // neither pg.comm.context.host nor LOOM_HOST names one, the comm backend listens on the
+  // address on the route to the store's host.
   std::string initMethod{};
   int rank = -1;       // >= 0 overrides the environment
   int worldSize = -1;  // >= 0 overrides the environment

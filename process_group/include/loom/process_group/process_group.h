@@ -13,7 +13,7 @@
 //   Work; issuing never waits for an earlier operation. Operations run one at a time in
 //   issue order, on the group's own thread, so the caller computes while they run; a
 //   backend may instead run an operation on the thread that waits for it (Work::wait on an
-//   operation that has not started: the tcp backend does, which spares issue-then-wait two
+//   operation that has not started: the comm backend does, which spares issue-then-wait two
 //   thread wake-ups), never out of order. Buffers are caller-owned and must stay valid until
 //   the Work completes.
 // - Issue operations on one group from one thread at a time (or serialize the calls): the
@@ -44,9 +44,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
 #include "loom/comm/types.h"
 #include "loom/process_group/work.h"
 
@@ -55,15 +57,44 @@ namespace loom {
 class Store;
 
 enum class DebugLevel : uint8_t { kOff, kInfo, kDetail };
-// Parses LOOM_DEBUG: unset or empty = kOff; OFF, INFO, DETAIL (any case). Anything else is an
-// InvalidArgumentError naming the value and the accepted ones.
+// Parses a LOOM_DEBUG value: empty = kOff; OFF, 0, INFO, DETAIL (any case). Anything else is
+// an InvalidArgumentError naming the value and the accepted ones.
 DebugLevel parseDebugLevel(std::string_view value);
-DebugLevel debugLevelFromEnv();
+const char* debugLevelName(DebugLevel level);
 
+// Options of the comm backend: comm/ algorithms over a comm::Context ("tcp": TCP between
+// hosts, shared memory within one; "verbs": RDMA). The other backends do not read them.
+struct CommBackendOptions {
+  // The Context's own options (host, shared memory, ...); unset fields take their LOOM_*
+  // variables when the Context is created (comm/context.h). Its timeout must be left at its
+  // default or equal ProcessGroupOptions::timeout, which is the one deadline of the group
+  // (InvalidArgumentError otherwise).
+  comm::ContextOptions context{};
+  // Forces one comm algorithm for every collective (kAuto: by size, or LOOM_ALGO).
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;
+  // The hand-off (docs/handoff.md), in microseconds, 0 to 1000000: how long the worker leaves
+  // a fresh lone operation to the thread that will wait on it (LOOM_PG_GRACE_US), and how
+  // long it naps while waiting threads run operations themselves (LOOM_PG_NAP_US). 0 turns
+  // either off.
+  int graceUs = 50;
+  int napUs = 1000;
+};
+
+// Options of the nccl backend.
+struct NcclOptions {
+  // CUDA device ordinal; -1 picks localRank modulo the visible devices.
+  int device = -1;
+  // This process's rank on its node (LOCAL_RANK); -1 = the group rank.
+  int localRank = -1;
+};
+
+// Fields left at their defaults take the environment's values at the entry points
+// (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_PG_GRACE_US,
+// LOOM_PG_NAP_US, LOCAL_RANK.
 struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Unset: LOOM_DEBUG.
+  // Unset: LOOM_DEBUG (kOff when that is unset too).
   std::optional<DebugLevel> debug = std::nullopt;
   // Shown in messages ("rank 1 of group/2"); newGroup names its groups "group/<id>".
   std::string groupName{};
@@ -75,14 +106,8 @@ struct ProcessGroupOptions {
   // raises (so that its error can name the ranks that never reported). Capped at timeout / 2.
   std::chrono::milliseconds failureReportWindow{2000};
 
-  // tcp backend (comm::ContextOptions).
-  std::string host{};
-  bool sharedMemory = true;
-  int socketsPerPeer = 1;
-  comm::Algorithm algorithm = comm::Algorithm::kAuto;
-
-  // nccl backend: CUDA device ordinal; -1 = LOCAL_RANK (or the rank) modulo the device count.
-  int device = -1;
+  CommBackendOptions comm{};  // "tcp" and "verbs"
+  NcclOptions nccl{};         // "nccl"
 };
 
 using OptionalTimeout = std::optional<std::chrono::milliseconds>;  // unset: the group's
@@ -165,10 +190,19 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // In place: buf on every rank becomes the reduction of every rank's buf.
   std::shared_ptr<Work> allreduce(BufferView buf, const AllreduceOptions& opts = {});
+  // Out of place: out (in.count) on every rank = the reduction of every rank's in; in is
+  // left unchanged unless it is out.
+  std::shared_ptr<Work> allreduce(BufferView in, BufferView out, const AllreduceOptions& opts = {});
   // buf on opts.root is copied into buf on every rank.
   std::shared_ptr<Work> broadcast(BufferView buf, const BroadcastOptions& opts = {});
+  // Out of place: in on opts.root is copied into out on every rank (the root included); in is
+  // ignored (may be empty) elsewhere.
+  std::shared_ptr<Work> broadcast(BufferView in, BufferView out, const BroadcastOptions& opts = {});
   // In place on the root; other ranks' buf is left unchanged.
   std::shared_ptr<Work> reduce(BufferView buf, const ReduceOptions& opts = {});
+  // Out of place: out (in.count) on opts.root = the reduction of every rank's in; in is left
+  // unchanged unless it is out; out is ignored (may be empty) elsewhere.
+  std::shared_ptr<Work> reduce(BufferView in, BufferView out, const ReduceOptions& opts = {});
   // out (size * in.count) = every rank's in, in rank order.
   std::shared_ptr<Work> allgather(BufferView in, BufferView out, const AllgatherOptions& opts = {});
   // out (in.count / size) on rank r = reduction of slice r of every rank's in.
@@ -187,15 +221,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                              const SendRecvOptions& opts = {});
   std::shared_ptr<Work> recv(BufferView buf, int src, uint64_t tag = 0,
                              const SendRecvOptions& opts = {});
-
-  // Subgroup of the given ranks of this group (any order, no duplicates). Collective over
-  // this group: every rank calls it, in the same order relative to other newGroup calls,
-  // with the same ranks. Members get the new group (their rank = position in the sorted
-  // list, backend and options of this group, a store namespaced "group/<id>/"); the other
-  // ranks get nullptr. Blocks until the members are connected.
-  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks);
-  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks,
-                                         const ProcessGroupOptions& options);
 
   // Fails every blocked, queued and future operation with IoError(reason). Thread-safe,
   // idempotent, never blocks for long.
@@ -226,6 +251,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
   void checkBuffer(const BufferView& buf, const char* opName, const char* what) const;
   void checkRoot(int root, const char* opName, const char* what) const;
+  // An operation's input and output: one check when they are the same view, else both, with
+  // equal dtypes, devices and counts.
+  void checkInOut(const BufferView& in, const BufferView& out, const char* opName) const;
   // send and recv: argument checks, then issue (one body for both directions).
   std::shared_ptr<Work> pointToPoint(OpType type, BufferView buf, int peer, uint64_t tag,
                                      const SendRecvOptions& opts);
@@ -241,7 +269,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t collectiveSeq_ = 0;
   std::vector<uint64_t> sendSeq_;  // per peer
   std::vector<uint64_t> recvSeq_;  // per peer
-  int nextGroupId_ = 0;
+  int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
+
+  friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
+                                                const ProcessGroupOptions& options);
 };
 
 }  // namespace loom

@@ -10,9 +10,9 @@
 //   stored exception on failure. It has no deadline of its own: every operation runs against
 //   the group's (or its own) timeout, and after a failure the group fails every queued
 //   operation at once, so wait() always ends. A backend may run the operation on the thread
-//   that calls wait() instead of handing it to its own thread (runInline below; the tcp
-//   backend does when the operation is next in issue order), so the waiting thread may spend
-//   the operation's time inside wait().
+//   that calls wait() instead of handing it to its own thread (the comm backend does when the
+//   operation is next in issue order), so the waiting thread may spend the operation's time
+//   inside wait().
 // - wait(timeout) sets the caller's own deadline on top. When it passes before the operation
 //   completes, wait throws TimeoutError naming the operation and its sequence number, and the
 //   group is aborted first (like NCCL's watchdog): a TimeoutError is an IoError and always
@@ -21,6 +21,10 @@
 // - The buffers an operation reads and writes must stay valid until its Work completes.
 // - Thread-safe: any thread may wait on or query a Work. Completion wakes sleeping waiters
 //   only: completing a Work nobody sleeps on makes no system call.
+//
+// Backends: wait, wait(timeout) and isCompleted are virtual (as in c10d) so that a backend's
+// Work can do its part of the waiting (run the operation inline, poll a CUDA event) and then
+// use the base class's blocking wait, finished() and timedOut().
 #pragma once
 
 #include <atomic>
@@ -28,7 +32,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <string>
 
@@ -43,12 +46,12 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  bool isCompleted();
+  virtual bool isCompleted();
   bool isSuccess() const;
   std::exception_ptr exception() const;
 
-  bool wait();
-  bool wait(std::chrono::milliseconds timeout);
+  virtual bool wait();
+  virtual bool wait(std::chrono::milliseconds timeout);
 
   const std::string& opName() const { return opName_; }
   uint64_t seq() const { return seq_; }
@@ -59,27 +62,16 @@ class Work {
   // Backend side. The first call wins; later calls are ignored.
   void markCompleted();
   void markFailed(std::exception_ptr error);
-  // Called (once, outside any Work lock) when wait(timeout) expires, to abort the group.
-  void setOnWaitTimeout(std::function<void(const std::string& reason)> hook);
 
  protected:
-  // Backends whose completion is observed rather than pushed (CUDA events) override this to
-  // make progress; it is called with no lock held while waiting. Returns true once complete.
-  virtual bool poll() { return false; }
-  // Microseconds between poll() calls while waiting; 0 means the backend pushes completion
-  // through markCompleted / markFailed and no polling happens.
-  virtual int pollIntervalUs() const { return 0; }
-  // Called once by the unbounded wait() before it blocks, with no lock held: a backend may
-  // run the operation on the waiting thread (when that keeps the issue order) and return
-  // true once it did.
-  virtual bool runInline() { return false; }
-  // Called by every wait() (bounded or not) right before it sleeps, with no lock held: a
-  // backend that holds fresh operations back for their waiters to run (the tcp backend)
-  // starts them now, since this waiter will not.
-  virtual void beforeSleep() {}
-  // Called (once, with no lock held) when wait(timeout) expires; the default runs the hook
-  // of setOnWaitTimeout. A backend may override it instead of setting a hook per operation.
+  // Called (once, with no lock held) when wait(timeout) expires, before it throws: the
+  // backend aborts its group here. The default does nothing.
   virtual void onWaitTimeout(const std::string& reason);
+  // For a backend's wait: the result of a completed Work (true, or its error rethrown).
+  bool finished() const;
+  // For a backend's bounded wait whose deadline passed (the wait began at `start`): calls
+  // onWaitTimeout and throws the TimeoutError.
+  [[noreturn]] void timedOut(std::chrono::steady_clock::time_point start);
 
  private:
   bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);
@@ -102,9 +94,8 @@ class Work {
   std::atomic<int> sleepers_{0};
   std::exception_ptr error_;
 
-  mutable std::mutex mu_;  // guards the condition variable's sleep and onWaitTimeout_
+  mutable std::mutex mu_;  // guards the condition variable's sleep
   std::condition_variable done_;
-  std::function<void(const std::string&)> onWaitTimeout_;
 };
 
 }  // namespace loom

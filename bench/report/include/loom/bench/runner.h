@@ -101,7 +101,6 @@ class DeviceMemory {
   virtual void release(void* p) noexcept = 0;
   virtual void toDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void toHost(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
 };
 
 class Driver {

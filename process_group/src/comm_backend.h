@@ -1,6 +1,7 @@
-// ProcessGroupTcp: the Gloo-like backend. A comm::Context (TCP connections, shared memory
-// between same-host ranks) plus one worker thread that runs the comm/ collectives of a FIFO
-// queue, in issue order.
+// ProcessGroupComm: the comm backend, Gloo-like: comm/ algorithms over any comm::Context (the
+// "tcp" backend: TCP connections, shared memory between same-host ranks; the "verbs"
+// backend: RDMA) plus one worker thread that runs the collectives of a FIFO queue, in issue
+// order. Private to loom_process_group: users get it through createProcessGroup.
 //
 // Contract (on top of ProcessGroup's)
 // - CPU buffers only (InvalidArgumentError otherwise).
@@ -10,14 +11,14 @@
 //   operations from the head of the queue up to its own (under the queue lock, so exactly
 //   one thread takes each) and runs them inline: issue-then-wait costs no thread hand-off
 //   and no wake-up. To leave a waiter that chance, the worker does not take a fresh
-//   operation issued with nothing queued or running ahead of it until kGrace (50 us) after
-//   it first found it, unless a waiter sleeps on the queue, more operations queue up behind it (the
-//   async pattern) or the group is being destroyed: then it starts at once. While waiters run
-//   operations (the last inline run less than kHotWindow, 5 ms, ago) the worker naps in slices of
-//   kNap (1 ms) instead of sleeping, and issuing a lone operation does not wake it: an operation
-//   nobody waits on then starts within kNap at the latest. LOOM_PG_GRACE_US and LOOM_PG_NAP_US
-//   override kGrace and kNap (0 turns the grace, or the napping, off: every issue then wakes the
-//   worker).
+//   operation issued with nothing queued or running ahead of it until the grace
+//   (options.comm.graceUs, 50 us) after it first found it, unless a waiter sleeps on the
+//   queue, more operations queue up behind it (the async pattern) or the group is being
+//   destroyed: then it starts at once. While waiters run operations (the last inline run less
+//   than kHotWindow, 5 ms, ago) the worker naps in slices of options.comm.napUs (1 ms) instead
+//   of sleeping, and issuing a lone operation does not wake it: an operation nobody waits on
+//   then starts within a nap at the latest. 0 turns the grace, or the napping, off: every
+//   issue then wakes the worker.
 // - send / recv at the head of the queue are posted on the transport as they reach it (with
 //   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
 //   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
@@ -58,22 +59,15 @@
 
 namespace loom {
 
-namespace comm {
-class Context;
-struct ContextOptions;
-}  // namespace comm
-
-class ProcessGroupTcp final : public ProcessGroup {
+class ProcessGroupComm final : public ProcessGroup {
  public:
-  ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
-                  const ProcessGroupOptions& options = {});
-  // The same group over another comm::Context (the verbs backend: comm/ algorithms over the
-  // verbs transport); `backend` names it in messages.
+  // `backend` names it in messages ("tcp", "verbs"); makeContext creates its Context
+  // (comm::Context::create, comm::createVerbsContext, or a test's).
   using ContextFactory = std::function<std::shared_ptr<comm::Context>(Store&, int rank, int size,
                                                                       const comm::ContextOptions&)>;
-  ProcessGroupTcp(std::string backend, std::shared_ptr<Store> store, int rank, int size,
-                  const ProcessGroupOptions& options, const ContextFactory& makeContext);
-  ~ProcessGroupTcp() override;
+  ProcessGroupComm(std::string backend, std::shared_ptr<Store> store, int rank, int size,
+                   const ProcessGroupOptions& options, const ContextFactory& makeContext);
+  ~ProcessGroupComm() override;
 
   void abort(const std::string& reason) override;
   bool isBroken() const override;
@@ -117,10 +111,11 @@ class ProcessGroupTcp final : public ProcessGroup {
   // running_.
   void execute(Item& item);
   void run(const OpDesc& op);
+  // The comm/ collective of `op`, on the running thread.
   // send / recv: `first` and the send / recv operations that reach the head of the queue
   // while it waits run as one batch on the transport.
   void runPointToPoint(Item& first);
-  // LOOM_DEBUG=DETAIL: compares op's signature with every rank's through the store.
+  // Debug level DETAIL: compares op's signature with every rank's through the store.
   void checkSignature(const OpDesc& op);
   // Steps 1-3 above; returns the error the failing operation's Work gets.
   std::exception_ptr handleFailure(const OpDesc& op, std::exception_ptr error);
@@ -128,8 +123,8 @@ class ProcessGroupTcp final : public ProcessGroup {
   bool markBroken(const std::string& cause);
 
   std::shared_ptr<comm::Context> ctx_;     // used by the running thread; abort() may call abort
-  const std::chrono::microseconds grace_;  // kGrace or LOOM_PG_GRACE_US
-  const std::chrono::microseconds nap_;    // kNap or LOOM_PG_NAP_US
+  const std::chrono::microseconds grace_;  // options.comm.graceUs
+  const std::chrono::microseconds nap_;    // options.comm.napUs
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable wake_;
@@ -142,7 +137,7 @@ class ProcessGroupTcp final : public ProcessGroup {
   // that running inline reads no clock).
   uint64_t inlineSeen_ = 0;
   TimePoint inlineSeenAt_{};
-  // Hand-off counters, logged by the destructor when LOOM_DEBUG is INFO or DETAIL
+  // Hand-off counters, logged by the destructor when the debug level is INFO or DETAIL
   // (inlineRuns also tells the worker that waiters run operations).
   struct HandoffStats {
     uint64_t inlineRuns = 0;   // operations run by a waiter

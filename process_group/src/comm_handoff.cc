@@ -1,50 +1,64 @@
-// ProcessGroupTcp's hand-off: how an operation gets from the thread that issues it to the
-// thread that runs it (the worker, or the waiter itself; tcp_backend.h and docs/handoff.md).
+// ProcessGroupComm's hand-off: how an operation gets from the thread that issues it to the
+// thread that runs it (the worker, or the waiter itself; comm_backend.h and docs/handoff.md).
 #include <algorithm>
 #include <utility>
 
+#include "comm_backend.h"
+#include "comm_backend_impl.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
-#include "loom/process_group/tcp_backend.h"
-#include "tcp_backend_impl.h"
 
 namespace loom {
 
-using namespace tcp_pg;
+using namespace comm_pg;
 
 namespace {
 
-// A Work that lets its waiter run the operation (see the hand-off in tcp_backend.h): the
+// A Work that lets its waiter run the operation (see the hand-off in comm_backend.h): the
 // unbounded wait() runs the queue up to this operation inline when nothing runs, and a wait
 // that is about to sleep tells the worker to start the queue at once.
-class TcpWork final : public Work {
+class CommWork final : public Work {
  public:
-  TcpWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
+  CommWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
       : Work(opTypeName(op.type), op.seq, rank), group_(std::move(group)) {}
 
+  bool wait() override {
+    if (!isCompleted()) {
+      if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
+        group->wakeForWaiter(this);
+      }
+    }
+    return Work::wait();
+  }
+
+  // A bounded wait never runs the operation itself, so that its deadline holds.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!isCompleted()) {
+      if (auto group = lockGroup()) group->wakeForWaiter(this);
+    }
+    return Work::wait(timeout);
+  }
+
  protected:
-  bool runInline() override {
-    auto group = group_.lock();
-    return group && static_cast<ProcessGroupTcp&>(*group).runInline(this);
-  }
-  void beforeSleep() override {
-    if (auto group = group_.lock()) static_cast<ProcessGroupTcp&>(*group).wakeForWaiter(this);
-  }
   // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
   void onWaitTimeout(const std::string& reason) override {
     if (auto group = group_.lock()) group->abort(reason);
   }
 
  private:
+  std::shared_ptr<ProcessGroupComm> lockGroup() const {
+    return std::static_pointer_cast<ProcessGroupComm>(group_.lock());
+  }
+
   std::weak_ptr<ProcessGroup> group_;
 };
 
 }  // namespace
 
-std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
+std::shared_ptr<Work> ProcessGroupComm::post(OpDesc op) {
   // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
   // runs (and a bounded wait that expires cannot abort the group).
-  auto work = std::make_shared<TcpWork>(op, rank(), weak_from_this());
+  auto work = std::make_shared<CommWork>(op, rank(), weak_from_this());
   bool queued = false;
   bool wake = false;
   std::string cause;
@@ -69,7 +83,7 @@ std::shared_ptr<Work> ProcessGroupTcp::post(OpDesc op) {
   return work;
 }
 
-bool ProcessGroupTcp::workerNeedsWakeLocked() const {
+bool ProcessGroupComm::workerNeedsWakeLocked() const {
   if (running_ || workerState_ == WorkerState::kBusy) {
     // The worker looks at the queue before it waits again; the thread running an operation
     // inline wakes it when it is done (runInline).
@@ -81,8 +95,19 @@ bool ProcessGroupTcp::workerNeedsWakeLocked() const {
   return queue_.size() > 1;
 }
 
-void ProcessGroupTcp::workerLoop() {
+void ProcessGroupComm::workerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
+  // Nothing to take: nap while waiters run operations (`hot`), else sleep until notified.
+  const auto idle = [&](bool hot) {
+    ++stats_.workerWaits;
+    if (hot) {
+      workerState_ = WorkerState::kNapping;
+      wake_.wait_for(lock, nap_);
+    } else {
+      workerState_ = WorkerState::kSleeping;
+      wake_.wait(lock);
+    }
+  };
   for (;;) {
     workerState_ = WorkerState::kBusy;
     const TimePoint now = Clock::now();
@@ -95,14 +120,7 @@ void ProcessGroupTcp::workerLoop() {
       // A waiter runs an operation inline; it wakes the worker when it is done and work is
       // left. Napping (not sleeping) while waiters run operations keeps the next issue from
       // having to wake the worker.
-      ++stats_.workerWaits;
-      if (hot) {
-        workerState_ = WorkerState::kNapping;
-        wake_.wait_for(lock, nap_);
-      } else {
-        workerState_ = WorkerState::kSleeping;
-        wake_.wait(lock);
-      }
+      idle(hot);
       continue;
     }
     // ctx_ is still set while broken only after abort() with no failed operation.
@@ -127,14 +145,7 @@ void ProcessGroupTcp::workerLoop() {
     if (queue_.empty()) {
       urgent_ = false;
       if (stopping_) break;  // the queue is drained
-      ++stats_.workerWaits;
-      if (hot) {
-        workerState_ = WorkerState::kNapping;
-        wake_.wait_for(lock, nap_);
-      } else {
-        workerState_ = WorkerState::kSleeping;
-        wake_.wait(lock);
-      }
+      idle(hot);
       continue;
     }
     if (grace_.count() > 0 && queue_.size() == 1 && queue_.front().lone && !urgent_ && !stopping_ &&
@@ -143,7 +154,7 @@ void ProcessGroupTcp::workerLoop() {
       if (seen == TimePoint{}) seen = now;
       const TimePoint due = seen + grace_;
       if (now < due) {
-        // A fresh lone operation: its waiter may be about to run it (see tcp_backend.h).
+        // A fresh lone operation: its waiter may be about to run it (see comm_backend.h).
         workerState_ = WorkerState::kNapping;
         ++stats_.workerWaits;
         ++stats_.graceWaits;
@@ -164,7 +175,7 @@ void ProcessGroupTcp::workerLoop() {
   workerState_ = WorkerState::kBusy;
 }
 
-bool ProcessGroupTcp::runInline(const Work* work) {
+bool ProcessGroupComm::runInline(const Work* work) {
   for (;;) {
     Item item;
     bool mine = false;
@@ -196,7 +207,7 @@ bool ProcessGroupTcp::runInline(const Work* work) {
   }
 }
 
-void ProcessGroupTcp::wakeForWaiter(const Work* work) {
+void ProcessGroupComm::wakeForWaiter(const Work* work) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

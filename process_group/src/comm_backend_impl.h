@@ -1,5 +1,5 @@
-// ProcessGroupTcp's private pieces shared by tcp_backend.cc (running operations, failures) and
-// tcp_handoff.cc (how an operation reaches the thread that runs it): the store keys, the
+// ProcessGroupComm's private pieces shared by comm_backend.cc (running operations, failures) and
+// comm_handoff.cc (how an operation reaches the thread that runs it): the store keys, the
 // failure-report exchange and the hand-off's timing constants.
 #pragma once
 
@@ -18,7 +18,7 @@
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
 
-namespace loom::tcp_pg {
+namespace loom::comm_pg {
 
 inline std::string failureKey(int rank) {
   return "failure/" + std::to_string(rank);
@@ -135,12 +135,8 @@ inline milliseconds storeSlack(milliseconds window) {
   return std::min(kStoreSlack, window / 2);
 }
 
-// The hand-off (see tcp_backend.h): how long the worker leaves a fresh lone operation to its
-// waiter, how long it naps while waiters run operations, and for how long after the last
-// inline run it keeps napping. A waiter calls wait() within a microsecond of issuing in the
-// usual issue-then-wait code; the grace only has to cover a preempted caller now and then.
-inline constexpr std::chrono::microseconds kGrace{50};
-inline constexpr std::chrono::microseconds kNap{1000};
+// The hand-off (see comm_backend.h): for how long after the last inline run the worker keeps
+// napping (options.comm.graceUs and napUs hold the grace and the nap).
 inline constexpr milliseconds kHotWindow{5};
 
-}  // namespace loom::tcp_pg
+}  // namespace loom::comm_pg

@@ -1,25 +1,24 @@
-#include "loom/process_group/tcp_backend.h"
+#include "comm_backend.h"
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <utility>
 #include <vector>
 
+#include "comm_backend_impl.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
 #include "loom/common/deadline.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
-#include "tcp_backend_impl.h"
 
 namespace loom {
 
-using namespace tcp_pg;
+using namespace comm_pg;
 
 namespace {
 
@@ -39,45 +38,44 @@ std::string joinRanks(const std::vector<int>& ranks) {
   return out;
 }
 
-// A hand-off setting in microseconds, read at each group's setup (env.h's rules).
-std::chrono::microseconds microsFromEnv(const char* name, std::chrono::microseconds fallback) {
-  return std::chrono::microseconds(
-      env::integer(name, 0, 1000000, fallback.count(), "microseconds"));
+// A hand-off setting in microseconds; the range is LOOM_PG_GRACE_US's and LOOM_PG_NAP_US's.
+std::chrono::microseconds handoffMicros(const ProcessGroup& pg, const char* field, int value) {
+  if (value < 0 || value > 1000000) {
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", pg.backendName(), " process group: ", field,
+               " = ", value, " is out of range; expected microseconds in [0, 1000000]");
+  }
+  return std::chrono::microseconds(value);
 }
 
 }  // namespace
 
-ProcessGroupTcp::ProcessGroupTcp(std::shared_ptr<Store> store, int rank, int size,
-                                 const ProcessGroupOptions& options)
-    : ProcessGroupTcp("tcp", std::move(store), rank, size, options,
-                      [](Store& s, int r, int n, const comm::ContextOptions& o) {
-                        return comm::Context::create(s, r, n, o);
-                      }) {}
-
-ProcessGroupTcp::ProcessGroupTcp(std::string backend, std::shared_ptr<Store> store, int rank,
-                                 int size, const ProcessGroupOptions& options,
-                                 const ContextFactory& makeContext)
+ProcessGroupComm::ProcessGroupComm(std::string backend, std::shared_ptr<Store> store, int rank,
+                                   int size, const ProcessGroupOptions& options,
+                                   const ContextFactory& makeContext)
     : ProcessGroup(std::move(backend), std::move(store), rank, size, options),
-      grace_(microsFromEnv("LOOM_PG_GRACE_US", kGrace)),
-      nap_(microsFromEnv("LOOM_PG_NAP_US", kNap)) {
-  comm::ContextOptions ctxOptions;
-  ctxOptions.timeout = options.timeout;
-  ctxOptions.host = options.host;
-  ctxOptions.sharedMemory = options.sharedMemory;
-  ctxOptions.socketsPerPeer = options.socketsPerPeer;
-  ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
-  if (debugLevel() != DebugLevel::kOff) {
-    LOOM_LOG_INFO(who(), ": ", backendName(), " process group of size ", size, " ready over ",
-                  ctx_->transportSummary());
+      grace_(handoffMicros(*this, "options.comm.graceUs", options.comm.graceUs)),
+      nap_(handoffMicros(*this, "options.comm.napUs", options.comm.napUs)) {
+  // The group's timeout is the Context's: a different one set there would be ignored.
+  const comm::ContextOptions defaults;
+  if (options.comm.context.timeout != defaults.timeout &&
+      options.comm.context.timeout != options.timeout) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", backendName(),
+               " process group: options.comm.context.timeout (",
+               options.comm.context.timeout.count(), " ms) differs from options.timeout (",
+               options.timeout.count(),
+               " ms); set options.timeout, the deadline of the group and its Context");
   }
+  comm::ContextOptions ctxOptions = options.comm.context;
+  ctxOptions.timeout = options.timeout;
+  ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
   worker_ = std::thread([this] { workerLoop(); });
 }
 
-std::string ProcessGroupTcp::transportSummary() const {
+std::string ProcessGroupComm::transportSummary() const {
   return ctx_->transportSummary();
 }
 
-ProcessGroupTcp::~ProcessGroupTcp() {
+ProcessGroupComm::~ProcessGroupComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -93,7 +91,7 @@ ProcessGroupTcp::~ProcessGroupTcp() {
   }
 }
 
-void ProcessGroupTcp::checkDevice(const BufferView& buf, const char* opName) const {
+void ProcessGroupComm::checkDevice(const BufferView& buf, const char* opName) const {
   if (buf.device.type != DeviceType::kCpu) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", opName, ": the ", backendName(),
                " backend takes CPU buffers, got a ", deviceName(buf.device),
@@ -101,11 +99,11 @@ void ProcessGroupTcp::checkDevice(const BufferView& buf, const char* opName) con
   }
 }
 
-bool ProcessGroupTcp::isBroken() const {
+bool ProcessGroupComm::isBroken() const {
   return brokenFlag_.load(std::memory_order_acquire);
 }
 
-bool ProcessGroupTcp::markBroken(const std::string& cause) {
+bool ProcessGroupComm::markBroken(const std::string& cause) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return false;
   broken_ = true;
@@ -114,7 +112,7 @@ bool ProcessGroupTcp::markBroken(const std::string& cause) {
   return true;
 }
 
-void ProcessGroupTcp::abort(const std::string& reason) {
+void ProcessGroupComm::abort(const std::string& reason) {
   std::shared_ptr<comm::Context> ctx;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,7 +127,7 @@ void ProcessGroupTcp::abort(const std::string& reason) {
   if (ctx) ctx->abort(reason);
 }
 
-void ProcessGroupTcp::execute(Item& item) {
+void ProcessGroupComm::execute(Item& item) {
   std::string cause;
   if (brokenFlag_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -165,7 +163,7 @@ void ProcessGroupTcp::execute(Item& item) {
   }
 }
 
-void ProcessGroupTcp::runPointToPoint(Item& first) {
+void ProcessGroupComm::runPointToPoint(Item& first) {
   // The send / recv operations at the head of the queue run as one batch: each is posted on
   // the transport as soon as it reaches the head, and the batch is done when all completed.
   // While waiting, the batch keeps taking send / recv operations that arrive at the head
@@ -257,17 +255,22 @@ void ProcessGroupTcp::runPointToPoint(Item& first) {
   }
 }
 
-void ProcessGroupTcp::run(const OpDesc& op) {
+void ProcessGroupComm::run(const OpDesc& op) {
   comm::Context& ctx = *ctx_;
   comm::CollectiveOptions copts;
   copts.timeout = op.timeout;
   copts.seq = op.seq;
-  copts.algorithm = options().algorithm;
+  copts.algorithm = options().comm.algorithm;
   switch (op.type) {
     case OpType::kAllreduce:
       comm::allreduce(ctx, op.in.data, op.out.data, op.count, op.dtype, op.reduceOp, copts);
       break;
     case OpType::kBroadcast:
+      // Out of place, the root's input reaches its own output here; the others receive
+      // straight into their output.
+      if (rank() == op.root && op.in.data != op.out.data && op.count > 0) {
+        std::memcpy(op.out.data, op.in.data, op.count * dtypeSize(op.dtype));
+      }
       comm::broadcast(ctx, op.out.data, op.count, op.dtype, op.root, copts);
       break;
     case OpType::kReduce:
@@ -300,7 +303,7 @@ void ProcessGroupTcp::run(const OpDesc& op) {
   }
 }
 
-void ProcessGroupTcp::checkSignature(const OpDesc& op) {
+void ProcessGroupComm::checkSignature(const OpDesc& op) {
   Store& store = *this->store();
   const std::string mine = op.signature();
   store.set(signatureKey(op.seq, rank()), mine);
@@ -335,7 +338,7 @@ void ProcessGroupTcp::checkSignature(const OpDesc& op) {
                              mine + ":" + detail);
 }
 
-std::exception_ptr ProcessGroupTcp::handleFailure(const OpDesc& op, std::exception_ptr error) {
+std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::exception_ptr error) {
   std::string what = "unknown exception";
   bool timedOut = false;
   try {

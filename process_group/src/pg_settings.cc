@@ -1,0 +1,91 @@
+#include "pg_settings.h"
+
+#include <optional>
+
+#include "loom/common/logging.h"
+#include "loom/common/settings.h"
+
+namespace loom {
+
+ProcessGroupOptions withEnvironment(ProcessGroupOptions options) {
+  if (!options.debug) {
+    if (const std::optional<std::string> v = settings::choice("LOOM_DEBUG")) {
+      options.debug = parseDebugLevel(*v);
+    }
+  }
+  const CommBackendOptions comm;
+  settings::fillDefault(options.comm.graceUs, comm.graceUs, settings::integer("LOOM_PG_GRACE_US"));
+  settings::fillDefault(options.comm.napUs, comm.napUs, settings::integer("LOOM_PG_NAP_US"));
+  const NcclOptions nccl;
+  settings::fillDefault(options.nccl.localRank, nccl.localRank, settings::integer("LOCAL_RANK"));
+  return options;
+}
+
+InitOptions withEnvironment(InitOptions options) {
+  const InitOptions defaults;
+  settings::fillDefault(options.initMethod, defaults.initMethod,
+                        settings::text("LOOM_INIT_METHOD"));
+  settings::fillDefault(options.pg.comm.context.host, defaults.pg.comm.context.host,
+                        settings::text("LOOM_HOST"));
+  options.pg = withEnvironment(std::move(options.pg));
+  return options;
+}
+
+Environment launchEnvironment() {
+  return settings::snapshot(settings::Section::kLaunch);
+}
+
+namespace {
+
+// What comm says about its own options that differ from their defaults; comm has no such
+// description yet, so the line lists the process group's options only.
+std::string describeContext(const comm::ContextOptions&) {
+  return {};
+}
+
+void append(std::string& out, const std::string& item) {
+  if (!item.empty()) out += (out.empty() ? "" : " ") + item;
+}
+
+template <class T>
+void appendIfChanged(std::string& out, const char* name, const T& value, const T& dflt,
+                     const std::string& text) {
+  if (!(value == dflt)) append(out, detail::str(name, "=", text));
+}
+
+}  // namespace
+
+std::string describeNonDefault(const ProcessGroupOptions& o) {
+  const ProcessGroupOptions d;
+  std::string out;
+  appendIfChanged(out, "timeout", o.timeout, d.timeout, detail::str(o.timeout.count(), "ms"));
+  if (o.debug) append(out, detail::str("debug=", debugLevelName(*o.debug)));
+  appendIfChanged(out, "groupName", o.groupName, d.groupName, o.groupName);
+  std::string ranks;
+  for (int r : o.parentRanks) ranks += detail::str(ranks.empty() ? "" : ",", r);
+  appendIfChanged(out, "parentRanks", o.parentRanks, d.parentRanks, ranks);
+  appendIfChanged(out, "failureReportWindow", o.failureReportWindow, d.failureReportWindow,
+                  detail::str(o.failureReportWindow.count(), "ms"));
+  appendIfChanged(out, "comm.algorithm", o.comm.algorithm, d.comm.algorithm,
+                  comm::algorithmName(o.comm.algorithm));
+  appendIfChanged(out, "comm.graceUs", o.comm.graceUs, d.comm.graceUs,
+                  std::to_string(o.comm.graceUs));
+  appendIfChanged(out, "comm.napUs", o.comm.napUs, d.comm.napUs, std::to_string(o.comm.napUs));
+  append(out, describeContext(o.comm.context));
+  appendIfChanged(out, "nccl.device", o.nccl.device, d.nccl.device, std::to_string(o.nccl.device));
+  appendIfChanged(out, "nccl.localRank", o.nccl.localRank, d.nccl.localRank,
+                  std::to_string(o.nccl.localRank));
+  return out;
+}
+
+void logGroupReady(const ProcessGroup& pg) {
+  if (!logEnabled(LogLevel::kInfo)) return;
+  const std::string set = settings::describeSet();
+  const std::string changed = describeNonDefault(pg.options());
+  LOOM_LOG_INFO(pg.who(), ": ", pg.backendName(), " process group of size ", pg.size(),
+                " ready over ", pg.transportSummary(),
+                "; environment: ", set.empty() ? "(none set)" : set,
+                "; options: ", changed.empty() ? "(defaults)" : changed);
+}
+
+}  // namespace loom
