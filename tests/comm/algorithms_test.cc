@@ -46,8 +46,9 @@ TEST(Select, EnvironmentAndOptions) {
   // An explicit option wins over the environment.
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, Algorithm::kDirect, Algorithm::kRing, 8, 2),
             Algorithm::kDirect);
-  EXPECT_THROW(selectAlgorithm(OpType::kAllreduce, Algorithm::kTree, kAuto, 8, 2),
-               InvalidArgumentError);
+  EXPECT_THROW(checkAlgorithm(OpType::kAllreduce, Algorithm::kTree), InvalidArgumentError);
+  EXPECT_THROW(checkAlgorithm(OpType::kBarrier, Algorithm::kRing), InvalidArgumentError);
+  EXPECT_NO_THROW(checkAlgorithm(OpType::kBarrier, kAuto));
   {
     ScopedEnv env("LOOM_ALGO", nullptr);
     EXPECT_EQ(algorithmFromEnvironment(), kAuto);

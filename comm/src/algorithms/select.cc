@@ -142,17 +142,20 @@ Algorithm algorithmFromEnvironment() {
   return parseAlgorithm(env);
 }
 
-Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+void checkAlgorithm(OpType kind, Algorithm requested) {
+  if (requested == Algorithm::kAuto) return;
+  if (kind == OpType::kBarrier) {
+    LOOM_THROW(InvalidArgumentError, "barrier has one algorithm (dissemination); got ",
+               algorithmName(requested));
+  }
+  LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
+             " is not implemented for ", opTypeName(kind), "; choose one of ", supportedList(kind));
+}
+
+Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, size_t bytes,
                           int size) {
-  if (requested != Algorithm::kAuto) {
-    LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
-               " is not implemented for ", opTypeName(kind), "; choose one of ",
-               supportedList(kind));
-    return requested;
-  }
-  if (fromEnvironment != Algorithm::kAuto && supports(kind, fromEnvironment)) {
-    return fromEnvironment;
-  }
+  if (requested != Algorithm::kAuto) return requested;
+  if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
   return automatic(kind, bytes, size);
 }
 

@@ -5,6 +5,10 @@
 #include <array>
 #include <cstdlib>
 
+#include "algorithms/select.h"
+#include "engine/engine.h"
+#include "engine/engines.h"
+#include "knobs.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "verbs/ibv_ops.h"
@@ -22,8 +26,12 @@ struct FreeDeleter {
 
 class VerbsContext : public Context {
  public:
-  VerbsContext(int rank, int size, std::unique_ptr<Transport> transport)
-      : rank_(rank), size_(size), transport_(std::move(transport)) {}
+  VerbsContext(int rank, int size, std::unique_ptr<Transport> transport,
+               const GenericEngineOptions& generic)
+      : rank_(rank), size_(size), transport_(std::move(transport)) {
+    setEngines(std::make_unique<EngineSet>(makeGenericEngine(generic), nullptr,
+                                           generic.algorithm != Algorithm::kAuto));
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -50,6 +58,7 @@ class VerbsContext : public Context {
   }
 
   ~VerbsContext() override {
+    releaseEngines();
     for (auto& b : scratch_) {
       if (b.data) transport_->unregisterBuffer(b.data.get());
     }
@@ -81,7 +90,10 @@ std::shared_ptr<Context> createContextWithOps(Store& store, int rank, int size,
   topts.slots = config.slots;
   topts.slotBytes = config.slotBytes;
   auto transport = VerbsTransport::create(store, rank, size, std::move(ops), topts);
-  return std::make_shared<VerbsContext>(rank, size, std::move(transport));
+  GenericEngineOptions generic;
+  generic.algorithm = algorithmFromEnvironment();
+  generic.chunkBytes = loadChunkBytes();
+  return std::make_shared<VerbsContext>(rank, size, std::move(transport), generic);
 }
 
 }  // namespace verbs

@@ -8,6 +8,9 @@
 // - A Context is used by one thread at a time (the ProcessGroup's worker thread); abort()
 //   may be called from any thread and makes blocked and future operations fail fast with
 //   IoError.
+// - A Context owns its collective engines, chosen once at creation (the shared-memory arena,
+//   the hierarchical engine or the generic algorithms over its transport); collectives.h
+//   dispatches every call to one of them.
 // - The destructor closes every connection and never throws.
 #pragma once
 
@@ -49,12 +52,15 @@ struct ContextOptions {
 };
 
 class Transport;
+class EngineSet;  // comm-internal (comm/src/engine/engine.h)
 
 class Context {
  public:
   static std::shared_ptr<Context> create(Store& store, int rank, int size,
                                          const ContextOptions& options = {});
-  virtual ~Context() = default;
+  virtual ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -71,6 +77,22 @@ class Context {
   // calls; `slot` picks one of a few independent buffers. Valid until the next call with the
   // same slot. Only for the thread running collectives.
   virtual void* scratch(size_t bytes, int slot = 0) = 0;
+
+  // The collective engines, for comm's own dispatch (collectives.cc); null for a Context
+  // implemented outside comm, whose collectives then run the generic algorithms with default
+  // settings. A plain member, not a virtual, so that dispatch costs no extra call.
+  EngineSet* engines() const { return engines_.get(); }
+
+ protected:
+  Context();
+  // Called once by the implementation's constructor, after its transport exists.
+  void setEngines(std::unique_ptr<EngineSet> engines);
+  // Destroys the engines now: an implementation whose engines use its transport calls this
+  // first in its destructor (shared memory is unmapped before the sockets close).
+  void releaseEngines() noexcept;
+
+ private:
+  std::unique_ptr<EngineSet> engines_;
 };
 
 }  // namespace loom::comm
