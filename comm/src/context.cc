@@ -13,12 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/select.h"
+#include "context_settings.h"
 #include "engine/engine.h"
 #include "engine/engines.h"
-#include "knobs.h"
+#include "loom/comm/reduce.h"
 #include "loom/comm/transport.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
@@ -131,25 +130,17 @@ class ContextImpl : public Context {
   std::array<Buffer, kSlots> scratch_;
 };
 
-// LOOM_SHM_P2P=0 keeps point-to-point on tcp while the collectives use the arena (for
-// measurements); LOOM_SHM=0 turns both off.
-bool pointToPointEnabledByEnv() {
-  return env::flag("LOOM_SHM_P2P", true);
-}
-
 // Same-host ranks get a shared-memory arena and a shared-memory transport. Every rank publishes its
 // host identity (or "off" when shared memory is disabled on it) so that all ranks take the same
 // decision: one arena for the whole Context when all ranks share a host; one arena per host (for
 // the hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
 SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
   SharedMemory shared;
-  // Read whether or not they matter here, so that a bad value always fails setup.
-  const bool enabledByEnv = shm::sharedMemoryEnabledByEnv();
-  const bool p2pByEnv = pointToPointEnabledByEnv();
   if (size < 2) return shared;
-  const bool enabled = options.sharedMemory && enabledByEnv;
+  const bool enabled = options.sharedMemory;
   const std::string prefix = options.storePrefix + "/shm";
-  store.set(detail::str(prefix, "/host/", rank), enabled ? shm::hostIdentity() : "off");
+  store.set(detail::str(prefix, "/host/", rank),
+            enabled ? shm::hostIdentity(options.shmHostId) : "off");
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "/host/", r));
   store.wait(keys, options.timeout);
@@ -161,10 +152,18 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   }
   shm::ArenaOptions aopts;
   aopts.timeout = options.timeout;
+  aopts.slotBytes = options.shmSlotBytes;
+  aopts.memfd = options.shmMemfd;
+  aopts.spinUs = options.shmSpinUs;
+  aopts.yieldUs = options.shmYieldUs;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
+  topts.ringBytes = options.shmRingBytes;
+  topts.memfd = options.shmMemfd;
+  topts.spinUs = options.shmSpinUs;
+  topts.yieldUs = options.shmYieldUs;
   shared.localRanks = static_cast<int>(local.size());
-  const bool p2p = local.size() > 1 && p2pByEnv;
+  const bool p2p = local.size() > 1 && options.shmPointToPoint;
   if (static_cast<int>(local.size()) == size) {
     aopts.keyPrefix = prefix;
     shared.arena = shm::Arena::create(store, rank, size, aopts);
@@ -204,21 +203,24 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
 }  // namespace
 
 std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
-                                         const ContextOptions& options) {
+                                         const ContextOptions& callerOptions) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
-  LOOM_CHECK(options.socketsPerPeer >= 1, "socketsPerPeer must be at least 1");
-  // The process-wide knobs are re-read at every setup: a bad value fails here (knobs.h).
+  // The environment is applied at every setup, so a bad value fails here, every time.
+  const ContextOptions options = withEnvironment(callerOptions);
+  validateOptions(options);
+  setReduceIsa(options.reduceIsa);
   GenericEngineOptions generic;
-  generic.algorithm = algorithmFromEnvironment();
-  generic.chunkBytes = loadChunkBytes();
-  loadReduceIsa();
+  generic.algorithm = options.algorithm;
+  generic.chunkBytes = options.chunkBytes;
   tcp::TcpOptions topts;
   topts.timeout = options.timeout;
   topts.host = options.host;
   topts.keyPrefix = options.storePrefix + "/tcp";
   topts.bufferBytes = options.socketBufferBytes;
   topts.busyPollUs = options.busyPollUs;
+  topts.sendBytes = options.tcpSendBytes;
+  topts.spinUs = options.tcpSpinUs;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
                                        setupSharedMemory(store, rank, size, options), generic);

@@ -64,7 +64,6 @@ ProcessGroupTcp::ProcessGroupTcp(std::string backend, std::shared_ptr<Store> sto
   ctxOptions.timeout = options.timeout;
   ctxOptions.host = options.host;
   ctxOptions.sharedMemory = options.sharedMemory;
-  ctxOptions.socketsPerPeer = options.socketsPerPeer;
   ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
   if (debugLevel() != DebugLevel::kOff) {
     LOOM_LOG_INFO(who(), ": ", backendName(), " process group of size ", size, " ready over ",

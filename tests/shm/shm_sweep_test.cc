@@ -1,11 +1,11 @@
 // Thread-rank sweep of every collective through the shared-memory arena: world sizes
 // {2, 3, 4, 5} x every dtype x every valid op x counts that hit each size class (the
 // small-message path, one chunk, many chunks with a partial last one) x in-place and
-// out-of-place x every root. Slots are shrunk with LOOM_SHM_SLOT_BYTES so that many chunks
+// out-of-place x every root. Slots are shrunk (ContextOptions::shmSlotBytes) so that many chunks
 // and the slot reuse across steps are covered at small counts; a second pass with the
 // default slot covers the large path at 2^18 + 3 elements.
 #include <gtest/gtest.h>
-#include <stdlib.h>
+#include <functional>
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
@@ -15,11 +15,12 @@
 namespace loom::comm::testing {
 namespace {
 
-class SlotBytes {
- public:
-  explicit SlotBytes(const char* bytes) { ::setenv("LOOM_SHM_SLOT_BYTES", bytes, 1); }
-  ~SlotBytes() { ::unsetenv("LOOM_SHM_SLOT_BYTES"); }
-};
+// runWorld with 4096-byte arena slots (ContextOptions::shmSlotBytes).
+void runWithSmallSlots(int size, const std::function<void(Context&)>& fn) {
+  ContextOptions o;
+  o.shmSlotBytes = 4096;
+  runWorld(size, fn, std::chrono::seconds(60), o);
+}
 
 void requireArena(Context& ctx) {
   LOOM_CHECK(shm::arenaOf(ctx) != nullptr, "rank ", ctx.rank(),
@@ -33,10 +34,9 @@ std::vector<size_t> counts(int size) {
 }
 
 TEST(ShmSweep, ReducingCollectives) {
-  SlotBytes slot("4096");
   for (int size : {2, 3, 4, 5}) {
     SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
+    runWithSmallSlots(size, [&](Context& ctx) {
       requireArena(ctx);
       Checker check(ctx);
       for (DType dtype : allDTypes()) {
@@ -55,10 +55,9 @@ TEST(ShmSweep, ReducingCollectives) {
 }
 
 TEST(ShmSweep, DataMovingCollectives) {
-  SlotBytes slot("4096");
   for (int size : {2, 3, 4, 5}) {
     SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
+    runWithSmallSlots(size, [&](Context& ctx) {
       requireArena(ctx);
       Checker check(ctx);
       for (DType dtype : allDTypes()) {

@@ -1,6 +1,5 @@
 #include "algorithms/select.h"
 
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -134,12 +133,6 @@ Algorithm parseAlgorithm(std::string_view name) {
   if (n == "chain" || n == "pipeline") return Algorithm::kChain;
   LOOM_THROW(InvalidArgumentError, "unknown algorithm '", name,
              "'; expected one of auto, ring, rd, hd, direct, tree, chain");
-}
-
-Algorithm algorithmFromEnvironment() {
-  const char* env = std::getenv("LOOM_ALGO");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "shm") return Algorithm::kAuto;
-  return parseAlgorithm(env);
 }
 
 void checkAlgorithm(OpType kind, Algorithm requested) {

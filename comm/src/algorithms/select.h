@@ -21,8 +21,4 @@ void checkAlgorithm(OpType kind, Algorithm requested);
 Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, size_t bytes,
                           int size);
 
-// LOOM_ALGO parsed: kAuto when unset, empty, "auto" or "shm"; an unknown name is an
-// InvalidArgumentError naming the choices.
-Algorithm algorithmFromEnvironment();
-
 }  // namespace loom::comm

@@ -5,10 +5,9 @@
 #include <array>
 #include <cstdlib>
 
-#include "algorithms/select.h"
+#include "context_settings.h"
 #include "engine/engine.h"
 #include "engine/engines.h"
-#include "knobs.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "verbs/ibv_ops.h"
@@ -91,16 +90,20 @@ std::shared_ptr<Context> createContextWithOps(Store& store, int rank, int size,
   topts.slotBytes = config.slotBytes;
   auto transport = VerbsTransport::create(store, rank, size, std::move(ops), topts);
   GenericEngineOptions generic;
-  generic.algorithm = algorithmFromEnvironment();
-  generic.chunkBytes = loadChunkBytes();
+  generic.algorithm = options.algorithm;
+  generic.chunkBytes = options.chunkBytes;
   return std::make_shared<VerbsContext>(rank, size, std::move(transport), generic);
 }
 
 }  // namespace verbs
 
-bool verbsAvailable(std::string* why) {
+bool verbsAvailable(std::string* why, const VerbsOptions& options) {
   try {
-    const verbs::VerbsConfig config = verbs::verbsConfigFromEnv();
+    ContextOptions all;
+    all.verbs = options;
+    all = withEnvironment(all);
+    validateOptions(all);
+    const verbs::VerbsConfig config = verbs::verbsConfigFrom(all.verbs);
     verbs::selectDevice(verbs::listDevices(), config.device);
     return true;
   } catch (const std::exception& e) {
@@ -110,10 +113,13 @@ bool verbsAvailable(std::string* why) {
 }
 
 std::shared_ptr<Context> createVerbsContext(Store& store, int rank, int size,
-                                            const ContextOptions& options) {
+                                            const ContextOptions& callerOptions) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
-  const verbs::VerbsConfig config = verbs::verbsConfigFromEnv();
+  const ContextOptions options = withEnvironment(callerOptions);
+  validateOptions(options);
+  setReduceIsa(options.reduceIsa);
+  const verbs::VerbsConfig config = verbs::verbsConfigFrom(options.verbs);
   auto ops = verbs::openIbvOps(config, size);
   return verbs::createContextWithOps(store, rank, size, options, std::move(ops), config);
 }

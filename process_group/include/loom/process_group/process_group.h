@@ -78,7 +78,6 @@ struct ProcessGroupOptions {
   // tcp backend (comm::ContextOptions).
   std::string host{};
   bool sharedMemory = true;
-  int socketsPerPeer = 1;
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
 
   // nccl backend: CUDA device ordinal; -1 = LOCAL_RANK (or the rank) modulo the device count.
