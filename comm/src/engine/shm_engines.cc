@@ -97,7 +97,8 @@ std::unique_ptr<Engine> makeHierarchicalEngine(shm::Hierarchy hierarchy,
 
 namespace shm {
 
-// The kind tag stands in for a dynamic_cast: only ArenaEngine says kArena.
+// The kind tag is the type check: only ArenaEngine says kArena, only HierarchicalEngine
+// says kHierarchical.
 Arena* arenaOf(Context& ctx) {
   Engine* e = localEngine(ctx, Engine::Kind::kArena);
   return e != nullptr ? &static_cast<ArenaEngine*>(e)->arena() : nullptr;
