@@ -48,8 +48,8 @@
 #include <tuple>
 
 #include "loom/bench/runner.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::bench {
 namespace {
@@ -296,13 +296,12 @@ class GlooDriver : public Driver {
   std::vector<std::byte> scratch_;
 };
 
-// The first of `names` that is set, as an integer in [lo, INT_MAX]; `fallback` when none is.
-// A value that is not such an integer is an InvalidArgumentError naming the variable.
-int launcherInteger(std::initializer_list<const char*> names, int lo, int fallback,
-                    const char* what) {
+// The first of `names` that is set, as the registry reads it (a rank or a world size); `fallback`
+// when none is. A value that is not valid is an InvalidArgumentError naming the variable.
+int launcherInteger(std::initializer_list<const char*> names, int fallback) {
   for (const char* name : names) {
-    if (const std::optional<std::string> v = loom::env::get(name)) {
-      return static_cast<int>(loom::env::parseInteger(name, *v, lo, INT_MAX, what));
+    if (const std::optional<long long> v = loom::settings::integer(name)) {
+      return static_cast<int>(*v);
     }
   }
   return fallback;
@@ -341,10 +340,8 @@ int glooBenchMain(int argc, char** argv) {
   }
   int rank = -1, size = -1;
   try {
-    rank = launcherInteger({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, 0, -1,
-                           "this process's rank");
-    size = launcherInteger({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1,
-                           -1, "the number of ranks");
+    rank = launcherInteger({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, -1);
+    size = launcherInteger({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, -1);
   } catch (const loom::InvalidArgumentError& e) {
     std::cerr << "gloo_bench: " << e.what() << "\n";
     return 2;

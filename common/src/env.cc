@@ -2,10 +2,11 @@
 
 #include <cctype>
 #include <charconv>
-#include <cstdlib>
 #include <limits>
+#include <optional>
 
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::env {
 
@@ -113,9 +114,7 @@ std::string parseChoice(const char* name, std::string_view value,
 }
 
 std::optional<std::string> get(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
+  return settings::value(name);
 }
 
 long long integer(const char* name, long long lo, long long hi, long long fallback,

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "loom/common/env.h"
+#include "loom/common/settings.h"
 
 namespace loom {
 namespace {
@@ -15,8 +15,7 @@ namespace {
 LogLevel levelFromEnv() {
   std::string level;
   try {
-    level = env::choice("LOOM_LOG_LEVEL", {"debug", "info", "warning", "warn", "error", "off"},
-                        "warning");
+    level = settings::choice("LOOM_LOG_LEVEL").value_or("warning");
   } catch (const std::exception& e) {
     // Straight to the sink (logMessage does not consult the level, which is not set yet).
     logMessage(LogLevel::kWarning, detail::str(e.what(), "; using warning"));

@@ -9,6 +9,8 @@
 #include "loom/common/error.h"
 #include "settings_table.h"
 
+extern char** environ;
+
 namespace loom::settings {
 
 namespace {
@@ -138,12 +140,26 @@ std::optional<std::string> word(std::string_view name) {
   return v ? matchedWord(*s, *v) : std::nullopt;
 }
 
+std::optional<std::string> value(std::string_view name) {
+  if (find(name) == nullptr) {
+    LOOM_THROW(Error, "environment variable ", name,
+               " is not declared in the settings registry (common/src/settings_table.cc)");
+  }
+  return raw(name);
+}
+
 std::map<std::string, std::string> snapshot(Section section) {
   std::map<std::string, std::string> out;
   for (const Setting& s : table()) {
     if (s.section != section) continue;
     if (std::optional<std::string> v = raw(s.name)) out.emplace(s.name, std::move(*v));
   }
+  return out;
+}
+
+std::vector<std::string> inherited() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
   return out;
 }
 

@@ -166,6 +166,8 @@ constexpr Setting kTable[] = {
     {"PMI_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "rank under other MPI launchers (bench programs only, to print usage once)", "",
      "bench programs"},
+    {"PMI_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
+     "world size under other MPI launchers (gloo_bench only)", "", "bench programs"},
 
     {"GROUP_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "loom-run sets it to the node rank (torchrun's name)", "", "set by loom-run"},

@@ -31,6 +31,7 @@
 #include "loom/autograd/optim.h"
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "loom/ddp/checkpoint.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/eval.h"
@@ -152,7 +153,7 @@ void gatherRows(const ag::Tensor& src, const std::vector<int64_t>& rows, ag::Ten
 
 bool launchedByLauncher() {
   for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
-    if (std::getenv(v) != nullptr) return true;
+    if (loom::settings::value(v)) return true;
   }
   return false;
 }

@@ -12,9 +12,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/store/store_protocol.h"
 #include "store_state.h"
@@ -26,7 +26,7 @@ using store_protocol::Message;
 using store_protocol::Op;
 
 std::string defaultStoreToken() {
-  return env::get("LOOM_STORE_TOKEN").value_or(std::string());
+  return settings::text("LOOM_STORE_TOKEN").value_or(std::string());
 }
 
 namespace {

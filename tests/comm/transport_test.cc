@@ -218,6 +218,52 @@ TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
   });
 }
 
+TEST(Transport, UnexpectedMessagesAreDescribedOldestFirstUntilReceived) {
+  HashStore store;
+  std::latch received(2);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> a(8, 1), b(16, 2);
+    if (rank == 0) {
+      ASSERT_TRUE(t.isend(1, a.data(), a.size(), 1)->wait(Deadline(10s)));
+      ASSERT_TRUE(t.isend(1, b.data(), b.size(), 2)->wait(Deadline(10s)));
+    } else {
+      const std::string both = "none#0 step 1 (8 bytes), none#0 step 2 (16 bytes)";
+      const auto end = Clock::now() + 10s;
+      while (t.describeUnexpected(0) != both && Clock::now() < end) std::this_thread::yield();
+      EXPECT_EQ(t.describeUnexpected(0), both);
+      std::vector<uint8_t> in(16);
+      ASSERT_TRUE(t.irecv(0, in.data(), 16, 2)->wait(Deadline(10s)));
+      EXPECT_EQ(in, b);
+      EXPECT_EQ(t.describeUnexpected(0), "none#0 step 1 (8 bytes)");
+      ASSERT_TRUE(t.irecv(0, in.data(), 8, 1)->wait(Deadline(10s)));
+      EXPECT_EQ(t.describeUnexpected(0), "");
+    }
+    received.arrive_and_wait();  // rank 0's context outlives rank 1's receives
+  });
+}
+
+TEST(Transport, RegisterBufferReturnsAHandleWithoutKey) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions());
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> buf(4096, static_cast<uint8_t>(rank + 1));
+    const RegisteredBuffer handle = t.registerBuffer(buf.data(), buf.size());
+    EXPECT_EQ(handle.data, buf.data());
+    EXPECT_EQ(handle.bytes, buf.size());
+    EXPECT_EQ(handle.rkey, 0u);  // tcp and shm: nothing a peer could write through
+    if (rank == 0) {
+      ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+    } else {
+      ASSERT_TRUE(t.irecv(0, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+      EXPECT_EQ(buf[4095], 1);
+    }
+    t.unregisterBuffer(handle);
+  });
+}
+
 TEST(Transport, LargeSizeMismatchIsAnError) {
   HashStore store;
   std::latch sent(1);
@@ -236,13 +282,16 @@ TEST(Transport, LargeSizeMismatchIsAnError) {
     } else {
       sent.wait();
       auto r = t.irecv(0, buf.data(), buf.size(), 5);
+      // The receive is the caller's mistake (transport.h); the transport fails as a whole.
       try {
         r->wait(Deadline(10s));
         ADD_FAILURE() << "no error";
-      } catch (const IoError& e) {
+      } catch (const InvalidArgumentError& e) {
         expectContains(e.what(), "sent 1048576 bytes");
         expectContains(e.what(), "receives 2097152 bytes");
       }
+      EXPECT_TRUE(t.failed());
+      EXPECT_THROW(t.irecv(0, buf.data(), 8, 6)->wait(Deadline(10s)), IoError);
     }
   });
 }

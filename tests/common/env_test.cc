@@ -1,19 +1,13 @@
-// loom::env: the parsers on good values, suffixes, bounds, garbage and empty strings; the
-// readers on unset, empty and set variables; the error text names the variable, quotes the
-// value and says what is accepted. LOOM_LOG_LEVEL's bad value is a warning, not an error
-// (checked in a forked child, since the level is read once per process).
+// loom::env: the parsers on good values, suffixes, bounds, garbage and empty strings; the error
+// text names the variable, quotes the value and says what is accepted. (Reading the
+// environment is the settings registry's: settings_test.cc.)
 #include "loom/common/env.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <string>
 
 #include "loom/common/error.h"
-#include "loom/common/logging.h"
 
 namespace loom::env {
 namespace {
@@ -30,30 +24,6 @@ std::string errorOf(F&& f) {
   ADD_FAILURE() << "no InvalidArgumentError";
   return {};
 }
-
-// Sets `name` for the scope of the object and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(Env, IntegerAcceptsWholeBase10NumbersInRange) {
   EXPECT_EQ(parseInteger("X", "0", 0, 10), 0);
@@ -129,62 +99,6 @@ TEST(Env, ChoiceMatchesInAnyCaseAndListsTheAllowedValues) {
     EXPECT_THAT(what, HasSubstr(std::string("LOOM_REDUCE_ISA='") + bad + "' is not valid"));
     EXPECT_THAT(what, HasSubstr("expected one of: auto, generic"));
   }
-}
-
-TEST(Env, ReadersTreatUnsetAndEmptyAsTheFallback) {
-  const char* kName = "LOOM_ENV_TEST_KNOB";
-  for (const char* value : {static_cast<const char*>(nullptr), ""}) {
-    ScopedEnv scoped(kName, value);
-    EXPECT_FALSE(get(kName).has_value());
-    EXPECT_EQ(integer(kName, 0, 10, 7), 7);
-    EXPECT_EQ(bytes(kName, 0, 10, 9), 9u);
-    EXPECT_TRUE(flag(kName, true));
-    EXPECT_FALSE(flag(kName, false));
-    EXPECT_EQ(choice(kName, {"a", "b"}, "b"), "b");
-  }
-  {
-    ScopedEnv scoped(kName, "4K");
-    EXPECT_EQ(get(kName), "4K");
-    EXPECT_EQ(bytes(kName, 0, size_t{1} << 20, 9), 4096u);
-    EXPECT_THAT(errorOf([&] { integer(kName, 0, 10, 7); }),
-                HasSubstr("LOOM_ENV_TEST_KNOB='4K' is not valid"));
-  }
-  {
-    ScopedEnv scoped(kName, "off");
-    EXPECT_FALSE(flag(kName, true));
-    EXPECT_THAT(errorOf([&] {
-                  choice(kName, {"a", "b"}, "a");
-                }),
-                HasSubstr("expected one of: a, b"));
-  }
-}
-
-// A bad LOOM_LOG_LEVEL must not take logging down: one warning naming the variable, the value
-// and the accepted levels, then the warning level. Runs in a child: the level is read once.
-TEST(Env, BadLogLevelIsAWarningAndMeansWarning) {
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(fds[1], STDERR_FILENO);
-    ::close(fds[0]);
-    ::setenv("LOOM_LOG_LEVEL", "verbose", 1);
-    const bool ok = !logEnabled(LogLevel::kInfo) && logEnabled(LogLevel::kWarning);
-    LOOM_LOG_WARNING("still logging");
-    ::_exit(ok ? 0 : 1);
-  }
-  ::close(fds[1]);
-  std::string err;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) err.append(buf, n);
-  ::close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
-  EXPECT_THAT(err, HasSubstr("LOOM_LOG_LEVEL='verbose' is not valid"));
-  EXPECT_THAT(err, HasSubstr("debug, info, warning"));
-  EXPECT_THAT(err, HasSubstr("still logging"));
 }
 
 }  // namespace

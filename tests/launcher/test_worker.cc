@@ -18,11 +18,17 @@
 #include <cstring>
 #include <string>
 
+#include "loom/common/settings.h"
+
 namespace {
 
 int envInt(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : -1;
+  return static_cast<int>(loom::settings::integer(name).value_or(-1));
+}
+
+// The value as printf("%s") showed a missing one before.
+std::string envText(const char* name) {
+  return loom::settings::value(name).value_or("(null)");
 }
 
 std::string g_sigFile;
@@ -66,9 +72,10 @@ int main(int argc, char** argv) {
     std::printf(
         "RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s NODE_RANK=%s "
         "MASTER_ADDR=%s MASTER_PORT=%s LOOM_RESTART_COUNT=%s\n",
-        std::getenv("RANK"), std::getenv("WORLD_SIZE"), std::getenv("LOCAL_RANK"),
-        std::getenv("LOCAL_WORLD_SIZE"), std::getenv("NODE_RANK"), std::getenv("MASTER_ADDR"),
-        std::getenv("MASTER_PORT"), std::getenv("LOOM_RESTART_COUNT"));
+        envText("RANK").c_str(), envText("WORLD_SIZE").c_str(), envText("LOCAL_RANK").c_str(),
+        envText("LOCAL_WORLD_SIZE").c_str(), envText("NODE_RANK").c_str(),
+        envText("MASTER_ADDR").c_str(), envText("MASTER_PORT").c_str(),
+        envText("LOOM_RESTART_COUNT").c_str());
     return 0;
   }
   if (mode == "sleep" && argc == 3) {

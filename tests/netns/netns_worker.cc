@@ -21,10 +21,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "loom/common/settings.h"
 #include "loom/store/tcp_store.h"
 
 #ifdef LOOM_NETNS_HAVE_PG
@@ -34,15 +36,15 @@
 namespace {
 
 int envInt(const char* name) {
-  const char* v = std::getenv(name);
+  const std::optional<long long> v = loom::settings::integer(name);
   if (!v) throw std::runtime_error(std::string(name) + " is not set");
-  return std::atoi(v);
+  return static_cast<int>(*v);
 }
 
 std::string envStr(const char* name) {
-  const char* v = std::getenv(name);
+  const std::optional<std::string> v = loom::settings::text(name);
   if (!v) throw std::runtime_error(std::string(name) + " is not set");
-  return v;
+  return *v;
 }
 
 [[noreturn]] void fail(int rank, const std::string& what) {
@@ -184,7 +186,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   int rank = -1;
   try {
-    if (!std::getenv("RANK")) throw std::runtime_error("RANK is not set (run me under loom-run)");
+    if (!loom::settings::value("RANK"))
+      throw std::runtime_error("RANK is not set (run me under loom-run)");
     rank = envInt("RANK");
     const int world = envInt("WORLD_SIZE");
     const int local = envInt("LOCAL_RANK");
@@ -197,10 +200,10 @@ int main(int argc, char** argv) {
       fail(rank, "NODE_RANK " + std::to_string(node) + " on host " + envStr("LOOM_TEST_HOST"));
     }
     // Multi-node loom-run tells the workers their address towards node 0.
-    if (const char* want = std::getenv("LOOM_TEST_ADDR")) {
-      const char* got = std::getenv("LOOM_HOST");
-      if (got == nullptr || std::string(got) != want) {
-        fail(rank, std::string("LOOM_HOST is ") + (got ? got : "unset") + ", expected " + want);
+    if (const std::optional<std::string> want = loom::settings::text("LOOM_TEST_ADDR")) {
+      const std::optional<std::string> got = loom::settings::text("LOOM_HOST");
+      if (got != want) {
+        fail(rank, "LOOM_HOST is " + got.value_or("unset") + ", expected " + *want);
       }
     }
     const std::vector<size_t> counts = {1, 1000, 65536 + 3};

@@ -17,6 +17,7 @@
 
 #include "collective_checks.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
@@ -395,7 +396,8 @@ TEST(ProcessGroupThreads, InitMethodsFileAndTcpWithExplicitRanks) {
 }
 
 TEST(ProcessGroupThreads, InitFromAnIncompleteEnvironmentNamesTheVariable) {
-  if (std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK")) {
+  if (settings::value("RANK") || settings::value("SLURM_PROCID") ||
+      settings::value("OMPI_COMM_WORLD_RANK")) {
     GTEST_SKIP() << "this process runs under a launcher";
   }
   InitOptions options;

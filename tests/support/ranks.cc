@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::testing {
 
@@ -193,8 +194,7 @@ void checkDeadPeerError(const std::exception& error, std::chrono::milliseconds w
 }
 
 TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/loom-test-XXXXXX";
+  std::string tmpl = settings::text("TMPDIR").value_or("/tmp") + "/loom-test-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
   path_ = tmpl;
 }

@@ -156,12 +156,15 @@ TEST(VerbsFake, RegisteredBuffersAreSentZeroCopy) {
     auto& t = dynamic_cast<VerbsTransport&>(ctx->transport());
     if (rank == 0) {
       auto data = pattern(n, 9);
-      t.registerBuffer(data.data(), n);
+      const RegisteredBuffer handle = t.registerBuffer(data.data(), n);
+      EXPECT_EQ(handle.data, data.data());
+      EXPECT_EQ(handle.bytes, n);
+      EXPECT_NE(handle.rkey, 0u);  // what a peer would need to RDMA-write into it
       EXPECT_EQ(t.registeredRegions(), 1u);
       const uint64_t before = t.zeroCopySends();
       ASSERT_TRUE(t.isend(1, data.data() + 100, n - 100, 1)->wait(Deadline(10s)));
       EXPECT_EQ(t.zeroCopySends() - before, fragmentCount(n - 100, 256 - sizeof(SlotHeader)));
-      t.unregisterBuffer(data.data());
+      t.unregisterBuffer(handle);
       EXPECT_EQ(t.registeredRegions(), 0u);
       // Unregistered: copied through the staging ring again.
       const uint64_t after = t.zeroCopySends();
@@ -189,10 +192,12 @@ TEST(VerbsFake, SizeMismatchFailsWithBothSizes) {
       w.store.wait({"checked"}, 10s);
     } else {
       auto r = t.irecv(0, buf.data(), 16, 5);
-      const std::string m = messageOf<IoError>([&] { r->wait(Deadline(10s)); });
+      // The receive is the caller's mistake (transport.h); the transport fails as a whole.
+      const std::string m = messageOf<InvalidArgumentError>([&] { r->wait(Deadline(10s)); });
       EXPECT_THAT(m, HasSubstr("rank 0 sent 8 bytes for "));
       EXPECT_THAT(m, HasSubstr(" but rank 1 receives 16 bytes"));
       EXPECT_TRUE(t.failed());
+      EXPECT_THROW(t.irecv(0, buf.data(), 8, 6)->wait(Deadline(10s)), IoError);
       w.store.set("checked", toBytes("1"));
     }
   });

@@ -11,15 +11,13 @@
 #include <set>
 
 #include "launch_options.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "rendezvous.h"
 #include "rendezvous_store.h"
 #include "shepherd.h"
 #include "worker_group.h"
-
-extern char** environ;
 
 namespace loom::run {
 namespace {
@@ -37,10 +35,9 @@ std::vector<std::string> workerEnv(const std::vector<std::pair<std::string, std:
   std::set<std::string> names;
   for (const auto& [name, value] : set) names.insert(name);
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    const std::string name = eq ? std::string(*e, eq - *e) : std::string(*e);
-    if (!names.count(name)) env.emplace_back(*e);
+  for (std::string& entry : settings::inherited()) {
+    const std::string name = entry.substr(0, entry.find('='));
+    if (!names.count(name)) env.push_back(std::move(entry));
   }
   for (const auto& [name, value] : set) env.push_back(name + "=" + value);
   return env;
@@ -141,7 +138,7 @@ class Launcher {
   int runMultiNode() {
     // The workers' transports listen on this node's address towards node 0, unless the user
     // chose one (LOOM_HOST).
-    if (!env::get("LOOM_HOST")) loomHost_ = net::localAddressTowards(o_.masterAddr);
+    if (!settings::text("LOOM_HOST")) loomHost_ = net::localAddressTowards(o_.masterAddr);
     std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
     RendezvousOptions ro;
     ro.runId = o_.runId;
@@ -293,11 +290,11 @@ int main(int argc, char** argv) {
   const LaunchOptions& o = parsed.options;
   const std::string path = resolveProgram(o.command.front());
   if (path.empty()) {
-    const char* envPath = std::getenv("PATH");
+    const std::string envPath = loom::settings::text("PATH").value_or("");
     report("PROGRAM '" + o.command.front() + "' not found: " +
            (o.command.front().find('/') != std::string::npos
                 ? std::string("no executable file at that path")
-                : "no executable of that name in PATH=" + std::string(envPath ? envPath : "")));
+                : "no executable of that name in PATH=" + envPath));
     return 127;
   }
   try {

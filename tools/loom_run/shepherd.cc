@@ -16,6 +16,7 @@
 
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::run {
 namespace {
@@ -203,8 +204,7 @@ std::string resolveProgram(const std::string& program) {
   };
   if (program.empty()) return "";
   if (program.find('/') != std::string::npos) return executable(program) ? program : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  const std::string dirs = settings::text("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
   size_t start = 0;
   while (start <= dirs.size()) {
     size_t end = dirs.find(':', start);

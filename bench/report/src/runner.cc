@@ -15,8 +15,8 @@
 #include "loom/bench/data.h"
 #include "loom/bench/plot.h"
 #include "loom/bench/sizes.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::bench {
 namespace {
@@ -324,9 +324,7 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
 
 int rankFromEnvironment() {
   for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (const std::optional<std::string> v = env::get(name)) {
-      return static_cast<int>(env::parseInteger(name, *v, 0, INT_MAX, "this process's rank"));
-    }
+    if (const std::optional<long long> v = settings::integer(name)) return static_cast<int>(*v);
   }
   return 0;
 }

@@ -28,12 +28,14 @@ RequestPtr RoutingTransport::irecv(int peer, void* data, size_t bytes, uint64_t 
   return route(peer).irecv(peer, data, bytes, tag);
 }
 
-void RoutingTransport::registerBuffer(const void* data, size_t bytes) {
-  tcp_->registerBuffer(data, bytes);
+// Shared memory needs no registration (the rings are the shared memory); tcp decides for the
+// other peers.
+RegisteredBuffer RoutingTransport::registerBuffer(const void* data, size_t bytes) {
+  return tcp_->registerBuffer(data, bytes);
 }
 
-void RoutingTransport::unregisterBuffer(const void* data) {
-  tcp_->unregisterBuffer(data);
+void RoutingTransport::unregisterBuffer(const RegisteredBuffer& buffer) {
+  tcp_->unregisterBuffer(buffer);
 }
 
 void RoutingTransport::abort(const std::string& reason) {

@@ -28,8 +28,8 @@ class RoutingTransport final : public Transport {
   int size() const override { return tcp_->size(); }
   RequestPtr isend(int peer, const void* data, size_t bytes, uint64_t tag) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, uint64_t tag) override;
-  void registerBuffer(const void* data, size_t bytes) override;
-  void unregisterBuffer(const void* data) override;
+  RegisteredBuffer registerBuffer(const void* data, size_t bytes) override;
+  void unregisterBuffer(const RegisteredBuffer& buffer) override;
   void abort(const std::string& reason) override;
   bool failed() const override;
   std::string peerAddress(int peer) const override;

@@ -55,8 +55,7 @@ ShmTransport::ShmTransport(int rank, int size, std::vector<int> local, size_t ri
       segment_(std::move(segment)),
       header_(static_cast<Header*>(segment_->base())) {
   for (size_t i = 0; i < local_.size(); ++i) {
-    peers_.push_back(std::make_unique<Peer>());
-    peers_.back()->rank = local_[i];
+    peers_.push_back(std::make_unique<Peer>(rank, local_[i]));
   }
   control(me_).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   lastHealthNs_ = nowNs();
@@ -77,9 +76,8 @@ ShmTransport::~ShmTransport() {
       failed_.store(true);
       failure_ = detail::str("rank ", rank_, ": the shared-memory transport was destroyed");
       for (auto& p : peers_) {
-        for (auto& r : p->sends) r->failWith(failure_);
-        for (auto& r : p->posted) r->failWith(failure_);
-        if (p->in.request) p->in.request->failWith(failure_);
+        for (auto& r : p->sends) r->fail(failure_);
+        p->matcher.failAll(failure_);
       }
     }
   }
@@ -119,13 +117,13 @@ uint8_t* ShmTransport::ringData(int from, int to) const {
 RequestPtr ShmTransport::isend(int peer, const void* data, size_t bytes, uint64_t tag) {
   const int i = indexOf(peer);
   LOOM_CHECK(i >= 0 && i != me_, "shm isend: rank ", peer, " is not another rank on this host");
-  auto req = std::make_shared<ShmRequest>(this, peer, true, const_cast<void*>(data), bytes, tag);
+  auto req = std::make_shared<ShmRequest>(this, peer, true, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load()) {
-    req->failWith(failure_);
+    req->fail(failure_);
   } else if (control(i).closed.load(std::memory_order_acquire) != 0) {
-    req->failWith(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ", peer,
-                              ": it closed its shared-memory transport"));
+    req->fail(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ", peer,
+                          ": it closed its shared-memory transport"));
   } else {
     peers_[i]->sends.push_back(req);
     pushSendsLocked(i);
@@ -136,62 +134,39 @@ RequestPtr ShmTransport::isend(int peer, const void* data, size_t bytes, uint64_
 RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
   const int i = indexOf(peer);
   LOOM_CHECK(i >= 0 && i != me_, "shm irecv: rank ", peer, " is not another rank on this host");
-  auto req = std::make_shared<ShmRequest>(this, peer, false, data, bytes, tag);
+  // As the matcher's pointer type: passing it on costs no reference-count round trip.
+  std::shared_ptr<RequestCore> req =
+      std::make_shared<ShmRequest>(this, peer, false, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load()) {
-    req->failWith(failure_);
+    req->fail(failure_);
     return req;
   }
   drainLocked(i);  // take what already arrived, so that matching sees it
   if (failed_.load()) {
-    req->failWith(failure_);
+    req->fail(failure_);
     return req;
   }
   Peer& p = *peers_[i];
-  auto it = std::find_if(p.unexpected.begin(), p.unexpected.end(),
-                         [&](const auto& u) { return u->tag == tag; });
-  if (it != p.unexpected.end()) {
-    std::shared_ptr<Unexpected> u = *it;
-    if (u->bytes != bytes) {
-      const std::string error =
-          detail::str("rank ", rank_, ": rank ", peer, " sent ", u->bytes, " bytes for ",
-                      describeTag(tag), " but this rank receives ", bytes,
-                      " bytes (ranks called the collective with different counts or dtypes)");
+  std::string error;
+  switch (p.matcher.receive(req, error)) {
+    case TagMatcher::Match::kDone:
+      return req;
+    case TagMatcher::Match::kArriving:
+      break;  // the rest of it lands in the caller's buffer
+    case TagMatcher::Match::kError:
       failLocked(error, true);
-      req->failWith(failure_);
+      req->fail(failure_);
       return req;
-    }
-    p.unexpected.erase(it);
-    if (u->complete) {
-      if (bytes > 0) std::memcpy(data, u->data.get(), bytes);
-      req->complete();
-      return req;
-    }
-    // Still arriving (it is the message being read): keep what came, the rest lands here.
-    const size_t have = std::min(p.in.got, bytes);
-    if (have > 0) std::memcpy(data, u->data.get(), have);
-    p.in.unexpected.reset();
-    p.in.request = req;
-    p.in.target = static_cast<uint8_t*>(data);
-    req->progressed(have);
-  } else {
-    for (const auto& u : p.unexpected) {
-      if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-          !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
-        failLocked(detail::str("rank ", rank_, ": mismatched collectives: rank ", peer, " sent ",
-                               describeTag(u->tag), " while this rank runs ", describeTag(tag)),
-                   true);
-        req->failWith(failure_);
+    case TagMatcher::Match::kNone:
+      if (control(i).closed.load(std::memory_order_acquire) != 0 && !p.matcher.incoming().active) {
+        req->fail(detail::str("rank ", rank_, ": rank ", peer,
+                              " closed its shared-memory transport before sending ",
+                              describeTag(tag)));
         return req;
       }
-    }
-    if (control(i).closed.load(std::memory_order_acquire) != 0 && !p.in.active) {
-      req->failWith(detail::str("rank ", rank_, ": rank ", peer,
-                                " closed its shared-memory transport before sending ",
-                                describeTag(tag)));
-      return req;
-    }
-    p.posted.push_back(req);
+      p.matcher.post(req);
+      break;
   }
   ring(i, me_).readerWaiting.store(1);
   drainLocked(i);
@@ -213,11 +188,7 @@ std::string ShmTransport::describeUnexpected(int peer) const {
   const int i = indexOf(peer);
   if (i < 0 || i == me_) return "";
   std::lock_guard<std::mutex> lock(mu_);
-  std::string text;
-  for (const auto& u : peers_[i]->unexpected) {
-    text += detail::str(text.empty() ? "" : ", ", describeTag(u->tag), " (", u->bytes, " bytes)");
-  }
-  return text;
+  return peers_[i]->matcher.describeUnexpected();
 }
 
 void ShmTransport::failLocked(const std::string& reason, bool propagate) {
@@ -225,12 +196,9 @@ void ShmTransport::failLocked(const std::string& reason, bool propagate) {
   failure_ = reason;
   failed_.store(true, std::memory_order_release);
   for (auto& p : peers_) {
-    for (auto& r : p->sends) r->failWith(reason);
-    for (auto& r : p->posted) r->failWith(reason);
-    if (p->in.request) p->in.request->failWith(reason);
+    for (auto& r : p->sends) r->fail(reason);
     p->sends.clear();
-    p->posted.clear();
-    p->in = Incoming{};
+    p->matcher.failAll(reason);
     p->sendsPending.store(false);
   }
   if (propagate) {
@@ -251,8 +219,7 @@ void ShmTransport::failLocked(const std::string& reason, bool propagate) {
 
 bool ShmTransport::busyLocked() const {
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
-    const Peer& p = *peers_[i];
-    if (i != me_ && (!p.sends.empty() || !p.posted.empty() || p.in.active)) return true;
+    if (i != me_ && peers_[i]->busy()) return true;
   }
   return false;
 }
@@ -261,17 +228,12 @@ void ShmTransport::failClosedPeerLocked(int i) {
   Peer& p = *peers_[i];
   const std::string why = detail::str("rank ", rank_, ": rank ", p.rank,
                                       " closed its shared-memory transport while this rank ");
-  for (auto& r : p.sends) r->failWith(why + "still sends " + describeTag(r->tag_) + " to it");
+  for (auto& r : p.sends) r->fail(why + "still sends " + describeTag(r->tag()) + " to it");
   p.sends.clear();
   p.headerSent = false;
   p.sendsPending.store(false);
   // What it sent before closing was drained just before this; what is still missing never comes.
-  for (auto& r : p.posted) r->failWith(why + "waits for " + describeTag(r->tag_));
-  p.posted.clear();
-  if (p.in.request) p.in.request->failWith(why + "waits for " + describeTag(p.in.tag));
-  if (p.in.active) {
-    p.in = Incoming{};
-  }
+  p.matcher.failAll(why + "waits for ", true);
   notifyCompletion();
 }
 
@@ -292,11 +254,11 @@ void ShmTransport::checkHealthLocked() {
     if (i == me_) continue;
     Peer& p = *peers_[i];
     // When tcp failed, usually a peer died and its sockets closed first: name it if so.
-    if (!siblingFailed && p.sends.empty() && p.posted.empty() && !p.in.active) continue;
+    if (!siblingFailed && !p.busy()) continue;
     Control& c = control(i);
     if (c.closed.load(std::memory_order_acquire) != 0) {
       drainLocked(i);
-      if (!p.sends.empty() || !p.posted.empty() || p.in.active) failClosedPeerLocked(i);
+      if (p.busy()) failClosedPeerLocked(i);
       continue;
     }
     const pid_t pid = c.pid.load(std::memory_order_acquire);

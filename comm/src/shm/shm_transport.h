@@ -11,10 +11,11 @@
 // - Sending copies as much of the oldest queued send as fits into the ring, publishes `head`
 //   and rings the receiver's doorbell; the send completes once its last byte is in the ring
 //   (the caller's buffer is free again, as with tcp once the kernel took the bytes).
-// - Receiving reads headers in order and matches each to the oldest posted receive with the
-//   same tag; with none, the message goes into an unexpected buffer that a later irecv
-//   takes (if it is still arriving, the rest lands in the caller's buffer directly). A ring
-//   therefore always drains, so a send never waits on what its receiver's thread does.
+// - Receiving reads headers in order and matches each (TagMatcher, tag_matcher.h) to the
+//   oldest posted receive with the same tag; with none, the message goes into an unexpected
+//   buffer that a later irecv takes (if it is still arriving, the rest lands in the caller's
+//   buffer directly). A ring therefore always drains, so a send never waits on what its
+//   receiver's thread does.
 // - Progress: isend/irecv and any thread waiting on a request move data themselves (spinning
 //   for a while with the transport's lock held only briefly); a progress thread does the
 //   same when nobody waits, sleeping on this rank's doorbell (a futex word in the segment)
@@ -27,8 +28,10 @@
 //   peer that destroyed its transport after its last message (goodbye) only fails requests
 //   that need it.
 //
-// Thread-safety: isend/irecv/abort from any thread; one lock (mu_) guards the queues and the
-// local ring cursors; the progress thread and waiting threads take it in turns.
+// Thread-safety: isend/irecv/abort from any thread; one lock (mu_) guards the queues (the
+// peers' send queues and tag matchers) and the local ring cursors; the progress thread and
+// waiting threads take it in turns. Nothing else is locked under it (a request finishing
+// under it wakes nobody: notifyCompletion() is a futex word).
 #pragma once
 
 #include <atomic>
@@ -43,6 +46,7 @@
 
 #include "loom/comm/transport.h"
 #include "shm/os.h"
+#include "tag_matcher.h"
 
 namespace loom {
 class Store;
@@ -96,27 +100,22 @@ class ShmTransport final : public Transport {
   struct Header;
   struct Control;
   struct Ring;
-  struct Unexpected;
-  struct Incoming {
-    bool active = false;
-    uint64_t tag = 0;
-    size_t bytes = 0;   // payload
-    size_t padded = 0;  // payload rounded up to 16
-    size_t got = 0;     // of padded
-    uint8_t* target = nullptr;
-    std::shared_ptr<ShmRequest> request;
-    std::shared_ptr<Unexpected> unexpected;
-  };
   struct Peer {
-    int rank = -1;  // Context rank
+    Peer(int self, int peer) : rank(peer), matcher(self, peer) {}
+    // Sends queued, or receives posted, or a message half read: this rank needs the peer.
+    bool busy() const { return !sends.empty() || matcher.waiting() || matcher.incoming().active; }
+
+    const int rank;  // Context rank
     std::deque<std::shared_ptr<ShmRequest>> sends;
     bool headerSent = false;
     size_t sent = 0;    // of the front send's padded payload
     uint64_t head = 0;  // our outgoing ring's head (mirrors ring.head)
-    std::deque<std::shared_ptr<ShmRequest>> posted;
-    std::deque<std::shared_ptr<Unexpected>> unexpected;
-    Incoming in;
-    uint64_t tail = 0;  // the incoming ring's tail (mirrors ring.tail)
+    // Posted receives, unexpected messages and the message being read (matcher.incoming():
+    // its payload lands at target + got).
+    TagMatcher matcher;
+    size_t inPadded = 0;    // the incoming payload rounded up to 16
+    size_t inConsumed = 0;  // of inPadded, taken from the ring
+    uint64_t tail = 0;      // the incoming ring's tail (mirrors ring.tail)
     std::atomic<bool> sendsPending{false};
   };
 
@@ -132,7 +131,7 @@ class ShmTransport final : public Transport {
   bool progressLocked();
   bool pushSendsLocked(int index);
   bool drainLocked(int index);
-  void matchHeaderLocked(int index);
+  void matchHeaderLocked(int index, uint64_t tag, size_t bytes);
   void completeIncomingLocked(int index);
   void failLocked(const std::string& reason, bool propagate);
   void checkHealthLocked();

@@ -10,7 +10,7 @@ bool ShmRequest::wait(const Deadline& deadline) {
   // for a while; then sleep (the arena's policy, arena.h; budgets from waitBudget, os.h).
   // Spinning is futile while the peer last ran on our own CPU (a loaded machine put both on
   // one core): then yield almost at once.
-  const int peerIndex = t_->indexOf(peer_);
+  const int peerIndex = t_->indexOf(peer());
   const bool sameCpu =
       t_->control(peerIndex).cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
   const int64_t spin = sameCpu ? 2000 : t_->budget_.spinNs;
@@ -47,7 +47,7 @@ bool ShmRequest::wait(const Deadline& deadline) {
     mine.waiters.fetch_add(1);
     mine.sleeping.fetch_add(1);
     const uint32_t seen = mine.doorbell.load();
-    if (state_.load(std::memory_order_seq_cst) == kPending && !t_->workVisible()) {
+    if (!finished() && !t_->workVisible()) {
       const int64_t leftNs = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
       futexWait(&mine.doorbell, seen,
                 static_cast<long>(std::clamp<int64_t>(leftNs, 1000, p2p::kHealthPeriodNs)), true);
@@ -81,13 +81,14 @@ bool ShmTransport::pushSendsLocked(int i) {
     bool full = false;
     while (!p.sends.empty()) {
       ShmRequest& req = *p.sends.front();
+      const size_t bytes = req.bytes();
       size_t space = ringBytes_ - (p.head - tail);
       if (!p.headerSent) {
         if (space < p2p::kHeaderBytes) {
           full = true;
           break;
         }
-        const uint64_t header[2] = {req.tag_, req.bytes_};
+        const uint64_t header[2] = {req.tag(), bytes};
         p2p::copyToRing(data, ringBytes_, p.head, header, p2p::kHeaderBytes);
         p.head += p2p::kHeaderBytes;
         space -= p2p::kHeaderBytes;
@@ -95,14 +96,14 @@ bool ShmTransport::pushSendsLocked(int i) {
         p.sent = 0;
         moved = true;
       }
-      const size_t padded = roundUp(req.bytes_, 16);
+      const size_t padded = roundUp(bytes, 16);
       const size_t n = std::min(space, padded - p.sent);
       if (n > 0) {
-        const size_t payload = p.sent < req.bytes_ ? std::min(n, req.bytes_ - p.sent) : 0;
-        if (payload > 0) p2p::copyToRing(data, ringBytes_, p.head, req.data_ + p.sent, payload);
+        const size_t payload = p.sent < bytes ? std::min(n, bytes - p.sent) : 0;
+        if (payload > 0) p2p::copyToRing(data, ringBytes_, p.head, req.data() + p.sent, payload);
         p.head += n;
         p.sent += n;
-        req.progressed(p.sent);
+        req.setBytesDone(p.sent);
         moved = true;
       }
       if (p.sent < padded) {
@@ -138,95 +139,59 @@ bool ShmTransport::drainLocked(int i) {
   Ring& r = ring(i, me_);
   const uint8_t* data = ringData(i, me_);
   const uint64_t head = r.head.load(std::memory_order_seq_cst);
+  TagMatcher::Incoming& in = p.matcher.incoming();
   bool moved = false;
   while (!failed_.load(std::memory_order_relaxed)) {
-    if (!p.in.active) {
+    if (!in.active) {
       if (head - p.tail < p2p::kHeaderBytes) break;
       uint64_t header[2];
       p2p::copyFromRing(header, data, ringBytes_, p.tail, p2p::kHeaderBytes);
       p.tail += p2p::kHeaderBytes;
       moved = true;
-      p.in = Incoming{};
-      p.in.active = true;
-      p.in.tag = header[0];
-      p.in.bytes = header[1];
-      p.in.padded = roundUp(header[1], 16);
-      matchHeaderLocked(i);
+      p.inPadded = roundUp(header[1], 16);
+      p.inConsumed = 0;
+      matchHeaderLocked(i, header[0], header[1]);
       if (failed_.load(std::memory_order_relaxed)) break;
-      if (p.in.padded == 0) {
+      if (p.inPadded == 0) {
         completeIncomingLocked(i);
         continue;
       }
     }
     const size_t avail = head - p.tail;
     if (avail == 0) break;
-    const size_t n = std::min<size_t>(avail, p.in.padded - p.in.got);
-    if (p.in.got < p.in.bytes) {
-      p2p::copyFromRing(p.in.target + p.in.got, data, ringBytes_, p.tail,
-                        std::min(n, p.in.bytes - p.in.got));
+    const size_t n = std::min<size_t>(avail, p.inPadded - p.inConsumed);
+    if (p.inConsumed < in.bytes) {
+      const size_t payload = std::min(n, in.bytes - p.inConsumed);
+      p2p::copyFromRing(in.target + p.inConsumed, data, ringBytes_, p.tail, payload);
+      p.matcher.arrived(payload);
     }
     p.tail += n;
-    p.in.got += n;
+    p.inConsumed += n;
     moved = true;
-    if (p.in.request) p.in.request->progressed(p.in.got);
-    if (p.in.got == p.in.padded) completeIncomingLocked(i);
+    if (p.inConsumed == p.inPadded) completeIncomingLocked(i);
   }
   if (moved) {
     control(me_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     r.tail.store(p.tail, std::memory_order_seq_cst);
     if (r.writerWaiting.load(std::memory_order_seq_cst) != 0) ringDoorbell(i);
   }
-  r.readerWaiting.store(!p.posted.empty() || (p.in.active && p.in.request) ? 1 : 0,
-                        std::memory_order_relaxed);
+  r.readerWaiting.store(p.matcher.waiting() ? 1 : 0, std::memory_order_relaxed);
   return moved;
 }
 
-void ShmTransport::matchHeaderLocked(int i) {
+void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes) {
   Peer& p = *peers_[i];
-  const uint64_t tag = p.in.tag;
-  auto it =
-      std::find_if(p.posted.begin(), p.posted.end(), [&](const auto& r) { return r->tag_ == tag; });
-  if (it != p.posted.end()) {
-    if ((*it)->bytes_ != p.in.bytes) {
-      failLocked(detail::str("rank ", rank_, ": rank ", p.rank, " sent ", p.in.bytes, " bytes for ",
-                             describeTag(tag), " but this rank receives ", (*it)->bytes_,
-                             " bytes (ranks called the collective with different counts or "
-                             "dtypes)"),
-                 true);
-      return;
-    }
-    p.in.request = std::move(*it);
-    p.posted.erase(it);
-    p.in.target = p.in.request->data_;
+  std::string error;
+  if (p.matcher.arrive(tag, bytes, error)) return;
+  if (!error.empty()) {
+    failLocked(error, true);
     return;
   }
-  for (const auto& r : p.posted) {
-    if (tagKind(r->tag_) != tagKind(tag) && tagSeq(r->tag_) == tagSeq(tag) && tagSeq(tag) != 0 &&
-        !isPointToPointTag(tag) && !isPointToPointTag(r->tag_)) {
-      failLocked(detail::str("rank ", rank_, ": mismatched collectives: rank ", p.rank, " sent ",
-                             describeTag(tag), " while this rank runs ", describeTag(r->tag_)),
-                 true);
-      return;
-    }
-  }
-  auto u = std::make_shared<Unexpected>();
-  u->tag = tag;
-  u->bytes = p.in.bytes;
-  u->data.reset(new uint8_t[std::max<size_t>(p.in.bytes, 1)]);
-  p.in.unexpected = u;
-  p.in.target = u->data.get();
-  p.unexpected.push_back(std::move(u));
+  p.matcher.bufferIncoming();
 }
 
 void ShmTransport::completeIncomingLocked(int i) {
-  Peer& p = *peers_[i];
-  if (p.in.request) {
-    p.in.request->complete();
-    notifyCompletion();
-  } else if (p.in.unexpected) {
-    p.in.unexpected->complete = true;
-  }
-  p.in = Incoming{};
+  if (peers_[i]->matcher.finishIncoming()) notifyCompletion();
 }
 
 }  // namespace loom::comm::shm

@@ -22,6 +22,7 @@
 #include <new>
 
 #include "loom/common/error.h"
+#include "request_core.h"
 #include "shm/os.h"
 #include "shm/segment.h"
 #include "tag.h"
@@ -89,73 +90,21 @@ struct ShmTransport::Ring {
   std::atomic<uint32_t> readerWaiting;     // the receiver has receives posted
 };
 
-struct ShmTransport::Unexpected {
-  uint64_t tag;
-  size_t bytes;
-  std::unique_ptr<uint8_t[]> data;  // not zeroed: it is overwritten from the ring
-  bool complete = false;
-};
-
 // ---- requests ----
 
-class ShmRequest final : public Request {
+// A shm request: the shared core (request_core.h) plus how a waiter waits
+// (shm_transport_data.cc); test() makes one progress pass if the lock is free.
+class ShmRequest final : public RequestCore {
  public:
-  ShmRequest(ShmTransport* t, int peer, bool send, void* data, size_t bytes, uint64_t tag)
-      : t_(t),
-        peer_(peer),
-        send_(send),
-        data_(static_cast<uint8_t*>(data)),
-        bytes_(bytes),
-        tag_(tag) {}
-
-  bool test() override {
-    if (state_.load(std::memory_order_acquire) == kPending) t_->tryProgress();
-    return check();
-  }
+  ShmRequest(ShmTransport* t, int peer, bool send, const void* data, size_t bytes, uint64_t tag)
+      : RequestCore(peer, send, data, bytes, tag), t_(t) {}
 
   bool wait(const Deadline& deadline) override;
 
-  int peer() const override { return peer_; }
-  bool isSend() const override { return send_; }
-  size_t bytes() const override { return bytes_; }
-  uint64_t tag() const override { return tag_; }
-  size_t bytesOutstanding() const override {
-    return bytes_ - std::min(bytes_, done_.load(std::memory_order_relaxed));
-  }
-
-  // Under the transport's lock.
-  void complete() {
-    done_.store(bytes_, std::memory_order_relaxed);
-    // seq_cst: pairs with the waiter's "waiters++, then look at state_" (no lost wake-up).
-    state_.store(kDone, std::memory_order_seq_cst);
-  }
-  void failWith(const std::string& error) {
-    if (state_.load(std::memory_order_relaxed) != kPending) return;
-    error_ = error;
-    state_.store(kFailed, std::memory_order_seq_cst);
-  }
-  void progressed(size_t done) { done_.store(std::min(done, bytes_), std::memory_order_relaxed); }
-
  private:
-  friend class ShmTransport;
-  static constexpr int kPending = 0, kDone = 1, kFailed = 2;
-
-  bool check() const {
-    const int s = state_.load(std::memory_order_acquire);
-    if (s == kDone) return true;
-    if (s == kFailed) throw IoError(error_);
-    return false;
-  }
+  void poll() override { t_->tryProgress(); }
 
   ShmTransport* const t_;
-  const int peer_;
-  const bool send_;
-  uint8_t* const data_;
-  const size_t bytes_;
-  const uint64_t tag_;
-  std::atomic<int> state_{kPending};
-  std::atomic<size_t> done_{0};
-  std::string error_;
 };
 
 }  // namespace loom::comm::shm

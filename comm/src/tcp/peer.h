@@ -13,6 +13,8 @@
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
+#include "request_core.h"
+#include "tag_matcher.h"
 #include "tcp/tcp_transport.h"
 
 namespace loom::comm::tcp {
@@ -70,8 +72,6 @@ constexpr size_t kMaxAbortText = 4096;
 // freshly allocated buffer; smaller ones are buffered at once.
 constexpr size_t kEagerBytes = 64 << 10;
 
-enum State : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
-
 // Messages up to this size spin before blocking; larger transfers go straight to drive().
 constexpr size_t kSpinBytes = 64 << 10;
 // How long a waiter on a small message spins (TcpTransport::spinTime) unless LOOM_SPIN_US
@@ -85,68 +85,35 @@ extern thread_local const TcpRequest* tlsWaiting;
 // The progress thread stays parked this long after the last wait ended.
 constexpr auto kLinger = std::chrono::milliseconds(2);
 
-class TcpRequest : public Request {
+// A tcp request: the shared core (request_core.h) plus the wire header of a send, and how a
+// waiter waits (tcp_request.cc).
+class TcpRequest final : public RequestCore {
  public:
-  TcpRequest(TcpTransport* transport, int peer, bool send, uint8_t* data, size_t bytes,
+  TcpRequest(TcpTransport* transport, int peer, bool send, const void* data, size_t bytes,
              uint64_t tag)
-      : transport_(transport), peer_(peer), send_(send), data_(data), bytes_(bytes), tag_(tag) {
-    header_ = Header{kMagic, kData, tag, bytes};
-  }
-
-  bool test() override {
-    const uint32_t s = state_.load(std::memory_order_acquire);
-    if (s == kFailed) throw IoError(error_);
-    return s == kDone;
-  }
+      : RequestCore(peer, send, data, bytes, tag),
+        transport_(transport),
+        header_{kMagic, kData, tag, bytes} {}
 
   bool wait(const Deadline& deadline) override;
 
-  int peer() const override { return peer_; }
-  bool isSend() const override { return send_; }
-  size_t bytes() const override { return bytes_; }
-  uint64_t tag() const override { return tag_; }
-  size_t bytesOutstanding() const override {
-    return bytes_ - std::min(bytes_, done_.load(std::memory_order_relaxed));
-  }
-
-  void complete() {
-    done_.store(bytes_, std::memory_order_relaxed);
-    state_.store(kDone);
-    if (sleeping_.load() && tlsWaiting != this) transport_->notifyDriver();
-  }
-  void failWith(const std::string& message) {
-    if (state_.load() != kPending) return;
-    error_ = message;
-    state_.store(kFailed);
-    if (sleeping_.load() && tlsWaiting != this) transport_->notifyDriver();
-  }
-  void setDone(size_t n) { done_.store(n, std::memory_order_relaxed); }
-
   TcpTransport* const transport_;
-  const int peer_;
-  const bool send_;
-  uint8_t* const data_;
-  const size_t bytes_;
-  const uint64_t tag_;
   Header header_;
 
  private:
-  std::atomic<uint32_t> state_{kPending};
-  std::atomic<uint32_t> sleeping_{0};
-  std::atomic<size_t> done_{0};
-  std::string error_;  // written before state_ becomes kFailed
-};
+  // A waiter that gave up spinning may sleep in drive()'s poll(): wake it, unless the
+  // finishing thread is that waiter itself.
+  void onFinished() override {
+    if (sleeping_.load() && tlsWaiting != this) transport_->notifyDriver();
+  }
 
-struct Unexpected {
-  uint64_t tag = 0;
-  size_t bytes = 0;
-  std::unique_ptr<uint8_t[]> data;
-  bool complete = false;
-  std::shared_ptr<TcpRequest> claimedBy;  // a receive posted while the payload streamed in
+  std::atomic<uint32_t> sleeping_{0};
 };
 
 struct Peer {
-  int rank = -1;
+  Peer(int self, int peer) : rank(peer), matcher(self, peer) {}
+
+  const int rank;
   net::Socket sock;
   std::string addr;
   std::atomic<bool> inEpoll{false};
@@ -159,15 +126,14 @@ struct Peer {
   std::atomic<bool> sendPending{false};  // sendQueue non-empty (read by drive() unlocked)
 
   std::mutex recvMu;
-  std::deque<std::shared_ptr<TcpRequest>> posted;
-  std::deque<std::unique_ptr<Unexpected>> unexpected;
+  // Posted receives, unexpected messages and the message being read (its payload goes to
+  // matcher.incoming().target); a stalled message is the matcher's held one.
+  TagMatcher matcher;
   bool readingHeader = true;
   Header header{};
   size_t headerGot = 0;
-  uint8_t* target = nullptr;
-  size_t remaining = 0;
-  std::shared_ptr<TcpRequest> targetRequest;
-  Unexpected* targetUnexpected = nullptr;
+  uint8_t* target = nullptr;  // where the next payload byte goes (data or abort text)
+  size_t remaining = 0;       // payload bytes still to read
   bool targetAbort = false;
   bool stalled = false;  // header read, no receive posted yet, payload left in the socket
   std::atomic<bool> readPaused{false};  // EPOLLIN off while stalled

@@ -61,8 +61,8 @@ void TcpTransport::endWait() {
   driving_.fetch_sub(1);
 }
 
-bool TcpTransport::drive(const std::atomic<uint32_t>& state, Clock::time_point end) {
-  auto done = [&] { return state.load(std::memory_order_acquire) != kPending; };
+bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
+  auto done = [&] { return request.finished(); };
   std::vector<pollfd> fds;
   std::vector<int> ranks;
   fds.reserve(peers_.size() + 1);

@@ -10,27 +10,27 @@ thread_local bool tlsDriving = false;
 thread_local const TcpRequest* tlsWaiting = nullptr;
 
 bool TcpRequest::wait(const Deadline& deadline) {
-  if (state_.load(std::memory_order_acquire) != kPending) return test();
+  if (finished()) return check();
   struct WaitScope {
     TcpTransport* t;
     ~WaitScope() { t->endWait(); }
   };
   transport_->beginWait(this);
   WaitScope scope{transport_};
-  if (bytes_ <= kSpinBytes) {
+  if (bytes() <= kSpinBytes) {
     const auto spinEnd = Clock::now() + transport_->spinTime();
     do {
-      transport_->pollPeer(peer_, send_);
-      if (state_.load(std::memory_order_acquire) != kPending) break;
+      transport_->pollPeer(peer(), isSend());
+      if (finished()) break;
       sched_yield();
     } while (Clock::now() < spinEnd);
   }
-  if (state_.load(std::memory_order_acquire) == kPending) {
+  if (!finished()) {
     sleeping_.store(1);
-    const bool done = transport_->drive(state_, deadline.end());
+    const bool done = transport_->drive(*this, deadline.end());
     if (!done) return false;
   }
-  return test();
+  return check();
 }
 
 }  // namespace loom::comm::tcp

@@ -68,8 +68,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
   auto setupSocket = [&](net::Socket sock, int peer) {
-    auto p = std::make_unique<Peer>();
-    p->rank = peer;
+    auto p = std::make_unique<Peer>(rank, peer);
     net::setNoDelay(sock.fd());
     if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
     net::setNonBlocking(sock.fd(), true);

@@ -25,27 +25,25 @@ void TcpTransport::checkPeer(int peer) const {
 
 std::shared_ptr<TcpRequest> TcpTransport::failedRequest(int peer, bool send, const void* data,
                                                         size_t bytes, uint64_t tag) {
-  auto req = std::make_shared<TcpRequest>(
-      this, peer, send, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, tag);
+  auto req = std::make_shared<TcpRequest>(this, peer, send, data, bytes, tag);
   std::lock_guard<std::mutex> lock(failMu_);
-  req->failWith(failure_);
+  req->fail(failure_);
   return req;
 }
 
 RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes, uint64_t tag) {
   checkPeer(peer);
   if (failed()) return failedRequest(peer, true, data, bytes, tag);
-  auto req = std::make_shared<TcpRequest>(
-      this, peer, true, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, tag);
+  auto req = std::make_shared<TcpRequest>(this, peer, true, data, bytes, tag);
   Peer& p = *peers_[peer];
   std::string error;
   {
     std::lock_guard<std::mutex> lock(p.sendMu);
     if (p.sendClosed) {
       std::lock_guard<std::mutex> flock(failMu_);
-      req->failWith(failure_.empty()
-                        ? detail::str("connection to rank ", peer, " (", p.addr, ") is closed")
-                        : failure_);
+      req->fail(failure_.empty()
+                    ? detail::str("connection to rank ", peer, " (", p.addr, ") is closed")
+                    : failure_);
       return req;
     }
     p.sendQueue.push_back(req);
@@ -60,73 +58,46 @@ RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes, uint64_
 RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
   checkPeer(peer);
   if (failed()) return failedRequest(peer, false, data, bytes, tag);
-  auto req =
-      std::make_shared<TcpRequest>(this, peer, false, static_cast<uint8_t*>(data), bytes, tag);
+  // As the matcher's pointer type: passing it on costs no reference-count round trip.
+  std::shared_ptr<RequestCore> req =
+      std::make_shared<TcpRequest>(this, peer, false, data, bytes, tag);
   Peer& p = *peers_[peer];
   std::string error;
   {
     std::lock_guard<std::mutex> lock(p.recvMu);
-    for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
-      Unexpected& u = **it;
-      if (u.tag != tag || u.claimedBy) continue;
-      if (u.bytes != bytes) {
-        error = detail::str("rank ", peer, " sent ", u.bytes, " bytes for ", describeTag(tag),
-                            " but this rank receives ", bytes,
-                            " bytes (ranks called the collective with different counts or "
-                            "dtypes)");
-        break;
-      }
-      if (u.complete) {
-        if (bytes > 0) std::memcpy(data, u.data.get(), bytes);
-        p.unexpected.erase(it);
-        req->complete();
-      } else {
-        u.claimedBy = req;
-      }
-      return req;
-    }
-    if (error.empty() && p.stalled && p.header.tag == tag && p.header.bytes != bytes) {
-      error = detail::str("rank ", peer, " sent ", p.header.bytes, " bytes for ", describeTag(tag),
-                          " but this rank receives ", bytes,
-                          " bytes (ranks called the collective with different counts or dtypes)");
-    }
-    if (error.empty() && p.stalled) {
-      if (p.header.tag == tag) {
-        p.targetRequest = req;
-        p.target = req->data_;
+    switch (p.matcher.receive(req, error)) {
+      case TagMatcher::Match::kDone:
+        return req;
+      case TagMatcher::Match::kArriving: {
+        const TagMatcher::Incoming& in = p.matcher.incoming();
+        p.target = in.target + in.got;
+        if (!p.stalled) return req;
+        // It was stalled in the socket: read it straight into the receive now.
         resumeLocked(p);
         error = progressRecvLocked(p);
         if (error.empty()) return req;
-      } else {
-        // Another message is wanted first: buffer the stalled one after all.
-        bufferUnexpectedLocked(p);
-        resumeLocked(p);
+        break;
       }
-    }
-    if (error.empty()) {
-      // A message of the same sequence number but another collective already arrived: the
-      // ranks disagree about what they are running.
-      for (const auto& u : p.unexpected) {
-        if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-            !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
-          error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
-                              " while this rank runs ", describeTag(tag));
-          break;
+      case TagMatcher::Match::kError:
+        break;
+      case TagMatcher::Match::kNone:
+        if (p.stalled) {
+          // Another message is wanted first: buffer the stalled one after all.
+          p.matcher.bufferIncoming();
+          p.target = p.matcher.incoming().target;
+          resumeLocked(p);
         }
-      }
-    }
-    if (error.empty()) {
-      if (p.closed) {
+        if (!p.closed) {
+          p.matcher.post(req);
+          return req;
+        }
         error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
                             describeTag(tag));
-      } else {
-        p.posted.push_back(req);
-        return req;
-      }
+        break;
     }
   }
   fail(error, true);
-  req->failWith(error);
+  req->fail(error);
   return req;
 }
 
@@ -148,16 +119,18 @@ void TcpTransport::setEpollMask(Peer& p) {
 std::string TcpTransport::progressSendLocked(Peer& p) {
   while (!p.sendQueue.empty()) {
     TcpRequest& req = *p.sendQueue.front();
-    const size_t total = sizeof(Header) + req.bytes_;
+    const size_t bytes = req.bytes();
+    uint8_t* const data = req.data();
+    const size_t total = sizeof(Header) + bytes;
     iovec iov[2];
     int n = 0;
     if (p.sendOffset < sizeof(Header)) {
       iov[n++] = {reinterpret_cast<uint8_t*>(&req.header_) + p.sendOffset,
                   sizeof(Header) - p.sendOffset};
-      if (req.bytes_ > 0) iov[n++] = {req.data_, std::min(req.bytes_, sendStep_)};
+      if (bytes > 0) iov[n++] = {data, std::min(bytes, sendStep_)};
     } else {
       const size_t off = p.sendOffset - sizeof(Header);
-      iov[n++] = {req.data_ + off, std::min(req.bytes_ - off, sendStep_)};
+      iov[n++] = {data + off, std::min(bytes - off, sendStep_)};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -175,7 +148,7 @@ std::string TcpTransport::progressSendLocked(Peer& p) {
     moved_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
     p.sendOffset += static_cast<size_t>(w);
     if (p.sendOffset < total) {
-      req.setDone(p.sendOffset > sizeof(Header) ? p.sendOffset - sizeof(Header) : 0);
+      req.setBytesDone(p.sendOffset > sizeof(Header) ? p.sendOffset - sizeof(Header) : 0);
       continue;
     }
     auto done = std::move(p.sendQueue.front());
@@ -215,40 +188,20 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
       p.targetAbort = true;
       break;
     case kData: {
-      auto it = std::find_if(p.posted.begin(), p.posted.end(),
-                             [&](const auto& r) { return r->tag_ == h.tag; });
-      if (it != p.posted.end()) {
-        if ((*it)->bytes_ != h.bytes) {
-          error = detail::str("rank ", p.rank, " sent ", h.bytes, " bytes for ", describeTag(h.tag),
-                              " but this rank receives ", (*it)->bytes_,
-                              " bytes (ranks called the collective with different counts or "
-                              "dtypes)");
+      if (!p.matcher.arrive(h.tag, h.bytes, error)) {
+        if (!error.empty()) return;
+        if (h.bytes > kEagerBytes && !p.matcher.waiting()) {
+          // Nothing is waiting on this peer: leave the payload in the socket (the matcher
+          // holds the message) until the matching receive is posted (irecv resumes reading).
+          p.stalled = true;
+          p.readingHeader = false;
+          p.readPaused.store(true);
+          setEpollMask(p);
           return;
         }
-        p.targetRequest = std::move(*it);
-        p.posted.erase(it);
-        p.target = p.targetRequest->data_;
-        break;
+        p.matcher.bufferIncoming();
       }
-      // Same sequence number and step but another collective: the ranks disagree.
-      for (const auto& r : p.posted) {
-        if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
-            tagSeq(h.tag) != 0 && !isPointToPointTag(h.tag) && !isPointToPointTag(r->tag_)) {
-          error = detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
-                              " while this rank runs ", describeTag(r->tag_));
-          return;
-        }
-      }
-      if (h.bytes > kEagerBytes && p.posted.empty()) {
-        // Nothing is waiting on this peer: leave the payload in the socket until the
-        // matching receive is posted (irecv resumes reading).
-        p.stalled = true;
-        p.readingHeader = false;
-        p.readPaused.store(true);
-        setEpollMask(p);
-        return;
-      }
-      bufferUnexpectedLocked(p);
+      p.target = p.matcher.incoming().target;
       break;
     }
     default:
@@ -260,16 +213,6 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
   if (p.remaining == 0) onPayloadDoneLocked(p);
 }
 
-void TcpTransport::bufferUnexpectedLocked(Peer& p) {
-  auto u = std::make_unique<Unexpected>();
-  u->tag = p.header.tag;
-  u->bytes = p.header.bytes;
-  u->data.reset(new uint8_t[std::max<size_t>(u->bytes, 1)]);
-  p.target = u->data.get();
-  p.targetUnexpected = u.get();
-  p.unexpected.push_back(std::move(u));
-}
-
 void TcpTransport::resumeLocked(Peer& p) {
   p.stalled = false;
   p.readPaused.store(false);
@@ -279,21 +222,7 @@ void TcpTransport::resumeLocked(Peer& p) {
 void TcpTransport::onPayloadDoneLocked(Peer& p) {
   p.readingHeader = true;
   p.target = nullptr;
-  if (p.targetRequest) {
-    p.targetRequest->complete();
-    p.targetRequest.reset();
-  } else if (p.targetUnexpected != nullptr) {
-    Unexpected* u = std::exchange(p.targetUnexpected, nullptr);
-    u->complete = true;
-    if (u->claimedBy) {
-      if (u->bytes > 0) std::memcpy(u->claimedBy->data_, u->data.get(), u->bytes);
-      auto req = std::move(u->claimedBy);
-      auto it = std::find_if(p.unexpected.begin(), p.unexpected.end(),
-                             [&](const auto& e) { return e.get() == u; });
-      p.unexpected.erase(it);
-      req->complete();
-    }
-  }
+  p.matcher.finishIncoming();
 }
 
 std::string TcpTransport::progressRecvLocked(Peer& p) {
@@ -321,7 +250,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
         p.target += take;
         p.remaining -= take;
         p.stageBegin += take;
-        if (p.targetRequest) p.targetRequest->setDone(p.targetRequest->bytes_ - p.remaining);
+        if (!p.targetAbort) p.matcher.arrived(take);
         if (p.remaining == 0) {
           if (p.targetAbort) {
             return detail::str("rank ", p.rank, " aborted: ", p.abortText);
@@ -347,7 +276,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
       if (direct) {
         p.target += r;
         p.remaining -= static_cast<size_t>(r);
-        if (p.targetRequest) p.targetRequest->setDone(p.targetRequest->bytes_ - p.remaining);
+        if (!p.targetAbort) p.matcher.arrived(static_cast<size_t>(r));
         if (p.remaining == 0) onPayloadDoneLocked(p);
       } else {
         p.stageEnd = static_cast<size_t>(r);
@@ -360,10 +289,10 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
         if (p.inEpoll.exchange(false)) {
           ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
         }
-        if (!p.posted.empty()) {
+        if (p.matcher.waiting()) {
           return detail::str("rank ", p.rank, " (", p.addr,
                              ") closed its connection while this rank still waits for ",
-                             describeTag(p.posted.front()->tag_));
+                             describeTag(p.matcher.waitingTag()));
         }
         return {};
       }
@@ -390,14 +319,7 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     Peer& p = *pp;
     std::lock_guard<std::mutex> rlock(p.recvMu);
     std::lock_guard<std::mutex> slock(p.sendMu);
-    for (auto& r : p.posted) r->failWith(reason);
-    p.posted.clear();
-    if (p.targetRequest) p.targetRequest->failWith(reason);
-    p.targetRequest.reset();
-    for (auto& u : p.unexpected) {
-      if (u->claimedBy) u->claimedBy->failWith(reason);
-      u->claimedBy.reset();
-    }
+    p.matcher.failAll(reason);
     p.closed = true;
     // Tell the peer why, when its stream is at a message boundary (best effort).
     if (notifyPeers && p.sendOffset == 0 && !p.sendClosed) {
@@ -409,7 +331,7 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
       msg.msg_iovlen = 2;
       [[maybe_unused]] ssize_t w = ::sendmsg(p.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    for (auto& r : p.sendQueue) r->failWith(reason);
+    for (auto& r : p.sendQueue) r->fail(reason);
     p.sendQueue.clear();
     p.sendOffset = 0;
     p.sendClosed = true;
@@ -431,18 +353,7 @@ std::string TcpTransport::describeUnexpected(int peer) const {
   if (peer < 0 || peer >= size_ || !peers_[peer]) return {};
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.recvMu);
-  std::string out;
-  if (p.stalled) out = detail::str(describeTag(p.header.tag), " (", p.header.bytes, " bytes)");
-  size_t shown = 0;
-  for (const auto& u : p.unexpected) {
-    if (u->claimedBy) continue;
-    if (shown++ == 4) {
-      out += ", ...";
-      break;
-    }
-    out += detail::str(out.empty() ? "" : ", ", describeTag(u->tag), " (", u->bytes, " bytes)");
-  }
-  return out;
+  return p.matcher.describeUnexpected();
 }
 
 }  // namespace loom::comm::tcp

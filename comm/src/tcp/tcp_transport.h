@@ -37,8 +37,13 @@
 // Files: tcp_setup.cc (connect, teardown), tcp_transport.cc (data path, failure),
 // tcp_progress.cc (who moves bytes), tcp_request.cc (waiting), peer.h (wire format, state).
 //
+// Tag matching (posted receives, unexpected messages) is the shared TagMatcher
+// (tag_matcher.h), one per peer under its recvMu; a large message nobody waits for is its
+// held message while its payload stays in the socket.
+//
 // Locks: Peer::recvMu and Peer::sendMu are held together only in fail(), which takes recvMu
-// before sendMu. Peer::epollMu and failMu_ are leaf locks.
+// before sendMu. Peer::epollMu and failMu_ are leaf locks. A request finishing under recvMu
+// or sendMu may write the notification eventfd (no lock).
 #pragma once
 
 #include <sys/uio.h>
@@ -56,6 +61,10 @@
 
 namespace loom {
 class Store;
+}
+
+namespace loom::comm {
+class RequestCore;
 }
 
 namespace loom::comm::tcp {
@@ -107,9 +116,9 @@ class TcpTransport : public Transport {
   void beginWait(const TcpRequest* request);
   void endWait();
   // Used by TcpRequest::wait after spinning: the waiting thread drives every socket itself,
-  // polling without blocking while bytes move (busy_), then blocking in poll(), until `state`
-  // leaves pending or `end` passes. Returns true when it left pending.
-  bool drive(const std::atomic<uint32_t>& state, Clock::time_point end);
+  // polling without blocking while bytes move (busy_), then blocking in poll(), until
+  // `request` finished or `end` passes. Returns true when it finished.
+  bool drive(const RequestCore& request, Clock::time_point end);
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
 
@@ -124,7 +133,6 @@ class TcpTransport : public Transport {
   void onPayloadDoneLocked(Peer& p);
   void updateEpollLocked(Peer& p, bool wantOut);
   void setEpollMask(Peer& p);
-  void bufferUnexpectedLocked(Peer& p);
   void resumeLocked(Peer& p);
   void fail(const std::string& reason, bool notifyPeers);
   std::shared_ptr<TcpRequest> failedRequest(int peer, bool send, const void* data, size_t bytes,

@@ -47,11 +47,11 @@ class VerbsContext : public Context {
       const size_t rounded = (std::max<size_t>(bytes, 64) + 63) / 64 * 64;
       void* p = std::aligned_alloc(64, rounded);
       if (p == nullptr) LOOM_THROW(IoError, "cannot allocate ", rounded, " bytes of scratch");
-      if (b.data) transport_->unregisterBuffer(b.data.get());
+      if (b.data) transport_->unregisterBuffer(b.registered);
       b.data.reset(p);
       b.bytes = rounded;
       // Scratch is sent from over and over: register it so those sends go zero-copy.
-      transport_->registerBuffer(p, rounded);
+      b.registered = transport_->registerBuffer(p, rounded);
     }
     return b.data.get();
   }
@@ -59,7 +59,7 @@ class VerbsContext : public Context {
   ~VerbsContext() override {
     releaseEngines();
     for (auto& b : scratch_) {
-      if (b.data) transport_->unregisterBuffer(b.data.get());
+      if (b.data) transport_->unregisterBuffer(b.registered);
     }
   }
 
@@ -68,6 +68,7 @@ class VerbsContext : public Context {
   struct Buffer {
     std::unique_ptr<void, FreeDeleter> data;
     size_t bytes = 0;
+    RegisteredBuffer registered;
   };
   const int rank_;
   const int size_;

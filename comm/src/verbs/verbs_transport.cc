@@ -7,7 +7,9 @@
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
+#include "request_core.h"
 #include "tag.h"
+#include "tag_matcher.h"
 
 namespace loom::comm::verbs {
 
@@ -29,76 +31,38 @@ std::unique_ptr<uint8_t, FreeDeleter> allocRing(size_t bytes) {
 
 }  // namespace
 
-class VerbsRequest : public Request {
+// A verbs request: the shared core (request_core.h), a send's fragment bookkeeping, and how a
+// waiter waits: on the transport's condition variable. Every transition of a verbs request
+// happens under the transport's mutex, so a waiter that checked under it cannot miss the
+// notification.
+class VerbsRequest final : public RequestCore {
  public:
-  VerbsRequest(VerbsTransport* t, int peer, bool send, uint8_t* data, size_t bytes, uint64_t tag)
-      : t_(t), peer_(peer), send_(send), data_(data), bytes_(bytes), tag_(tag) {}
+  VerbsRequest(VerbsTransport* t, int peer, bool send, const void* data, size_t bytes, uint64_t tag)
+      : RequestCore(peer, send, data, bytes, tag), t_(t) {}
 
-  bool test() override {
-    std::lock_guard<std::mutex> lock(t_->mu_);
-    return doneLocked();
-  }
   bool wait(const Deadline& deadline) override {
+    if (finished()) return check();
     std::unique_lock<std::mutex> lock(t_->mu_);
-    if (!t_->cv_.wait_until(lock, deadline.end(), [&] { return state_ != kPending; })) {
-      return false;
-    }
-    return doneLocked();
-  }
-  int peer() const override { return peer_; }
-  bool isSend() const override { return send_; }
-  size_t bytes() const override { return bytes_; }
-  uint64_t tag() const override { return tag_; }
-  size_t bytesOutstanding() const override {
-    std::lock_guard<std::mutex> lock(t_->mu_);
-    return bytes_ - done_;
+    if (!t_->cv_.wait_until(lock, deadline.end(), [&] { return finished(); })) return false;
+    return check();
   }
 
-  // All below: under the transport's mutex.
-  void completeLocked() {
-    if (state_ != kPending) return;
-    done_ = bytes_;
-    state_ = kDone;
-    t_->cv_.notify_all();
-  }
-  void failLocked(const std::string& why) {
-    if (state_ != kPending) return;
-    error_ = why;
-    state_ = kFailed;
-    t_->cv_.notify_all();
-  }
-  bool doneLocked() const {
-    if (state_ == kFailed) throw IoError(error_);
-    return state_ == kDone;
-  }
-
-  enum State { kPending, kDone, kFailed };
-  VerbsTransport* const t_;
-  const int peer_;
-  const bool send_;
-  uint8_t* const data_;
-  const size_t bytes_;
-  const uint64_t tag_;
-  State state_ = kPending;
-  std::string error_;
-  size_t done_ = 0;
-  // Sends.
+  // Sends, under the transport's mutex.
   size_t offset_ = 0;  // bytes handed to fragments so far
   bool allPosted_ = false;
   const MemoryRegion* mr_ = nullptr;  // zero-copy source
   int fragsInFlight_ = 0;             // zero-copy fragments not yet completed
-};
 
-struct Unexpected {
-  uint64_t tag = 0;
-  size_t bytes = 0;
-  size_t got = 0;
-  std::unique_ptr<uint8_t[]> data;
-  std::shared_ptr<VerbsRequest> claimedBy;
+ private:
+  void onFinished() override { t_->cv_.notify_all(); }  // under the mutex (see above)
+
+  VerbsTransport* const t_;
 };
 
 struct VerbsPeer {
-  int rank = -1;
+  VerbsPeer(int self, int peer) : rank(peer), matcher(self, peer) {}
+
+  const int rank;
   std::string addr;  // for messages: "lid L qpn Q"
   QpInfo local, remote;
   std::unique_ptr<uint8_t, FreeDeleter> recvRing, sendRing;
@@ -112,11 +76,10 @@ struct VerbsPeer {
   int ctrlInFlight = 0;
   // Receiving.
   uint32_t freed = 0;  // slots consumed, credits not yet returned
-  std::deque<std::shared_ptr<VerbsRequest>> posted;
-  std::deque<std::unique_ptr<Unexpected>> unexpected;
-  std::shared_ptr<VerbsRequest> inReq;  // message being received into a posted request
-  Unexpected* inUnexpected = nullptr;   // or into an unexpected message
-  bool goodbye = false;                 // the peer closed after its last message
+  // Posted receives, unexpected messages and the message being received (its fragments land
+  // at matcher.incoming().target + offset).
+  TagMatcher matcher;
+  bool goodbye = false;  // the peer closed after its last message
 };
 
 VerbsTransport::VerbsTransport(int rank, int size, std::unique_ptr<VerbsOps> ops,
@@ -151,8 +114,7 @@ void VerbsTransport::setup(Store& store) {
   std::vector<std::string> keys, values;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto p = std::make_unique<VerbsPeer>();
-    p->rank = r;
+    auto p = std::make_unique<VerbsPeer>(rank_, r);
     p->recvRing = allocRing(ringBytes);
     p->sendRing = allocRing(ringBytes);
     p->recvMr = ops_->regMr(p->recvRing.get(), ringBytes);
@@ -255,8 +217,7 @@ void VerbsTransport::checkPeer(int peer) const {
 
 std::shared_ptr<VerbsRequest> VerbsTransport::makeRequest(int peer, bool send, const void* data,
                                                           size_t bytes, uint64_t tag) {
-  return std::make_shared<VerbsRequest>(this, peer, send,
-                                        static_cast<uint8_t*>(const_cast<void*>(data)), bytes, tag);
+  return std::make_shared<VerbsRequest>(this, peer, send, data, bytes, tag);
 }
 
 const MemoryRegion* VerbsTransport::findRegisteredLocked(const void* data, size_t bytes) const {
@@ -268,29 +229,36 @@ const MemoryRegion* VerbsTransport::findRegisteredLocked(const void* data, size_
   return &it->second;
 }
 
-void VerbsTransport::registerBuffer(const void* data, size_t bytes) {
-  if (data == nullptr || bytes == 0) return;
+RegisteredBuffer VerbsTransport::registerBuffer(const void* data, size_t bytes) {
+  RegisteredBuffer handle{const_cast<void*>(data), bytes, 0};
+  if (data == nullptr || bytes == 0) return handle;
   std::lock_guard<std::mutex> lock(mu_);
   const auto a = reinterpret_cast<uintptr_t>(data);
   auto it = registered_.find(a);
   if (it != registered_.end()) {
-    if (it->second.bytes >= bytes) return;
+    if (it->second.bytes >= bytes) {
+      handle.rkey = it->second.rkey;
+      return handle;
+    }
     ops_->deregMr(it->second);
     registered_.erase(it);
   }
   // Registration is an optimisation: when it fails (read-only pages, memlock limit), sends
   // from this buffer go through the staging ring.
   try {
-    registered_[a] = ops_->regMr(const_cast<void*>(data), bytes);
+    const MemoryRegion& mr = registered_[a] = ops_->regMr(const_cast<void*>(data), bytes);
+    handle.rkey = mr.rkey;
   } catch (const std::exception& e) {
+    registered_.erase(a);
     LOOM_LOG_WARNING("rank ", rank_, ": registering ", bytes,
                      " bytes for zero-copy sends failed (sends from it are copied): ", e.what());
   }
+  return handle;
 }
 
-void VerbsTransport::unregisterBuffer(const void* data) {
+void VerbsTransport::unregisterBuffer(const RegisteredBuffer& buffer) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = registered_.find(reinterpret_cast<uintptr_t>(data));
+  auto it = registered_.find(reinterpret_cast<uintptr_t>(buffer.data));
   if (it == registered_.end()) return;
   // A zero-copy fragment still reading it keeps the request pending; the caller's contract
   // is to unregister only after its requests completed.
@@ -313,13 +281,13 @@ RequestPtr VerbsTransport::isend(int peer, const void* data, size_t bytes, uint6
   auto req = makeRequest(peer, true, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load()) {
-    req->failLocked(failure_);
+    req->fail(failure_);
     return req;
   }
   VerbsPeer& p = *peers_[peer];
   if (p.goodbye) {
-    req->failLocked(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ",
-                                peer, ": it closed its connection (its context was destroyed)"));
+    req->fail(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ", peer,
+                          ": it closed its connection (its context was destroyed)"));
     return req;
   }
   req->mr_ = bytes > 0 ? findRegisteredLocked(data, bytes) : nullptr;
@@ -330,52 +298,31 @@ RequestPtr VerbsTransport::isend(int peer, const void* data, size_t bytes, uint6
 
 RequestPtr VerbsTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
   checkPeer(peer);
-  auto req = makeRequest(peer, false, data, bytes, tag);
+  std::shared_ptr<RequestCore> req = makeRequest(peer, false, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load()) {
-    req->failLocked(failure_);
+    req->fail(failure_);
     return req;
   }
   VerbsPeer& p = *peers_[peer];
   std::string error;
-  for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
-    Unexpected& u = **it;
-    if (u.tag != tag || u.claimedBy) continue;
-    if (u.bytes != bytes) {
-      error = detail::str("rank ", peer, " sent ", u.bytes, " bytes for ", describeTag(tag),
-                          " but rank ", rank_, " receives ", bytes,
-                          " bytes (ranks called the collective with different counts or dtypes)");
+  switch (p.matcher.receive(req, error)) {
+    case TagMatcher::Match::kDone:
+    case TagMatcher::Match::kArriving:
+      return req;
+    case TagMatcher::Match::kError:
       break;
-    }
-    if (u.got == u.bytes && p.inUnexpected != &u) {
-      if (bytes > 0) std::memcpy(data, u.data.get(), bytes);
-      p.unexpected.erase(it);
-      req->completeLocked();
-    } else {
-      u.claimedBy = req;
-    }
-    return req;
-  }
-  if (error.empty()) {
-    for (const auto& u : p.unexpected) {
-      if (tagKind(u->tag) != tagKind(tag) && tagSeq(u->tag) == tagSeq(tag) && tagSeq(tag) != 0 &&
-          !isPointToPointTag(u->tag) && !isPointToPointTag(tag)) {
-        error = detail::str("mismatched collectives: rank ", peer, " sent ", describeTag(u->tag),
-                            " while rank ", rank_, " runs ", describeTag(tag));
-        break;
+    case TagMatcher::Match::kNone:
+      if (!p.goodbye) {
+        p.matcher.post(req);
+        return req;
       }
-    }
-  }
-  if (error.empty() && p.goodbye) {
-    error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
-                        describeTag(tag));
-  }
-  if (error.empty()) {
-    p.posted.push_back(req);
-    return req;
+      error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
+                          describeTag(tag));
+      break;
   }
   failLocked(error, true);
-  req->failLocked(error);
+  req->fail(error);
   return req;
 }
 
@@ -384,24 +331,24 @@ void VerbsTransport::pumpLocked(VerbsPeer& p) {
   while (!failed_.load() && !p.sendQueue.empty() && p.credits > 0 && !p.slotBusy[p.nextSendSlot]) {
     auto& req = p.sendQueue.front();
     const uint32_t slot = p.nextSendSlot;
-    const size_t frag = std::min(req->bytes_ - req->offset_, payloadPerSlot_);
+    const size_t frag = std::min(req->bytes() - req->offset_, payloadPerSlot_);
     uint8_t* base = p.sendRing.get() + size_t{slot} * options_.slotBytes;
-    SlotHeader h{req->tag_, req->bytes_, req->offset_, static_cast<uint32_t>(frag), kSlotMagic};
+    SlotHeader h{req->tag(), req->bytes(), req->offset_, static_cast<uint32_t>(frag), kSlotMagic};
     std::memcpy(base, &h, sizeof(h));
     std::vector<Sge> sges;
     const bool zeroCopy = req->mr_ != nullptr && frag > 0;
     if (zeroCopy) {
       sges.push_back({base, sizeof(h), p.sendMr.lkey});
-      sges.push_back({req->data_ + req->offset_, frag, req->mr_->lkey});
+      sges.push_back({req->data() + req->offset_, frag, req->mr_->lkey});
     } else {
-      if (frag > 0) std::memcpy(base + sizeof(h), req->data_ + req->offset_, frag);
+      if (frag > 0) std::memcpy(base + sizeof(h), req->data() + req->offset_, frag);
       sges.push_back({base, sizeof(h) + frag, p.sendMr.lkey});
     }
     const uint64_t raddr = p.remote.addr + uint64_t{slot} * p.remote.slotBytes;
     try {
       ops_->postWriteImm(p.rank, slot, sges, raddr, p.remote.rkey, encodeImm(ImmKind::kData, slot));
     } catch (const std::exception& e) {
-      failLocked(detail::str("rank ", rank_, ": posting an RDMA write of ", describeTag(req->tag_),
+      failLocked(detail::str("rank ", rank_, ": posting an RDMA write of ", describeTag(req->tag()),
                              " to rank ", p.rank, " failed: ", e.what()),
                  true);
       return;
@@ -415,10 +362,10 @@ void VerbsTransport::pumpLocked(VerbsPeer& p) {
       ++zeroCopySends_;
     }
     req->offset_ += frag;
-    if (!zeroCopy) req->done_ = req->offset_;
-    if (req->offset_ == req->bytes_) {
+    if (!zeroCopy) req->setBytesDone(req->offset_);
+    if (req->offset_ == req->bytes()) {
       req->allPosted_ = true;
-      if (req->fragsInFlight_ == 0) req->completeLocked();
+      if (req->fragsInFlight_ == 0) req->complete();
       p.sendQueue.pop_front();
     }
   }
@@ -463,69 +410,26 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
                                h.offset, ", fragment ", h.fragBytes, ", total ", h.totalBytes,
                                ")"));
   }
+  TagMatcher::Incoming& in = p.matcher.incoming();
   if (h.offset == 0) {
-    if (p.inReq || p.inUnexpected) return corrupt("a new message starts inside another");
-    auto it = std::find_if(p.posted.begin(), p.posted.end(),
-                           [&](const auto& r) { return r->tag_ == h.tag; });
-    if (it != p.posted.end()) {
-      if ((*it)->bytes_ != h.totalBytes) {
-        const std::string error =
-            detail::str("rank ", p.rank, " sent ", h.totalBytes, " bytes for ", describeTag(h.tag),
-                        " but rank ", rank_, " receives ", (*it)->bytes_,
-                        " bytes (ranks called the collective with different counts or dtypes)");
+    if (in.active) return corrupt("a new message starts inside another");
+    std::string error;
+    if (!p.matcher.arrive(h.tag, h.totalBytes, error)) {
+      if (!error.empty()) {
         failLocked(error, true);
         return;
       }
-      p.inReq = std::move(*it);
-      p.posted.erase(it);
-    } else {
-      for (const auto& r : p.posted) {
-        if (tagKind(r->tag_) != tagKind(h.tag) && tagSeq(r->tag_) == tagSeq(h.tag) &&
-            tagSeq(h.tag) != 0 && !isPointToPointTag(h.tag) && !isPointToPointTag(r->tag_)) {
-          failLocked(
-              detail::str("mismatched collectives: rank ", p.rank, " sent ", describeTag(h.tag),
-                          " while rank ", rank_, " runs ", describeTag(r->tag_)),
-              true);
-          return;
-        }
-      }
-      auto u = std::make_unique<Unexpected>();
-      u->tag = h.tag;
-      u->bytes = h.totalBytes;
-      u->data.reset(new uint8_t[std::max<size_t>(h.totalBytes, 1)]);
-      p.inUnexpected = u.get();
-      p.unexpected.push_back(std::move(u));
+      p.matcher.bufferIncoming();
     }
-  } else if (!p.inReq && !p.inUnexpected) {
+  } else if (!in.active) {
     return corrupt("a continuation fragment without a message");
   }
-  const uint8_t* payload = base + sizeof(h);
-  if (p.inReq) {
-    VerbsRequest& r = *p.inReq;
-    if (h.tag != r.tag_ || h.totalBytes != r.bytes_) return corrupt("fragment of another message");
-    if (h.fragBytes > 0) std::memcpy(r.data_ + h.offset, payload, h.fragBytes);
-    r.done_ = h.offset + h.fragBytes;
-    if (r.done_ == r.bytes_) {
-      r.completeLocked();
-      p.inReq.reset();
-    }
-  } else {
-    Unexpected& u = *p.inUnexpected;
-    if (h.tag != u.tag || h.totalBytes != u.bytes) return corrupt("fragment of another message");
-    if (h.fragBytes > 0) std::memcpy(u.data.get() + h.offset, payload, h.fragBytes);
-    u.got = h.offset + h.fragBytes;
-    if (u.got == u.bytes) {
-      p.inUnexpected = nullptr;
-      if (u.claimedBy) {
-        if (u.bytes > 0) std::memcpy(u.claimedBy->data_, u.data.get(), u.bytes);
-        auto req = std::move(u.claimedBy);
-        auto it = std::find_if(p.unexpected.begin(), p.unexpected.end(),
-                               [&](const auto& e) { return e.get() == &u; });
-        p.unexpected.erase(it);
-        req->completeLocked();
-      }
-    }
+  if (h.tag != in.tag || h.totalBytes != in.bytes || h.offset != in.got) {
+    return corrupt("fragment of another message");
   }
+  if (h.fragBytes > 0) std::memcpy(in.target + h.offset, base + sizeof(h), h.fragBytes);
+  p.matcher.arrived(h.fragBytes);
+  if (in.got == in.bytes) p.matcher.finishIncoming();
   ++p.freed;
   returnCreditsLocked(p);
 }
@@ -557,8 +461,8 @@ void VerbsTransport::onCompletionLocked(const Completion& c) {
     p.slotBusy[slot] = false;
     if (auto owner = std::move(p.slotOwner[slot])) {
       --owner->fragsInFlight_;
-      owner->done_ = std::min(owner->bytes_, owner->done_ + payloadPerSlot_);
-      if (owner->allPosted_ && owner->fragsInFlight_ == 0) owner->completeLocked();
+      owner->setBytesDone(std::min(owner->bytes(), owner->bytesDone() + payloadPerSlot_));
+      if (owner->allPosted_ && owner->fragsInFlight_ == 0) owner->complete();
     }
     pumpLocked(p);
     return;
@@ -589,10 +493,9 @@ void VerbsTransport::onCompletionLocked(const Completion& c) {
       break;
     case ImmKind::kGoodbye:
       p.goodbye = true;
-      if (!p.posted.empty() || p.inReq) {
+      if (p.matcher.waiting()) {
         failLocked(detail::str("rank ", p.rank, " (", p.addr, ") closed its connection while rank ",
-                               rank_, " still waits for ",
-                               describeTag(p.inReq ? p.inReq->tag_ : p.posted.front()->tag_)),
+                               rank_, " still waits for ", describeTag(p.matcher.waitingTag())),
                    true);
       }
       break;
@@ -627,18 +530,11 @@ void VerbsTransport::failLocked(const std::string& reason, bool notifyPeers) {
   for (auto& pp : peers_) {
     if (!pp) continue;
     VerbsPeer& p = *pp;
-    for (auto& r : p.posted) r->failLocked(reason);
-    p.posted.clear();
-    if (p.inReq) p.inReq->failLocked(reason);
-    p.inReq.reset();
-    for (auto& u : p.unexpected) {
-      if (u->claimedBy) u->claimedBy->failLocked(reason);
-      u->claimedBy.reset();
-    }
-    for (auto& r : p.sendQueue) r->failLocked(reason);
+    p.matcher.failAll(reason);
+    for (auto& r : p.sendQueue) r->fail(reason);
     p.sendQueue.clear();
     for (auto& r : p.slotOwner) {
-      if (r) r->failLocked(reason);
+      if (r) r->fail(reason);
       r.reset();
     }
     if (notifyPeers && !p.goodbye) postCtrlLocked(p, ImmKind::kAbort, 0);
@@ -659,17 +555,7 @@ std::string VerbsTransport::peerAddress(int peer) const {
 std::string VerbsTransport::describeUnexpected(int peer) const {
   if (peer < 0 || peer >= size_ || !peers_[peer]) return {};
   std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
-  size_t shown = 0;
-  for (const auto& u : peers_[peer]->unexpected) {
-    if (u->claimedBy) continue;
-    if (shown++ == 4) {
-      out += ", ...";
-      break;
-    }
-    out += detail::str(out.empty() ? "" : ", ", describeTag(u->tag), " (", u->bytes, " bytes)");
-  }
-  return out;
+  return peers_[peer]->matcher.describeUnexpected();
 }
 
 }  // namespace loom::comm::verbs

@@ -31,7 +31,8 @@
 //   a corrupt slot header, a size mismatch or a failed post fail the whole transport: every
 //   pending and future request throws IoError naming the peer and the cause.
 // - Progress: one thread polls the completion queue (blocking in VerbsOps::waitCq when idle);
-//   waiters block on a condition variable. One mutex guards all protocol state.
+//   waiters block on a condition variable. One mutex guards all protocol state, the peers'
+//   tag matchers (tag_matcher.h) included, and every request's state transitions.
 #pragma once
 
 #include <atomic>
@@ -78,8 +79,10 @@ class VerbsTransport : public Transport {
   int size() const override { return size_; }
   RequestPtr isend(int peer, const void* data, size_t bytes, uint64_t tag) override;
   RequestPtr irecv(int peer, void* data, size_t bytes, uint64_t tag) override;
-  void registerBuffer(const void* data, size_t bytes) override;
-  void unregisterBuffer(const void* data) override;
+  // The MR cache: one region per start address (a larger registration replaces a smaller
+  // one; unregisterBuffer drops the region at buffer.data, whichever handle it came from).
+  RegisteredBuffer registerBuffer(const void* data, size_t bytes) override;
+  void unregisterBuffer(const RegisteredBuffer& buffer) override;
   void abort(const std::string& reason) override;
   bool failed() const override { return failed_.load(std::memory_order_acquire); }
   std::string peerAddress(int peer) const override;

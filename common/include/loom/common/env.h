@@ -1,5 +1,6 @@
-// Loom's environment knobs (LOOM_*, RANK, ...), parsed one way everywhere. docs/env.md lists
-// every variable.
+// How Loom parses the values of its environment variables (LOOM_*, RANK, ...), one way
+// everywhere. The variables are declared and read by the settings registry (settings.h);
+// docs/env.md lists them.
 //
 // Contract:
 // - A variable that is unset or set to the empty string is "not set": the caller's fallback.
@@ -11,12 +12,9 @@
 //   optional binary suffix K, M or G (case-insensitive), optionally followed by B or iB:
 //   512K, 4M, 1GiB, 65536. Flags are 1/0, on/off, true/false, yes/no (case-insensitive).
 //   Choices are matched case-insensitively and returned spelled as in `allowed`.
-// - The parse* functions take the value itself (for tests and for readers with an injected
-//   getenv); the others read the process environment with std::getenv each time they are
-//   called. Callers read a knob where the object it configures is set up and keep the
-//   result; hot paths never call these.
-// - Thread-safety: the parse* functions are pure. The readers call std::getenv, which must not
-//   race with setenv/unsetenv (a POSIX rule, not Loom's).
+// - These functions take the value itself; they never read the environment. The settings
+//   registry (settings.h), the one reader of the environment, parses with them.
+// - Thread-safety: pure functions.
 #pragma once
 
 #include <cstddef>
@@ -38,11 +36,10 @@ bool parseFlag(const char* name, std::string_view value);
 std::string parseChoice(const char* name, std::string_view value,
                         std::initializer_list<std::string_view> allowed);
 
-// ---- readers of the process environment ----
+// ---- transitional: readers of declared variables through the settings registry ----
+// (being replaced by Options filled at the entry points; see settings.h)
 
-// The value of `name`; nullopt when it is unset or empty.
 std::optional<std::string> get(const char* name);
-
 long long integer(const char* name, long long lo, long long hi, long long fallback,
                   std::string_view note = {});
 size_t bytes(const char* name, size_t lo, size_t hi, size_t fallback, std::string_view note = {});

@@ -78,6 +78,10 @@ std::optional<std::string> text(std::string_view name);
 // else nullopt (the value is then read with integer() / bytes()).
 std::optional<std::string> word(std::string_view name);
 
+// The raw value of a declared variable of any kind, unchecked (loom-settings shows it; tests'
+// ScopedEnv saves it); nullopt when unset or empty.
+std::optional<std::string> value(std::string_view name);
+
 // Fills `field` from the variable when the caller left the field at `defaultValue` (see the
 // precedence rule above). `value` is what a reader returned.
 template <class T, class U>
@@ -87,6 +91,9 @@ void fillDefault(T& field, const T& defaultValue, const std::optional<U>& value)
 
 // The declared variables of `section` that are set, name -> value (launch parsing takes this).
 std::map<std::string, std::string> snapshot(Section section);
+// Every NAME=VALUE of this process's environment, declared or not: what a launcher (loom-run,
+// spawn) passes on to the processes it starts.
+std::vector<std::string> inherited();
 // "LOOM_SHM=0 LOOM_ALGO=ring": every declared runtime variable that is set, for logs.
 std::string describeSet();
 

@@ -1,22 +1,22 @@
-// ScopedEnv: sets (or unsets) one environment variable for a scope and restores its old value
-// (or its absence) on exit. Only for the tests that check the environment parsing itself
-// (every other test sets Options); header-only.
-//
-// Thread-safety: setenv/unsetenv must not race with getenv (a POSIX rule), so use it only while
-// no other thread of the test runs Loom code, and before forking ranks.
+// ScopedEnv: sets (or unsets) one environment variable for the scope of the object and restores
+// what was there. Only for tests of the environment parsing itself (the settings registry and
+// the entry points that read it); every other test sets Options. The variable must be declared
+// in the settings registry (common/src/settings_table.cc). Not thread-safe: set it while no
+// other thread reads the environment (no group, no Context alive).
 #pragma once
 
 #include <cstdlib>
 #include <optional>
 #include <string>
 
+#include "loom/common/settings.h"
+
 namespace loom::testing {
 
 class ScopedEnv {
  public:
-  // `value` null unsets the variable.
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
+  // `value` nullptr unsets the variable.
+  ScopedEnv(const char* name, const char* value) : name_(name), old_(settings::value(name)) {
     if (value != nullptr) {
       ::setenv(name, value, 1);
     } else {

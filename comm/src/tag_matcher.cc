@@ -1,0 +1,165 @@
+#include "tag_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/common/error.h"
+#include "tag.h"
+
+namespace loom::comm {
+
+namespace {
+
+// Same sequence number, other collective: the ranks run different collectives. Step 0 of
+// sequence 0 and point-to-point tags carry no sequence to compare.
+bool sameSeqOtherCollective(uint64_t a, uint64_t b) {
+  return tagKind(a) != tagKind(b) && tagSeq(a) == tagSeq(b) && tagSeq(a) != 0 &&
+         !isPointToPointTag(a) && !isPointToPointTag(b);
+}
+
+}  // namespace
+
+std::string TagMatcher::sizeMismatch(size_t sent, size_t received, uint64_t tag) const {
+  return detail::str("rank ", peer_, " sent ", sent, " bytes for ", describeTag(tag), " but rank ",
+                     rank_, " receives ", received,
+                     " bytes (ranks called the collective with different counts or dtypes)");
+}
+
+std::string TagMatcher::otherCollective(uint64_t sent, uint64_t runs) const {
+  return detail::str("mismatched collectives: rank ", peer_, " sent ", describeTag(sent),
+                     " while rank ", rank_, " runs ", describeTag(runs));
+}
+
+bool TagMatcher::arrive(uint64_t tag, size_t bytes, std::string& error) {
+  in_ = Incoming{};
+  in_.active = true;
+  in_.tag = tag;
+  in_.bytes = bytes;
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if ((*it)->tag() != tag) continue;
+    if ((*it)->bytes() != bytes) {
+      error = sizeMismatch(bytes, (*it)->bytes(), tag);
+      (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
+      posted_.erase(it);
+      return false;
+    }
+    in_.request = std::move(*it);
+    posted_.erase(it);
+    in_.target = in_.request->data();
+    return true;
+  }
+  for (const auto& r : posted_) {
+    if (sameSeqOtherCollective(r->tag(), tag)) {
+      error = otherCollective(tag, r->tag());
+      return false;
+    }
+  }
+  return false;
+}
+
+void TagMatcher::bufferIncoming() {
+  auto u = std::make_unique<UnexpectedMessage>();
+  u->tag = in_.tag;
+  u->bytes = in_.bytes;
+  u->data.reset(new uint8_t[std::max<size_t>(in_.bytes, 1)]);
+  in_.unexpected = u.get();
+  in_.target = u->data.get();
+  unexpected_.push_back(std::move(u));
+}
+
+bool TagMatcher::finishIncoming() {
+  bool completed = false;
+  if (in_.request) {
+    in_.request->complete();
+    completed = true;
+  } else if (in_.unexpected != nullptr) {
+    in_.unexpected->complete = true;
+  }
+  in_ = Incoming{};
+  return completed;
+}
+
+TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& error) {
+  const uint64_t tag = request->tag();
+  const size_t bytes = request->bytes();
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    UnexpectedMessage& u = **it;
+    if (u.tag != tag) continue;
+    if (u.bytes != bytes) {
+      error = sizeMismatch(u.bytes, bytes, tag);
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
+      return Match::kError;
+    }
+    if (u.complete) {
+      if (bytes > 0) std::memcpy(request->data(), u.data.get(), bytes);
+      unexpected_.erase(it);
+      request->complete();
+      return Match::kDone;
+    }
+    // Only the incoming message is incomplete (messages from one peer never interleave).
+    LOOM_CHECK(in_.unexpected == &u, "rank ", rank_, ": an incomplete message from rank ", peer_,
+               " that is not arriving");
+    if (in_.got > 0) std::memcpy(request->data(), u.data.get(), in_.got);
+    request->setBytesDone(in_.got);
+    in_.unexpected = nullptr;
+    in_.request = request;
+    in_.target = request->data();
+    unexpected_.erase(it);
+    return Match::kArriving;
+  }
+  if (held()) {
+    if (in_.tag == tag) {
+      if (in_.bytes != bytes) {
+        error = sizeMismatch(in_.bytes, bytes, tag);
+        request->fail(error, RequestCore::Failure::kInvalidArgument);
+        return Match::kError;
+      }
+      in_.request = request;
+      in_.target = request->data();
+      return Match::kArriving;
+    }
+    if (sameSeqOtherCollective(in_.tag, tag)) {
+      error = otherCollective(in_.tag, tag);
+      return Match::kError;
+    }
+  }
+  for (const auto& u : unexpected_) {
+    if (sameSeqOtherCollective(u->tag, tag)) {
+      error = otherCollective(u->tag, tag);
+      return Match::kError;
+    }
+  }
+  return Match::kNone;
+}
+
+void TagMatcher::failAll(const std::string& reason, bool nameTag) {
+  auto failOne = [&](RequestCore& r) { r.fail(nameTag ? reason + describeTag(r.tag()) : reason); };
+  for (auto& r : posted_) failOne(*r);
+  posted_.clear();
+  if (in_.request) failOne(*in_.request);
+  // Half a message never completes: a later receive must not wait for its rest.
+  if (in_.unexpected != nullptr) {
+    std::erase_if(unexpected_, [&](const auto& u) { return u.get() == in_.unexpected; });
+  }
+  in_ = Incoming{};
+}
+
+std::string TagMatcher::describeUnexpected() const {
+  std::string out;
+  size_t shown = 0;
+  auto add = [&](uint64_t tag, size_t bytes) {
+    if (shown++ == kShown) {
+      out += ", ...";
+      return false;
+    }
+    out += detail::str(out.empty() ? "" : ", ", describeTag(tag), " (", bytes, " bytes)");
+    return true;
+  };
+  for (const auto& u : unexpected_) {
+    if (!add(u->tag, u->bytes)) return out;
+  }
+  if (held()) add(in_.tag, in_.bytes);
+  return out;
+}
+
+}  // namespace loom::comm
