@@ -31,7 +31,6 @@
 #include "cuda_memory.h"
 #include "loom/bench/runner.h"
 #include "loom/comm/collectives.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
@@ -261,10 +260,9 @@ int loomBenchMain(int argc, char** argv) {
   init.backend = backend;
   init.initMethod = initMethod;
   init.pg.timeout = std::chrono::seconds(timeoutS);
-  init.pg.comm.algorithm = algorithm;
+  init.pg.comm.context.algorithm = algorithm;
   int rank = rankFromEnvironment();  // valid: parseCommandLine checked it
   try {
-    init.pg.comm.context.sharedMemory = env::flag("LOOM_SHM", true);
     Memory memory = memoryFor(backend);
     if (memory.device.type == DeviceType::kCuda) init.pg.nccl.device = memory.device.index;
     InitResult group = initProcessGroup(init);

@@ -1,225 +1,144 @@
-// The public collectives: validate the arguments, pick an algorithm and run it (the
-// shared-memory collectives when the Context has an arena and no algorithm was forced). Arguments
-// are checked before the first message, so an InvalidArgumentError leaves the Context
-// usable; any later error has aborted the transport (see algorithms/op.h).
+// The public collectives: one path for all of them. A call is validated once (before the first
+// message, so an InvalidArgumentError leaves the Context usable; any later error has aborted
+// the transport, see algorithms/op.h), count 0 and world size 1 are answered here, and the rest
+// goes to the engine the Context chose at creation (engine/engine.h).
 #include "loom/comm/collectives.h"
 
 #include <cstring>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/op.h"
 #include "algorithms/select.h"
+#include "engine/engine.h"
+#include "engine/engines.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
-#include "shm/hierarchy.h"
-#include "shm/shm.h"
-#include "shm/shm_collectives.h"
 #include "tag.h"
 
 namespace loom::comm {
 
 namespace {
 
-void checkRoot(const Context& ctx, int root, const char* what) {
-  LOOM_CHECK(root >= 0 && root < ctx.size(), what, ": root ", root,
-             " is out of range for world size ", ctx.size());
+// Which buffers an operation reads and writes, and on which ranks they must be non-null.
+enum class Needs : uint8_t { kNone, kAll, kRoot };
+
+struct Shape {
+  bool reduces;  // takes a ReduceOp
+  bool rooted;   // takes a root
+  Needs in;
+  Needs out;
+  const char* inName;
+  const char* outName;
+};
+
+constexpr Shape shapeOf(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce:
+    case OpType::kReduceScatter:
+      return {true, false, Needs::kAll, Needs::kAll, "input", "output"};
+    case OpType::kReduce:
+      return {true, true, Needs::kAll, Needs::kRoot, "input", "output on the root"};
+    case OpType::kBroadcast:
+      return {false, true, Needs::kNone, Needs::kAll, "", "buffer"};
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      return {false, false, Needs::kAll, Needs::kAll, "input", "output"};
+    case OpType::kGather:
+      return {false, true, Needs::kAll, Needs::kRoot, "input", "output on the root"};
+    case OpType::kScatter:
+      return {false, true, Needs::kRoot, Needs::kAll, "input on the root", "output"};
+    default:  // barrier
+      return {false, false, Needs::kNone, Needs::kNone, "", ""};
+  }
 }
 
 void checkBuffer(const void* p, size_t count, const char* what, const char* name) {
   LOOM_CHECK(p != nullptr || count == 0, what, ": ", name, " is null but count is ", count);
 }
 
-void copyIfDifferent(void* out, const void* in, size_t bytes) {
-  if (out != in && bytes > 0) std::memmove(out, in, bytes);
+void validate(const CollectiveCall& c, const Shape& shape) {
+  const Context& ctx = c.ctx;
+  const char* what = opTypeName(c.type);
+  (void)dtypeSize(c.dtype);  // throws on an unknown dtype
+  if (shape.reduces) checkReduceOp(c.op, c.dtype);
+  if (shape.rooted) {
+    LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), what, ": root ", c.root,
+               " is out of range for world size ", ctx.size());
+  }
+  const bool isRoot = ctx.rank() == c.root;
+  if (shape.in == Needs::kAll || (shape.in == Needs::kRoot && isRoot)) {
+    checkBuffer(c.in, c.count, what, shape.inName);
+  }
+  if (shape.out == Needs::kAll || (shape.out == Needs::kRoot && isRoot)) {
+    checkBuffer(c.out, c.count, what, shape.outName);
+  }
+  checkAlgorithm(c.type, c.opts.algorithm);
+}
+
+// The engines of a Context implemented outside comm (Context::engines() is null).
+EngineSet& defaultEngines() {
+  static EngineSet engines(makeGenericEngine({}), nullptr, false);
+  return engines;
+}
+
+void run(const CollectiveCall& c) {
+  const Shape shape = shapeOf(c.type);
+  validate(c, shape);
+  if (c.type != OpType::kBarrier && c.count == 0) return;
+  if (c.ctx.size() == 1) {
+    // Every output is this rank's own input (avg over one rank is the value itself).
+    if (shape.in != Needs::kNone && c.out != c.in) {
+      std::memmove(c.out, c.in, c.count * dtypeSize(c.dtype));
+    }
+    return;
+  }
+  EngineSet* engines = c.ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
 }
 
 }  // namespace
 
 void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                const CollectiveOptions& opts) {
-  checkReduceOp(op, dtype);
-  checkBuffer(in, count, "allreduce", "input");
-  checkBuffer(out, count, "allreduce", "output");
-  const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpType::kAllreduce, opts.algorithm,
-                                         environmentAlgorithm(ctx), bytes, ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;  // avg over one rank is the value itself
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::allreduce(*arena, opts, in, out, count, dtype, op);
-  }
-  if (const auto* hierarchy = shm::hierarchyFor(ctx, opts)) {
-    return shm::hierarchicalAllreduce(ctx, *hierarchy, opts, in, out, count, dtype, op);
-  }
-  Op o(ctx, OpType::kAllreduce, opts);
-  switch (algo) {
-    case Algorithm::kRing:
-      return allreduceRing(o, in, out, count, dtype, op);
-    case Algorithm::kDirect:
-      return allreduceDirect(o, in, out, count, dtype, op);
-    case Algorithm::kHalvingDoubling:
-      return allreduceHalvingDoubling(o, in, out, count, dtype, op);
-    default:
-      return allreduceRecursiveDoubling(o, in, out, count, dtype, op);
-  }
+  run({ctx, opts, OpType::kAllreduce, in, out, count, dtype, op});
 }
 
 void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
                const CollectiveOptions& opts) {
-  (void)dtypeSize(dtype);
-  checkRoot(ctx, root, "broadcast");
-  checkBuffer(buf, count, "broadcast", "buffer");
-  const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpType::kBroadcast, opts.algorithm,
-                                         environmentAlgorithm(ctx), bytes, ctx.size());
-  if (count == 0 || ctx.size() == 1) return;
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::broadcast(*arena, opts, buf, count, dtype, root);
-  }
-  Op o(ctx, OpType::kBroadcast, opts);
-  switch (algo) {
-    case Algorithm::kChain:
-      return broadcastChain(o, buf, count, dtype, root);
-    case Algorithm::kDirect:
-      return broadcastDirect(o, buf, count, dtype, root);
-    default:
-      return broadcastTree(o, buf, count, dtype, root);
-  }
+  run({ctx, opts, OpType::kBroadcast, buf, buf, count, dtype, ReduceOp::kSum, root});
 }
 
 void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
             int root, const CollectiveOptions& opts) {
-  checkReduceOp(op, dtype);
-  checkRoot(ctx, root, "reduce");
-  checkBuffer(in, count, "reduce", "input");
-  if (ctx.rank() == root) checkBuffer(out, count, "reduce", "output on the root");
-  const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpType::kReduce, opts.algorithm, environmentAlgorithm(ctx),
-                                         bytes, ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::reduce(*arena, opts, in, out, count, dtype, op, root);
-  }
-  Op o(ctx, OpType::kReduce, opts);
-  if (algo == Algorithm::kDirect) return reduceDirect(o, in, out, count, dtype, op, root);
-  reduceTree(o, in, out, count, dtype, op, root);
+  run({ctx, opts, OpType::kReduce, in, out, count, dtype, op, root});
 }
 
 void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
                const CollectiveOptions& opts) {
-  checkBuffer(in, count, "allgather", "input");
-  checkBuffer(out, count, "allgather", "output");
-  const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpType::kAllgather, opts.algorithm,
-                                         environmentAlgorithm(ctx), bytes, ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::allgather(*arena, opts, in, out, count, dtype);
-  }
-  Op o(ctx, OpType::kAllgather, opts);
-  if (algo == Algorithm::kDirect) return allgatherDirect(o, in, out, count, dtype);
-  allgatherRing(o, in, out, count, dtype);
+  run({ctx, opts, OpType::kAllgather, in, out, count, dtype});
 }
 
 void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                    const CollectiveOptions& opts) {
-  checkReduceOp(op, dtype);
-  checkBuffer(in, count, "reduce_scatter", "input");
-  checkBuffer(out, count, "reduce_scatter", "output");
-  const size_t bytes = count * dtypeSize(dtype);
-  const Algorithm algo = selectAlgorithm(OpType::kReduceScatter, opts.algorithm,
-                                         environmentAlgorithm(ctx), bytes, ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::reduceScatter(*arena, opts, in, out, count, dtype, op);
-  }
-  Op o(ctx, OpType::kReduceScatter, opts);
-  if (algo == Algorithm::kDirect) return reduceScatterDirect(o, in, out, count, dtype, op);
-  reduceScatterRing(o, in, out, count, dtype, op);
+  run({ctx, opts, OpType::kReduceScatter, in, out, count, dtype, op});
 }
 
 void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
             const CollectiveOptions& opts) {
-  checkRoot(ctx, root, "gather");
-  checkBuffer(in, count, "gather", "input");
-  if (ctx.rank() == root) checkBuffer(out, count, "gather", "output on the root");
-  const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpType::kGather, opts.algorithm, environmentAlgorithm(ctx), bytes,
-                        ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::gather(*arena, opts, in, out, count, dtype, root);
-  }
-  Op o(ctx, OpType::kGather, opts);
-  gatherDirect(o, in, out, count, dtype, root);
+  run({ctx, opts, OpType::kGather, in, out, count, dtype, ReduceOp::kSum, root});
 }
 
 void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
              const CollectiveOptions& opts) {
-  checkRoot(ctx, root, "scatter");
-  if (ctx.rank() == root) checkBuffer(in, count, "scatter", "input on the root");
-  checkBuffer(out, count, "scatter", "output");
-  const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpType::kScatter, opts.algorithm, environmentAlgorithm(ctx), bytes,
-                        ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::scatter(*arena, opts, in, out, count, dtype, root);
-  }
-  Op o(ctx, OpType::kScatter, opts);
-  scatterDirect(o, in, out, count, dtype, root);
+  run({ctx, opts, OpType::kScatter, in, out, count, dtype, ReduceOp::kSum, root});
 }
 
 void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype,
               const CollectiveOptions& opts) {
-  checkBuffer(in, count, "alltoall", "input");
-  checkBuffer(out, count, "alltoall", "output");
-  const size_t bytes = count * dtypeSize(dtype);
-  (void)selectAlgorithm(OpType::kAlltoall, opts.algorithm, environmentAlgorithm(ctx), bytes,
-                        ctx.size());
-  if (count == 0) return;
-  if (ctx.size() == 1) {
-    copyIfDifferent(out, in, bytes);
-    return;
-  }
-  if (auto* arena = shm::arenaFor(ctx, opts)) {
-    return shm::alltoall(*arena, opts, in, out, count, dtype);
-  }
-  Op o(ctx, OpType::kAlltoall, opts);
-  alltoallDirect(o, in, out, count, dtype);
+  run({ctx, opts, OpType::kAlltoall, in, out, count, dtype});
 }
 
 void barrier(Context& ctx, const CollectiveOptions& opts) {
-  if (opts.algorithm != Algorithm::kAuto) {
-    LOOM_THROW(InvalidArgumentError, "barrier has one algorithm (dissemination); got ",
-               algorithmName(opts.algorithm));
-  }
-  if (ctx.size() == 1) return;
-  if (auto* arena = shm::arenaFor(ctx, opts)) return shm::barrier(*arena, opts);
-  Op o(ctx, OpType::kBarrier, opts);
-  barrierDissemination(o);
+  run({ctx, opts, OpType::kBarrier});
 }
 
 uint64_t pointToPointTag(uint64_t tag) {

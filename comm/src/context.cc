@@ -1,8 +1,9 @@
-// The Context implementation: a transport to every peer plus scratch memory for the
-// algorithms. The transport is tcp with one socket per peer (socketsPerPeer is accepted but
-// not used yet); with sharedMemory on, peers on this host are reached through a shared-memory
-// transport instead (shm/routing_transport.h), and when every rank is on this host the
-// Context also holds a shared-memory arena that the collectives use (shm/arena.h).
+// The Context implementation: a transport to every peer, scratch memory for the algorithms and
+// the collective engines (engine/engine.h). The transport is tcp with one socket per peer; with
+// sharedMemory on, peers on this host are reached through a shared-memory transport instead
+// (shm/routing_transport.h). The engines are chosen here, once: the arena engine when every rank
+// is on this host, the hierarchical engine when hosts hold several ranks each, and always the
+// generic engine for the rest.
 #include "loom/comm/context.h"
 
 #include <algorithm>
@@ -12,10 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/select.h"
-#include "knobs.h"
+#include "context_settings.h"
+#include "engine/engine.h"
+#include "engine/engines.h"
+#include "loom/comm/reduce.h"
 #include "loom/comm/transport.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
@@ -32,8 +34,10 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+// What setupSharedMemory found: the arena (the Context's when every rank is on this host, this
+// host's when hierarchical) goes to the engine that runs on it; the rest stays for the summary.
 struct SharedMemory {
-  std::unique_ptr<shm::Arena> arena;       // the Context's, or this host's when hierarchical
+  std::unique_ptr<shm::Arena> arena;
   std::unique_ptr<shm::ShmTransport> p2p;  // to the other ranks of this host
   bool singleHost = false;
   bool hierarchical = false;
@@ -44,49 +48,57 @@ struct SharedMemory {
 class ContextImpl : public Context {
  public:
   ContextImpl(int rank, int size, std::unique_ptr<Transport> transport, SharedMemory shared,
-              Algorithm envAlgorithm)
-      : rank_(rank), size_(size), envAlgorithm_(envAlgorithm), shared_(std::move(shared)) {
+              const GenericEngineOptions& genericOptions)
+      : rank_(rank),
+        size_(size),
+        singleHost_(shared.singleHost),
+        hierarchical_(shared.hierarchical),
+        localRanks_(shared.localRanks),
+        hosts_(static_cast<int>(shared.hierarchy.leaders.size())) {
     // Same-host peers get point-to-point over shared memory, the others keep tcp.
-    if (shared_.p2p) {
+    if (shared.p2p) {
       transport_ =
-          std::make_unique<shm::RoutingTransport>(std::move(transport), std::move(shared_.p2p));
+          std::make_unique<shm::RoutingTransport>(std::move(transport), std::move(shared.p2p));
       shmPointToPoint_ = true;
     } else {
       transport_ = std::move(transport);
     }
-    if (shared_.arena) shared_.arena->setTransport(transport_.get());
+    if (shared.arena) shared.arena->setTransport(transport_.get());
+    std::unique_ptr<Engine> local;
+    if (shared.singleHost) {
+      local = makeArenaEngine(std::move(shared.arena));
+    } else if (shared.hierarchical) {
+      local = makeHierarchicalEngine(std::move(shared.hierarchy), std::move(shared.arena));
+    }
+    setEngines(std::make_unique<EngineSet>(makeGenericEngine(genericOptions), std::move(local),
+                                           genericOptions.algorithm != Algorithm::kAuto));
   }
-  // The arena goes first: it is unmapped before the sockets close.
-  ~ContextImpl() override { shared_.arena.reset(); }
+  // The engines go first: the arena is unmapped before the sockets close.
+  ~ContextImpl() override { releaseEngines(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void abort(const std::string& reason) override {
     const std::string message = detail::str("rank ", rank_, ": context aborted: ", reason);
-    if (shared_.arena) shared_.arena->abort(rank_, message);
+    engines()->abort(rank_, message);
     transport_->abort(message);
   }
   std::string transportSummary() const override {
     if (size_ == 1) return "none (world size 1)";
     const char* p2p = shmPointToPoint_ ? "" : ", tcp point-to-point";
-    if (shared_.singleHost) {
+    if (singleHost_) {
       return detail::str("shm (all ", size_, " ranks on this host", p2p, ")");
     }
-    if (shared_.hierarchical && shared_.localRanks == 1) {
-      return detail::str("tcp (alone on this host; shm within the other hosts of ",
-                         shared_.hierarchy.leaders.size(), ")");
+    if (hierarchical_ && localRanks_ == 1) {
+      return detail::str("tcp (alone on this host; shm within the other hosts of ", hosts_, ")");
     }
-    if (shared_.hierarchical) {
-      return detail::str("shm within hosts (", shared_.localRanks, " of ", size_,
-                         " ranks on this host", p2p, "), tcp between ",
-                         shared_.hierarchy.leaders.size(), " hosts");
+    if (hierarchical_) {
+      return detail::str("shm within hosts (", localRanks_, " of ", size_, " ranks on this host",
+                         p2p, "), tcp between ", hosts_, " hosts");
     }
     return "tcp";
   }
-  shm::Arena* arena() { return shared_.singleHost ? shared_.arena.get() : nullptr; }
-  const shm::Hierarchy* hierarchy() { return shared_.hierarchical ? &shared_.hierarchy : nullptr; }
   Transport& transport() override { return *transport_; }
-  Algorithm envAlgorithm() const { return envAlgorithm_; }
 
   void* scratch(size_t bytes, int slot) override {
     LOOM_CHECK(slot >= 0 && slot < kSlots, "scratch slot ", slot, " out of range");
@@ -109,18 +121,14 @@ class ContextImpl : public Context {
   };
   const int rank_;
   const int size_;
-  const Algorithm envAlgorithm_;  // LOOM_ALGO at creation (kAuto: none)
-  SharedMemory shared_;
+  const bool singleHost_;
+  const bool hierarchical_;
+  const int localRanks_;
+  const int hosts_;  // hosts of a hierarchical Context
   std::unique_ptr<Transport> transport_;
   bool shmPointToPoint_ = false;  // same-host point-to-point goes over shm
   std::array<Buffer, kSlots> scratch_;
 };
-
-// LOOM_SHM_P2P=0 keeps point-to-point on tcp while the collectives use the arena (for
-// measurements); LOOM_SHM=0 turns both off.
-bool pointToPointEnabledByEnv() {
-  return env::flag("LOOM_SHM_P2P", true);
-}
 
 // Same-host ranks get a shared-memory arena and a shared-memory transport. Every rank publishes its
 // host identity (or "off" when shared memory is disabled on it) so that all ranks take the same
@@ -128,13 +136,11 @@ bool pointToPointEnabledByEnv() {
 // the hierarchical all-reduce) when the ranks span several hosts; none when any rank is off.
 SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOptions& options) {
   SharedMemory shared;
-  // Read whether or not they matter here, so that a bad value always fails setup.
-  const bool enabledByEnv = shm::sharedMemoryEnabledByEnv();
-  const bool p2pByEnv = pointToPointEnabledByEnv();
   if (size < 2) return shared;
-  const bool enabled = options.sharedMemory && enabledByEnv;
+  const bool enabled = options.sharedMemory;
   const std::string prefix = options.storePrefix + "/shm";
-  store.set(detail::str(prefix, "/host/", rank), enabled ? shm::hostIdentity() : "off");
+  store.set(detail::str(prefix, "/host/", rank),
+            enabled ? shm::hostIdentity(options.shmHostId) : "off");
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "/host/", r));
   store.wait(keys, options.timeout);
@@ -146,10 +152,18 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   }
   shm::ArenaOptions aopts;
   aopts.timeout = options.timeout;
+  aopts.slotBytes = options.shmSlotBytes;
+  aopts.memfd = options.shmMemfd;
+  aopts.spinUs = options.shmSpinUs;
+  aopts.yieldUs = options.shmYieldUs;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
+  topts.ringBytes = options.shmRingBytes;
+  topts.memfd = options.shmMemfd;
+  topts.spinUs = options.shmSpinUs;
+  topts.yieldUs = options.shmYieldUs;
   shared.localRanks = static_cast<int>(local.size());
-  const bool p2p = local.size() > 1 && p2pByEnv;
+  const bool p2p = local.size() > 1 && options.shmPointToPoint;
   if (static_cast<int>(local.size()) == size) {
     aopts.keyPrefix = prefix;
     shared.arena = shm::Arena::create(store, rank, size, aopts);
@@ -180,7 +194,6 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
         static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
     aopts.keyPrefix = detail::str(prefix, "/host-of-", local.front());
     shared.arena = shm::Arena::create(store, localRank, static_cast<int>(local.size()), aopts);
-    shared.hierarchy.arena = shared.arena.get();
     topts.keyPrefix = detail::str(prefix, "/p2p-of-", local.front());
     if (p2p) shared.p2p = shm::ShmTransport::create(store, rank, size, local, topts);
   }
@@ -190,58 +203,38 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
 }  // namespace
 
 std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
-                                         const ContextOptions& options) {
+                                         const ContextOptions& callerOptions) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
-  LOOM_CHECK(options.socketsPerPeer >= 1, "socketsPerPeer must be at least 1");
-  // The process-wide knobs are re-read at every setup: a bad value fails here (knobs.h).
-  const Algorithm envAlgorithm = algorithmFromEnvironment();
-  loadChunkBytes();
-  loadReduceIsa();
+  // The environment is applied at every setup, so a bad value fails here, every time.
+  const ContextOptions options = withEnvironment(callerOptions);
+  validateOptions(options);
+  setReduceIsa(options.reduceIsa);
+  GenericEngineOptions generic;
+  generic.algorithm = options.algorithm;
+  generic.chunkBytes = options.chunkBytes;
   tcp::TcpOptions topts;
   topts.timeout = options.timeout;
   topts.host = options.host;
   topts.keyPrefix = options.storePrefix + "/tcp";
   topts.bufferBytes = options.socketBufferBytes;
   topts.busyPollUs = options.busyPollUs;
+  topts.sendBytes = options.tcpSendBytes;
+  topts.spinUs = options.tcpSpinUs;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
-                                       setupSharedMemory(store, rank, size, options), envAlgorithm);
+                                       setupSharedMemory(store, rank, size, options), generic);
 }
 
-Algorithm environmentAlgorithm(Context& ctx) {
-  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
-  return impl != nullptr ? impl->envAlgorithm() : algorithmFromEnvironment();
+Context::Context() = default;
+Context::~Context() = default;
+
+void Context::setEngines(std::unique_ptr<EngineSet> engines) {
+  engines_ = std::move(engines);
 }
 
-namespace shm {
-
-Arena* arenaOf(Context& ctx) {
-  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
-  return impl != nullptr ? impl->arena() : nullptr;
+void Context::releaseEngines() noexcept {
+  engines_.reset();
 }
-
-namespace {
-
-bool algorithmForced(Context& ctx, const CollectiveOptions& opts) {
-  return opts.algorithm != Algorithm::kAuto || environmentAlgorithm(ctx) != Algorithm::kAuto;
-}
-
-}  // namespace
-
-Arena* arenaFor(Context& ctx, const CollectiveOptions& opts) {
-  return algorithmForced(ctx, opts) ? nullptr : arenaOf(ctx);
-}
-
-const Hierarchy* hierarchyOf(Context& ctx) {
-  auto* impl = dynamic_cast<ContextImpl*>(&ctx);
-  return impl != nullptr ? impl->hierarchy() : nullptr;
-}
-
-const Hierarchy* hierarchyFor(Context& ctx, const CollectiveOptions& opts) {
-  return algorithmForced(ctx, opts) ? nullptr : hierarchyOf(ctx);
-}
-
-}  // namespace shm
 
 }  // namespace loom::comm

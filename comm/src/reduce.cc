@@ -3,8 +3,6 @@
 #include <atomic>
 
 #include "half.h"
-#include "knobs.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "reduce_isa.h"
 
@@ -12,32 +10,27 @@ namespace loom::comm {
 
 namespace {
 
-// 1: the AVX2 kernels, 0: the portable ones, -1: LOOM_REDUCE_ISA not read yet (loadReduceIsa).
-std::atomic<int> gUseAvx2{-1};
+bool cpuHasAvx2() {
+#if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
+  __builtin_cpu_init();  // may run before the constructors that would call it
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+// The AVX2 kernels run where the CPU has them until setReduceIsa says otherwise.
+std::atomic<bool> gUseAvx2{cpuHasAvx2()};
 
 bool useAvx2() {
-  int use = gUseAvx2.load(std::memory_order_relaxed);
-  if (use < 0) {
-    loadReduceIsa();
-    use = gUseAvx2.load(std::memory_order_relaxed);
-  }
-  return use == 1;
+  return gUseAvx2.load(std::memory_order_relaxed);
 }
 
 }  // namespace
 
-// LOOM_REDUCE_ISA=generic forces the portable kernels (tests run both); auto takes AVX2 where
-// the CPU has AVX2, FMA and F16C.
-void loadReduceIsa() {
-  const bool generic = env::choice("LOOM_REDUCE_ISA", {"auto", "generic"}, "auto") == "generic";
-#if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
-  const bool avx2 = !generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-#else
-  const bool avx2 = false;
-  (void)generic;
-#endif
-  gUseAvx2.store(avx2 ? 1 : 0, std::memory_order_relaxed);
+void setReduceIsa(ReduceIsa isa) {
+  gUseAvx2.store(isa == ReduceIsa::kAuto && cpuHasAvx2(), std::memory_order_relaxed);
 }
 
 ReduceFn reduceFunction(DType dtype, ReduceOp op) {

@@ -6,7 +6,6 @@
 #include <optional>
 
 #include "loom/common/error.h"
-#include "loom/common/settings.h"
 
 namespace loom::env {
 
@@ -111,32 +110,6 @@ std::string parseChoice(const char* name, std::string_view value,
     list += detail::str(list.empty() ? "" : ", ", a);
   }
   invalid(name, value, detail::str("one of: ", list), {});
-}
-
-std::optional<std::string> get(const char* name) {
-  return settings::value(name);
-}
-
-long long integer(const char* name, long long lo, long long hi, long long fallback,
-                  std::string_view note) {
-  const std::optional<std::string> v = get(name);
-  return v ? parseInteger(name, *v, lo, hi, note) : fallback;
-}
-
-size_t bytes(const char* name, size_t lo, size_t hi, size_t fallback, std::string_view note) {
-  const std::optional<std::string> v = get(name);
-  return v ? parseBytes(name, *v, lo, hi, note) : fallback;
-}
-
-bool flag(const char* name, bool fallback) {
-  const std::optional<std::string> v = get(name);
-  return v ? parseFlag(name, *v) : fallback;
-}
-
-std::string choice(const char* name, std::initializer_list<std::string_view> allowed,
-                   std::string_view fallback) {
-  const std::optional<std::string> v = get(name);
-  return v ? parseChoice(name, *v, allowed) : std::string(fallback);
 }
 
 }  // namespace loom::env

@@ -260,7 +260,6 @@ void ProcessGroupComm::run(const OpDesc& op) {
   comm::CollectiveOptions copts;
   copts.timeout = op.timeout;
   copts.seq = op.seq;
-  copts.algorithm = options().comm.algorithm;
   switch (op.type) {
     case OpType::kAllreduce:
       comm::allreduce(ctx, op.in.data, op.out.data, op.count, op.dtype, op.reduceOp, copts);

@@ -39,8 +39,17 @@ namespace {
 
 // What comm says about its own options that differ from their defaults; comm has no such
 // description yet, so the line lists the process group's options only.
-std::string describeContext(const comm::ContextOptions&) {
-  return {};
+// The Context's own non-default fields, named as fields of ProcessGroupOptions.
+std::string describeContext(const comm::ContextOptions& o) {
+  std::string out;
+  std::string all = comm::describeNonDefault(o);
+  for (size_t start = 0; start < all.size();) {
+    size_t end = all.find(' ', start);
+    if (end == std::string::npos) end = all.size();
+    out += (out.empty() ? "comm.context." : " comm.context.") + all.substr(start, end - start);
+    start = end + 1;
+  }
+  return out;
 }
 
 void append(std::string& out, const std::string& item) {
@@ -66,8 +75,6 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
   appendIfChanged(out, "parentRanks", o.parentRanks, d.parentRanks, ranks);
   appendIfChanged(out, "failureReportWindow", o.failureReportWindow, d.failureReportWindow,
                   detail::str(o.failureReportWindow.count(), "ms"));
-  appendIfChanged(out, "comm.algorithm", o.comm.algorithm, d.comm.algorithm,
-                  comm::algorithmName(o.comm.algorithm));
   appendIfChanged(out, "comm.graceUs", o.comm.graceUs, d.comm.graceUs,
                   std::to_string(o.comm.graceUs));
   appendIfChanged(out, "comm.napUs", o.comm.napUs, d.comm.napUs, std::to_string(o.comm.napUs));

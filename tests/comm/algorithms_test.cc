@@ -1,10 +1,11 @@
-// Every algorithm, forced through LOOM_ALGO and through CollectiveOptions::algorithm, on
-// world sizes {2, 3, 5, 8} with counts that are split into many chunks (ctest runs this
-// binary with LOOM_CHUNK_BYTES=4096), in place and out of place, checked in closed form.
+// Every algorithm, forced through ContextOptions::algorithm and through
+// CollectiveOptions::algorithm, on world sizes {2, 3, 5, 8} with counts that are split into
+// many chunks (ContextOptions::chunkBytes = 4096), in place and out of place, checked in closed
+// form.
 // Plus the selection rules themselves (white-box: algorithms/select.h).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <functional>
 
 #include "algorithms/select.h"
 #include "sweep.h"
@@ -12,22 +13,20 @@
 namespace loom::comm::testing {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() { unsetenv(name_); }
+// Every Context here cuts the chunked algorithms' messages at 4 KiB, so that the counts below
+// span many chunks.
+ContextOptions smallChunks(Algorithm algorithm = Algorithm::kAuto) {
+  ContextOptions o;
+  o.chunkBytes = 4096;
+  o.algorithm = algorithm;
+  return o;
+}
 
- private:
-  const char* name_;
-};
+void runChunked(int size, const std::function<void(Context&)>& fn) {
+  runWorld(size, fn, std::chrono::seconds(60), smallChunks());
+}
 
-TEST(Select, EnvironmentAndOptions) {
+TEST(Select, ContextAndCallOptions) {
   constexpr Algorithm kAuto = Algorithm::kAuto;
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 8, 2), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 64 << 20, 2), Algorithm::kRing);
@@ -39,41 +38,16 @@ TEST(Select, EnvironmentAndOptions) {
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 3), Algorithm::kRing);
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 4 << 20, 2), Algorithm::kRing);
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, kAuto, 64 << 20, 4), Algorithm::kRing);
-  // LOOM_ALGO=ring
+  // ContextOptions::algorithm = ring
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, kAuto, Algorithm::kRing, 8, 2), Algorithm::kRing);
-  // Not implemented for broadcast: the environment falls back to the automatic choice.
+  // Not implemented for broadcast: the Context's choice falls back to the automatic one.
   EXPECT_EQ(selectAlgorithm(OpType::kBroadcast, kAuto, Algorithm::kRing, 8, 2), Algorithm::kTree);
-  // An explicit option wins over the environment.
+  // The call's option wins over the Context's.
   EXPECT_EQ(selectAlgorithm(OpType::kAllreduce, Algorithm::kDirect, Algorithm::kRing, 8, 2),
             Algorithm::kDirect);
-  EXPECT_THROW(selectAlgorithm(OpType::kAllreduce, Algorithm::kTree, kAuto, 8, 2),
-               InvalidArgumentError);
-  {
-    ScopedEnv env("LOOM_ALGO", nullptr);
-    EXPECT_EQ(algorithmFromEnvironment(), kAuto);
-  }
-  for (const char* name : {"auto", "shm", ""}) {
-    ScopedEnv env("LOOM_ALGO", name);
-    EXPECT_EQ(algorithmFromEnvironment(), kAuto) << name;
-  }
-  {
-    ScopedEnv env("LOOM_ALGO", "Ring");
-    EXPECT_EQ(algorithmFromEnvironment(), Algorithm::kRing);
-  }
-  {
-    // A bad LOOM_ALGO fails Context creation, before any connection, naming the choices.
-    ScopedEnv env("LOOM_ALGO", "bogus");
-    HashStore store;
-    try {
-      Context::create(store, 0, 1);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgumentError& e) {
-      EXPECT_NE(std::string(e.what()).find("unknown algorithm 'bogus'"), std::string::npos)
-          << e.what();
-      EXPECT_NE(std::string(e.what()).find("ring, rd, hd, direct, tree, chain"), std::string::npos)
-          << e.what();
-    }
-  }
+  EXPECT_THROW(checkAlgorithm(OpType::kAllreduce, Algorithm::kTree), InvalidArgumentError);
+  EXPECT_THROW(checkAlgorithm(OpType::kBarrier, Algorithm::kRing), InvalidArgumentError);
+  EXPECT_NO_THROW(checkAlgorithm(OpType::kBarrier, kAuto));
   EXPECT_EQ(parseAlgorithm("RD"), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(parseAlgorithm("chain"), Algorithm::kChain);
   EXPECT_STREQ(algorithmName(Algorithm::kRecursiveDoubling), "rd");
@@ -96,14 +70,16 @@ void runAll(Checker& check, int size) {
 
 class ForcedAlgorithm : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(ForcedAlgorithm, ThroughEnvironment) {
-  ScopedEnv env("LOOM_ALGO", GetParam());
+TEST_P(ForcedAlgorithm, ThroughContextOptions) {
   for (int size : {2, 3, 5, 8}) {
-    SCOPED_TRACE(detail::str("LOOM_ALGO=", GetParam(), " world size ", size));
-    runWorld(size, [&](Context& ctx) {
-      Checker check(ctx);
-      runAll(check, size);
-    });
+    SCOPED_TRACE(detail::str("ContextOptions::algorithm ", GetParam(), " world size ", size));
+    runWorld(
+        size,
+        [&](Context& ctx) {
+          Checker check(ctx);
+          runAll(check, size);
+        },
+        std::chrono::seconds(60), smallChunks(parseAlgorithm(GetParam())));
   }
 }
 
@@ -117,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
 TEST(RingInPlace, EveryDTypeOpAndChunking) {
   for (int size : {2, 3, 4}) {
     SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
+    runChunked(size, [&](Context& ctx) {
       Checker check(ctx, Algorithm::kRing);
       for (DType dtype : allDTypes()) {
         for (ReduceOp op : validOps(dtype)) {
@@ -140,7 +116,7 @@ TEST(RingInPlace, EveryDTypeOpAndChunking) {
 TEST(HalvingDoubling, EveryWorldSizeDTypeOpAndChunking) {
   for (int size : {2, 3, 4, 5, 6, 7, 8}) {
     SCOPED_TRACE(detail::str("world size ", size));
-    runWorld(size, [&](Context& ctx) {
+    runChunked(size, [&](Context& ctx) {
       Checker check(ctx, Algorithm::kHalvingDoubling);
       for (DType dtype : allDTypes()) {
         for (ReduceOp op : validOps(dtype)) {
@@ -159,7 +135,7 @@ TEST(HalvingDoubling, EveryWorldSizeDTypeOpAndChunking) {
 
 TEST(ForcedOption, EveryAlgorithmOfEachCollective) {
   for (int size : {3, 4}) {
-    runWorld(size, [&](Context& ctx) {
+    runChunked(size, [&](Context& ctx) {
       for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling,
                           Algorithm::kHalvingDoubling, Algorithm::kDirect}) {
         Checker check(ctx, a);

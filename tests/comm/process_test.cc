@@ -15,6 +15,7 @@
 #include "loom/common/error.h"
 #include "loom/store/file_store.h"
 #include "loom/testing/ranks.h"
+#include "test_paths.h"
 
 namespace loom::comm::testing {
 namespace {
@@ -22,8 +23,7 @@ namespace {
 using namespace std::chrono_literals;
 
 ContextOptions options() {
-  ContextOptions o;
-  o.host = "127.0.0.1";
+  ContextOptions o = comm::testing::testOptions();
   o.timeout = 20s;
   return o;
 }

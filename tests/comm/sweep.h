@@ -19,6 +19,7 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
+#include "test_paths.h"
 
 namespace loom::comm::testing {
 
@@ -41,13 +42,14 @@ struct Case {
   }
 };
 
-// Runs fn(ctx) on `size` thread ranks, each with its own Context over one HashStore.
+// Runs fn(ctx) on `size` thread ranks, each with its own Context over one HashStore, made with
+// `base` as testOptions (test_paths.h) adjusts it.
 inline void runWorld(int size, const std::function<void(Context&)>& fn,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                     const ContextOptions& base = {}) {
   HashStore store;
-  ContextOptions options;
+  ContextOptions options = testOptions(base);
   options.timeout = timeout;
-  options.host = "127.0.0.1";
   loom::testing::runThreadRanks(size, [&](int rank) {
     auto ctx = Context::create(store, rank, size, options);
     fn(*ctx);

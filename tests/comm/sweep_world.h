@@ -32,7 +32,8 @@ class World {
  public:
   using Job = std::function<void(Checker&)>;
 
-  explicit World(int size) : size_(size) {
+  // Every rank's Context is made with testOptions(base) (test_paths.h).
+  explicit World(int size, const ContextOptions& base = {}) : size_(size), base_(base) {
     pending_ = size;
     for (int rank = 0; rank < size; ++rank) threads_.emplace_back([this, rank] { rankMain(rank); });
     waitForRanks();
@@ -74,9 +75,8 @@ class World {
     std::unique_ptr<Checker> check;
     std::vector<std::string> mismatches;
     finish(rank, guarded([&] {
-             ContextOptions options;
+             ContextOptions options = testOptions(base_);
              options.timeout = std::chrono::seconds(60);
-             options.host = "127.0.0.1";
              ctx = Context::create(store_, rank, size_, options);
              check = std::make_unique<Checker>(*ctx);
              check->recordMismatchesIn(&mismatches);
@@ -131,6 +131,7 @@ class World {
   }
 
   const int size_;
+  const ContextOptions base_;
   HashStore store_;
   std::mutex mu_;
   std::condition_variable wake_;  // ranks: a new job, or stop
@@ -190,6 +191,8 @@ class SweepTest : public ::testing::TestWithParam<SweepCase> {
   static void TearDownTestSuite() { worlds().clear(); }
 
  protected:
+  // The options the suite's worlds are made with (before testOptions adjusts them).
+  virtual ContextOptions worldOptions() const { return {}; }
   const SweepCase& param() const { return GetParam(); }
   ReduceOp op() const { return GetParam().op.value_or(ReduceOp::kSum); }
 
@@ -198,7 +201,7 @@ class SweepTest : public ::testing::TestWithParam<SweepCase> {
     auto& w = worlds()[param().size];
     if (!w || w->broken()) {
       w.reset();
-      w = std::make_unique<World>(param().size);
+      w = std::make_unique<World>(param().size, worldOptions());
     }
     for (const auto& mismatch : w->run(job)) ADD_FAILURE() << mismatch;
   }

@@ -1,5 +1,5 @@
 // The transport and the error paths of the collectives, with thread ranks (ctest runs it once
-// with same-host shared memory, as by default, and once with LOOM_SHM=0 for tcp): tagged
+// with same-host shared memory, as by default, and once with --tcp, test_paths.h): tagged
 // matching and the unexpected-message queue, receives posted before the data, large
 // messages, size and collective mismatches, timeout messages (operation, sequence number,
 // peer, bytes outstanding), abort from another thread and its propagation to peers.
@@ -24,6 +24,7 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
+#include "test_paths.h"
 
 namespace loom::comm {
 namespace {
@@ -31,8 +32,7 @@ namespace {
 using namespace std::chrono_literals;
 
 ContextOptions localOptions(milliseconds timeout = 30s) {
-  ContextOptions o;
-  o.host = "127.0.0.1";
+  ContextOptions o = testing::testOptions();
   o.timeout = timeout;
   return o;
 }
@@ -507,59 +507,22 @@ TEST(Transport, BusyPollOutOfRangeIsAnError) {
     Context::create(store, 0, 1, o);
     ADD_FAILURE() << "no error";
   } catch (const InvalidArgumentError& e) {
-    expectContains(e.what(), "busyPollUs 20000000");
-    expectContains(e.what(), "expected at most 10000000");
+    expectContains(e.what(), "ContextOptions::busyPollUs is 20000000");
+    expectContains(e.what(), "10000000]");
   }
 }
 
-// The tcp transport's and the Context's environment knobs are read at each setup: a bad value
-// fails Context::create naming the variable, the value and what is expected, every time; a good
-// one is taken.
-TEST(Transport, BadTcpEnvironmentValuesFailSetupNamingThem) {
-  struct Case {
-    const char* name;
-    const char* value;
-    const char* expected;
-  };
-  for (const Case& c :
-       {Case{"LOOM_TCP_BUSY_US", "-5", "an integer in [0, 10000000] (microseconds"},
-        Case{"LOOM_TCP_BUSY_US", "10ms", "an integer in [0, 10000000] (microseconds"},
-        Case{"LOOM_TCP_SEND_BYTES", "12", "a byte count in [4096, 1073741824]"},
-        Case{"LOOM_TCP_BUFFER_BYTES", "lots", "or 'auto'"},
-        Case{"LOOM_SPIN_US", "fast", "an integer in [0, 10000000] (microseconds"},
-        Case{"LOOM_CHUNK_BYTES", "abc", "a byte count in [4096, 1073741824]"},
-        Case{"LOOM_CHUNK_BYTES", "4x", "512K, 4M, 1GiB"},
-        Case{"LOOM_REDUCE_ISA", "avx", "one of: auto, generic"},
-        Case{"LOOM_SHM", "of", "1/0, on/off, true/false or yes/no"},
-        Case{"LOOM_SHM_P2P", "disable", "1/0, on/off, true/false or yes/no"}}) {
-    SCOPED_TRACE(::testing::Message() << c.name << "=" << c.value);
-    const char* old = std::getenv(c.name);
-    const std::string saved = old != nullptr ? old : "";
-    ::setenv(c.name, c.value, 1);
-    // Every setup fails, not only the first (nothing bad is cached).
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      HashStore store;
-      try {
-        Context::create(store, 0, 1, localOptions(2s));
-        ADD_FAILURE() << "no error";
-      } catch (const InvalidArgumentError& e) {
-        expectContains(e.what(), detail::str(c.name, "='", c.value, "' is not valid"));
-        expectContains(e.what(), c.expected);
-      }
-    }
-    if (old != nullptr) {
-      ::setenv(c.name, saved.c_str(), 1);
-    } else {
-      ::unsetenv(c.name);
-    }
-  }
-  ::setenv("LOOM_TCP_SEND_BYTES", "64K", 1);
-  ::setenv("LOOM_TCP_BUSY_US", "0", 1);
+// The tcp settings reach the transport: 64 KiB sendmsg steps and no busy polling still move a
+// message of many steps intact. (The environment variables behind them are checked once, in
+// settings_test.cc.)
+TEST(Transport, TcpSendStepsAndBlockingWaitsFromOptions) {
   HashStore store;
   const size_t n = (size_t{3} << 20) + 1;  // many send steps of 64 KiB
   loom::testing::runThreadRanks(2, [&](int rank) {
     ContextOptions o = localOptions();
     o.sharedMemory = false;
+    o.tcpSendBytes = 64 << 10;
+    o.busyPollUs = 0;
     auto ctx = Context::create(store, rank, 2, o);
     Transport& t = ctx->transport();
     const Deadline deadline(30s);
@@ -573,8 +536,6 @@ TEST(Transport, BadTcpEnvironmentValuesFailSetupNamingThem) {
       ASSERT_EQ(buf[n - 1], static_cast<uint8_t>((n - 1) * 5 + 3));
     }
   });
-  ::unsetenv("LOOM_TCP_SEND_BYTES");
-  ::unsetenv("LOOM_TCP_BUSY_US");
 }
 
 TEST(Transport, ContextSetupTimesOutNamingMissingRanks) {

@@ -132,10 +132,12 @@ TEST(Factory, DescribesTheOptionsThatDifferFromTheirDefaults) {
   o.timeout = std::chrono::milliseconds(1500);
   o.debug = DebugLevel::kInfo;
   o.comm.napUs = 0;
-  o.comm.algorithm = comm::Algorithm::kRing;
+  o.comm.context.algorithm = comm::Algorithm::kRing;
+  o.comm.context.sharedMemory = false;
   o.nccl.device = 1;
   EXPECT_EQ(describeNonDefault(o),
-            "timeout=1500ms debug=INFO comm.algorithm=ring comm.napUs=0 nccl.device=1");
+            "timeout=1500ms debug=INFO comm.napUs=0 comm.context.algorithm=ring "
+            "comm.context.sharedMemory=0 nccl.device=1");
 }
 
 #ifdef LOOM_HAVE_NCCL

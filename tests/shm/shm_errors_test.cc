@@ -1,8 +1,8 @@
 // Error paths of the shared-memory collectives with thread ranks: a collective mismatch is
 // an IoError on every rank naming what differed; a rank that never arrives is a TimeoutError
 // naming it and the collective, after which the whole group fails fast; Context::abort from
-// another thread ends a blocked collective; LOOM_SHM=0 or ContextOptions::sharedMemory=false
-// on any rank falls back to tcp on every rank.
+// another thread ends a blocked collective; ContextOptions::sharedMemory=false on all ranks or
+// on any one rank falls back to tcp on every rank.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -140,10 +140,12 @@ void expectTcpFallback(const std::function<ContextOptions(int)>& optionsFor) {
   });
 }
 
-TEST(ShmErrors, EnvironmentSwitchFallsBackToTcp) {
-  ::setenv("LOOM_SHM", "0", 1);
-  expectTcpFallback([](int) { return options(); });
-  ::unsetenv("LOOM_SHM");
+TEST(ShmErrors, SwitchedOffFallsBackToTcp) {
+  expectTcpFallback([](int) {
+    ContextOptions o = options();
+    o.sharedMemory = false;
+    return o;
+  });
 }
 
 TEST(ShmErrors, OneRankWithSharedMemoryOffTurnsItOffForAll) {

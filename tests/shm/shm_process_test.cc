@@ -3,10 +3,11 @@
 // every rank is connected and stays gone after the job is SIGKILLed; a SIGKILLed peer is an
 // IoError naming it within seconds (not a timeout, not a hang); a SIGSTOPped peer is a
 // TimeoutError naming it after the collective's timeout, and every other rank fails with it;
-// ranks split into "hosts" (LOOM_SHM_HOST_ID) run the hierarchical all-reduce and route
-// point-to-point through shared memory or tcp by host; a peer killed during send/recv is an
-// IoError naming it; rank 0 killed inside segment creation leaves nothing in /dev/shm; the
-// named-segment fallback (LOOM_SHM_MEMFD=0) works and is unlinked once every rank mapped it.
+// ranks split into "hosts" (ContextOptions::shmHostId) run the hierarchical all-reduce and
+// route point-to-point through shared memory or tcp by host; a peer killed during send/recv is
+// an IoError naming it; rank 0 killed inside segment creation leaves nothing in /dev/shm; the
+// named-segment fallback (ContextOptions::shmMemfd = false) works and is unlinked once every
+// rank mapped it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -223,9 +224,10 @@ TEST(ShmProcesses, HierarchicalAllreduceOverFakeHosts) {
     loom::testing::TempDir dir;
     loom::testing::ChildProcesses children;
     children.spawnRanks(size, [&](int rank) {
-      ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
+      ContextOptions o = options();
+      o.shmHostId = layout[rank];
       FileStore store(dir.file("store"));
-      auto ctx = Context::create(store, rank, size, options());
+      auto ctx = Context::create(store, rank, size, o);
       LOOM_CHECK(shm::arenaOf(*ctx) == nullptr, "a multi-host context got a single arena");
       LOOM_CHECK(shm::hierarchyOf(*ctx) != nullptr, "no hierarchy");
       CollectiveOptions opts;
@@ -261,9 +263,10 @@ TEST(ShmProcesses, PointToPointOverSharedMemoryAndTcpAcrossFakeHosts) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;
   children.spawnRanks(size, [&](int rank) {
-    ::setenv("LOOM_SHM_HOST_ID", layout[rank].c_str(), 1);
+    ContextOptions o = options();
+    o.shmHostId = layout[rank];
     FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, options());
+    auto ctx = Context::create(store, rank, size, o);
     Transport& t = ctx->transport();
     LOOM_CHECK(std::string(t.name()) == "shm+tcp", "transport is ", t.name());
     const Deadline deadline(30s);
@@ -359,13 +362,14 @@ TEST(ShmProcesses, RankZeroKilledInsideCreateLeavesNothing) {
 }
 
 TEST(ShmProcesses, NamedSegmentFallbackWorksAndIsUnlinked) {
-  // LOOM_SHM_MEMFD=0 takes the fallback used when /proc/<pid>/fd cannot be opened.
+  // shmMemfd = false takes the fallback used when /proc/<pid>/fd cannot be opened.
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;
   children.spawnRanks(3, [&](int rank) {
-    ::setenv("LOOM_SHM_MEMFD", "0", 1);
+    ContextOptions o = options();
+    o.shmMemfd = false;
     FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, 3, options());
+    auto ctx = Context::create(store, rank, 3, o);
     shm::Arena* arena = shm::arenaOf(*ctx);
     LOOM_CHECK(arena != nullptr, "no arena");
     LOOM_CHECK(arena->segmentName().rfind("/loom-shm-", 0) == 0,

@@ -2,11 +2,10 @@
 // {2, 3, 4, 5} x every dtype x every valid op x counts that hit each size class (the
 // small-message path, one chunk, many chunks with a partial last one) x in-place and
 // out-of-place x every root, one test per case (`Sweep/ShmReduce.AllreduceReduceScatterReduce/
-// ws3_count700_half_avg`). Slots are shrunk with LOOM_SHM_SLOT_BYTES so that many chunks and
+// ws3_count700_half_avg`). Slots are shrunk (ContextOptions::shmSlotBytes) so that many chunks and
 // the slot reuse across steps are covered at small counts; a second pass with the default
 // slot covers the large path at 2^18 + 3 elements.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
@@ -15,12 +14,6 @@
 
 namespace loom::comm::testing {
 namespace {
-
-class SlotBytes {
- public:
-  explicit SlotBytes(const char* bytes) { ::setenv("LOOM_SHM_SLOT_BYTES", bytes, 1); }
-  ~SlotBytes() { ::unsetenv("LOOM_SHM_SLOT_BYTES"); }
-};
 
 void requireArena(Context& ctx) {
   LOOM_CHECK(shm::arenaOf(ctx) != nullptr, "rank ", ctx.rank(),
@@ -33,17 +26,14 @@ std::vector<size_t> counts(int size) {
   return {1, static_cast<size_t>(size + 1), 700, 3001};
 }
 
-// 4096-byte slots for the whole suite: the env is read when the suite's world is built.
+// 4096-byte arena slots (ContextOptions::shmSlotBytes) for the suite's worlds.
 class SmallSlots : public SweepTest {
- public:
-  static void SetUpTestSuite() { slot_ = std::make_unique<SlotBytes>("4096"); }
-  static void TearDownTestSuite() {
-    SweepTest::TearDownTestSuite();
-    slot_.reset();
+ protected:
+  ContextOptions worldOptions() const override {
+    ContextOptions o;
+    o.shmSlotBytes = 4096;
+    return o;
   }
-
- private:
-  static inline std::unique_ptr<SlotBytes> slot_;
 };
 
 using ShmReduce = SmallSlots;

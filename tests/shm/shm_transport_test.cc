@@ -1,9 +1,9 @@
 // The shared-memory point-to-point transport with thread ranks: same-host peers get it (and
-// LOOM_SHM=0 gives tcp); messages of every size through tiny rings (wrap-around, padding,
-// zero bytes), received in any order (unexpected messages, one still arriving when its receive
-// is posted), all pairs at once without deadlock, a receive from a rank that closed its
-// transport after its last message, abort from another thread reaching the peer, and the
-// generic (forced) algorithms running over it.
+// ContextOptions::sharedMemory = false gives tcp); messages of every size through tiny rings
+// (wrap-around, padding, zero bytes), received in any order (unexpected messages, one still
+// arriving when its receive is posted), all pairs at once without deadlock, a receive from a rank
+// that closed its transport after its last message, abort from another thread reaching the peer,
+// and the generic (forced) algorithms running over it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -27,18 +27,14 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-ContextOptions options() {
+// `ringBytes` 0: the default ring size.
+ContextOptions options(size_t ringBytes = 0) {
   ContextOptions o;
   o.host = "127.0.0.1";
   o.timeout = 30s;
+  o.shmRingBytes = ringBytes;
   return o;
 }
-
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  const char* name_;
-};
 
 uint8_t pattern(int from, int to, size_t message, size_t i) {
   return static_cast<uint8_t>(from * 131 + to * 31 + message * 7 + i * 13 + 1);
@@ -52,20 +48,20 @@ TEST(ShmTransport, SameHostPeersUseSharedMemoryUnlessSwitchedOff) {
       EXPECT_STREQ(ctx->transport().name(), "shm+tcp");
     });
   }
-  ScopedEnv off("LOOM_SHM", "0");
+  ContextOptions off = options();
+  off.sharedMemory = false;
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {
-    auto ctx = Context::create(store, rank, 2, options());
+    auto ctx = Context::create(store, rank, 2, off);
     EXPECT_STREQ(ctx->transport().name(), "tcp");
   });
 }
 
 TEST(ShmTransport, EverySizeThroughATinyRingInAnyOrder) {
-  ScopedEnv ring("LOOM_SHM_RING_BYTES", "4096");
   const std::vector<size_t> sizes = {0, 1, 15, 16, 17, 4079, 4080, 4096, 4097, 100003};
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {
-    auto ctx = Context::create(store, rank, 2, options());
+    auto ctx = Context::create(store, rank, 2, options(4096));
     Transport& t = ctx->transport();
     ASSERT_STREQ(t.name(), "shm+tcp");
     const int peer = 1 - rank;
@@ -97,12 +93,11 @@ TEST(ShmTransport, ReceivePostedWhileItsMessageIsArriving) {
   // The message is far larger than the ring: the receiver sees its header first (no receive
   // posted: it starts as an unexpected message), then posts the receive, which takes what
   // came and gets the rest directly.
-  ScopedEnv ring("LOOM_SHM_RING_BYTES", "8192");
   const size_t n = (size_t{1} << 20) + 5;
   HashStore store;
   std::latch started(1);
   loom::testing::runThreadRanks(2, [&](int rank) {
-    auto ctx = Context::create(store, rank, 2, options());
+    auto ctx = Context::create(store, rank, 2, options(8192));
     Transport& t = ctx->transport();
     const Deadline deadline(30s);
     std::vector<uint8_t> buf(n);
@@ -126,12 +121,11 @@ TEST(ShmTransport, ReceivePostedWhileItsMessageIsArriving) {
 }
 
 TEST(ShmTransport, AllPairsAtOnceWithSmallRings) {
-  ScopedEnv ring("LOOM_SHM_RING_BYTES", "4096");
   const int size = 4;
   const size_t n = 50000;
   HashStore store;
   loom::testing::runThreadRanks(size, [&](int rank) {
-    auto ctx = Context::create(store, rank, size, options());
+    auto ctx = Context::create(store, rank, size, options(4096));
     Transport& t = ctx->transport();
     const Deadline deadline(30s);
     std::vector<std::vector<uint8_t>> out(size), in(size);
@@ -208,11 +202,10 @@ TEST(ShmTransport, AbortFromAnotherThreadReachesThePeer) {
 }
 
 TEST(ShmTransport, ForcedGenericAlgorithmsRunOverIt) {
-  ScopedEnv ring("LOOM_SHM_RING_BYTES", "4096");
   for (int size : {2, 3, 4}) {
     HashStore store;
     loom::testing::runThreadRanks(size, [&](int rank) {
-      auto ctx = Context::create(store, rank, size, options());
+      auto ctx = Context::create(store, rank, size, options(4096));
       ASSERT_STREQ(ctx->transport().name(), "shm+tcp");
       const float sum = size * (size + 1) / 2.0f;
       uint64_t seq = 0;
@@ -249,44 +242,17 @@ TEST(ShmTransport, ForcedGenericAlgorithmsRunOverIt) {
   }
 }
 
-// The arena's and the shm transport's knobs are read when they are set up: a bad value fails
-// Context::create on every rank naming the variable and what is accepted; a good one
-// (suffixed byte counts included) is taken.
-TEST(ShmTransport, BadShmEnvironmentValuesFailSetupNamingThem) {
-  struct Case {
-    const char* name;
-    const char* value;
-    const char* expected;
-  };
-  for (const Case& c : {Case{"LOOM_SHM_SLOT_BYTES", "4x", "a byte count in [4096, 1073741824]"},
-                        Case{"LOOM_SHM_SLOT_BYTES", "2K", "a byte count in [4096, 1073741824]"},
-                        Case{"LOOM_SHM_RING_BYTES", "lots", "a byte count in [4096, 1073741824]"},
-                        Case{"LOOM_SHM_SPIN_US", "abc", "an integer in [0, 10000000]"},
-                        Case{"LOOM_SHM_YIELD_US", "1ms", "an integer in [0, 10000000]"},
-                        Case{"LOOM_SHM_MEMFD", "maybe", "1/0, on/off, true/false or yes/no"}}) {
-    SCOPED_TRACE(::testing::Message() << c.name << "=" << c.value);
-    ScopedEnv bad(c.name, c.value);
-    HashStore store;
-    loom::testing::runThreadRanks(2, [&](int rank) {
-      try {
-        Context::create(store, rank, 2, options());
-        ADD_FAILURE() << "no error";
-      } catch (const InvalidArgumentError& e) {
-        const std::string what = e.what();
-        EXPECT_NE(what.find(detail::str(c.name, "='", c.value, "' is not valid")),
-                  std::string::npos)
-            << what;
-        EXPECT_NE(what.find(c.expected), std::string::npos) << what;
-      }
-    });
-  }
-  ScopedEnv slot("LOOM_SHM_SLOT_BYTES", "64K");
-  ScopedEnv ring("LOOM_SHM_RING_BYTES", "8KiB");
-  ScopedEnv spin("LOOM_SHM_SPIN_US", "0");
-  ScopedEnv memfd("LOOM_SHM_MEMFD", "on");
+// The arena's and the shm transport's settings reach them: odd slot and ring sizes, no
+// spinning and the memfd still make a working Context. (The variables behind them are checked
+// once, in tests/comm/settings_test.cc.)
+TEST(ShmTransport, SettingsFromOptionsAreTaken) {
+  ContextOptions o = options(8 << 10);
+  o.shmSlotBytes = 64 << 10;
+  o.shmSpinUs = 0;
+  o.shmMemfd = true;
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {
-    auto ctx = Context::create(store, rank, 2, options());
+    auto ctx = Context::create(store, rank, 2, o);
     EXPECT_STREQ(ctx->transport().name(), "shm+tcp");
     std::vector<float> data(100000, static_cast<float>(rank + 1));
     allreduce(*ctx, data.data(), data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);

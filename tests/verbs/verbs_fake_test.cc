@@ -409,7 +409,6 @@ TEST(VerbsFake, ProcessGroupOverTheVerbsContext) {
 
 TEST(VerbsNoDevice, EntryPointsSayNoDeviceWasFound) {
   if (!listDevices().empty()) GTEST_SKIP() << "an RDMA device is present";
-  unsetenv("LOOM_IB_DEVICE");
   std::string why;
   EXPECT_FALSE(verbsAvailable(&why));
   EXPECT_EQ(why.substr(why.find("no RDMA")),
@@ -422,16 +421,19 @@ TEST(VerbsNoDevice, EntryPointsSayNoDeviceWasFound) {
   EXPECT_THAT(messageOf<NotAvailableError>([&] { createProcessGroup("verbs", shared, 0, 1); }),
               HasSubstr("createProcessGroup(\"verbs\"): "));
   // A named device that does not exist, with no device at all: still "no device".
-  setenv("LOOM_IB_DEVICE", "mlx5_9", 1);
-  EXPECT_THAT(messageOf<NotAvailableError>([&] { createVerbsContext(store, 0, 1); }),
+  ContextOptions named;
+  named.verbs.device = "mlx5_9";
+  EXPECT_THAT(messageOf<NotAvailableError>([&] { createVerbsContext(store, 0, 1, named); }),
               HasSubstr("no RDMA device found"));
-  unsetenv("LOOM_IB_DEVICE");
-  setenv("LOOM_IB_PORT", "abc", 1);
-  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createVerbsContext(store, 0, 1); }),
-              HasSubstr("LOOM_IB_PORT='abc' is not valid"));
-  EXPECT_FALSE(verbsAvailable(&why));
-  EXPECT_THAT(why, HasSubstr("LOOM_IB_PORT"));
-  unsetenv("LOOM_IB_PORT");
+  EXPECT_FALSE(verbsAvailable(&why, named.verbs));
+  EXPECT_THAT(why, HasSubstr("no RDMA device found"));
+  // A bad option is named, by both entry points.
+  ContextOptions bad;
+  bad.verbs.port = 0;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createVerbsContext(store, 0, 1, bad); }),
+              HasSubstr("ContextOptions::verbs.port is 0"));
+  EXPECT_FALSE(verbsAvailable(&why, bad.verbs));
+  EXPECT_THAT(why, HasSubstr("verbs.port"));
 }
 
 }  // namespace

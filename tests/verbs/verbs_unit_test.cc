@@ -1,6 +1,7 @@
 // The pure parts of the verbs transport, no device needed: the queue-pair info exchanged
-// through the Store, the immediate encoding, fragmentation and credit arithmetic, LOOM_IB_*
-// parsing, device / port / gid-index selection errors, the INIT -> RTR -> RTS attributes.
+// through the Store, the immediate encoding, fragmentation and credit arithmetic, the
+// VerbsOptions checks, device / port / gid-index selection errors, the INIT -> RTR -> RTS
+// attributes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +10,9 @@
 #include <map>
 #include <string>
 
+#include "loom/comm/verbs.h"
 #include "loom/common/error.h"
+#include "loom/store/hash_store.h"
 #include "verbs/verbs_ops.h"
 #include "verbs/verbs_qp.h"
 
@@ -103,41 +106,37 @@ TEST(Fragments, CountAndCreditThreshold) {
   EXPECT_EQ(creditThreshold(1), 1u);
 }
 
-std::map<std::string, std::string> gEnv;
-const char* fakeGetenv(const char* name) {
-  auto it = gEnv.find(name);
-  return it == gEnv.end() ? nullptr : it->second.c_str();
-}
-
-TEST(Config, DefaultsAndOverrides) {
-  gEnv.clear();
-  VerbsConfig c = parseVerbsConfig(fakeGetenv);
+// The transport's config is ContextOptions::verbs as given (the LOOM_IB_* variables behind it
+// are checked in tests/comm/settings_test.cc); out-of-range options fail Context setup naming
+// the field.
+TEST(Config, DefaultsAndOptions) {
+  VerbsConfig c = verbsConfigFrom({});
   EXPECT_EQ(c.device, "");
   EXPECT_EQ(c.port, 1);
   EXPECT_EQ(c.gidIndex, 0);
   EXPECT_EQ(c.slots, 16u);
   EXPECT_EQ(c.slotBytes, 65536u);
-  gEnv = {{"LOOM_IB_DEVICE", "mlx5_1"},
-          {"LOOM_IB_PORT", "2"},
-          {"LOOM_IB_GID_INDEX", "3"},
-          {"LOOM_IB_SLOTS", "32"},
-          {"LOOM_IB_SLOT_BYTES", "4K"}};
-  c = parseVerbsConfig(fakeGetenv);
+  VerbsOptions o;
+  o.device = "mlx5_1";
+  o.port = 2;
+  o.gidIndex = 3;
+  o.slots = 32;
+  o.slotBytes = 4096;
+  c = verbsConfigFrom(o);
   EXPECT_EQ(c.device, "mlx5_1");
   EXPECT_EQ(c.port, 2);
   EXPECT_EQ(c.gidIndex, 3);
   EXPECT_EQ(c.slots, 32u);
   EXPECT_EQ(c.slotBytes, 4096u);
-  gEnv = {{"LOOM_IB_PORT", "0"}};
-  EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_PORT='0' is not valid; expected an integer in [1, 255]"));
-  gEnv = {{"LOOM_IB_GID_INDEX", "x"}};
-  EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_GID_INDEX='x' is not valid"));
-  gEnv = {{"LOOM_IB_SLOTS", "1"}};
-  EXPECT_THAT(messageOf<InvalidArgumentError>([] { parseVerbsConfig(fakeGetenv); }),
-              HasSubstr("LOOM_IB_SLOTS='1' is not valid"));
-  gEnv.clear();
+  HashStore store;
+  ContextOptions bad;
+  bad.verbs.port = 0;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createVerbsContext(store, 0, 1, bad); }),
+              HasSubstr("ContextOptions::verbs.port is 0; expected a port in [1, 255]"));
+  bad = {};
+  bad.verbs.slots = 1;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createVerbsContext(store, 0, 1, bad); }),
+              HasSubstr("ContextOptions::verbs.slots is 1"));
 }
 
 TEST(Device, SelectionErrors) {

@@ -12,9 +12,6 @@
 
 namespace loom::comm {
 
-// Pipelining granularity of the ring and chain algorithms (LOOM_CHUNK_BYTES overrides).
-size_t chunkBytes();
-
 // Contiguous segment s of `count` elements split over `parts` parts, the first count % parts
 // parts one element longer.
 inline size_t segmentBegin(size_t count, int parts, int s) {

@@ -17,7 +17,7 @@
 // - All-gather, d = 1, 2, .. p2/2: partners exchange the ranges they hold, straight into out,
 //   doubling them, until every rank holds all blocks. The odd ranks of the fold send the
 //   result to the even ranks that sat out.
-// - Pipelining: each exchange is cut into chunkBytes() messages, all posted at once, and a
+// - Pipelining: each exchange is cut into op.chunkBytes() messages, all posted at once, and a
 //   received chunk is reduced while later ones arrive. A step's sends finish before the next
 //   step begins (nothing it sends is written afterwards anyway: a rank only writes the range
 //   it keeps, and in the all-gather only ranges its partner sent).
@@ -43,7 +43,7 @@ void allreduceHalvingDoubling(Op& op, const void* in, void* out, size_t count, D
   while (p2 * 2 <= size) p2 *= 2;
   const int rem = size - p2;
   auto realRank = [&](int v) { return unfoldedRank(v, rem); };
-  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
+  const size_t chunkElems = std::max<size_t>(1, op.chunkBytes() / esize);
 
   const int vrank = foldIn(op, in, out, count, dtype, reduce, rem);
   if (vrank < 0) return;

@@ -3,7 +3,7 @@
 //
 // How it works
 // - The buffer is cut into `size` segments (segmentBegin/segmentCount); each segment into
-//   `chunks` chunks of at most chunkBytes(). Every message is one chunk.
+//   `chunks` chunks of at most op.chunkBytes(). Every message is one chunk.
 // - Reduce-scatter, steps k = 0 .. size-2: rank r sends segment (r - k - 1) to `next` and
 //   receives segment (r - k - 2) from `prev`, reducing it into out with its own input:
 //   out[seg] = received (op) in[seg]. At step 0 the segment sent comes from `in`; later
@@ -45,7 +45,7 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
   const ReduceFn reduce = reduceFunction(dtype, rop);
 
   const size_t maxSegment = segmentCount(count, size, 0);
-  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
+  const size_t chunkElems = std::max<size_t>(1, op.chunkBytes() / esize);
   const size_t chunks = std::max<size_t>(1, (maxSegment + chunkElems - 1) / chunkElems);
   const size_t perChunk = (maxSegment + chunks - 1) / chunks;
   // Chunk c of segment s: elements [begin, begin + n) of the whole buffer.

@@ -24,7 +24,7 @@ void broadcastChain(Op& op, void* buf, size_t count, DType dtype, int root) {
   const int next = (op.rank() + 1) % size;
   const bool last = vrank == size - 1;
   const size_t esize = dtypeSize(dtype);
-  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
+  const size_t chunkElems = std::max<size_t>(1, op.chunkBytes() / esize);
   const size_t chunks = (count + chunkElems - 1) / chunkElems;
   const size_t perChunk = (count + chunks - 1) / chunks;
   auto chunkCount = [&](size_t c) { return std::min(count, (c + 1) * perChunk) - c * perChunk; };

@@ -4,7 +4,7 @@
 
 namespace loom::comm {
 
-Op::Op(Context& ctx, OpType kind, const CollectiveOptions& opts)
+Op::Op(Context& ctx, OpType kind, const CollectiveOptions& opts, size_t chunkBytes)
     : ctx_(ctx),
       transport_(ctx.transport()),
       kind_(kind),
@@ -12,7 +12,8 @@ Op::Op(Context& ctx, OpType kind, const CollectiveOptions& opts)
       rank_(ctx.rank()),
       size_(ctx.size()),
       timeout_(opts.timeout),
-      deadline_(opts.timeout) {
+      deadline_(opts.timeout),
+      chunkBytes_(chunkBytes) {
   LOOM_CHECK(opts.seq <= kMaxSeq, "sequence number ", opts.seq, " exceeds the maximum ", kMaxSeq);
 }
 

@@ -17,13 +17,21 @@
 
 namespace loom::comm {
 
+// Message size of the chunked algorithms when no engine says otherwise
+// (ContextOptions::chunkBytes; LOOM_CHUNK_BYTES's default).
+constexpr size_t kDefaultChunkBytes = size_t{512} << 10;
+
 class Op {
  public:
-  Op(Context& ctx, OpType kind, const CollectiveOptions& opts);
+  // `chunkBytes`: the message size of the chunked, pipelined algorithms (the Context's
+  // ContextOptions::chunkBytes, through its generic engine).
+  Op(Context& ctx, OpType kind, const CollectiveOptions& opts,
+     size_t chunkBytes = kDefaultChunkBytes);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   Context& context() { return ctx_; }
+  size_t chunkBytes() const { return chunkBytes_; }
   // "allreduce#17"
   std::string name() const;
 
@@ -48,6 +56,7 @@ class Op {
   const int size_;
   const milliseconds timeout_;
   const Deadline deadline_;
+  const size_t chunkBytes_;
 };
 
 // "send to" / "receive from", for messages.

@@ -28,7 +28,7 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
   const int prev = (rank - 1 + size) % size;
   const size_t esize = dtypeSize(dtype);
   const ReduceFn reduce = reduceFunction(dtype, rop);
-  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / esize);
+  const size_t chunkElems = std::max<size_t>(1, op.chunkBytes() / esize);
   const size_t chunks = (count + chunkElems - 1) / chunkElems;
   const size_t perChunk = (count + chunks - 1) / chunks;
   auto chunkCount = [&](size_t c) { return std::min(count, (c + 1) * perChunk) - c * perChunk; };

@@ -1,6 +1,5 @@
 #include "algorithms/select.h"
 
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -136,23 +135,20 @@ Algorithm parseAlgorithm(std::string_view name) {
              "'; expected one of auto, ring, rd, hd, direct, tree, chain");
 }
 
-Algorithm algorithmFromEnvironment() {
-  const char* env = std::getenv("LOOM_ALGO");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "shm") return Algorithm::kAuto;
-  return parseAlgorithm(env);
+void checkAlgorithm(OpType kind, Algorithm requested) {
+  if (requested == Algorithm::kAuto) return;
+  if (kind == OpType::kBarrier) {
+    LOOM_THROW(InvalidArgumentError, "barrier has one algorithm (dissemination); got ",
+               algorithmName(requested));
+  }
+  LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
+             " is not implemented for ", opTypeName(kind), "; choose one of ", supportedList(kind));
 }
 
-Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm fromEnvironment, size_t bytes,
+Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, size_t bytes,
                           int size) {
-  if (requested != Algorithm::kAuto) {
-    LOOM_CHECK(supports(kind, requested), "algorithm ", algorithmName(requested),
-               " is not implemented for ", opTypeName(kind), "; choose one of ",
-               supportedList(kind));
-    return requested;
-  }
-  if (fromEnvironment != Algorithm::kAuto && supports(kind, fromEnvironment)) {
-    return fromEnvironment;
-  }
+  if (requested != Algorithm::kAuto) return requested;
+  if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
   return automatic(kind, bytes, size);
 }
 

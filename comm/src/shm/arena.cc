@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "loom/comm/transport.h"
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 #include "tag.h"
@@ -92,10 +91,8 @@ struct Arena::Control {
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-std::string hostIdentity() {
-  if (const std::optional<std::string> id = env::get("LOOM_SHM_HOST_ID")) {
-    return detail::str("override|", *id);
-  }
+std::string hostIdentity(const std::string& overrideId) {
+  if (!overrideId.empty()) return detail::str("override|", overrideId);
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   return detail::str(readFirstLine("/proc/sys/kernel/random/boot_id"), "|", host, "|",
@@ -103,17 +100,12 @@ std::string hostIdentity() {
                      namespaceId("/proc/self/ns/mnt"));
 }
 
-bool sharedMemoryEnabledByEnv() {
-  return env::flag("LOOM_SHM", true);
-}
-
 std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                                      const ArenaOptions& options) {
   size_t slotBytes = options.slotBytes != 0 ? options.slotBytes
                      : size <= 4            ? size_t{2} << 20
                                             : size_t{1} << 20;
-  slotBytes = env::bytes("LOOM_SHM_SLOT_BYTES", 4096, size_t{1} << 30, slotBytes);
-  const WaitBudget budget = waitBudget(size);
+  const WaitBudget budget = waitBudget(size, options.spinUs, options.yieldUs);
   slotBytes = roundUp(std::max<size_t>(slotBytes, kPage), kPage);
   const size_t perRankBytes = kPage + kSlots * slotBytes;
   const size_t totalBytes = kPage + size * perRankBytes;
@@ -132,7 +124,7 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
     header->magic = kMagic;
   };
   // Every rank computes the same layout from the same options (rank 0's slot size travels in
-  // the header only as a check: a rank with another LOOM_SHM_SLOT_BYTES is refused).
+  // the header only as a check: a rank with another slot size is refused).
   auto check = [&](const void* base, size_t bytes) {
     const auto* header = static_cast<const Header*>(base);
     if (header->magic != kMagic || header->version != kVersion || header->size != size ||
@@ -142,11 +134,11 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                  "(world size ",
                  size, ", slot bytes ", slotBytes, ", ", totalBytes,
                  " bytes; "
-                 "was LOOM_SHM_SLOT_BYTES set differently on the ranks?)");
+                 "was shmSlotBytes / LOOM_SHM_SLOT_BYTES set differently on the ranks?)");
     }
   };
   auto segment = Segment::create(store, rank, size, totalBytes, options.keyPrefix, options.timeout,
-                                 init, check);
+                                 init, check, options.memfd);
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   return arena;

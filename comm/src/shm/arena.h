@@ -59,17 +59,20 @@ struct ArenaOptions {
   std::string keyPrefix = "comm/shm";
   // Staging bytes per rank per slot; 0 = 2 MiB up to 4 ranks, 1 MiB beyond (large
   // collectives fill a whole slot per step, smaller ones use 256 KiB chunks; see
-  // shm_collectives.h). LOOM_SHM_SLOT_BYTES overrides.
+  // shm_collectives.h). ContextOptions::shmSlotBytes.
   size_t slotBytes = 0;
+  // false skips the memfd (segment.h; ContextOptions::shmMemfd).
+  bool memfd = true;
+  // Wait budgets in µs, < 0 for waitBudget's defaults (os.h; ContextOptions::shmSpinUs/YieldUs).
+  int spinUs = -1;
+  int yieldUs = -1;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
 // shm_open segment. The hostname alone is not enough (containers, network namespaces).
-// LOOM_SHM_HOST_ID, when set, replaces it (tests use it to split one machine into "hosts").
-std::string hostIdentity();
-
-// LOOM_SHM as a flag (env.h), default on; a bad value is an InvalidArgumentError.
-bool sharedMemoryEnabledByEnv();
+// `overrideId`, when not empty, replaces it (ContextOptions::shmHostId: tests use it to split
+// one machine into "hosts").
+std::string hostIdentity(const std::string& overrideId = {});
 
 class Arena {
  public:
@@ -157,8 +160,8 @@ class Arena {
   void* base_;
   Header* header_;
   uint64_t step_ = 0;
-  const int64_t spinNs_;   // waitBudget (os.h): LOOM_SHM_SPIN_US overrides
-  const int64_t yieldNs_;  // LOOM_SHM_YIELD_US overrides
+  const int64_t spinNs_;   // waitBudget (os.h), or ArenaOptions::spinUs
+  const int64_t yieldNs_;  // or ArenaOptions::yieldUs
   Transport* transport_ = nullptr;
 };
 

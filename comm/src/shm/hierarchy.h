@@ -33,11 +33,10 @@ struct Hierarchy {
   Arena* arena = nullptr;    // this host's arena (null when the host has one rank)
 };
 
-// The Context's hierarchy when it spans several hosts and at least one host holds several
-// ranks with shared memory on; null otherwise (single host: arenaOf; or no shm at all).
+// The Context's hierarchy (its hierarchical engine's) when it spans several hosts and at least
+// one host holds several ranks with shared memory on; null otherwise (single host: arenaOf; or
+// no shm at all). For tests and diagnostics.
 const Hierarchy* hierarchyOf(Context& ctx);
-// hierarchyOf, or null when an algorithm was forced (as arenaFor).
-const Hierarchy* hierarchyFor(Context& ctx, const CollectiveOptions& opts);
 
 void hierarchicalAllreduce(Context& ctx, const Hierarchy& hierarchy, const CollectiveOptions& opts,
                            const void* in, void* out, size_t count, DType dtype, ReduceOp op);

@@ -12,8 +12,6 @@
 #include <cstdio>
 #include <fstream>
 
-#include "loom/common/env.h"
-
 namespace loom::comm::shm {
 
 int64_t nowNs() {
@@ -62,13 +60,11 @@ int usableCpus() {
 // ranks over the cores, where sleeping ranks get packed onto one core of a loaded machine and
 // every hand-over becomes a futex wake-up (measured here: 2 ranks, 64 KiB all-reduce 36 us
 // with immediate sleep, 13.5 us with the yield phase).
-WaitBudget waitBudget(int localRanks) {
+WaitBudget waitBudget(int localRanks, int spinUs, int yieldUs) {
   const bool oversubscribed = localRanks > usableCpus();
-  const int64_t spinUs =
-      env::integer("LOOM_SHM_SPIN_US", 0, 10'000'000, oversubscribed ? 3 : 1000, "microseconds");
-  const int64_t yieldUs = env::integer("LOOM_SHM_YIELD_US", 0, 10'000'000,
-                                       oversubscribed ? 2000 : 1000, "microseconds");
-  return WaitBudget{spinUs * 1000, yieldUs * 1000};
+  const int64_t spin = spinUs >= 0 ? spinUs : oversubscribed ? 3 : 1000;
+  const int64_t yield = yieldUs >= 0 ? yieldUs : oversubscribed ? 2000 : 1000;
+  return WaitBudget{spin * 1000, yield * 1000};
 }
 
 }  // namespace loom::comm::shm

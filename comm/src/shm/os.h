@@ -33,14 +33,13 @@ int usableCpus();
 // How long a shm waiter spins, then yields, before it sleeps on a futex (the policy is in
 // arena.h). Spinning only pays while every rank has a core of its own: then spin up to 1 ms;
 // when `localRanks` outnumber the usable CPUs, spin a moment only (3 µs) and yield longer
-// (2 ms instead of 1 ms). LOOM_SHM_SPIN_US and LOOM_SHM_YIELD_US (microseconds in
-// [0, 10000000]) override either budget. Read at arena and shm transport setup, the one
-// place these variables are parsed; a bad value is an InvalidArgumentError naming it.
+// (2 ms instead of 1 ms). `spinUs` / `yieldUs` >= 0 (ContextOptions::shmSpinUs / shmYieldUs,
+// validated at Context setup) replace either budget.
 struct WaitBudget {
   int64_t spinNs;
   int64_t yieldNs;
 };
-WaitBudget waitBudget(int localRanks);
+WaitBudget waitBudget(int localRanks, int spinUs = -1, int yieldUs = -1);
 
 // The first line of a file, empty when it cannot be read.
 std::string readFirstLine(const char* path);

@@ -12,7 +12,6 @@
 #include <random>
 #include <vector>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/store/store.h"
 
@@ -44,10 +43,7 @@ std::vector<std::string> peerKeys(const std::string& prefix, int size) {
 std::unique_ptr<Segment> Segment::create(Store& store, int rank, int size, size_t bytes,
                                          const std::string& keyPrefix,
                                          std::chrono::milliseconds timeout, const Init& init,
-                                         const Check& check) {
-  // LOOM_SHM_MEMFD=0 skips the memfd. Read on every rank, so that a bad value fails each of
-  // them at once, not only rank 0.
-  const bool memfd = env::flag("LOOM_SHM_MEMFD", true);
+                                         const Check& check, bool memfd) {
   // ---- first choice: an anonymous memfd, opened by the others through /proc ----
   const std::string memfdKey = keyPrefix + "/memfd";
   std::string memfdName = "none";

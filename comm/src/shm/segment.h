@@ -42,11 +42,12 @@ class Segment {
 
   // Collective over ranks 0..size-1 (rank numbers of this segment, not of the Context). Keys
   // are "<keyPrefix>/...". Throws IoError when the memory cannot be created or mapped and
-  // TimeoutError when a rank never arrives within `timeout`. LOOM_SHM_MEMFD=0 skips the memfd.
+  // TimeoutError when a rank never arrives within `timeout`. `memfd` false skips the memfd
+  // (ContextOptions::shmMemfd).
   static std::unique_ptr<Segment> create(Store& store, int rank, int size, size_t bytes,
                                          const std::string& keyPrefix,
                                          std::chrono::milliseconds timeout, const Init& init,
-                                         const Check& check);
+                                         const Check& check, bool memfd = true);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;

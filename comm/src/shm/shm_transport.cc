@@ -1,7 +1,5 @@
 #include "shm/shm_transport_impl.h"
 
-#include "loom/common/env.h"
-
 namespace loom::comm::shm {
 
 // ---- setup ----
@@ -15,8 +13,7 @@ std::unique_ptr<ShmTransport> ShmTransport::create(Store& store, int rank, int s
   size_t ringBytes = options.ringBytes != 0 ? options.ringBytes
                      : n <= 4               ? size_t{1} << 20
                                             : size_t{256} << 10;
-  ringBytes = env::bytes("LOOM_SHM_RING_BYTES", 4096, size_t{1} << 30, ringBytes);
-  const WaitBudget budget = waitBudget(n);
+  const WaitBudget budget = waitBudget(n, options.spinUs, options.yieldUs);
   ringBytes = roundUp(ringBytes, p2p::kPage);
   static_assert(sizeof(Header) <= p2p::kPage && sizeof(Control) <= p2p::kPage &&
                 sizeof(Ring) <= p2p::kPage);
@@ -41,8 +38,8 @@ std::unique_ptr<ShmTransport> ShmTransport::create(Store& store, int rank, int s
                  "differently on the ranks?)");
     }
   };
-  auto segment =
-      Segment::create(store, me, n, total, options.keyPrefix, options.timeout, init, check);
+  auto segment = Segment::create(store, me, n, total, options.keyPrefix, options.timeout, init,
+                                 check, options.memfd);
   return std::unique_ptr<ShmTransport>(
       new ShmTransport(rank, size, local, ringBytes, budget, std::move(segment)));
 }

@@ -59,9 +59,13 @@ class Segment;
 struct ShmTransportOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string keyPrefix = "comm/shm/p2p";
-  // Ring bytes per ordered pair; 0 = 1 MiB up to 4 local ranks, 256 KiB beyond.
-  // LOOM_SHM_RING_BYTES overrides.
+  // Ring bytes per ordered pair; 0 = 1 MiB up to 4 local ranks, 256 KiB beyond
+  // (ContextOptions::shmRingBytes).
   size_t ringBytes = 0;
+  // As ArenaOptions: the memfd, and the wait budgets in µs (< 0: waitBudget's defaults).
+  bool memfd = true;
+  int spinUs = -1;
+  int yieldUs = -1;
 };
 
 class ShmRequest;

@@ -11,7 +11,6 @@
 #include <optional>
 #include <string>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
@@ -23,35 +22,17 @@ namespace loom::comm::tcp {
 
 TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
 
-namespace {
-
-// SO_SNDBUF/SO_RCVBUF for TcpOptions::bufferBytes == 0: LOOM_TCP_BUFFER_BYTES (a byte count,
-// or "auto" for the kernel's autotuning), else kDefaultBufferBytes (0: autotuning).
-int defaultBufferBytes() {
-  const std::optional<std::string> env = env::get("LOOM_TCP_BUFFER_BYTES");
-  if (!env) return static_cast<int>(kDefaultBufferBytes);
-  if (*env == "auto") return -1;
-  return static_cast<int>(env::parseBytes("LOOM_TCP_BUFFER_BYTES", *env, 1, size_t{1} << 30,
-                                          "or 'auto' for the kernel's autotuning"));
-}
-
-}  // namespace
-
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
                                                    const TcpOptions& options) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.busyPollUs <= 10'000'000, "busyPollUs ", options.busyPollUs,
              " is out of range; expected at most 10000000 µs (or < 0 for the default)");
-  // The environment knobs are read at each setup, so a bad value fails here, every time.
-  const long long busyUs = options.busyPollUs >= 0
-                               ? options.busyPollUs
-                               : env::integer("LOOM_TCP_BUSY_US", 0, 10'000'000, kDefaultBusyPollUs,
-                                              "microseconds; 0 blocks at once");
-  const size_t sendStep = env::bytes("LOOM_TCP_SEND_BYTES", 4096, size_t{1} << 30, kMaxSendBytes);
-  const long long spinUs = env::integer("LOOM_SPIN_US", 0, 10'000'000, kDefaultSpinUs,
-                                        "microseconds a small message's wait spins");
-  const int bufferBytes = options.bufferBytes == 0 ? defaultBufferBytes() : options.bufferBytes;
+  const long long busyUs = options.busyPollUs >= 0 ? options.busyPollUs : kDefaultBusyPollUs;
+  const size_t sendStep = options.sendBytes != 0 ? options.sendBytes : kMaxSendBytes;
+  const long long spinUs = options.spinUs >= 0 ? options.spinUs : kDefaultSpinUs;
+  const int bufferBytes =
+      options.bufferBytes == 0 ? static_cast<int>(kDefaultBufferBytes) : options.bufferBytes;
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
   t->busy_ = std::chrono::microseconds(busyUs);
   t->sendStep_ = sendStep;
@@ -63,15 +44,10 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   }
   const Deadline deadline(options.timeout);
   std::string host = options.host;
-  const char* hostFrom = "ContextOptions::host";
+  const char* hostFrom = "ContextOptions::host or LOOM_HOST";
   if (host.empty()) {
-    if (const std::optional<std::string> env = env::get("LOOM_HOST")) {
-      host = *env;
-      hostFrom = "LOOM_HOST";
-    } else {
-      host = net::hostname();
-      hostFrom = nullptr;
-    }
+    host = net::hostname();
+    hostFrom = nullptr;
   }
   net::Socket listener;
   try {

@@ -73,13 +73,17 @@ struct TcpOptions {
   milliseconds timeout{std::chrono::minutes(5)};  // connection setup
   std::string host;                               // address to listen on and publish
   std::string keyPrefix = "loom/tcp";             // Store keys
-  // SO_SNDBUF/SO_RCVBUF: > 0 that size; 0 the default (LOOM_TCP_BUFFER_BYTES if set, else
-  // kDefaultBufferBytes in peer.h, which is 0: kernel autotuning); < 0 autotuning.
+  // SO_SNDBUF/SO_RCVBUF: > 0 that size; 0 the default (kDefaultBufferBytes in peer.h, which
+  // is 0: kernel autotuning); < 0 autotuning.
   int bufferBytes = 0;
   // How long a waiter keeps polling the sockets without blocking after bytes last moved, in
-  // µs: >= 0 that long (0: block at once); < 0 the default (LOOM_TCP_BUSY_US if set, else
-  // kDefaultBusyPollUs in peer.h).
+  // µs: >= 0 that long (0: block at once); < 0 the default (kDefaultBusyPollUs in peer.h).
   int busyPollUs = -1;
+  // Bytes handed to one sendmsg call (ContextOptions::tcpSendBytes); 0: kMaxSendBytes (peer.h).
+  size_t sendBytes = 0;
+  // How long a wait on a small message spins, in µs (ContextOptions::tcpSpinUs); < 0:
+  // kDefaultSpinUs (peer.h).
+  int spinUs = -1;
 };
 
 class TcpRequest;

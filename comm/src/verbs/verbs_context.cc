@@ -5,6 +5,9 @@
 #include <array>
 #include <cstdlib>
 
+#include "context_settings.h"
+#include "engine/engine.h"
+#include "engine/engines.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "verbs/ibv_ops.h"
@@ -22,8 +25,12 @@ struct FreeDeleter {
 
 class VerbsContext : public Context {
  public:
-  VerbsContext(int rank, int size, std::unique_ptr<Transport> transport)
-      : rank_(rank), size_(size), transport_(std::move(transport)) {}
+  VerbsContext(int rank, int size, std::unique_ptr<Transport> transport,
+               const GenericEngineOptions& generic)
+      : rank_(rank), size_(size), transport_(std::move(transport)) {
+    setEngines(std::make_unique<EngineSet>(makeGenericEngine(generic), nullptr,
+                                           generic.algorithm != Algorithm::kAuto));
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -50,6 +57,7 @@ class VerbsContext : public Context {
   }
 
   ~VerbsContext() override {
+    releaseEngines();
     for (auto& b : scratch_) {
       if (b.data) transport_->unregisterBuffer(b.registered);
     }
@@ -82,14 +90,21 @@ std::shared_ptr<Context> createContextWithOps(Store& store, int rank, int size,
   topts.slots = config.slots;
   topts.slotBytes = config.slotBytes;
   auto transport = VerbsTransport::create(store, rank, size, std::move(ops), topts);
-  return std::make_shared<VerbsContext>(rank, size, std::move(transport));
+  GenericEngineOptions generic;
+  generic.algorithm = options.algorithm;
+  generic.chunkBytes = options.chunkBytes;
+  return std::make_shared<VerbsContext>(rank, size, std::move(transport), generic);
 }
 
 }  // namespace verbs
 
-bool verbsAvailable(std::string* why) {
+bool verbsAvailable(std::string* why, const VerbsOptions& options) {
   try {
-    const verbs::VerbsConfig config = verbs::verbsConfigFromEnv();
+    ContextOptions all;
+    all.verbs = options;
+    all = withEnvironment(all);
+    validateOptions(all);
+    const verbs::VerbsConfig config = verbs::verbsConfigFrom(all.verbs);
     verbs::selectDevice(verbs::listDevices(), config.device);
     return true;
   } catch (const std::exception& e) {
@@ -99,10 +114,13 @@ bool verbsAvailable(std::string* why) {
 }
 
 std::shared_ptr<Context> createVerbsContext(Store& store, int rank, int size,
-                                            const ContextOptions& options) {
+                                            const ContextOptions& callerOptions) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
-  const verbs::VerbsConfig config = verbs::verbsConfigFromEnv();
+  const ContextOptions options = withEnvironment(callerOptions);
+  validateOptions(options);
+  setReduceIsa(options.reduceIsa);
+  const verbs::VerbsConfig config = verbs::verbsConfigFrom(options.verbs);
   auto ops = verbs::openIbvOps(config, size);
   return verbs::createContextWithOps(store, rank, size, options, std::move(ops), config);
 }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/context.h"
+
 namespace loom::comm::verbs {
 
 // What a rank publishes for one peer (key "<prefix>/verbs/qp/<from>/<to>"): how to reach its
@@ -125,7 +127,7 @@ class VerbsOps {
   virtual void wake() = 0;
 };
 
-// Environment settings (LOOM_IB_*), parsed and checked.
+// The transport's settings, from ContextOptions::verbs (validated at Context setup).
 struct VerbsConfig {
   std::string device;  // empty = first device
   int port = 1;
@@ -133,9 +135,7 @@ struct VerbsConfig {
   uint32_t slots = 16;
   uint32_t slotBytes = 64 * 1024;
 };
-// `getenv` is injectable for tests. Throws InvalidArgumentError naming the variable.
-VerbsConfig parseVerbsConfig(const char* (*getenv)(const char*));
-VerbsConfig verbsConfigFromEnv();
+VerbsConfig verbsConfigFrom(const VerbsOptions& options);
 
 // Picks the device named `requested` (empty: the first). Throws NotAvailableError when the
 // list is empty, InvalidArgumentError listing the devices found when `requested` is absent.

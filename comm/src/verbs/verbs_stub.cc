@@ -4,7 +4,7 @@
 
 namespace loom::comm {
 
-bool verbsAvailable(std::string* why) {
+bool verbsAvailable(std::string* why, const VerbsOptions&) {
   if (why != nullptr) *why = "built without verbs (LOOM_WITH_VERBS=OFF or libibverbs not found)";
   return false;
 }

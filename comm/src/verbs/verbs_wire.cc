@@ -1,4 +1,4 @@
-// The pure parts of the verbs transport: queue-pair info text form, LOOM_IB_* settings,
+// The pure parts of the verbs transport: queue-pair info text form, the VerbsOptions settings,
 // device / port / gid-index checks.
 #include <cerrno>
 #include <cinttypes>
@@ -7,7 +7,6 @@
 #include <cstring>
 #include <sstream>
 
-#include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "verbs/verbs_ops.h"
 
@@ -91,37 +90,14 @@ QpInfo parseQpInfo(const std::string& text, const std::string& what) {
   return info;
 }
 
-namespace {
-
-// The variable through the injected getenv, parsed by env.h's rules (unset or empty: `def`).
-long envInt(const char* (*getenv)(const char*), const char* name, long def, long lo, long hi) {
-  const char* v = getenv(name);
-  if (v == nullptr || *v == '\0') return def;
-  return static_cast<long>(env::parseInteger(name, v, lo, hi));
-}
-
-size_t envBytes(const char* (*getenv)(const char*), const char* name, size_t def, size_t lo,
-                size_t hi) {
-  const char* v = getenv(name);
-  if (v == nullptr || *v == '\0') return def;
-  return env::parseBytes(name, v, lo, hi);
-}
-
-}  // namespace
-
-VerbsConfig parseVerbsConfig(const char* (*getenv)(const char*)) {
+VerbsConfig verbsConfigFrom(const VerbsOptions& options) {
   VerbsConfig c;
-  if (const char* d = getenv("LOOM_IB_DEVICE"); d != nullptr && *d != '\0') c.device = d;
-  c.port = static_cast<int>(envInt(getenv, "LOOM_IB_PORT", 1, 1, 255));
-  c.gidIndex = static_cast<int>(envInt(getenv, "LOOM_IB_GID_INDEX", 0, 0, 65535));
-  c.slots = static_cast<uint32_t>(envInt(getenv, "LOOM_IB_SLOTS", 16, 2, 4096));
-  c.slotBytes = static_cast<uint32_t>(
-      envBytes(getenv, "LOOM_IB_SLOT_BYTES", 64 * 1024, 256, 64 * 1024 * 1024));
+  c.device = options.device;
+  c.port = options.port;
+  c.gidIndex = options.gidIndex;
+  c.slots = static_cast<uint32_t>(options.slots);
+  c.slotBytes = static_cast<uint32_t>(options.slotBytes);
   return c;
-}
-
-VerbsConfig verbsConfigFromEnv() {
-  return parseVerbsConfig([](const char* n) -> const char* { return std::getenv(n); });
 }
 
 size_t selectDevice(const std::vector<std::string>& names, const std::string& requested) {

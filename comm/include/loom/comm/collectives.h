@@ -13,8 +13,8 @@
 //   TimeoutError when `opts.timeout` passes, naming the operation, seq, the peer waited on and
 //   the bytes outstanding; IoError when a peer dies (naming its rank). After an IoError the
 //   Context is unusable.
-// - `opts.algorithm` (or the LOOM_ALGO environment variable, read when the Context is
-//   created) forces an algorithm; kAuto picks by size and world size using measured
+// - `opts.algorithm` (or ContextOptions::algorithm, which LOOM_ALGO fills) forces an
+//   algorithm; kAuto picks by size and world size using measured
 //   crossovers (all-reduce: recursive doubling for small buffers, halving-doubling for mid
 //   sizes on power-of-two worlds from 4 ranks, the ring otherwise; comm/src/algorithms/select.cc).
 #pragma once

@@ -8,13 +8,20 @@
 // - A Context is used by one thread at a time (the ProcessGroup's worker thread); abort()
 //   may be called from any thread and makes blocked and future operations fail fast with
 //   IoError.
+// - A Context owns its collective engines, chosen once at creation (the shared-memory arena,
+//   the hierarchical engine or the generic algorithms over its transport); collectives.h
+//   dispatches every call to one of them.
 // - The destructor closes every connection and never throws.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/reduce.h"
 
 namespace loom {
 class Store;
@@ -22,6 +29,24 @@ class Store;
 
 namespace loom::comm {
 
+// The RDMA verbs transport's settings (createVerbsContext, loom/comm/verbs.h).
+struct VerbsOptions {
+  // Device name; empty = LOOM_IB_DEVICE when set, else the first device.
+  std::string device;
+  // Device port, in [1, 255] (LOOM_IB_PORT).
+  int port = 1;
+  // GID table index (RoCE), in [0, 65535] (LOOM_IB_GID_INDEX).
+  int gidIndex = 0;
+  // Slots in each peer's receive ring, in [2, 4096]; equal on all ranks (LOOM_IB_SLOTS).
+  int slots = 16;
+  // Bytes per slot, header included, in [256, 64 MiB]; equal on all ranks (LOOM_IB_SLOT_BYTES).
+  size_t slotBytes = 64 << 10;
+};
+
+// Every field has a default; Context::create (and createVerbsContext) fills a field the caller
+// left at its default from the environment variable named beside it, when that is set
+// (loom/common/settings.h: `options.sharedMemory = false` beats LOOM_SHM=1, LOOM_SHM=0 turns a
+// default off). Nothing below the factories reads the environment.
 struct ContextOptions {
   // Connection setup and default collective deadline.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -29,32 +54,73 @@ struct ContextOptions {
   // address (127.0.0.1 with a warning when that cannot be listened on). An address given here
   // or in LOOM_HOST that cannot be listened on is an IoError.
   std::string host;
-  // Same-host peers use shared memory when available (LOOM_SHM=0 turns it off).
+  // Same-host peers use shared memory when available (LOOM_SHM).
   bool sharedMemory = true;
-  // Parallel TCP connections per peer for bandwidth (only 1 is implemented so far).
-  int socketsPerPeer = 1;
   // Store keys are "<storePrefix>/..."; every Context on one Store needs its own prefix
   // (or a PrefixStore), and the keys of an old Context must not be reused.
   std::string storePrefix = "comm";
-  // SO_SNDBUF/SO_RCVBUF per socket; 0 takes the tcp transport's default (LOOM_TCP_BUFFER_BYTES
-  // if set, else the kernel's autotuning); a negative value forces autotuning, which on Linux
-  // grows the receive buffer up to net.ipv4.tcp_rmem's maximum (32 MiB on the dev VM), more
-  // than an explicit size may (capped by net.core.rmem_max, 4 MiB there).
+  // SO_SNDBUF/SO_RCVBUF per socket; 0 takes the default (LOOM_TCP_BUFFER_BYTES if set, else the
+  // kernel's autotuning); a negative value forces autotuning, which on Linux grows the receive
+  // buffer up to net.ipv4.tcp_rmem's maximum (32 MiB on the dev VM), more than an explicit size
+  // may (capped by net.core.rmem_max, 4 MiB there).
   int socketBufferBytes = 0;
   // How long (µs) a thread waiting on a TCP transfer keeps polling the sockets without
   // blocking after bytes last moved, yielding the core between passes: < 0 the default
   // (LOOM_TCP_BUSY_US if set, else 1000); 0 blocks in poll() at once (less CPU, more latency
-  // and lower bandwidth where wake-ups are slow, as on VMs).
+  // and lower bandwidth where wake-ups are slow, as on VMs). At most 10 s.
   int busyPollUs = -1;
+
+  // Forces one generic algorithm for every collective that implements it (LOOM_ALGO); the
+  // shared-memory engines are then bypassed. kAuto: the automatic choice.
+  Algorithm algorithm = Algorithm::kAuto;
+  // Message size of the chunked, pipelined algorithms (ring, halving-doubling, chain), in
+  // [4 KiB, 1 GiB] (LOOM_CHUNK_BYTES).
+  size_t chunkBytes = size_t{512} << 10;
+  // The reduce kernels' instruction set (LOOM_REDUCE_ISA); process-wide.
+  ReduceIsa reduceIsa = ReduceIsa::kAuto;
+  // Bytes handed to one sendmsg call, in [4 KiB, 1 GiB] (LOOM_TCP_SEND_BYTES).
+  size_t tcpSendBytes = size_t{512} << 10;
+  // How long (µs) a wait on a small (<= 64 KiB) tcp message spins before it drives the
+  // sockets, in [0, 10 s] (LOOM_SPIN_US).
+  int tcpSpinUs = 50;
+  // Shared-memory point-to-point; false keeps send/recv on tcp while the collectives use the
+  // arena (LOOM_SHM_P2P).
+  bool shmPointToPoint = true;
+  // Replaces the host identity that decides which ranks share memory; empty: the real one
+  // (boot id, host name, namespaces). Tests split one machine into hosts with it
+  // (LOOM_SHM_HOST_ID).
+  std::string shmHostId;
+  // false skips the anonymous memfd and uses the named-segment fallback (LOOM_SHM_MEMFD).
+  bool shmMemfd = true;
+  // Bytes of each arena staging slot, in [4 KiB, 1 GiB], rounded up to 4 KiB; 0: 2 MiB up to 4
+  // ranks, else 1 MiB. Equal on all ranks (LOOM_SHM_SLOT_BYTES).
+  size_t shmSlotBytes = 0;
+  // Bytes of each shared-memory point-to-point ring, in [4 KiB, 1 GiB], rounded up to 4 KiB;
+  // 0: 1 MiB up to 4 local ranks, else 256 KiB. Equal on all ranks (LOOM_SHM_RING_BYTES).
+  size_t shmRingBytes = 0;
+  // How long (µs) a shared-memory waiter spins, then yields, before it sleeps on a futex, each
+  // in [0, 10 s]; < 0: 1000 and 1000, or 3 and 2000 when local ranks outnumber CPUs
+  // (LOOM_SHM_SPIN_US, LOOM_SHM_YIELD_US).
+  int shmSpinUs = -1;
+  int shmYieldUs = -1;
+  // For createVerbsContext only.
+  VerbsOptions verbs;
 };
 
+// "sharedMemory=0 chunkBytes=4096": every field that differs from its default (timeout and
+// storePrefix included), for logs; "" when none does.
+std::string describeNonDefault(const ContextOptions& options);
+
 class Transport;
+class EngineSet;  // comm-internal (comm/src/engine/engine.h)
 
 class Context {
  public:
   static std::shared_ptr<Context> create(Store& store, int rank, int size,
                                          const ContextOptions& options = {});
-  virtual ~Context() = default;
+  virtual ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -71,6 +137,22 @@ class Context {
   // calls; `slot` picks one of a few independent buffers. Valid until the next call with the
   // same slot. Only for the thread running collectives.
   virtual void* scratch(size_t bytes, int slot = 0) = 0;
+
+  // The collective engines, for comm's own dispatch (collectives.cc); null for a Context
+  // implemented outside comm, whose collectives then run the generic algorithms with default
+  // settings. A plain member, not a virtual, so that dispatch costs no extra call.
+  EngineSet* engines() const { return engines_.get(); }
+
+ protected:
+  Context();
+  // Called once by the implementation's constructor, after its transport exists.
+  void setEngines(std::unique_ptr<EngineSet> engines);
+  // Destroys the engines now: an implementation whose engines use its transport calls this
+  // first in its destructor (shared memory is unmapped before the sockets close).
+  void releaseEngines() noexcept;
+
+ private:
+  std::unique_ptr<EngineSet> engines_;
 };
 
 }  // namespace loom::comm

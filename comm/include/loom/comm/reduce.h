@@ -13,9 +13,10 @@
 // - avg: the kernel is the sum's; algorithms divide once at the end with divideBy (integers:
 //   C++ integer division, truncating toward zero).
 // - Kernels are compiled twice (generic x86-64 and AVX2+F16C+FMA, both -O3 so the compiler
-//   vectorises the loops) and the best one the CPU supports is picked at first use
-//   (LOOM_REDUCE_ISA=generic forces the portable build).
-// - Thread-safe; no state.
+//   vectorises the loops); the AVX2 build runs where the CPU supports it unless
+//   setReduceIsa(kGeneric) forced the portable one (Context::create calls it with
+//   ContextOptions::reduceIsa, so LOOM_REDUCE_ISA=generic has that effect).
+// - Thread-safe; the only state is the process-wide ISA choice.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +34,14 @@ ReduceFn reduceFunction(DType dtype, ReduceOp op);
 // data[i] /= divisor, in the dtype's arithmetic (half types round once).
 void divideBy(void* data, size_t n, DType dtype, int64_t divisor);
 
+// Which build of the reduce kernels runs.
+enum class ReduceIsa : uint8_t {
+  kAuto,     // AVX2/FMA/F16C where the CPU has them
+  kGeneric,  // the portable kernels
+};
+// Process-wide: the last call wins (every Context::create calls it). Kernels looked up earlier
+// keep the build they got.
+void setReduceIsa(ReduceIsa isa);
 // The instruction set the kernels run with: "avx2" or "generic".
 const char* reduceKernelIsa();
 

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <initializer_list>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,16 +34,5 @@ size_t parseBytes(const char* name, std::string_view value, size_t lo, size_t hi
 bool parseFlag(const char* name, std::string_view value);
 std::string parseChoice(const char* name, std::string_view value,
                         std::initializer_list<std::string_view> allowed);
-
-// ---- transitional: readers of declared variables through the settings registry ----
-// (being replaced by Options filled at the entry points; see settings.h)
-
-std::optional<std::string> get(const char* name);
-long long integer(const char* name, long long lo, long long hi, long long fallback,
-                  std::string_view note = {});
-size_t bytes(const char* name, size_t lo, size_t hi, size_t fallback, std::string_view note = {});
-bool flag(const char* name, bool fallback);
-std::string choice(const char* name, std::initializer_list<std::string_view> allowed,
-                   std::string_view fallback);
 
 }  // namespace loom::env

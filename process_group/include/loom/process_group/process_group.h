@@ -69,9 +69,9 @@ struct CommBackendOptions {
   // variables when the Context is created (comm/context.h). Its timeout must be left at its
   // default or equal ProcessGroupOptions::timeout, which is the one deadline of the group
   // (InvalidArgumentError otherwise).
+  // context.algorithm forces one comm algorithm for every collective (kAuto: by size and
+  // world size, or LOOM_ALGO).
   comm::ContextOptions context{};
-  // Forces one comm algorithm for every collective (kAuto: by size, or LOOM_ALGO).
-  comm::Algorithm algorithm = comm::Algorithm::kAuto;
   // The hand-off (docs/handoff.md), in microseconds, 0 to 1000000: how long the worker leaves
   // a fresh lone operation to the thread that will wait on it (LOOM_PG_GRACE_US), and how
   // long it naps while waiting threads run operations themselves (LOOM_PG_NAP_US). 0 turns

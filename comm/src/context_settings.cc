@@ -1,0 +1,126 @@
+// withEnvironment, validateOptions and describeNonDefault: the comm rows of the settings
+// registry (common/src/settings_table.cc) applied to ContextOptions, in one function.
+#include "context_settings.h"
+
+#include <sstream>
+
+#include "loom/common/error.h"
+#include "loom/common/settings.h"
+
+namespace loom::comm {
+
+namespace {
+
+constexpr long long kGiB = 1LL << 30;
+constexpr long long kMaxMicros = 10'000'000;
+
+void checkRange(const char* field, long long value, long long lo, long long hi, const char* unit) {
+  LOOM_CHECK(value >= lo && value <= hi, "ContextOptions::", field, " is ", value, "; expected ",
+             unit, " in [", lo, ", ", hi, "]");
+}
+
+// 0 means "the default" for these; anything else must be in range.
+void checkOptionalBytes(const char* field, size_t value) {
+  if (value != 0) checkRange(field, static_cast<long long>(value), 4096, kGiB, "a byte count");
+}
+
+}  // namespace
+
+ContextOptions withEnvironment(ContextOptions o) {
+  namespace s = settings;
+  const ContextOptions d;
+  if (const auto name = s::choice("LOOM_ALGO")) {
+    // "shm" keeps the automatic choice, the arena included.
+    const Algorithm a = *name == "shm" ? Algorithm::kAuto : parseAlgorithm(*name);
+    s::fillDefault(o.algorithm, d.algorithm, std::optional<Algorithm>(a));
+  }
+  s::fillDefault(o.chunkBytes, d.chunkBytes, s::bytes("LOOM_CHUNK_BYTES"));
+  if (const auto isa = s::choice("LOOM_REDUCE_ISA")) {
+    const ReduceIsa v = *isa == "generic" ? ReduceIsa::kGeneric : ReduceIsa::kAuto;
+    s::fillDefault(o.reduceIsa, d.reduceIsa, std::optional<ReduceIsa>(v));
+  }
+  s::fillDefault(o.host, d.host, s::text("LOOM_HOST"));
+  s::fillDefault(o.busyPollUs, d.busyPollUs, s::integer("LOOM_TCP_BUSY_US"));
+  s::fillDefault(o.tcpSendBytes, d.tcpSendBytes, s::bytes("LOOM_TCP_SEND_BYTES"));
+  // "auto" is the kernel's autotuning, which the option spells as a negative size.
+  if (s::word("LOOM_TCP_BUFFER_BYTES")) {
+    s::fillDefault(o.socketBufferBytes, d.socketBufferBytes, std::optional<int>(-1));
+  }
+  s::fillDefault(o.socketBufferBytes, d.socketBufferBytes, s::bytes("LOOM_TCP_BUFFER_BYTES"));
+  s::fillDefault(o.tcpSpinUs, d.tcpSpinUs, s::integer("LOOM_SPIN_US"));
+  s::fillDefault(o.sharedMemory, d.sharedMemory, s::flag("LOOM_SHM"));
+  s::fillDefault(o.shmPointToPoint, d.shmPointToPoint, s::flag("LOOM_SHM_P2P"));
+  s::fillDefault(o.shmHostId, d.shmHostId, s::text("LOOM_SHM_HOST_ID"));
+  s::fillDefault(o.shmMemfd, d.shmMemfd, s::flag("LOOM_SHM_MEMFD"));
+  s::fillDefault(o.shmSlotBytes, d.shmSlotBytes, s::bytes("LOOM_SHM_SLOT_BYTES"));
+  s::fillDefault(o.shmRingBytes, d.shmRingBytes, s::bytes("LOOM_SHM_RING_BYTES"));
+  s::fillDefault(o.shmSpinUs, d.shmSpinUs, s::integer("LOOM_SHM_SPIN_US"));
+  s::fillDefault(o.shmYieldUs, d.shmYieldUs, s::integer("LOOM_SHM_YIELD_US"));
+  s::fillDefault(o.verbs.device, d.verbs.device, s::text("LOOM_IB_DEVICE"));
+  s::fillDefault(o.verbs.port, d.verbs.port, s::integer("LOOM_IB_PORT"));
+  s::fillDefault(o.verbs.gidIndex, d.verbs.gidIndex, s::integer("LOOM_IB_GID_INDEX"));
+  s::fillDefault(o.verbs.slots, d.verbs.slots, s::integer("LOOM_IB_SLOTS"));
+  s::fillDefault(o.verbs.slotBytes, d.verbs.slotBytes, s::bytes("LOOM_IB_SLOT_BYTES"));
+  return o;
+}
+
+void validateOptions(const ContextOptions& o) {
+  LOOM_CHECK(o.timeout.count() > 0, "ContextOptions::timeout is ", o.timeout.count(),
+             " ms; expected a positive duration");
+  checkRange("socketBufferBytes", o.socketBufferBytes, -1LL << 31, kGiB, "a byte count");
+  checkRange("busyPollUs", o.busyPollUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
+  (void)algorithmName(o.algorithm);
+  checkRange("chunkBytes", static_cast<long long>(o.chunkBytes), 4096, kGiB, "a byte count");
+  LOOM_CHECK(o.reduceIsa == ReduceIsa::kAuto || o.reduceIsa == ReduceIsa::kGeneric,
+             "ContextOptions::reduceIsa is ", static_cast<int>(o.reduceIsa),
+             "; expected kAuto or kGeneric");
+  checkRange("tcpSendBytes", static_cast<long long>(o.tcpSendBytes), 4096, kGiB, "a byte count");
+  checkRange("tcpSpinUs", o.tcpSpinUs, 0, kMaxMicros, "µs");
+  checkOptionalBytes("shmSlotBytes", o.shmSlotBytes);
+  checkOptionalBytes("shmRingBytes", o.shmRingBytes);
+  checkRange("shmSpinUs", o.shmSpinUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
+  checkRange("shmYieldUs", o.shmYieldUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
+  checkRange("verbs.port", o.verbs.port, 1, 255, "a port");
+  checkRange("verbs.gidIndex", o.verbs.gidIndex, 0, 65535, "an index");
+  checkRange("verbs.slots", o.verbs.slots, 2, 4096, "a slot count");
+  checkRange("verbs.slotBytes", static_cast<long long>(o.verbs.slotBytes), 256, 64LL << 20,
+             "a byte count");
+}
+
+std::string describeNonDefault(const ContextOptions& o) {
+  const ContextOptions d;
+  std::ostringstream out;
+  auto put = [&](const char* name, const auto& value, const auto& def) {
+    if (value == def) return;
+    if (out.tellp() > 0) out << ' ';
+    out << name << '=' << value;
+  };
+  put("timeout", o.timeout.count(), d.timeout.count());
+  put("host", o.host, d.host);
+  put("sharedMemory", int{o.sharedMemory}, int{d.sharedMemory});
+  put("storePrefix", o.storePrefix, d.storePrefix);
+  put("socketBufferBytes", o.socketBufferBytes, d.socketBufferBytes);
+  put("busyPollUs", o.busyPollUs, d.busyPollUs);
+  put("algorithm", std::string(algorithmName(o.algorithm)),
+      std::string(algorithmName(d.algorithm)));
+  put("chunkBytes", o.chunkBytes, d.chunkBytes);
+  put("reduceIsa", std::string(o.reduceIsa == ReduceIsa::kGeneric ? "generic" : "auto"),
+      std::string("auto"));
+  put("tcpSendBytes", o.tcpSendBytes, d.tcpSendBytes);
+  put("tcpSpinUs", o.tcpSpinUs, d.tcpSpinUs);
+  put("shmPointToPoint", int{o.shmPointToPoint}, int{d.shmPointToPoint});
+  put("shmHostId", o.shmHostId, d.shmHostId);
+  put("shmMemfd", int{o.shmMemfd}, int{d.shmMemfd});
+  put("shmSlotBytes", o.shmSlotBytes, d.shmSlotBytes);
+  put("shmRingBytes", o.shmRingBytes, d.shmRingBytes);
+  put("shmSpinUs", o.shmSpinUs, d.shmSpinUs);
+  put("shmYieldUs", o.shmYieldUs, d.shmYieldUs);
+  put("verbs.device", o.verbs.device, d.verbs.device);
+  put("verbs.port", o.verbs.port, d.verbs.port);
+  put("verbs.gidIndex", o.verbs.gidIndex, d.verbs.gidIndex);
+  put("verbs.slots", o.verbs.slots, d.verbs.slots);
+  put("verbs.slotBytes", o.verbs.slotBytes, d.verbs.slotBytes);
+  return out.str();
+}
+
+}  // namespace loom::comm

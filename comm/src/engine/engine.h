@@ -1,0 +1,109 @@
+// Engine: one way of running the collectives of a Context, chosen once at Context::create.
+// The shared-memory arena (every rank on this host), the hierarchical engine (shm within a
+// host, the transport between hosts) and the generic engine (the algorithms of
+// comm/src/algorithms over the Context's Transport) implement it; collectives.cc validates a
+// call once and hands it to the engine that EngineSet::engineFor picks.
+//
+// Contract
+// - The Context owns its EngineSet (Context::engines()); the EngineSet owns its engines, and an
+//   engine owns what it runs on (the arena engines their Arena). Engines never hold the
+//   Context: each call carries it.
+// - run() gets a validated call with count > 0 (barrier aside) and world size > 1, and blocks
+//   until this rank's part is done. Errors as in collectives.h.
+// - Thread-safety: one thread runs collectives on a Context at a time (the Context's rule);
+//   abort() may be called from any thread.
+// - Dispatch cost: engineFor is inline and branch-only; run() is the one virtual call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+
+namespace loom::comm {
+
+class Context;
+
+// One collective as the public functions received it. Fields an operation does not take keep
+// their defaults (op for broadcast, root for allreduce, in/out for barrier); broadcast passes
+// its buffer as both `in` and `out`. Lives on the caller's stack for the duration of the call.
+struct CollectiveCall {
+  Context& ctx;
+  const CollectiveOptions& opts;
+  OpType type;
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+};
+
+constexpr uint32_t opBit(OpType type) {
+  return uint32_t{1} << static_cast<int>(type);
+}
+// Every collective (send and recv are not engine business: they go straight to the transport).
+constexpr uint32_t kAllCollectives =
+    opBit(OpType::kAllreduce) | opBit(OpType::kBroadcast) | opBit(OpType::kReduce) |
+    opBit(OpType::kAllgather) | opBit(OpType::kReduceScatter) | opBit(OpType::kGather) |
+    opBit(OpType::kScatter) | opBit(OpType::kAlltoall) | opBit(OpType::kBarrier);
+
+class Engine {
+ public:
+  enum class Kind : uint8_t { kGeneric, kArena, kHierarchical };
+
+  Engine(Kind kind, uint32_t ops) : kind_(kind), ops_(ops) {}
+  virtual ~Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Kind kind() const { return kind_; }
+  // Whether run() takes `type`; the others go to the generic engine. A mask, not a virtual,
+  // so that choosing an engine costs no call.
+  bool implements(OpType type) const { return (ops_ & opBit(type)) != 0; }
+
+  virtual void run(const CollectiveCall& call) = 0;
+  // Makes blocked and future calls fail fast (Context::abort); `rank` is the Context's rank.
+  virtual void abort(int /*rank*/, const std::string& /*reason*/) {}
+
+ private:
+  const Kind kind_;
+  const uint32_t ops_;
+};
+
+// The engines of one Context: always a generic engine, and at most one local engine (arena or
+// hierarchical) that runs the operations it implements unless an algorithm is forced, by the
+// call (CollectiveOptions::algorithm) or by the Context (ContextOptions::algorithm): forcing an
+// algorithm means running it over the transport.
+class EngineSet {
+ public:
+  EngineSet(std::unique_ptr<Engine> generic, std::unique_ptr<Engine> local, bool algorithmForced)
+      : generic_(std::move(generic)), local_(std::move(local)), useLocal_(!algorithmForced) {}
+
+  Engine& engineFor(const CollectiveCall& call) const {
+    if (local_ != nullptr && useLocal_ && call.opts.algorithm == Algorithm::kAuto &&
+        local_->implements(call.type)) {
+      return *local_;
+    }
+    return *generic_;
+  }
+
+  Engine& generic() const { return *generic_; }
+  // The arena or hierarchical engine; null when the ranks do not share memory.
+  Engine* local() const { return local_.get(); }
+
+  void abort(int rank, const std::string& reason) {
+    if (local_ != nullptr) local_->abort(rank, reason);
+    generic_->abort(rank, reason);
+  }
+
+ private:
+  std::unique_ptr<Engine> generic_;
+  std::unique_ptr<Engine> local_;
+  const bool useLocal_;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,28 @@
+// main for the comm tests that ctest runs twice (tests/comm/CMakeLists.txt): gtest's flags,
+// then --tcp to keep same-host ranks off shared memory (test_paths.h) or --generic-kernels to
+// run the portable reduce kernels (setReduceIsa; the AVX2 ones where the CPU has them
+// otherwise).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string_view>
+
+#include "loom/comm/reduce.h"
+#include "test_paths.h"
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--tcp") {
+      loom::comm::testing::tcpOnly() = true;
+    } else if (std::string_view(argv[i]) == "--generic-kernels") {
+      loom::comm::setReduceIsa(loom::comm::ReduceIsa::kGeneric);
+    } else {
+      std::fprintf(stderr,
+                   "unknown argument '%s'; expected gtest flags, --tcp or --generic-kernels\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

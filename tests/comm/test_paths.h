@@ -1,0 +1,24 @@
+// Which path the comm tests' same-host ranks take. ctest runs the sweeps, the transport tests
+// and the process test twice: as built (shared memory between same-host ranks) and with --tcp
+// (comm_test_main.cc), which makes every Context these tests create keep them on tcp through
+// ContextOptions::sharedMemory. Binaries with gtest's own main always take the default path.
+#pragma once
+
+#include "loom/comm/context.h"
+
+namespace loom::comm::testing {
+
+// Set once by main before any test runs.
+inline bool& tcpOnly() {
+  static bool value = false;
+  return value;
+}
+
+// The Context options of these tests: loopback, and shared memory unless --tcp.
+inline ContextOptions testOptions(ContextOptions base = {}) {
+  base.host = "127.0.0.1";
+  if (tcpOnly()) base.sharedMemory = false;
+  return base;
+}
+
+}  // namespace loom::comm::testing
