@@ -136,8 +136,8 @@ TEST(Factory, DescribesTheOptionsThatDifferFromTheirDefaults) {
   o.comm.context.sharedMemory = false;
   o.nccl.device = 1;
   EXPECT_EQ(describeNonDefault(o),
-            "timeout=1500ms debug=INFO comm.napUs=0 comm.context.algorithm=ring "
-            "comm.context.sharedMemory=0 nccl.device=1");
+            "timeout=1500ms debug=INFO comm.napUs=0 comm.context.sharedMemory=0 "
+            "comm.context.algorithm=ring nccl.device=1");
 }
 
 #ifdef LOOM_HAVE_NCCL
