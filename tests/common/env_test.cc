@@ -8,6 +8,7 @@
 #include <string>
 
 #include "loom/common/error.h"
+#include "loom/testing/errors.h"
 
 namespace loom::env {
 namespace {
@@ -16,13 +17,7 @@ using ::testing::HasSubstr;
 
 template <typename F>
 std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgumentError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InvalidArgumentError";
-  return {};
+  return testing::messageOf<InvalidArgumentError>(f);
 }
 
 TEST(Env, IntegerAcceptsWholeBase10NumbersInRange) {

@@ -18,6 +18,7 @@
 #include "loom/common/env.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/testing/errors.h"
 #include "loom/testing/scoped_env.h"
 
 namespace loom::settings {
@@ -28,13 +29,7 @@ using testing::ScopedEnv;
 
 template <typename F>
 std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
+  return testing::messageOf<Error>(f);
 }
 
 TEST(Settings, TableNamesAreUniqueAndEveryRowIsComplete) {

@@ -23,6 +23,7 @@
 #include "loom/process_group/factory.h"
 #include "loom/process_group/work.h"
 #include "loom/store/hash_store.h"
+#include "loom/testing/errors.h"
 #include "loom/testing/ranks.h"
 #include "tag.h"
 #include "verbs/fake_ops.h"
@@ -60,16 +61,7 @@ std::vector<uint8_t> pattern(size_t n, int seed) {
   return v;
 }
 
-template <typename E, typename F>
-std::string messageOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return {};
-}
+using loom::testing::messageOf;
 
 TEST(VerbsFake, TaggedMessagesMatchByTagInAnyOrder) {
   FakeWorld w;

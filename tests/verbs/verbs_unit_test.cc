@@ -13,6 +13,7 @@
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
+#include "loom/testing/errors.h"
 #include "verbs/verbs_ops.h"
 #include "verbs/verbs_qp.h"
 
@@ -21,16 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename E, typename F>
-std::string messageOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return {};
-}
+using loom::testing::messageOf;
 
 QpInfo sampleInfo() {
   QpInfo info;
