@@ -86,13 +86,15 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
 }
 
 void logGroupReady(const ProcessGroup& pg) {
-  if (!logEnabled(LogLevel::kInfo)) return;
+  // LOOM_DEBUG=INFO asks for group setup logs whatever the log level.
+  if (!logEnabled(LogLevel::kInfo) && pg.debugLevel() == DebugLevel::kOff) return;
   const std::string set = settings::describeSet();
   const std::string changed = describeNonDefault(pg.options());
-  LOOM_LOG_INFO(pg.who(), ": ", pg.backendName(), " process group of size ", pg.size(),
-                " ready over ", pg.transportSummary(),
-                "; environment: ", set.empty() ? "(none set)" : set,
-                "; options: ", changed.empty() ? "(defaults)" : changed);
+  logMessage(LogLevel::kInfo,
+             detail::str(pg.who(), ": ", pg.backendName(), " process group of size ", pg.size(),
+                         " ready over ", pg.transportSummary(),
+                         "; environment: ", set.empty() ? "(none set)" : set,
+                         "; options: ", changed.empty() ? "(defaults)" : changed));
 }
 
 }  // namespace loom
