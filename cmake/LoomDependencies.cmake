@@ -21,6 +21,7 @@ function(_loom_check_tristate var)
 endfunction()
 _loom_check_tristate(LOOM_WITH_NCCL)
 _loom_check_tristate(LOOM_WITH_VERBS)
+_loom_check_tristate(LOOM_WITH_TORCH)
 
 # NCCL: CUDA toolkit (runtime library only; Loom has no .cu files) plus libnccl.
 set(LOOM_HAVE_NCCL OFF)

@@ -1,0 +1,103 @@
+// ProcessGroupLoom: torch's c10d::ProcessGroup interface ("loom" in torch.distributed) adapted
+// onto loom::ProcessGroup. It reimplements no collective: each c10d call checks its tensors,
+// turns them into buffer views and issues the matching Loom operation.
+//
+// Contract
+// - Created collectively by torch (init_process_group, new_group) on every rank of the group
+//   with the group's store; Loom's "tcp" backend runs underneath (shared memory between ranks
+//   on one host, TCP between hosts). The timeout torch passes is the group's deadline: setup
+//   and every operation whose options leave it unset.
+// - CPU tensors only, one tensor per process and argument (CUDA, sparse and other layouts are
+//   rejected with an InvalidArgumentError naming the operation). A contiguous tensor goes to
+//   Loom as a view of its storage, no copy. A non-contiguous tensor, or a list form whose
+//   tensors do not lie end to end in one storage (allgather, gather, scatter, reduce_scatter,
+//   alltoall lists), goes through one contiguous staging buffer, copied in before and out
+//   after the operation.
+// - Not on Loom's C++ API yet, so rejected with an error that says so: uneven all-gather,
+//   gather and reduce-scatter lists, alltoall with unequal split sizes, recv from any source,
+//   allgather_coalesced, PREMUL_SUM.
+// - Issue collectives from one thread at a time (torch does): the issue order is Loom's
+//   sequence order, the same on every rank.
+// - Failures: Loom's exceptions (loom::Error and kinds) reach Python with Loom's message
+//   (rank, op#seq, peer); after an IoError the group is unusable, as in Loom.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/process_group/process_group.h"
+
+namespace loom::torch_backend {
+
+struct BackendOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // The host of the store torch rendezvoused on (TCPStore's host), empty for a FileStore:
+  // Loom listens on the address on the route to it unless LOOM_HOST names one.
+  std::string storeHost{};
+};
+
+class ProcessGroupLoom : public c10d::ProcessGroup {
+ public:
+  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   const BackendOptions& options = {});
+  ~ProcessGroupLoom() override;
+
+  const std::string getBackendName() const override { return "loom"; }
+  loom::ProcessGroup& loomGroup() { return *pg_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  std::shared_ptr<loom::ProcessGroup> pg_;
+};
+
+// c10d's reduce op as Loom's; PREMUL_SUM (NCCL only) is an InvalidArgumentError.
+ReduceOp toLoomReduceOp(const c10d::ReduceOp& op, const char* opName);
+// c10d's timeout (kUnsetTimeout: the group's) as Loom's.
+OptionalTimeout toLoomTimeout(std::chrono::milliseconds timeout);
+
+}  // namespace loom::torch_backend

@@ -1,0 +1,328 @@
+// The c10d collectives of ProcessGroupLoom, each mapped onto one Loom operation (see
+// process_group_loom.h for what is staged and what is rejected).
+//
+// Every method follows the same steps: check the tensors (CPU, dtype, one per process), wrap
+// inputs and outputs in Staged (a view of their own storage when they are contiguous, else a
+// staging buffer), copy staged inputs in, issue the Loom operation, and return a WorkLoom whose
+// finish step copies staged outputs back. The Staged values ride in the finish step, so every
+// tensor Loom reads or writes lives until the operation is over.
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "loom/common/error.h"
+#include "process_group_loom.h"
+#include "tensor_views.h"
+#include "work_loom.h"
+
+namespace loom::torch_backend {
+
+namespace {
+
+using StagedPtr = std::shared_ptr<Staged>;
+
+StagedPtr stageIn(std::vector<at::Tensor> tensors, const char* opName) {
+  auto staged = std::make_shared<Staged>(std::move(tensors), opName);
+  staged->copyIn();
+  return staged;
+}
+
+StagedPtr stageOut(std::vector<at::Tensor> tensors, const char* opName) {
+  return std::make_shared<Staged>(std::move(tensors), opName);
+}
+
+// Copies `out` back when the operation succeeded; keeps `in` alive until then.
+std::function<void()> finishing(StagedPtr in, StagedPtr out) {
+  return [in = std::move(in), out = std::move(out)] {
+    if (out) out->copyOut();
+  };
+}
+
+c10::intrusive_ptr<c10d::Work> workOf(int rank, c10d::OpType type, std::shared_ptr<loom::Work> work,
+                                      std::vector<at::Tensor> outputs, StagedPtr in, StagedPtr out,
+                                      int sourceRank = -1) {
+  std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
+  return c10::make_intrusive<WorkLoom>(rank, type, std::move(works), std::move(outputs),
+                                       finishing(std::move(in), std::move(out)), sourceRank);
+}
+
+void checkRootTensor(int64_t rootTensor, const char* opName) {
+  if (rootTensor != 0) {
+    LOOM_THROW(InvalidArgumentError, opName,
+               ": the loom backend takes one tensor per process; rootTensor must be 0, got ",
+               rootTensor);
+  }
+}
+
+// The one list of a c10d list-of-lists argument, of `size` tensors with `numel` elements each.
+// Lists of unequal tensors need Loom's uneven collectives (not on this Loom's API yet).
+std::vector<at::Tensor>& evenList(std::vector<std::vector<at::Tensor>>& lists, int size,
+                                  int64_t numel, const char* opName, const char* what) {
+  if (lists.size() != 1) {
+    LOOM_THROW(InvalidArgumentError, opName, ": the loom backend takes one ", what,
+               " list per process, got ", lists.size());
+  }
+  auto& list = lists.front();
+  if (static_cast<int>(list.size()) != size) {
+    LOOM_THROW(InvalidArgumentError, opName, ": the ", what, " list has ", list.size(),
+               " tensors; expected the world size, ", size);
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].numel() != numel) {
+      LOOM_THROW(NotAvailableError, opName, ": ", what, " tensor ", i, " has ", list[i].numel(),
+                 " elements, expected ", numel,
+                 ": uneven sizes are not supported by the loom backend yet");
+    }
+  }
+  return list;
+}
+
+BufferView emptyView(const at::Tensor& like, const char* opName) {
+  return BufferView{nullptr, 0, toLoomDtype(like.scalar_type(), opName), Device::cpu()};
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  const char* name = "broadcast";
+  checkRootTensor(opts.rootTensor, name);
+  at::Tensor& t = single(tensors, name);
+  auto buf = stageIn({t}, name);
+  auto work = pg_->broadcast(buf->view(), {.root = static_cast<int>(opts.rootRank),
+                                           .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::BROADCAST, std::move(work), {t}, nullptr, buf);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  const char* name = "allreduce";
+  at::Tensor& t = single(tensors, name);
+  auto buf = stageIn({t}, name);
+  auto work = pg_->allreduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
+                                           .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::ALLREDUCE, std::move(work), {t}, nullptr, buf);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  // One Loom all-reduce per tensor, issued back to back (no copy into a flat buffer). Loom's
+  // coalesced all-reduce (one operation for many buffers) replaces the loop when it lands.
+  const char* name = "allreduce_coalesced";
+  LOOM_CHECK(!tensors.empty(), name, ": empty tensor list");
+  const ReduceOp op = toLoomReduceOp(opts.reduceOp, name);
+  std::vector<StagedPtr> bufs;
+  for (const at::Tensor& t : tensors) bufs.push_back(stageIn({t}, name));
+  std::vector<std::shared_ptr<loom::Work>> works;
+  for (const auto& buf : bufs) {
+    works.push_back(
+        pg_->allreduce(buf->view(), {.reduceOp = op, .timeout = toLoomTimeout(opts.timeout)}));
+  }
+  auto finish = [bufs] {
+    for (const auto& buf : bufs) buf->copyOut();
+  };
+  return c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::ALLREDUCE_COALESCED, std::move(works),
+                                       tensors, std::move(finish));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  const char* name = "reduce";
+  checkRootTensor(opts.rootTensor, name);
+  at::Tensor& t = single(tensors, name);
+  auto buf = stageIn({t}, name);
+  auto work = pg_->reduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
+                                        .root = static_cast<int>(opts.rootRank),
+                                        .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::REDUCE, std::move(work), {t}, nullptr, buf);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather";
+  at::Tensor& input = single(inputs, name);
+  auto& outList = evenList(outputs, size_, input.numel(), name, "output");
+  auto in = stageIn({input}, name);
+  auto out = stageOut(outList, name);
+  auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::ALLGATHER, std::move(work), outList, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  const char* name = "_allgather_base";
+  auto in = stageIn({input}, name);
+  auto out = stageOut({output}, name);
+  auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& /*outputs*/, std::vector<at::Tensor>& /*inputs*/,
+    const c10d::AllgatherOptions& /*opts*/) {
+  LOOM_THROW(NotAvailableError,
+             "allgather_coalesced is not supported by the loom backend (use all_gather per "
+             "tensor, or all_gather_into_tensor on one flat tensor)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const char* name = "gather";
+  at::Tensor& input = single(inputs, name);
+  const int root = static_cast<int>(opts.rootRank);
+  auto in = stageIn({input}, name);
+  StagedPtr out;
+  BufferView outView = emptyView(input, name);
+  std::vector<at::Tensor> results;
+  if (rank_ == root) {
+    results = evenList(outputs, size_, input.numel(), name, "output");
+    out = stageOut(results, name);
+    outView = out->view();
+  } else if (!outputs.empty() && !outputs.front().empty()) {
+    LOOM_THROW(InvalidArgumentError, name, ": output tensors are only given on the root (rank ",
+               root, "); this is rank ", rank_);
+  }
+  auto work =
+      pg_->gather(in->view(), outView, {.root = root, .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::GATHER, std::move(work), results, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const char* name = "scatter";
+  at::Tensor& output = single(outputs, name);
+  const int root = static_cast<int>(opts.rootRank);
+  StagedPtr in;
+  BufferView inView = emptyView(output, name);
+  if (rank_ == root) {
+    in = stageIn(evenList(inputs, size_, output.numel(), name, "input"), name);
+    inView = in->view();
+  } else if (!inputs.empty() && !inputs.front().empty()) {
+    LOOM_THROW(InvalidArgumentError, name, ": input tensors are only given on the root (rank ",
+               root, "); this is rank ", rank_);
+  }
+  auto out = stageOut({output}, name);
+  auto work =
+      pg_->scatter(inView, out->view(), {.root = root, .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::SCATTER, std::move(work), {output}, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter";
+  at::Tensor& output = single(outputs, name);
+  auto in = stageIn(evenList(inputs, size_, output.numel(), name, "input"), name);
+  auto out = stageOut({output}, name);
+  auto work = pg_->reduceScatter(
+      in->view(), out->view(),
+      {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* name = "_reduce_scatter_base";
+  auto in = stageIn({input}, name);
+  auto out = stageOut({output}, name);
+  auto work = pg_->reduceScatter(
+      in->view(), out->view(),
+      {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output}, in, out);
+}
+
+namespace {
+
+// True when `splits` is empty or gives every rank the same share of `rows`.
+bool evenSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
+  if (splits.empty()) return true;
+  for (int64_t s : splits) {
+    if (s * size != rows) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+  const char* name = "alltoall_base";
+  checkTensor(input, name);
+  checkTensor(output, name);
+  const int64_t inRows = input.dim() == 0 ? 1 : input.size(0);
+  const int64_t outRows = output.dim() == 0 ? 1 : output.size(0);
+  if (!evenSplits(inputSplitSizes, inRows, size_) ||
+      !evenSplits(outputSplitSizes, outRows, size_)) {
+    LOOM_THROW(NotAvailableError, name,
+               ": unequal split sizes are not supported by the loom backend yet (input splits ",
+               c10::Join(",", inputSplitSizes), ", output splits ",
+               c10::Join(",", outputSplitSizes), ")");
+  }
+  if (inRows % size_ != 0) {
+    LOOM_THROW(InvalidArgumentError, name, ": input's first dimension (", inRows,
+               ") must divide evenly by the world size (", size_,
+               ") when no split sizes are given");
+  }
+  auto in = stageIn({input}, name);
+  auto out = stageOut({output}, name);
+  auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  const char* name = "alltoall";
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    LOOM_THROW(InvalidArgumentError, name, ": expected ", size_, " input and output tensors, got ",
+               inputs.size(), " and ", outputs.size());
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (inputs[r].numel() != inputs[0].numel() || outputs[r].numel() != inputs[0].numel()) {
+      LOOM_THROW(NotAvailableError, name,
+                 ": tensors of unequal sizes are not supported by the loom backend yet (input ", r,
+                 " has ", inputs[r].numel(), " elements, output ", r, " has ", outputs[r].numel(),
+                 ", input 0 has ", inputs[0].numel(), ")");
+    }
+  }
+  auto in = stageIn(inputs, name);
+  auto out = stageOut(outputs, name);
+  auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::ALLTOALL, std::move(work), outputs, in, out);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                      int tag) {
+  const char* name = "send";
+  at::Tensor& t = single(tensors, name);
+  auto in = stageIn({t}, name);
+  auto work = pg_->send(in->view(), dstRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
+  return workOf(rank_, c10d::OpType::SEND, std::move(work), {t}, in, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                      int tag) {
+  const char* name = "recv";
+  at::Tensor& t = single(tensors, name);
+  auto out = stageOut({t}, name);
+  auto work = pg_->recv(out->view(), srcRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
+  return workOf(rank_, c10d::OpType::RECV, std::move(work), {t}, nullptr, out, srcRank);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& /*tensors*/,
+                                                               int /*tag*/) {
+  LOOM_THROW(NotAvailableError,
+             "recv from any source (dist.recv without src) is not supported by the loom backend "
+             "yet: pass src");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
+  auto work = pg_->barrier({.timeout = toLoomTimeout(opts.timeout)});
+  return workOf(rank_, c10d::OpType::BARRIER, std::move(work), {}, nullptr, nullptr);
+}
+
+}  // namespace loom::torch_backend

@@ -1,0 +1,123 @@
+#include "tensor_views.h"
+
+#include <string>
+
+#include "loom/common/error.h"
+
+namespace loom::torch_backend {
+
+DType toLoomDtype(at::ScalarType type, const char* opName) {
+  switch (type) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kBool:
+      return DType::kBool;
+    default:
+      LOOM_THROW(InvalidArgumentError, opName, ": the loom backend does not support dtype ",
+                 c10::toString(type),
+                 " (float, double, half, bfloat16, int8, uint8, int32, int64, bool)");
+  }
+}
+
+void checkTensor(const at::Tensor& t, const char* opName) {
+  if (!t.defined()) {
+    LOOM_THROW(InvalidArgumentError, opName, ": undefined tensor");
+  }
+  if (!t.device().is_cpu()) {
+    LOOM_THROW(InvalidArgumentError, opName, ": ", t.device().str(),
+               " tensors are not supported by the loom backend (CPU tensors only; use the nccl "
+               "backend for CUDA tensors)");
+  }
+  if (t.layout() != at::kStrided) {
+    LOOM_THROW(InvalidArgumentError, opName,
+               ": the loom backend takes dense (strided) tensors, got layout ", t.layout());
+  }
+  toLoomDtype(t.scalar_type(), opName);
+}
+
+BufferView bufferView(const at::Tensor& t, const char* opName) {
+  checkTensor(t, opName);
+  LOOM_CHECK(t.is_contiguous(), opName, ": expected a contiguous tensor");
+  return BufferView{t.data_ptr(), static_cast<size_t>(t.numel()),
+                    toLoomDtype(t.scalar_type(), opName), Device::cpu()};
+}
+
+namespace {
+
+// True when the tensors are contiguous and lie end to end in one storage, in list order.
+bool endToEnd(const std::vector<at::Tensor>& tensors) {
+  const auto* next = static_cast<const char*>(tensors.front().data_ptr());
+  for (const at::Tensor& t : tensors) {
+    if (!t.is_contiguous() || t.data_ptr() != next ||
+        !t.storage().is_alias_of(tensors.front().storage())) {
+      return false;
+    }
+    next += t.numel() * t.element_size();
+  }
+  return true;
+}
+
+}  // namespace
+
+Staged::Staged(std::vector<at::Tensor> tensors, const char* opName) : tensors_(std::move(tensors)) {
+  LOOM_CHECK(!tensors_.empty(), opName, ": empty tensor list");
+  size_t count = 0;
+  for (const at::Tensor& t : tensors_) {
+    checkTensor(t, opName);
+    if (t.scalar_type() != tensors_.front().scalar_type()) {
+      LOOM_THROW(InvalidArgumentError, opName, ": tensors of one list must share a dtype, got ",
+                 c10::toString(tensors_.front().scalar_type()), " and ",
+                 c10::toString(t.scalar_type()));
+    }
+    count += static_cast<size_t>(t.numel());
+  }
+  const DType dtype = toLoomDtype(tensors_.front().scalar_type(), opName);
+  if (endToEnd(tensors_)) {
+    view_ = BufferView{tensors_.front().data_ptr(), count, dtype, Device::cpu()};
+    return;
+  }
+  staging_ = at::empty({static_cast<int64_t>(count)}, tensors_.front().options());
+  view_ = BufferView{staging_.data_ptr(), count, dtype, Device::cpu()};
+}
+
+void Staged::copyIn() {
+  if (!staging_.defined()) return;
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors_) {
+    staging_.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t);
+    offset += t.numel();
+  }
+}
+
+void Staged::copyOut() {
+  if (!staging_.defined()) return;
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors_) {
+    t.copy_(staging_.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* opName) {
+  if (tensors.size() != 1) {
+    LOOM_THROW(InvalidArgumentError, opName,
+               ": the loom backend takes one tensor per process (CPU), got ", tensors.size());
+  }
+  return tensors.front();
+}
+
+}  // namespace loom::torch_backend

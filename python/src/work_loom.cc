@@ -1,0 +1,109 @@
+#include "work_loom.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <utility>
+
+#include "loom/common/error.h"
+
+namespace loom::torch_backend {
+
+WorkLoom::WorkLoom(int rank, c10d::OpType type, std::vector<std::shared_ptr<loom::Work>> works,
+                   std::vector<at::Tensor> outputs, std::function<void()> finish, int sourceRank)
+    : c10d::Work(rank, type),
+      works_(std::move(works)),
+      outputs_(std::move(outputs)),
+      sourceRank_(sourceRank),
+      finish_(std::move(finish)) {}
+
+WorkLoom::~WorkLoom() {
+  // Loom may still write into our tensors: never free them under a running operation. Every
+  // operation has a deadline, and a failed group fails the rest at once, so this ends.
+  for (const auto& work : works_) {
+    try {
+      work->wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error belongs to whoever waited
+    }
+  }
+}
+
+bool WorkLoom::isCompleted() {
+  for (const auto& work : works_) {
+    if (!work->isCompleted()) return false;
+  }
+  if (isSuccess()) {
+    try {
+      runFinish();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): exception() reports it
+    }
+  }
+  return true;
+}
+
+bool WorkLoom::isSuccess() const {
+  for (const auto& work : works_) {
+    if (!work->isCompleted() || !work->isSuccess()) return false;
+  }
+  std::lock_guard<std::mutex> lock(finishMu_);
+  return finishError_ == nullptr;
+}
+
+std::exception_ptr WorkLoom::exception() const {
+  for (const auto& work : works_) {
+    if (auto error = work->exception()) return error;
+  }
+  std::lock_guard<std::mutex> lock(finishMu_);
+  return finishError_;
+}
+
+bool WorkLoom::wait(std::chrono::milliseconds timeout) {
+  if (timeout <= kNoTimeout) {
+    for (const auto& work : works_) work->wait();
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& work : works_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      work->wait(std::max(left, std::chrono::milliseconds(1)));
+    }
+  }
+  runFinish();
+  return true;
+}
+
+void WorkLoom::runFinish() {
+  std::lock_guard<std::mutex> lock(finishMu_);
+  if (!finished_) {
+    finished_ = true;
+    if (finish_) {
+      try {
+        finish_();
+      } catch (...) {
+        finishError_ = std::current_exception();
+      }
+      finish_ = nullptr;
+    }
+  }
+  if (finishError_) std::rethrow_exception(finishError_);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
+  {
+    std::lock_guard<std::mutex> lock(finishMu_);
+    if (future_) return future_;
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{});
+  try {
+    wait();
+    future->markCompleted(c10::IValue(outputs_));
+  } catch (...) {
+    future->setError(std::current_exception());
+  }
+  std::lock_guard<std::mutex> lock(finishMu_);
+  if (!future_) future_ = future;
+  return future_;
+}
+
+}  // namespace loom::torch_backend
