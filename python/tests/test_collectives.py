@@ -1,0 +1,238 @@
+"""Every collective of backend "loom" against gloo on the same inputs, in the same processes
+(the default group is loom, a second group over the same ranks is gloo), for every dtype and
+reduce op, on 2 and 3 ranks. Where gloo lacks an operation (reduce_scatter, AVG, some dtypes),
+the result is checked against the reduction computed locally from every rank's inputs."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not importable (scripts/setup.sh)")
+
+import ranks  # noqa: E402
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+          torch.int32, torch.int64, torch.bool]
+N = 7  # elements per rank: odd, so that no algorithm's chunking divides it
+
+
+def _ops():
+    import torch.distributed as dist
+    R = dist.ReduceOp
+    return {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX, "avg": R.AVG,
+            "band": R.BAND, "bor": R.BOR, "bxor": R.BXOR}
+
+
+def _valid(dtype, op):
+    floating = dtype.is_floating_point
+    if op in ("band", "bor", "bxor"):
+        return not floating
+    if dtype == torch.bool:
+        return op != "avg"  # sum/max: logical or, prod/min: logical and
+    return True
+
+
+def make(dtype, rank, op="sum", n=N):
+    i = torch.arange(n)
+    if dtype == torch.bool:
+        return ((i + rank) % 2 == 0)
+    if op in ("band", "bor", "bxor"):
+        return ((i * 3 + rank * 5) % 8).to(dtype)
+    return ((i + rank) % 3 + 1).to(dtype)  # 1..3: sums and products exact in every dtype
+
+
+def reference(op, dtype, world, n=N):
+    xs = torch.stack([make(dtype, r, op, n) for r in range(world)])
+    if dtype == torch.bool and op not in ("band", "bor", "bxor"):
+        if op in ("sum", "max"):
+            return xs.any(0)
+        return xs.all(0)
+    wide = xs.double() if dtype.is_floating_point else xs.long()
+    if op == "sum":
+        return wide.sum(0).to(dtype)
+    if op == "prod":
+        return wide.prod(0).to(dtype)
+    if op == "min":
+        return wide.min(0).values.to(dtype)
+    if op == "max":
+        return wide.max(0).values.to(dtype)
+    if op == "avg":
+        if dtype.is_floating_point:
+            return (xs.double().sum(0) / world).to(dtype)
+        return torch.div(xs.sum(0), world, rounding_mode="trunc").to(dtype)
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        acc = {"band": acc & x, "bor": acc | x, "bxor": acc ^ x}[op]
+    return acc
+
+
+def same(got, want, what):
+    if got.dtype.is_floating_point:
+        torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
+    else:
+        assert torch.equal(got, want), f"{what}: got {got}, want {want}"
+
+
+class Checker:
+    """Runs one collective on loom and on gloo; falls back to `want` where gloo refuses."""
+
+    def __init__(self, gloo):
+        self.gloo = gloo
+        self.against_gloo = 0
+        self.against_reference = 0
+
+    def check(self, what, run, want=None, gloo=True):
+        got = run(None)
+        try:
+            if not gloo:
+                raise RuntimeError("not compared with gloo")
+            expected = run(self.gloo)
+            self.against_gloo += 1
+        except RuntimeError:
+            assert want is not None or got is None, f"{what}: gloo refused, no reference"
+            expected = want
+            self.against_reference += 1
+        if isinstance(got, (list, tuple)):
+            assert len(got) == len(expected), what
+            for k, (g, e) in enumerate(zip(got, expected)):
+                same(g, e, f"{what}[{k}]")
+        elif got is not None:
+            same(got, expected, what)
+
+
+def _all_collectives(rank, world, tmp):
+    import torch.distributed as dist
+
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp)
+    ops = _ops()
+    c = Checker(gloo)
+    root = 1 % world
+    for dtype in DTYPES:
+        name = str(dtype).replace("torch.", "")
+        x = make(dtype, rank)
+        for op, rop in ops.items():
+            if not _valid(dtype, op):
+                continue
+            xo = make(dtype, rank, op)
+            want = reference(op, dtype, world)
+
+            def allreduce(g, xo=xo, rop=rop):
+                t = xo.clone()
+                dist.all_reduce(t, rop, group=g)
+                return t
+            # gloo 1.13 gets bitwise ops on bool wrong (bor of [1,0] and [0,1] gives 0)
+            gloo_ok = not (dtype == torch.bool and op in ("band", "bor", "bxor"))
+            c.check(f"all_reduce {name} {op}", allreduce, want, gloo_ok)
+
+            def reduce(g, xo=xo, rop=rop):
+                t = xo.clone()
+                dist.reduce(t, root, rop, group=g)
+                return t if rank == root else None
+            c.check(f"reduce {name} {op}", reduce, want if rank == root else None, gloo_ok)
+
+            # reduce_scatter: world slices of N elements; slice r of rank k's input = make(k)+r
+            def rs_inputs():
+                return [make(dtype, rank, op) for _ in range(world)]
+
+            def reduce_scatter(g, rop=rop):
+                out = torch.zeros(N, dtype=dtype)
+                dist.reduce_scatter(out, rs_inputs(), rop, group=g)
+                return out
+            c.check(f"reduce_scatter {name} {op}", reduce_scatter, want, gloo_ok)
+
+            def reduce_scatter_base(g, rop=rop):
+                out = torch.zeros(N, dtype=dtype)
+                dist.reduce_scatter_tensor(out, torch.cat(rs_inputs()), rop, group=g)
+                return out
+            c.check(f"reduce_scatter_tensor {name} {op}", reduce_scatter_base, want, gloo_ok)
+
+        everyone = [make(dtype, r) for r in range(world)]
+
+        def broadcast(g):
+            t = x.clone()
+            dist.broadcast(t, root, group=g)
+            return t
+        c.check(f"broadcast {name}", broadcast, make(dtype, root))
+
+        def all_gather(g):
+            outs = [torch.zeros(N, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, x, group=g)
+            return outs
+        c.check(f"all_gather {name}", all_gather, everyone)
+
+        def all_gather_tensor(g):
+            out = torch.zeros(world * N, dtype=dtype)
+            dist.all_gather_into_tensor(out, x, group=g)
+            return out
+        c.check(f"all_gather_into_tensor {name}", all_gather_tensor, torch.cat(everyone))
+
+        def gather(g):
+            outs = [torch.zeros(N, dtype=dtype) for _ in range(world)] if rank == root else None
+            dist.gather(x, outs, dst=root, group=g)
+            return outs
+        c.check(f"gather {name}", gather, everyone if rank == root else None)
+
+        def scatter(g):
+            out = torch.zeros(N, dtype=dtype)
+            ins = [make(dtype, r) for r in range(world)] if rank == root else None
+            dist.scatter(out, ins, src=root, group=g)
+            return out
+        c.check(f"scatter {name}", scatter, make(dtype, rank))
+
+        # all_to_all: rank k sends make(dtype, 10*k + j) to rank j
+        def all_to_all(g):
+            ins = [make(dtype, 10 * rank + j) for j in range(world)]
+            outs = [torch.zeros(N, dtype=dtype) for _ in range(world)]
+            dist.all_to_all(outs, ins, group=g)
+            return outs
+        c.check(f"all_to_all {name}", all_to_all, [make(dtype, 10 * k + rank) for k in range(world)])
+
+        def all_to_all_single(g):
+            ins = torch.cat([make(dtype, 10 * rank + j) for j in range(world)])
+            out = torch.zeros(world * N, dtype=dtype)
+            dist.all_to_all_single(out, ins, group=g)
+            return out
+        c.check(f"all_to_all_single {name}", all_to_all_single,
+                torch.cat([make(dtype, 10 * k + rank) for k in range(world)]))
+
+        def send_recv(g):
+            # a ring: even ranks send first, odd ranks receive first (works on gloo too)
+            right, left = (rank + 1) % world, (rank - 1) % world
+            out = torch.zeros(N, dtype=dtype)
+            if world == 1:
+                return x.clone()
+            if rank % 2 == 0:
+                dist.send(x, right, group=g)
+                dist.recv(out, left, group=g)
+            else:
+                dist.recv(out, left, group=g)
+                dist.send(x, right, group=g)
+            return out
+        if world % 2 == 0:
+            c.check(f"send/recv {name}", send_recv, make(dtype, (rank - 1) % world))
+
+        def isend_irecv(g):
+            right, left = (rank + 1) % world, (rank - 1) % world
+            out = torch.zeros(N, dtype=dtype)
+            reqs = [dist.isend(x, right, group=g), dist.irecv(out, left, group=g)]
+            for r in reqs:
+                r.wait()
+            return out
+        c.check(f"isend/irecv {name}", isend_irecv, make(dtype, (rank - 1) % world))
+
+    def coalesced(g):
+        ts = [make(torch.float32, rank, n=n) for n in (3, 5, 1000)]
+        dist.all_reduce_coalesced(ts, group=g)
+        return ts
+    c.check("all_reduce_coalesced", coalesced,
+            [reference("sum", torch.float32, world, n) for n in (3, 5, 1000)])
+
+    dist.barrier()
+    dist.barrier(group=gloo)
+    return c.against_gloo, c.against_reference
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_collective_matches_gloo(world):
+    results = ranks.spawn(_all_collectives, world, timeout=120)
+    vs_gloo, vs_ref = results[0]
+    print(f"{world} ranks: {vs_gloo} checks against gloo, {vs_ref} against the local reference")
+    assert vs_gloo > 100
