@@ -236,3 +236,75 @@ def test_every_collective_matches_gloo(world):
     vs_gloo, vs_ref = results[0]
     print(f"{world} ranks: {vs_gloo} checks against gloo, {vs_ref} against the local reference")
     assert vs_gloo > 100
+
+
+def _edge_cases(rank, world, tmp):
+    import torch.distributed as dist
+
+    import loom_torch
+
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp)
+    assert dist.get_backend() == "loom"
+    assert "shm" in loom_torch.transport_summary()
+
+    # Non-contiguous tensors are staged and written back. (gloo 1.13 silently reduces only the
+    # first element of this column, so there is nothing to compare with.)
+    for g in (None,):
+        m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
+        col = m[:, 1]  # stride 4
+        assert not col.is_contiguous()
+        dist.all_reduce(col, group=g)
+        want = sum(torch.arange(12, dtype=torch.float32).reshape(3, 4)[:, 1] + r for r in range(world))
+        assert torch.equal(m[:, 1], want)
+        assert torch.equal(m[:, 0], torch.arange(0, 12, 4, dtype=torch.float32) + rank)
+
+    # Outputs that lie end to end in one tensor (torch.chunk) go to Loom in place.
+    big = torch.zeros(world * 5)
+    dist.all_gather(list(big.chunk(world)), torch.full((5,), float(rank)))
+    assert torch.equal(big, torch.arange(world).float().repeat_interleave(5))
+
+    # Async ops, futures and the Work's result.
+    t = torch.ones(10)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    assert torch.equal(fut.wait()[0], torch.full((10,), float(world)))
+    assert work.is_completed() and work.is_success()
+    chained = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
+    assert torch.equal(chained.wait(), torch.full((3,), 2.0 * world))
+
+    # new_group: a subgroup of ranks {0, world-1}, loom as well.
+    members = [0, world - 1]
+    sub = dist.new_group(members)
+    if rank in members:
+        s = torch.full((4,), float(rank + 1))
+        dist.all_reduce(s, group=sub)
+        assert torch.equal(s, torch.full((4,), float(1 + world)))
+        assert dist.get_backend(sub) == "loom"
+
+    # What is not supported says so, and leaves the group usable.
+    def raises(fn, *words):
+        with pytest.raises(RuntimeError) as info:
+            fn()
+        for w in words:
+            assert w in str(info.value), str(info.value)
+
+    # (CUDA tensors are rejected the same way; Debian's torch has no CUDA to test it with.)
+    raises(lambda: dist.all_reduce(torch.ones(4).to_sparse()), "dense")
+    raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "dtype Short")
+    raises(lambda: dist.all_gather([torch.zeros(r + 1) for r in range(world)], torch.zeros(rank + 1)),
+           "uneven")
+    raises(lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1),
+                                          [2] + [1] * (world - 1), [2] + [1] * (world - 1)),
+           "split sizes")
+    raises(lambda: dist.recv(torch.zeros(1)), "any source")
+    raises(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), "bitwise")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(world)))
+    dist.barrier()
+    return True
+
+
+def test_edge_cases_non_contiguous_futures_subgroups_and_errors():
+    ranks.spawn(_edge_cases, 3, timeout=60)
