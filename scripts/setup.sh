@@ -10,6 +10,7 @@ packages=(
   libeigen3-dev libibverbs-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   iproute2 procps
+  python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(libgloo-dev openmpi-bin libopenmpi-dev)
