@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "loom/process_group/process_group.h"
+#include "work_loom.h"
 
 namespace loom::torch_backend {
 
@@ -93,6 +94,9 @@ class ProcessGroupLoom : public c10d::ProcessGroup {
 
  private:
   std::shared_ptr<loom::ProcessGroup> pg_;
+  // Completes the futures of this group's Works (work_loom.h). Declared after pg_ so that it
+  // goes first: its last tasks wait on operations of a group that still exists.
+  std::shared_ptr<FutureCompleter> completer_ = std::make_shared<FutureCompleter>();
 };
 
 // c10d's reduce op as Loom's; PREMUL_SUM (NCCL only) is an InvalidArgumentError.

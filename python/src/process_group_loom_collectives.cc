@@ -38,12 +38,14 @@ std::function<void()> finishing(StagedPtr in, StagedPtr out) {
   };
 }
 
-c10::intrusive_ptr<c10d::Work> workOf(int rank, c10d::OpType type, std::shared_ptr<loom::Work> work,
+c10::intrusive_ptr<c10d::Work> workOf(const std::shared_ptr<FutureCompleter>& completer, int rank,
+                                      c10d::OpType type, std::shared_ptr<loom::Work> work,
                                       std::vector<at::Tensor> outputs, StagedPtr in, StagedPtr out,
                                       int sourceRank = -1) {
   std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
   return c10::make_intrusive<WorkLoom>(rank, type, std::move(works), std::move(outputs),
-                                       finishing(std::move(in), std::move(out)), sourceRank);
+                                       finishing(std::move(in), std::move(out)), sourceRank,
+                                       completer);
 }
 
 void checkRootTensor(int64_t rootTensor, const char* opName) {
@@ -91,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   auto buf = stageIn({t}, name);
   auto work = pg_->broadcast(buf->view(), {.root = static_cast<int>(opts.rootRank),
                                            .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::BROADCAST, std::move(work), {t}, nullptr, buf);
+  return workOf(completer_, rank_, c10d::OpType::BROADCAST, std::move(work), {t}, nullptr, buf);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
@@ -101,7 +103,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   auto buf = stageIn({t}, name);
   auto work = pg_->allreduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
                                            .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::ALLREDUCE, std::move(work), {t}, nullptr, buf);
+  return workOf(completer_, rank_, c10d::OpType::ALLREDUCE, std::move(work), {t}, nullptr, buf);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
@@ -122,7 +124,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     for (const auto& buf : bufs) buf->copyOut();
   };
   return c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::ALLREDUCE_COALESCED, std::move(works),
-                                       tensors, std::move(finish));
+                                       tensors, std::move(finish), -1, completer_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
@@ -134,7 +136,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   auto work = pg_->reduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
                                         .root = static_cast<int>(opts.rootRank),
                                         .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::REDUCE, std::move(work), {t}, nullptr, buf);
+  return workOf(completer_, rank_, c10d::OpType::REDUCE, std::move(work), {t}, nullptr, buf);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
@@ -146,7 +148,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
   auto in = stageIn({input}, name);
   auto out = stageOut(outList, name);
   auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::ALLGATHER, std::move(work), outList, in, out);
+  return workOf(completer_, rank_, c10d::OpType::ALLGATHER, std::move(work), outList, in, out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
@@ -155,7 +157,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
   auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, in, out);
+  return workOf(completer_, rank_, c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, in,
+                out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
@@ -186,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   }
   auto work =
       pg_->gather(in->view(), outView, {.root = root, .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::GATHER, std::move(work), results, in, out);
+  return workOf(completer_, rank_, c10d::OpType::GATHER, std::move(work), results, in, out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
@@ -207,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   auto out = stageOut({output}, name);
   auto work =
       pg_->scatter(inView, out->view(), {.root = root, .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::SCATTER, std::move(work), {output}, in, out);
+  return workOf(completer_, rank_, c10d::OpType::SCATTER, std::move(work), {output}, in, out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
@@ -220,7 +223,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   auto work = pg_->reduceScatter(
       in->view(), out->view(),
       {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, in, out);
+  return workOf(completer_, rank_, c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, in,
+                out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
@@ -231,7 +235,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   auto work = pg_->reduceScatter(
       in->view(), out->view(),
       {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output}, in, out);
+  return workOf(completer_, rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output},
+                in, out);
 }
 
 namespace {
@@ -270,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
   auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, in, out);
+  return workOf(completer_, rank_, c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, in, out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
@@ -292,7 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   auto in = stageIn(inputs, name);
   auto out = stageOut(outputs, name);
   auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::ALLTOALL, std::move(work), outputs, in, out);
+  return workOf(completer_, rank_, c10d::OpType::ALLTOALL, std::move(work), outputs, in, out);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
@@ -301,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, name);
   auto in = stageIn({t}, name);
   auto work = pg_->send(in->view(), dstRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
-  return workOf(rank_, c10d::OpType::SEND, std::move(work), {t}, in, nullptr);
+  return workOf(completer_, rank_, c10d::OpType::SEND, std::move(work), {t}, in, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -310,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, name);
   auto out = stageOut({t}, name);
   auto work = pg_->recv(out->view(), srcRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
-  return workOf(rank_, c10d::OpType::RECV, std::move(work), {t}, nullptr, out, srcRank);
+  return workOf(completer_, rank_, c10d::OpType::RECV, std::move(work), {t}, nullptr, out, srcRank);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& /*tensors*/,
@@ -322,7 +327,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   auto work = pg_->barrier({.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(rank_, c10d::OpType::BARRIER, std::move(work), {}, nullptr, nullptr);
+  return workOf(completer_, rank_, c10d::OpType::BARRIER, std::move(work), {}, nullptr, nullptr);
 }
 
 }  // namespace loom::torch_backend

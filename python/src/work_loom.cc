@@ -9,12 +9,47 @@
 
 namespace loom::torch_backend {
 
+FutureCompleter::FutureCompleter() : thread_([this] { run(); }) {}
+
+FutureCompleter::~FutureCompleter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void FutureCompleter::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+}
+
+void FutureCompleter::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stop_, and nothing left to run
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;  // drop what it holds (the Work and its tensors) outside the lock
+    lock.lock();
+  }
+}
+
 WorkLoom::WorkLoom(int rank, c10d::OpType type, std::vector<std::shared_ptr<loom::Work>> works,
-                   std::vector<at::Tensor> outputs, std::function<void()> finish, int sourceRank)
+                   std::vector<at::Tensor> outputs, std::function<void()> finish, int sourceRank,
+                   std::shared_ptr<FutureCompleter> completer)
     : c10d::Work(rank, type),
       works_(std::move(works)),
       outputs_(std::move(outputs)),
       sourceRank_(sourceRank),
+      completer_(std::move(completer)),
       finish_(std::move(finish)) {}
 
 WorkLoom::~WorkLoom() {
@@ -89,21 +124,35 @@ void WorkLoom::runFinish() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
-    std::lock_guard<std::mutex> lock(finishMu_);
+    std::lock_guard<std::mutex> lock(futureMu_);
     if (future_) return future_;
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{});
+    future = future_;
   }
-  auto future = c10::make_intrusive<c10::ivalue::Future>(
-      c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{});
+  bool done = true;
+  for (const auto& work : works_) done = done && work->isCompleted();
+  if (done || !completer_) {
+    completeFuture();
+  } else {
+    // The task owns a reference: the Work (and the tensors Loom writes) outlive the wait.
+    auto self = c10::intrusive_ptr<WorkLoom>::unsafe_reclaim_from_nonowning(this);
+    completer_->enqueue([self] { self->completeFuture(); });
+  }
+  return future;
+}
+
+void WorkLoom::completeFuture() {
+  // future_ was set (under futureMu_) before this runs, and never changes after.
   try {
     wait();
-    future->markCompleted(c10::IValue(outputs_));
   } catch (...) {
-    future->setError(std::current_exception());
+    future_->setError(std::current_exception());
+    return;
   }
-  std::lock_guard<std::mutex> lock(finishMu_);
-  if (!future_) future_ = future;
-  return future_;
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 }  // namespace loom::torch_backend

@@ -10,28 +10,55 @@
 //   wait(timeout) with a positive timeout bounds the whole wait; when it passes, Loom aborts the
 //   group and throws TimeoutError (loom/process_group/work.h).
 // - getFuture() returns a c10::ivalue::Future holding the output tensors (a TensorList, what
-//   DDP's reducer and comm hooks read). It waits for the operation first, so the future it
-//   returns is already completed (or holds the error); Loom's Work has no completion callback
-//   to complete it later.
+//   DDP's reducer and comm hooks read), or the operation's error. Loom's Work has no completion
+//   callback, so the group's FutureCompleter thread waits for the operation and completes the
+//   future (running its then() callbacks there, as gloo's thread does); the caller goes on at
+//   once, so DDP's backward overlaps the all-reduces. Without a completer, getFuture waits.
 // - isCompleted() never blocks; when every Loom Work is done it runs `finish` (so polling users
 //   see their tensors). Thread-safe.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "loom/process_group/work.h"
 
 namespace loom::torch_backend {
 
+// One thread per group that runs tasks in order (the futures of its operations, which complete
+// in issue order anyway). The destructor runs what is queued, then joins.
+class FutureCompleter {
+ public:
+  FutureCompleter();
+  ~FutureCompleter();
+  FutureCompleter(const FutureCompleter&) = delete;
+  FutureCompleter& operator=(const FutureCompleter&) = delete;
+
+  // `task` must not throw.
+  void enqueue(std::function<void()> task);
+
+ private:
+  void run();
+
+  std::mutex mu_;  // guards tasks_ and stop_
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class WorkLoom : public c10d::Work {
  public:
   WorkLoom(int rank, c10d::OpType type, std::vector<std::shared_ptr<loom::Work>> works,
-           std::vector<at::Tensor> outputs, std::function<void()> finish = {}, int sourceRank = -1);
+           std::vector<at::Tensor> outputs, std::function<void()> finish = {}, int sourceRank = -1,
+           std::shared_ptr<FutureCompleter> completer = nullptr);
   ~WorkLoom() override;
 
   bool isCompleted() override;
@@ -46,15 +73,20 @@ class WorkLoom : public c10d::Work {
  private:
   // Runs finish_ once, after every Loom Work succeeded; rethrows its failure to every caller.
   void runFinish();
+  // Waits, then completes future_ with the outputs or the error.
+  void completeFuture();
 
   const std::vector<std::shared_ptr<loom::Work>> works_;
   const std::vector<at::Tensor> outputs_;
   const int sourceRank_;
+  const std::shared_ptr<FutureCompleter> completer_;
 
   mutable std::mutex finishMu_;  // guards the members below
   std::function<void()> finish_;
   bool finished_ = false;
   std::exception_ptr finishError_;
+
+  std::mutex futureMu_;  // guards future_; never held with finishMu_
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

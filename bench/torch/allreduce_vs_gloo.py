@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""torch.distributed all_reduce through backend "loom" vs "gloo", side by side in one run.
+
+Every rank is a forked process holding both groups (the default group on loom, a second
+group on gloo over the same ranks), so the two backends run on the same machine state. Each
+round times every size on loom then gloo (the order alternates between rounds), and the table
+gives the median over rounds of each round's mean time per all_reduce (the slowest rank's).
+busbw = 2 (n - 1) / n * bytes / time, as nccl-tests and loom-bench report it.
+
+With --ddp-steps, also torch DDP samples/s on the MLP 784-1024-1024-10 (batch 64 per rank,
+one thread per rank), loom vs gloo, interleaved the same way.
+
+Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
+       [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+
+def iterations(nbytes):
+    # about 0.1-0.5 s per size and backend on 2 cores
+    if nbytes <= 4096:
+        return 2000
+    if nbytes <= 1 << 20:
+        return 200
+    if nbytes <= 16 << 20:
+        return 12
+    return 4
+
+
+def human(nbytes):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def rank_main(rank, world, tmp, args, queue):
+    import torch
+    import torch.distributed as dist
+
+    import loom_torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("loom", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    sizes = [int(s) for s in args.sizes.split(",")]
+    times = {(b, s): [] for b in groups for s in sizes}
+    for rnd in range(args.rounds):
+        order = list(groups) if rnd % 2 == 0 else list(reversed(groups))
+        for size in sizes:
+            for backend in order:
+                group = groups[backend]
+                t = torch.ones(max(1, size // 4), dtype=torch.float32)
+                n = iterations(size)
+                for _ in range(max(2, n // 10)):
+                    dist.all_reduce(t, group=group)
+                dist.barrier(group=group)
+                start = time.perf_counter()
+                for _ in range(n):
+                    dist.all_reduce(t, group=group)
+                elapsed = torch.tensor([(time.perf_counter() - start) / n], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=groups["gloo"])
+                times[(backend, size)].append(elapsed.item())
+    ddp = {}
+    if args.ddp_steps > 0:
+        ddp = ddp_samples_per_second(rank, world, groups, args)
+    if rank == 0:
+        queue.put((times, ddp, loom_torch.transport_summary()))
+
+
+def ddp_samples_per_second(rank, world, groups, args):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    result = {b: [] for b in groups}
+    models = {}
+    for backend, group in groups.items():
+        net = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                                  torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                  torch.nn.Linear(1024, 10))
+        model = DDP(net, process_group=group)
+        models[backend] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+    for rnd in range(args.rounds):
+        order = list(groups) if rnd % 2 == 0 else list(reversed(groups))
+        for backend in order:
+            model, opt = models[backend]
+            for step in range(args.ddp_steps + 3):
+                if step == 3:
+                    start = time.perf_counter()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            result[backend].append(64 * world * args.ddp_steps / (time.perf_counter() - start))
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default="8,65536,1048576,16777216,67108864")
+    parser.add_argument("--ddp-steps", type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="loom_torch_bench_") as tmp:
+        procs = [ctx.Process(target=rank_main, args=(r, args.world, tmp, args, queue))
+                 for r in range(args.world)]
+        for p in procs:
+            p.start()
+        times, ddp, transport = queue.get(timeout=1800)
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            sys.exit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+
+    n = args.world
+    print(f"# torch.distributed all_reduce (float32, sum), {n} ranks, loom over {transport}; "
+          f"median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
+    print("| size | loom time | gloo time | loom busbw | gloo busbw | gloo/loom time |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    sizes = sorted({s for _, s in times})
+    for size in sizes:
+        nbytes = max(4, size // 4 * 4)
+        row = {}
+        for backend in ("loom", "gloo"):
+            t = statistics.median(times[(backend, size)])
+            row[backend] = (t, 2 * (n - 1) / n * nbytes / t / 1e9)
+        print(f"| {human(size)} | {row['loom'][0] * 1e6:.1f} us | {row['gloo'][0] * 1e6:.1f} us | "
+              f"{row['loom'][1]:.2f} GB/s | {row['gloo'][1]:.2f} GB/s | "
+              f"{row['gloo'][0] / row['loom'][0]:.1f}x |")
+    if ddp:
+        print(f"\n# torch DDP, MLP 784-1024-1024-10, batch 64 per rank, {n} ranks, "
+              f"{args.ddp_steps} steps per round, median of {args.rounds} rounds")
+        print("| backend | samples/s |")
+        print("|---|---:|")
+        for backend in ("loom", "gloo"):
+            print(f"| {backend} | {statistics.median(ddp[backend]):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
