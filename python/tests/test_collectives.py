@@ -284,7 +284,7 @@ def _edge_cases(rank, world, tmp):
 
     # What is not supported says so, and leaves the group usable.
     def raises(fn, *words):
-        with pytest.raises(RuntimeError) as info:
+        with pytest.raises(loom_torch.LoomError) as info:  # a RuntimeError
             fn()
         for w in words:
             assert w in str(info.value), str(info.value)

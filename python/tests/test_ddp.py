@@ -129,4 +129,4 @@ def test_survivor_raises_within_seconds_naming_the_dead_rank():
     print(f"rank 0 raised {seconds:.2f} s into step {step}: {message}")
     assert step == 20
     assert seconds < 10, message
-    assert "rank 1" in message, message
+    assert "rank 1" in message and "allreduce#" in message, message
