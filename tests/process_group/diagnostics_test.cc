@@ -4,7 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +17,7 @@
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/testing/errors.h"
+#include "loom/testing/ranks.h"
 
 namespace loom::diag {
 namespace {
@@ -226,6 +231,49 @@ TEST(FlightRecordJson, CorruptOrTruncatedNamesTheFileAndOffset) {
   EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>(
                   [&] { parseDump("{\"format\": \"other\"}", "r.json"); }),
               HasSubstr("format is 'other'"));
+}
+
+// Runs loom-doctor with `args`; returns its exit status and stdout + stderr.
+std::pair<int, std::string> doctor(const std::string& args) {
+  const std::string command = std::string(LOOM_DOCTOR_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+TEST(LoomDoctor, ExplainsDumpsAndNamesCorruptAndMissingOnes) {
+  loom::testing::TempDir dir;
+  for (int r = 0; r < 4; ++r) {
+    RankDump d = r == 2 ? rankWith(r, 4, 4, {})
+                        : rankWith(r, 4, 4, {record(5, OpType::kAllreduce, OpState::kRunning)});
+    writeFile(dir.file("loom-flight-default-rank" + std::to_string(r) + ".json"), toJson(d));
+  }
+  auto [status, out] = doctor(dir.path());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("group default (4 ranks, 4 dumps)"));
+  EXPECT_THAT(out, HasSubstr("rank 2 never entered collective #5: it is idle since allreduce#4"));
+  EXPECT_THAT(out, HasSubstr("ranks 0, 1, 3 wait in allreduce#5"));
+
+  // Rank 1's dump cut short, rank 3's gone: both named; the analysis goes on without them.
+  const std::string rank1 = dir.file("loom-flight-default-rank1.json");
+  const std::string full = toJson(rankWith(1, 4, 4, {}));
+  writeFile(rank1, full.substr(0, 100));
+  std::remove(dir.file("loom-flight-default-rank3.json").c_str());
+  std::tie(status, out) = doctor(dir.path());
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_THAT(out, HasSubstr(rank1 + ": not a valid flight record: corrupt or truncated JSON at "
+                                     "byte 100 of 100"));
+  EXPECT_THAT(out, HasSubstr("rank 1: no dump among the files given"));
+  EXPECT_THAT(out, HasSubstr("rank 3: no dump among the files given"));
+  EXPECT_THAT(out, HasSubstr("rank 2 never entered collective #5"));
 }
 
 }  // namespace

@@ -1,7 +1,13 @@
 #include "diagnostics/flight_recorder.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <thread>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 namespace loom::diag {
 
@@ -17,6 +23,24 @@ int64_t systemUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The issue time: the coarse monotonic clock (a few ns; it advances once per kernel tick, a
+// few milliseconds, which is all the age of a queued or hung operation needs).
+uint64_t coarseNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Start and end: the time-stamp counter where there is one (a third of a clock_gettime's
+// cost), converted in snapshot() through two (ticks, steady ns) pairs.
+uint64_t ticks() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(steadyNs());
+#endif
 }
 
 // kKind packs the small fields: type | dtype << 8 | reduce op << 16 | state << 24 |
@@ -42,31 +66,28 @@ FlightRecorder::FlightRecorder(size_t capacity, comm::Algorithm algorithm)
       algorithm_(algorithm),
       slots_(std::make_unique<Slot[]>(capacity)),
       steadyOriginNs_(steadyNs()),
+      coarseOriginNs_(static_cast<int64_t>(coarseNs())),
+      ticksOrigin_(ticks()),
       systemOriginUs_(systemUs()) {}
 
-uint64_t FlightRecorder::lock(Slot& slot) {
-  uint64_t v = slot.version.load(std::memory_order_relaxed);
-  for (;;) {
-    if ((v & 1) == 0 && slot.version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
-                                                           std::memory_order_relaxed)) {
-      // Readers that see a field written below also see the odd version (seqlock).
-      std::atomic_thread_fence(std::memory_order_release);
-      return v + 1;
-    }
-    // Another writer holds the slot for a few stores (the ring wrapped onto a running op).
-    std::this_thread::yield();
-    v = slot.version.load(std::memory_order_relaxed);
-  }
+uint64_t FlightRecorder::beginWrite(Slot& slot) {
+  // Odd while written. Plain stores, no read-modify-write: the writers of one entry are
+  // ordered by the queue (see the header), so no two write it at once in practice.
+  const uint64_t v = slot.version.load(std::memory_order_relaxed) | 1;
+  slot.version.store(v, std::memory_order_relaxed);
+  // Readers that see a field written after this also see the odd version.
+  std::atomic_thread_fence(std::memory_order_release);
+  return v;
 }
 
-void FlightRecorder::unlock(Slot& slot, uint64_t version) {
+void FlightRecorder::endWrite(Slot& slot, uint64_t version) {
   slot.version.store(version + 1, std::memory_order_release);
 }
 
 uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   const uint64_t id = next_.fetch_add(1, std::memory_order_relaxed) + 1;
   Slot& slot = slotOf(id);
-  const uint64_t v = lock(slot);
+  const uint64_t v = beginWrite(slot);
   constexpr auto r = std::memory_order_relaxed;
   slot.words[kId].store(id, r);
   slot.words[kSeq].store(op.seq, r);
@@ -74,29 +95,30 @@ uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   slot.words[kRoot].store(packRoot(op.root, -1), r);
   slot.words[kCount].store(op.count, r);
   slot.words[kBytes].store(op.count * dtypeSize(op.dtype), r);
-  slot.words[kIssue].store(static_cast<uint64_t>(steadyNs()), r);
+  slot.words[kIssue].store(coarseNs(), r);
   slot.words[kStart].store(0, r);
   slot.words[kEnd].store(0, r);
-  unlock(slot, v);
+  endWrite(slot, v);
   if (isCollective(op.type)) lastSeq_.store(op.seq, std::memory_order_relaxed);
   return id;
 }
 
-void FlightRecorder::setState(uint64_t id, OpState state, uint64_t timeWord, int peer) {
-  if (id == 0) return;  // issued before the recorder saw it (or recorder off at issue)
-  const uint64_t now = static_cast<uint64_t>(steadyNs());
+void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord, int peer) {
+  if (id == 0) return;  // not recorded
+  const uint64_t now = ticks();
   Slot& slot = slotOf(id);
-  const uint64_t v = lock(slot);
   constexpr auto r = std::memory_order_relaxed;
-  if (slot.words[kId].load(r) == id) {
-    slot.words[kKind].store(withState(slot.words[kKind].load(r), state), r);
-    slot.words[timeWord].store(now, r);
-    if (peer >= 0) {
-      const uint64_t root = slot.words[kRoot].load(r) & 0xffffffffu;
-      slot.words[kRoot].store(root | static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32, r);
-    }
+  // The ring wrapped onto this operation (more than `capacity` operations issued while it
+  // waited): its entry belongs to a newer one now, and the update is dropped.
+  if (slot.words[kId].load(r) != id) return;
+  const uint64_t v = beginWrite(slot);
+  slot.words[kKind].store(withState(slot.words[kKind].load(r), state), r);
+  slot.words[timeWord].store(now, r);
+  if (peer >= 0) {
+    const uint64_t root = slot.words[kRoot].load(r) & 0xffffffffu;
+    slot.words[kRoot].store(root | static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32, r);
   }
-  unlock(slot, v);
+  endWrite(slot, v);
 }
 
 void FlightRecorder::recordStart(uint64_t id) {
@@ -108,10 +130,24 @@ void FlightRecorder::recordEnd(uint64_t id, bool failed, int peer) {
 }
 
 std::vector<OpRecord> FlightRecorder::snapshot() const {
-  // Steady nanoseconds -> Unix microseconds, through the pair read at construction.
-  const auto toUs = [&](uint64_t ns) -> int64_t {
+  // Coarse nanoseconds and ticks -> Unix microseconds, through the pairs read at construction
+  // and now (the ticks' rate is measured over that span: a 40 ns read over even a millisecond
+  // is a 4e-5 error).
+  const int64_t steadyNow = steadyNs();
+  const uint64_t ticksNow = ticks();
+  const double nsPerTick = ticksNow > ticksOrigin_ && steadyNow > steadyOriginNs_
+                               ? static_cast<double>(steadyNow - steadyOriginNs_) /
+                                     static_cast<double>(ticksNow - ticksOrigin_)
+                               : 1.0;
+  const auto coarseToUs = [&](uint64_t ns) -> int64_t {
     if (ns == 0) return 0;
-    return systemOriginUs_ + (static_cast<int64_t>(ns) - steadyOriginNs_) / 1000;
+    return systemOriginUs_ + (static_cast<int64_t>(ns) - coarseOriginNs_) / 1000;
+  };
+  const auto ticksToUs = [&](uint64_t t) -> int64_t {
+    if (t == 0) return 0;
+    const double sinceOrigin =
+        (static_cast<double>(t) - static_cast<double>(ticksOrigin_)) * nsPerTick;
+    return systemOriginUs_ + static_cast<int64_t>(sinceOrigin / 1000);
   };
   const uint64_t last = next_.load(std::memory_order_acquire);
   const uint64_t first = last > capacity_ ? last - capacity_ + 1 : 1;
@@ -145,9 +181,9 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
     rec.peer = static_cast<int32_t>(w[kRoot] >> 32);
     rec.count = w[kCount];
     rec.bytes = w[kBytes];
-    rec.issueUs = toUs(w[kIssue]);
-    rec.startUs = toUs(w[kStart]);
-    rec.endUs = toUs(w[kEnd]);
+    rec.issueUs = coarseToUs(w[kIssue]);
+    rec.startUs = ticksToUs(w[kStart]);
+    rec.endUs = ticksToUs(w[kEnd]);
     out.push_back(rec);
   }
   return out;

@@ -6,15 +6,20 @@
 //   allocates, takes no lock and makes no system call beyond reading the clock.
 // - Writers: recordIssue is called by the issuing thread (ProcessGroup::issue, under the
 //   group's issue lock, so ids follow the issue order); recordStart / recordEnd by the thread
-//   that runs the operation. The two never write one entry at the same time in practice (an
-//   entry is issued before it can start), and when they would (the ring wrapped while an old
-//   operation still ran) the per-entry version makes one wait for the other for a few stores;
-//   a start or end whose entry was overwritten is dropped.
+//   that runs the operation, which got it through the backend's queue (a lock), so the writes
+//   of one entry are ordered. Writers use plain stores (no read-modify-write, no lock): the
+//   one case where two could write one entry at once is the ring wrapping onto an operation
+//   still running (more than `capacity` operations outstanding); then its start or end is
+//   dropped (its id no longer matches), or at worst an entry mixes two operations' fields.
 // - Readers (snapshot) run on any thread at any time and never block writers: each entry
 //   carries a version that is odd while it is written (a seqlock); a reader that sees it
 //   change retries that entry a few times and skips it if it keeps changing.
-// - Times are steady-clock nanoseconds; snapshot() converts them to microseconds since the
-//   Unix epoch so that dumps of different hosts line up (as well as their clocks do).
+// - Cost (docs/diagnostics.md has the measurement): three time stamps and a dozen stores per
+//   operation. The issue time is CLOCK_MONOTONIC_COARSE (one kernel tick of resolution,
+//   ~4 ms: enough for the age of a queued or hung operation), start and end the CPU's
+//   time-stamp counter on x86-64 (the steady clock elsewhere). snapshot() converts them all to
+//   microseconds since the Unix epoch, so dumps of different hosts line up as well as their
+//   clocks do.
 #pragma once
 
 #include <atomic>
@@ -59,18 +64,20 @@ class FlightRecorder {
   };
 
   Slot& slotOf(uint64_t id) const { return slots_[(id - 1) % capacity_]; }
-  // Makes the slot's version odd (waiting while another writer holds it); returns it.
-  static uint64_t lock(Slot& slot);
-  static void unlock(Slot& slot, uint64_t version);
-  void setState(uint64_t id, OpState state, uint64_t timeWord, int peer);
+  // The seqlock's writer side: the version is odd between the two.
+  static uint64_t beginWrite(Slot& slot);
+  static void endWrite(Slot& slot, uint64_t version);
+  void setState(uint64_t id, OpState state, Word timeWord, int peer);
 
   const size_t capacity_;
   const comm::Algorithm algorithm_;
   const std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> lastSeq_{0};
-  // The steady clock and the system clock read together, to convert times in snapshot().
+  // The clocks read together at construction, to convert times in snapshot().
   const int64_t steadyOriginNs_;
+  const int64_t coarseOriginNs_;
+  const uint64_t ticksOrigin_;
   const int64_t systemOriginUs_;
 };
 
