@@ -388,7 +388,9 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   const auto start = Clock::now();
   auto exchange = FailureExchange::start(
       store(), rank(), size(), std::string(timedOut ? "timeout" : "io") + "\n" + own,
-      diagnostics() ? diagnostics()->dumpLocal("failure") : "", window, true);
+      diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
+                    : "",
+      window, true);
   if (exchange) exchange->waitFor(exchange->published, start + window);
   {
     std::shared_ptr<comm::Context> closing;

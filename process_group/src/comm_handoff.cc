@@ -130,9 +130,11 @@ void ProcessGroupComm::workerLoop() {
       running_ = true;
       lock.unlock();
       const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
-      auto exchange = FailureExchange::start(store(), rank(), size(), "io\n" + cause,
-                                             diagnostics() ? diagnostics()->dumpLocal("abort") : "",
-                                             window, false);
+      auto exchange = FailureExchange::start(
+          store(), rank(), size(), "io\n" + cause,
+          diagnostics() ? diagnostics()->dumpLocal("abort", diag::GroupDiagnostics::kFailureEntries)
+                        : "",
+          window, false);
       if (exchange) exchange->waitFor(exchange->published, Clock::now() + window);
       std::shared_ptr<comm::Context> closing;
       {

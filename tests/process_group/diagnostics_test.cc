@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "diagnostics/flight_recorder.h"
+#include "diagnostics/group_diagnostics.h"
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/testing/errors.h"
@@ -98,6 +99,15 @@ TEST(FlightRecorder, ConcurrentReaderSeesNoTornEntry) {
   EXPECT_GT(snapshots, 0u);
 }
 
+TEST(FlightRecorder, PeerNamedInAFailure) {
+  EXPECT_EQ(peerNamedIn("rank 3: allreduce#5 timed out after 3000 ms waiting to receive from rank "
+                        "2 (127.0.0.1:1): 4000 of 4000 bytes outstanding"),
+            2);
+  EXPECT_EQ(peerNamedIn("rank 0: barrier#2 failed while waiting to send to rank 11: reset"), 11);
+  EXPECT_EQ(peerNamedIn("arena: waiting for rank(s) 1, 3"), 1);
+  EXPECT_EQ(peerNamedIn("rank 0: aborted"), -1);
+}
+
 OpRecord record(uint64_t seq, OpType type, OpState state, int root = 0) {
   OpRecord r;
   r.id = seq;
@@ -171,6 +181,24 @@ TEST(FlightRecordAnalysis, MismatchPrintsBothSignatures) {
   EXPECT_THAT(text, HasSubstr("mismatched collective #5"));
   EXPECT_THAT(text, HasSubstr("ranks 0, 2, 3 called allreduce(dtype=float, count=1000, op=sum)#5"));
   EXPECT_THAT(text, HasSubstr("rank 1 called broadcast(dtype=float, count=1000, root=0)#5"));
+}
+
+// Rank 3 still finished allreduce #4 when rank 1, at #5, found the mismatch and aborted: rank
+// 3 failed at #4, and the mismatch at #5 leads the summary.
+TEST(FlightRecordAnalysis, LaterMismatchLeadsTheSummary) {
+  std::vector<std::optional<RankDump>> dumps;
+  for (int r = 0; r < 3; ++r) {
+    const OpType type = r == 1 ? OpType::kBroadcast : OpType::kAllreduce;
+    dumps.push_back(rankWith(r, 4, 4, {record(5, type, OpState::kFailed)}));
+  }
+  dumps.push_back(rankWith(3, 4, 3, {record(4, OpType::kAllreduce, OpState::kFailed)}));
+  const std::string text = explain(dumps);
+  EXPECT_EQ(text.find("mismatched collective #5 (different signatures): ranks 0, 2 called "
+                      "allreduce(dtype=float, count=1000, op=sum)#5; rank 1 called "
+                      "broadcast(dtype=float, count=1000, root=0)#5; "),
+            0u)
+      << text;
+  EXPECT_THAT(text, HasSubstr("rank 3 failed in allreduce#4"));
 }
 
 TEST(FlightRecordAnalysis, MissingRecordAndNothingStuck) {

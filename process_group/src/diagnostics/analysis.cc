@@ -142,6 +142,26 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps) {
     example[r->signature()] = r;
   }
 
+  // A mismatch at a later collective can be the cause of the failure at `stuck` (a rank that
+  // found it aborted, and a slow rank still finishing `stuck` lost its last message): the first
+  // sequence number after `stuck` where the ranks that issued it disagree leads the summary.
+  std::string laterMismatch;
+  for (uint64_t seq = stuck + 1; seq <= maxSeq && bySignature.size() <= 1; ++seq) {
+    std::map<std::string, std::vector<int>> at;
+    for (const auto& d : dumps) {
+      if (!d || d->lastSeq < seq) continue;
+      if (const OpRecord* r = collectiveAt(*d, seq)) at[r->signature()].push_back(d->rank);
+    }
+    if (at.size() <= 1) continue;
+    laterMismatch = "mismatched collective #" + std::to_string(seq) + " (different signatures):";
+    for (const auto& [signature, ranks] : at) {
+      laterMismatch += " " + rankList(ranks) + " called " + signature + ";";
+    }
+    laterMismatch.pop_back();
+    break;
+  }
+  if (!laterMismatch.empty()) parts.push_back(laterMismatch);
+
   for (int rank : absent) {
     const RankDump& d = *dumps[rank];
     parts.push_back("rank " + std::to_string(rank) + " never entered collective #" +

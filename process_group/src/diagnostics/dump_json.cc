@@ -82,32 +82,45 @@ std::string OpRecord::signature() const {
 }
 
 std::string toJson(const RankDump& d) {
-  json entries = json::array();
-  for (const OpRecord& r : d.entries) {
-    entries.push_back({{"id", r.id},
-                       {"seq", r.seq},
-                       {"op", opTypeName(r.type)},
-                       {"dtype", dtypeName(r.dtype)},
-                       {"count", r.count},
-                       {"bytes", r.bytes},
-                       {"reduce_op", reduceOpName(r.reduceOp)},
-                       {"root", r.root},
-                       {"algorithm", comm::algorithmName(r.algorithm)},
-                       {"state", opStateName(r.state)},
-                       {"peer", r.peer},
-                       {"issue_us", r.issueUs},
-                       {"start_us", r.startUs},
-                       {"end_us", r.endUs}});
-  }
-  const json j = {{"format", kFormat},      {"version", kDumpFormatVersion},
-                  {"rank", d.rank},         {"size", d.size},
-                  {"group", d.group},       {"backend", d.backend},
-                  {"host", d.host},         {"pid", d.pid},
-                  {"reason", d.reason},     {"time_us", d.timeUs},
-                  {"capacity", d.capacity}, {"recorded", d.recorded},
-                  {"last_seq", d.lastSeq},  {"entries", std::move(entries)}};
   // Replacement, not an exception, for bytes that are not UTF-8 (a host name could hold any).
-  return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
+  const auto compact = [](const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  // The header a field per line, then an entry per line: small in the store, readable in a
+  // file, and still one JSON document.
+  const json header = {{"format", kFormat},      {"version", kDumpFormatVersion},
+                       {"rank", d.rank},         {"size", d.size},
+                       {"group", d.group},       {"backend", d.backend},
+                       {"host", d.host},         {"pid", d.pid},
+                       {"reason", d.reason},     {"time_us", d.timeUs},
+                       {"capacity", d.capacity}, {"recorded", d.recorded},
+                       {"last_seq", d.lastSeq}};
+  std::string out = "{\n";
+  for (const char* key : {"format", "version", "rank", "size", "group", "backend", "host", "pid",
+                          "reason", "time_us", "capacity", "recorded", "last_seq"}) {
+    out += " \"" + std::string(key) + "\": " + compact(header.at(key)) + ",\n";
+  }
+  out += " \"entries\": [";
+  for (size_t i = 0; i < d.entries.size(); ++i) {
+    const OpRecord& r = d.entries[i];
+    const json e = {{"id", r.id},
+                    {"seq", r.seq},
+                    {"op", opTypeName(r.type)},
+                    {"dtype", dtypeName(r.dtype)},
+                    {"count", r.count},
+                    {"bytes", r.bytes},
+                    {"reduce_op", reduceOpName(r.reduceOp)},
+                    {"root", r.root},
+                    {"algorithm", comm::algorithmName(r.algorithm)},
+                    {"state", opStateName(r.state)},
+                    {"peer", r.peer},
+                    {"issue_us", r.issueUs},
+                    {"start_us", r.startUs},
+                    {"end_us", r.endUs}};
+    out += (i ? ",\n  " : "\n  ") + compact(e);
+  }
+  out += d.entries.empty() ? "]\n}\n" : "\n ]\n}\n";
+  return out;
 }
 
 RankDump parseDump(const std::string& text, const std::string& source) {

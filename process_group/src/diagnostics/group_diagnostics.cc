@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -96,10 +97,13 @@ struct GroupDiagnostics::Core {
     return d;
   }
 
-  std::string dumpLocal(const std::string& reason) {
-    std::string json = toJson(snapshot(reason));
+  std::string dumpLocal(const std::string& reason, size_t maxEntries) {
+    RankDump d = snapshot(reason);
+    std::string json = toJson(d);
     if (!dumpDir.empty()) writeFile(json);
-    return json;
+    if (d.entries.size() <= maxEntries) return json;
+    d.entries.erase(d.entries.begin(), d.entries.end() - static_cast<ptrdiff_t>(maxEntries));
+    return toJson(d);
   }
 
   void writeFile(const std::string& json) const {
@@ -125,8 +129,13 @@ struct GroupDiagnostics::Core {
   }
 
   std::string dump(const std::string& reason) {
-    std::string json = dumpLocal(reason);
-    store->set(reason == "failure" ? failureRingKey(id.rank) : ringKey(id.rank), json);
+    if (reason == "failure") {
+      std::string json = dumpLocal(reason, kFailureEntries);
+      store->set(failureRingKey(id.rank), json);
+      return json;
+    }
+    std::string json = dumpLocal(reason, SIZE_MAX);
+    store->set(ringKey(id.rank), json);
     return json;
   }
 };
@@ -217,8 +226,9 @@ void registerForSignal(const std::shared_ptr<GroupDiagnostics::Core>& core) {
 }
 
 // The listener: answers dump requests until it reads the stop request.
-void listen(std::shared_ptr<GroupDiagnostics::Core> core) {
-  int64_t served = 0;
+// `served`: the requests this rank's key counted before the listener started (an earlier group
+// on the same store), which are not its own.
+void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
   try {
     for (;;) {
       const std::string key = requestKey(core->id.rank, served + 1);
@@ -250,7 +260,8 @@ GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> sto
     : core_(std::make_shared<Core>(std::move(identity), std::move(store), entries, algorithm,
                                    std::move(dumpDir))) {
   registerForSignal(core_);
-  std::thread(listen, core_).detach();
+  const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
+  std::thread(listen, core_, served).detach();
 }
 
 GroupDiagnostics::~GroupDiagnostics() {
@@ -276,8 +287,8 @@ FlightRecorder& GroupDiagnostics::recorder() {
   return core_->recorder;
 }
 
-std::string GroupDiagnostics::dumpLocal(const std::string& reason) {
-  return core_->dumpLocal(reason);
+std::string GroupDiagnostics::dumpLocal(const std::string& reason, size_t maxEntries) {
+  return core_->dumpLocal(reason, maxEntries);
 }
 
 std::string GroupDiagnostics::dump(const std::string& reason) {
@@ -285,7 +296,9 @@ std::string GroupDiagnostics::dump(const std::string& reason) {
 }
 
 int peerNamedIn(const std::string& message) {
-  for (const char* marker : {"waiting for rank(s) ", "waiting for rank "}) {
+  // The comm layer's words (algorithms/op.cc, the arena, the p2p batch): the first match wins.
+  for (const char* marker : {"waiting to receive from rank ", "waiting to send to rank ",
+                             "waiting for rank(s) ", "waiting for rank "}) {
     const size_t at = message.find(marker);
     if (at == std::string::npos) continue;
     size_t i = at + std::strlen(marker);

@@ -11,7 +11,9 @@
 //     flight/failure/<rank>         the record at a failure (published by the failing rank, or
 //                                   by a live rank's listener when asked)
 //     flight/request/<rank>/<n>     the n-th dump request to a rank (its value: the reason)
-//     flight/requests/<rank>        how many requests a rank got (add)
+//     flight/requests/<rank>        how many requests a rank got (add); a listener starts
+//                                   after the count it finds, so that a group never answers an
+//                                   earlier group's requests on the same store
 //     flight/requested              set once: the first failing rank asks every other rank
 //     flight/analysis               the explanation; the first rank to compute one sets it and
 //                                   every rank's error carries that one
@@ -27,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -56,9 +59,13 @@ class GroupDiagnostics {
 
   FlightRecorder& recorder();
 
-  // The record as JSON, written to the dump directory when one is set (never throws for the
-  // file: a failed write is a warning).
-  std::string dumpLocal(const std::string& reason);
+  // The record as JSON, written whole to the dump directory when one is set (never throws for
+  // the file: a failed write is a warning). Returns the JSON of the newest `maxEntries`.
+  std::string dumpLocal(const std::string& reason, size_t maxEntries = SIZE_MAX);
+  // What a failure publishes in the store for the analysis: the newest entries only (the
+  // analysis looks at the last collectives), so that gathering every rank's record stays small
+  // at scale.
+  static constexpr size_t kFailureEntries = 128;
   // dumpLocal, then published under flight/<rank> (or flight/failure/<rank> when the reason is
   // "failure"); may block on the store up to its timeout. Returns the JSON.
   std::string dump(const std::string& reason);
