@@ -83,7 +83,10 @@ void requireIn(const std::string& text, const std::string& part) {
   require(text.find(part) != std::string::npos, "expected '" + part + "' in: " + text);
 }
 
-TEST(DiagnosticsProcesses, RankThatSkipsAnAllreduceIsNamedOnEveryRank) {
+// Every rank joins, runs allreduce #1-#4 on 1000 floats, then `fifth(rank, r, buf)` (which
+// makes collective #5 fail); returns what the children reported ("" when all exited 0).
+template <class F>
+std::string afterFourAllreduces(F&& fifth) {
   TempDir dir;
   const std::string path = dir.file("store");
   ChildProcesses children;
@@ -91,47 +94,50 @@ TEST(DiagnosticsProcesses, RankThatSkipsAnAllreduceIsNamedOnEveryRank) {
     Rank r = join(path, rank);
     std::vector<float> buf(1000, 1.0f);
     for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
-    if (rank == 2) {
-      // Rank 2 skips allreduce #5 and does something else until the others explained it.
-      r.store->wait({"flight/analysis"}, milliseconds(20000));
-    }
-    const std::string what = failure(
-        rank, [&] { r.pg->allreduce(view(buf.data(), buf.size()))->wait(); },
-        kTimeout + milliseconds(5000));
-    requireIn(what,
-              "diagnosis: rank 2 never entered collective #5: it is idle since "
-              "allreduce#4 completed");
-    requireIn(what, "ranks 0, 1, 3");
-    requireIn(what, "allreduce#5 (3.9 KiB float)");
+    fifth(rank, r, view(buf.data(), buf.size()));
   });
-  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+  return children.waitAllOk(kChildDeadline);
+}
+
+TEST(DiagnosticsProcesses, RankThatSkipsAnAllreduceIsNamedOnEveryRank) {
+  EXPECT_EQ(afterFourAllreduces([](int rank, Rank& r, BufferView buf) {
+              if (rank == 2) {
+                // Rank 2 skips allreduce #5 and does something else until the others explained
+                // it.
+                r.store->wait({"flight/analysis"}, milliseconds(20000));
+              }
+              const std::string what = failure(
+                  rank, [&] { r.pg->allreduce(buf)->wait(); }, kTimeout + milliseconds(5000));
+              requireIn(what,
+                        "diagnosis: rank 2 never entered collective #5: it is idle since "
+                        "allreduce#4 completed");
+              requireIn(what, "ranks 0, 1, 3");
+              requireIn(what, "allreduce#5 (3.9 KiB float)");
+            }),
+            "");
 }
 
 TEST(DiagnosticsProcesses, MismatchedCollectivePrintsBothSignatures) {
-  TempDir dir;
-  const std::string path = dir.file("store");
-  ChildProcesses children;
-  children.spawnRanks(kWorld, [&](int rank) {
-    Rank r = join(path, rank);
-    std::vector<float> buf(1000, 1.0f);
-    for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
-    const std::string what = failure(
-        rank,
-        [&] {
-          if (rank == 1) {
-            r.pg->broadcast(view(buf.data(), buf.size()))->wait();
-          } else {
-            r.pg->allreduce(view(buf.data(), buf.size()))->wait();
-          }
-        },
-        kTimeout + milliseconds(2000));
-    requireIn(what, "diagnosis: mismatched collective #5 (different signatures): ranks 0, 2");
-    // Rank 3 may still be finishing allreduce #4 when rank 1 aborts (then it never issues #5).
-    requireIn(what,
-              "called allreduce(dtype=float, count=1000, op=sum)#5; rank 1 called "
-              "broadcast(dtype=float, count=1000, root=0)#5");
-  });
-  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+  EXPECT_EQ(afterFourAllreduces([](int rank, Rank& r, BufferView buf) {
+              const std::string what = failure(
+                  rank,
+                  [&] {
+                    if (rank == 1) {
+                      r.pg->broadcast(buf)->wait();
+                    } else {
+                      r.pg->allreduce(buf)->wait();
+                    }
+                  },
+                  kTimeout + milliseconds(2000));
+              requireIn(what,
+                        "diagnosis: mismatched collective #5 (different signatures): ranks 0, 2");
+              // Rank 3 may still be finishing allreduce #4 when rank 1 aborts (then it never
+              // issues #5).
+              requireIn(what,
+                        "called allreduce(dtype=float, count=1000, op=sum)#5; rank 1 called "
+                        "broadcast(dtype=float, count=1000, root=0)#5");
+            }),
+            "");
 }
 
 std::string readFile(const std::string& path) {
@@ -152,8 +158,13 @@ TEST(DiagnosticsProcesses, Sigusr1WritesADumpWhileTheJobGoesOn) {
     std::vector<float> buf(16, 1.0f);
     for (int i = 0; i < 3; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
     const std::string file = dumps + "/loom-flight-default-rank2.json";
+    if (rank == 0) {
+      // Rank 0 signals rank 2, as an operator would.
+      const pid_t victim = std::stoi(r.store->getString("pid/2"));
+      require(::kill(victim, SIGUSR1) == 0, "kill(SIGUSR1)");
+    }
     if (rank == 2) {
-      ::kill(::getpid(), SIGUSR1);
+      r.store->set("pid/2", std::to_string(::getpid()));
       const auto until = Clock::now() + milliseconds(10000);
       while (readFile(file).empty()) {
         require(Clock::now() < until, "no dump in " + file + " 10 s after SIGUSR1");
