@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -186,6 +187,45 @@ TEST(DiagnosticsProcesses, Sigusr1WritesADumpWhileTheJobGoesOn) {
     r.pg->barrier()->wait();
   });
   EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+// loom-doctor --attach asks a live job's ranks for their records through the store.
+TEST(DiagnosticsProcesses, DoctorAttachesToALiveJob) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank);
+    std::vector<float> buf(16, 1.0f);
+    for (int i = 0; i < 3; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    r.store->set("ready/" + std::to_string(rank), "1");
+    r.store->wait({"done"}, milliseconds(30000));
+  });
+  FileStoreOptions storeOptions;
+  storeOptions.timeout = milliseconds(30000);
+  FileStore store(path, storeOptions);
+  std::vector<std::string> ready;
+  for (int r = 0; r < kWorld; ++r) ready.push_back("ready/" + std::to_string(r));
+  store.wait(ready, milliseconds(30000));
+
+  const std::string command = std::string(LOOM_DOCTOR_PATH) + " --attach file://" + path +
+                              " --world-size 4 --prefix '' --wait-ms 10000 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) out.append(chunk, n);
+  const int status = ::pclose(pipe);
+  std::fprintf(stderr, "%s", out.c_str());
+  store.set("done", "1");
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("every rank with a flight record completed every collective it issued (up "
+                     "to #3)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 2 is idle since allreduce#3 completed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("no answer"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -324,6 +324,27 @@ void publishFailureRecord(Store& store, int rank, int size, const std::string& r
   }
 }
 
+std::vector<std::optional<RankDump>> collectLive(Store& store, int size, milliseconds wait) {
+  // Each rank's last dump is removed first, so that what is read back is this request's.
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(ringKey(r));
+    store.deleteKey(keys.back());
+    requestDump(store, r, "doctor");
+  }
+  try {
+    store.wait(keys, wait);
+  } catch (const TimeoutError&) {
+  }
+  std::vector<std::optional<RankDump>> dumps(size);
+  for (int r = 0; r < size; ++r) {
+    if (store.check({keys[r]})) {
+      dumps[r] = parseDump(store.getString(keys[r]), "rank " + std::to_string(r) + "'s record");
+    }
+  }
+  return dumps;
+}
+
 std::string explainFailure(Store& store, int rank, int size, Clock::time_point deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(failureRingKey(r));

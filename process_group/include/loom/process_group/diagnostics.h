@@ -12,6 +12,7 @@
 //   naming the source (a file name) and the byte offset (or the field) at fault.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,10 @@
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/types.h"
+
+namespace loom {
+class Store;
+}
 
 namespace loom::diag {
 
@@ -78,5 +83,12 @@ RankDump parseDump(const std::string& text, const std::string& source);
 // missing. The first line is the summary; further lines ("  rank 2: ...") give each rank's
 // current operation.
 std::string explain(const std::vector<std::optional<RankDump>>& dumps);
+
+// A live job, from outside (loom-doctor --attach): asks every rank's listener of the group whose
+// keys live in `store` (the group's PrefixStore, e.g. "default_pg" for initProcessGroup) for a
+// dump now and collects them for up to `wait`; a rank that does not answer is nullopt. Blocks
+// at most about `wait` (plus the store's own deadline for a store that stopped answering).
+std::vector<std::optional<RankDump>> collectLive(Store& store, int size,
+                                                 std::chrono::milliseconds wait);
 
 }  // namespace loom::diag
