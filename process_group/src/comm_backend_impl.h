@@ -35,7 +35,7 @@ inline std::string signatureKey(uint64_t seq, int rank) {
 // `published` and `done` with deadlines and goes on without the reports when they pass. The
 // thread itself ends when the store's own deadline passes.
 // With the flight recorder on, the exchange also carries the rings (group_diagnostics.h): this
-// rank's is published before its report, the first failing rank asks the others for theirs,
+// rank's is published right after its report, the first failing rank asks the others for theirs,
 // and after the window's wait for every ring the group's one explanation is read back.
 struct FailureExchange {
   std::mutex mu;
@@ -55,13 +55,6 @@ struct FailureExchange {
                   int size, std::string report, std::string ring, milliseconds window,
                   bool collect) {
     const auto began = Clock::now();
-    if (!ring.empty()) {
-      try {
-        diag::publishFailureRecord(*store, rank, size, ring);
-      } catch (const std::exception& e) {
-        LOOM_LOG_WARNING("rank ", rank, ": could not publish the flight record: ", e.what());
-      }
-    }
     try {
       store->set(failureKey(rank), report);
     } catch (const std::exception& e) {
@@ -72,6 +65,15 @@ struct FailureExchange {
       self->published = true;
     }
     self->changed.notify_all();
+    // After the report, so that the worker closes its connections (the cascade) without
+    // waiting for the ring and, on the first failing rank, one request per rank.
+    if (!ring.empty()) {
+      try {
+        diag::publishFailureRecord(*store, rank, size, ring);
+      } catch (const std::exception& e) {
+        LOOM_LOG_WARNING("rank ", rank, ": could not publish the flight record: ", e.what());
+      }
+    }
     if (!collect) return;
 
     std::vector<int> silent;
