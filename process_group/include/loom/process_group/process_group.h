@@ -37,7 +37,10 @@
 //   its last flightRecorderEntries operations in a ring (issue, start and end times, state),
 //   at a cost of a few clock reads per operation. When a collective fails, every rank's error
 //   carries one explanation built from every rank's ring ("rank 2 never entered collective
-//   #5 ..."); dumpFlightRecord() and SIGUSR1 dump the ring to the store and to dumpDir.
+//   #5 ..."); dumpFlightRecord() and SIGUSR1 dump the ring to the store and to dumpDir. With
+//   the recorder on, each group runs one more thread (blocked in a store wait, answering other
+//   ranks' dump requests), and the first such group installs a SIGUSR1 handler unless the
+//   program has its own.
 // - Destruction waits for queued operations (each bounded by its deadline), then closes the
 //   connections. Call abort() first to drop them instead.
 #pragma once
