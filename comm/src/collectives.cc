@@ -5,6 +5,7 @@
 #include "loom/comm/collectives.h"
 
 #include <cstring>
+#include <numeric>
 
 #include "algorithms/op.h"
 #include "algorithms/select.h"
@@ -41,8 +42,13 @@ constexpr Shape shapeOf(OpType type) {
       return {false, true, Needs::kNone, Needs::kAll, "", "buffer"};
     case OpType::kAllgather:
     case OpType::kAlltoall:
+    case OpType::kAlltoallv:
+    case OpType::kAllgatherv:
       return {false, false, Needs::kAll, Needs::kAll, "input", "output"};
+    case OpType::kReduceScatterv:
+      return {true, false, Needs::kAll, Needs::kAll, "input", "output"};
     case OpType::kGather:
+    case OpType::kGatherv:
       return {false, true, Needs::kAll, Needs::kRoot, "input", "output on the root"};
     case OpType::kScatter:
       return {false, true, Needs::kRoot, Needs::kAll, "input on the root", "output"};
@@ -95,7 +101,90 @@ void run(const CollectiveCall& c) {
   (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
 }
 
+// The uneven collectives: counts checked against the world size (and, for alltoallv in place,
+// the totals against each other), buffers against the totals this rank reads and writes.
+// World size 1 is answered here; everything else goes to the generic engine (no other engine
+// implements them), with no count-0 shortcut: a rank that moves nothing may still have to
+// receive.
+void runUneven(const CollectiveCall& c) {
+  const Context& ctx = c.ctx;
+  const char* what = opTypeName(c.type);
+  const size_t esize = dtypeSize(c.dtype);
+  const Shape shape = shapeOf(c.type);
+  if (shape.reduces) checkReduceOp(c.op, c.dtype);
+  if (shape.rooted) {
+    LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), "rank ", ctx.rank(), ": ", what, ": root ",
+               c.root, " is out of range for world size ", ctx.size());
+  }
+  const auto checkCounts = [&](std::span<const size_t> counts, const char* name) {
+    LOOM_CHECK(counts.size() == static_cast<size_t>(ctx.size()), "rank ", ctx.rank(), ": ", what,
+               ": ", name, " has ", counts.size(), " entries; expected one per rank (", ctx.size(),
+               ")");
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  };
+  const size_t total = checkCounts(c.counts, c.type == OpType::kAlltoallv ? "inCounts" : "counts");
+  size_t inCount = total, outCount = total;
+  switch (c.type) {
+    case OpType::kAlltoallv:
+      outCount = checkCounts(c.outCounts, "outCounts");
+      LOOM_CHECK(c.in != c.out || inCount == outCount, "rank ", ctx.rank(), ": ", what,
+                 ": in place needs as many elements in as out, got inCounts summing to ", inCount,
+                 " and outCounts summing to ", outCount);
+      break;
+    case OpType::kAllgatherv:
+      inCount = c.counts[ctx.rank()];
+      break;
+    case OpType::kGatherv:
+      inCount = c.counts[ctx.rank()];
+      if (ctx.rank() != c.root) outCount = 0;
+      break;
+    case OpType::kReduceScatterv:
+      outCount = c.counts[ctx.rank()];
+      break;
+    default:
+      break;
+  }
+  checkBuffer(c.in, inCount, what, shape.inName);
+  checkBuffer(c.out, outCount, what, shape.outName);
+  checkAlgorithm(c.type, c.opts.algorithm);
+  if (ctx.size() == 1) {
+    // The one block is this rank's own (avg over one rank is the value itself).
+    LOOM_CHECK(inCount == outCount || c.type == OpType::kGatherv, "rank 0: ", what, ": sends ",
+               inCount, " elements to itself but receives ", outCount);
+    if (inCount > 0 && c.out != c.in) std::memmove(c.out, c.in, inCount * esize);
+    return;
+  }
+  EngineSet* engines = c.ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).generic().run(c);
+}
+
 }  // namespace
+
+void alltoallv(Context& ctx, const void* in, std::span<const size_t> inCounts, void* out,
+               std::span<const size_t> outCounts, DType dtype, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(inCounts.begin(), inCounts.end(), size_t{0}) +
+                       std::accumulate(outCounts.begin(), outCounts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kAlltoallv, in, out, total, dtype, ReduceOp::kSum, 0, inCounts,
+             outCounts});
+}
+
+void allgatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                DType dtype, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kAllgatherv, in, out, total, dtype, ReduceOp::kSum, 0, counts});
+}
+
+void gatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts, DType dtype,
+             int root, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kGatherv, in, out, total, dtype, ReduceOp::kSum, root, counts});
+}
+
+void reduceScatterv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                    DType dtype, ReduceOp op, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kReduceScatterv, in, out, total, dtype, op, 0, counts});
+}
 
 void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                const CollectiveOptions& opts) {

@@ -15,6 +15,7 @@
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
+#include "monitored_barrier.h"
 
 namespace loom {
 
@@ -299,6 +300,51 @@ void ProcessGroupComm::run(const OpDesc& op) {
     case OpType::kRecv:
       comm::recv(ctx, op.out.data, op.count, op.dtype, op.root, op.tag, copts);
       break;
+    case OpType::kAlltoallv:
+      comm::alltoallv(ctx, op.in.data, op.inCounts, op.out.data, op.outCounts, op.dtype, copts);
+      break;
+    case OpType::kAllgatherv:
+      comm::allgatherv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, copts);
+      break;
+    case OpType::kGatherv:
+      comm::gatherv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, op.root, copts);
+      break;
+    case OpType::kReduceScatterv:
+      comm::reduceScatterv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, op.reduceOp, copts);
+      break;
+    case OpType::kAllreduceCoalesced:
+      runAllreduceCoalesced(ctx, op, copts);
+      break;
+    case OpType::kMonitoredBarrier:
+      runMonitoredBarrier(*store(), rank(), size(), op, who());
+      break;
+  }
+}
+
+void ProcessGroupComm::runAllreduceCoalesced(comm::Context& ctx, const OpDesc& op,
+                                             const comm::CollectiveOptions& copts) {
+  // Packed into one staging buffer and reduced by one all-reduce: one sequence number, one
+  // pass on the wire, and the algorithm chosen for the total size (many small buffers take
+  // the ring or halving-doubling a large one would). The two copies cost memory bandwidth,
+  // small beside the network; chunking the algorithms across a list of buffers would mean a
+  // scatter-gather variant of every one of them. A single buffer is reduced in place.
+  if (op.buffers.size() == 1) {
+    const BufferView& b = op.buffers[0];
+    comm::allreduce(ctx, b.data, b.data, b.count, op.dtype, op.reduceOp, copts);
+    return;
+  }
+  const size_t esize = dtypeSize(op.dtype);
+  std::vector<uint8_t> staging(op.count * esize);
+  size_t offset = 0;
+  for (const BufferView& b : op.buffers) {
+    if (b.count > 0) std::memcpy(staging.data() + offset, b.data, b.bytes());
+    offset += b.bytes();
+  }
+  comm::allreduce(ctx, staging.data(), staging.data(), op.count, op.dtype, op.reduceOp, copts);
+  offset = 0;
+  for (const BufferView& b : op.buffers) {
+    if (b.count > 0) std::memcpy(b.data, staging.data() + offset, b.bytes());
+    offset += b.bytes();
   }
 }
 
