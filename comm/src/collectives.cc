@@ -4,14 +4,18 @@
 // goes to the engine the Context chose at creation (engine/engine.h).
 #include "loom/comm/collectives.h"
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "algorithms/op.h"
 #include "algorithms/select.h"
 #include "engine/engine.h"
 #include "engine/engines.h"
 #include "loom/comm/context.h"
+#include "loom/comm/transport.h"
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "tag.h"
 
@@ -261,6 +265,49 @@ void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t
   Op o(ctx, OpType::kRecv, o2);
   auto r = o.recvTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
   o.wait(r);
+}
+
+int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
+            const CollectiveOptions& opts) {
+  LOOM_CHECK(ctx.size() > 1, "recv from any source: rank ", ctx.rank(),
+             " is alone in its world: no rank can send to it");
+  LOOM_CHECK(tag <= kMaxP2PTag, "recv: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
+  checkBuffer(buf, count, "recv", "buffer");
+  // How it works: look at every other rank's unexpected messages in turn (starting after the
+  // last one found, so that no sender starves) until one holds a message with the wire tag,
+  // then receive it from that rank like recv(). Between rounds spin briefly, then yield, then
+  // nap up to 1 ms: a message that arrives while nobody receives waits in the transport.
+  static thread_local int start = 0;
+  Transport& transport = ctx.transport();
+  const uint64_t wireTag = makeP2PTag(tag);
+  const Deadline deadline(opts.timeout);
+  int source = -1;
+  for (int round = 0; source < 0; ++round) {
+    for (int i = 1; i < ctx.size() && source < 0; ++i) {
+      const int peer = (ctx.rank() + start + i) % ctx.size();
+      if (peer != ctx.rank() && transport.probe(peer, wireTag)) source = peer;
+    }
+    if (source >= 0) break;
+    if (transport.failed()) {
+      LOOM_THROW(IoError, "rank ", ctx.rank(), ": recv from any source (tag ", tag,
+                 ") failed: the transport was aborted");
+    }
+    if (deadline.expired()) {
+      LOOM_THROW(TimeoutError, "rank ", ctx.rank(), ": recv from any source timed out after ",
+                 opts.timeout.count(), " ms: no rank of ", ctx.size(), " sent tag ", tag, " (",
+                 count * dtypeSize(dtype), " bytes)");
+    }
+    if (round < 64) continue;
+    if (round < 256) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::min(std::chrono::microseconds(1000), std::chrono::microseconds(round - 255)));
+    }
+  }
+  start = (source - ctx.rank() + ctx.size()) % ctx.size();
+  recv(ctx, buf, count, dtype, source, tag, opts);
+  return source;
 }
 
 }  // namespace loom::comm

@@ -23,6 +23,17 @@ using namespace comm_pg;
 
 namespace {
 
+bool isAnySource(const OpDesc& op) {
+  return op.type == OpType::kRecv && op.root == kAnySource;
+}
+
+comm::CollectiveOptions collectiveOptions(const OpDesc& op) {
+  comm::CollectiveOptions copts;
+  copts.timeout = op.timeout;
+  copts.seq = op.seq;
+  return copts;
+}
+
 // True when `text` mentions `name` as a whole token ("allreduce#1" is not in
 // "allreduce#17").
 bool mentions(const std::string& text, const std::string& name) {
@@ -152,6 +163,16 @@ void ProcessGroupComm::execute(Item& item) {
       return;
     }
   }
+  if (isAnySource(item.op)) {
+    try {
+      item.work->setSourceRank(comm::recvAny(*ctx_, item.op.out.data, item.op.count, item.op.dtype,
+                                             item.op.tag, collectiveOptions(item.op)));
+      item.work->markCompleted();
+    } catch (...) {
+      item.work->markFailed(handleFailure(item.op, std::current_exception()));
+    }
+    return;
+  }
   if (!isCollective(item.op.type)) {
     runPointToPoint(item);
     return;
@@ -194,7 +215,8 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     std::vector<Item> more;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (!queue_.empty() && !isCollective(queue_.front().op.type) && !broken_) {
+      while (!queue_.empty() && !isCollective(queue_.front().op.type) &&
+             !isAnySource(queue_.front().op) && !broken_) {
         more.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -217,6 +239,9 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
         current = i;
         if (batch[i].request->test()) {
           batch[i].done = true;
+          if (batch[i].item.op.type == OpType::kRecv) {
+            batch[i].item.work->setSourceRank(batch[i].item.op.root);
+          }
           batch[i].item.work->markCompleted();
           progress = true;
         } else {
@@ -258,9 +283,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
 
 void ProcessGroupComm::run(const OpDesc& op) {
   comm::Context& ctx = *ctx_;
-  comm::CollectiveOptions copts;
-  copts.timeout = op.timeout;
-  copts.seq = op.seq;
+  const comm::CollectiveOptions copts = collectiveOptions(op);
   switch (op.type) {
     case OpType::kAllreduce:
       comm::allreduce(ctx, op.in.data, op.out.data, op.count, op.dtype, op.reduceOp, copts);

@@ -35,7 +35,9 @@ const char* debugLevelName(DebugLevel level) {
 std::string OpDesc::describe() const {
   std::string out = std::string(opTypeName(type)) + "#" + std::to_string(seq);
   if (type == OpType::kSend) out += " to rank " + std::to_string(root);
-  if (type == OpType::kRecv) out += " from rank " + std::to_string(root);
+  if (type == OpType::kRecv) {
+    out += root == kAnySource ? " from any rank" : " from rank " + std::to_string(root);
+  }
   return out;
 }
 
@@ -198,7 +200,7 @@ std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
   if (op.type == OpType::kSend) {
     op.seq = ++sendSeq_[op.root];
   } else if (op.type == OpType::kRecv) {
-    op.seq = ++recvSeq_[op.root];
+    op.seq = op.root == kAnySource ? ++recvAnySeq_ : ++recvSeq_[op.root];
   } else {
     op.seq = ++collectiveSeq_;
   }
@@ -412,6 +414,25 @@ std::shared_ptr<Work> ProcessGroup::send(BufferView buf, int dst, uint64_t tag,
 std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
                                          const SendRecvOptions& opts) {
   return pointToPoint(OpType::kRecv, buf, src, tag, opts);
+}
+
+std::shared_ptr<Work> ProcessGroup::recvAnySource(BufferView buf, uint64_t tag,
+                                                  const SendRecvOptions& opts) {
+  const char* name = "recv";
+  checkBuffer(buf, name, "buffer");
+  checkTag(*this, name, tag);
+  if (size_ == 1) {
+    LOOM_THROW(InvalidArgumentError, who(), ": recv from any source: this rank is alone in its ",
+               "group; no rank can send to it");
+  }
+  OpDesc op;
+  op.type = OpType::kRecv;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.root = kAnySource;
+  op.tag = tag;
+  return issue(std::move(op), opts.timeout);
 }
 
 std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, int peer,

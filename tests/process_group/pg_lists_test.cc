@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -199,6 +200,51 @@ TEST(ProcessGroupLists, BatchSendRecvChecksEveryEntryBeforeIssuingAny) {
     auto works = pg.batchSendRecv({{OpType::kSend, view(buf.data(), 4), 1 - pg.rank(), 0},
                                    {OpType::kRecv, view(buf.data(), 4), 1 - pg.rank(), 0}});
     for (auto& w : works) w->wait();
+  });
+}
+
+// Ranks 1..3 each send rank 0 one message, in an order rank 0 does not know; rank 0 receives
+// them from any source and learns each sender from its Work. A plain recv reports its peer.
+TEST(ProcessGroupLists, RecvFromAnySourceReportsTheSender) {
+  runGroups(4, quickOptions(), [](ProcessGroup& pg) {
+    if (pg.rank() != 0) {
+      std::vector<int64_t> msg(1000, 10 * pg.rank());
+      pg.send(view(msg.data(), msg.size()), 0, 5)->wait();
+      int64_t x = pg.rank();
+      pg.send(view(&x, 1), 0, 6)->wait();
+      return;
+    }
+    std::vector<int> senders;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int64_t> msg(1000, -1);
+      auto work = pg.recvAnySource(view(msg.data(), msg.size()), 5);
+      EXPECT_EQ(work->sourceRank(), work->isCompleted() ? work->sourceRank() : -1);
+      work->wait();
+      const int source = work->sourceRank();
+      EXPECT_EQ(msg.front(), 10 * source);
+      EXPECT_EQ(msg.back(), 10 * source);
+      senders.push_back(source);
+    }
+    std::sort(senders.begin(), senders.end());
+    EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
+    for (int peer = 1; peer < 4; ++peer) {
+      int64_t x = -1;
+      auto work = pg.recv(view(&x, 1), peer, 6);
+      work->wait();
+      EXPECT_EQ(x, peer);
+      EXPECT_EQ(work->sourceRank(), peer);
+    }
+  });
+}
+
+TEST(ProcessGroupLists, RecvFromAnySourceTimesOutNamingTheTag) {
+  runGroups(2, quickOptions(), [](ProcessGroup& pg) {
+    if (pg.rank() != 0) return;
+    int64_t x = 0;
+    auto work = pg.recvAnySource(view(&x, 1), 9, {.timeout = milliseconds(300)});
+    EXPECT_THAT(messageOf<TimeoutError>([&] { work->wait(); }),
+                HasSubstr("recv from any source timed out after 300 ms: no rank of 2 sent tag 9"));
+    EXPECT_EQ(work->sourceRank(), -1);
   });
 }
 

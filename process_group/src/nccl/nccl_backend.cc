@@ -380,6 +380,11 @@ class ProcessGroupNccl final : public ProcessGroup {
                  ": monitored_barrier is not supported by the nccl "
                  "backend (as in c10d); run it on a tcp group over the same store");
     }
+    if (op.type == OpType::kRecv && op.root == kAnySource) {
+      LOOM_THROW(InvalidArgumentError, who(),
+                 ": recv from any source: NCCL receives from one "
+                 "named rank only; use a tcp group");
+    }
     if ((op.type == OpType::kSend || op.type == OpType::kRecv) && op.tag != 0) {
       LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                  ": NCCL has no message tags (got tag ", op.tag,
@@ -394,6 +399,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     cudaEvent_t event = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
     auto work = std::make_shared<NcclWork>(op, rank(), state_, event, weak_from_this());
+    if (op.type == OpType::kRecv) work->setSourceRank(op.root);  // NCCL names its peer
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->broken) {
       work->markFailed(std::make_exception_ptr(

@@ -113,5 +113,12 @@ void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, ui
           const CollectiveOptions& opts = {});
 void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t tag,
           const CollectiveOptions& opts = {});
+// Receive from any source (c10d's recv_anysource): takes the first message with `tag` that
+// any other rank sent and no receive took yet, and returns its sender. It polls the
+// transport (Transport::probe, backing off to 1 ms naps), so a receive posted meanwhile for
+// the same peer and tag may take that message first. A TimeoutError names the tag and the
+// ranks it listened to.
+int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
+            const CollectiveOptions& opts = {});
 
 }  // namespace loom::comm

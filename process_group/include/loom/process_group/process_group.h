@@ -167,6 +167,9 @@ struct PointToPointOp {
   uint64_t tag = 0;
 };
 
+// OpDesc::root of a receive from any source.
+constexpr int kAnySource = -1;
+
 // One issued operation as a backend receives it, arguments already checked. `count` is the
 // per-rank element count the comm layer takes (comm/collectives.h).
 struct OpDesc {
@@ -176,7 +179,7 @@ struct OpDesc {
   size_t count = 0;
   DType dtype = DType::kUInt8;
   ReduceOp reduceOp = ReduceOp::kSum;
-  int root = 0;  // root of rooted collectives; the peer of send / recv
+  int root = 0;  // root of rooted collectives; the peer of send / recv (kAnySource: any)
   uint64_t tag = 0;
   uint64_t seq = 0;
   std::chrono::milliseconds timeout{0};
@@ -283,6 +286,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                              const SendRecvOptions& opts = {});
   std::shared_ptr<Work> recv(BufferView buf, int src, uint64_t tag = 0,
                              const SendRecvOptions& opts = {});
+  // Receive from any source (c10d's recv_anysource): the first message with `tag` that another
+  // rank sends, of buf.count elements; the Work's sourceRank() names the sender once it
+  // completed. Runs on its own, not batched with neighbouring send / recv operations.
+  std::shared_ptr<Work> recvAnySource(BufferView buf, uint64_t tag = 0,
+                                      const SendRecvOptions& opts = {});
 
   // Fails every blocked, queued and future operation with IoError(reason). Thread-safe,
   // idempotent, never blocks for long.
@@ -337,6 +345,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t collectiveSeq_ = 0;
   std::vector<uint64_t> sendSeq_;  // per peer
   std::vector<uint64_t> recvSeq_;  // per peer
+  uint64_t recvAnySeq_ = 0;        // receives from any source
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
 
   friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
