@@ -119,7 +119,6 @@ void reduceScattervDirect(Op& op, const void* in, void* out, std::span<const siz
     op.waitAll(sends);
     return;
   }
-  const ReduceFn reduce = reduceFunction(dtype, rop);
   auto* slices = static_cast<uint8_t*>(op.context().scratch(bytes * size, 0));
   // In place (out == block rank of in) our own block is overwritten by the first reduce.
   const void* mine = at(in, offsets[rank] * esize);
@@ -131,20 +130,30 @@ void reduceScattervDirect(Op& op, const void* in, void* out, std::span<const siz
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) recvs[peer] = op.recv(peer, slices + peer * bytes, bytes, 0);
   }
-  auto value = [&](int peer) -> const void* { return peer == rank ? mine : slices + peer * bytes; };
   if (size == 1) {
     if (out != mine) std::memcpy(out, mine, bytes);
   } else {
-    if (recvs[0]) op.wait(recvs[0]);
-    if (recvs[1]) op.wait(recvs[1]);
-    reduce(out, value(0), value(1), count);
-    for (int peer = 2; peer < size; ++peer) {
-      if (recvs[peer]) op.wait(recvs[peer]);
-      reduce(out, out, value(peer), count);
-    }
-    if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
+    reduceInRankOrder(op, out, mine, slices, recvs, count, dtype, rop);
   }
   op.waitAll(sends);
+}
+
+void reduceInRankOrder(Op& op, void* out, const void* mine, const uint8_t* slices,
+                       std::vector<RequestPtr>& recvs, size_t count, DType dtype, ReduceOp rop) {
+  const int size = op.size();
+  const size_t bytes = count * dtypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, rop);
+  auto value = [&](int peer) -> const void* {
+    return peer == op.rank() ? mine : slices + peer * bytes;
+  };
+  if (recvs[0]) op.wait(recvs[0]);
+  if (recvs[1]) op.wait(recvs[1]);
+  reduce(out, value(0), value(1), count);
+  for (int peer = 2; peer < size; ++peer) {
+    if (recvs[peer]) op.wait(recvs[peer]);
+    reduce(out, out, value(peer), count);
+  }
+  if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
 }
 
 }  // namespace loom::comm
