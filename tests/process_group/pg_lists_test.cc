@@ -205,36 +205,44 @@ TEST(ProcessGroupLists, BatchSendRecvChecksEveryEntryBeforeIssuingAny) {
 
 // Ranks 1..3 each send rank 0 one message, in an order rank 0 does not know; rank 0 receives
 // them from any source and learns each sender from its Work. A plain recv reports its peer.
+// Over shared memory and over tcp, with messages small (buffered on arrival) and large (tcp
+// leaves them on the wire until a receive is posted).
 TEST(ProcessGroupLists, RecvFromAnySourceReportsTheSender) {
-  runGroups(4, quickOptions(), [](ProcessGroup& pg) {
-    if (pg.rank() != 0) {
-      std::vector<int64_t> msg(1000, 10 * pg.rank());
-      pg.send(view(msg.data(), msg.size()), 0, 5)->wait();
-      int64_t x = pg.rank();
-      pg.send(view(&x, 1), 0, 6)->wait();
-      return;
+  for (bool sharedMemory : {true, false}) {
+    for (size_t count : {size_t{1000}, size_t{1} << 18}) {
+      SCOPED_TRACE(std::string(sharedMemory ? "shm" : "tcp") + ", count " + std::to_string(count));
+      ProcessGroupOptions options = quickOptions();
+      options.comm.context.sharedMemory = sharedMemory;
+      runGroups(4, options, [&](ProcessGroup& pg) {
+        if (pg.rank() != 0) {
+          std::vector<int64_t> msg(count, 10 * pg.rank());
+          pg.send(view(msg.data(), msg.size()), 0, 5)->wait();
+          int64_t x = pg.rank();
+          pg.send(view(&x, 1), 0, 6)->wait();
+          return;
+        }
+        std::vector<int> senders;
+        for (int i = 0; i < 3; ++i) {
+          std::vector<int64_t> msg(count, -1);
+          auto work = pg.recvAnySource(view(msg.data(), msg.size()), 5);
+          work->wait();
+          const int source = work->sourceRank();
+          EXPECT_EQ(msg.front(), 10 * source);
+          EXPECT_EQ(msg.back(), 10 * source);
+          senders.push_back(source);
+        }
+        std::sort(senders.begin(), senders.end());
+        EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
+        for (int peer = 1; peer < 4; ++peer) {
+          int64_t x = -1;
+          auto work = pg.recv(view(&x, 1), peer, 6);
+          work->wait();
+          EXPECT_EQ(x, peer);
+          EXPECT_EQ(work->sourceRank(), peer);
+        }
+      });
     }
-    std::vector<int> senders;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<int64_t> msg(1000, -1);
-      auto work = pg.recvAnySource(view(msg.data(), msg.size()), 5);
-      EXPECT_EQ(work->sourceRank(), work->isCompleted() ? work->sourceRank() : -1);
-      work->wait();
-      const int source = work->sourceRank();
-      EXPECT_EQ(msg.front(), 10 * source);
-      EXPECT_EQ(msg.back(), 10 * source);
-      senders.push_back(source);
-    }
-    std::sort(senders.begin(), senders.end());
-    EXPECT_EQ(senders, (std::vector<int>{1, 2, 3}));
-    for (int peer = 1; peer < 4; ++peer) {
-      int64_t x = -1;
-      auto work = pg.recv(view(&x, 1), peer, 6);
-      work->wait();
-      EXPECT_EQ(x, peer);
-      EXPECT_EQ(work->sourceRank(), peer);
-    }
-  });
+  }
 }
 
 TEST(ProcessGroupLists, RecvFromAnySourceTimesOutNamingTheTag) {
