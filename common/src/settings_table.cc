@@ -97,6 +97,15 @@ constexpr Setting kTable[] = {
      "how long the comm backend's worker naps while waiting threads run operations themselves "
      "(docs/handoff.md)",
      "ProcessGroupOptions::comm.napUs", "ProcessGroup setup"},
+    {"LOOM_FLIGHT_RECORDER_ENTRIES", K::kInteger, S::kRuntime, "2000", 0, 10'000'000, "",
+     "operations",
+     "how many of its last operations each process group keeps in its flight recorder for "
+     "dumps and failure analysis (docs/diagnostics.md); 0 turns the recorder off",
+     "ProcessGroupOptions::flightRecorderEntries", "ProcessGroup setup"},
+    {"LOOM_DUMP_DIR", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "directory where flight record dumps (on failure, abort, SIGUSR1, dumpFlightRecord) are "
+     "written as JSON, one file per rank and group (docs/diagnostics.md); unset: the store only",
+     "ProcessGroupOptions::dumpDir", "ProcessGroup setup"},
     {"LOOM_PG_GRACE_US", K::kInteger, S::kRuntime, "50", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker leaves a fresh lone operation to the thread that will "
      "wait on it (docs/handoff.md)",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm_backend_impl.h"
+#include "diagnostics/group_diagnostics.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
@@ -42,6 +43,17 @@ bool mentions(const std::string& text, const std::string& name) {
     if (end >= text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
   }
   return false;
+}
+
+// The peer a failure names, for the flight record.
+int failedPeer(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return diag::peerNamedIn(e.what());
+  } catch (...) {
+    return -1;
+  }
 }
 
 std::string joinRanks(const std::vector<int>& ranks) {
@@ -146,6 +158,7 @@ void ProcessGroupComm::execute(Item& item) {
     cause = brokenCause_;
   }
   if (!cause.empty()) {
+    recordEnd(item.op, true);
     item.work->markFailed(std::make_exception_ptr(IoError(
         who() + ": " + item.op.describe() + " was not run: the group failed earlier: " + cause)));
     return;
@@ -156,19 +169,24 @@ void ProcessGroupComm::execute(Item& item) {
     } catch (const InvalidArgumentError&) {
       // A signature mismatch is seen alike by every rank: the op is skipped everywhere and
       // the group stays consistent.
+      recordEnd(item.op, true);
       item.work->markFailed(std::current_exception());
       return;
     } catch (...) {
+      recordEnd(item.op, true);
       item.work->markFailed(handleFailure(item.op, std::current_exception()));
       return;
     }
   }
   if (isAnySource(item.op)) {
+    recordStart(item.op);
     try {
       item.work->setSourceRank(comm::recvAny(*ctx_, item.op.out.data, item.op.count, item.op.dtype,
                                              item.op.tag, collectiveOptions(item.op)));
+      recordEnd(item.op, false);
       item.work->markCompleted();
     } catch (...) {
+      recordEnd(item.op, true);
       item.work->markFailed(handleFailure(item.op, std::current_exception()));
     }
     return;
@@ -177,10 +195,13 @@ void ProcessGroupComm::execute(Item& item) {
     runPointToPoint(item);
     return;
   }
+  recordStart(item.op);
   try {
     run(item.op);
+    recordEnd(item.op, false);
     item.work->markCompleted();
   } catch (...) {
+    recordEnd(item.op, true, failedPeer(std::current_exception()));
     item.work->markFailed(handleFailure(item.op, std::current_exception()));
   }
 }
@@ -206,6 +227,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     const uint64_t tag = comm::pointToPointTag(op.tag);
     const size_t bytes = op.count * dtypeSize(op.dtype);
     Deadline deadline(op.timeout);
+    recordStart(op);
     batch.push_back(Pending{std::move(item), nullptr, deadline, false});
     batch.back().request = op.type == OpType::kSend
                                ? transport.isend(op.root, op.in.data, bytes, tag)
@@ -242,6 +264,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
           if (batch[i].item.op.type == OpType::kRecv) {
             batch[i].item.work->setSourceRank(batch[i].item.op.root);
           }
+          recordEnd(batch[i].item.op, false);
           batch[i].item.work->markCompleted();
           progress = true;
         } else {
@@ -273,6 +296,10 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     if (batch.empty()) {
       firstWork->markFailed(handleFailure(firstOp, std::current_exception()));
       return;
+    }
+    const int peer = failedPeer(std::current_exception());
+    for (auto& p : batch) {
+      if (!p.done) recordEnd(p.item.op, true, &p == &batch[current] ? peer : p.item.op.root);
     }
     auto error = handleFailure(batch[current].item.op, std::current_exception());
     for (auto& p : batch) {
@@ -432,7 +459,10 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   const milliseconds window = std::min(options().failureReportWindow, op.timeout / 2);
   const auto start = Clock::now();
   auto exchange = FailureExchange::start(
-      store(), rank(), size(), std::string(timedOut ? "timeout" : "io") + "\n" + own, window, true);
+      store(), rank(), size(), std::string(timedOut ? "timeout" : "io") + "\n" + own,
+      diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
+                    : "",
+      window, true);
   if (exchange) exchange->waitFor(exchange->published, start + window);
   {
     std::shared_ptr<comm::Context> closing;
@@ -446,6 +476,13 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   bool anyTimeout = timedOut;
   if (exchange && exchange->waitFor(exchange->done, start + window + storeSlack(window))) {
     std::lock_guard<std::mutex> lock(exchange->mu);
+    if (!exchange->explanation.empty()) {
+      std::string text = exchange->explanation;
+      for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1)) {
+        text.insert(at + 1, "  ");
+      }
+      message += "\n  diagnosis: " + text;
+    }
     if (!exchange->silent.empty()) {
       message += "\n  ranks that sent no failure report within " + std::to_string(window.count()) +
                  " ms (dead, stopped, or not at this operation): " + joinRanks(exchange->silent);

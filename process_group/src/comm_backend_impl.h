@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "diagnostics/group_diagnostics.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
@@ -33,6 +34,9 @@ inline std::string signatureKey(uint64_t seq, int rank) {
 // stopped, the network is cut) never holds the worker past its window: the worker waits on
 // `published` and `done` with deadlines and goes on without the reports when they pass. The
 // thread itself ends when the store's own deadline passes.
+// With the flight recorder on, the exchange also carries the rings (group_diagnostics.h): this
+// rank's is published right after its report, the first failing rank asks the others for theirs,
+// and after the window's wait for every ring the group's one explanation is read back.
 struct FailureExchange {
   std::mutex mu;
   std::condition_variable changed;
@@ -42,11 +46,15 @@ struct FailureExchange {
   std::string reports;      // "\n  rank 1 reported: ..." lines
   bool anyTimeout = false;  // some rank's failure was a timeout
   std::string storeError;   // the store failed while reading the reports
+  std::string explanation;  // the flight records' analysis (empty: recorder off)
 
-  // Publishes `report` under this rank's key, then (when `collect`) waits up to `window` for
-  // the other ranks' keys and reads them.
+  // Publishes `ring` (this rank's flight record, JSON; empty when off) and `report` under
+  // this rank's keys, then (when `collect`) waits up to `window` for the other ranks' rings and
+  // reports and reads them.
   static void run(std::shared_ptr<FailureExchange> self, std::shared_ptr<Store> store, int rank,
-                  int size, std::string report, milliseconds window, bool collect) {
+                  int size, std::string report, std::string ring, milliseconds window,
+                  bool collect) {
+    const auto began = Clock::now();
     try {
       store->set(failureKey(rank), report);
     } catch (const std::exception& e) {
@@ -57,20 +65,39 @@ struct FailureExchange {
       self->published = true;
     }
     self->changed.notify_all();
+    // After the report, so that the worker closes its connections (the cascade) without
+    // waiting for the ring and, on the first failing rank, one request per rank.
+    if (!ring.empty()) {
+      try {
+        diag::publishFailureRecord(*store, rank, size, ring);
+      } catch (const std::exception& e) {
+        LOOM_LOG_WARNING("rank ", rank, ": could not publish the flight record: ", e.what());
+      }
+    }
     if (!collect) return;
 
     std::vector<int> silent;
     std::string reports;
     bool anyTimeout = false;
     std::string storeError;
+    std::string explanation;
+    if (!ring.empty()) {
+      try {
+        explanation = diag::explainFailure(*store, rank, size, began + window);
+      } catch (const std::exception& e) {
+        explanation = std::string("(no analysis: ") + e.what() + ")";
+      }
+    }
     try {
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) {
         if (r != rank) keys.push_back(failureKey(r));
       }
-      if (!keys.empty()) {
+      // The rings' wait above spent part of the window.
+      const auto left = std::chrono::duration_cast<milliseconds>(began + window - Clock::now());
+      if (!keys.empty() && left.count() > 0) {
         try {
-          store->wait(keys, window);
+          store->wait(keys, left);
         } catch (const TimeoutError&) {
         }
       }
@@ -95,6 +122,7 @@ struct FailureExchange {
       self->reports = std::move(reports);
       self->anyTimeout = anyTimeout;
       self->storeError = std::move(storeError);
+      self->explanation = std::move(explanation);
       self->done = true;
     }
     self->changed.notify_all();
@@ -102,11 +130,12 @@ struct FailureExchange {
 
   // Starts run() on a detached thread; returns null when no thread could be started.
   static std::shared_ptr<FailureExchange> start(std::shared_ptr<Store> store, int rank, int size,
-                                                std::string report, milliseconds window,
-                                                bool collect) {
+                                                std::string report, std::string ring,
+                                                milliseconds window, bool collect) {
     auto self = std::make_shared<FailureExchange>();
     try {
-      std::thread(run, self, std::move(store), rank, size, std::move(report), window, collect)
+      std::thread(run, self, std::move(store), rank, size, std::move(report), std::move(ring),
+                  window, collect)
           .detach();
     } catch (const std::exception& e) {
       LOOM_LOG_WARNING("rank ", rank, ": no thread for the failure report: ", e.what());

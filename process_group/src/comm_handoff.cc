@@ -78,6 +78,7 @@ std::shared_ptr<Work> ProcessGroupComm::post(OpDesc op) {
     return work;
   }
   // A broken group fails at once, without touching the queue.
+  recordEnd(op, true);
   work->markFailed(std::make_exception_ptr(
       IoError(who() + ": " + op.describe() + " was not run: the group failed earlier: " + cause)));
   return work;
@@ -129,8 +130,11 @@ void ProcessGroupComm::workerLoop() {
       running_ = true;
       lock.unlock();
       const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
-      auto exchange =
-          FailureExchange::start(store(), rank(), size(), "io\n" + cause, window, false);
+      auto exchange = FailureExchange::start(
+          store(), rank(), size(), "io\n" + cause,
+          diagnostics() ? diagnostics()->dumpLocal("abort", diag::GroupDiagnostics::kFailureEntries)
+                        : "",
+          window, false);
       if (exchange) exchange->waitFor(exchange->published, Clock::now() + window);
       std::shared_ptr<comm::Context> closing;
       {

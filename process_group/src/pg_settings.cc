@@ -13,6 +13,10 @@ ProcessGroupOptions withEnvironment(ProcessGroupOptions options) {
       options.debug = parseDebugLevel(*v);
     }
   }
+  const ProcessGroupOptions defaults;
+  settings::fillDefault(options.flightRecorderEntries, defaults.flightRecorderEntries,
+                        settings::integer("LOOM_FLIGHT_RECORDER_ENTRIES"));
+  settings::fillDefault(options.dumpDir, defaults.dumpDir, settings::text("LOOM_DUMP_DIR"));
   const CommBackendOptions comm;
   settings::fillDefault(options.comm.graceUs, comm.graceUs, settings::integer("LOOM_PG_GRACE_US"));
   settings::fillDefault(options.comm.napUs, comm.napUs, settings::integer("LOOM_PG_NAP_US"));
@@ -75,6 +79,9 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
   appendIfChanged(out, "parentRanks", o.parentRanks, d.parentRanks, ranks);
   appendIfChanged(out, "failureReportWindow", o.failureReportWindow, d.failureReportWindow,
                   detail::str(o.failureReportWindow.count(), "ms"));
+  appendIfChanged(out, "flightRecorderEntries", o.flightRecorderEntries, d.flightRecorderEntries,
+                  std::to_string(o.flightRecorderEntries));
+  appendIfChanged(out, "dumpDir", o.dumpDir, d.dumpDir, o.dumpDir);
   appendIfChanged(out, "comm.graceUs", o.comm.graceUs, d.comm.graceUs,
                   std::to_string(o.comm.graceUs));
   appendIfChanged(out, "comm.napUs", o.comm.napUs, d.comm.napUs, std::to_string(o.comm.napUs));

@@ -15,8 +15,9 @@
 
 namespace loom {
 
-// LOOM_DEBUG -> debug, LOOM_PG_GRACE_US -> comm.graceUs, LOOM_PG_NAP_US -> comm.napUs,
-// LOCAL_RANK -> nccl.localRank.
+// LOOM_DEBUG -> debug, LOOM_FLIGHT_RECORDER_ENTRIES -> flightRecorderEntries, LOOM_DUMP_DIR ->
+// dumpDir, LOOM_PG_GRACE_US -> comm.graceUs, LOOM_PG_NAP_US -> comm.napUs, LOCAL_RANK ->
+// nccl.localRank.
 ProcessGroupOptions withEnvironment(ProcessGroupOptions options);
 // The above for options.pg, and LOOM_INIT_METHOD -> initMethod, LOOM_HOST ->
 // pg.comm.context.host (initProcessGroup picks a host when neither sets one).

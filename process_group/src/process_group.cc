@@ -4,6 +4,7 @@
 #include <cctype>
 #include <utility>
 
+#include "diagnostics/group_diagnostics.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "pg_checks.h"
@@ -97,9 +98,34 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
              options_.timeout.count(), " ms");
   sendSeq_.assign(size_, 0);
   recvSeq_.assign(size_, 0);
+  LOOM_CHECK(options_.flightRecorderEntries >= 0, "flightRecorderEntries must be >= 0, got ",
+             options_.flightRecorderEntries);
+  if (options_.flightRecorderEntries > 0) {
+    diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
+        diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
+        static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
+        options_.dumpDir);
+  }
 }
 
 ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::recordStart(const OpDesc& op) {
+  if (diagnostics_) diagnostics_->recorder().recordStart(op.recordId);
+}
+
+void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {
+  if (diagnostics_) diagnostics_->recorder().recordEnd(op.recordId, failed, peer);
+}
+
+std::string ProcessGroup::dumpFlightRecord() {
+  if (!diagnostics_) {
+    LOOM_THROW(InvalidArgumentError, who(),
+               ": dumpFlightRecord: the flight recorder is off (flightRecorderEntries = 0, or "
+               "LOOM_FLIGHT_RECORDER_ENTRIES=0)");
+  }
+  return diagnostics_->dump("request");
+}
 
 uint64_t ProcessGroup::lastSeq() const {
   std::lock_guard<std::mutex> lock(issueMu_);
@@ -204,6 +230,7 @@ std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
   } else {
     op.seq = ++collectiveSeq_;
   }
+  if (diagnostics_) op.recordId = diagnostics_->recorder().recordIssue(op);
   if (debug_ == DebugLevel::kDetail) LOOM_LOG_INFO(who(), ": issue ", op.signature());
   return post(std::move(op));
 }

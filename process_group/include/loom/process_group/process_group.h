@@ -33,6 +33,14 @@
 //   signature (op, dtype, count, reduce op, root, sequence number) across ranks through the
 //   store; on a mismatch every rank throws InvalidArgumentError printing each signature and
 //   the ranks that used it. The group stays usable after a mismatch.
+// - Flight recorder (loom/process_group/diagnostics.h, docs/diagnostics.md): the group keeps
+//   its last flightRecorderEntries operations in a ring (issue, start and end times, state),
+//   at a cost of a few clock reads per operation. When a collective fails, every rank's error
+//   carries one explanation built from every rank's ring ("rank 2 never entered collective
+//   #5 ..."); dumpFlightRecord() and SIGUSR1 dump the ring to the store and to dumpDir. With
+//   the recorder on, each group runs one more thread (blocked in a store wait, answering other
+//   ranks' dump requests), and the first such group installs a SIGUSR1 handler unless the
+//   program has its own.
 // - Destruction waits for queued operations (each bounded by its deadline), then closes the
 //   connections. Call abort() first to drop them instead.
 #pragma once
@@ -55,6 +63,9 @@
 namespace loom {
 
 class Store;
+namespace diag {
+class GroupDiagnostics;
+}
 
 enum class DebugLevel : uint8_t { kOff, kInfo, kDetail };
 // Parses a LOOM_DEBUG value: empty = kOff; OFF, 0, INFO, DETAIL (any case). Anything else is
@@ -89,8 +100,8 @@ struct NcclOptions {
 };
 
 // Fields left at their defaults take the environment's values at the entry points
-// (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_PG_GRACE_US,
-// LOOM_PG_NAP_US, LOCAL_RANK.
+// (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_FLIGHT_RECORDER_ENTRIES,
+// LOOM_DUMP_DIR, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
 struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -105,6 +116,12 @@ struct ProcessGroupOptions {
   // After a failure, how long a rank waits for the other ranks' failure reports before it
   // raises (so that its error can name the ranks that never reported). Capped at timeout / 2.
   std::chrono::milliseconds failureReportWindow{2000};
+  // Operations the flight recorder keeps (LOOM_FLIGHT_RECORDER_ENTRIES); 0 turns it off, and
+  // with it the dumps and the failure analysis.
+  int flightRecorderEntries = 2000;
+  // Where dumps are written as JSON, one file per rank and group (LOOM_DUMP_DIR); empty: the
+  // store only.
+  std::string dumpDir{};
 
   CommBackendOptions comm{};  // "tcp" and "verbs"
   NcclOptions nccl{};         // "nccl"
@@ -191,6 +208,7 @@ struct OpDesc {
   // allreduceCoalesced's buffers (in place); `count` is their total.
   std::vector<BufferView> buffers{};
   bool waitAllRanks = false;  // monitoredBarrier
+  uint64_t recordId = 0;      // its flight recorder entry (0: not recorded)
 
   // "allreduce#17", "send#3 to rank 1", "recv#2 from rank 0"
   std::string describe() const;
@@ -305,6 +323,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // "rank 2" or "rank 1 of group/3 (parent ranks 1,3)": the prefix of every message.
   std::string who() const;
 
+  // Dumps this rank's flight record now (docs/diagnostics.md): publishes it in the group's
+  // store under flight/<rank>, writes it to options().dumpDir when set, and returns the JSON.
+  // Blocks on the store at most its timeout. InvalidArgumentError when the recorder is off.
+  std::string dumpFlightRecord();
+
  protected:
   ProcessGroup(std::string backend, std::shared_ptr<Store> store, int rank, int size,
                ProcessGroupOptions options);
@@ -316,6 +339,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
   // Backend-specific argument checks, before the operation takes a sequence number.
   virtual void checkOp(const OpDesc& op) const { (void)op; }
+
+  // The flight recorder's hooks for the thread that runs an operation (no-ops when it is off).
+  void recordStart(const OpDesc& op);
+  // `peer`: the rank the operation waited on when it failed, -1 when unknown.
+  void recordEnd(const OpDesc& op, bool failed, int peer = -1);
+  // Null when the recorder is off.
+  diag::GroupDiagnostics* diagnostics() const { return diagnostics_.get(); }
 
  private:
   std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
@@ -347,6 +377,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<uint64_t> recvSeq_;  // per peer
   uint64_t recvAnySeq_ = 0;        // receives from any source
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
+
+  std::unique_ptr<diag::GroupDiagnostics> diagnostics_;  // null when the recorder is off
 
   friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
                                                 const ProcessGroupOptions& options);

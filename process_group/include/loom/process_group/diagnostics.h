@@ -1,0 +1,94 @@
+// Diagnostics of a process group: the flight record (the last N operations of one rank), its
+// JSON form, and the analysis that turns every rank's record into one explanation of a hang
+// or a failure ("rank 2 never entered allreduce#5 ...; ranks 0, 1, 3 wait in allreduce#5 (8 B
+// float)"). docs/diagnostics.md describes the JSON format and when dumps are written.
+//
+// Contract
+// - Plain values and pure functions: no I/O, no shared state; safe on any thread. The
+//   ProcessGroup keeps the ring (process_group.h: flightRecorderEntries, dumpFlightRecord) and
+//   runs the analysis on the spot when a collective fails; loom-doctor runs the same analysis
+//   on dump files.
+// - parseDump never trusts its input: a truncated or corrupt dump is an InvalidArgumentError
+//   naming the source (a file name) and the byte offset (or the field) at fault.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+
+namespace loom {
+class Store;
+}
+
+namespace loom::diag {
+
+enum class OpState : uint8_t { kQueued, kRunning, kDone, kFailed };
+const char* opStateName(OpState state);
+
+// One operation as the flight recorder saw it.
+struct OpRecord {
+  uint64_t id = 0;   // 1, 2, ... in issue order, per group and rank
+  uint64_t seq = 0;  // the operation's sequence number (per peer for send / recv)
+  OpType type = OpType::kBarrier;
+  DType dtype = DType::kUInt8;
+  ReduceOp reduceOp = ReduceOp::kSum;
+  int root = 0;  // root of rooted collectives; the peer of send / recv
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;  // kAuto: chosen per call (not known)
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+  OpState state = OpState::kQueued;
+  int peer = -1;  // the rank a failed operation waited on, -1 when none was named
+  // Microseconds since the Unix epoch; 0 = not yet.
+  int64_t issueUs = 0;
+  int64_t startUs = 0;
+  int64_t endUs = 0;
+
+  // "allreduce#5", "send#3 to rank 1" (OpDesc::describe).
+  std::string describe() const;
+  // "allreduce(dtype=float, count=2, op=sum)#5" (OpDesc::signature).
+  std::string signature() const;
+};
+
+// One rank's flight record, as dumped.
+struct RankDump {
+  int rank = 0;
+  int size = 0;
+  std::string group;    // ProcessGroupOptions::groupName ("" for the default group)
+  std::string backend;  // "tcp", "verbs", "nccl"
+  std::string host;
+  int64_t pid = 0;
+  std::string reason;             // why it was dumped: "SIGUSR1", "request", "failure", ...
+  int64_t timeUs = 0;             // when, in microseconds since the Unix epoch
+  uint64_t capacity = 0;          // ring entries
+  uint64_t recorded = 0;          // operations recorded in all (older ones were overwritten)
+  uint64_t lastSeq = 0;           // sequence number of the last collective issued
+  std::vector<OpRecord> entries;  // oldest first
+};
+
+inline constexpr int kDumpFormatVersion = 1;
+
+std::string toJson(const RankDump& dump);
+// Throws InvalidArgumentError "<source>: ... at byte <offset>" or "<source>: <field>: ...".
+RankDump parseDump(const std::string& text, const std::string& source);
+
+// The analysis: `dumps[r]` is rank r's record, or nullopt when it never arrived (dead,
+// stopped, or cut off from the store). Finds the first collective that did not complete on
+// every rank and says who never entered it and what they do instead, who issued a different
+// collective at that sequence number (both signatures), who waits in it, and whose record is
+// missing. The first line is the summary; further lines ("  rank 2: ...") give each rank's
+// current operation.
+std::string explain(const std::vector<std::optional<RankDump>>& dumps);
+
+// A live job, from outside (loom-doctor --attach): asks every rank's listener of the group whose
+// keys live in `store` (the group's PrefixStore, e.g. "default_pg" for initProcessGroup) for a
+// dump now and collects them for up to `wait`; a rank that does not answer is nullopt. Blocks
+// at most about `wait` (plus the store's own deadline for a store that stopped answering).
+std::vector<std::optional<RankDump>> collectLive(Store& store, int size,
+                                                 std::chrono::milliseconds wait);
+
+}  // namespace loom::diag

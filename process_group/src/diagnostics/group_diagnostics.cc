@@ -1,0 +1,374 @@
+#include "diagnostics/group_diagnostics.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/common/socket.h"
+#include "loom/store/store.h"
+
+namespace loom::diag {
+
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// How long the destructor waits for its listener to see the stop request.
+constexpr milliseconds kListenerStopWait{2000};
+// A listener's single wait on the store; it loops (a TCPStore wait is answered by the server).
+constexpr milliseconds kListenerWait{60000};
+
+std::string ringKey(int rank) {
+  return "flight/" + std::to_string(rank);
+}
+std::string failureRingKey(int rank) {
+  return "flight/failure/" + std::to_string(rank);
+}
+std::string requestKey(int rank, int64_t n) {
+  return "flight/request/" + std::to_string(rank) + "/" + std::to_string(n);
+}
+std::string requestCountKey(int rank) {
+  return "flight/requests/" + std::to_string(rank);
+}
+constexpr const char* kRequestedKey = "flight/requested";
+constexpr const char* kAnalysisKey = "flight/analysis";
+constexpr const char* kStopReason = "stop";
+
+int64_t unixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Asks `rank`'s listener for a dump with `reason`.
+void requestDump(Store& store, int rank, const std::string& reason) {
+  const int64_t n = store.add(requestCountKey(rank), 1);
+  store.set(requestKey(rank, n), reason);
+}
+
+}  // namespace
+
+struct GroupDiagnostics::Core {
+  Identity id;
+  std::shared_ptr<Store> store;
+  FlightRecorder recorder;
+  std::string dumpDir;
+  std::string host = net::hostname();
+
+  // The listener's end: set by its thread when it returns.
+  std::mutex mu;
+  std::condition_variable finished;
+  bool listenerDone = false;
+
+  Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
+       std::string dir)
+      : id(std::move(i)),
+        store(std::move(s)),
+        recorder(entries, algorithm),
+        dumpDir(std::move(dir)) {}
+
+  RankDump snapshot(const std::string& reason) const {
+    RankDump d;
+    d.rank = id.rank;
+    d.size = id.size;
+    d.group = id.group;
+    d.backend = id.backend;
+    d.host = host;
+    d.pid = ::getpid();
+    d.reason = reason;
+    d.entries = recorder.snapshot();
+    d.timeUs = unixMicros();
+    d.capacity = recorder.capacity();
+    d.recorded = recorder.recorded();
+    d.lastSeq = recorder.lastSeq();
+    return d;
+  }
+
+  std::string dumpLocal(const std::string& reason, size_t maxEntries) {
+    RankDump d = snapshot(reason);
+    std::string json = toJson(d);
+    if (!dumpDir.empty()) writeFile(json);
+    if (d.entries.size() <= maxEntries) return json;
+    d.entries.erase(d.entries.begin(), d.entries.end() - static_cast<ptrdiff_t>(maxEntries));
+    return toJson(d);
+  }
+
+  void writeFile(const std::string& json) const {
+    const std::string name = dumpDir + "/loom-flight-" + (id.group.empty() ? "default" : id.group) +
+                             "-rank" + std::to_string(id.rank) + ".json";
+    std::string safe = name;
+    // A subgroup's name holds '/' ("group/2"): keep the file in dumpDir.
+    for (size_t i = dumpDir.size() + 1; i < safe.size(); ++i) {
+      if (safe[i] == '/') safe[i] = '_';
+    }
+    const std::string tmp = safe + ".tmp" + std::to_string(::getpid());
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+    if (ok) ok = std::rename(tmp.c_str(), safe.c_str()) == 0;
+    if (!ok) {
+      LOOM_LOG_WARNING("rank ", id.rank, ": could not write the flight record to ", safe, ": ",
+                       std::strerror(errno));
+      std::remove(tmp.c_str());
+    } else {
+      LOOM_LOG_INFO("rank ", id.rank, ": flight record written to ", safe);
+    }
+  }
+
+  std::string dump(const std::string& reason) {
+    if (reason == "failure") {
+      std::string json = dumpLocal(reason, kFailureEntries);
+      store->set(failureRingKey(id.rank), json);
+      return json;
+    }
+    std::string json = dumpLocal(reason, SIZE_MAX);
+    store->set(ringKey(id.rank), json);
+    return json;
+  }
+};
+
+namespace {
+
+// ---- SIGUSR1: a byte on a pipe, read by one process-wide thread ----
+
+std::atomic<int> gSignalPipe{-1};  // write end, read by the handler
+
+void onSigusr1(int) {
+  const int saved = errno;
+  const int fd = gSignalPipe.load(std::memory_order_relaxed);
+  if (fd >= 0) {
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t n = ::write(fd, &byte, 1);
+  }
+  errno = saved;
+}
+
+struct SignalRegistry {
+  std::mutex mu;
+  std::vector<std::weak_ptr<GroupDiagnostics::Core>> groups;
+  pid_t watcherPid = -1;  // the process whose thread reads the pipe (a fork child starts its own)
+};
+
+SignalRegistry& registry() {
+  static SignalRegistry* r = new SignalRegistry;  // never destroyed: the watcher outlives main
+  return *r;
+}
+
+void watch(int readFd) {
+  for (;;) {
+    char buf[64];
+    const ssize_t n = ::read(readFd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    std::vector<std::shared_ptr<GroupDiagnostics::Core>> live;
+    {
+      std::lock_guard<std::mutex> lock(registry().mu);
+      for (const auto& w : registry().groups) {
+        if (auto core = w.lock()) live.push_back(std::move(core));
+      }
+    }
+    for (const auto& core : live) {
+      try {
+        core->dump("SIGUSR1");
+      } catch (const std::exception& e) {
+        LOOM_LOG_WARNING("rank ", core->id.rank, ": SIGUSR1 dump: ", e.what());
+      }
+    }
+  }
+}
+
+// Registers `core` for SIGUSR1 dumps; the first call in a process installs the handler (when
+// SIGUSR1 has its default disposition) and starts the watcher.
+void registerForSignal(const std::shared_ptr<GroupDiagnostics::Core>& core) {
+  SignalRegistry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::erase_if(reg.groups, [](const auto& w) { return w.expired(); });
+  reg.groups.push_back(core);
+  if (reg.watcherPid == ::getpid()) return;
+  struct sigaction current {};
+  if (::sigaction(SIGUSR1, nullptr, &current) != 0) return;
+  const bool ours = current.sa_handler == onSigusr1;
+  if (!ours && current.sa_handler != SIG_DFL) return;  // the program handles SIGUSR1 itself
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);  // a full pipe drops signals, never blocks the handler
+  try {
+    std::thread(watch, fds[0]).detach();
+  } catch (const std::exception& e) {
+    LOOM_LOG_WARNING("no thread for SIGUSR1 dumps: ", e.what());
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return;
+  }
+  const int old = gSignalPipe.exchange(fds[1]);
+  if (old >= 0) ::close(old);  // a fork child drops its parent's pipe
+  reg.watcherPid = ::getpid();
+  if (!ours) {
+    struct sigaction action {};
+    action.sa_handler = onSigusr1;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &action, nullptr);
+  }
+}
+
+// The listener: answers dump requests until it reads the stop request.
+// `served`: the requests this rank's key counted before the listener started (an earlier group
+// on the same store), which are not its own.
+void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
+  try {
+    for (;;) {
+      const std::string key = requestKey(core->id.rank, served + 1);
+      try {
+        core->store->wait({key}, kListenerWait);
+      } catch (const TimeoutError&) {
+        continue;
+      }
+      ++served;
+      const std::string reason = core->store->getString(key);
+      if (reason == kStopReason) break;
+      core->dump(reason);
+    }
+  } catch (const std::exception& e) {
+    // The store failed (its host died): no more requests can arrive.
+    LOOM_LOG_INFO("rank ", core->id.rank, ": flight record listener stops: ", e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    core->listenerDone = true;
+  }
+  core->finished.notify_all();
+}
+
+}  // namespace
+
+GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
+                                   comm::Algorithm algorithm, std::string dumpDir)
+    : core_(std::make_shared<Core>(std::move(identity), std::move(store), entries, algorithm,
+                                   std::move(dumpDir))) {
+  registerForSignal(core_);
+  const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
+  std::thread(listen, core_, served).detach();
+}
+
+GroupDiagnostics::~GroupDiagnostics() {
+  // The stop request goes through the store, which may not answer (its host stopped): it is
+  // posted from a thread of its own, and the wait for the listener is bounded.
+  try {
+    std::thread([core = core_] {
+      try {
+        requestDump(*core->store, core->id.rank, kStopReason);
+      } catch (const std::exception& e) {
+        LOOM_LOG_INFO("rank ", core->id.rank,
+                      ": could not stop the flight record listener: ", e.what());
+      }
+    }).detach();
+  } catch (const std::exception&) {
+    return;  // no thread: the listener ends with the store
+  }
+  std::unique_lock<std::mutex> lock(core_->mu);
+  core_->finished.wait_for(lock, kListenerStopWait, [&] { return core_->listenerDone; });
+}
+
+FlightRecorder& GroupDiagnostics::recorder() {
+  return core_->recorder;
+}
+
+std::string GroupDiagnostics::dumpLocal(const std::string& reason, size_t maxEntries) {
+  return core_->dumpLocal(reason, maxEntries);
+}
+
+std::string GroupDiagnostics::dump(const std::string& reason) {
+  return core_->dump(reason);
+}
+
+int peerNamedIn(const std::string& message) {
+  // The comm layer's words (algorithms/op.cc, the arena, the p2p batch): the first match wins.
+  for (const char* marker : {"waiting to receive from rank ", "waiting to send to rank ",
+                             "waiting for rank(s) ", "waiting for rank "}) {
+    const size_t at = message.find(marker);
+    if (at == std::string::npos) continue;
+    size_t i = at + std::strlen(marker);
+    int peer = 0;
+    bool any = false;
+    while (i < message.size() && message[i] >= '0' && message[i] <= '9' && peer < 1'000'000) {
+      peer = peer * 10 + (message[i++] - '0');
+      any = true;
+    }
+    if (any) return peer;
+  }
+  return -1;
+}
+
+void publishFailureRecord(Store& store, int rank, int size, const std::string& ring) {
+  store.set(failureRingKey(rank), ring);
+  // The first failing rank asks the others: those not failing (idle, elsewhere, stuck in
+  // another operation) tell what they are doing.
+  const std::string me = std::to_string(rank);
+  if (toString(store.compareSet(kRequestedKey, {}, toBytes(me))) != me) return;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) requestDump(store, r, "failure");
+  }
+}
+
+std::vector<std::optional<RankDump>> collectLive(Store& store, int size, milliseconds wait) {
+  // Each rank's last dump is removed first, so that what is read back is this request's.
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(ringKey(r));
+    store.deleteKey(keys.back());
+    requestDump(store, r, "doctor");
+  }
+  try {
+    store.wait(keys, wait);
+  } catch (const TimeoutError&) {
+  }
+  std::vector<std::optional<RankDump>> dumps(size);
+  for (int r = 0; r < size; ++r) {
+    if (store.check({keys[r]})) {
+      dumps[r] = parseDump(store.getString(keys[r]), "rank " + std::to_string(r) + "'s record");
+    }
+  }
+  return dumps;
+}
+
+std::string explainFailure(Store& store, int rank, int size, Clock::time_point deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(failureRingKey(r));
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  if (left.count() > 0) {
+    try {
+      store.wait(keys, left);
+    } catch (const TimeoutError&) {
+    }
+  }
+  std::vector<std::optional<RankDump>> dumps(size);
+  std::string problems;
+  for (int r = 0; r < size; ++r) {
+    if (!store.check({keys[r]})) continue;
+    try {
+      dumps[r] = parseDump(store.getString(keys[r]), "rank " + std::to_string(r) + "'s record");
+    } catch (const InvalidArgumentError& e) {
+      problems += std::string("; ") + e.what();
+    }
+  }
+  const std::string mine = explain(dumps) + problems;
+  (void)rank;
+  // One explanation for the group: the first rank to get here sets it.
+  return toString(store.compareSet(kAnalysisKey, {}, toBytes(mine)));
+}
+
+}  // namespace loom::diag

@@ -1,0 +1,91 @@
+// GroupDiagnostics: what one ProcessGroup keeps for diagnostics (the flight recorder) and the
+// machinery that gets its record out: dumps to the store and to files, a listener that
+// answers other ranks' dump requests, SIGUSR1, and the failure analysis run on the spot.
+// Private to loom_process_group.
+//
+// Contract
+// - Owned by its ProcessGroup (created when flightRecorderEntries > 0). The recorder is written
+//   on the hot path (flight_recorder.h); everything else here runs off it.
+// - Store keys, under the group's store (a PrefixStore per group):
+//     flight/<rank>                 the latest dump on request or SIGUSR1
+//     flight/failure/<rank>         the record at a failure (published by the failing rank, or
+//                                   by a live rank's listener when asked)
+//     flight/request/<rank>/<n>     the n-th dump request to a rank (its value: the reason)
+//     flight/requests/<rank>        how many requests a rank got (add); a listener starts
+//                                   after the count it finds, so that a group never answers an
+//                                   earlier group's requests on the same store
+//     flight/requested              set once: the first failing rank asks every other rank
+//     flight/analysis               the explanation; the first rank to compute one sets it and
+//                                   every rank's error carries that one
+// - The listener is one thread per group blocked in Store::wait on its next request key (the
+//   TCPStore answers from the server, no polling; a FileStore polls). The destructor posts a
+//   stop request and waits for it at most kListenerStopWait; a listener stuck in a store that
+//   no longer answers is left to end with the store's deadline (it owns what it touches).
+// - SIGUSR1: the first group with a recorder installs a handler when SIGUSR1 has its default
+//   disposition (a program's own handler is never replaced). The handler only writes a byte
+//   to a pipe; a process-wide thread reads it and dumps every live group (reason "SIGUSR1").
+// - Dump files: <dumpDir>/loom-flight-<group>-rank<r>.json ("default" when the group has no
+//   name), written to a temporary name and renamed, so a reader never sees half a file.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "diagnostics/flight_recorder.h"
+#include "loom/process_group/diagnostics.h"
+
+namespace loom {
+class Store;
+}
+
+namespace loom::diag {
+
+struct Identity {
+  int rank = 0;
+  int size = 1;
+  std::string group;
+  std::string backend;
+};
+
+class GroupDiagnostics {
+ public:
+  GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
+                   comm::Algorithm algorithm, std::string dumpDir);
+  ~GroupDiagnostics();
+  GroupDiagnostics(const GroupDiagnostics&) = delete;
+  GroupDiagnostics& operator=(const GroupDiagnostics&) = delete;
+
+  FlightRecorder& recorder();
+
+  // The record as JSON, written whole to the dump directory when one is set (never throws for
+  // the file: a failed write is a warning). Returns the JSON of the newest `maxEntries`.
+  std::string dumpLocal(const std::string& reason, size_t maxEntries = SIZE_MAX);
+  // What a failure publishes in the store for the analysis: the newest entries only (the
+  // analysis looks at the last collectives), so that gathering every rank's record stays small
+  // at scale.
+  static constexpr size_t kFailureEntries = 128;
+  // dumpLocal, then published under flight/<rank> (or flight/failure/<rank> when the reason is
+  // "failure"); may block on the store up to its timeout. Returns the JSON.
+  std::string dump(const std::string& reason);
+
+  struct Core;
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+// The rank a failure message says it waited for ("... waiting for rank 3 ..."), or -1.
+int peerNamedIn(const std::string& message);
+
+// For the failure exchange (comm_backend_impl.h), on its own thread:
+// publishes this rank's failure record (`ring`, JSON) and, when it is the first rank to fail,
+// asks every other rank's listener for theirs.
+void publishFailureRecord(Store& store, int rank, int size, const std::string& ring);
+// Waits until `deadline` for every rank's failure record, explains them, and returns the
+// group's one explanation (the first one set in the store).
+std::string explainFailure(Store& store, int rank, int size,
+                           std::chrono::steady_clock::time_point deadline);
+
+}  // namespace loom::diag

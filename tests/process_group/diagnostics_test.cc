@@ -1,0 +1,308 @@
+// The flight recorder's ring (wraparound, a reader racing a writer), the dump's JSON form
+// (round trip, corrupt and truncated input), and the analysis on synthetic records: a rank
+// that skipped a collective, a mismatched collective, a missing record, nothing stuck.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "diagnostics/flight_recorder.h"
+#include "diagnostics/group_diagnostics.h"
+#include "loom/common/error.h"
+#include "loom/process_group/diagnostics.h"
+#include "loom/testing/errors.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::diag {
+namespace {
+
+using ::testing::HasSubstr;
+
+OpDesc allreduceOp(uint64_t seq, size_t count) {
+  OpDesc op;
+  op.type = OpType::kAllreduce;
+  op.dtype = DType::kFloat32;
+  op.count = count;
+  op.seq = seq;
+  return op;
+}
+
+TEST(FlightRecorder, KeepsTheLastEntriesAcrossWraparound) {
+  FlightRecorder rec(4, comm::Algorithm::kRing);
+  for (uint64_t seq = 1; seq <= 10; ++seq) {
+    const uint64_t id = rec.recordIssue(allreduceOp(seq, seq));
+    EXPECT_EQ(id, seq);
+    if (seq <= 9) rec.recordStart(id);
+    if (seq <= 8) rec.recordEnd(id, seq == 8, seq == 8 ? 3 : -1);
+  }
+  rec.recordEnd(2, false);  // overwritten long ago: dropped
+  const std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(rec.recorded(), 10u);
+  EXPECT_EQ(rec.lastSeq(), 10u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].id, 7 + i);
+    EXPECT_EQ(got[i].seq, 7 + i);
+    EXPECT_EQ(got[i].count, 7 + i);
+    EXPECT_EQ(got[i].bytes, (7 + i) * 4);
+    EXPECT_EQ(got[i].algorithm, comm::Algorithm::kRing);
+  }
+  EXPECT_EQ(got[0].state, OpState::kDone);
+  EXPECT_EQ(got[1].state, OpState::kFailed);
+  EXPECT_EQ(got[1].peer, 3);
+  EXPECT_EQ(got[2].state, OpState::kRunning);
+  EXPECT_EQ(got[3].state, OpState::kQueued);
+  EXPECT_GT(got[0].endUs, 0);
+  EXPECT_GE(got[0].endUs, got[0].startUs);
+  EXPECT_EQ(got[3].startUs, 0);
+}
+
+// A reader snapshots while a writer records as fast as it can: every entry it returns is whole
+// (count and bytes agree with its seq), ids are consecutive, and the reader never blocks the
+// writer for long.
+TEST(FlightRecorder, ConcurrentReaderSeesNoTornEntry) {
+  FlightRecorder rec(64, comm::Algorithm::kAuto);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t seq = 1; seq <= 200000; ++seq) {
+      const uint64_t id = rec.recordIssue(allreduceOp(seq, seq * 3));
+      rec.recordStart(id);
+      rec.recordEnd(id, false);
+    }
+    stop = true;
+  });
+  size_t snapshots = 0;
+  std::string problem;
+  while (!stop && problem.empty()) {
+    const std::vector<OpRecord> got = rec.snapshot();
+    ++snapshots;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const OpRecord& r = got[i];
+      if (r.seq != r.id || r.count != r.seq * 3 || r.bytes != r.count * 4) {
+        problem = "torn entry id " + std::to_string(r.id);
+      }
+      if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs == 0)) {
+        problem = "done without times at id " + std::to_string(r.id);
+      }
+      if (i > 0 && r.id <= got[i - 1].id) problem = "ids out of order";
+    }
+  }
+  writer.join();
+  EXPECT_EQ(problem, "");
+  EXPECT_GT(snapshots, 0u);
+}
+
+TEST(FlightRecorder, PeerNamedInAFailure) {
+  EXPECT_EQ(peerNamedIn("rank 3: allreduce#5 timed out after 3000 ms waiting to receive from rank "
+                        "2 (127.0.0.1:1): 4000 of 4000 bytes outstanding"),
+            2);
+  EXPECT_EQ(peerNamedIn("rank 0: barrier#2 failed while waiting to send to rank 11: reset"), 11);
+  EXPECT_EQ(peerNamedIn("arena: waiting for rank(s) 1, 3"), 1);
+  EXPECT_EQ(peerNamedIn("rank 0: aborted"), -1);
+}
+
+OpRecord record(uint64_t seq, OpType type, OpState state, int root = 0) {
+  OpRecord r;
+  r.id = seq;
+  r.seq = seq;
+  r.type = type;
+  r.dtype = DType::kFloat32;
+  r.count = 1000;
+  r.bytes = 4000;
+  r.root = root;
+  r.state = state;
+  r.issueUs = 1'000'000 * static_cast<int64_t>(seq);
+  r.startUs = r.issueUs + 10;
+  if (state == OpState::kDone || state == OpState::kFailed) r.endUs = r.startUs + 100;
+  return r;
+}
+
+// Rank r's record: allreduce #1..#(last - 1) done, then `tail` for #last.
+RankDump rankWith(int rank, int size, uint64_t done, std::vector<OpRecord> tail) {
+  RankDump d;
+  d.rank = rank;
+  d.size = size;
+  d.backend = "tcp";
+  d.reason = "failure";
+  d.capacity = 2000;
+  for (uint64_t s = 1; s <= done; ++s)
+    d.entries.push_back(record(s, OpType::kAllreduce, OpState::kDone));
+  for (auto& r : tail) d.entries.push_back(r);
+  for (const auto& r : d.entries) {
+    if (isCollective(r.type)) d.lastSeq = r.seq;
+  }
+  d.recorded = d.entries.size();
+  d.timeUs = 100'000'000;
+  return d;
+}
+
+TEST(FlightRecordAnalysis, NamesTheRankThatNeverEnteredAndWhatItDoes) {
+  std::vector<std::optional<RankDump>> dumps;
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2) {
+      dumps.push_back(rankWith(r, 4, 4, {}));
+    } else {
+      dumps.push_back(rankWith(r, 4, 4, {record(5, OpType::kAllreduce, OpState::kRunning)}));
+    }
+  }
+  const std::string text = explain(dumps);
+  EXPECT_THAT(text, HasSubstr("rank 2 never entered collective #5: it is idle since allreduce#4 "
+                              "completed"));
+  EXPECT_THAT(text, HasSubstr("ranks 0, 1, 3 wait in allreduce#5 (3.9 KiB float)"));
+}
+
+TEST(FlightRecordAnalysis, RankInAnotherOperationIsNamedWithIt) {
+  std::vector<std::optional<RankDump>> dumps;
+  for (int r = 0; r < 3; ++r) {
+    dumps.push_back(rankWith(r, 3, 4, {record(5, OpType::kAllreduce, OpState::kRunning)}));
+  }
+  OpRecord send = record(3, OpType::kSend, OpState::kRunning, 1);
+  send.id = 5;
+  dumps[1] = rankWith(1, 3, 4, {send});
+  const std::string text = explain(dumps);
+  EXPECT_THAT(text, HasSubstr("rank 1 never entered collective #5: it is in send#3 to rank 1"));
+  EXPECT_THAT(text, HasSubstr("ranks 0, 2 wait in allreduce#5"));
+}
+
+TEST(FlightRecordAnalysis, MismatchPrintsBothSignatures) {
+  std::vector<std::optional<RankDump>> dumps;
+  for (int r = 0; r < 4; ++r) {
+    const OpType type = r == 1 ? OpType::kBroadcast : OpType::kAllreduce;
+    dumps.push_back(rankWith(r, 4, 4, {record(5, type, OpState::kFailed)}));
+  }
+  const std::string text = explain(dumps);
+  EXPECT_THAT(text, HasSubstr("mismatched collective #5"));
+  EXPECT_THAT(text, HasSubstr("ranks 0, 2, 3 called allreduce(dtype=float, count=1000, op=sum)#5"));
+  EXPECT_THAT(text, HasSubstr("rank 1 called broadcast(dtype=float, count=1000, root=0)#5"));
+}
+
+// Rank 3 still finished allreduce #4 when rank 1, at #5, found the mismatch and aborted: rank
+// 3 failed at #4, and the mismatch at #5 leads the summary.
+TEST(FlightRecordAnalysis, LaterMismatchLeadsTheSummary) {
+  std::vector<std::optional<RankDump>> dumps;
+  for (int r = 0; r < 3; ++r) {
+    const OpType type = r == 1 ? OpType::kBroadcast : OpType::kAllreduce;
+    dumps.push_back(rankWith(r, 4, 4, {record(5, type, OpState::kFailed)}));
+  }
+  dumps.push_back(rankWith(3, 4, 3, {record(4, OpType::kAllreduce, OpState::kFailed)}));
+  const std::string text = explain(dumps);
+  EXPECT_EQ(text.find("mismatched collective #5 (different signatures): ranks 0, 2 called "
+                      "allreduce(dtype=float, count=1000, op=sum)#5; rank 1 called "
+                      "broadcast(dtype=float, count=1000, root=0)#5; "),
+            0u)
+      << text;
+  EXPECT_THAT(text, HasSubstr("rank 3 failed in allreduce#4"));
+}
+
+TEST(FlightRecordAnalysis, MissingRecordAndNothingStuck) {
+  std::vector<std::optional<RankDump>> dumps;
+  dumps.push_back(rankWith(0, 3, 7, {}));
+  dumps.push_back(std::nullopt);
+  dumps.push_back(rankWith(2, 3, 7, {}));
+  const std::string text = explain(dumps);
+  EXPECT_THAT(text, HasSubstr("completed every collective it issued (up to #7)"));
+  EXPECT_THAT(text, HasSubstr("rank 1: no flight record"));
+
+  dumps[0] = rankWith(0, 3, 6, {record(7, OpType::kAllreduce, OpState::kRunning)});
+  dumps[2] = rankWith(2, 3, 6, {record(7, OpType::kAllreduce, OpState::kRunning)});
+  EXPECT_THAT(explain(dumps),
+              HasSubstr("ranks 0, 2 wait in allreduce#7 (3.9 KiB float); rank 1: no flight "
+                        "record arrived (dead, stopped, or cut off from the store)"));
+}
+
+TEST(FlightRecordJson, RoundTrip) {
+  RankDump d = rankWith(1, 2, 2, {record(3, OpType::kReduce, OpState::kFailed, 1)});
+  d.entries.back().peer = 0;
+  d.group = "group/1";
+  d.host = "node7";
+  d.pid = 4242;
+  const RankDump back = parseDump(toJson(d), "x.json");
+  EXPECT_EQ(back.rank, 1);
+  EXPECT_EQ(back.size, 2);
+  EXPECT_EQ(back.group, "group/1");
+  EXPECT_EQ(back.host, "node7");
+  EXPECT_EQ(back.pid, 4242);
+  EXPECT_EQ(back.lastSeq, 3u);
+  ASSERT_EQ(back.entries.size(), 3u);
+  EXPECT_EQ(back.entries[2].type, OpType::kReduce);
+  EXPECT_EQ(back.entries[2].state, OpState::kFailed);
+  EXPECT_EQ(back.entries[2].peer, 0);
+  EXPECT_EQ(back.entries[2].root, 1);
+  EXPECT_EQ(back.entries[2].signature(), d.entries[2].signature());
+  EXPECT_EQ(back.entries[2].endUs, d.entries[2].endUs);
+}
+
+TEST(FlightRecordJson, CorruptOrTruncatedNamesTheFileAndOffset) {
+  const std::string json = toJson(rankWith(0, 2, 3, {}));
+  const std::string truncated = json.substr(0, json.size() / 2);
+  const std::string message = loom::testing::messageOf<InvalidArgumentError>(
+      [&] { parseDump(truncated, "dumps/rank0.json"); });
+  EXPECT_THAT(message, HasSubstr("dumps/rank0.json"));
+  EXPECT_THAT(message, HasSubstr("at byte " + std::to_string(truncated.size())));
+
+  std::string corrupt = json;
+  corrupt[corrupt.find("\"op\"") + 7] = '\x01';
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>([&] { parseDump(corrupt, "r.json"); }),
+              HasSubstr("r.json: not a valid flight record: corrupt or truncated JSON at byte"));
+
+  std::string badOp = json;
+  badOp.replace(badOp.find("\"allreduce\""), 11, "\"allreduxe\"");
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>([&] { parseDump(badOp, "r.json"); }),
+              HasSubstr("r.json: entries[0].op: unknown value 'allreduxe'"));
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>(
+                  [&] { parseDump("{\"format\": \"other\"}", "r.json"); }),
+              HasSubstr("format is 'other'"));
+}
+
+// Runs loom-doctor with `args`; returns its exit status and stdout + stderr.
+std::pair<int, std::string> doctor(const std::string& args) {
+  const std::string command = std::string(LOOM_DOCTOR_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+TEST(LoomDoctor, ExplainsDumpsAndNamesCorruptAndMissingOnes) {
+  loom::testing::TempDir dir;
+  for (int r = 0; r < 4; ++r) {
+    RankDump d = r == 2 ? rankWith(r, 4, 4, {})
+                        : rankWith(r, 4, 4, {record(5, OpType::kAllreduce, OpState::kRunning)});
+    writeFile(dir.file("loom-flight-default-rank" + std::to_string(r) + ".json"), toJson(d));
+  }
+  auto [status, out] = doctor(dir.path());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("group default (4 ranks, 4 dumps)"));
+  EXPECT_THAT(out, HasSubstr("rank 2 never entered collective #5: it is idle since allreduce#4"));
+  EXPECT_THAT(out, HasSubstr("ranks 0, 1, 3 wait in allreduce#5"));
+
+  // Rank 1's dump cut short, rank 3's gone: both named; the analysis goes on without them.
+  const std::string rank1 = dir.file("loom-flight-default-rank1.json");
+  const std::string full = toJson(rankWith(1, 4, 4, {}));
+  writeFile(rank1, full.substr(0, 100));
+  std::remove(dir.file("loom-flight-default-rank3.json").c_str());
+  std::tie(status, out) = doctor(dir.path());
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_THAT(out, HasSubstr(rank1 + ": not a valid flight record: corrupt or truncated JSON at "
+                                     "byte 100 of 100"));
+  EXPECT_THAT(out, HasSubstr("rank 1: no dump among the files given"));
+  EXPECT_THAT(out, HasSubstr("rank 3: no dump among the files given"));
+  EXPECT_THAT(out, HasSubstr("rank 2 never entered collective #5"));
+}
+
+}  // namespace
+}  // namespace loom::diag

@@ -1,0 +1,232 @@
+// Diagnostics with ranks as forked processes (4 ranks, tcp backend over a FileStore): a rank
+// that skips one all-reduce and a rank that calls broadcast where the others call all-reduce
+// make every rank fail within the timeout + 5 s with one explanation naming the culprit, the
+// sequence number and what it does instead (or both signatures); SIGUSR1 writes a dump while
+// the job goes on.
+//
+// Children never use gtest assertions: they throw, and the child exits 1 with the message.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/common/error.h"
+#include "loom/process_group/diagnostics.h"
+#include "loom/process_group/factory.h"
+#include "loom/store/file_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using testing::ChildProcesses;
+using testing::TempDir;
+
+constexpr int kWorld = 4;
+constexpr milliseconds kTimeout(3000);
+constexpr milliseconds kChildDeadline(60000);
+
+void require(bool cond, const std::string& what) {
+  if (!cond) throw std::runtime_error(what);
+}
+
+struct Rank {
+  std::shared_ptr<FileStore> store;
+  std::shared_ptr<ProcessGroup> pg;
+};
+
+Rank join(const std::string& path, int rank, const std::string& dumpDir = "") {
+  FileStoreOptions storeOptions;
+  storeOptions.timeout = milliseconds(30000);
+  Rank r;
+  r.store = std::make_shared<FileStore>(path, storeOptions);
+  ProcessGroupOptions options;
+  options.timeout = kTimeout;
+  options.dumpDir = dumpDir;
+  // TCP between the ranks, so that a closed connection is seen at once.
+  options.comm.context.sharedMemory = false;
+  r.pg = createProcessGroup("tcp", r.store, rank, kWorld, options);
+  return r;
+}
+
+// Runs `op` expecting an IoError within `bound`; returns its message (printed for the log).
+template <class F>
+std::string failure(int rank, F&& op, milliseconds bound) {
+  const auto start = Clock::now();
+  try {
+    op();
+  } catch (const IoError& e) {
+    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    std::fprintf(stderr, "[rank %d] after %lld ms: %s\n", rank,
+                 static_cast<long long>(waited.count()), e.what());
+    require(waited <= bound, "rank " + std::to_string(rank) + " failed after " +
+                                 std::to_string(waited.count()) + " ms, more than " +
+                                 std::to_string(bound.count()));
+    return e.what();
+  }
+  throw std::runtime_error("rank " + std::to_string(rank) + ": the collective succeeded");
+}
+
+void requireIn(const std::string& text, const std::string& part) {
+  require(text.find(part) != std::string::npos, "expected '" + part + "' in: " + text);
+}
+
+// Every rank joins, runs allreduce #1-#4 on 1000 floats, then `fifth(rank, r, buf)` (which
+// makes collective #5 fail); returns what the children reported ("" when all exited 0).
+template <class F>
+std::string afterFourAllreduces(F&& fifth) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank);
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    fifth(rank, r, view(buf.data(), buf.size()));
+  });
+  return children.waitAllOk(kChildDeadline);
+}
+
+TEST(DiagnosticsProcesses, RankThatSkipsAnAllreduceIsNamedOnEveryRank) {
+  EXPECT_EQ(afterFourAllreduces([](int rank, Rank& r, BufferView buf) {
+              if (rank == 2) {
+                // Rank 2 skips allreduce #5 and does something else until the others explained
+                // it.
+                r.store->wait({"flight/analysis"}, milliseconds(20000));
+              }
+              const std::string what = failure(
+                  rank, [&] { r.pg->allreduce(buf)->wait(); }, kTimeout + milliseconds(5000));
+              requireIn(what,
+                        "diagnosis: rank 2 never entered collective #5: it is idle since "
+                        "allreduce#4 completed");
+              requireIn(what, "ranks 0, 1, 3");
+              requireIn(what, "allreduce#5 (3.9 KiB float)");
+            }),
+            "");
+}
+
+TEST(DiagnosticsProcesses, MismatchedCollectivePrintsBothSignatures) {
+  EXPECT_EQ(afterFourAllreduces([](int rank, Rank& r, BufferView buf) {
+              const std::string what = failure(
+                  rank,
+                  [&] {
+                    if (rank == 1) {
+                      r.pg->broadcast(buf)->wait();
+                    } else {
+                      r.pg->allreduce(buf)->wait();
+                    }
+                  },
+                  kTimeout + milliseconds(2000));
+              requireIn(what,
+                        "diagnosis: mismatched collective #5 (different signatures): ranks 0, 2");
+              // Rank 3 may still be finishing allreduce #4 when rank 1 aborts (then it never
+              // issues #5).
+              requireIn(what,
+                        "called allreduce(dtype=float, count=1000, op=sum)#5; rank 1 called "
+                        "broadcast(dtype=float, count=1000, root=0)#5");
+            }),
+            "");
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(DiagnosticsProcesses, Sigusr1WritesADumpWhileTheJobGoesOn) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  const std::string dumps = dir.file("dumps");
+  ASSERT_EQ(::mkdir(dumps.c_str(), 0700), 0);
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank, dumps);
+    std::vector<float> buf(16, 1.0f);
+    for (int i = 0; i < 3; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    const std::string file = dumps + "/loom-flight-default-rank2.json";
+    if (rank == 0) {
+      // Rank 0 signals rank 2, as an operator would.
+      const pid_t victim = std::stoi(r.store->getString("pid/2"));
+      require(::kill(victim, SIGUSR1) == 0, "kill(SIGUSR1)");
+    }
+    if (rank == 2) {
+      r.store->set("pid/2", std::to_string(::getpid()));
+      const auto until = Clock::now() + milliseconds(10000);
+      while (readFile(file).empty()) {
+        require(Clock::now() < until, "no dump in " + file + " 10 s after SIGUSR1");
+        std::this_thread::sleep_for(milliseconds(5));  // poll interval of a deadline loop
+      }
+      const diag::RankDump d = diag::parseDump(readFile(file), file);
+      require(d.reason == "SIGUSR1" && d.rank == 2 && d.size == kWorld, "dump header");
+      require(d.entries.size() == 3 && d.lastSeq == 3, "three entries");
+      for (const auto& e : d.entries) {
+        require(e.state == diag::OpState::kDone && e.type == OpType::kAllreduce,
+                "entry " + e.describe() + " is a done allreduce");
+      }
+      // Published in the store too.
+      require(diag::parseDump(r.store->getString("flight/2"), "store").rank == 2, "store dump");
+    }
+    // The job goes on.
+    for (int i = 0; i < 3; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    require(buf[0] == 4096.0f, "all-reduce results after the dump");
+    r.pg->barrier()->wait();
+  });
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+// loom-doctor --attach asks a live job's ranks for their records through the store.
+TEST(DiagnosticsProcesses, DoctorAttachesToALiveJob) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank);
+    std::vector<float> buf(16, 1.0f);
+    for (int i = 0; i < 3; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    r.store->set("ready/" + std::to_string(rank), "1");
+    r.store->wait({"done"}, milliseconds(30000));
+  });
+  FileStoreOptions storeOptions;
+  storeOptions.timeout = milliseconds(30000);
+  FileStore store(path, storeOptions);
+  std::vector<std::string> ready;
+  for (int r = 0; r < kWorld; ++r) ready.push_back("ready/" + std::to_string(r));
+  store.wait(ready, milliseconds(30000));
+
+  const std::string command = std::string(LOOM_DOCTOR_PATH) + " --attach file://" + path +
+                              " --world-size 4 --prefix '' --wait-ms 10000 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) out.append(chunk, n);
+  const int status = ::pclose(pipe);
+  std::fprintf(stderr, "%s", out.c_str());
+  store.set("done", "1");
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("every rank with a flight record completed every collective it issued (up "
+                     "to #3)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 2 is idle since allreduce#3 completed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("no answer"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace loom
