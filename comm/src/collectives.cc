@@ -4,13 +4,18 @@
 // goes to the engine the Context chose at creation (engine/engine.h).
 #include "loom/comm/collectives.h"
 
+#include <chrono>
 #include <cstring>
+#include <numeric>
+#include <thread>
 
 #include "algorithms/op.h"
 #include "algorithms/select.h"
 #include "engine/engine.h"
 #include "engine/engines.h"
 #include "loom/comm/context.h"
+#include "loom/comm/transport.h"
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "tag.h"
 
@@ -41,8 +46,13 @@ constexpr Shape shapeOf(OpType type) {
       return {false, true, Needs::kNone, Needs::kAll, "", "buffer"};
     case OpType::kAllgather:
     case OpType::kAlltoall:
+    case OpType::kAlltoallv:
+    case OpType::kAllgatherv:
       return {false, false, Needs::kAll, Needs::kAll, "input", "output"};
+    case OpType::kReduceScatterv:
+      return {true, false, Needs::kAll, Needs::kAll, "input", "output"};
     case OpType::kGather:
+    case OpType::kGatherv:
       return {false, true, Needs::kAll, Needs::kRoot, "input", "output on the root"};
     case OpType::kScatter:
       return {false, true, Needs::kRoot, Needs::kAll, "input on the root", "output"};
@@ -95,7 +105,90 @@ void run(const CollectiveCall& c) {
   (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
 }
 
+// The uneven collectives: counts checked against the world size (and, for alltoallv in place,
+// the totals against each other), buffers against the totals this rank reads and writes.
+// World size 1 is answered here; everything else goes to the generic engine (no other engine
+// implements them), with no count-0 shortcut: a rank that moves nothing may still have to
+// receive.
+void runUneven(const CollectiveCall& c) {
+  const Context& ctx = c.ctx;
+  const char* what = opTypeName(c.type);
+  const size_t esize = dtypeSize(c.dtype);
+  const Shape shape = shapeOf(c.type);
+  if (shape.reduces) checkReduceOp(c.op, c.dtype);
+  if (shape.rooted) {
+    LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), "rank ", ctx.rank(), ": ", what, ": root ",
+               c.root, " is out of range for world size ", ctx.size());
+  }
+  const auto checkCounts = [&](std::span<const size_t> counts, const char* name) {
+    LOOM_CHECK(counts.size() == static_cast<size_t>(ctx.size()), "rank ", ctx.rank(), ": ", what,
+               ": ", name, " has ", counts.size(), " entries; expected one per rank (", ctx.size(),
+               ")");
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  };
+  const size_t total = checkCounts(c.counts, c.type == OpType::kAlltoallv ? "inCounts" : "counts");
+  size_t inCount = total, outCount = total;
+  switch (c.type) {
+    case OpType::kAlltoallv:
+      outCount = checkCounts(c.outCounts, "outCounts");
+      LOOM_CHECK(c.in != c.out || inCount == outCount, "rank ", ctx.rank(), ": ", what,
+                 ": in place needs as many elements in as out, got inCounts summing to ", inCount,
+                 " and outCounts summing to ", outCount);
+      break;
+    case OpType::kAllgatherv:
+      inCount = c.counts[ctx.rank()];
+      break;
+    case OpType::kGatherv:
+      inCount = c.counts[ctx.rank()];
+      if (ctx.rank() != c.root) outCount = 0;
+      break;
+    case OpType::kReduceScatterv:
+      outCount = c.counts[ctx.rank()];
+      break;
+    default:
+      break;
+  }
+  checkBuffer(c.in, inCount, what, shape.inName);
+  checkBuffer(c.out, outCount, what, shape.outName);
+  checkAlgorithm(c.type, c.opts.algorithm);
+  if (ctx.size() == 1) {
+    // The one block is this rank's own (avg over one rank is the value itself).
+    LOOM_CHECK(inCount == outCount || c.type == OpType::kGatherv, "rank 0: ", what, ": sends ",
+               inCount, " elements to itself but receives ", outCount);
+    if (inCount > 0 && c.out != c.in) std::memmove(c.out, c.in, inCount * esize);
+    return;
+  }
+  EngineSet* engines = c.ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).generic().run(c);
+}
+
 }  // namespace
+
+void alltoallv(Context& ctx, const void* in, std::span<const size_t> inCounts, void* out,
+               std::span<const size_t> outCounts, DType dtype, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(inCounts.begin(), inCounts.end(), size_t{0}) +
+                       std::accumulate(outCounts.begin(), outCounts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kAlltoallv, in, out, total, dtype, ReduceOp::kSum, 0, inCounts,
+             outCounts});
+}
+
+void allgatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                DType dtype, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kAllgatherv, in, out, total, dtype, ReduceOp::kSum, 0, counts});
+}
+
+void gatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts, DType dtype,
+             int root, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kGatherv, in, out, total, dtype, ReduceOp::kSum, root, counts});
+}
+
+void reduceScatterv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                    DType dtype, ReduceOp op, const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runUneven({ctx, opts, OpType::kReduceScatterv, in, out, total, dtype, op, 0, counts});
+}
 
 void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                const CollectiveOptions& opts) {
@@ -172,6 +265,49 @@ void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t
   Op o(ctx, OpType::kRecv, o2);
   auto r = o.recvTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
   o.wait(r);
+}
+
+int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
+            const CollectiveOptions& opts) {
+  LOOM_CHECK(ctx.size() > 1, "recv from any source: rank ", ctx.rank(),
+             " is alone in its world: no rank can send to it");
+  LOOM_CHECK(tag <= kMaxP2PTag, "recv: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
+  checkBuffer(buf, count, "recv", "buffer");
+  // How it works: look at every other rank's unexpected messages in turn (starting after the
+  // last one found, so that no sender starves) until one holds a message with the wire tag,
+  // then receive it from that rank like recv(). Between rounds spin briefly, then yield, then
+  // nap up to 1 ms: a message that arrives while nobody receives waits in the transport.
+  static thread_local int start = 0;
+  Transport& transport = ctx.transport();
+  const uint64_t wireTag = makeP2PTag(tag);
+  const Deadline deadline(opts.timeout);
+  int source = -1;
+  for (int round = 0; source < 0; ++round) {
+    for (int i = 1; i < ctx.size() && source < 0; ++i) {
+      const int peer = (ctx.rank() + start + i) % ctx.size();
+      if (peer != ctx.rank() && transport.probe(peer, wireTag)) source = peer;
+    }
+    if (source >= 0) break;
+    if (transport.failed()) {
+      LOOM_THROW(IoError, "rank ", ctx.rank(), ": recv from any source (tag ", tag,
+                 ") failed: the transport was aborted");
+    }
+    if (deadline.expired()) {
+      LOOM_THROW(TimeoutError, "rank ", ctx.rank(), ": recv from any source timed out after ",
+                 opts.timeout.count(), " ms: no rank of ", ctx.size(), " sent tag ", tag, " (",
+                 count * dtypeSize(dtype), " bytes)");
+    }
+    if (round < 64) continue;
+    if (round < 256) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::min(std::chrono::microseconds(1000), std::chrono::microseconds(round - 255)));
+    }
+  }
+  start = (source - ctx.rank() + ctx.size()) % ctx.size();
+  recv(ctx, buf, count, dtype, source, tag, opts);
+  return source;
 }
 
 }  // namespace loom::comm

@@ -144,6 +144,13 @@ void TagMatcher::failAll(const std::string& reason, bool nameTag) {
   in_ = Incoming{};
 }
 
+bool TagMatcher::hasUnexpected(uint64_t tag) const {
+  for (const auto& u : unexpected_) {
+    if (u->tag == tag) return true;
+  }
+  return held() && in_.tag == tag;
+}
+
 std::string TagMatcher::describeUnexpected() const {
   std::string out;
   size_t shown = 0;

@@ -107,6 +107,9 @@ class TagMatcher {
   // What arrived from the peer and was never received, oldest first ("allreduce#5 step 2
   // (4096 bytes), ..."; at most kShown, then "..."); empty when nothing.
   std::string describeUnexpected() const;
+  // Whether a message with `tag` arrived (or is arriving) that no receive took yet
+  // (Transport::probe).
+  bool hasUnexpected(uint64_t tag) const;
   static constexpr size_t kShown = 4;
 
  private:

@@ -116,6 +116,18 @@ const char* opTypeName(OpType type) {
       return "send";
     case OpType::kRecv:
       return "recv";
+    case OpType::kAlltoallv:
+      return "alltoallv";
+    case OpType::kAllgatherv:
+      return "allgatherv";
+    case OpType::kGatherv:
+      return "gatherv";
+    case OpType::kReduceScatterv:
+      return "reduce_scatterv";
+    case OpType::kAllreduceCoalesced:
+      return "allreduce_coalesced";
+    case OpType::kMonitoredBarrier:
+      return "monitored_barrier";
   }
   return static_cast<uint8_t>(type) == 0 ? "none" : "unknown";
 }

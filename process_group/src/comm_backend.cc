@@ -15,12 +15,24 @@
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
+#include "monitored_barrier.h"
 
 namespace loom {
 
 using namespace comm_pg;
 
 namespace {
+
+bool isAnySource(const OpDesc& op) {
+  return op.type == OpType::kRecv && op.root == kAnySource;
+}
+
+comm::CollectiveOptions collectiveOptions(const OpDesc& op) {
+  comm::CollectiveOptions copts;
+  copts.timeout = op.timeout;
+  copts.seq = op.seq;
+  return copts;
+}
 
 // True when `text` mentions `name` as a whole token ("allreduce#1" is not in
 // "allreduce#17").
@@ -151,6 +163,16 @@ void ProcessGroupComm::execute(Item& item) {
       return;
     }
   }
+  if (isAnySource(item.op)) {
+    try {
+      item.work->setSourceRank(comm::recvAny(*ctx_, item.op.out.data, item.op.count, item.op.dtype,
+                                             item.op.tag, collectiveOptions(item.op)));
+      item.work->markCompleted();
+    } catch (...) {
+      item.work->markFailed(handleFailure(item.op, std::current_exception()));
+    }
+    return;
+  }
   if (!isCollective(item.op.type)) {
     runPointToPoint(item);
     return;
@@ -193,7 +215,8 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     std::vector<Item> more;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (!queue_.empty() && !isCollective(queue_.front().op.type) && !broken_) {
+      while (!queue_.empty() && !isCollective(queue_.front().op.type) &&
+             !isAnySource(queue_.front().op) && !broken_) {
         more.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -216,6 +239,9 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
         current = i;
         if (batch[i].request->test()) {
           batch[i].done = true;
+          if (batch[i].item.op.type == OpType::kRecv) {
+            batch[i].item.work->setSourceRank(batch[i].item.op.root);
+          }
           batch[i].item.work->markCompleted();
           progress = true;
         } else {
@@ -257,9 +283,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
 
 void ProcessGroupComm::run(const OpDesc& op) {
   comm::Context& ctx = *ctx_;
-  comm::CollectiveOptions copts;
-  copts.timeout = op.timeout;
-  copts.seq = op.seq;
+  const comm::CollectiveOptions copts = collectiveOptions(op);
   switch (op.type) {
     case OpType::kAllreduce:
       comm::allreduce(ctx, op.in.data, op.out.data, op.count, op.dtype, op.reduceOp, copts);
@@ -299,6 +323,51 @@ void ProcessGroupComm::run(const OpDesc& op) {
     case OpType::kRecv:
       comm::recv(ctx, op.out.data, op.count, op.dtype, op.root, op.tag, copts);
       break;
+    case OpType::kAlltoallv:
+      comm::alltoallv(ctx, op.in.data, op.inCounts, op.out.data, op.outCounts, op.dtype, copts);
+      break;
+    case OpType::kAllgatherv:
+      comm::allgatherv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, copts);
+      break;
+    case OpType::kGatherv:
+      comm::gatherv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, op.root, copts);
+      break;
+    case OpType::kReduceScatterv:
+      comm::reduceScatterv(ctx, op.in.data, op.out.data, op.inCounts, op.dtype, op.reduceOp, copts);
+      break;
+    case OpType::kAllreduceCoalesced:
+      runAllreduceCoalesced(ctx, op, copts);
+      break;
+    case OpType::kMonitoredBarrier:
+      runMonitoredBarrier(*store(), rank(), size(), op, who());
+      break;
+  }
+}
+
+void ProcessGroupComm::runAllreduceCoalesced(comm::Context& ctx, const OpDesc& op,
+                                             const comm::CollectiveOptions& copts) {
+  // Packed into one staging buffer and reduced by one all-reduce: one sequence number, one
+  // pass on the wire, and the algorithm chosen for the total size (many small buffers take
+  // the ring or halving-doubling a large one would). The two copies cost memory bandwidth,
+  // small beside the network; chunking the algorithms across a list of buffers would mean a
+  // scatter-gather variant of every one of them. A single buffer is reduced in place.
+  if (op.buffers.size() == 1) {
+    const BufferView& b = op.buffers[0];
+    comm::allreduce(ctx, b.data, b.data, b.count, op.dtype, op.reduceOp, copts);
+    return;
+  }
+  const size_t esize = dtypeSize(op.dtype);
+  std::vector<uint8_t> staging(op.count * esize);
+  size_t offset = 0;
+  for (const BufferView& b : op.buffers) {
+    if (b.count > 0) std::memcpy(staging.data() + offset, b.data, b.bytes());
+    offset += b.bytes();
+  }
+  comm::allreduce(ctx, staging.data(), staging.data(), op.count, op.dtype, op.reduceOp, copts);
+  offset = 0;
+  for (const BufferView& b : op.buffers) {
+    if (b.count > 0) std::memcpy(b.data, staging.data() + offset, b.bytes());
+    offset += b.bytes();
   }
 }
 

@@ -111,6 +111,9 @@ class ProcessGroupComm final : public ProcessGroup {
   // running_.
   void execute(Item& item);
   void run(const OpDesc& op);
+  // allreduceCoalesced: packs the buffers, one comm::allreduce, unpacks.
+  void runAllreduceCoalesced(comm::Context& ctx, const OpDesc& op,
+                             const comm::CollectiveOptions& copts);
   // The comm/ collective of `op`, on the running thread.
   // send / recv: `first` and the send / recv operations that reach the head of the queue
   // while it waits run as one batch on the transport.

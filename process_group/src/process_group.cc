@@ -6,6 +6,7 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "pg_checks.h"
 
 namespace loom {
 
@@ -34,17 +35,36 @@ const char* debugLevelName(DebugLevel level) {
 std::string OpDesc::describe() const {
   std::string out = std::string(opTypeName(type)) + "#" + std::to_string(seq);
   if (type == OpType::kSend) out += " to rank " + std::to_string(root);
-  if (type == OpType::kRecv) out += " from rank " + std::to_string(root);
+  if (type == OpType::kRecv) {
+    out += root == kAnySource ? " from any rank" : " from rank " + std::to_string(root);
+  }
   return out;
 }
 
 std::string OpDesc::signature() const {
   std::string out = opTypeName(type);
-  if (type == OpType::kBarrier) return out + "()#" + std::to_string(seq);
+  if (type == OpType::kBarrier || type == OpType::kMonitoredBarrier) {
+    return out + "()#" + std::to_string(seq);
+  }
+  // alltoallv's splits differ between ranks by design; the list forms' counts agree.
+  if (type == OpType::kAlltoallv) {
+    return out + "(dtype=" + dtypeName(dtype) + ")#" + std::to_string(seq);
+  }
+  if (type == OpType::kAllgatherv || type == OpType::kGatherv || type == OpType::kReduceScatterv) {
+    out += "(dtype=" + std::string(dtypeName(dtype)) + ", counts=[";
+    for (size_t i = 0; i < inCounts.size(); ++i) {
+      out += (i ? "," : "") + std::to_string(inCounts[i]);
+    }
+    out += "]";
+    if (type == OpType::kReduceScatterv) out += std::string(", op=") + reduceOpName(reduceOp);
+    if (type == OpType::kGatherv) out += ", root=" + std::to_string(root);
+    return out + ")#" + std::to_string(seq);
+  }
   out += "(dtype=" + std::string(dtypeName(dtype)) + ", count=" + std::to_string(count);
   switch (type) {
     case OpType::kAllreduce:
     case OpType::kReduceScatter:
+    case OpType::kAllreduceCoalesced:
       out += std::string(", op=") + reduceOpName(reduceOp);
       break;
     case OpType::kReduce:
@@ -115,9 +135,7 @@ void ProcessGroup::checkRoot(int root, const char* opName, const char* what) con
   }
 }
 
-namespace {
-
-constexpr uint64_t kMaxTag = comm::kMaxPointToPointTag;
+namespace pg_checks {
 
 // The helpers take the group, not who(): its string is built only for an error.
 void checkSameDtype(const ProcessGroup& pg, const char* opName, const BufferView& in,
@@ -159,20 +177,30 @@ void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {
   }
 }
 
-}  // namespace
+}  // namespace pg_checks
+
+using namespace pg_checks;
 
 std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& timeout) {
+  prepare(op, timeout);
+  std::lock_guard<std::mutex> lock(issueMu_);
+  return postLocked(std::move(op));
+}
+
+void ProcessGroup::prepare(OpDesc& op, const OptionalTimeout& timeout) const {
   op.timeout = timeout ? *timeout : options_.timeout;
   if (op.timeout.count() <= 0) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                ": timeout must be positive, got ", op.timeout.count(), " ms");
   }
   checkOp(op);
-  std::lock_guard<std::mutex> lock(issueMu_);
+}
+
+std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
   if (op.type == OpType::kSend) {
     op.seq = ++sendSeq_[op.root];
   } else if (op.type == OpType::kRecv) {
-    op.seq = ++recvSeq_[op.root];
+    op.seq = op.root == kAnySource ? ++recvAnySeq_ : ++recvSeq_[op.root];
   } else {
     op.seq = ++collectiveSeq_;
   }
@@ -388,8 +416,31 @@ std::shared_ptr<Work> ProcessGroup::recv(BufferView buf, int src, uint64_t tag,
   return pointToPoint(OpType::kRecv, buf, src, tag, opts);
 }
 
+std::shared_ptr<Work> ProcessGroup::recvAnySource(BufferView buf, uint64_t tag,
+                                                  const SendRecvOptions& opts) {
+  const char* name = "recv";
+  checkBuffer(buf, name, "buffer");
+  checkTag(*this, name, tag);
+  if (size_ == 1) {
+    LOOM_THROW(InvalidArgumentError, who(), ": recv from any source: this rank is alone in its ",
+               "group; no rank can send to it");
+  }
+  OpDesc op;
+  op.type = OpType::kRecv;
+  op.in = op.out = buf;
+  op.count = buf.count;
+  op.dtype = buf.dtype;
+  op.root = kAnySource;
+  op.tag = tag;
+  return issue(std::move(op), opts.timeout);
+}
+
 std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, int peer,
                                                  uint64_t tag, const SendRecvOptions& opts) {
+  return issue(pointToPointOp(type, buf, peer, tag), opts.timeout);
+}
+
+OpDesc ProcessGroup::pointToPointOp(OpType type, BufferView buf, int peer, uint64_t tag) const {
   const bool isSend = type == OpType::kSend;
   const char* name = isSend ? "send" : "recv";
   const char* peerWhat = isSend ? "destination rank" : "source rank";
@@ -407,7 +458,7 @@ std::shared_ptr<Work> ProcessGroup::pointToPoint(OpType type, BufferView buf, in
   op.dtype = buf.dtype;
   op.root = peer;
   op.tag = tag;
-  return issue(std::move(op), opts.timeout);
+  return op;
 }
 
 }  // namespace loom

@@ -206,6 +206,12 @@ class Checker {
   }
 
   uint64_t seq() const { return opts_.seq; }
+  // For checks written outside this class (the uneven sweep): the options of the next
+  // collective (its sequence number), and one element against its closed form.
+  const CollectiveOptions& nextOptions() { return next(); }
+  bool expectElem(const Case& c, const void* buf, size_t i, double want, double tol) {
+    return expect(c, buf, i, want, tol);
+  }
 
  private:
   // Element i of buf against its closed form; false (and the mismatch thrown or recorded)

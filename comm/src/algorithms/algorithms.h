@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "algorithms/op.h"
 #include "loom/comm/reduce.h"
@@ -69,5 +71,24 @@ void gatherDirect(Op& op, const void* in, void* out, size_t count, DType dtype, 
 void scatterDirect(Op& op, const void* in, void* out, size_t count, DType dtype, int root);
 void alltoallDirect(Op& op, const void* in, void* out, size_t count, DType dtype);
 void barrierDissemination(Op& op);
+
+// The direct reductions' last step: out = the `size` inputs reduced in rank order (so every
+// rank computes the same bits), this rank's at `mine`, peer p's at slices + p * (its bytes)
+// once recvs[p] completed (recvs[rank] is empty); then divided for avg. size >= 2.
+void reduceInRankOrder(Op& op, void* out, const void* mine, const uint8_t* slices,
+                       std::vector<RequestPtr>& recvs, size_t count, DType dtype, ReduceOp rop);
+
+// The uneven collectives (uneven.cc); counts per rank as in collectives.h. They also take
+// world size 1 and blocks of 0 elements.
+// offsets[j] = sum of counts[0 .. j-1]; offsets[size] is the total.
+std::vector<size_t> blockOffsets(std::span<const size_t> counts);
+void alltoallvDirect(Op& op, const void* in, std::span<const size_t> inCounts, void* out,
+                     std::span<const size_t> outCounts, DType dtype);
+void allgathervDirect(Op& op, const void* in, void* out, std::span<const size_t> counts,
+                      DType dtype);
+void gathervDirect(Op& op, const void* in, void* out, std::span<const size_t> counts, DType dtype,
+                   int root);
+void reduceScattervDirect(Op& op, const void* in, void* out, std::span<const size_t> counts,
+                          DType dtype, ReduceOp rop);
 
 }  // namespace loom::comm

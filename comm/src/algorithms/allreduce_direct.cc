@@ -12,7 +12,6 @@ void allreduceDirect(Op& op, const void* in, void* out, size_t count, DType dtyp
   const int size = op.size();
   const int rank = op.rank();
   const size_t bytes = count * dtypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, rop);
   auto* inputs = static_cast<uint8_t*>(op.context().scratch(bytes * size, 0));
   // In place, the input is copied aside first: out is overwritten from the first reduce.
   const void* mine = in;
@@ -25,15 +24,7 @@ void allreduceDirect(Op& op, const void* in, void* out, size_t count, DType dtyp
     if (peer != rank) recvs[peer] = op.recv(peer, inputs + peer * bytes, bytes, 0);
   }
   for (int i = 1; i < size; ++i) sends.push_back(op.send((rank + i) % size, mine, bytes, 0));
-  auto value = [&](int peer) -> const void* { return peer == rank ? mine : inputs + peer * bytes; };
-  if (recvs[0]) op.wait(recvs[0]);
-  if (recvs[1]) op.wait(recvs[1]);
-  reduce(out, value(0), value(1), count);
-  for (int peer = 2; peer < size; ++peer) {
-    if (recvs[peer]) op.wait(recvs[peer]);
-    reduce(out, out, value(peer), count);
-  }
-  if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
+  reduceInRankOrder(op, out, mine, inputs, recvs, count, dtype, rop);
   op.waitAll(sends);
 }
 

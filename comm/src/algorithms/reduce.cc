@@ -52,7 +52,6 @@ void reduceDirect(Op& op, const void* in, void* out, size_t count, DType dtype, 
     op.wait(s);
     return;
   }
-  const ReduceFn reduce = reduceFunction(dtype, rop);
   auto* inputs = static_cast<uint8_t*>(op.context().scratch(bytes * size, 0));
   const void* mine = in;
   if (out == in) {
@@ -63,15 +62,7 @@ void reduceDirect(Op& op, const void* in, void* out, size_t count, DType dtype, 
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) recvs[peer] = op.recv(peer, inputs + peer * bytes, bytes, 0);
   }
-  auto value = [&](int peer) -> const void* { return peer == rank ? mine : inputs + peer * bytes; };
-  if (recvs[0]) op.wait(recvs[0]);
-  if (recvs[1]) op.wait(recvs[1]);
-  reduce(out, value(0), value(1), count);
-  for (int peer = 2; peer < size; ++peer) {
-    if (recvs[peer]) op.wait(recvs[peer]);
-    reduce(out, out, value(peer), count);
-  }
-  if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
+  reduceInRankOrder(op, out, mine, inputs, recvs, count, dtype, rop);
 }
 
 }  // namespace loom::comm

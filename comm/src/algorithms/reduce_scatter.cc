@@ -8,7 +8,8 @@
 // c of step k + 1 as soon as it is reduced, with kWindow receives posted ahead.
 //
 // Direct: every rank sends slice j of its input to rank j and reduces the `size` slices it
-// receives in rank order (one round; for small messages).
+// receives in rank order (one round; for small messages): the uneven reduce-scatter
+// (uneven.cc) with equal counts.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -74,35 +75,8 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
 
 void reduceScatterDirect(Op& op, const void* in, void* out, size_t count, DType dtype,
                          ReduceOp rop) {
-  const int size = op.size();
-  const int rank = op.rank();
-  const size_t bytes = count * dtypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, rop);
-  auto* slices = static_cast<uint8_t*>(op.context().scratch(bytes * size, 0));
-  // In place (out == in + rank * count) our own slice is overwritten by the first reduce.
-  const void* mine = at(in, rank * bytes);
-  if (out == mine) {
-    std::memcpy(slices + rank * bytes, mine, bytes);
-    mine = slices + rank * bytes;
-  }
-  std::vector<RequestPtr> recvs(size), sends;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) recvs[peer] = op.recv(peer, slices + peer * bytes, bytes, 0);
-  }
-  for (int i = 1; i < size; ++i) {
-    const int peer = (rank + i) % size;
-    sends.push_back(op.send(peer, at(in, peer * bytes), bytes, 0));
-  }
-  auto value = [&](int peer) -> const void* { return peer == rank ? mine : slices + peer * bytes; };
-  if (recvs[0]) op.wait(recvs[0]);
-  if (recvs[1]) op.wait(recvs[1]);
-  reduce(out, value(0), value(1), count);
-  for (int peer = 2; peer < size; ++peer) {
-    if (recvs[peer]) op.wait(recvs[peer]);
-    reduce(out, out, value(peer), count);
-  }
-  if (rop == ReduceOp::kAvg) divideBy(out, count, dtype, size);
-  op.waitAll(sends);
+  const std::vector<size_t> counts(op.size(), count);
+  reduceScattervDirect(op, in, out, counts, dtype, rop);
 }
 
 }  // namespace loom::comm

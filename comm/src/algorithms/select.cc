@@ -41,6 +41,10 @@ bool supports(OpType kind, Algorithm a) {
     case OpType::kGather:
     case OpType::kScatter:
     case OpType::kAlltoall:
+    case OpType::kAlltoallv:
+    case OpType::kAllgatherv:
+    case OpType::kGatherv:
+    case OpType::kReduceScatterv:
       return a == Algorithm::kDirect;
     case OpType::kBarrier:
       return false;  // one algorithm (dissemination)
@@ -63,6 +67,10 @@ const char* supportedList(OpType kind) {
     case OpType::kGather:
     case OpType::kScatter:
     case OpType::kAlltoall:
+    case OpType::kAlltoallv:
+    case OpType::kAllgatherv:
+    case OpType::kGatherv:
+    case OpType::kReduceScatterv:
       return "auto, direct";
     default:
       return "auto";
@@ -89,6 +97,10 @@ Algorithm automatic(OpType kind, size_t bytes, int size) {
     case OpType::kGather:
     case OpType::kScatter:
     case OpType::kAlltoall:
+    case OpType::kAlltoallv:
+    case OpType::kAllgatherv:
+    case OpType::kGatherv:
+    case OpType::kReduceScatterv:
       return Algorithm::kDirect;
     default:
       return Algorithm::kAuto;

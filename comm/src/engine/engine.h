@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "loom/comm/collectives.h"
@@ -40,6 +41,11 @@ struct CollectiveCall {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  // The uneven collectives' counts per rank (collectives.h): `counts` for allgatherv, gatherv
+  // and reduceScatterv, and alltoallv's inCounts; `outCounts` alltoallv's. `count` is then
+  // this rank's total (what it sends plus what it receives), for selection only.
+  std::span<const size_t> counts{};
+  std::span<const size_t> outCounts{};
 };
 
 constexpr uint32_t opBit(OpType type) {
@@ -50,6 +56,9 @@ constexpr uint32_t kAllCollectives =
     opBit(OpType::kAllreduce) | opBit(OpType::kBroadcast) | opBit(OpType::kReduce) |
     opBit(OpType::kAllgather) | opBit(OpType::kReduceScatter) | opBit(OpType::kGather) |
     opBit(OpType::kScatter) | opBit(OpType::kAlltoall) | opBit(OpType::kBarrier);
+// The collectives with uneven counts: only the generic engine runs them.
+constexpr uint32_t kUnevenCollectives = opBit(OpType::kAlltoallv) | opBit(OpType::kAllgatherv) |
+                                        opBit(OpType::kGatherv) | opBit(OpType::kReduceScatterv);
 
 class Engine {
  public:

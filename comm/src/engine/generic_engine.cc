@@ -13,7 +13,7 @@ namespace {
 class GenericEngine final : public Engine {
  public:
   explicit GenericEngine(const GenericEngineOptions& options)
-      : Engine(Kind::kGeneric, kAllCollectives), options_(options) {}
+      : Engine(Kind::kGeneric, kAllCollectives | kUnevenCollectives), options_(options) {}
 
   void run(const CollectiveCall& c) override {
     const size_t bytes = c.count * dtypeSize(c.dtype);
@@ -62,6 +62,14 @@ class GenericEngine final : public Engine {
         return alltoallDirect(o, c.in, c.out, c.count, c.dtype);
       case OpType::kBarrier:
         return barrierDissemination(o);
+      case OpType::kAlltoallv:
+        return alltoallvDirect(o, c.in, c.counts, c.out, c.outCounts, c.dtype);
+      case OpType::kAllgatherv:
+        return allgathervDirect(o, c.in, c.out, c.counts, c.dtype);
+      case OpType::kGatherv:
+        return gathervDirect(o, c.in, c.out, c.counts, c.dtype, c.root);
+      case OpType::kReduceScatterv:
+        return reduceScattervDirect(o, c.in, c.out, c.counts, c.dtype, c.op);
       default:
         LOOM_THROW(InvalidArgumentError, "the generic engine got ", opTypeName(c.type));
     }

@@ -55,4 +55,8 @@ std::string RoutingTransport::describeUnexpected(int peer) const {
   return route(peer).describeUnexpected(peer);
 }
 
+bool RoutingTransport::probe(int peer, uint64_t tag) const {
+  return route(peer).probe(peer, tag);
+}
+
 }  // namespace loom::comm::shm

@@ -34,6 +34,7 @@ class RoutingTransport final : public Transport {
   bool failed() const override;
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
+  bool probe(int peer, uint64_t tag) const override;
 
  private:
   Transport& route(int peer) const;

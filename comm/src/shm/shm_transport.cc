@@ -191,6 +191,13 @@ std::string ShmTransport::describeUnexpected(int peer) const {
   return peers_[i]->matcher.describeUnexpected();
 }
 
+bool ShmTransport::probe(int peer, uint64_t tag) const {
+  const int i = indexOf(peer);
+  if (i < 0 || i == me_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return peers_[i]->matcher.hasUnexpected(tag);
+}
+
 void ShmTransport::failLocked(const std::string& reason, bool propagate) {
   if (failed_.load()) return;
   failure_ = reason;

@@ -94,6 +94,7 @@ class ShmTransport final : public Transport {
   bool failed() const override { return failed_.load(std::memory_order_acquire); }
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
+  bool probe(int peer, uint64_t tag) const override;
 
  private:
   friend class ShmRequest;

@@ -356,4 +356,11 @@ std::string TcpTransport::describeUnexpected(int peer) const {
   return p.matcher.describeUnexpected();
 }
 
+bool TcpTransport::probe(int peer, uint64_t tag) const {
+  if (peer < 0 || peer >= size_ || !peers_[peer]) return false;
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.recvMu);
+  return p.matcher.hasUnexpected(tag);
+}
+
 }  // namespace loom::comm::tcp

@@ -104,6 +104,7 @@ class TcpTransport : public Transport {
   bool failed() const override { return failed_.load(std::memory_order_acquire); }
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
+  bool probe(int peer, uint64_t tag) const override;
 
   // How long TcpRequest::wait spins on a small message (LOOM_SPIN_US at setup).
   Clock::duration spinTime() const { return spin_; }

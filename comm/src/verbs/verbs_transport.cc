@@ -558,4 +558,10 @@ std::string VerbsTransport::describeUnexpected(int peer) const {
   return peers_[peer]->matcher.describeUnexpected();
 }
 
+bool VerbsTransport::probe(int peer, uint64_t tag) const {
+  if (peer < 0 || peer >= size_ || !peers_[peer]) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return peers_[peer]->matcher.hasUnexpected(tag);
+}
+
 }  // namespace loom::comm::verbs

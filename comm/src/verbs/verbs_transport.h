@@ -87,6 +87,7 @@ class VerbsTransport : public Transport {
   bool failed() const override { return failed_.load(std::memory_order_acquire); }
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
+  bool probe(int peer, uint64_t tag) const override;
 
   // For tests: registered regions in the MR cache, sends that went zero-copy.
   size_t registeredRegions() const;

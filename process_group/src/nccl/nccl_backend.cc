@@ -366,6 +366,25 @@ class ProcessGroupNccl final : public ProcessGroup {
         op.type == OpType::kReduceScatter) {
       nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
     }
+    if (op.type == OpType::kAllreduceCoalesced) {
+      nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
+    }
+    if (op.type == OpType::kReduceScatterv) {
+      LOOM_THROW(InvalidArgumentError, who(),
+                 ": reduce_scatterv: NCCL has no reduce-scatter with "
+                 "uneven counts; pad every rank's block to the largest count and use "
+                 "reduceScatter, or use a tcp group");
+    }
+    if (op.type == OpType::kMonitoredBarrier) {
+      LOOM_THROW(InvalidArgumentError, who(),
+                 ": monitored_barrier is not supported by the nccl "
+                 "backend (as in c10d); run it on a tcp group over the same store");
+    }
+    if (op.type == OpType::kRecv && op.root == kAnySource) {
+      LOOM_THROW(InvalidArgumentError, who(),
+                 ": recv from any source: NCCL receives from one "
+                 "named rank only; use a tcp group");
+    }
     if ((op.type == OpType::kSend || op.type == OpType::kRecv) && op.tag != 0) {
       LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                  ": NCCL has no message tags (got tag ", op.tag,
@@ -380,6 +399,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     cudaEvent_t event = nullptr;
     cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
     auto work = std::make_shared<NcclWork>(op, rank(), state_, event, weak_from_this());
+    if (op.type == OpType::kRecv) work->setSourceRank(op.root);  // NCCL names its peer
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->broken) {
       work->markFailed(std::make_exception_ptr(
@@ -462,6 +482,50 @@ class ProcessGroupNccl final : public ProcessGroup {
         r = ncclGroupEnd();
         break;
       }
+      case OpType::kAlltoallv:
+      case OpType::kAllgatherv:
+      case OpType::kGatherv: {
+        // Grouped point-to-point calls, one per non-empty block (blocks packed in rank order).
+        const size_t esize = dtypeSize(op.dtype);
+        const bool toAll = op.type == OpType::kAlltoallv;
+        const std::vector<size_t>& sendCounts = op.inCounts;
+        const std::vector<size_t>& recvCounts = toAll ? op.outCounts : op.inCounts;
+        char* in = static_cast<char*>(op.in.data);
+        char* out = static_cast<char*>(op.out.data);
+        size_t sendAt = 0, recvAt = 0;
+        ncclGroupStart();
+        for (int peer = 0; peer < size(); ++peer) {
+          const bool receives = op.type != OpType::kGatherv || rank() == op.root;
+          const bool sends = op.type != OpType::kGatherv || peer == op.root;
+          // In place (allgatherv, gatherv's root): this rank's block already sits in out.
+          const bool selfInPlace =
+              !toAll && receives && peer == rank() && out + recvAt * esize == in;
+          if (receives && recvCounts[peer] > 0 && !selfInPlace) {
+            ncclRecv(out + recvAt * esize, recvCounts[peer], dt, peer, s.comm, s.stream);
+          }
+          if (toAll && sendCounts[peer] > 0) {
+            ncclSend(in + sendAt * esize, sendCounts[peer], dt, peer, s.comm, s.stream);
+          } else if (!toAll && sends && sendCounts[rank()] > 0 && !selfInPlace) {
+            ncclSend(in, sendCounts[rank()], dt, peer, s.comm, s.stream);
+          }
+          sendAt += sendCounts[peer];
+          recvAt += recvCounts[peer];
+        }
+        r = ncclGroupEnd();
+        break;
+      }
+      case OpType::kAllreduceCoalesced:
+        // One grouped launch of an all-reduce per buffer, in place.
+        ncclGroupStart();
+        for (const BufferView& b : op.buffers) {
+          if (b.count == 0) continue;
+          ncclAllReduce(b.data, b.data, b.count, dt, toNccl(op.reduceOp), s.comm, s.stream);
+        }
+        r = ncclGroupEnd();
+        break;
+      case OpType::kReduceScatterv:
+      case OpType::kMonitoredBarrier:
+        LOOM_THROW(InvalidArgumentError, who(), ": ", what, " is not supported by nccl");
     }
     if (r != ncclSuccess && r != ncclInProgress) {
       const std::string why = who() + ": " + what +

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "loom/comm/types.h"
@@ -73,6 +74,34 @@ void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype,
 // out slice j (count) on rank r = slice r of rank j's in; both size * count.
 void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype,
               const CollectiveOptions& opts = {});
+
+// Uneven counts (c10d's split sizes and list forms). Counts are in elements, one per rank
+// (a span of exactly size() entries, InvalidArgumentError otherwise), blocks packed in rank
+// order: block j starts at the sum of the counts before j. Every rank passes the same counts
+// where the counts describe every rank (allgatherv, gatherv, reduceScatterv); for alltoallv
+// inCounts[j] on rank r must equal outCounts[r] on rank j. A block of 0 elements sends no
+// message. A count that differs from what the peer sends fails the receive with an IoError
+// (as for the even collectives: the transport is aborted, the Context unusable) whose message
+// names this rank, the operation and its seq, the peer and both sizes ("rank 1 sent 16 bytes
+// for alltoallv#5 step 0 but rank 0 receives 8 bytes"); a receive of a block the peer thinks
+// empty times out naming that peer.
+//
+// out block j (outCounts[j]) on rank r = block r (inCounts[r] on rank j) of rank j's in.
+// In place when in == out (then sum(inCounts) == sum(outCounts) is required).
+void alltoallv(Context& ctx, const void* in, std::span<const size_t> inCounts, void* out,
+               std::span<const size_t> outCounts, DType dtype, const CollectiveOptions& opts = {});
+// out (sum(counts)) = every rank's in (counts[rank]) in rank order.
+// In place when in == out + the offset of block rank.
+void allgatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                DType dtype, const CollectiveOptions& opts = {});
+// out (sum(counts)) on root = every rank's in (counts[rank]) in rank order; ignored elsewhere.
+void gatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts, DType dtype,
+             int root, const CollectiveOptions& opts = {});
+// out (counts[rank]) on rank r = reduction of block r of every rank's in (sum(counts)).
+// In place when out == in + the offset of block rank.
+void reduceScatterv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
+                    DType dtype, ReduceOp op, const CollectiveOptions& opts = {});
+
 // Returns once every rank has entered.
 void barrier(Context& ctx, const CollectiveOptions& opts = {});
 // Point-to-point; `tag` distinguishes concurrent messages between the same pair. User tags go
@@ -84,5 +113,12 @@ void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, ui
           const CollectiveOptions& opts = {});
 void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t tag,
           const CollectiveOptions& opts = {});
+// Receive from any source (c10d's recv_anysource): takes the first message with `tag` that
+// any other rank sent and no receive took yet, and returns its sender. It polls the
+// transport (Transport::probe, backing off to 1 ms naps), so a receive posted meanwhile for
+// the same peer and tag may take that message first. A TimeoutError names the tag and the
+// ranks it listened to.
+int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
+            const CollectiveOptions& opts = {});
 
 }  // namespace loom::comm

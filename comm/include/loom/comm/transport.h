@@ -99,6 +99,9 @@ class Transport {
   // received (unexpected messages), e.g. after a collective mismatch.
   virtual std::string peerAddress(int peer) const = 0;
   virtual std::string describeUnexpected(int peer) const = 0;
+  // Whether a message with `tag` from `peer` arrived (or is arriving) that no receive took
+  // yet: an irecv posted now would match it. Never blocks; for receives from any source.
+  virtual bool probe(int peer, uint64_t tag) const = 0;
 };
 
 }  // namespace loom::comm

@@ -55,6 +55,15 @@ enum class OpType : uint8_t {
   kBarrier,
   kSend,
   kRecv,
+  // Uneven counts (c10d's split sizes and list forms): every rank passes every rank's count.
+  kAlltoallv,
+  kAllgatherv,
+  kGatherv,
+  kReduceScatterv,
+  // Many buffers of one dtype reduced as one operation (the ProcessGroup packs them).
+  kAllreduceCoalesced,
+  // A barrier through the store that names the ranks that did not arrive (ProcessGroup).
+  kMonitoredBarrier,
 };
 // "allreduce", "reduce_scatter", "send", ...; "none" for 0, "unknown" for other values.
 const char* opTypeName(OpType type);

@@ -152,6 +152,23 @@ struct BarrierOptions {
 struct SendRecvOptions {
   OptionalTimeout timeout = std::nullopt;
 };
+struct MonitoredBarrierOptions {
+  OptionalTimeout timeout = std::nullopt;
+  // On rank 0, after a timeout: false names the first rank that did not arrive (c10d's
+  // default), true names every rank that did not arrive by the deadline.
+  bool waitAllRanks = false;
+};
+
+// One entry of batchSendRecv (c10d's P2POp): a send to or a receive from `peer`.
+struct PointToPointOp {
+  OpType type = OpType::kSend;  // kSend or kRecv
+  BufferView buf{};
+  int peer = 0;
+  uint64_t tag = 0;
+};
+
+// OpDesc::root of a receive from any source.
+constexpr int kAnySource = -1;
 
 // One issued operation as a backend receives it, arguments already checked. `count` is the
 // per-rank element count the comm layer takes (comm/collectives.h).
@@ -162,10 +179,18 @@ struct OpDesc {
   size_t count = 0;
   DType dtype = DType::kUInt8;
   ReduceOp reduceOp = ReduceOp::kSum;
-  int root = 0;  // root of rooted collectives; the peer of send / recv
+  int root = 0;  // root of rooted collectives; the peer of send / recv (kAnySource: any)
   uint64_t tag = 0;
   uint64_t seq = 0;
   std::chrono::milliseconds timeout{0};
+  // The uneven collectives' element counts per rank: alltoallv's inSplits (`inCounts`) and
+  // outSplits (`outCounts`), the per-rank counts of allgatherv, gatherv and reduceScatterv
+  // (`inCounts`). `count` is then the total this rank sends.
+  std::vector<size_t> inCounts{};
+  std::vector<size_t> outCounts{};
+  // allreduceCoalesced's buffers (in place); `count` is their total.
+  std::vector<BufferView> buffers{};
+  bool waitAllRanks = false;  // monitoredBarrier
 
   // "allreduce#17", "send#3 to rank 1", "recv#2 from rank 0"
   std::string describe() const;
@@ -216,11 +241,56 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // in and out hold size slices; slice j of out on rank r = slice r of rank j's in.
   std::shared_ptr<Work> alltoall(BufferView in, BufferView out, const AlltoallOptions& opts = {});
   std::shared_ptr<Work> barrier(const BarrierOptions& opts = {});
+
+  // Uneven counts (c10d's alltoall_base with split sizes and the list forms of all_gather and
+  // gather). Splits and counts are in elements, one per rank, blocks packed in rank order.
+  // InvalidArgumentError on the caller's thread when a list does not have size() entries or
+  // does not add up to its buffer; a count that differs from what the peer sends fails the
+  // operation naming it, both ranks and both sizes (the group is then broken).
+  //
+  // alltoallv: block j of in (inSplits[j]) goes to rank j; block j of out (outSplits[j])
+  // comes from rank j. Empty splits mean equal blocks (count / size(), as c10d). in == out
+  // (the same view) is in place.
+  std::shared_ptr<Work> alltoallv(BufferView in, const std::vector<size_t>& inSplits,
+                                  BufferView out, const std::vector<size_t>& outSplits,
+                                  const AlltoallOptions& opts = {});
+  // out (sum(counts)) = every rank's in (counts[r] elements on rank r), in rank order; every
+  // rank passes the same counts.
+  std::shared_ptr<Work> allgatherv(BufferView in, BufferView out, const std::vector<size_t>& counts,
+                                   const AllgatherOptions& opts = {});
+  // out (sum(counts)) on the root = every rank's in (counts[r] on rank r); out is ignored (may
+  // be empty) elsewhere.
+  std::shared_ptr<Work> gatherv(BufferView in, BufferView out, const std::vector<size_t>& counts,
+                                const GatherOptions& opts = {});
+  // out (counts[r]) on rank r = reduction of block r of every rank's in (sum(counts)).
+  std::shared_ptr<Work> reduceScatterv(BufferView in, BufferView out,
+                                       const std::vector<size_t>& counts,
+                                       const ReduceScatterOptions& opts = {});
+  // In place on every buffer: each of `bufs` (one dtype, one device, any counts) becomes the
+  // reduction of that buffer on every rank, as one operation with one sequence number and one
+  // pass on the wire (the comm backend packs them into one staging buffer).
+  std::shared_ptr<Work> allreduceCoalesced(const std::vector<BufferView>& bufs,
+                                           const AllreduceOptions& opts = {});
+  // c10d's batch_isend_irecv: every entry checked first (nothing is issued when one is bad),
+  // then issued back to back, so they run as one batch of point-to-point operations (see the
+  // contract above). One Work per entry, in order.
+  std::vector<std::shared_ptr<Work>> batchSendRecv(const std::vector<PointToPointOp>& ops,
+                                                   const SendRecvOptions& opts = {});
+  // c10d's monitored_barrier (through the store, not the data path): every rank reports its
+  // arrival; rank 0 waits for all of them until the deadline, then releases the others. On
+  // timeout rank 0's Work fails with a TimeoutError naming the ranks that did not arrive (the
+  // first one, or all with opts.waitAllRanks) and the others' with that same message.
+  std::shared_ptr<Work> monitoredBarrier(const MonitoredBarrierOptions& opts = {});
   // Point to point; `tag` tells apart concurrent messages between the same two ranks.
   std::shared_ptr<Work> send(BufferView buf, int dst, uint64_t tag = 0,
                              const SendRecvOptions& opts = {});
   std::shared_ptr<Work> recv(BufferView buf, int src, uint64_t tag = 0,
                              const SendRecvOptions& opts = {});
+  // Receive from any source (c10d's recv_anysource): the first message with `tag` that another
+  // rank sends, of buf.count elements; the Work's sourceRank() names the sender once it
+  // completed. Runs on its own, not batched with neighbouring send / recv operations.
+  std::shared_ptr<Work> recvAnySource(BufferView buf, uint64_t tag = 0,
+                                      const SendRecvOptions& opts = {});
 
   // Fails every blocked, queued and future operation with IoError(reason). Thread-safe,
   // idempotent, never blocks for long.
@@ -249,6 +319,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
+  // issue's two halves: the timeout and the backend's checks (no lock), then, with issueMu_
+  // held, the sequence number and post().
+  void prepare(OpDesc& op, const OptionalTimeout& timeout) const;
+  std::shared_ptr<Work> postLocked(OpDesc op);
   void checkBuffer(const BufferView& buf, const char* opName, const char* what) const;
   void checkRoot(int root, const char* opName, const char* what) const;
   // An operation's input and output: one check when they are the same view, else both, with
@@ -257,6 +331,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // send and recv: argument checks, then issue (one body for both directions).
   std::shared_ptr<Work> pointToPoint(OpType type, BufferView buf, int peer, uint64_t tag,
                                      const SendRecvOptions& opts);
+  // send and recv's checks; the OpDesc to issue.
+  OpDesc pointToPointOp(OpType type, BufferView buf, int peer, uint64_t tag) const;
 
   const std::string backend_;
   const std::shared_ptr<Store> store_;
@@ -269,6 +345,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t collectiveSeq_ = 0;
   std::vector<uint64_t> sendSeq_;  // per peer
   std::vector<uint64_t> recvSeq_;  // per peer
+  uint64_t recvAnySeq_ = 0;        // receives from any source
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
 
   friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,

@@ -58,6 +58,11 @@ class Work {
   int rank() const { return rank_; }
   // "allreduce#17"
   std::string describe() const;
+  // The rank a receive got its data from (c10d's sourceRank): set when a receive completes,
+  // which matters for one from any source; -1 before that and for other operations.
+  int sourceRank() const { return sourceRank_.load(std::memory_order_acquire); }
+  // Backend side, before markCompleted.
+  void setSourceRank(int rank) { sourceRank_.store(rank, std::memory_order_release); }
 
   // Backend side. The first call wins; later calls are ignored.
   void markCompleted();
@@ -79,6 +84,7 @@ class Work {
   const std::string opName_;
   const uint64_t seq_;
   const int rank_;
+  std::atomic<int> sourceRank_{-1};
 
   // Completion: the first mark* call moves state_ from kPending to kSetting (so exactly one
   // wins), stores error_, then publishes kDone (release). error_ is never written again, so a

@@ -1,0 +1,24 @@
+// The argument checks the ProcessGroup's methods share (process_group.cc and
+// process_group_lists.cc): each throws InvalidArgumentError naming the group's rank, the
+// operation and both values. They take the group, not who(): its string is built only for an
+// error.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/comm/collectives.h"
+#include "loom/process_group/process_group.h"
+
+namespace loom::pg_checks {
+
+constexpr uint64_t kMaxTag = comm::kMaxPointToPointTag;
+
+void checkSameDtype(const ProcessGroup& pg, const char* opName, const BufferView& in,
+                    const BufferView& out);
+void checkSameCount(const ProcessGroup& pg, const char* opName, const BufferView& in,
+                    const BufferView& out);
+bool sameView(const BufferView& a, const BufferView& b);
+void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, DType dtype);
+void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag);
+
+}  // namespace loom::pg_checks
