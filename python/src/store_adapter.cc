@@ -1,6 +1,9 @@
 #include "store_adapter.h"
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "loom/common/error.h"
@@ -43,7 +46,7 @@ void TorchStore::set(const std::string& key, const Bytes& value) {
 
 Bytes TorchStore::get(const std::string& key) {
   // torch's get waits for the key with the torch store's own timeout; Loom's is ours.
-  call("get", key, [&] { store_->wait({key}, timeout()); });
+  wait({key}, timeout());
   return call("get", key, [&] { return store_->get(key); });
 }
 
@@ -64,7 +67,28 @@ bool TorchStore::check(const std::vector<std::string>& keys) {
 }
 
 void TorchStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
-  call("wait", firstKey(keys), [&] { store_->wait(keys, timeout); });
+  // Polls check() instead of calling torch's wait: torch's TCPStore client holds one lock for
+  // the whole of a wait, so a thread that waits long (Loom's diagnostics listener waits for
+  // dump requests) would block every other call on the store, the rendezvous included. The
+  // interval grows from 1 ms to 50 ms.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  milliseconds pause{1};
+  for (;;) {
+    if (check(keys)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      std::string names;
+      for (const auto& key : keys) {
+        if (!check({key})) names += (names.empty() ? "'" : ", '") + key + "'";
+      }
+      if (names.empty()) return;  // they arrived just now
+      throw TimeoutError("torch store wait: keys " + names + " missing after " +
+                         std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, milliseconds(50));
+  }
 }
 
 int64_t TorchStore::numKeys() {

@@ -3,7 +3,9 @@
 //
 // Contract
 // - Every call goes straight to the torch store: one rendezvous, one namespace per group (torch
-//   prefixes each group's store), torch's own server. Nothing is cached.
+//   prefixes each group's store), torch's own server. Nothing is cached. wait() (and get()'s
+//   wait for its key) polls check() with a growing pause (1 to 50 ms) rather than blocking in
+//   torch's wait, which holds the TCPStore client's lock for its whole duration.
 // - Errors: a torch error whose message says it timed out becomes loom::TimeoutError, any other
 //   failure loom::IoError; both name the key and the operation. Loom's failure reports and
 //   barriers rely on wait() throwing TimeoutError.
