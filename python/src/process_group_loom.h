@@ -13,9 +13,10 @@
 //   tensors do not lie end to end in one storage (allgather, gather, scatter, reduce_scatter,
 //   alltoall lists), goes through one contiguous staging buffer, copied in before and out
 //   after the operation.
-// - Not on Loom's C++ API yet, so rejected with an error that says so: uneven all-gather,
-//   gather and reduce-scatter lists, alltoall with unequal split sizes, recv from any source,
-//   allgather_coalesced, PREMUL_SUM.
+// - Uneven lists (allgather, reduce_scatter, alltoall) and alltoall_base split sizes go to
+//   Loom's uneven collectives; allreduce_coalesced is one Loom operation; monitoredBarrier and
+//   recvAnysource are Loom's. Rejected with an error that says so: an uneven gather (the other
+//   ranks cannot know the root's counts), allgather_coalesced, PREMUL_SUM.
 // - Issue collectives from one thread at a time (torch does): the issue order is Loom's
 //   sequence order, the same on every rank.
 // - Failures: Loom's exceptions (loom::Error and kinds) reach Python with Loom's message
@@ -91,6 +92,7 @@ class ProcessGroupLoom : public c10d::ProcessGroup {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
  private:
   std::shared_ptr<loom::ProcessGroup> pg_;

@@ -56,8 +56,28 @@ void checkRootTensor(int64_t rootTensor, const char* opName) {
   }
 }
 
+// The element count of every tensor of `list`.
+std::vector<size_t> countsOf(const std::vector<at::Tensor>& list) {
+  std::vector<size_t> counts;
+  for (const at::Tensor& t : list) counts.push_back(static_cast<size_t>(t.numel()));
+  return counts;
+}
+
+// The one list of a c10d list-of-lists argument, of `size` tensors.
+std::vector<at::Tensor>& listOf(std::vector<std::vector<at::Tensor>>& lists, int size,
+                                const char* opName, const char* what) {
+  if (lists.size() != 1) {
+    LOOM_THROW(InvalidArgumentError, opName, ": the loom backend takes one ", what,
+               " list per process, got ", lists.size());
+  }
+  if (static_cast<int>(lists.front().size()) != size) {
+    LOOM_THROW(InvalidArgumentError, opName, ": the ", what, " list has ", lists.front().size(),
+               " tensors; expected the world size, ", size);
+  }
+  return lists.front();
+}
+
 // The one list of a c10d list-of-lists argument, of `size` tensors with `numel` elements each.
-// Lists of unequal tensors need Loom's uneven collectives (not on this Loom's API yet).
 std::vector<at::Tensor>& evenList(std::vector<std::vector<at::Tensor>>& lists, int size,
                                   int64_t numel, const char* opName, const char* what) {
   if (lists.size() != 1) {
@@ -108,21 +128,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  // One Loom all-reduce per tensor, issued back to back (no copy into a flat buffer). Loom's
-  // coalesced all-reduce (one operation for many buffers) replaces the loop when it lands.
+  // One Loom operation for every tensor (one sequence number, one pass on the wire).
   const char* name = "allreduce_coalesced";
   LOOM_CHECK(!tensors.empty(), name, ": empty tensor list");
-  const ReduceOp op = toLoomReduceOp(opts.reduceOp, name);
   std::vector<StagedPtr> bufs;
-  for (const at::Tensor& t : tensors) bufs.push_back(stageIn({t}, name));
-  std::vector<std::shared_ptr<loom::Work>> works;
-  for (const auto& buf : bufs) {
-    works.push_back(
-        pg_->allreduce(buf->view(), {.reduceOp = op, .timeout = toLoomTimeout(opts.timeout)}));
+  std::vector<BufferView> views;
+  for (const at::Tensor& t : tensors) {
+    bufs.push_back(stageIn({t}, name));
+    views.push_back(bufs.back()->view());
   }
+  auto work = pg_->allreduceCoalesced(views, {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
+                                              .timeout = toLoomTimeout(opts.timeout)});
   auto finish = [bufs] {
     for (const auto& buf : bufs) buf->copyOut();
   };
+  std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
   return c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::ALLREDUCE_COALESCED, std::move(works),
                                        tensors, std::move(finish), -1, completer_);
 }
@@ -144,10 +164,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
     const c10d::AllgatherOptions& opts) {
   const char* name = "allgather";
   at::Tensor& input = single(inputs, name);
-  auto& outList = evenList(outputs, size_, input.numel(), name, "output");
+  auto& outList = listOf(outputs, size_, name, "output");
   auto in = stageIn({input}, name);
   auto out = stageOut(outList, name);
-  auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  const std::vector<size_t> counts = countsOf(outList);
+  bool even = true;
+  for (size_t c : counts) even = even && c == static_cast<size_t>(input.numel());
+  auto work =
+      even ? pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)})
+           : pg_->allgatherv(in->view(), out->view(), counts,
+                             {.timeout = toLoomTimeout(opts.timeout)});
   return workOf(completer_, rank_, c10d::OpType::ALLGATHER, std::move(work), outList, in, out);
 }
 
@@ -218,11 +244,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter";
   at::Tensor& output = single(outputs, name);
-  auto in = stageIn(evenList(inputs, size_, output.numel(), name, "input"), name);
+  // Input tensor j goes to rank j: its size is rank j's output size, the same on every rank.
+  auto& inList = listOf(inputs, size_, name, "input");
+  auto in = stageIn(inList, name);
   auto out = stageOut({output}, name);
-  auto work = pg_->reduceScatter(
-      in->view(), out->view(),
-      {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
+  const ReduceScatterOptions loomOpts{.reduceOp = toLoomReduceOp(opts.reduceOp, name),
+                                      .timeout = toLoomTimeout(opts.timeout)};
+  const std::vector<size_t> counts = countsOf(inList);
+  bool even = true;
+  for (size_t c : counts) even = even && c == static_cast<size_t>(output.numel());
+  auto work = even ? pg_->reduceScatter(in->view(), out->view(), loomOpts)
+                   : pg_->reduceScatterv(in->view(), out->view(), counts, loomOpts);
   return workOf(completer_, rank_, c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, in,
                 out);
 }
@@ -241,13 +273,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
 
 namespace {
 
-// True when `splits` is empty or gives every rank the same share of `rows`.
-bool evenSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
-  if (splits.empty()) return true;
-  for (int64_t s : splits) {
-    if (s * size != rows) return false;
+// c10d's split sizes (rows of dim 0) as Loom's (elements); empty stays empty (equal blocks).
+std::vector<size_t> elementSplits(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                  const char* opName, const char* what) {
+  if (splits.empty()) return {};
+  if (static_cast<int>(splits.size()) != size) {
+    LOOM_THROW(InvalidArgumentError, opName, ": ", what, " split sizes have ", splits.size(),
+               " entries; expected the world size, ", size);
   }
-  return true;
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t rowElements = rows == 0 ? 0 : t.numel() / rows;
+  std::vector<size_t> elements;
+  for (int64_t s : splits) {
+    LOOM_CHECK(s >= 0, opName, ": negative ", what, " split size ", s);
+    elements.push_back(static_cast<size_t>(s * rowElements));
+  }
+  return elements;
 }
 
 }  // namespace
@@ -258,23 +299,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   const char* name = "alltoall_base";
   checkTensor(input, name);
   checkTensor(output, name);
-  const int64_t inRows = input.dim() == 0 ? 1 : input.size(0);
-  const int64_t outRows = output.dim() == 0 ? 1 : output.size(0);
-  if (!evenSplits(inputSplitSizes, inRows, size_) ||
-      !evenSplits(outputSplitSizes, outRows, size_)) {
-    LOOM_THROW(NotAvailableError, name,
-               ": unequal split sizes are not supported by the loom backend yet (input splits ",
-               c10::Join(",", inputSplitSizes), ", output splits ",
-               c10::Join(",", outputSplitSizes), ")");
-  }
-  if (inRows % size_ != 0) {
-    LOOM_THROW(InvalidArgumentError, name, ": input's first dimension (", inRows,
-               ") must divide evenly by the world size (", size_,
-               ") when no split sizes are given");
-  }
+  const auto inSplits = elementSplits(input, inputSplitSizes, size_, name, "input");
+  const auto outSplits = elementSplits(output, outputSplitSizes, size_, name, "output");
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
-  auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->alltoallv(in->view(), inSplits, out->view(), outSplits,
+                             {.timeout = toLoomTimeout(opts.timeout)});
   return workOf(completer_, rank_, c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, in, out);
 }
 
@@ -286,17 +316,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
     LOOM_THROW(InvalidArgumentError, name, ": expected ", size_, " input and output tensors, got ",
                inputs.size(), " and ", outputs.size());
   }
-  for (int r = 0; r < size_; ++r) {
-    if (inputs[r].numel() != inputs[0].numel() || outputs[r].numel() != inputs[0].numel()) {
-      LOOM_THROW(NotAvailableError, name,
-                 ": tensors of unequal sizes are not supported by the loom backend yet (input ", r,
-                 " has ", inputs[r].numel(), " elements, output ", r, " has ", outputs[r].numel(),
-                 ", input 0 has ", inputs[0].numel(), ")");
-    }
-  }
   auto in = stageIn(inputs, name);
   auto out = stageOut(outputs, name);
-  auto work = pg_->alltoall(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->alltoallv(in->view(), countsOf(inputs), out->view(), countsOf(outputs),
+                             {.timeout = toLoomTimeout(opts.timeout)});
   return workOf(completer_, rank_, c10d::OpType::ALLTOALL, std::move(work), outputs, in, out);
 }
 
@@ -318,11 +341,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   return workOf(completer_, rank_, c10d::OpType::RECV, std::move(work), {t}, nullptr, out, srcRank);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& /*tensors*/,
-                                                               int /*tag*/) {
-  LOOM_THROW(NotAvailableError,
-             "recv from any source (dist.recv without src) is not supported by the loom backend "
-             "yet: pass src");
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                               int tag) {
+  const char* name = "recv_anysource";
+  at::Tensor& t = single(tensors, name);
+  auto out = stageOut({t}, name);
+  auto work = pg_->recvAnySource(out->view(), static_cast<uint64_t>(static_cast<uint32_t>(tag)));
+  // sourceRank -1: WorkLoom asks the Loom Work, which knows the sender once it completed.
+  return workOf(completer_, rank_, c10d::OpType::RECVANYSOURCE, std::move(work), {t}, nullptr, out);
+}
+
+void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  pg_->monitoredBarrier({.timeout = toLoomTimeout(opts.timeout), .waitAllRanks = waitAllRanks})
+      ->wait();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {

@@ -63,6 +63,11 @@ WorkLoom::~WorkLoom() {
   }
 }
 
+int WorkLoom::sourceRank() const {
+  if (sourceRank_ >= 0 || works_.empty()) return sourceRank_;
+  return works_.front()->sourceRank();
+}
+
 bool WorkLoom::isCompleted() {
   for (const auto& work : works_) {
     if (!work->isCompleted()) return false;

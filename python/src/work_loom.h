@@ -64,7 +64,8 @@ class WorkLoom : public c10d::Work {
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
-  int sourceRank() const override { return sourceRank_; }
+  // The peer of a recv; for a recv from any source, the sender once it completed.
+  int sourceRank() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
   void synchronize() override {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;

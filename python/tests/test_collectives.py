@@ -292,12 +292,6 @@ def _edge_cases(rank, world, tmp):
     # (CUDA tensors are rejected the same way; Debian's torch has no CUDA to test it with.)
     raises(lambda: dist.all_reduce(torch.ones(4).to_sparse()), "dense")
     raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "dtype Short")
-    raises(lambda: dist.all_gather([torch.zeros(r + 1) for r in range(world)], torch.zeros(rank + 1)),
-           "uneven")
-    raises(lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1),
-                                          [2] + [1] * (world - 1), [2] + [1] * (world - 1)),
-           "split sizes")
-    raises(lambda: dist.recv(torch.zeros(1)), "any source")
     raises(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND), "bitwise")
     t = torch.ones(3)
     dist.all_reduce(t)
@@ -308,3 +302,56 @@ def _edge_cases(rank, world, tmp):
 
 def test_edge_cases_non_contiguous_futures_subgroups_and_errors():
     ranks.spawn(_edge_cases, 3, timeout=60)
+
+
+def _uneven(rank, world, tmp):
+    import torch.distributed as dist
+
+    ranks.init_loom_and_gloo(rank, world, tmp)
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        # all_gather: rank k contributes k + 1 elements of value k
+        outs = [torch.zeros(k + 1, dtype=dtype) for k in range(world)]
+        dist.all_gather(outs, torch.full((rank + 1,), rank, dtype=dtype))
+        for k, o in enumerate(outs):
+            assert torch.equal(o, torch.full((k + 1,), k, dtype=dtype)), (k, o)
+
+        # reduce_scatter: input j (j + 1 elements) goes to rank j
+        out = torch.zeros(rank + 1, dtype=dtype)
+        dist.reduce_scatter(out, [torch.full((j + 1,), rank + 1, dtype=dtype) for j in range(world)])
+        assert torch.equal(out, torch.full((rank + 1,), world * (world + 1) // 2, dtype=dtype))
+
+        # all_to_all_single with split sizes (rows of 2): rank r sends j + 1 rows of 100 r + j to j
+        ins = torch.cat([torch.full((j + 1, 2), 100 * rank + j, dtype=dtype) for j in range(world)])
+        out = torch.zeros(world * (rank + 1), 2, dtype=dtype)
+        dist.all_to_all_single(out, ins, [rank + 1] * world, [j + 1 for j in range(world)])
+        want = torch.cat([torch.full((rank + 1, 2), 100 * k + rank, dtype=dtype) for k in range(world)])
+        assert torch.equal(out, want), out
+
+        # all_to_all lists of unequal tensors
+        outs = [torch.zeros(rank + 1, dtype=dtype) for _ in range(world)]
+        dist.all_to_all(outs, [torch.full((j + 1,), 100 * rank + j, dtype=dtype) for j in range(world)])
+        for k, o in enumerate(outs):
+            assert torch.equal(o, torch.full((rank + 1,), 100 * k + rank, dtype=dtype)), (k, o)
+
+    # recv from any source: rank 0 hears from every other rank, in whatever order
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.zeros(3)
+            src = dist.recv(t)
+            assert torch.equal(t, torch.full((3,), float(src))), (src, t)
+            seen.add(src)
+        assert seen == set(range(1, world))
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+
+    # torch 1.13's dist.monitored_barrier admits gloo only; the group's own method reaches loom.
+    from datetime import timedelta
+    group = dist.distributed_c10d._get_default_group()
+    group.monitored_barrier(timedelta(seconds=10), wait_all_ranks=True)
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_uneven_collectives_recv_any_source_monitored_barrier(world):
+    ranks.spawn(_uneven, world, timeout=60)
