@@ -1,5 +1,6 @@
 #include "algorithms/select.h"
 
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -26,18 +27,26 @@ constexpr size_t kAllreduceHalvingDoublingMax = 32 << 20;
 constexpr size_t kBroadcastSmall = 64 << 10;   // tree below, chain above
 constexpr size_t kGatherLikeSmall = 64 << 10;  // direct below, ring above
 
-bool supports(OpType kind, Algorithm a) {
+// The algorithms that can be forced for each operation (besides auto), in the order error
+// messages list them.
+std::span<const Algorithm> forcible(OpType kind) {
+  using A = Algorithm;
+  static constexpr A kAllreduce[] = {A::kRing, A::kRecursiveDoubling, A::kHalvingDoubling,
+                                     A::kDirect};
+  static constexpr A kBroadcast[] = {A::kTree, A::kChain, A::kDirect};
+  static constexpr A kReduce[] = {A::kTree, A::kDirect};
+  static constexpr A kRingOrDirect[] = {A::kRing, A::kDirect};
+  static constexpr A kDirectOnly[] = {A::kDirect};
   switch (kind) {
     case OpType::kAllreduce:
-      return a == Algorithm::kRing || a == Algorithm::kRecursiveDoubling ||
-             a == Algorithm::kHalvingDoubling || a == Algorithm::kDirect;
+      return kAllreduce;
     case OpType::kBroadcast:
-      return a == Algorithm::kTree || a == Algorithm::kChain || a == Algorithm::kDirect;
+      return kBroadcast;
     case OpType::kReduce:
-      return a == Algorithm::kTree || a == Algorithm::kDirect;
+      return kReduce;
     case OpType::kAllgather:
     case OpType::kReduceScatter:
-      return a == Algorithm::kRing || a == Algorithm::kDirect;
+      return kRingOrDirect;
     case OpType::kGather:
     case OpType::kScatter:
     case OpType::kAlltoall:
@@ -45,36 +54,24 @@ bool supports(OpType kind, Algorithm a) {
     case OpType::kAllgatherv:
     case OpType::kGatherv:
     case OpType::kReduceScatterv:
-      return a == Algorithm::kDirect;
-    case OpType::kBarrier:
-      return false;  // one algorithm (dissemination)
+      return kDirectOnly;
     default:
-      return false;
+      return {};  // barrier (dissemination) and the rest: one algorithm
   }
 }
 
-const char* supportedList(OpType kind) {
-  switch (kind) {
-    case OpType::kAllreduce:
-      return "auto, ring, rd, hd, direct";
-    case OpType::kBroadcast:
-      return "auto, tree, chain, direct";
-    case OpType::kReduce:
-      return "auto, tree, direct";
-    case OpType::kAllgather:
-    case OpType::kReduceScatter:
-      return "auto, ring, direct";
-    case OpType::kGather:
-    case OpType::kScatter:
-    case OpType::kAlltoall:
-    case OpType::kAlltoallv:
-    case OpType::kAllgatherv:
-    case OpType::kGatherv:
-    case OpType::kReduceScatterv:
-      return "auto, direct";
-    default:
-      return "auto";
+bool supports(OpType kind, Algorithm a) {
+  for (Algorithm f : forcible(kind)) {
+    if (f == a) return true;
   }
+  return false;
+}
+
+// "auto, ring, rd, hd, direct"
+std::string supportedList(OpType kind) {
+  std::string list = "auto";
+  for (Algorithm f : forcible(kind)) list += std::string(", ") + algorithmName(f);
+  return list;
 }
 
 Algorithm automatic(OpType kind, size_t bytes, int size) {
