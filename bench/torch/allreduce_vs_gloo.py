@@ -15,6 +15,7 @@ Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world
 """
 
 import argparse
+import queue as queue_module
 import multiprocessing as mp
 import os
 import statistics
@@ -42,6 +43,17 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+def parse_size(text):
+    """'65536', '64K', '1M', '1G' (binary) -> bytes; anything else is an error naming it."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = units.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in units else t
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"--sizes: '{text}' is not a byte count (65536, 64K, 1M)")
+    return int(digits) * scale
+
+
 def rank_main(rank, world, tmp, args, queue):
     import torch
     import torch.distributed as dist
@@ -52,7 +64,7 @@ def rank_main(rank, world, tmp, args, queue):
     dist.init_process_group("loom", init_method=f"file://{tmp}/store", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     times = {(b, s): [] for b in groups for s in sizes}
     for rnd in range(args.rounds):
         order = list(groups) if rnd % 2 == 0 else list(reversed(groups))
@@ -110,7 +122,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sizes", default="8,65536,1048576,16777216,67108864")
+    parser.add_argument("--sizes", default="8,64K,1M,16M,64M",
+                        type=lambda v: [parse_size(s) for s in v.split(",")],
+                        help="comma-separated byte counts (65536, 64K, 1M)")
     parser.add_argument("--ddp-steps", type=int, default=0)
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -121,7 +135,20 @@ def main():
                  for r in range(args.world)]
         for p in procs:
             p.start()
-        times, ddp, transport = queue.get(timeout=1800)
+        # Wait for rank 0's results while every rank lives: a rank that dies ends the run at once
+        # (the whole run is bounded too).
+        deadline = time.monotonic() + 1800
+        while True:
+            try:
+                times, ddp, transport = queue.get(timeout=1)
+                break
+            except queue_module.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    for p in procs:
+                        p.kill()
+                    sys.exit(f"a rank failed or the run passed 30 min: exit codes "
+                             f"{[p.exitcode for p in procs]}")
         for p in procs:
             p.join()
         if any(p.exitcode for p in procs):
