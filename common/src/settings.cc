@@ -3,6 +3,7 @@
 #include "loom/common/settings.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 
 #include "loom/common/env.h"
@@ -15,16 +16,23 @@ namespace loom::settings {
 
 namespace {
 
-const Setting& declared(std::string_view name, Kind kind) {
+// The declaration of `name`, of any kind; an Error when it is undeclared.
+const Setting& declared(std::string_view name) {
   const Setting* s = find(name);
   if (s == nullptr) {
     LOOM_THROW(Error, "environment variable ", name,
                " is not declared in the settings registry (common/src/settings_table.cc)");
   }
-  if (s->kind != kind) {
-    LOOM_THROW(Error, "environment variable ", name, " is declared as another kind than read");
-  }
   return *s;
+}
+
+// The declaration of `name`, which must be of one of `kinds`.
+const Setting& declared(std::string_view name, std::initializer_list<Kind> kinds) {
+  const Setting& s = declared(name);
+  for (Kind k : kinds) {
+    if (s.kind == k) return s;
+  }
+  LOOM_THROW(Error, "environment variable ", name, " is declared as another kind than read");
 }
 
 std::optional<std::string> raw(std::string_view name) {
@@ -94,14 +102,14 @@ const Setting* find(std::string_view name) {
 }
 
 std::optional<long long> integer(std::string_view name) {
-  const Setting& s = declared(name, Kind::kInteger);
+  const Setting& s = declared(name, {Kind::kInteger});
   const std::optional<std::string> v = raw(name);
   if (!v || matchedWord(s, *v)) return std::nullopt;
   return env::parseInteger(s.name, *v, s.min, s.max, joinNotes(unitNote(s), wordsNote(s)));
 }
 
 std::optional<size_t> bytes(std::string_view name) {
-  const Setting& s = declared(name, Kind::kBytes);
+  const Setting& s = declared(name, {Kind::kBytes});
   const std::optional<std::string> v = raw(name);
   if (!v || matchedWord(s, *v)) return std::nullopt;
   return env::parseBytes(s.name, *v, static_cast<size_t>(s.min), static_cast<size_t>(s.max),
@@ -109,14 +117,14 @@ std::optional<size_t> bytes(std::string_view name) {
 }
 
 std::optional<bool> flag(std::string_view name) {
-  const Setting& s = declared(name, Kind::kFlag);
+  const Setting& s = declared(name, {Kind::kFlag});
   const std::optional<std::string> v = raw(name);
   if (!v) return std::nullopt;
   return env::parseFlag(s.name, *v);
 }
 
 std::optional<std::string> choice(std::string_view name) {
-  const Setting& s = declared(name, Kind::kChoice);
+  const Setting& s = declared(name, {Kind::kChoice});
   const std::optional<std::string> v = raw(name);
   if (!v) return std::nullopt;
   if (std::optional<std::string> w = matchedWord(s, *v)) return w;
@@ -127,24 +135,18 @@ std::optional<std::string> choice(std::string_view name) {
 }
 
 std::optional<std::string> text(std::string_view name) {
-  (void)declared(name, Kind::kText);
+  (void)declared(name, {Kind::kText});
   return raw(name);
 }
 
 std::optional<std::string> word(std::string_view name) {
-  const Setting* s = find(name);
-  if (s == nullptr || (s->kind != Kind::kInteger && s->kind != Kind::kBytes)) {
-    (void)declared(name, Kind::kBytes);  // throws the undeclared / wrong-kind error
-  }
+  const Setting& s = declared(name, {Kind::kInteger, Kind::kBytes});
   const std::optional<std::string> v = raw(name);
-  return v ? matchedWord(*s, *v) : std::nullopt;
+  return v ? matchedWord(s, *v) : std::nullopt;
 }
 
 std::optional<std::string> value(std::string_view name) {
-  if (find(name) == nullptr) {
-    LOOM_THROW(Error, "environment variable ", name,
-               " is not declared in the settings registry (common/src/settings_table.cc)");
-  }
+  (void)declared(name);
   return raw(name);
 }
 
