@@ -24,6 +24,7 @@
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/process_group/factory.h"
+#include "loom/store/barrier.h"
 #include "loom/store/file_store.h"
 #include "loom/testing/ranks.h"
 
@@ -84,8 +85,11 @@ void requireIn(const std::string& text, const std::string& part) {
   require(text.find(part) != std::string::npos, "expected '" + part + "' in: " + text);
 }
 
-// Every rank joins, runs allreduce #1-#4 on 1000 floats, then `fifth(rank, r, buf)` (which
-// makes collective #5 fail); returns what the children reported ("" when all exited 0).
+// Every rank joins, runs allreduce #1-#4 on 1000 floats, waits until every rank finished #4
+// (a store barrier: a rank that aborts at #5 fails every peer's transport at once, so a peer
+// still reading its last #4 message would fail in #4, not in the scenario under test), then
+// `fifth(rank, r, buf)` (which makes collective #5 fail); returns what the children reported
+// ("" when all exited 0).
 template <class F>
 std::string afterFourAllreduces(F&& fifth) {
   TempDir dir;
@@ -95,6 +99,7 @@ std::string afterFourAllreduces(F&& fifth) {
     Rank r = join(path, rank);
     std::vector<float> buf(1000, 1.0f);
     for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    storeBarrier(*r.store, "four-allreduces-done", rank, kWorld, milliseconds(20000));
     fifth(rank, r, view(buf.data(), buf.size()));
   });
   return children.waitAllOk(kChildDeadline);
