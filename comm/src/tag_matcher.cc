@@ -48,9 +48,13 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, std::string& error) {
     in_.target = in_.request->data();
     return true;
   }
-  for (const auto& r : posted_) {
-    if (sameSeqOtherCollective(r->tag(), tag)) {
-      error = otherCollective(tag, r->tag());
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (sameSeqOtherCollective((*it)->tag(), tag)) {
+      // The ranks called different collectives: the receive that was waiting for this
+      // sequence fails as the callers' mistake; the caller fails the transport as a whole.
+      error = otherCollective(tag, (*it)->tag());
+      (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
+      posted_.erase(it);
       return false;
     }
   }
@@ -120,12 +124,14 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
     }
     if (sameSeqOtherCollective(in_.tag, tag)) {
       error = otherCollective(in_.tag, tag);
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }
   for (const auto& u : unexpected_) {
     if (sameSeqOtherCollective(u->tag, tag)) {
       error = otherCollective(u->tag, tag);
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }
