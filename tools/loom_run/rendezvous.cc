@@ -132,6 +132,20 @@ World Rendezvous::join(int gen, const std::function<int()>& pickWorkerPort) {
   return world;
 }
 
+void Rendezvous::enter(int gen, int nnodes, int nodeRank) {
+  LOOM_CHECK(nnodes >= 1 && nodeRank >= 0 && nodeRank < nnodes, "node rank ", nodeRank,
+             " out of range for ", nnodes, " nodes");
+  gen_ = gen;
+  options_.nnodes = nnodes;
+  options_.nodeRank = nodeRank;
+  beats_.clear();
+  done_.clear();
+  const auto now = Clock::now();
+  for (int n = 0; n < nnodes; ++n) {
+    if (n != nodeRank) beats_[n] = Beat{-1, now};
+  }
+}
+
 std::optional<std::pair<int, milliseconds>> Rendezvous::silentNode() {
   const auto now = Clock::now();
   for (auto& [node, beat] : beats_) {

@@ -59,6 +59,10 @@ class Rendezvous {
   // that node 0 picks with pickWorkerPort().
   World join(int gen, const std::function<int()>& pickWorkerPort);
 
+  // Adopts a world agreed elsewhere (the elastic rendezvous): generation `gen` with `nnodes`
+  // nodes, this one `nodeRank`; poll(), markEnded(), markDone() and ackEnd() then work on it.
+  void enter(int gen, int nnodes, int nodeRank);
+
   // From the monitor loop while the workers run: bumps our heartbeat, returns why the
   // generation ended when another node said so or a node's heartbeat stopped.
   std::optional<std::string> poll();
