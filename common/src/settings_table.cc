@@ -193,12 +193,15 @@ constexpr Setting kTable[] = {
     {"GROUP_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "loom-run sets it to the node rank (torchrun's name)", "", "set by loom-run"},
     {"GROUP_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
-     "loom-run sets it to the number of nodes (torchrun's name)", "", "set by loom-run"},
+     "loom-run sets it to the number of nodes (torchrun's name; elastic: this round's)", "",
+     "set by loom-run"},
     {"LOOM_RUN_ID", K::kText, S::kLaunch, "", 0, 0, "", "",
      "loom-run --run-id, for the training program; the libraries do not read it", "",
      "set by loom-run"},
     {"LOOM_RESTART_COUNT", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
-     "0, then 1, 2, ... per loom-run restart, for the training program", "", "set by loom-run"},
+     "0, then 1, 2, ... per loom-run restart (elastic --nnodes MIN:MAX: the rendezvous round, "
+     "the same on every node), for the training program",
+     "", "set by loom-run"},
     {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "loom-run --max-restarts, for the training program", "", "set by loom-run"},
 
