@@ -12,7 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -290,5 +292,89 @@ TEST(ElasticLaunch, ANodeWhoseWorkersKeepFailingLeavesAndTheOthersFinish) {
     EXPECT_TRUE(exitedWith(status, 0)) << tag << " status " << status << "\n" << logs();
   }
 }
+
+#ifdef LOOM_TRAIN_PATH
+// Issue 22's scenario with a real trainer: three nodes train loom-train with DDP and
+// checkpoints; one node is SIGKILLed; the other two start a new round and go on from the last
+// checkpoint (loom-train --resume) until the end. Their workers failed because a peer died, so
+// neither is charged a restart (they run with --max-restarts 0).
+TEST(ElasticLaunch, LoomTrainGoesOnFromTheLastCheckpointAfterANodeIsKilled) {
+  TempDir dir;
+  loom::TCPStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.token = "";
+  loom::TCPStoreServer server(so);
+  const std::string d = dir.path();
+  const std::string ckpt = d + "/ckpt/checkpoint.safetensors";
+  constexpr int kSteps = 3000;
+  std::map<std::string, std::unique_ptr<Agent>> agents;
+  for (const std::string tag : {"A", "B", "C"}) {
+    std::vector<std::string> args = agentArgs(server.port(), "train", d, tag, 1, 0);
+    args.erase(std::find(args.begin(), args.end(), "--") + 1, args.end());
+    for (const std::string& a : {std::string(LOOM_TRAIN_PATH),
+                                 std::string("--hidden"),
+                                 std::string("16"),
+                                 std::string("--in"),
+                                 std::string("8"),
+                                 std::string("--classes"),
+                                 std::string("4"),
+                                 std::string("--batch"),
+                                 std::string("4"),
+                                 std::string("--samples"),
+                                 std::string("1200"),
+                                 std::string("--steps"),
+                                 std::to_string(kSteps),
+                                 std::string("--checkpoint-dir"),
+                                 d + "/ckpt",
+                                 std::string("--checkpoint-every"),
+                                 std::string("10"),
+                                 std::string("--resume"),
+                                 std::string("--log"),
+                                 d + "/loss.csv"}) {
+      args.push_back(a);
+    }
+    agents[tag] = std::make_unique<Agent>(dir, tag, args);
+  }
+  auto logs = [&] {
+    std::string out;
+    for (auto& [tag, agent] : agents) out += agent->log();
+    return out;
+  };
+  const auto end = Clock::now() + 120s;
+  while (!std::filesystem::exists(ckpt) && Clock::now() < end) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(std::filesystem::exists(ckpt)) << logs();
+  agents["C"]->kill9();
+  for (const std::string tag : {"A", "B"}) {
+    const int status = agents[tag]->finish(300s);
+    EXPECT_TRUE(exitedWith(status, 0)) << tag << " status " << status << "\n" << logs();
+  }
+  const std::string all = logs();
+  // A later round of two nodes (agents that start far apart may add rounds before the kill),
+  // in which the trainer resumed from a checkpoint past step 0.
+  bool twoNodeRound = false;
+  std::istringstream lines(all);
+  for (std::string l; std::getline(lines, l);) {
+    const auto at = l.find("round ");
+    if (at != std::string::npos && l.find(": 2 node(s)") != std::string::npos &&
+        l.compare(at, 8, "round 0:") != 0) {
+      twoNodeRound = true;
+    }
+  }
+  EXPECT_TRUE(twoNodeRound) << all;
+  const std::string marker = "resumed from " + ckpt + " at step ";
+  const auto resumed = all.find(marker);
+  ASSERT_NE(resumed, std::string::npos) << all;
+  const long long step = std::stoll(all.substr(resumed + marker.size()));
+  EXPECT_GT(step, 0);
+  EXPECT_LT(step, kSteps);
+  EXPECT_EQ(step % 10, 0);
+  EXPECT_EQ(all.find("leaves the job"), std::string::npos) << all;
+  // The loss log reaches the last step.
+  std::istringstream csv(readFile(d + "/loss.csv"));
+  std::string line, last;
+  while (std::getline(csv, line)) last = line;
+  EXPECT_EQ(last.substr(0, last.find(',')), std::to_string(kSteps)) << last;
+}
+#endif
 
 }  // namespace
