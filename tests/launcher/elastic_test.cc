@@ -79,8 +79,8 @@ std::vector<Start> ofRound(const std::vector<Start>& all, int round) {
   return out;
 }
 
-// The first round, after `after`, in which every one of `tags` started nproc workers and nobody
-// else did; -1 when none by the deadline.
+// The first round, after `after`, in which every one of `tags` started nproc workers, nobody
+// else did, and the world was theirs; -1 when none by the deadline.
 int waitForRound(const std::string& dir, int after, const std::set<std::string>& tags, int nproc,
                  std::chrono::milliseconds timeout) {
   const auto end = Clock::now() + timeout;
@@ -95,6 +95,11 @@ int waitForRound(const std::string& dir, int after, const std::set<std::string>&
       std::map<std::string, int> perTag;
       for (const auto& s : these) ++perTag[s.tag];
       bool match = perTag.size() == tags.size();
+      // ... and they formed the world (a node that left before starting its workers was
+      // still counted in its round's world).
+      for (const auto& s : these) {
+        match = match && s.world == static_cast<int>(tags.size()) * nproc;
+      }
       for (const auto& tag : tags) match = match && perTag[tag] == nproc;
       if (match) return round;
     }

@@ -273,7 +273,8 @@ class Launcher {
   // workers with that world until they finish or the round ends (a node's failure, a silent
   // node, a newcomer waiting), then join the next round. This node leaves the job when its own
   // workers failed more than --max-restarts times (it is charged only when its failure was the
-  // one that ended the round, not a cascade from another node's).
+  // one that ended the round and every other node of that round answered, not for a cascade
+  // from a node that died).
   int runElastic() {
     const std::string endpoint = o_.rdzvHost + ":" + std::to_string(o_.rdzvPort);
     const std::string address =
@@ -313,6 +314,14 @@ class Launcher {
     Rendezvous rdzv(*store, ro, [this] { return interrupted(); });
 
     int failures = 0;
+    // A failure of this node's workers that ended round `gen`, not yet charged.
+    struct PendingCharge {
+      bool pending = false;
+      int gen = 0;
+      int nnodes = 0;
+      int nodeRank = 0;
+    } pendingCharge;
+    int lastFailureCode = 1;
     int gen = 0;
     try {
       gen = elastic.currentRound();
@@ -334,6 +343,44 @@ class Launcher {
       gen = ew.generation;
       setReportPrefix("loom-run[elastic node " + std::to_string(ew.nodeRank) + "]: ");
       rdzv.enter(gen, ew.nnodes, ew.nodeRank);
+      if (pendingCharge.pending) {
+        // Our failure ended the previous round. It counts against this node unless a node of
+        // that round never acknowledged the end: then our workers most likely failed because
+        // that node died (their peers went away), which is its failure, not ours. Live nodes
+        // acknowledge before they join a round, so by now they have.
+        std::vector<int> silent;
+        try {
+          silent = rdzv.unanswered(pendingCharge.gen, pendingCharge.nnodes, pendingCharge.nodeRank);
+        } catch (const IoError& e) {
+          report(std::string("job failed: the rendezvous store at ") + endpoint + ": " + e.what());
+          return kLauncherError;
+        }
+        if (silent.empty()) {
+          ++failures;
+        } else {
+          std::string gone;
+          for (int n : silent) gone += (gone.empty() ? "" : ", ") + std::to_string(n);
+          report("the failure in round " + std::to_string(pendingCharge.gen) +
+                 " is not counted against this node: node(s) " + gone +
+                 " of that round never acknowledged its end (the failure most likely came "
+                 "from there)");
+        }
+        pendingCharge.pending = false;
+        if (failures > o_.maxRestarts) {
+          const std::string why = "node " + std::to_string(ew.nodeRank) + " (" + eo.hostname +
+                                  ") leaves the job: its workers failed " +
+                                  std::to_string(failures) + " time(s), more than --max-restarts " +
+                                  std::to_string(o_.maxRestarts);
+          report(why);
+          try {
+            rdzv.markEnded(why);
+            rdzv.ackEnd();
+          } catch (const IoError&) {
+            // The others find this node silent instead.
+          }
+          return lastFailureCode;
+        }
+      }
       World world;
       world.generation = gen;
       world.worldSize = ew.worldSize;
@@ -386,24 +433,12 @@ class Launcher {
             const std::string standing = rdzv.markEnded(why);
             rdzv.ackEnd();
             report("round " + std::to_string(gen) + " ended: " + standing);
+            // Charged or not is decided once the next round has formed (below), when every
+            // live node of this one has acknowledged the end; waiting for that here would
+            // delay the next round.
             if (standing == why) {
-              // Our failure ended the round. It counts against this node unless another node
-              // of the round is gone: then our workers most likely failed because of it (their
-              // peers died), which is that node's failure, not ours.
-              const auto others = rdzv.waitForOthers(o_.nodeTimeout);
-              if (others.gaveUp.empty()) {
-                ++failures;
-              } else {
-                std::string gone;
-                for (int n : others.gaveUp) gone += (gone.empty() ? "" : ", ") + std::to_string(n);
-                report("not counted against this node: node(s) " + gone +
-                       " of the round did not answer, the failure most likely came from there");
-              }
-            }
-            if (failures > o_.maxRestarts) {
-              report("this node leaves the job: its workers failed " + std::to_string(failures) +
-                     " time(s), more than --max-restarts " + std::to_string(o_.maxRestarts));
-              return r.firstFailure->exitCode();
+              pendingCharge = PendingCharge{true, gen, ew.nnodes, ew.nodeRank};
+              lastFailureCode = r.firstFailure->exitCode();
             }
             break;
           }

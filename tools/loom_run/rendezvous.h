@@ -73,6 +73,10 @@ class Rendezvous {
   void markDone();
   void ackEnd();
 
+  // The nodes of generation `gen` (of `nnodes`, other than `me`) that neither finished nor
+  // acknowledged its end. Does not wait.
+  std::vector<int> unanswered(int gen, int nnodes, int me);
+
   // Node 0 hosts the store, so it stays until every other node has finished (done) or seen
   // the end (ack), at most `timeout`.
   struct Others {
@@ -85,6 +89,7 @@ class Rendezvous {
 
  private:
   std::string key(const std::string& name) const;
+  std::string keyAt(int gen, const std::string& name) const;
   std::string nodeKey(const std::string& name, int node) const;
   // Waits for the keys in slices, honouring interrupted(); true when all exist.
   bool waitSliced(const std::vector<std::string>& keys, const Deadline& deadline);
