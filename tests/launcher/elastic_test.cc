@@ -192,7 +192,7 @@ std::vector<std::string> agentArgs(int port, const std::string& runId, const std
                                    "--run-id",
                                    runId,
                                    "--node-timeout-s",
-                                   "3",
+                                   "5",
                                    "--rdzv-last-call-s",
                                    "1",
                                    "--rdzv-timeout-s",
