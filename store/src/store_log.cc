@@ -262,6 +262,8 @@ StoreLog::StoreLog(const StoreLogOptions& options, std::unordered_map<std::strin
   }
   loaded_.keys = data.size();
   openLog();
+  // A log file that was just created is only durable once its directory entry is.
+  if (options_.fsync == StoreFsync::kAlways) syncDir(options_.dir);
 }
 
 StoreLog::~StoreLog() {
