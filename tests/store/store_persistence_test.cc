@@ -14,8 +14,11 @@
 #include <fstream>
 #include <future>
 #include <string>
+#include <thread>
 
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
+#include "loom/store/store_protocol.h"
 #include "loom/store/tcp_store.h"
 #include "loom/store/tcp_store_server.h"
 
@@ -254,6 +257,49 @@ TEST(StorePersistenceTest, ClientsCarryOnAcrossAServerRestart) {
   TCPStore other("127.0.0.1", port, client());
   other.set("later", "here");
   EXPECT_EQ(parked.get(), "here");
+}
+
+// A server that dies after reading an add but before answering it: the add may or may not
+// have been applied, so the client does not send it again. It says so with an IoError, and the
+// store stays usable: the next call reaches the restarted server.
+TEST(StorePersistenceTest, AnAddInFlightWhenTheServerDiesIsNotRepeated) {
+  net::Socket listener = net::listenOn("127.0.0.1", 0);
+  const int port = net::localPort(listener.fd());
+  std::thread fake([&] {
+    // Speaks just enough of the protocol: answers the hello, reads one request, hangs up.
+    net::Socket conn = net::acceptWithDeadline(listener.fd(), Deadline(milliseconds(30000)));
+    if (!conn.valid()) return;
+    std::vector<uint8_t> in;
+    int answered = 0;
+    while (answered < 2) {
+      uint8_t buf[4096];
+      const ssize_t r = ::recv(conn.fd(), buf, sizeof(buf), 0);
+      if (r <= 0) return;
+      in.insert(in.end(), buf, buf + r);
+      store_protocol::Message m;
+      const auto result = store_protocol::decode(in.data(), in.size(), m);
+      if (result.status != store_protocol::DecodeStatus::kOk) continue;
+      in.erase(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(result.consumed));
+      if (++answered == 1) {
+        const auto ok = store_protocol::encode(
+            store_protocol::Message{store_protocol::Op::kOk, m.id, 0, {}, {}});
+        net::writeFull(conn.fd(), ok.data(), ok.size(), Deadline(milliseconds(30000)), "client");
+      }
+    }
+    listener = net::Socket();  // the "server" is gone: connection and listener closed
+  });
+  TCPStore store("127.0.0.1", port, client(milliseconds(60000)));
+  try {
+    store.add("n", 1);
+    FAIL() << "an add whose answer never came succeeded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("not sent again"), std::string::npos) << e.what();
+  }
+  fake.join();
+  TempDir dir;
+  TCPStoreServer server(persisting(dir.path(), port));
+  store.set("k", "v");  // the store is still usable, on the new server
+  EXPECT_EQ(store.add("n", 1), 1);
 }
 
 TEST(StorePersistenceTest, WithoutReconnectALostServerMakesTheStoreUnusable) {
