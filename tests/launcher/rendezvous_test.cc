@@ -366,6 +366,27 @@ TEST(ElasticRendezvous, ALateAgentIsTakenIntoTheNextRound) {
   }
 }
 
+// An arrival that never published itself (its agent died right after arriving) cannot take
+// part: the round it was admitted to is abandoned and the live agents meet in the next one.
+TEST(ElasticRendezvous, ARoundWithADeadArrivalGivesWayToTheNext) {
+  HashStore store;
+  store.add("loom-run/job/g0/arrivals", 1);  // the dead arrival: node 0 of round 0
+  std::vector<ElasticWorld> worlds(2);
+  loom::testing::runThreadRanks(2, [&](int agent) {
+    ElasticOptions o = elasticOptions(agent, 2, 3);
+    o.rdzvTimeout = 60000ms;
+    ElasticRendezvous r(store, o);
+    worlds[agent] = r.join(r.currentRound(), [] { return 7; });
+  });
+  for (int agent = 0; agent < 2; ++agent) {
+    EXPECT_GE(worlds[agent].generation, 1);
+    EXPECT_EQ(worlds[agent].nnodes, 2);
+    EXPECT_EQ(worlds[agent].worldSize, 1 + 2);
+    EXPECT_EQ(worlds[agent].generation, worlds[0].generation);
+  }
+  EXPECT_NE(worlds[0].nodeRank, worlds[1].nodeRank);
+}
+
 TEST(ElasticRendezvous, FewerThanMinAgentsTimeOutSayingHowMany) {
   HashStore store;
   ElasticOptions o = elasticOptions(0, 2, 3);

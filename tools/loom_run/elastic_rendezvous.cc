@@ -12,6 +12,8 @@ namespace loom::run {
 namespace {
 
 constexpr milliseconds kSlice{200};
+// How long the admitted nodes' keys may take to appear after a round closed.
+constexpr milliseconds kNodeKeyWait{10000};
 
 std::map<std::string, std::string> parseFields(const std::string& text) {
   std::map<std::string, std::string> out;
@@ -103,9 +105,18 @@ ElasticWorld ElasticRendezvous::join(int gen, const std::function<int()>& pickWo
       std::vector<std::string> keys;
       for (int64_t n = 0; n < closed; ++n) keys.push_back(key(gen, "node/" + std::to_string(n)));
       keys.push_back(key(gen, "worker_port"));
-      // Every admitted node wrote its key right after arriving; a node that died in between
-      // makes this wait time out, and the round fails.
-      store_.wait(keys, std::max(deadline.remaining(), milliseconds(1000)));
+      // Every admitted node writes its key right after arriving. One that died in between (or
+      // whose arrival was counted but never answered: a store restart under its add) leaves
+      // the round unable to run: every node sees the same missing key and they all move on to
+      // the next round.
+      try {
+        store_.wait(keys, std::clamp(deadline.remaining(), milliseconds(1000), kNodeKeyWait));
+      } catch (const TimeoutError&) {
+        if (deadline.expired()) throw;
+        advance(gen);
+        ++gen;
+        continue;
+      }
       for (int64_t n = 0; n < closed; ++n) {
         auto fields = parseFields(store_.getString(keys[static_cast<size_t>(n)]));
         const int nproc = std::stoi(fields["nproc"]);

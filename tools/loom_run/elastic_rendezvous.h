@@ -18,6 +18,8 @@
 // for the next round, which the running nodes start as soon as they see it waiting (arrivals
 // beyond closed while the round has fewer than MAX nodes): a rejoining node is taken into the
 // next round. Fewer than MIN agents by the rendezvous timeout: TimeoutError saying how many came.
+// An admitted arrival that never publishes its node key (its agent died right after arriving)
+// makes every admitted agent abandon the round after 10 s and meet in the next one.
 //
 // Ending a round: the agents of round g move to g+1 by compareSet(round, g, g+1) and join it.
 // Not thread-safe; one per loom-run.
