@@ -277,9 +277,15 @@ class Launcher {
   // from a node that died).
   int runElastic() {
     const std::string endpoint = o_.rdzvHost + ":" + std::to_string(o_.rdzvPort);
-    const std::string address =
-        settings::text("LOOM_HOST").value_or(net::localAddressTowards(o_.rdzvHost));
-    if (!settings::text("LOOM_HOST")) loomHost_ = address;
+    // This node's address for its peers (node 0's becomes the workers' MASTER_ADDR): the
+    // user's LOOM_HOST, else the local address on the route to the store.
+    std::string address;
+    if (auto chosen = settings::text("LOOM_HOST")) {
+      address = *chosen;
+    } else {
+      address = net::localAddressTowards(o_.rdzvHost);
+      loomHost_ = address;
+    }
     TCPStoreOptions so;
     so.timeout = o_.rdzvTimeout;
     // The store is a loom-store that may restart (--data-dir): ride through that.
