@@ -149,8 +149,8 @@ ProcessGroupMpi::~ProcessGroupMpi() {
     int done = 1;
     for (MPI_Request& request : r->requests) {
       int flag = 0;
-      if (request != MPI_REQUEST_NULL && MPI_Test(&request, &flag, MPI_STATUS_IGNORE) == 0 &&
-          !flag) {
+      if (request != MPI_REQUEST_NULL &&
+          MPI_Test(&request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag) {
         done = 0;
       }
     }
