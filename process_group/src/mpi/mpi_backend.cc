@@ -23,6 +23,11 @@ namespace {
 // then sleeps kNap between tests.
 constexpr std::chrono::milliseconds kSpin{2};
 constexpr std::chrono::microseconds kNap{50};
+// Issue-then-wait costs two thread wake-ups (the worker's, the waiter's): the worker looks at
+// the queue for kIdleSpin before it sleeps, and a waiter looks at its Work for kWaitSpin before
+// it sleeps, both yielding the CPU, so back-to-back operations mostly skip both.
+constexpr std::chrono::microseconds kIdleSpin{50};
+constexpr std::chrono::microseconds kWaitSpin{50};
 
 bool isPointToPoint(const OpDesc& op) {
   return op.type == OpType::kSend || op.type == OpType::kRecv;
@@ -35,12 +40,26 @@ class MpiWork final : public Work {
   MpiWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
       : Work(opTypeName(op.type), op.seq, rank), group_(std::move(group)) {}
 
+  bool wait() override {
+    spinBriefly();
+    return Work::wait();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    spinBriefly();
+    return Work::wait(timeout);
+  }
+
  protected:
   void onWaitTimeout(const std::string& reason) override {
     if (auto group = group_.lock()) group->abort(reason);
   }
 
  private:
+  void spinBriefly() {
+    const auto until = Clock::now() + kWaitSpin;
+    while (!isCompleted() && Clock::now() < until) std::this_thread::yield();
+  }
+
   std::weak_ptr<ProcessGroup> group_;
 };
 
@@ -124,7 +143,9 @@ ProcessGroupMpi::ProcessGroupMpi(std::shared_ptr<Store> store, bool sharedStore,
     throw;
   }
   const MpiWorld& world = mpi_detail::ensureInitialized();
-  summary_ = "mpi (" + world.library + ", " + world.threadLevel + ")";
+  // "mpi (Open MPI v4.1.4, MPI_THREAD_MULTIPLE)": the library's name and version only.
+  summary_ = "mpi (" + world.library.substr(0, world.library.find(',')) + ", " +
+             world.threadLevel + ")";
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -249,11 +270,14 @@ std::shared_ptr<Work> ProcessGroupMpi::post(OpDesc op) {
     work->markFailed(notRun(op));
     return work;
   }
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(Item{std::move(op), work});
+    queued_.store(queue_.size(), std::memory_order_release);
+    wake = workerSleeps_;
   }
-  wake_.notify_one();
+  if (wake) wake_.notify_one();
   return work;
 }
 
@@ -264,10 +288,18 @@ void ProcessGroupMpi::workerLoop() {
     std::vector<Item> taken;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (running.empty()) {
-        wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || isBroken(); });
-        if (queue_.empty() && stopping_) return;
+      if (running.empty() && queue_.empty() && !stopping_) {
+        lock.unlock();
+        const auto until = Clock::now() + kIdleSpin;
+        while (queued_.load(std::memory_order_acquire) == 0 && Clock::now() < until) {
+          std::this_thread::yield();
+        }
+        lock.lock();
+        workerSleeps_ = true;
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        workerSleeps_ = false;
       }
+      if (running.empty() && queue_.empty() && stopping_) return;
       // What may start now: the head when nothing runs; send / recv behind a running batch of
       // send / recv (a collective waits until the batch completed).
       bool batch = !running.empty();
@@ -277,6 +309,7 @@ void ProcessGroupMpi::workerLoop() {
         if (batch && (!p2p || !batchIsP2P)) break;
         taken.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        queued_.store(queue_.size(), std::memory_order_release);
         batch = true;
         batchIsP2P = p2p;
         if (!p2p) break;

@@ -87,9 +87,11 @@ class ProcessGroupMpi final : public ProcessGroup {
   MPI_Comm control_ = MPI_COMM_NULL;  // newGroup's (issuing thread)
   std::string summary_;
 
-  mutable std::mutex mu_;  // guards queue_, stopping_, cause_
+  mutable std::mutex mu_;  // guards queue_, stopping_, cause_, workerSleeps_
   std::condition_variable wake_;
   std::deque<Item> queue_;
+  std::atomic<size_t> queued_{0};  // queue_.size(), for the worker's look before it sleeps
+  bool workerSleeps_ = false;      // the worker waits on wake_: post() must notify
   bool stopping_ = false;
   std::string cause_;
   std::atomic<bool> broken_{false};
