@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <mpi.h>
+
 #include <set>
 #include <thread>
 
@@ -16,6 +18,29 @@ namespace loom::mpi_testing {
 namespace {
 
 using ::testing::HasSubstr;
+
+// mpiWorld() reports what MPI provides and who initialized it (this binary runs both ways:
+// Loom initializing MPI, and the program with MPI_THREAD_SERIALIZED, see CMakeLists.txt).
+TEST(MpiRuntime, ReportsMpisWorldAndThreadLevel) {
+  const MpiWorld w = mpiWorld();
+  int rank = -1, size = -1, provided = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Query_thread(&provided);
+  EXPECT_EQ(w.rank, rank);
+  EXPECT_EQ(w.size, size);
+  EXPECT_EQ(w.threadLevel,
+            provided == MPI_THREAD_MULTIPLE ? "MPI_THREAD_MULTIPLE" : "MPI_THREAD_SERIALIZED");
+#ifdef LOOM_MPI_TEST_OWN_INIT
+  EXPECT_FALSE(w.initializedByLoom);
+  EXPECT_EQ(provided, LOOM_MPI_TEST_OWN_INIT);
+#else
+  EXPECT_TRUE(w.initializedByLoom);
+  EXPECT_EQ(provided, MPI_THREAD_MULTIPLE) << "Debian's Open MPI provides MPI_THREAD_MULTIPLE";
+#endif
+  EXPECT_THAT(w.library, HasSubstr("Open MPI"));
+  EXPECT_THAT(world().transportSummary(), HasSubstr(w.threadLevel));
+}
 
 TEST(MpiPointToPoint, RingWithTagsBothOrders) {
   ProcessGroup& pg = world();
