@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "loom/common/error.h"
+#include "loom/process_group/init.h"
+#include "loom/testing/ranks.h"
 #include "mpi_test_support.h"
 
 namespace loom::mpi_testing {
@@ -189,6 +191,39 @@ TEST(MpiThreads, TwoGroupsFromTwoThreads) {
   t1.join();
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
+}
+
+// Under a plain mpirun (no MASTER_ADDR), initProcessGroup("mpi") needs no store; with
+// file:// it creates one and the group uses it (monitoredBarrier goes through it).
+TEST(MpiInit, InitProcessGroupWithAndWithoutAStore) {
+  if (launchEnvironment().count("MASTER_ADDR")) GTEST_SKIP() << "MASTER_ADDR is set";
+  InitOptions options;
+  options.backend = "mpi";
+  options.pg.timeout = std::chrono::seconds(60);
+  InitResult bare = initProcessGroup(options);
+  EXPECT_EQ(bare.store, nullptr);
+  EXPECT_EQ(bare.env.launcher, "openmpi");
+  ASSERT_NE(bare.pg, nullptr);
+  EXPECT_EQ(bare.pg->rank(), world().rank());
+  int32_t one = 1;
+  bare.pg->allreduce(view(&one, 1))->wait();
+  EXPECT_EQ(one, world().size());
+  EXPECT_THROW(bare.pg->monitoredBarrier(), InvalidArgumentError);
+
+  std::unique_ptr<testing::TempDir> dir;
+  char path[256] = {};
+  if (world().rank() == 0) {
+    dir = std::make_unique<testing::TempDir>();
+    std::snprintf(path, sizeof(path), "%s", dir->file("store").c_str());
+  }
+  world().broadcast(view(reinterpret_cast<uint8_t*>(path), sizeof(path)))->wait();
+  options.initMethod = std::string("file://") + path;
+  InitResult withStore = initProcessGroup(options);
+  ASSERT_NE(withStore.store, nullptr);
+  EXPECT_TRUE(withStore.pg->monitoredBarrier()->wait());
+  withStore.pg.reset();
+  withStore.store.reset();
+  world().barrier()->wait();  // before rank 0 removes the directory
 }
 
 }  // namespace
