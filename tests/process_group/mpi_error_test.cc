@@ -128,6 +128,21 @@ TEST(MpiErrors, TimeoutBreaksTheGroup) {
   world().barrier()->wait();
 }
 
+TEST(MpiErrors, NewGroupTimesOutWhenARankNeverCalls) {
+  auto g = freshGroup(500ms);
+  if (g->rank() == 0) {
+    const std::string what = messageOf<TimeoutError>([&] { newGroup(*g, {0}); });
+    EXPECT_THAT(what, HasSubstr("newGroup #1: waiting for every rank of the parent group to call "
+                                "newGroup did not complete within"));
+    int32_t done = 1;
+    world().send(view(&done, 1), 1, 78)->wait();
+  } else if (g->rank() == 1) {
+    int32_t done = 0;
+    world().recv(view(&done, 1), 0, 78)->wait();
+  }
+  world().barrier()->wait();
+}
+
 TEST(MpiErrors, AbortFailsARunningReceive) {
   auto g = freshGroup(60s);
   if (g->rank() == 0) {

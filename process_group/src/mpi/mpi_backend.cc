@@ -64,20 +64,35 @@ class MpiWork final : public Work {
 };
 
 // A duplicate of `comm` that returns MPI errors as codes, waited for until `deadline`.
+// MPI writes what a non-blocking call returns (the new communicator, the received data) when
+// the call completes, however late: when the wait for it times out, that memory is left
+// allocated (`state.release()`), never freed under MPI.
+template <typename T>
+void waitOrLeak(std::unique_ptr<T>& state, MPI_Request& request, const Deadline& deadline,
+                const std::string& who, const std::string& what) {
+  try {
+    mpi_detail::waitRequest(request, deadline, who, what);
+  } catch (const TimeoutError&) {
+    static_cast<void>(state.release());
+    throw;
+  }
+}
+
+// A duplicate of `comm` that returns MPI errors as codes, waited for until `deadline`.
 MPI_Comm duplicate(MPI_Comm comm, const Deadline& deadline, const std::string& who) {
-  MPI_Comm dup = MPI_COMM_NULL;
+  auto dup = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   {
     CallGuard guard;
-    mpi_detail::check(MPI_Comm_idup(comm, &dup, &request), who, "MPI_Comm_idup");
+    mpi_detail::check(MPI_Comm_idup(comm, dup.get(), &request), who, "MPI_Comm_idup");
   }
-  mpi_detail::waitRequest(request, deadline, who,
-                          "creating the group's communicator (MPI_Comm_idup: every rank of the "
-                          "group must create the group)");
+  waitOrLeak(dup, request, deadline, who,
+             "creating the group's communicator (MPI_Comm_idup: every rank of the group must "
+             "create the group)");
   CallGuard guard;
-  mpi_detail::check(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), who,
+  mpi_detail::check(MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN), who,
                     "MPI_Comm_set_errhandler");
-  return dup;
+  return *dup;
 }
 
 void checkCount(const ProcessGroup& pg, const OpDesc& op, size_t count, const char* what) {
@@ -144,8 +159,8 @@ ProcessGroupMpi::ProcessGroupMpi(std::shared_ptr<Store> store, bool sharedStore,
   }
   const MpiWorld& world = mpi_detail::ensureInitialized();
   // "mpi (Open MPI v4.1.4, MPI_THREAD_MULTIPLE)": the library's name and version only.
-  summary_ = "mpi (" + world.library.substr(0, world.library.find(',')) + ", " +
-             world.threadLevel + ")";
+  summary_ =
+      "mpi (" + world.library.substr(0, world.library.find(',')) + ", " + world.threadLevel + ")";
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -160,7 +175,7 @@ ProcessGroupMpi::~ProcessGroupMpi() {
     LOOM_LOG_WARNING(who(),
                      ": mpi group destroyed after MPI_Finalize; its communicators were "
                      "not freed (destroy mpi groups before the program ends)");
-    for (auto& r : abandoned_) r.release();
+    for (auto& r : abandoned_) static_cast<void>(r.release());
     return;
   }
   CallGuard guard;
@@ -175,7 +190,7 @@ ProcessGroupMpi::~ProcessGroupMpi() {
         done = 0;
       }
     }
-    if (!done) r.release();
+    if (!done) static_cast<void>(r.release());
   }
   MPI_Comm_free(&control_);
   MPI_Comm_free(&comm_);
@@ -402,7 +417,9 @@ void ProcessGroupMpi::failRunning(std::vector<std::unique_ptr<Running>>& running
       }
     }
     recordEnd(r->op, true);
-    r->work->markFailed(notRun(r->op));
+    r->work->markFailed(
+        std::make_exception_ptr(IoError(who() + ": " + r->op.describe() +
+                                        " did not complete: the group failed: " + brokenCause())));
     abandoned_.push_back(std::move(r));
   }
   running.clear();
@@ -471,17 +488,23 @@ std::shared_ptr<ProcessGroup> newGroupMpi(ProcessGroup& parent, const std::vecto
   // Agreement: every rank's hash of its list, so that differing lists fail on every rank
   // instead of hanging in the split.
   const uint64_t mine = std::hash<std::string>{}(list);
-  std::vector<uint64_t> hashes(static_cast<size_t>(parent.size()));
+  struct Exchange {
+    uint64_t mine;
+    std::vector<uint64_t> hashes;
+  };
+  auto exchange = std::make_unique<Exchange>(
+      Exchange{mine, std::vector<uint64_t>(static_cast<size_t>(parent.size()))});
+  const std::vector<uint64_t>& hashes = exchange->hashes;
   MPI_Request request = MPI_REQUEST_NULL;
   {
     CallGuard guard;
-    mpi_detail::check(
-        MPI_Iallgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, control, &request),
-        who, "newGroup (MPI_Iallgather)");
+    mpi_detail::check(MPI_Iallgather(&exchange->mine, 1, MPI_UINT64_T, exchange->hashes.data(), 1,
+                                     MPI_UINT64_T, control, &request),
+                      who, "newGroup (MPI_Iallgather)");
   }
-  mpi_detail::waitRequest(request, Deadline(options.timeout), who,
-                          "newGroup #" + std::to_string(id) +
-                              ": waiting for every rank of the parent group to call newGroup");
+  waitOrLeak(exchange, request, Deadline(options.timeout), who,
+             "newGroup #" + std::to_string(id) +
+                 ": waiting for every rank of the parent group to call newGroup");
   std::map<uint64_t, std::vector<int>> byList;
   for (int r = 0; r < parent.size(); ++r) byList[hashes[static_cast<size_t>(r)]].push_back(r);
   if (byList.size() > 1) {
