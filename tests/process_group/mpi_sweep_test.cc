@@ -1,4 +1,4 @@
-// The mpi backend's correctness sweep, run under mpirun (2 and 4 ranks, see CMakeLists.txt):
+// The mpi backend's correctness sweep, run under mpirun (1 to 4 ranks, see CMakeLists.txt):
 // every collective of the ProcessGroup API x every dtype x every valid reduce op x counts
 // {0, 1, size-1, 1000, 65539} (plus 2^20+3 for a few), in place and out of place, from every
 // root, each rank filling known values (tests/comm/fill.h) and checking the closed form, as the

@@ -16,13 +16,15 @@
 //   INT_MAX elements is an InvalidArgumentError. Tags go up to MPI_TAG_UB (2^31 - 1 in Open
 //   MPI); a larger one is an InvalidArgumentError. Dtypes and ops: mpi_runtime.h.
 // - One worker thread per group starts the operations with MPI's non-blocking calls
-// (MPI_Iallreduce,
-//   MPI_Isend, ...) in issue order and tests them until they complete or their deadline passes.
-//   A collective runs alone (the next operation starts when it completed); consecutive
-//   send / recv operations start together and complete in any order, so a ring exchange does
-//   not deadlock. While an operation runs the worker polls MPI_Test, yielding the CPU between
-//   tests, and sleeps 50 us between tests once the operation has run for 2 ms (Open MPI
-//   progresses non-blocking operations only inside MPI calls).
+//   (MPI_Iallreduce, MPI_Isend, ...) in issue order and tests them until they complete or their
+//   deadline passes. A collective runs alone (the next operation starts when it completed);
+//   consecutive send / recv operations (receives from any source included) start together and
+//   complete in any order, so a ring exchange does not deadlock. While an operation runs the
+//   worker polls MPI_Test, yielding the CPU between tests, and sleeps 50 us between tests once
+//   nothing has started or completed for 2 ms (Open MPI progresses non-blocking operations only
+//   inside MPI calls). Before sleeping on an empty queue the worker looks at it for 50 us, and
+//   Work::wait looks at its Work for 50 us before sleeping, so that issue-then-wait mostly
+//   costs no thread wake-up.
 // - In place: allreduce, reduce (root), allgather, gather (root), scatter (root), alltoall,
 //   allgatherv and gatherv (root) pass MPI_IN_PLACE; alltoallv in place passes MPI_IN_PLACE when
 //   its in and out splits are equal, else copies the input aside first; reduce-scatter(v) with
