@@ -12,8 +12,9 @@
 //   RDMA device is present, see docs/verbs.md), "mpi" (MPI collectives over Open MPI; CPU
 //   buffers; only when built with MPI; run under mpirun: rank and size must be MPI's
 //   (mpi.h: mpiWorld()), the store may be null, see docs/mpi.md). A backend that is compiled
-//   out or has no device throws NotAvailableError saying why; an unknown name throws InvalidArgumentError listing the
-//   valid ones; rank/size out of range throw InvalidArgumentError.
+//   out or has no device throws NotAvailableError saying why; an unknown name throws
+//   InvalidArgumentError listing the valid ones; rank/size out of range throw
+//   InvalidArgumentError.
 // - Options: fields left at their defaults take the environment's values first (LOOM_DEBUG,
 //   LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK; docs/env.md); a bad value is an
 //   InvalidArgumentError naming the variable. The group logs one line at level info saying what
