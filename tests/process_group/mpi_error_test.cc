@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "loom/process_group/diagnostics.h"
 #include "loom/store/file_store.h"
 #include "loom/testing/ranks.h"
 #include "mpi_test_support.h"
@@ -152,6 +155,34 @@ TEST(MpiErrors, AbortFailsARunningReceive) {
     const std::string what = messageOf<IoError>([&] { w->wait(); });
     EXPECT_THAT(what, HasSubstr("aborted: test abort"));
     EXPECT_TRUE(g->isBroken());
+  }
+  world().barrier()->wait();
+}
+
+TEST(MpiErrors, AbortFromAnotherThreadFailsARunningCollective) {
+  // Rank 0's barrier on `g` cannot complete (rank 1 joins only after rank 0's word); another
+  // thread aborts the group; then rank 1 joins, which completes the barrier MPI still holds.
+  auto g = freshGroup(60s);
+  if (g->rank() == 0) {
+    auto w = g->barrier();
+    // The flight recorder says when the worker has started it (posted to MPI).
+    const Deadline deadline(30s);
+    while (diag::parseDump(g->dumpFlightRecord(), "flight record").entries.back().state !=
+           diag::OpState::kRunning) {
+      ASSERT_FALSE(deadline.expired()) << "barrier#1 never started";
+      std::this_thread::sleep_for(1ms);
+    }
+    std::thread aborter([&] { g->abort("abort from another thread"); });
+    const std::string what = messageOf<IoError>([&] { w->wait(); });
+    aborter.join();
+    EXPECT_THAT(what, HasSubstr("barrier#1 did not complete: the group failed"));
+    EXPECT_THAT(what, HasSubstr("aborted: abort from another thread"));
+    int32_t go = 1;
+    world().send(view(&go, 1), 1, 79)->wait();
+  } else if (g->rank() == 1) {
+    int32_t go = 0;
+    world().recv(view(&go, 1), 0, 79)->wait();
+    EXPECT_TRUE(g->barrier()->wait());
   }
   world().barrier()->wait();
 }

@@ -193,6 +193,22 @@ TEST(MpiThreads, TwoGroupsFromTwoThreads) {
   EXPECT_EQ(errors[1], "");
 }
 
+// Destroying a group runs what was queued first: Works issued and never waited on complete.
+TEST(MpiLifecycle, DestructionRunsQueuedOperations) {
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  auto g = createProcessGroup("mpi", nullptr, world().rank(), world().size(), options);
+  std::vector<std::vector<int64_t>> bufs(20, std::vector<int64_t>(100, 1));
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& b : bufs) works.push_back(g->allreduce(view(b.data(), b.size())));
+  g.reset();
+  for (size_t k = 0; k < works.size(); ++k) {
+    EXPECT_TRUE(works[k]->isCompleted()) << "allreduce #" << k + 1;
+    EXPECT_TRUE(works[k]->isSuccess()) << "allreduce #" << k + 1;
+    EXPECT_EQ(bufs[k][99], world().size());
+  }
+}
+
 // Under a plain mpirun (no MASTER_ADDR), initProcessGroup("mpi") needs no store; with
 // file:// it creates one and the group uses it (monitoredBarrier goes through it).
 TEST(MpiInit, InitProcessGroupWithAndWithoutAStore) {
