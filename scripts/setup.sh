@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Installs, only when missing, the Debian packages Loom builds and tests with.
 # Safe to run repeatedly; runs `apt-get update` once before installing anything.
-# Usage: scripts/setup.sh [--peers]   (--peers adds Gloo and Open MPI for bench/peers)
+# Usage: scripts/setup.sh [--peers]   (--peers adds Gloo for bench/peers)
 set -euo pipefail
 
 packages=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libibverbs-dev
+  openmpi-bin libopenmpi-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
 )
 if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(libgloo-dev openmpi-bin libopenmpi-dev)
+  packages+=(libgloo-dev)
 fi
 
 missing=()

@@ -6,9 +6,13 @@
 // --csv and --plot. The exit status is 0, 1 when any element was wrong on any rank (-c 1), 2
 // for a bad flag (or a root outside the world), 3 when the group could not be created or an
 // operation failed (also when the backend is not available: --backend nccl without a CUDA
-// device or in a build without NCCL, --backend verbs without an RDMA device).
+// device or in a build without NCCL, --backend verbs without an RDMA device, --backend mpi in
+// a build without MPI).
 //
-// Memory: host buffers for tcp and verbs. --backend nccl allocates the collectives' buffers on
+// --backend mpi runs under mpirun (mpirun -np 4 build/bin/loom-bench --backend mpi ...): the
+// group is MPI_COMM_WORLD, and without MASTER_ADDR no store is created (init.h).
+//
+// Memory: host buffers for tcp, verbs and mpi. --backend nccl allocates the collectives' buffers on
 // the rank's CUDA device (LOCAL_RANK modulo the visible devices, as the nccl backend picks it;
 // the group is told the same device), fills and checks host mirrors and copies between them
 // outside the timed loop (runner.h). Each timed iteration ends when Work::wait() returns,
@@ -234,8 +238,9 @@ int loomBenchMain(int argc, char** argv) {
   addSweepFlags(app, flags);
   app.add_option("--backend", backend,
                  "tcp (host buffers; LOOM_SHM=0 keeps same-host peers on TCP), nccl (CUDA "
-                 "buffers on device LOCAL_RANK modulo the visible devices) or verbs (host "
-                 "buffers, RDMA); a backend that is not available exits with status 3")
+                 "buffers on device LOCAL_RANK modulo the visible devices), verbs (host "
+                 "buffers, RDMA) or mpi (host buffers, Open MPI's collectives; run under "
+                 "mpirun); a backend that is not available exits with status 3")
       ->capture_default_str();
   app.add_option("--init-method", initMethod,
                  "env:// (default; LOOM_INIT_METHOD), tcp://host:port or file:///path");
@@ -249,7 +254,7 @@ int loomBenchMain(int argc, char** argv) {
         options = flags.resolve();
         const std::vector<std::string> names = backendNames();
         LOOM_CHECK(std::find(names.begin(), names.end(), backend) != names.end(),
-                   "--backend: unknown backend '", backend, "': expected tcp, nccl or verbs");
+                   "--backend: unknown backend '", backend, "': expected tcp, nccl, verbs or mpi");
         LOOM_CHECK(timeoutS > 0, "--timeout must be positive, got ", timeoutS);
         if (!algo.empty()) algorithm = comm::parseAlgorithm(algo);
         if (!initMethod.empty()) parseInitMethod(initMethod);

@@ -12,11 +12,14 @@
 #ifdef LOOM_HAVE_NCCL
 #include "nccl/nccl_backend.h"
 #endif
+#ifdef LOOM_HAVE_MPI
+#include "mpi/mpi_backend.h"
+#endif
 
 namespace loom {
 
 std::vector<std::string> backendNames() {
-  return {"tcp", "nccl", "verbs"};
+  return {"tcp", "nccl", "verbs", "mpi"};
 }
 
 // checkAvailable is the one place that decides; isAvailable only asks it.
@@ -50,14 +53,25 @@ void checkAvailable(const std::string& backend) {
     }
     return;
   }
+  if (backend == "mpi") {
+#ifdef LOOM_HAVE_MPI
+    return;
+#else
+    LOOM_THROW(NotAvailableError,
+               "built without MPI (LOOM_WITH_MPI=OFF, or Open MPI was not found at configure "
+               "time; scripts/setup.sh installs openmpi-bin and libopenmpi-dev)");
+#endif
+  }
   LOOM_THROW(InvalidArgumentError, "unknown backend \"", backend,
-             "\"; expected one of: tcp, nccl, verbs");
+             "\"; expected one of: tcp, nccl, verbs, mpi");
 }
 
 std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
                                                  std::shared_ptr<Store> store, int rank, int size,
                                                  const ProcessGroupOptions& options) {
-  LOOM_CHECK(store != nullptr, "createProcessGroup(\"", backend, "\"): the store is null");
+  // The mpi backend takes its membership from MPI: its store is optional (mpi_backend.h).
+  LOOM_CHECK(store != nullptr || backend == "mpi", "createProcessGroup(\"", backend,
+             "\"): the store is null");
   LOOM_CHECK(size >= 1, "createProcessGroup(\"", backend,
              "\"): world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
@@ -71,6 +85,10 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
   } else if (backend == "verbs") {
     pg = std::make_shared<ProcessGroupComm>("verbs", std::move(store), rank, size, effective,
                                             &comm::createVerbsContext);
+  } else if (backend == "mpi") {
+#ifdef LOOM_HAVE_MPI
+    pg = createProcessGroupMpi(std::move(store), rank, size, effective);
+#endif
   } else {
 #ifdef LOOM_HAVE_NCCL
     pg = createProcessGroupNccl(std::move(store), rank, size, effective);
@@ -104,6 +122,11 @@ std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<i
     std::lock_guard<std::mutex> lock(parent.issueMu_);
     id = ++parent.nextGroupId_;
   }
+#ifdef LOOM_HAVE_MPI
+  // Subgroups of an mpi group are MPI communicators split from the parent's, not a store
+  // rendezvous; non-members take part in the split.
+  if (parent.backendName() == "mpi") return newGroupMpi(parent, sorted, id, options);
+#endif
   const auto it = std::find(sorted.begin(), sorted.end(), parent.rank());
   if (it == sorted.end()) return nullptr;
 

@@ -256,7 +256,10 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
     result.env.localWorldSize = options.worldSize;
     result.env.launcher = "explicit";
   } else {
-    result.env = parseLaunchEnv(env, method.kind == InitMethod::Kind::kEnv);
+    // The mpi backend needs no store to set up (MPI is its rendezvous): env:// without
+    // MASTER_ADDR is fine for it.
+    result.env =
+        parseLaunchEnv(env, method.kind == InitMethod::Kind::kEnv && options.backend != "mpi");
     if (options.rank >= 0) result.env.rank = options.rank;
     if (options.worldSize >= 0) result.env.worldSize = options.worldSize;
   }
@@ -268,6 +271,12 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
   // others retrying to connect to it until their timeout.
   checkAvailable(options.backend);
 
+  if (options.backend == "mpi" && method.kind == InitMethod::Kind::kEnv &&
+      (result.env.masterAddr.empty() || result.env.masterPort == 0)) {
+    // No store: the group's membership comes from MPI, and monitoredBarrier is unavailable.
+    result.pg = createProcessGroup(options.backend, nullptr, rank, size, options.pg);
+    return result;
+  }
   if (method.kind == InitMethod::Kind::kFile) {
     FileStoreOptions fileOptions;
     fileOptions.timeout = options.pg.timeout;

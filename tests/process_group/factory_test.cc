@@ -37,7 +37,7 @@ std::string messageOf(Fn&& fn) {
 }
 
 TEST(Factory, KnowsItsBackends) {
-  EXPECT_EQ(backendNames(), (std::vector<std::string>{"tcp", "nccl", "verbs"}));
+  EXPECT_EQ(backendNames(), (std::vector<std::string>{"tcp", "nccl", "verbs", "mpi"}));
   EXPECT_TRUE(isAvailable("tcp"));
   EXPECT_FALSE(isAvailable("gloo"));
 }

@@ -9,10 +9,12 @@
 // - Backends: "tcp" (comm/ algorithms over TCP, shared memory between same-host ranks),
 //   "nccl" (CUDA buffers; only when built with NCCL and a CUDA device is present), "verbs"
 //   (comm/ algorithms over RDMA verbs; CPU buffers; only when built with libibverbs and an
-//   RDMA device is present, see docs/verbs.md). A backend that is compiled out or has no
-//   device throws
-//   NotAvailableError saying why; an unknown name throws InvalidArgumentError listing the
-//   valid ones; rank/size out of range throw InvalidArgumentError.
+//   RDMA device is present, see docs/verbs.md), "mpi" (MPI collectives over Open MPI; CPU
+//   buffers; only when built with MPI; run under mpirun: rank and size must be MPI's
+//   (mpi.h: mpiWorld()), the store may be null, see docs/mpi.md). A backend that is compiled
+//   out or has no device throws NotAvailableError saying why; an unknown name throws
+//   InvalidArgumentError listing the valid ones; rank/size out of range throw
+//   InvalidArgumentError.
 // - Options: fields left at their defaults take the environment's values first (LOOM_DEBUG,
 //   LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK; docs/env.md); a bad value is an
 //   InvalidArgumentError naming the variable. The group logs one line at level info saying what
@@ -51,7 +53,7 @@ std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<i
 bool isAvailable(const std::string& backend);
 void checkAvailable(const std::string& backend);
 
-// Every backend name createProcessGroup knows, available or not: tcp, nccl, verbs.
+// Every backend name createProcessGroup knows, available or not: tcp, nccl, verbs, mpi.
 std::vector<std::string> backendNames();
 
 }  // namespace loom

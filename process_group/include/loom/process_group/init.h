@@ -22,6 +22,8 @@
 //     tcp://h:p     the same with h:p;
 //     file:///path  a FileStore at /path (a file on a filesystem every rank sees; use a
 //                   fresh path per job: the file keeps the keys of earlier runs).
+//   The "mpi" backend with env:// and no MASTER_ADDR / MASTER_PORT (a plain mpirun) creates no
+//   store: the group comes from MPI alone and InitResult::store is null.
 //   Rank and world size come from options.rank / options.worldSize when set (>= 0), else the
 //   environment. A backend that is not available here (factory.h: checkAvailable) fails
 //   before the store is created, on every rank alike. The group gets its own namespace
