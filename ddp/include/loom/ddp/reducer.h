@@ -47,6 +47,7 @@ struct ReducerOptions {
   double bucketCapMb = 25.0;
   double firstBucketCapMb = 1.0;
   bool findUnusedParameters = false;
+  bool staticGraph = false;
   std::shared_ptr<CommHook> commHook;  // null: allreduceHook()
 };
 
@@ -65,12 +66,19 @@ class Reducer {
   // Waits for every bucket and writes averaged gradients back; see the file comment.
   void finalize();
   void setCommHook(std::shared_ptr<CommHook> hook);
+  // Join: see the file comment. shadowBackward is collective and waits for its collectives.
+  void shadowBackward();
+  void setGradientScale(float scale) { gradScale_ = scale; }
 
   size_t numBuckets() const { return buckets_.size(); }
   // Parameter names of bucket i, in layout order.
   std::vector<std::string> bucketParameterNames(size_t i) const;
   bool rebuilt() const { return rebuilt_; }
   bool expectingBackward() const { return expecting_; }
+  // Synced iterations finished (shadowed ones included).
+  int64_t iterations() const { return iterations_; }
+  // How many times prepareForBackward walked the graph looking for unused parameters.
+  int64_t graphSearches() const { return graphSearches_; }
 
  private:
   struct Bucket {
@@ -90,6 +98,9 @@ class Reducer {
   void launchReadyBuckets();
   void waitLaunched() noexcept;
   void resetIteration();
+  void finishIteration();
+  bool agreesOnUsed() const { return options_.findUnusedParameters || options_.staticGraph; }
+  void searchUnused(const std::vector<ag::Tensor>& outputs);
   std::string who() const;
 
   NamedParameters params_;
@@ -110,6 +121,15 @@ class Reducer {
   std::vector<char> locallyUsed_;
   std::vector<char> hadGrad_;
   std::vector<size_t> unused_;
+
+  float gradScale_ = 1.0f;
+  int64_t iterations_ = 0;
+  int64_t graphSearches_ = 0;
+  // staticGraph: what the first iteration found (staticKnown_ once it finished).
+  bool staticKnown_ = false;
+  std::vector<size_t> staticUnused_;       // locally unused in the first iteration
+  std::vector<char> staticUnusedFlag_;     // per parameter
+  std::vector<int32_t> staticGlobalUsed_;  // used on some rank in the first iteration
 
   bool rebuilt_ = false;
   bool rebuildPending_ = false;

@@ -1,0 +1,239 @@
+// DDP features beyond the basics, with ranks as threads (tcp groups over one HashStore):
+// staticGraph (one graph search, the error when the graph changes) and Join (uneven inputs
+// against a reference computed without DDP).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ddp_test_util.h"
+#include "loom/common/error.h"
+#include "loom/ddp/distributed_data_parallel.h"
+#include "loom/ddp/join.h"
+#include "loom/process_group/factory.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::ddp {
+namespace {
+
+using namespace loom::ddp::testing;
+using ::testing::HasSubstr;
+
+void runGroups(int size, const std::function<void(std::shared_ptr<ProcessGroup>)>& fn) {
+  auto store = std::make_shared<HashStore>();
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.debug = DebugLevel::kOff;
+  loom::testing::runThreadRanks(
+      size, [&](int rank) { fn(createProcessGroup("tcp", store, rank, size, options)); });
+}
+
+nn::NamedTensors cloneState(const nn::Module& m) {
+  nn::NamedTensors out;
+  for (const auto& [name, t] : m.stateDict()) out.emplace_back(name, t.detach().clone());
+  return out;
+}
+
+// Two heads; the second one takes part only when useB is set.
+class TwoHeads : public nn::Module {
+ public:
+  TwoHeads() {
+    nn::LinearOptions lo;
+    lo.seed = 11;
+    a_ = std::make_shared<nn::Linear>(6, 3, lo);
+    lo.seed = 12;
+    b_ = std::make_shared<nn::Linear>(6, 3, lo);
+    registerModule("a", a_);
+    registerModule("b", b_);
+  }
+  ag::Tensor forward(const ag::Tensor& x) override {
+    ag::Tensor out = a_->forward(x);
+    return useB ? out + b_->forward(x) : out;
+  }
+  std::string describe() const override { return "TwoHeads"; }
+  bool useB = false;
+
+ private:
+  std::shared_ptr<nn::Linear> a_, b_;
+};
+
+// staticGraph with a parameter unused throughout: one graph search in 5 iterations (where
+// findUnusedParameters searches every time), the same parameters as findUnusedParameters, the
+// bucket order fixed after the rebuild.
+TEST(StaticGraph, SearchesOnceAndTrainsLikeFindUnused) {
+  const int world = 2, steps = 5;
+  const int64_t batch = 3;
+  const Dataset d = makeData(world * batch * steps, 6, 3);
+  std::vector<nn::NamedTensors> results(2);
+  for (bool staticGraph : {false, true}) {
+    runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto model = std::make_shared<TwoHeads>();
+      DdpOptions o;
+      o.staticGraph = staticGraph;
+      o.findUnusedParameters = !staticGraph;
+      o.bucketCapMb = 0;
+      o.firstBucketCapMb = 0;
+      DistributedDataParallel ddp(model, pg, o);
+      ag::optim::SGD opt(model->parameters(), 0.1, {0.9});
+      std::vector<std::vector<std::string>> layoutAfter2;
+      for (int s = 0; s < steps; ++s) {
+        opt.zeroGrad(true);
+        const int64_t begin = s * world * batch + pg->rank() * batch;
+        ag::crossEntropy(ddp.forward(rowsOf(d.x, begin, batch)), rowsOf(d.labels, begin, batch))
+            .backward();
+        EXPECT_FALSE(model->namedParameters()[2].second.grad().defined()) << s;
+        opt.step();
+        if (s == 1) {
+          for (size_t b = 0; b < ddp.reducer().numBuckets(); ++b) {
+            layoutAfter2.push_back(ddp.reducer().bucketParameterNames(b));
+          }
+        }
+      }
+      EXPECT_EQ(ddp.reducer().graphSearches(), staticGraph ? 1 : steps);
+      EXPECT_EQ(ddp.reducer().iterations(), steps);
+      ASSERT_EQ(ddp.reducer().numBuckets(), layoutAfter2.size());
+      for (size_t b = 0; b < layoutAfter2.size(); ++b) {
+        EXPECT_EQ(ddp.reducer().bucketParameterNames(b), layoutAfter2[b]);
+      }
+      if (pg->rank() == 0) results[staticGraph] = cloneState(*model);
+    });
+  }
+  expectClose(results[1], results[0], 1e-6, "staticGraph vs findUnusedParameters");
+}
+
+TEST(StaticGraph, AParameterThatStartsTakingPartIsNamed) {
+  const Dataset d = makeData(8, 6, 3);
+  runGroups(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = std::make_shared<TwoHeads>();
+    DdpOptions o;
+    o.staticGraph = true;
+    DistributedDataParallel ddp(model, pg, o);
+    auto step = [&] {
+      ag::crossEntropy(ddp.forward(rowsOf(d.x, pg->rank() * 4, 4)),
+                       rowsOf(d.labels, pg->rank() * 4, 4))
+          .backward();
+    };
+    step();
+    step();
+    model->useB = true;
+    try {
+      step();
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("staticGraph: parameter 'b."));
+      EXPECT_THAT(e.what(), HasSubstr("unused in the first iteration but got a gradient in "
+                                      "iteration 3"));
+    }
+  });
+}
+
+TEST(StaticGraph, AParameterThatStopsTakingPartIsNamed) {
+  const Dataset d = makeData(8, 6, 3);
+  runGroups(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = std::make_shared<TwoHeads>();
+    model->useB = true;
+    DdpOptions o;
+    o.staticGraph = true;
+    DistributedDataParallel ddp(model, pg, o);
+    auto step = [&] {
+      ag::crossEntropy(ddp.forward(rowsOf(d.x, pg->rank() * 4, 4)),
+                       rowsOf(d.labels, pg->rank() * 4, 4))
+          .backward();
+    };
+    step();
+    model->useB = false;
+    try {
+      step();
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("staticGraph: 2 of 4 parameters took part in the first "
+                                      "iteration but got no gradient in iteration 2: b.weight, "
+                                      "b.bias"));
+    }
+  });
+}
+
+// Join with 3 ranks holding 10, 9 and 7 batches. The reference trains one model without DDP:
+// in iteration s the gradient is the sum of the gradients of the ranks that still have a batch,
+// divided by the world size (divideByInitialWorldSize) or by the number of those ranks.
+TEST(Join, UnevenInputsMatchAReferenceWithoutDdp) {
+  const std::vector<int> batches{10, 9, 7};
+  const int world = 3, steps = 10;
+  const int64_t batch = 4;
+  const Dataset d = makeData(world * batch * steps, 6, 3);
+  auto rowsFor = [&](int rank, int s) { return (s * world + rank) * batch; };
+  for (bool byWorld : {true, false}) {
+    SCOPED_TRACE(byWorld ? "divideByInitialWorldSize" : "average over ranks with data");
+    auto ref = makeMlp({6, 8, 8, 3});
+    ag::optim::SGD refOpt(ref->parameters(), 0.1, {0.9});
+    for (int s = 0; s < steps; ++s) {
+      refOpt.zeroGrad();
+      int active = 0;
+      for (int r = 0; r < world; ++r) {
+        if (s >= batches[r]) continue;
+        ++active;
+        ag::crossEntropy(ref->forward(rowsOf(d.x, rowsFor(r, s), batch)),
+                         rowsOf(d.labels, rowsFor(r, s), batch))
+            .backward();
+      }
+      const float divisor = static_cast<float>(byWorld ? world : active);
+      for (auto& p : ref->parameters()) {
+        float* g = p.grad().data<float>();
+        for (int64_t i = 0; i < p.numel(); ++i) g[i] /= divisor;
+      }
+      refOpt.step();
+    }
+    const nn::NamedTensors expected = cloneState(*ref);
+    runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto model = makeMlp({6, 8, 8, 3}, 7 + 100 * pg->rank());  // fixed by the broadcast
+      DdpOptions o;
+      o.bucketCapMb = 0.0003;  // a few buckets
+      o.firstBucketCapMb = 0.0001;
+      DistributedDataParallel ddp(model, pg, o);
+      ag::optim::SGD opt(model->parameters(), 0.1, {0.9});
+      JoinOptions jo;
+      jo.divideByInitialWorldSize = byWorld;
+      {
+        Join join(ddp, jo);
+        for (int s = 0; s < batches[pg->rank()]; ++s) {
+          opt.zeroGrad();
+          ag::crossEntropy(ddp.forward(rowsOf(d.x, rowsFor(pg->rank(), s), batch)),
+                           rowsOf(d.labels, rowsFor(pg->rank(), s), batch))
+              .backward();
+          EXPECT_EQ(ddp.activeRanks(), s < 7 ? 3 : s < 9 ? 2 : 1) << s;
+          opt.step();
+        }
+        join.finish();
+      }
+      EXPECT_FALSE(ddp.joining());
+      // Every rank ends with the reference model (the 9- and 7-batch ranks get rank 0's).
+      expectClose(cloneState(*model), expected, 1e-5, "rank " + std::to_string(pg->rank()));
+      EXPECT_EQ(ddp.reducer().iterations(), steps);
+    });
+  }
+}
+
+TEST(Join, RanksMustAgreeOnNoSync) {
+  const Dataset d = makeData(8, 6, 3);
+  runGroups(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = makeMlp({6, 4, 3});
+    DistributedDataParallel ddp(model, pg);
+    Join join(ddp);
+    auto run = [&] {
+      ag::crossEntropy(ddp.forward(rowsOf(d.x, 0, 4)), rowsOf(d.labels, 0, 4)).backward();
+    };
+    try {
+      if (pg->rank() == 0) {
+        auto guard = ddp.noSync();
+        run();
+      } else {
+        run();
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("1 of 2 ranks with data ran this iteration under noSync()"));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom::ddp
