@@ -10,8 +10,9 @@
 // DistributedSampler; --batch is per rank. Rank and world size come from the launcher's
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as loom-run and torchrun set them);
 // without it, loom-train runs as a single process. --optimizer picks SGD (--momentum,
-// --nesterov), Adam or AdamW; checkpoints hold the model, the optimizer state and the step, so
-// --resume continues a run exactly as if it had not stopped.
+// --nesterov), Adam or AdamW, --lr-schedule a learning-rate schedule; checkpoints hold the model,
+// the optimizer and scheduler state and the step, so --resume continues a run exactly as if it
+// had not stopped (the shuffled order is a function of the seed and epoch).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -61,6 +62,8 @@ struct Args {
   double bucketCapMb = 25;
   int accumulate = 1;
   std::string commHook = "none";
+  std::string lrSchedule = "none";
+  bool staticGraph = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
   bool resume = false;
@@ -143,12 +146,52 @@ Data loadData(const Args& a) {
   return d;
 }
 
+std::string ckptPathOf(const Args& a) {
+  return a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
+}
+
 void gatherRows(const ag::Tensor& src, const std::vector<int64_t>& rows, ag::Tensor& dst) {
   const size_t rowBytes = src.nbytes() / src.size(0);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::memcpy(static_cast<char*>(dst.rawData()) + i * rowBytes,
                 static_cast<const char*>(src.rawData()) + rows[i] * rowBytes, rowBytes);
   }
+}
+
+// "none", "step:SIZE:GAMMA" (StepLR) or "cosine:TMAX[:ETA_MIN]" (CosineAnnealingLR).
+std::unique_ptr<ag::optim::LRScheduler> makeScheduler(const std::string& spec,
+                                                      ag::optim::Optimizer& optimizer) {
+  if (spec == "none") return nullptr;
+  std::vector<std::string> parts;
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ':');) parts.push_back(item);
+  auto number = [&](size_t i) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(parts[i], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    LOOM_CHECK(used == parts[i].size() && used > 0, "--lr-schedule ", spec, ": '", parts[i],
+               "' is not a number");
+    return v;
+  };
+  if (!parts.empty() && parts[0] == "step" && parts.size() == 3) {
+    const double size = number(1);
+    LOOM_CHECK(size >= 1 && size == static_cast<int64_t>(size), "--lr-schedule ", spec,
+               ": the step size must be an integer >= 1");
+    return std::make_unique<ag::optim::StepLR>(optimizer, static_cast<int64_t>(size), number(2));
+  }
+  if (!parts.empty() && parts[0] == "cosine" && (parts.size() == 2 || parts.size() == 3)) {
+    const double tMax = number(1);
+    LOOM_CHECK(tMax >= 1 && tMax == static_cast<int64_t>(tMax), "--lr-schedule ", spec,
+               ": TMAX must be an integer >= 1");
+    return std::make_unique<ag::optim::CosineAnnealingLR>(optimizer, static_cast<int64_t>(tMax),
+                                                          parts.size() == 3 ? number(2) : 0.0);
+  }
+  LOOM_THROW(InvalidArgumentError, "--lr-schedule: '", spec,
+             "' is not one of none, step:SIZE:GAMMA, cosine:TMAX[:ETA_MIN]");
 }
 
 bool launchedByLauncher() {
@@ -181,6 +224,7 @@ int run(const Args& a) {
   ddp::DdpOptions options;
   options.bucketCapMb = a.bucketCapMb;
   options.commHook = ddp::commHookByName(a.commHook);
+  options.staticGraph = a.staticGraph;
   ddp::DistributedDataParallel ddpModel(model, pg, options);
   std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
   if (a.optimizer == "sgd") {
@@ -198,14 +242,23 @@ int run(const Args& a) {
         std::make_unique<ag::optim::Adam>(model->parameters(), a.lr, ao, a.optimizer == "adamw");
   }
   ag::optim::Optimizer& optimizer = *optimizerPtr;
+  const std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
+  auto save = [&](int64_t step) {
+    if (scheduler) {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer, *scheduler);
+    } else {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer);
+    }
+  };
 
-  const std::string ckptPath =
-      a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
+  const std::string ckptPath = ckptPathOf(a);
   int64_t startStep = 0;
   if (a.resume) {
     LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
     if (std::filesystem::exists(ckptPath)) {
-      startStep = ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, true).step;
+      startStep = scheduler
+                      ? ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, *scheduler, true).step
+                      : ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, true).step;
       if (leader)
         std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
                      static_cast<long long>(startStep));
@@ -266,6 +319,7 @@ int run(const Args& a) {
       }
     }
     optimizer.step();
+    if (scheduler) scheduler->step();
     lastLoss = ddp::reduceMean(*pg, lossSum);
     if (step == startStep) {
       tSteady = Clock::now();  // the first step warms up; rates count from here
@@ -273,7 +327,7 @@ int run(const Args& a) {
       ++steadySteps;
     }
     if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
-      ddp::saveCheckpoint(*pg, ckptPath, *model, step + 1, optimizer);
+      save(step + 1);
     }
     if (!leader) continue;
     if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
@@ -296,7 +350,7 @@ int run(const Args& a) {
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
   if (!ckptPath.empty() && a.steps > startStep) {
-    ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps, optimizer);
+    save(a.steps);
   }
   if (leader) {
     if (tty) std::fprintf(stderr, "\n");
@@ -341,6 +395,11 @@ int main(int argc, char** argv) {
   app.add_option("--comm-hook", a.commHook, "none, fp16 or bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();
+  app.add_option("--lr-schedule", a.lrSchedule,
+                 "none, step:SIZE:GAMMA (StepLR) or cosine:TMAX[:ETA_MIN], stepped once per "
+                 "optimizer step; its state is in the checkpoints")
+      ->capture_default_str();
+  app.add_flag("--static-graph", a.staticGraph, "DDP staticGraph (the same graph every step)");
   app.add_option("--init-weights", a.initWeights, "initial weights (.safetensors)")
       ->check(CLI::ExistingFile);
   app.add_option("--data", a.data, "inputs, float32 [N, in] (.npy)")->check(CLI::ExistingFile);
