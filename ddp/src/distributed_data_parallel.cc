@@ -68,6 +68,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ag::nn::Module>
   ro.firstBucketCapMb = options_.firstBucketCapMb;
   ro.findUnusedParameters = options_.findUnusedParameters;
   ro.staticGraph = options_.staticGraph;
+  ro.gradientAsBucketView = options_.gradientAsBucketView;
   ro.commHook = options_.commHook;
   Reducer::NamedParameters params;
   for (auto& [name, t] : module_->namedParameters()) {

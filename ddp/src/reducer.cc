@@ -81,10 +81,10 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
       b.view.shapes.push_back(params_[p].second.shape());
       count += static_cast<size_t>(params_[p].second.numel());
     }
-    b.data.assign(count, 0.0f);
+    b.storage = std::make_shared<std::vector<float>>(count, 0.0f);
     b.view.index = static_cast<int>(i);
     b.view.isLast = i + 1 == buckets_.size();
-    b.view.data = b.data.data();
+    b.view.data = b.data();
     b.view.count = count;
     b.view.offsets = b.offsets;
   }
@@ -115,6 +115,33 @@ void Reducer::rebuildFromObservedOrder() {
   rebuildPending_ = false;
 }
 
+ag::Tensor Reducer::bucketView(size_t param) {
+  const ag::Tensor& p = params_[param].second;
+  auto impl = std::make_shared<ag::TensorImpl>();
+  impl->storage =
+      std::make_shared<ag::Storage>(slot(param), static_cast<size_t>(p.numel()) * sizeof(float),
+                                    buckets_[bucketOf_[param]].storage);
+  impl->shape = p.shape();
+  impl->numel = p.numel();
+  impl->dtype = ag::DType::kFloat32;
+  return ag::Tensor(std::move(impl));
+}
+
+// Parameters with a defined gradient that is not their bucket slot (a new one from autograd
+// after zeroGrad(setToNone), or one in a bucket from before a rebuild) move it into the slot
+// and take the view. Undefined gradients stay undefined.
+void Reducer::attachGradViews() {
+  for (size_t p = 0; p < params_.size(); ++p) {
+    ag::Tensor& param = params_[p].second;
+    const ag::Tensor grad = param.grad();
+    if (!grad.defined()) continue;
+    float* dst = slot(p);
+    if (grad.data<float>() == dst) continue;
+    std::memcpy(dst, grad.data<float>(), static_cast<size_t>(param.numel()) * sizeof(float));
+    param.setGrad(bucketView(p));
+  }
+}
+
 void Reducer::resetIteration() {
   expecting_ = false;
   firstHookSeen_ = false;
@@ -136,6 +163,7 @@ void Reducer::prepareForBackward(const std::vector<ag::Tensor>& outputs) {
   if (expecting_) finalize();  // throws the unused-parameter error when it never finished
   if (rebuildPending_) rebuildFromObservedOrder();
   resetIteration();
+  if (options_.gradientAsBucketView) attachGradViews();
   expecting_ = true;
   if (staticKnown_) {
     unused_ = staticUnused_;
@@ -222,12 +250,12 @@ void Reducer::markReady(size_t param, bool fromHook) {
   if (fromHook) locallyUsed_[param] = 1;
   if (!rebuilt_) readyOrder_.push_back(param);
   Bucket& b = buckets_[bucketOf_[param]];
-  float* dst = b.data.data() + b.offsets[slotOf_[param]];
+  float* dst = b.data() + b.offsets[slotOf_[param]];
   const ag::Tensor grad = params_[param].second.grad();
   const size_t count = static_cast<size_t>(params_[param].second.numel());
   hadGrad_[param] = grad.defined();
   if (grad.defined()) {
-    std::memcpy(dst, grad.data<float>(), count * sizeof(float));
+    if (grad.data<float>() != dst) std::memcpy(dst, grad.data<float>(), count * sizeof(float));
   } else {
     std::memset(dst, 0, count * sizeof(float));
   }
@@ -237,7 +265,7 @@ void Reducer::markReady(size_t param, bool fromHook) {
 void Reducer::launchReadyBuckets() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
     Bucket& b = buckets_[nextLaunch_];
-    b.view.data = b.data.data();
+    b.view.data = b.data();
     b.future = options_.commHook->start(*pg_, b.view);
     b.launched = true;
     ++nextLaunch_;
@@ -312,11 +340,18 @@ void Reducer::finalize() {
   for (size_t p = 0; p < params_.size(); ++p) {
     ag::Tensor& param = params_[p].second;
     if (!globalUsed.empty() && globalUsed[p] == 0 && !param.grad().defined()) continue;
-    const Bucket& b = buckets_[bucketOf_[p]];
+    float* src = slot(p);
+    const size_t count = static_cast<size_t>(param.numel());
+    if (options_.gradientAsBucketView) {
+      const ag::Tensor current = param.grad();
+      if (!current.defined() || current.data<float>() != src) param.setGrad(bucketView(p));
+      if (gradScale_ != 1.0f) {
+        for (size_t i = 0; i < count; ++i) src[i] *= gradScale_;
+      }
+      continue;
+    }
     ag::Tensor grad = param.mutableGrad();
     float* dst = grad.data<float>();
-    const float* src = b.data.data() + b.offsets[slotOf_[p]];
-    const size_t count = static_cast<size_t>(param.numel());
     if (gradScale_ == 1.0f) {
       std::memcpy(dst, src, count * sizeof(float));
     } else {
@@ -341,8 +376,8 @@ void Reducer::shadowBackward() {
   resetIteration();
   try {
     for (Bucket& b : buckets_) {
-      std::fill(b.data.begin(), b.data.end(), 0.0f);
-      b.view.data = b.data.data();
+      std::fill(b.storage->begin(), b.storage->end(), 0.0f);
+      b.view.data = b.data();
       b.future = options_.commHook->start(*pg_, b.view);
       b.launched = true;
     }

@@ -371,6 +371,75 @@ TEST(PowerSgd, TrainsInsideDdp) {
   });
 }
 
+// gradientAsBucketView (the default) against the copying path: bitwise the same parameters for
+// 2 and 3 ranks x SGD momentum and Adam x noSync accumulation over 1 and 3 micro-batches x bucket
+// caps 0, 0.0003 and 25 MiB (rebuild included); and with views on, every gradient's storage lies
+// inside a bucket after every step (nothing was copied out), also after zeroGrad(setToNone).
+TEST(GradientAsBucketView, EqualsTheCopyingPathBitwiseAndLivesInTheBuckets) {
+  const int steps = 4;
+  const int64_t batch = 3;
+  for (int world : {2, 3}) {
+    for (OptKind kind : {OptKind::kSGD, OptKind::kAdam}) {
+      for (int accumulate : {1, 3}) {
+        for (double cap : {0.0, 0.0003, 25.0}) {
+          const std::string what = "world " + std::to_string(world) + " accumulate " +
+                                   std::to_string(accumulate) + " cap " + std::to_string(cap) +
+                                   (kind == OptKind::kSGD ? " sgd" : " adam");
+          SCOPED_TRACE(what);
+          const Dataset d = makeData(world * batch * steps * accumulate, 10, 4);
+          std::vector<nn::NamedTensors> finals(2);
+          for (bool views : {false, true}) {
+            runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
+              auto model = makeMlp({10, 12, 7, 4});
+              DdpOptions o;
+              o.gradientAsBucketView = views;
+              o.bucketCapMb = cap;
+              o.firstBucketCapMb = std::min(cap, 1.0);
+              DistributedDataParallel ddp(model, pg, o);
+              auto opt = makeOptimizer(kind, model->parameters());
+              for (int s = 0; s < steps; ++s) {
+                opt->zeroGrad(s == 2);  // once with setToNone: the views must come back
+                for (int k = 0; k < accumulate; ++k) {
+                  const int64_t begin = ((s * accumulate + k) * world + pg->rank()) * batch;
+                  auto run = [&] {
+                    ag::crossEntropy(ddp.forward(rowsOf(d.x, begin, batch)),
+                                     rowsOf(d.labels, begin, batch))
+                        .backward();
+                  };
+                  if (k + 1 < accumulate) {
+                    auto guard = ddp.noSync();
+                    run();
+                  } else {
+                    run();
+                  }
+                }
+                if (views) {
+                  for (const auto& [name, p] : model->namedParameters()) {
+                    const float* g = p.grad().data<float>();
+                    bool inside = false;
+                    for (size_t b = 0; b < ddp.reducer().numBuckets(); ++b) {
+                      const float* lo = ddp.reducer().bucketData(b);
+                      inside |= g >= lo && g + p.numel() <= lo + ddp.reducer().bucketSize(b);
+                    }
+                    EXPECT_TRUE(inside) << name << " step " << s << ": grad() is not a bucket view";
+                  }
+                }
+                opt->step();
+              }
+              if (pg->rank() == 0) finals[views] = cloneState(*model);
+            });
+          }
+          for (size_t i = 0; i < finals[0].size(); ++i) {
+            EXPECT_EQ(0, std::memcmp(finals[0][i].second.rawData(), finals[1][i].second.rawData(),
+                                     finals[0][i].second.nbytes()))
+                << finals[0][i].first << " differs between views and copies";
+          }
+        }
+      }
+    }
+  }
+}
+
 int64_t systemUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())

@@ -38,6 +38,7 @@ struct DdpOptions {
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;
   bool staticGraph = false;
+  bool gradientAsBucketView = true;    // grad() lives in the bucket (see reducer.h)
   std::shared_ptr<CommHook> commHook;  // null: average with all-reduce
 };
 

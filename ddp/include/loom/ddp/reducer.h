@@ -25,6 +25,14 @@
 //   undefined grad() if they had none. Without the option, an iteration where some parameter
 //   never got a gradient fails with an error that names those parameters, thrown out of that
 //   backward (or, if no gradient arrived at all, at the next forward).
+// - gradientAsBucketView (default on): a parameter's grad() is a view into its bucket slot
+//   (autograd_lite storage over the bucket's memory), so backward accumulates straight into the
+//   bucket and the reduced values are the gradients: nothing is copied in or out. A parameter
+//   gets its view once it has a defined gradient (the first backward's gradient is copied in
+//   once and the view set at the end of that iteration; after a bucket rebuild the values move
+//   to the new bucket once); an undefined grad() stays undefined (optimizers skip it), and
+//   zeroGrad(setToNone) drops the view until the next iteration re-attaches it. Off: the
+//   gradient is copied into the bucket when ready and the reduced value copied back.
 // - Outside synced iterations (noSync, or eval), the hooks do nothing: gradients accumulate in
 //   grad(), and the next synced backward reduces the accumulated sum.
 // Thread-safety: one training thread (forward, backward and finalize on the same thread).
@@ -48,6 +56,7 @@ struct ReducerOptions {
   double firstBucketCapMb = 1.0;
   bool findUnusedParameters = false;
   bool staticGraph = false;
+  bool gradientAsBucketView = true;
   std::shared_ptr<CommHook> commHook;  // null: allreduceHook()
 };
 
@@ -73,6 +82,9 @@ class Reducer {
   size_t numBuckets() const { return buckets_.size(); }
   // Parameter names of bucket i, in layout order.
   std::vector<std::string> bucketParameterNames(size_t i) const;
+  // Bucket i's flat storage and its length in floats.
+  const float* bucketData(size_t i) const { return buckets_.at(i).storage->data(); }
+  size_t bucketSize(size_t i) const { return buckets_.at(i).storage->size(); }
   bool rebuilt() const { return rebuilt_; }
   bool expectingBackward() const { return expecting_; }
   // Synced iterations finished (shadowed ones included).
@@ -84,7 +96,10 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;   // indices into params_
     std::vector<size_t> offsets;  // float offset of each in data
-    std::vector<float> data;
+    // Shared: with gradientAsBucketView, parameters' grad() are views into it that keep it
+    // alive (even across a rebuild, until they are re-attached).
+    std::shared_ptr<std::vector<float>> storage;
+    float* data() { return storage->data(); }
     size_t pending = 0;  // parameters not yet ready this iteration
     GradBucket view;
     std::unique_ptr<HookFuture> future;
@@ -101,6 +116,11 @@ class Reducer {
   void finishIteration();
   bool agreesOnUsed() const { return options_.findUnusedParameters || options_.staticGraph; }
   void searchUnused(const std::vector<ag::Tensor>& outputs);
+  float* slot(size_t param) {
+    return buckets_[bucketOf_[param]].data() + buckets_[bucketOf_[param]].offsets[slotOf_[param]];
+  }
+  ag::Tensor bucketView(size_t param);
+  void attachGradViews();
   std::string who() const;
 
   NamedParameters params_;
