@@ -64,6 +64,7 @@ struct Args {
   std::string commHook = "none";
   std::string lrSchedule = "none";
   bool staticGraph = false;
+  bool copyGrads = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
   bool resume = false;
@@ -225,6 +226,7 @@ int run(const Args& a) {
   options.bucketCapMb = a.bucketCapMb;
   options.commHook = ddp::commHookByName(a.commHook);
   options.staticGraph = a.staticGraph;
+  options.gradientAsBucketView = !a.copyGrads;
   ddp::DistributedDataParallel ddpModel(model, pg, options);
   std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
   if (a.optimizer == "sgd") {
@@ -400,6 +402,8 @@ int main(int argc, char** argv) {
                  "optimizer step; its state is in the checkpoints")
       ->capture_default_str();
   app.add_flag("--static-graph", a.staticGraph, "DDP staticGraph (the same graph every step)");
+  app.add_flag("--copy-grads", a.copyGrads,
+               "copy gradients into DDP's buckets and back (gradientAsBucketView off)");
   app.add_option("--init-weights", a.initWeights, "initial weights (.safetensors)")
       ->check(CLI::ExistingFile);
   app.add_option("--data", a.data, "inputs, float32 [N, in] (.npy)")->check(CLI::ExistingFile);

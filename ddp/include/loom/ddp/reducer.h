@@ -6,13 +6,15 @@
 //   usually become ready in); the first bucket holds at most `firstBucketCapMb`, the others at
 //   most `bucketCapMb` (a parameter larger than the cap gets a bucket of its own).
 // - Every parameter has a gradient-ready hook. In a synced iteration (prepareForBackward was
-//   called), the hook copies the parameter's gradient into its slot of the bucket and, when
+//   called), the hook marks the parameter's gradient ready in its slot of the bucket (copying
+//   it there unless it already is a view of the slot, see gradientAsBucketView) and, when
 //   the bucket is complete, starts the bucket's reduction through the comm hook. Buckets are
 //   started strictly in index order (a complete bucket waits for the ones before it), so every
 //   rank issues the same collectives in the same order while backward still runs.
 // - At the first hook of a pass the reducer queues a callback with the autograd engine
 //   (ag::queueCallback) that finalizes when the whole pass is done: it waits for every bucket
-//   and copies the averaged values back into the parameters' grad(), so backward() returns
+//   and leaves the averaged values in the parameters' grad() (views of the slots, or copies
+//   without gradientAsBucketView), so backward() returns
 //   with reduced gradients, or throws the unused-parameter error below. finalize() may also be
 //   called after backward; it is a no-op when the iteration already finished.
 // - After the first finished iteration, the order in which gradients became ready (rank 0's,
