@@ -37,6 +37,7 @@
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/eval.h"
 #include "loom/ddp/sampler.h"
+#include "loom/ddp/zero_optimizer.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
 #include "loom/store/hash_store.h"
@@ -65,6 +66,7 @@ struct Args {
   std::string lrSchedule = "none";
   bool staticGraph = false;
   bool copyGrads = false;
+  bool zero = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
   bool resume = false;
@@ -228,29 +230,46 @@ int run(const Args& a) {
   options.staticGraph = a.staticGraph;
   options.gradientAsBucketView = !a.copyGrads;
   ddp::DistributedDataParallel ddpModel(model, pg, options);
-  std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
-  if (a.optimizer == "sgd") {
-    ag::optim::SGDOptions so;
-    so.momentum = a.momentum;
-    so.weightDecay = a.weightDecay;
-    so.nesterov = a.nesterov;
-    optimizerPtr = std::make_unique<ag::optim::SGD>(model->parameters(), a.lr, so);
-  } else {
+  auto makeOptimizer =
+      [&](std::vector<ag::Tensor> params) -> std::unique_ptr<ag::optim::Optimizer> {
+    if (a.optimizer == "sgd") {
+      ag::optim::SGDOptions so;
+      so.momentum = a.momentum;
+      so.weightDecay = a.weightDecay;
+      so.nesterov = a.nesterov;
+      return std::make_unique<ag::optim::SGD>(std::move(params), a.lr, so);
+    }
     LOOM_CHECK(a.momentum == 0.0 && !a.nesterov,
                "--momentum and --nesterov are for --optimizer sgd");
     ag::optim::AdamOptions ao;
     ao.weightDecay = a.weightDecay;
-    optimizerPtr =
-        std::make_unique<ag::optim::Adam>(model->parameters(), a.lr, ao, a.optimizer == "adamw");
+    return std::make_unique<ag::optim::Adam>(std::move(params), a.lr, ao, a.optimizer == "adamw");
+  };
+  // --zero: ZeRO-1 owns the optimizer (this rank's shard); DDP only broadcasts at construction
+  // and every backward runs under noSync (the reduce-scatter happens in zero->step()).
+  std::unique_ptr<ddp::ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
+  if (a.zero) {
+    zero =
+        std::make_unique<ddp::ZeroRedundancyOptimizer>(model->namedParameters(), pg, makeOptimizer);
+  } else {
+    optimizerPtr = makeOptimizer(model->parameters());
   }
-  ag::optim::Optimizer& optimizer = *optimizerPtr;
+  ag::optim::Optimizer& optimizer = zero ? zero->localOptimizer() : *optimizerPtr;
   const std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
   auto save = [&](int64_t step) {
-    if (scheduler) {
+    if (zero) {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, *zero, scheduler.get());
+    } else if (scheduler) {
       ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer, *scheduler);
     } else {
       ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer);
     }
+  };
+  auto load = [&](const std::string& path) {
+    if (zero) return ddp::loadCheckpoint(*pg, path, *model, *zero, scheduler.get()).step;
+    if (scheduler) return ddp::loadCheckpoint(*pg, path, *model, optimizer, *scheduler, true).step;
+    return ddp::loadCheckpoint(*pg, path, *model, optimizer, true).step;
   };
 
   const std::string ckptPath = ckptPathOf(a);
@@ -258,9 +277,7 @@ int run(const Args& a) {
   if (a.resume) {
     LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
     if (std::filesystem::exists(ckptPath)) {
-      startStep = scheduler
-                      ? ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, *scheduler, true).step
-                      : ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, true).step;
+      startStep = load(ckptPath);
       if (leader)
         std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
                      static_cast<long long>(startStep));
@@ -292,7 +309,11 @@ int run(const Args& a) {
   int64_t steadySteps = 0;
   double lastLoss = 0;
   for (int64_t step = startStep; step < a.steps; ++step) {
-    optimizer.zeroGrad();
+    if (zero) {
+      zero->zeroGrad();
+    } else {
+      optimizer.zeroGrad();
+    }
     double lossSum = 0;
     for (int k = 0; k < a.accumulate; ++k) {
       const int64_t micro = step * a.accumulate + k;
@@ -312,7 +333,7 @@ int run(const Args& a) {
         loss.backward();
         lossSum += loss.item();
       };
-      if (k + 1 < a.accumulate) {
+      if (k + 1 < a.accumulate || zero) {
         auto guard = ddpModel.noSync();
         forwardBackward();
       } else {
@@ -320,7 +341,11 @@ int run(const Args& a) {
         ddpModel.finalize();
       }
     }
-    optimizer.step();
+    if (zero) {
+      zero->step();
+    } else {
+      optimizer.step();
+    }
     if (scheduler) scheduler->step();
     lastLoss = ddp::reduceMean(*pg, lossSum);
     if (step == startStep) {
@@ -354,8 +379,14 @@ int run(const Args& a) {
   if (!ckptPath.empty() && a.steps > startStep) {
     save(a.steps);
   }
+  size_t stateBytes = 0;
+  for (const auto& [name, t] : optimizer.stateDict()) {
+    stateBytes += static_cast<size_t>(t.numel()) * ag::dtypeSize(t.dtype());
+  }
   if (leader) {
     if (tty) std::fprintf(stderr, "\n");
+    std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
+                zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
     std::printf(
@@ -404,6 +435,9 @@ int main(int argc, char** argv) {
   app.add_flag("--static-graph", a.staticGraph, "DDP staticGraph (the same graph every step)");
   app.add_flag("--copy-grads", a.copyGrads,
                "copy gradients into DDP's buckets and back (gradientAsBucketView off)");
+  app.add_flag("--zero", a.zero,
+               "ZeRO-1: optimizer state sharded over the ranks (reduce-scatter, step the shard, "
+               "all-gather); prints the optimizer-state bytes per rank");
   app.add_option("--init-weights", a.initWeights, "initial weights (.safetensors)")
       ->check(CLI::ExistingFile);
   app.add_option("--data", a.data, "inputs, float32 [N, in] (.npy)")->check(CLI::ExistingFile);
