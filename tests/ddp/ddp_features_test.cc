@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -163,64 +164,80 @@ TEST(StaticGraph, AParameterThatStopsTakingPartIsNamed) {
   });
 }
 
-// Join with 3 ranks holding 10, 9 and 7 batches. The reference trains one model without DDP:
-// in iteration s the gradient is the sum of the gradients of the ranks that still have a batch,
-// divided by the world size (divideByInitialWorldSize) or by the number of those ranks.
-TEST(Join, UnevenInputsMatchAReferenceWithoutDdp) {
-  const std::vector<int> batches{10, 9, 7};
-  const int world = 3, steps = 10;
+// Join: ranks hold batches[r] batches. The reference trains one model without DDP: in iteration
+// s the gradient is the sum of the gradients of the ranks that still have a batch, divided by
+// the world size (divideByInitialWorldSize) or by the number of those ranks. Every rank must end
+// with the reference model (those that ran out early get it from the last rank with data).
+void checkJoin(const std::vector<int>& batches, bool byWorld, bool findUnused) {
+  const int world = static_cast<int>(batches.size());
+  const int steps = *std::max_element(batches.begin(), batches.end());
   const int64_t batch = 4;
   const Dataset d = makeData(world * batch * steps, 6, 3);
   auto rowsFor = [&](int rank, int s) { return (s * world + rank) * batch; };
+  auto activeAt = [&](int s) {
+    return static_cast<int>(
+        std::count_if(batches.begin(), batches.end(), [&](int b) { return s < b; }));
+  };
+  auto ref = makeMlp({6, 8, 8, 3});
+  ag::optim::SGD refOpt(ref->parameters(), 0.1, {0.9});
+  for (int s = 0; s < steps; ++s) {
+    refOpt.zeroGrad();
+    for (int r = 0; r < world; ++r) {
+      if (s >= batches[r]) continue;
+      ag::crossEntropy(ref->forward(rowsOf(d.x, rowsFor(r, s), batch)),
+                       rowsOf(d.labels, rowsFor(r, s), batch))
+          .backward();
+    }
+    const float divisor = static_cast<float>(byWorld ? world : activeAt(s));
+    for (auto& p : ref->parameters()) {
+      float* g = p.grad().data<float>();
+      for (int64_t i = 0; i < p.numel(); ++i) g[i] /= divisor;
+    }
+    refOpt.step();
+  }
+  const nn::NamedTensors expected = cloneState(*ref);
+  runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = makeMlp({6, 8, 8, 3}, 7 + 100 * pg->rank());  // fixed by the broadcast
+    DdpOptions o;
+    o.bucketCapMb = 0.0003;  // a few buckets
+    o.firstBucketCapMb = 0.0001;
+    o.findUnusedParameters = findUnused;
+    DistributedDataParallel ddp(model, pg, o);
+    ag::optim::SGD opt(model->parameters(), 0.1, {0.9});
+    JoinOptions jo;
+    jo.divideByInitialWorldSize = byWorld;
+    {
+      Join join(ddp, jo);
+      for (int s = 0; s < batches[pg->rank()]; ++s) {
+        opt.zeroGrad();
+        ag::crossEntropy(ddp.forward(rowsOf(d.x, rowsFor(pg->rank(), s), batch)),
+                         rowsOf(d.labels, rowsFor(pg->rank(), s), batch))
+            .backward();
+        EXPECT_EQ(ddp.activeRanks(), activeAt(s)) << s;
+        opt.step();
+      }
+      join.finish();
+    }
+    EXPECT_FALSE(ddp.joining());
+    expectClose(cloneState(*model), expected, 1e-5, "rank " + std::to_string(pg->rank()));
+    EXPECT_EQ(ddp.reducer().iterations(), steps);
+  });
+}
+
+TEST(Join, UnevenInputsMatchAReferenceWithoutDdp) {
   for (bool byWorld : {true, false}) {
     SCOPED_TRACE(byWorld ? "divideByInitialWorldSize" : "average over ranks with data");
-    auto ref = makeMlp({6, 8, 8, 3});
-    ag::optim::SGD refOpt(ref->parameters(), 0.1, {0.9});
-    for (int s = 0; s < steps; ++s) {
-      refOpt.zeroGrad();
-      int active = 0;
-      for (int r = 0; r < world; ++r) {
-        if (s >= batches[r]) continue;
-        ++active;
-        ag::crossEntropy(ref->forward(rowsOf(d.x, rowsFor(r, s), batch)),
-                         rowsOf(d.labels, rowsFor(r, s), batch))
-            .backward();
-      }
-      const float divisor = static_cast<float>(byWorld ? world : active);
-      for (auto& p : ref->parameters()) {
-        float* g = p.grad().data<float>();
-        for (int64_t i = 0; i < p.numel(); ++i) g[i] /= divisor;
-      }
-      refOpt.step();
-    }
-    const nn::NamedTensors expected = cloneState(*ref);
-    runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
-      auto model = makeMlp({6, 8, 8, 3}, 7 + 100 * pg->rank());  // fixed by the broadcast
-      DdpOptions o;
-      o.bucketCapMb = 0.0003;  // a few buckets
-      o.firstBucketCapMb = 0.0001;
-      DistributedDataParallel ddp(model, pg, o);
-      ag::optim::SGD opt(model->parameters(), 0.1, {0.9});
-      JoinOptions jo;
-      jo.divideByInitialWorldSize = byWorld;
-      {
-        Join join(ddp, jo);
-        for (int s = 0; s < batches[pg->rank()]; ++s) {
-          opt.zeroGrad();
-          ag::crossEntropy(ddp.forward(rowsOf(d.x, rowsFor(pg->rank(), s), batch)),
-                           rowsOf(d.labels, rowsFor(pg->rank(), s), batch))
-              .backward();
-          EXPECT_EQ(ddp.activeRanks(), s < 7 ? 3 : s < 9 ? 2 : 1) << s;
-          opt.step();
-        }
-        join.finish();
-      }
-      EXPECT_FALSE(ddp.joining());
-      // Every rank ends with the reference model (the 9- and 7-batch ranks get rank 0's).
-      expectClose(cloneState(*model), expected, 1e-5, "rank " + std::to_string(pg->rank()));
-      EXPECT_EQ(ddp.reducer().iterations(), steps);
-    });
+    checkJoin({10, 9, 7}, byWorld, false);
   }
+}
+
+// With findUnusedParameters (the joined ranks shadow the used-flags all-reduce too), and with a
+// rank that never has a batch while rank 0 runs out first (the rebuild and the final model
+// then come from other ranks' runs).
+TEST(Join, FindUnusedAndARankWithoutData) {
+  checkJoin({10, 9, 7}, false, true);
+  checkJoin({3, 0, 5}, false, false);
+  checkJoin({3, 0, 5}, true, true);
 }
 
 TEST(Join, RanksMustAgreeOnNoSync) {
