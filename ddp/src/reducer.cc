@@ -387,9 +387,17 @@ void Reducer::shadowBackward() {
     resetIteration();
     throw;
   }
-  if (!staticKnown_ && agreesOnUsed() && pg_->size() > 1 && !params_.empty()) {
+  if (!staticKnown_ && agreesOnUsed()) {
     std::vector<int32_t> used(params_.size(), 0);
-    pg_->allreduce(view(used.data(), used.size()))->wait();
+    if (pg_->size() > 1 && !used.empty()) pg_->allreduce(view(used.data(), used.size()))->wait();
+    // staticGraph: the others now know the set; so must this rank, or it would keep sending
+    // flags they no longer expect.
+    if (options_.staticGraph) {
+      staticUnused_.clear();
+      staticUnusedFlag_.assign(params_.size(), 0);
+      staticGlobalUsed_ = used;
+      staticKnown_ = true;
+    }
   }
   finishIteration();
 }

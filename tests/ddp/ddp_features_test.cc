@@ -168,7 +168,8 @@ TEST(StaticGraph, AParameterThatStopsTakingPartIsNamed) {
 // s the gradient is the sum of the gradients of the ranks that still have a batch, divided by
 // the world size (divideByInitialWorldSize) or by the number of those ranks. Every rank must end
 // with the reference model (those that ran out early get it from the last rank with data).
-void checkJoin(const std::vector<int>& batches, bool byWorld, bool findUnused) {
+void checkJoin(const std::vector<int>& batches, bool byWorld, bool findUnused,
+               bool staticGraph = false) {
   const int world = static_cast<int>(batches.size());
   const int steps = *std::max_element(batches.begin(), batches.end());
   const int64_t batch = 4;
@@ -202,6 +203,7 @@ void checkJoin(const std::vector<int>& batches, bool byWorld, bool findUnused) {
     o.bucketCapMb = 0.0003;  // a few buckets
     o.firstBucketCapMb = 0.0001;
     o.findUnusedParameters = findUnused;
+    o.staticGraph = staticGraph;
     DistributedDataParallel ddp(model, pg, o);
     ag::optim::SGD opt(model->parameters(), 0.1, {0.9});
     JoinOptions jo;
@@ -233,11 +235,12 @@ TEST(Join, UnevenInputsMatchAReferenceWithoutDdp) {
 
 // With findUnusedParameters (the joined ranks shadow the used-flags all-reduce too), and with a
 // rank that never has a batch while rank 0 runs out first (the rebuild and the final model
-// then come from other ranks' runs).
+// then come from other ranks' runs), also under staticGraph.
 TEST(Join, FindUnusedAndARankWithoutData) {
   checkJoin({10, 9, 7}, false, true);
   checkJoin({3, 0, 5}, false, false);
   checkJoin({3, 0, 5}, true, true);
+  checkJoin({3, 0, 5}, false, false, true);  // staticGraph: the rank without data learns the set
 }
 
 TEST(Join, RanksMustAgreeOnNoSync) {
