@@ -39,26 +39,34 @@ void orthogonalize(float* a, int64_t rows, int64_t cols, double epsilon) {
   }
 }
 
-// out (n x r) = m (n x k) * q (k x r); all row-major.
+// out (n x r) = m (n x k) * q (k x r); all row-major. Walks m once, in order; sums in double.
 void matmul(const float* m, const float* q, float* out, int64_t n, int64_t k, int64_t r) {
+  std::vector<double> acc(static_cast<size_t>(r));
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t c = 0; c < r; ++c) {
-      double sum = 0;
-      for (int64_t j = 0; j < k; ++j) sum += static_cast<double>(m[i * k + j]) * q[j * r + c];
-      out[i * r + c] = static_cast<float>(sum);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    const float* row = m + i * k;
+    for (int64_t j = 0; j < k; ++j) {
+      const double v = row[j];
+      const float* qj = q + j * r;
+      for (int64_t c = 0; c < r; ++c) acc[c] += v * qj[c];
     }
+    for (int64_t c = 0; c < r; ++c) out[i * r + c] = static_cast<float>(acc[c]);
   }
 }
 
-// out (k x r) = m^T (k x n) * p (n x r), m being (n x k).
+// out (k x r) = m^T (k x n) * p (n x r), m being (n x k). Walks m once, in order.
 void matmulTransposed(const float* m, const float* p, float* out, int64_t n, int64_t k, int64_t r) {
-  for (int64_t j = 0; j < k; ++j) {
-    for (int64_t c = 0; c < r; ++c) {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(m[i * k + j]) * p[i * r + c];
-      out[j * r + c] = static_cast<float>(sum);
+  std::vector<double> acc(static_cast<size_t>(k * r), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = m + i * k;
+    const float* pi = p + i * r;
+    for (int64_t j = 0; j < k; ++j) {
+      const double v = row[j];
+      double* aj = acc.data() + j * r;
+      for (int64_t c = 0; c < r; ++c) aj[c] += v * pi[c];
     }
   }
+  for (int64_t j = 0; j < k * r; ++j) out[j] = static_cast<float>(acc[j]);
 }
 
 struct Job {

@@ -36,6 +36,7 @@
 #include "loom/ddp/checkpoint.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/eval.h"
+#include "loom/ddp/powersgd_hook.h"
 #include "loom/ddp/sampler.h"
 #include "loom/ddp/zero_optimizer.h"
 #include "loom/process_group/factory.h"
@@ -63,6 +64,8 @@ struct Args {
   double bucketCapMb = 25;
   int accumulate = 1;
   std::string commHook = "none";
+  int powerSgdRank = 1;
+  int64_t powerSgdStart = 10;
   std::string lrSchedule = "none";
   bool staticGraph = false;
   bool copyGrads = false;
@@ -226,7 +229,14 @@ int run(const Args& a) {
 
   ddp::DdpOptions options;
   options.bucketCapMb = a.bucketCapMb;
-  options.commHook = ddp::commHookByName(a.commHook);
+  if (a.commHook == "powersgd") {
+    ddp::PowerSgdOptions po;
+    po.matrixApproximationRank = a.powerSgdRank;
+    po.startPowerSgdIter = a.powerSgdStart;
+    options.commHook = std::make_shared<ddp::PowerSgdHook>(po);
+  } else {
+    options.commHook = ddp::commHookByName(a.commHook);
+  }
   options.staticGraph = a.staticGraph;
   options.gradientAsBucketView = !a.copyGrads;
   ddp::DistributedDataParallel ddpModel(model, pg, options);
@@ -425,8 +435,13 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate", a.accumulate,
                  "micro-batches per step (noSync for all but the last)")
       ->capture_default_str();
-  app.add_option("--comm-hook", a.commHook, "none, fp16 or bf16")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
+  app.add_option("--comm-hook", a.commHook, "none, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}))
+      ->capture_default_str();
+  app.add_option("--powersgd-rank", a.powerSgdRank, "PowerSGD matrix approximation rank")
+      ->capture_default_str();
+  app.add_option("--powersgd-start", a.powerSgdStart,
+                 "PowerSGD: plain all-reduce before this iteration (> 1)")
       ->capture_default_str();
   app.add_option("--lr-schedule", a.lrSchedule,
                  "none, step:SIZE:GAMMA (StepLR) or cosine:TMAX[:ETA_MIN], stepped once per "
