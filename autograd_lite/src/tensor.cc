@@ -113,8 +113,19 @@ Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
   if (data_ == nullptr) throw std::bad_alloc();
 }
 
+Storage::Storage(void* external, size_t nbytes, std::shared_ptr<void> owner)
+    : data_(external), nbytes_(nbytes), owner_(std::move(owner)) {
+  if (external == nullptr && nbytes > 0) {
+    throw std::invalid_argument("Storage: external memory of " + std::to_string(nbytes) +
+                                " bytes at nullptr");
+  }
+  if (owner_ == nullptr) {
+    throw std::invalid_argument("Storage: external memory needs an owner that keeps it alive");
+  }
+}
+
 Storage::~Storage() {
-  std::free(data_);
+  if (!owner_) std::free(data_);
 }
 
 // ---- Tensor ----

@@ -13,6 +13,7 @@
 #include "loom/common/error.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/tensor_view.h"
+#include "loom/ddp/zero_optimizer.h"
 
 namespace loom::ddp {
 
@@ -28,11 +29,20 @@ void fsyncPath(const std::string& path, bool directory) {
   if (rc != 0) LOOM_THROW(IoError, "checkpoint: fsync ", path, ": ", detail::errnoText(err));
 }
 
+// The scheduler's state: its epoch (int64) and base lr (float64), as "sched.*".
+ag::nn::NamedTensors schedulerState(const ag::optim::LRScheduler* scheduler) {
+  if (scheduler == nullptr) return {};
+  return {{"epoch", ag::scalarTensor(static_cast<double>(scheduler->epoch()), ag::DType::kInt64)},
+          {"base_lr", ag::scalarTensor(scheduler->baseLr(), ag::DType::kFloat64)}};
+}
+
 void writeFile(const std::string& path, const ag::nn::Module& model, int64_t step,
-               const ag::nn::NamedTensors& extra) {
+               const ag::nn::NamedTensors& extra,
+               const ag::optim::LRScheduler* scheduler = nullptr) {
   ag::nn::NamedTensors tensors;
   for (const auto& [name, t] : model.stateDict()) tensors.emplace_back("model." + name, t);
   for (const auto& [name, t] : extra) tensors.emplace_back("optim." + name, t);
+  for (const auto& [name, t] : schedulerState(scheduler)) tensors.emplace_back("sched." + name, t);
   const std::filesystem::path target(path);
   const std::string dir =
       target.has_parent_path() ? target.parent_path().string() : std::string(".");
@@ -109,12 +119,27 @@ void saveCollective(ProcessGroup& pg, const std::string& path, Write&& write) {
   }
 }
 
+// The scheduler has no setter for its epoch: it is stepped forward to the saved epoch, which
+// sets the optimizer's lr to lrAt(epoch), the value the optimizer state already holds.
+void restoreScheduler(ProcessGroup& pg, const std::string& path, ag::optim::LRScheduler& scheduler,
+                      int64_t epoch, double baseLr) {
+  LOOM_CHECK(scheduler.baseLr() == baseLr, pg.who(), ": checkpoint ", path,
+             ": the scheduler was saved with base lr ", baseLr, " but this one has ",
+             scheduler.baseLr(), "; construct it from an optimizer with the original lr");
+  LOOM_CHECK(scheduler.epoch() <= epoch, pg.who(), ": checkpoint ", path,
+             ": the scheduler is already at epoch ", scheduler.epoch(), ", past the saved epoch ",
+             epoch, "; load into a freshly constructed scheduler");
+  while (scheduler.epoch() < epoch) scheduler.step();
+}
+
 // Both loads: `extra` tensors are loaded in place; `optimizer`, when given, gets its state.
 Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
                     ag::nn::NamedTensors extra, ag::optim::Optimizer* optimizer,
-                    bool broadcastFromRank0) {
+                    bool broadcastFromRank0, ag::optim::LRScheduler* scheduler = nullptr) {
   const bool reads = !broadcastFromRank0 || pg.rank() == 0;
   int64_t step = 0;
+  int64_t schedEpoch = -1;
+  double schedBaseLr = 0;
   int32_t ok = 1;
   std::string error;
   if (reads) {
@@ -128,8 +153,15 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
           modelState.emplace_back(name.substr(6), t);
         } else if (name.rfind("optim.", 0) == 0) {
           optimState.emplace_back(name.substr(6), t);
+        } else if (name == "sched.epoch") {
+          schedEpoch = static_cast<int64_t>(t.item());
+        } else if (name == "sched.base_lr") {
+          schedBaseLr = t.item();
         }
       }
+      LOOM_CHECK(scheduler == nullptr || schedEpoch >= 0, "checkpoint ", path,
+                 " has no learning-rate scheduler state ('sched.epoch'); it was saved without "
+                 "a scheduler");
       if (optimizer != nullptr) {
         try {
           optimizer->loadStateDict(optimState);
@@ -164,6 +196,10 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
     pg.broadcast(view(&ok, 1))->wait();
     if (ok) {
       pg.broadcast(view(&step, 1))->wait();
+      if (scheduler != nullptr) {
+        pg.broadcast(view(&schedEpoch, 1))->wait();
+        pg.broadcast(view(&schedBaseLr, 1))->wait();
+      }
       ag::nn::NamedTensors all = model.stateDict();
       for (auto& e : extra) all.push_back(e);
       broadcastTensors(pg, all, 0);
@@ -198,6 +234,7 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
     if (reads) throw InvalidArgumentError(pg.who() + ": loading checkpoint: " + error);
     LOOM_THROW(InvalidArgumentError, pg.who(), ": rank 0 failed to load checkpoint ", path);
   }
+  if (scheduler != nullptr) restoreScheduler(pg, path, *scheduler, schedEpoch, schedBaseLr);
   return Checkpoint{step};
 }
 
@@ -231,6 +268,42 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
 Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
                           ag::optim::Optimizer& optimizer, bool broadcastFromRank0) {
   return loadImpl(pg, path, model, {}, &optimizer, broadcastFromRank0);
+}
+
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::optim::Optimizer& optimizer,
+                    const ag::optim::LRScheduler& scheduler) {
+  saveCollective(pg, path,
+                 [&] { writeFile(path, model, step, optimizer.stateDict(), &scheduler); });
+}
+
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::optim::Optimizer& optimizer, ag::optim::LRScheduler& scheduler,
+                          bool broadcastFromRank0) {
+  return loadImpl(pg, path, model, {}, &optimizer, broadcastFromRank0, &scheduler);
+}
+
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, ZeroRedundancyOptimizer& optimizer,
+                    const ag::optim::LRScheduler* scheduler) {
+  const ag::nn::NamedTensors state = optimizer.consolidatedStateDict();
+  saveCollective(pg, path, [&] { writeFile(path, model, step, state, scheduler); });
+}
+
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ZeroRedundancyOptimizer& optimizer, ag::optim::LRScheduler* scheduler) {
+  // The model (and scheduler) as usual, every rank reading; then the optimizer entries.
+  const Checkpoint c = loadImpl(pg, path, model, {}, nullptr, false, scheduler);
+  ag::nn::NamedTensors optimState;
+  for (auto& [name, t] : ag::loadSafetensors(path)) {
+    if (name.rfind("optim.", 0) == 0) optimState.emplace_back(name.substr(6), t);
+  }
+  try {
+    optimizer.loadConsolidatedStateDict(optimState);
+  } catch (const std::exception& e) {
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": checkpoint ", path, ": ", e.what());
+  }
+  return c;
 }
 
 }  // namespace loom::ddp

@@ -57,6 +57,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ag::nn::Module>
                                                  std::shared_ptr<ProcessGroup> pg,
                                                  const DdpOptions& options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+  activeRanks_ = pg_ ? pg_->size() : 0;
   LOOM_CHECK(module_ != nullptr, "DistributedDataParallel needs a module");
   LOOM_CHECK(pg_ != nullptr, "DistributedDataParallel needs a process group");
   registerModule("module", module_);
@@ -66,6 +67,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ag::nn::Module>
   ro.bucketCapMb = options_.bucketCapMb;
   ro.firstBucketCapMb = options_.firstBucketCapMb;
   ro.findUnusedParameters = options_.findUnusedParameters;
+  ro.staticGraph = options_.staticGraph;
+  ro.gradientAsBucketView = options_.gradientAsBucketView;
   ro.commHook = options_.commHook;
   Reducer::NamedParameters params;
   for (auto& [name, t] : module_->namedParameters()) {
@@ -114,20 +117,72 @@ void DistributedDataParallel::checkSameParametersEverywhere() {
   }
 }
 
-void DistributedDataParallel::broadcastState(bool buffersOnly) {
+void DistributedDataParallel::broadcastState(bool buffersOnly, int root) {
   ag::nn::NamedTensors tensors;
   if (!buffersOnly) tensors = module_->namedParameters();
   for (auto& b : module_->namedBuffers()) tensors.push_back(b);
-  broadcastTensors(*pg_, tensors, 0);
+  broadcastTensors(*pg_, tensors, root);
+}
+
+void DistributedDataParallel::joinBegin(const JoinOptions& options) {
+  LOOM_CHECK(!joining_, pg_->who(), ": DDP is already in a Join");
+  LOOM_CHECK(!reducer_->expectingBackward(), pg_->who(),
+             ": Join must begin between iterations, not after a forward whose backward is pending");
+  joining_ = true;
+  joinOptions_ = options;
+  lastAuthoritative_ = -1;
+  activeRanks_ = pg_->size();
+}
+
+std::vector<int32_t> DistributedDataParallel::joinAgree(int32_t mine) {
+  std::vector<int32_t> flags(pg_->size(), 0);
+  flags[pg_->rank()] = mine;
+  if (pg_->size() > 1) pg_->allreduce(view(flags.data(), flags.size()))->wait();
+  int active = 0, synced = 0;
+  for (int r = 0; r < pg_->size(); ++r) {
+    if (flags[r] > 0) ++active, lastAuthoritative_ = r;
+    if (flags[r] == 2) ++synced;
+  }
+  if (synced > 0 && synced != active) {
+    LOOM_THROW(InvalidArgumentError, pg_->who(), ": Join: ", active - synced, " of ", active,
+               " ranks with data ran this iteration under noSync() and ", synced,
+               " did not; every rank with data must make the same noSync choice");
+  }
+  if (active > 0) activeRanks_ = active;
+  return flags;
+}
+
+void DistributedDataParallel::joinShadowUntilAllJoined() {
+  LOOM_CHECK(joining_, pg_->who(), ": joinShadowUntilAllJoined outside a Join");
+  for (;;) {
+    const std::vector<int32_t> flags = joinAgree(0);
+    bool anyActive = false, anySynced = false;
+    for (int32_t f : flags) anyActive |= f > 0, anySynced |= f == 2;
+    if (!anyActive) break;
+    // Mirror what the ranks with data do in this iteration's forward and backward.
+    if (options_.broadcastBuffers && pg_->size() > 1) broadcastState(true, lastAuthoritative_);
+    if (anySynced) reducer_->shadowBackward();
+  }
+  // Ranks out of data skipped optimizer steps: take the model of a rank that ran to the end.
+  if (lastAuthoritative_ >= 0 && pg_->size() > 1) broadcastState(false, lastAuthoritative_);
 }
 
 ag::Tensor DistributedDataParallel::forward(const ag::Tensor& input) {
   const bool training = isTraining();
-  if (training && options_.broadcastBuffers && pg_->size() > 1) broadcastState(true);
-  ag::Tensor out = module_->forward(input);
-  if (training && sync_ && ag::gradEnabled()) {
-    reducer_->prepareForBackward({out});
+  const bool synced = training && sync_ && ag::gradEnabled();
+  int bufferRoot = 0;
+  if (training && joining_) {
+    joinAgree(synced ? 2 : 1);
+    bufferRoot = lastAuthoritative_;
+    reducer_->setGradientScale(joinOptions_.divideByInitialWorldSize
+                                   ? 1.0f
+                                   : static_cast<float>(pg_->size()) / activeRanks_);
+  } else {
+    reducer_->setGradientScale(1.0f);
   }
+  if (training && options_.broadcastBuffers && pg_->size() > 1) broadcastState(true, bufferRoot);
+  ag::Tensor out = module_->forward(input);
+  if (synced) reducer_->prepareForBackward({out});
   return out;
 }
 

@@ -78,11 +78,13 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     for (size_t p : b.params) {
       b.offsets.push_back(count);
       b.view.parameterNames.push_back(params_[p].first);
+      b.view.shapes.push_back(params_[p].second.shape());
       count += static_cast<size_t>(params_[p].second.numel());
     }
-    b.data.assign(count, 0.0f);
+    b.storage = std::make_shared<std::vector<float>>(count, 0.0f);
     b.view.index = static_cast<int>(i);
-    b.view.data = b.data.data();
+    b.view.isLast = i + 1 == buckets_.size();
+    b.view.data = b.data();
     b.view.count = count;
     b.view.offsets = b.offsets;
   }
@@ -113,6 +115,33 @@ void Reducer::rebuildFromObservedOrder() {
   rebuildPending_ = false;
 }
 
+ag::Tensor Reducer::bucketView(size_t param) {
+  const ag::Tensor& p = params_[param].second;
+  auto impl = std::make_shared<ag::TensorImpl>();
+  impl->storage =
+      std::make_shared<ag::Storage>(slot(param), static_cast<size_t>(p.numel()) * sizeof(float),
+                                    buckets_[bucketOf_[param]].storage);
+  impl->shape = p.shape();
+  impl->numel = p.numel();
+  impl->dtype = ag::DType::kFloat32;
+  return ag::Tensor(std::move(impl));
+}
+
+// Parameters with a defined gradient that is not their bucket slot (a new one from autograd
+// after zeroGrad(setToNone), or one in a bucket from before a rebuild) move it into the slot
+// and take the view. Undefined gradients stay undefined.
+void Reducer::attachGradViews() {
+  for (size_t p = 0; p < params_.size(); ++p) {
+    ag::Tensor& param = params_[p].second;
+    const ag::Tensor grad = param.grad();
+    if (!grad.defined()) continue;
+    float* dst = slot(p);
+    if (grad.data<float>() == dst) continue;
+    std::memcpy(dst, grad.data<float>(), static_cast<size_t>(param.numel()) * sizeof(float));
+    param.setGrad(bucketView(p));
+  }
+}
+
 void Reducer::resetIteration() {
   expecting_ = false;
   firstHookSeen_ = false;
@@ -134,8 +163,17 @@ void Reducer::prepareForBackward(const std::vector<ag::Tensor>& outputs) {
   if (expecting_) finalize();  // throws the unused-parameter error when it never finished
   if (rebuildPending_) rebuildFromObservedOrder();
   resetIteration();
+  if (options_.gradientAsBucketView) attachGradViews();
   expecting_ = true;
-  if (!options_.findUnusedParameters) return;
+  if (staticKnown_) {
+    unused_ = staticUnused_;
+  } else if (agreesOnUsed()) {
+    searchUnused(outputs);
+  }
+}
+
+void Reducer::searchUnused(const std::vector<ag::Tensor>& outputs) {
+  ++graphSearches_;
   // Leaves reachable from the outputs; parameters outside that set are this iteration's unused.
   std::unordered_set<const ag::TensorImpl*> reached;
   std::unordered_set<const ag::Node*> visited;
@@ -192,6 +230,14 @@ void Reducer::onGradReady(size_t param) {
 }
 
 void Reducer::markReady(size_t param, bool fromHook) {
+  if (ready_[param] && fromHook && staticKnown_ && staticUnusedFlag_[param]) {
+    LOOM_THROW(InvalidArgumentError, who(), ": staticGraph: parameter '", params_[param].first,
+               "' was unused in the first iteration but got a gradient in iteration ",
+               iterations_ + 1,
+               "; with staticGraph the set of parameters that take part in the loss must not "
+               "change after the first iteration (construct DistributedDataParallel without "
+               "staticGraph, and with findUnusedParameters, for a graph that changes)");
+  }
   if (ready_[param]) {
     LOOM_THROW(InvalidArgumentError, who(), ": parameter '", params_[param].first,
                "' got a gradient twice in one iteration",
@@ -204,12 +250,12 @@ void Reducer::markReady(size_t param, bool fromHook) {
   if (fromHook) locallyUsed_[param] = 1;
   if (!rebuilt_) readyOrder_.push_back(param);
   Bucket& b = buckets_[bucketOf_[param]];
-  float* dst = b.data.data() + b.offsets[slotOf_[param]];
+  float* dst = b.data() + b.offsets[slotOf_[param]];
   const ag::Tensor grad = params_[param].second.grad();
   const size_t count = static_cast<size_t>(params_[param].second.numel());
   hadGrad_[param] = grad.defined();
   if (grad.defined()) {
-    std::memcpy(dst, grad.data<float>(), count * sizeof(float));
+    if (grad.data<float>() != dst) std::memcpy(dst, grad.data<float>(), count * sizeof(float));
   } else {
     std::memset(dst, 0, count * sizeof(float));
   }
@@ -219,7 +265,7 @@ void Reducer::markReady(size_t param, bool fromHook) {
 void Reducer::launchReadyBuckets() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
     Bucket& b = buckets_[nextLaunch_];
-    b.view.data = b.data.data();
+    b.view.data = b.data();
     b.future = options_.commHook->start(*pg_, b.view);
     b.launched = true;
     ++nextLaunch_;
@@ -251,6 +297,14 @@ void Reducer::finalize() {
     }
     if (missing > 20) names += ", ...";
     resetIteration();
+    if (staticKnown_) {
+      LOOM_THROW(InvalidArgumentError, who(), ": staticGraph: ", missing, " of ", params_.size(),
+                 " parameters took part in the first iteration but got no gradient in iteration ",
+                 iterations_ + 1, ": ", names,
+                 "; with staticGraph the set of parameters that take part in the loss must not "
+                 "change after the first iteration (construct DistributedDataParallel without "
+                 "staticGraph, and with findUnusedParameters, for a graph that changes)");
+    }
     LOOM_THROW(InvalidArgumentError, who(), ": ", missing, " of ", params_.size(),
                " parameters got no gradient in the last synced backward: ", names,
                ". Every parameter that requires grad must take part in the loss; construct "
@@ -268,22 +322,84 @@ void Reducer::finalize() {
     throw;
   }
   std::vector<int32_t> globalUsed;
-  if (options_.findUnusedParameters) {
+  if (staticKnown_) {
+    globalUsed = staticGlobalUsed_;
+  } else if (agreesOnUsed()) {
     globalUsed.assign(locallyUsed_.begin(), locallyUsed_.end());
     if (pg_->size() > 1 && !globalUsed.empty()) {
       pg_->allreduce(view(globalUsed.data(), globalUsed.size()))->wait();
+    }
+    if (options_.staticGraph) {
+      staticUnused_ = unused_;
+      staticUnusedFlag_.assign(params_.size(), 0);
+      for (size_t u : unused_) staticUnusedFlag_[u] = 1;
+      staticGlobalUsed_ = globalUsed;
+      staticKnown_ = true;
     }
   }
   for (size_t p = 0; p < params_.size(); ++p) {
     ag::Tensor& param = params_[p].second;
     if (!globalUsed.empty() && globalUsed[p] == 0 && !param.grad().defined()) continue;
-    const Bucket& b = buckets_[bucketOf_[p]];
+    float* src = slot(p);
+    const size_t count = static_cast<size_t>(param.numel());
+    if (options_.gradientAsBucketView) {
+      const ag::Tensor current = param.grad();
+      if (!current.defined() || current.data<float>() != src) param.setGrad(bucketView(p));
+      if (gradScale_ != 1.0f) {
+        for (size_t i = 0; i < count; ++i) src[i] *= gradScale_;
+      }
+      continue;
+    }
     ag::Tensor grad = param.mutableGrad();
-    std::memcpy(grad.data<float>(), b.data.data() + b.offsets[slotOf_[p]],
-                static_cast<size_t>(param.numel()) * sizeof(float));
+    float* dst = grad.data<float>();
+    if (gradScale_ == 1.0f) {
+      std::memcpy(dst, src, count * sizeof(float));
+    } else {
+      for (size_t i = 0; i < count; ++i) dst[i] = src[i] * gradScale_;
+    }
   }
+  finishIteration();
+}
+
+void Reducer::finishIteration() {
   if (!rebuilt_) rebuildPending_ = true;
+  ++iterations_;
   resetIteration();
+}
+
+// What a synced iteration issues, with zeros: the pending rebuild's broadcast, one hook start
+// per bucket in bucket order (the hook's own collectives, e.g. PowerSGD's, follow), the waits,
+// and the used-flags all-reduce when the ranks agree on unused parameters this iteration.
+void Reducer::shadowBackward() {
+  LOOM_CHECK(!expecting_, who(), ": shadowBackward while this rank's own backward is pending");
+  if (rebuildPending_) rebuildFromObservedOrder();
+  resetIteration();
+  try {
+    for (Bucket& b : buckets_) {
+      std::fill(b.storage->begin(), b.storage->end(), 0.0f);
+      b.view.data = b.data();
+      b.future = options_.commHook->start(*pg_, b.view);
+      b.launched = true;
+    }
+    for (Bucket& b : buckets_) b.future->wait();
+  } catch (...) {
+    waitLaunched();
+    resetIteration();
+    throw;
+  }
+  if (!staticKnown_ && agreesOnUsed()) {
+    std::vector<int32_t> used(params_.size(), 0);
+    if (pg_->size() > 1 && !used.empty()) pg_->allreduce(view(used.data(), used.size()))->wait();
+    // staticGraph: the others now know the set; so must this rank, or it would keep sending
+    // flags they no longer expect.
+    if (options_.staticGraph) {
+      staticUnused_.clear();
+      staticUnusedFlag_.assign(params_.size(), 0);
+      staticGlobalUsed_ = used;
+      staticKnown_ = true;
+    }
+  }
+  finishIteration();
 }
 
 }  // namespace loom::ddp

@@ -1,8 +1,9 @@
 #include "loom/ddp/sampler.h"
 
 #include <numeric>
+#include <random>
+#include <utility>
 
-#include "loom/autograd/tensor.h"
 #include "loom/common/error.h"
 
 namespace loom::ddp {
@@ -17,6 +18,20 @@ void checkSplit(int64_t size, int numReplicas, int rank, const char* what) {
 }
 
 }  // namespace
+
+// std::mt19937 is specified bit for bit by the C++ standard and is the engine behind torch's
+// CPUGeneratorImpl (whose seeding keeps the low 32 bits; random() is one 32-bit output).
+std::vector<int64_t> torchRandperm(int64_t n, uint64_t seed) {
+  LOOM_CHECK(n >= 0, "torchRandperm: n must be >= 0, got ", n);
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937 engine(static_cast<uint32_t>(seed & 0xffffffffu));
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const int64_t z = static_cast<int64_t>(engine()) % (n - i);
+    std::swap(perm[i], perm[i + z]);
+  }
+  return perm;
+}
 
 DistributedSampler::DistributedSampler(int64_t size, int numReplicas, int rank, bool shuffle,
                                        uint64_t seed, bool dropLast)
@@ -37,14 +52,12 @@ DistributedSampler::DistributedSampler(int64_t size, int numReplicas, int rank, 
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
-  std::vector<int64_t> all(size_);
-  std::iota(all.begin(), all.end(), 0);
+  std::vector<int64_t> all;
   if (shuffle_) {
-    ag::Generator gen(seed_ + static_cast<uint64_t>(epoch_));
-    for (int64_t i = size_ - 1; i > 0; --i) {
-      const int64_t j = static_cast<int64_t>(gen.nextU64() % static_cast<uint64_t>(i + 1));
-      std::swap(all[i], all[j]);
-    }
+    all = torchRandperm(size_, seed_ + static_cast<uint64_t>(epoch_));
+  } else {
+    all.resize(static_cast<size_t>(size_));
+    std::iota(all.begin(), all.end(), 0);
   }
   if (!dropLast_) {
     // Wrap around (repeatedly, when the padding is longer than the list).

@@ -1,26 +1,46 @@
 #!/usr/bin/env bash
-# Samples/s of loom-train and of PyTorch DDP (gloo) for 1, 2 and 4 ranks, MLP 784-1024-1024-10,
-# batch 64 per rank, one thread per rank. Ranks are started with RANK / WORLD_SIZE /
-# MASTER_ADDR / MASTER_PORT as loom-run would set them.
-#   examples/loom_train/bench.sh [BUILD_DIR] [STEPS]
+# Samples/s of loom-train (gradient views, the default, and --copy-grads) and of PyTorch DDP
+# (gloo, OpenBLAS) on the MLP 784-1024-1024-10, batch 64 per rank, one thread per rank,
+# interleaved: each round runs every configuration once per rank count, so that a change in
+# machine load hits all of them alike. Ranks are started with RANK / WORLD_SIZE / MASTER_ADDR /
+# MASTER_PORT as loom-run would set them. Prints one line per run:
+#   round R ranks N loom|loom-copy|torch SAMPLES/S
+#   examples/loom_train/bench.sh [BUILD_DIR] [STEPS] [ROUNDS] [RANK COUNTS, e.g. "1 2"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 STEPS=${2:-60}
+ROUNDS=${3:-3}
+COUNTS=${4:-"1 2"}
 PORT=$((29700 + RANDOM % 200))
-for n in 1 2 4; do
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+loom() {  # ranks, extra flags...
+  local n=$1
+  shift
   PORT=$((PORT + 1))
-  pids=()
+  local pids=()
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT OMP_NUM_THREADS=1 \
-      "$BUILD/bin/loom-train" --batch 64 --steps "$STEPS" > "/tmp/loom_train_bench_$r.out" 2>&1 &
+      timeout 300 "$BUILD/bin/loom-train" --batch 64 --steps "$STEPS" "$@" > "$OUT/rank$r" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  tail -n 1 /tmp/loom_train_bench_0.out
-done
-for n in 1 2 4; do
+  sed -n 's/.* \([0-9]*\) samples\/s (steps after the first)/\1/p' "$OUT/rank0"
+}
+
+torch_ddp() {  # ranks
+  PORT=$((PORT + 1))
   OPENBLAS_NUM_THREADS=1 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
-    /usr/bin/python3 examples/loom_train/torch_ddp_train.py --nproc "$n" --batch 64 \
-    --steps "$STEPS" --port $((PORT + 10 + n))
+    timeout 300 /usr/bin/python3 examples/loom_train/torch_ddp_train.py --nproc "$1" --batch 64 \
+    --steps "$STEPS" --port "$PORT" | sed -n 's/.*, \([0-9]*\) samples\/s.*/\1/p'
+}
+
+for ((round = 1; round <= ROUNDS; round++)); do
+  for n in $COUNTS; do
+    echo "round $round ranks $n loom $(loom "$n")"
+    echo "round $round ranks $n loom-copy $(loom "$n" --copy-grads)"
+    echo "round $round ranks $n torch $(torch_ddp "$n")"
+  done
 done

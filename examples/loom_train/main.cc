@@ -10,8 +10,9 @@
 // DistributedSampler; --batch is per rank. Rank and world size come from the launcher's
 // environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as loom-run and torchrun set them);
 // without it, loom-train runs as a single process. --optimizer picks SGD (--momentum,
-// --nesterov), Adam or AdamW; checkpoints hold the model, the optimizer state and the step, so
-// --resume continues a run exactly as if it had not stopped.
+// --nesterov), Adam or AdamW, --lr-schedule a learning-rate schedule; checkpoints hold the model,
+// the optimizer and scheduler state and the step, so --resume continues a run exactly as if it
+// had not stopped (the shuffled order is a function of the seed and epoch).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -35,7 +36,9 @@
 #include "loom/ddp/checkpoint.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/eval.h"
+#include "loom/ddp/powersgd_hook.h"
 #include "loom/ddp/sampler.h"
+#include "loom/ddp/zero_optimizer.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
 #include "loom/store/hash_store.h"
@@ -61,6 +64,12 @@ struct Args {
   double bucketCapMb = 25;
   int accumulate = 1;
   std::string commHook = "none";
+  int powerSgdRank = 1;
+  int64_t powerSgdStart = 10;
+  std::string lrSchedule = "none";
+  bool staticGraph = false;
+  bool copyGrads = false;
+  bool zero = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
   bool resume = false;
@@ -143,12 +152,52 @@ Data loadData(const Args& a) {
   return d;
 }
 
+std::string ckptPathOf(const Args& a) {
+  return a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
+}
+
 void gatherRows(const ag::Tensor& src, const std::vector<int64_t>& rows, ag::Tensor& dst) {
   const size_t rowBytes = src.nbytes() / src.size(0);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::memcpy(static_cast<char*>(dst.rawData()) + i * rowBytes,
                 static_cast<const char*>(src.rawData()) + rows[i] * rowBytes, rowBytes);
   }
+}
+
+// "none", "step:SIZE:GAMMA" (StepLR) or "cosine:TMAX[:ETA_MIN]" (CosineAnnealingLR).
+std::unique_ptr<ag::optim::LRScheduler> makeScheduler(const std::string& spec,
+                                                      ag::optim::Optimizer& optimizer) {
+  if (spec == "none") return nullptr;
+  std::vector<std::string> parts;
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ':');) parts.push_back(item);
+  auto number = [&](size_t i) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(parts[i], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    LOOM_CHECK(used == parts[i].size() && used > 0, "--lr-schedule ", spec, ": '", parts[i],
+               "' is not a number");
+    return v;
+  };
+  if (!parts.empty() && parts[0] == "step" && parts.size() == 3) {
+    const double size = number(1);
+    LOOM_CHECK(size >= 1 && size == static_cast<int64_t>(size), "--lr-schedule ", spec,
+               ": the step size must be an integer >= 1");
+    return std::make_unique<ag::optim::StepLR>(optimizer, static_cast<int64_t>(size), number(2));
+  }
+  if (!parts.empty() && parts[0] == "cosine" && (parts.size() == 2 || parts.size() == 3)) {
+    const double tMax = number(1);
+    LOOM_CHECK(tMax >= 1 && tMax == static_cast<int64_t>(tMax), "--lr-schedule ", spec,
+               ": TMAX must be an integer >= 1");
+    return std::make_unique<ag::optim::CosineAnnealingLR>(optimizer, static_cast<int64_t>(tMax),
+                                                          parts.size() == 3 ? number(2) : 0.0);
+  }
+  LOOM_THROW(InvalidArgumentError, "--lr-schedule: '", spec,
+             "' is not one of none, step:SIZE:GAMMA, cosine:TMAX[:ETA_MIN]");
 }
 
 bool launchedByLauncher() {
@@ -180,32 +229,65 @@ int run(const Args& a) {
 
   ddp::DdpOptions options;
   options.bucketCapMb = a.bucketCapMb;
-  options.commHook = ddp::commHookByName(a.commHook);
-  ddp::DistributedDataParallel ddpModel(model, pg, options);
-  std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
-  if (a.optimizer == "sgd") {
-    ag::optim::SGDOptions so;
-    so.momentum = a.momentum;
-    so.weightDecay = a.weightDecay;
-    so.nesterov = a.nesterov;
-    optimizerPtr = std::make_unique<ag::optim::SGD>(model->parameters(), a.lr, so);
+  if (a.commHook == "powersgd") {
+    ddp::PowerSgdOptions po;
+    po.matrixApproximationRank = a.powerSgdRank;
+    po.startPowerSgdIter = a.powerSgdStart;
+    options.commHook = std::make_shared<ddp::PowerSgdHook>(po);
   } else {
+    options.commHook = ddp::commHookByName(a.commHook);
+  }
+  options.staticGraph = a.staticGraph;
+  options.gradientAsBucketView = !a.copyGrads;
+  ddp::DistributedDataParallel ddpModel(model, pg, options);
+  auto makeOptimizer =
+      [&](std::vector<ag::Tensor> params) -> std::unique_ptr<ag::optim::Optimizer> {
+    if (a.optimizer == "sgd") {
+      ag::optim::SGDOptions so;
+      so.momentum = a.momentum;
+      so.weightDecay = a.weightDecay;
+      so.nesterov = a.nesterov;
+      return std::make_unique<ag::optim::SGD>(std::move(params), a.lr, so);
+    }
     LOOM_CHECK(a.momentum == 0.0 && !a.nesterov,
                "--momentum and --nesterov are for --optimizer sgd");
     ag::optim::AdamOptions ao;
     ao.weightDecay = a.weightDecay;
-    optimizerPtr =
-        std::make_unique<ag::optim::Adam>(model->parameters(), a.lr, ao, a.optimizer == "adamw");
+    return std::make_unique<ag::optim::Adam>(std::move(params), a.lr, ao, a.optimizer == "adamw");
+  };
+  // --zero: ZeRO-1 owns the optimizer (this rank's shard); DDP only broadcasts at construction
+  // and every backward runs under noSync (the reduce-scatter happens in zero->step()).
+  std::unique_ptr<ddp::ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<ag::optim::Optimizer> optimizerPtr;
+  if (a.zero) {
+    zero =
+        std::make_unique<ddp::ZeroRedundancyOptimizer>(model->namedParameters(), pg, makeOptimizer);
+  } else {
+    optimizerPtr = makeOptimizer(model->parameters());
   }
-  ag::optim::Optimizer& optimizer = *optimizerPtr;
+  ag::optim::Optimizer& optimizer = zero ? zero->localOptimizer() : *optimizerPtr;
+  const std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
+  auto save = [&](int64_t step) {
+    if (zero) {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, *zero, scheduler.get());
+    } else if (scheduler) {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer, *scheduler);
+    } else {
+      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer);
+    }
+  };
+  auto load = [&](const std::string& path) {
+    if (zero) return ddp::loadCheckpoint(*pg, path, *model, *zero, scheduler.get()).step;
+    if (scheduler) return ddp::loadCheckpoint(*pg, path, *model, optimizer, *scheduler, true).step;
+    return ddp::loadCheckpoint(*pg, path, *model, optimizer, true).step;
+  };
 
-  const std::string ckptPath =
-      a.checkpointDir.empty() ? "" : a.checkpointDir + "/checkpoint.safetensors";
+  const std::string ckptPath = ckptPathOf(a);
   int64_t startStep = 0;
   if (a.resume) {
     LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
     if (std::filesystem::exists(ckptPath)) {
-      startStep = ddp::loadCheckpoint(*pg, ckptPath, *model, optimizer, true).step;
+      startStep = load(ckptPath);
       if (leader)
         std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
                      static_cast<long long>(startStep));
@@ -237,7 +319,11 @@ int run(const Args& a) {
   int64_t steadySteps = 0;
   double lastLoss = 0;
   for (int64_t step = startStep; step < a.steps; ++step) {
-    optimizer.zeroGrad();
+    if (zero) {
+      zero->zeroGrad();
+    } else {
+      optimizer.zeroGrad();
+    }
     double lossSum = 0;
     for (int k = 0; k < a.accumulate; ++k) {
       const int64_t micro = step * a.accumulate + k;
@@ -257,7 +343,7 @@ int run(const Args& a) {
         loss.backward();
         lossSum += loss.item();
       };
-      if (k + 1 < a.accumulate) {
+      if (k + 1 < a.accumulate || zero) {
         auto guard = ddpModel.noSync();
         forwardBackward();
       } else {
@@ -265,7 +351,12 @@ int run(const Args& a) {
         ddpModel.finalize();
       }
     }
-    optimizer.step();
+    if (zero) {
+      zero->step();
+    } else {
+      optimizer.step();
+    }
+    if (scheduler) scheduler->step();
     lastLoss = ddp::reduceMean(*pg, lossSum);
     if (step == startStep) {
       tSteady = Clock::now();  // the first step warms up; rates count from here
@@ -273,7 +364,7 @@ int run(const Args& a) {
       ++steadySteps;
     }
     if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
-      ddp::saveCheckpoint(*pg, ckptPath, *model, step + 1, optimizer);
+      save(step + 1);
     }
     if (!leader) continue;
     if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
@@ -296,10 +387,16 @@ int run(const Args& a) {
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
   if (!ckptPath.empty() && a.steps > startStep) {
-    ddp::saveCheckpoint(*pg, ckptPath, *model, a.steps, optimizer);
+    save(a.steps);
+  }
+  size_t stateBytes = 0;
+  for (const auto& [name, t] : optimizer.stateDict()) {
+    stateBytes += static_cast<size_t>(t.numel()) * ag::dtypeSize(t.dtype());
   }
   if (leader) {
     if (tty) std::fprintf(stderr, "\n");
+    std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
+                zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
     std::printf(
@@ -338,9 +435,24 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate", a.accumulate,
                  "micro-batches per step (noSync for all but the last)")
       ->capture_default_str();
-  app.add_option("--comm-hook", a.commHook, "none, fp16 or bf16")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
+  app.add_option("--comm-hook", a.commHook, "none, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}))
       ->capture_default_str();
+  app.add_option("--powersgd-rank", a.powerSgdRank, "PowerSGD matrix approximation rank")
+      ->capture_default_str();
+  app.add_option("--powersgd-start", a.powerSgdStart,
+                 "PowerSGD: plain all-reduce before this iteration (> 1)")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", a.lrSchedule,
+                 "none, step:SIZE:GAMMA (StepLR) or cosine:TMAX[:ETA_MIN], stepped once per "
+                 "optimizer step; its state is in the checkpoints")
+      ->capture_default_str();
+  app.add_flag("--static-graph", a.staticGraph, "DDP staticGraph (the same graph every step)");
+  app.add_flag("--copy-grads", a.copyGrads,
+               "copy gradients into DDP's buckets and back (gradientAsBucketView off)");
+  app.add_flag("--zero", a.zero,
+               "ZeRO-1: optimizer state sharded over the ranks (reduce-scatter, step the shard, "
+               "all-gather); prints the optimizer-state bytes per rank");
   app.add_option("--init-weights", a.initWeights, "initial weights (.safetensors)")
       ->check(CLI::ExistingFile);
   app.add_option("--data", a.data, "inputs, float32 [N, in] (.npy)")->check(CLI::ExistingFile);

@@ -4,7 +4,9 @@
 // --resume continues a run exactly: model, optimizer state (SGD momentum, Adam moments and
 // step counts) and step come back from the checkpoint.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cmath>
@@ -23,9 +25,9 @@ namespace {
 
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
-// 16 ports per test binary (it uses 14), below Linux's ephemeral range (32768 and up), so that
+// 32 ports per test binary (it uses 26), below Linux's ephemeral range (32768 and up), so that
 // neither concurrent binaries nor outgoing connections take a rank 0's port.
-int nextPort = 19000 + static_cast<int>(::getpid() % 800) * 16;
+int nextPort = 19000 + static_cast<int>(::getpid() % 400) * 32;
 
 // Runs loom-train on `world` process ranks; returns "" or a description of the failures.
 std::string runLoomTrain(int world, const std::vector<std::string>& args) {
@@ -140,14 +142,18 @@ TEST(LoomTrain, ResumeContinuesTheRun) {
 
 // N steps straight vs K steps, checkpoint, and a new process group resuming for N - K more: the
 // same losses and bitwise the same final checkpoint (model and optimizer state).
-void expectExactResume(const std::vector<std::string>& optimizerArgs) {
+void expectExactResume(const std::vector<std::string>& optimizerArgs, bool shuffle = false) {
   loom::testing::TempDir whole, split;
-  auto a = commonArgs(whole.path());
+  auto withShuffle = [&](std::vector<std::string> args) {
+    if (shuffle) args.erase(std::find(args.begin(), args.end(), "--no-shuffle"));
+    return args;
+  };
+  auto a = withShuffle(commonArgs(whole.path()));
   a.insert(a.end(), optimizerArgs.begin(), optimizerArgs.end());
   for (std::string s : {"--steps", "8", "--log"}) a.push_back(s);
   a.push_back(whole.file("loss.csv"));
   ASSERT_EQ(runLoomTrain(2, a), "");
-  auto b = commonArgs(split.path());
+  auto b = withShuffle(commonArgs(split.path()));
   b.insert(b.end(), optimizerArgs.begin(), optimizerArgs.end());
   for (std::string s : {"--steps", "3", "--log"}) b.push_back(s);
   b.push_back(split.file("loss.csv"));
@@ -174,6 +180,16 @@ void expectExactResume(const std::vector<std::string>& optimizerArgs) {
         << want[i].first << " differs";
   }
   EXPECT_TRUE(sawOptimizerState);
+  if (std::find(optimizerArgs.begin(), optimizerArgs.end(), "--lr-schedule") !=
+      optimizerArgs.end()) {
+    bool sawEpoch = false;
+    for (const auto& [name, t] : got) {
+      if (name != "sched.epoch") continue;
+      sawEpoch = true;
+      EXPECT_EQ(t.item(), 8);
+    }
+    EXPECT_TRUE(sawEpoch) << "no sched.epoch in the checkpoint";
+  }
 }
 
 TEST(LoomTrain, ResumeIsExactWithSgdMomentum) {
@@ -186,6 +202,34 @@ TEST(LoomTrain, ResumeIsExactWithAdam) {
 
 TEST(LoomTrain, ResumeIsExactWithAdamW) {
   expectExactResume({"--optimizer", "adamw", "--weight-decay", "0.1"});
+}
+
+// Shuffled data (5 batches per rank per epoch: the 8 steps cross an epoch after the resume at
+// step 3) and a StepLR schedule whose lr halves every 2 steps; the checkpoint carries
+// sched.epoch, and the resumed run's losses and final checkpoint are bitwise the uninterrupted
+// run's.
+TEST(LoomTrain, ResumeIsExactWithShuffleAndAScheduler) {
+  expectExactResume({"--momentum", "0.9", "--lr-schedule", "step:2:0.5"}, true);
+  expectExactResume({"--optimizer", "adam", "--lr-schedule", "cosine:8:0.001"}, true);
+}
+
+// --zero (ZeRO-1) trains as plain DDP does (the same losses), and resumes bitwise exactly from
+// its consolidated checkpoint with shuffle on and a scheduler.
+TEST(LoomTrain, ZeroMatchesPlainDdpAndResumesExactly) {
+  loom::testing::TempDir plain, zero;
+  std::vector<std::vector<double>> losses;
+  for (auto* dir : {&plain, &zero}) {
+    auto args = commonArgs(dir->path());
+    for (std::string s : {"--optimizer", "adam", "--steps", "8", "--log"}) {
+      args.push_back(s);
+    }
+    args.push_back(dir->file("loss.csv"));
+    if (dir == &zero) args.push_back("--zero");
+    ASSERT_EQ(runLoomTrain(2, args), "");
+    losses.push_back(readLosses(dir->file("loss.csv")));
+  }
+  expectSameLosses(losses[1], losses[0]);
+  expectExactResume({"--zero", "--optimizer", "adam", "--lr-schedule", "step:2:0.5"}, true);
 }
 
 TEST(LoomTrain, BadFlagsAreNamed) {

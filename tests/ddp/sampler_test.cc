@@ -30,6 +30,45 @@ TEST(DistributedSampler, MatchesPyTorchWithoutShuffle) {
   EXPECT_GT(checked, 300);
 }
 
+// Shuffled: the same indices as torch's sampler (torch.randperm seeded seed + epoch) for many
+// sizes, seeds (one above 2^32) and epochs; for the largest size the fixture keeps the first and
+// last 50 indices.
+TEST(DistributedSampler, ShuffleMatchesPyTorch) {
+  std::ifstream in(std::string(LOOM_DDP_FIXTURES) + "/sampler_reference.json");
+  ASSERT_TRUE(in) << "missing fixture";
+  const auto ref = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& c : ref["shuffled"]) {
+    DistributedSampler s(c["size"].get<int64_t>(), c["replicas"].get<int>(), c["rank"].get<int>(),
+                         true, c["seed"].get<uint64_t>(), c["drop_last"].get<bool>());
+    s.setEpoch(c["epoch"].get<int64_t>());
+    auto got = s.indices();
+    const auto expected = c["indices"].get<std::vector<int64_t>>();
+    if (c["size"].get<int64_t>() > 1000) {
+      ASSERT_GE(got.size(), 100u);
+      got.erase(got.begin() + 50, got.end() - 50);
+    }
+    EXPECT_EQ(got, expected) << "size " << c["size"] << " seed " << c["seed"] << " epoch "
+                             << c["epoch"] << " drop_last " << c["drop_last"];
+    ++checked;
+  }
+  EXPECT_GT(checked, 150);
+}
+
+TEST(TorchRandperm, SmallCasesAndErrors) {
+  EXPECT_TRUE(torchRandperm(0, 1).empty());
+  EXPECT_EQ(torchRandperm(1, 1), (std::vector<int64_t>{0}));
+  // torch.randperm(10, generator=torch.Generator().manual_seed(42)) in torch 1.13.
+  EXPECT_EQ(torchRandperm(10, 42), (std::vector<int64_t>{2, 6, 1, 8, 4, 5, 0, 9, 3, 7}));
+  EXPECT_EQ(torchRandperm(10, 42 + (uint64_t{1} << 32)), torchRandperm(10, 42));
+  try {
+    torchRandperm(-1, 0);
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("n must be >= 0, got -1"));
+  }
+}
+
 TEST(DistributedSampler, ShuffleIsAPermutationSharedByRanksAndChangesPerEpoch) {
   const int64_t size = 23;
   const int replicas = 4;

@@ -63,6 +63,10 @@ class Tensor;
 class Storage {
  public:
   explicit Storage(size_t nbytes);
+  // Storage over memory that `owner` keeps alive (e.g. a slice of DDP's gradient bucket, so
+  // that a parameter's gradient accumulates straight into the bucket): not freed here, and
+  // aligned as the caller's memory is. Holds `owner` for as long as this storage lives.
+  Storage(void* external, size_t nbytes, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -73,6 +77,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  std::shared_ptr<void> owner_;  // set for external storage (which is then not freed)
 };
 
 // Called with the parameter's (now complete) gradient; see engine.h.

@@ -22,6 +22,13 @@
 //   need not know in advance which state exists. An optimizer whose state does not match the
 //   file (other kind, other parameters, missing entries) is an InvalidArgumentError naming the
 //   entry and the file.
+// - Learning-rate scheduler: the overloads taking an ag::optim::LRScheduler also save its epoch
+//   and base lr ("sched.epoch", "sched.base_lr"); loading checks the base lr and steps a fresh
+//   scheduler forward to the saved epoch (lrAt is a closed form, so the lr is exactly the saved
+//   one), with the optimizer state restored as above.
+// - ZeRO-1 (zero_optimizer.h): saving gathers the sharded optimizer state into one file
+//   (collective), its sharded entries as full float32 [N] tensors; loading has every rank read
+//   the file (a shared filesystem) and take its own slice, at any world size.
 // - The older overloads save/load what callers pass in `extra` (as "optim.<name>", loaded back
 //   into the same tensors, in place); they ignore optimizer entries in the file when loading.
 #pragma once
@@ -34,6 +41,8 @@
 #include "loom/process_group/process_group.h"
 
 namespace loom::ddp {
+
+class ZeroRedundancyOptimizer;
 
 struct Checkpoint {
   int64_t step = 0;
@@ -57,5 +66,21 @@ Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Mod
                           ag::optim::Optimizer& optimizer, bool broadcastFromRank0 = false);
 void writeCheckpointFile(const std::string& path, const ag::nn::Module& model, int64_t step,
                          const ag::optim::Optimizer& optimizer);
+
+// With a learning-rate scheduler (see the contract above).
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, const ag::optim::Optimizer& optimizer,
+                    const ag::optim::LRScheduler& scheduler);
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ag::optim::Optimizer& optimizer, ag::optim::LRScheduler& scheduler,
+                          bool broadcastFromRank0 = false);
+
+// ZeRO-1: one file with the consolidated optimizer state (see the contract above).
+void saveCheckpoint(ProcessGroup& pg, const std::string& path, const ag::nn::Module& model,
+                    int64_t step, ZeroRedundancyOptimizer& optimizer,
+                    const ag::optim::LRScheduler* scheduler = nullptr);
+Checkpoint loadCheckpoint(ProcessGroup& pg, const std::string& path, ag::nn::Module& model,
+                          ZeroRedundancyOptimizer& optimizer,
+                          ag::optim::LRScheduler* scheduler = nullptr);
 
 }  // namespace loom::ddp

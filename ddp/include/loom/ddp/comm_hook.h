@@ -26,11 +26,13 @@
 namespace loom::ddp {
 
 struct GradBucket {
-  int index = 0;                            // position in the bucket order (0 is started first)
-  float* data = nullptr;                    // flat gradients of the bucket's parameters
-  size_t count = 0;                         // floats in data
-  std::vector<std::string> parameterNames;  // in the order they are laid out in data
-  std::vector<size_t> offsets;              // where each parameter starts in data
+  int index = 0;                             // position in the bucket order (0 is started first)
+  bool isLast = false;                       // the last bucket started in an iteration
+  float* data = nullptr;                     // flat gradients of the bucket's parameters
+  size_t count = 0;                          // floats in data
+  std::vector<std::string> parameterNames;   // in the order they are laid out in data
+  std::vector<size_t> offsets;               // where each parameter starts in data
+  std::vector<std::vector<int64_t>> shapes;  // each parameter's shape
 };
 
 class HookFuture {

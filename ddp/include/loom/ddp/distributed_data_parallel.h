@@ -15,6 +15,10 @@
 //   forward, so every rank normalizes with rank 0's running statistics.
 // - noSync(): while the guard lives, backward only accumulates local gradients; the next synced
 //   backward reduces the accumulated sum.
+// - staticGraph: the graph (which parameters take part in the loss) is the same every
+//   iteration; see reducer.h. Unused parameters are allowed (found in the first iteration).
+// - Join (join.h): uneven inputs. While a Join is active, every training forward first agrees
+//   with the other ranks on which still have data; ranks out of data shadow the collectives.
 // - One DDP per group at a time; one training thread. The module and group must outlive it.
 #pragma once
 
@@ -33,7 +37,16 @@ struct DdpOptions {
   double firstBucketCapMb = 1.0;
   bool findUnusedParameters = false;
   bool broadcastBuffers = true;
+  bool staticGraph = false;
+  bool gradientAsBucketView = true;    // grad() lives in the bucket (see reducer.h)
   std::shared_ptr<CommHook> commHook;  // null: average with all-reduce
+};
+
+struct JoinOptions {
+  // As PyTorch's divide_by_initial_world_size: true divides the summed gradients by the world
+  // size even when some ranks are out of data (they contribute zeros); false averages over the
+  // ranks that still had data in that iteration.
+  bool divideByInitialWorldSize = true;
 };
 
 class DistributedDataParallel : public ag::nn::Module {
@@ -64,6 +77,16 @@ class DistributedDataParallel : public ag::nn::Module {
   };
   [[nodiscard]] NoSyncGuard noSync() { return NoSyncGuard(*this); }
 
+  // Join protocol (use the Join guard in join.h rather than these).
+  void joinBegin(const JoinOptions& options);
+  // This rank is out of data: shadow the others' iterations until every rank is out, then take
+  // the final parameters and buffers from the highest rank among the last to run out.
+  void joinShadowUntilAllJoined();
+  void joinEnd() noexcept { joining_ = false; }
+  bool joining() const { return joining_; }
+  // Ranks that had data in the last joined iteration (world size outside Join).
+  int activeRanks() const { return activeRanks_; }
+
   const std::shared_ptr<ag::nn::Module>& module() const { return module_; }
   ProcessGroup& processGroup() const { return *pg_; }
   const Reducer& reducer() const { return *reducer_; }
@@ -71,13 +94,20 @@ class DistributedDataParallel : public ag::nn::Module {
 
  private:
   void checkSameParametersEverywhere();
-  void broadcastState(bool buffersOnly);
+  void broadcastState(bool buffersOnly, int root = 0);
+  // One round of the join agreement: every rank's flag (0 out of data, 1 training without
+  // sync, 2 training with sync), all-reduced; returns them.
+  std::vector<int32_t> joinAgree(int32_t mine);
 
   std::shared_ptr<ag::nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
+  bool joining_ = false;
+  JoinOptions joinOptions_;
+  int activeRanks_ = 0;
+  int lastAuthoritative_ = -1;  // highest rank that had data in the last round where any had
 };
 
 // Broadcasts `tensors` (any dtype) from `root`, in order, waiting for each.

@@ -6,13 +6,15 @@
 //   usually become ready in); the first bucket holds at most `firstBucketCapMb`, the others at
 //   most `bucketCapMb` (a parameter larger than the cap gets a bucket of its own).
 // - Every parameter has a gradient-ready hook. In a synced iteration (prepareForBackward was
-//   called), the hook copies the parameter's gradient into its slot of the bucket and, when
+//   called), the hook marks the parameter's gradient ready in its slot of the bucket (copying
+//   it there unless it already is a view of the slot, see gradientAsBucketView) and, when
 //   the bucket is complete, starts the bucket's reduction through the comm hook. Buckets are
 //   started strictly in index order (a complete bucket waits for the ones before it), so every
 //   rank issues the same collectives in the same order while backward still runs.
 // - At the first hook of a pass the reducer queues a callback with the autograd engine
 //   (ag::queueCallback) that finalizes when the whole pass is done: it waits for every bucket
-//   and copies the averaged values back into the parameters' grad(), so backward() returns
+//   and leaves the averaged values in the parameters' grad() (views of the slots, or copies
+//   without gradientAsBucketView), so backward() returns
 //   with reduced gradients, or throws the unused-parameter error below. finalize() may also be
 //   called after backward; it is a no-op when the iteration already finished.
 // - After the first finished iteration, the order in which gradients became ready (rank 0's,
@@ -25,6 +27,14 @@
 //   undefined grad() if they had none. Without the option, an iteration where some parameter
 //   never got a gradient fails with an error that names those parameters, thrown out of that
 //   backward (or, if no gradient arrived at all, at the next forward).
+// - gradientAsBucketView (default on): a parameter's grad() is a view into its bucket slot
+//   (autograd_lite storage over the bucket's memory), so backward accumulates straight into the
+//   bucket and the reduced values are the gradients: nothing is copied in or out. A parameter
+//   gets its view once it has a defined gradient (the first backward's gradient is copied in
+//   once and the view set at the end of that iteration; after a bucket rebuild the values move
+//   to the new bucket once); an undefined grad() stays undefined (optimizers skip it), and
+//   zeroGrad(setToNone) drops the view until the next iteration re-attaches it. Off: the
+//   gradient is copied into the bucket when ready and the reduced value copied back.
 // - Outside synced iterations (noSync, or eval), the hooks do nothing: gradients accumulate in
 //   grad(), and the next synced backward reduces the accumulated sum.
 // Thread-safety: one training thread (forward, backward and finalize on the same thread).
@@ -47,6 +57,8 @@ struct ReducerOptions {
   double bucketCapMb = 25.0;
   double firstBucketCapMb = 1.0;
   bool findUnusedParameters = false;
+  bool staticGraph = false;
+  bool gradientAsBucketView = true;
   std::shared_ptr<CommHook> commHook;  // null: allreduceHook()
 };
 
@@ -65,18 +77,31 @@ class Reducer {
   // Waits for every bucket and writes averaged gradients back; see the file comment.
   void finalize();
   void setCommHook(std::shared_ptr<CommHook> hook);
+  // Join: see the file comment. shadowBackward is collective and waits for its collectives.
+  void shadowBackward();
+  void setGradientScale(float scale) { gradScale_ = scale; }
 
   size_t numBuckets() const { return buckets_.size(); }
   // Parameter names of bucket i, in layout order.
   std::vector<std::string> bucketParameterNames(size_t i) const;
+  // Bucket i's flat storage and its length in floats.
+  const float* bucketData(size_t i) const { return buckets_.at(i).storage->data(); }
+  size_t bucketSize(size_t i) const { return buckets_.at(i).storage->size(); }
   bool rebuilt() const { return rebuilt_; }
   bool expectingBackward() const { return expecting_; }
+  // Synced iterations finished (shadowed ones included).
+  int64_t iterations() const { return iterations_; }
+  // How many times prepareForBackward walked the graph looking for unused parameters.
+  int64_t graphSearches() const { return graphSearches_; }
 
  private:
   struct Bucket {
     std::vector<size_t> params;   // indices into params_
     std::vector<size_t> offsets;  // float offset of each in data
-    std::vector<float> data;
+    // Shared: with gradientAsBucketView, parameters' grad() are views into it that keep it
+    // alive (even across a rebuild, until they are re-attached).
+    std::shared_ptr<std::vector<float>> storage;
+    float* data() { return storage->data(); }
     size_t pending = 0;  // parameters not yet ready this iteration
     GradBucket view;
     std::unique_ptr<HookFuture> future;
@@ -90,6 +115,14 @@ class Reducer {
   void launchReadyBuckets();
   void waitLaunched() noexcept;
   void resetIteration();
+  void finishIteration();
+  bool agreesOnUsed() const { return options_.findUnusedParameters || options_.staticGraph; }
+  void searchUnused(const std::vector<ag::Tensor>& outputs);
+  float* slot(size_t param) {
+    return buckets_[bucketOf_[param]].data() + buckets_[bucketOf_[param]].offsets[slotOf_[param]];
+  }
+  ag::Tensor bucketView(size_t param);
+  void attachGradViews();
   std::string who() const;
 
   NamedParameters params_;
@@ -110,6 +143,15 @@ class Reducer {
   std::vector<char> locallyUsed_;
   std::vector<char> hadGrad_;
   std::vector<size_t> unused_;
+
+  float gradScale_ = 1.0f;
+  int64_t iterations_ = 0;
+  int64_t graphSearches_ = 0;
+  // staticGraph: what the first iteration found (staticKnown_ once it finished).
+  bool staticKnown_ = false;
+  std::vector<size_t> staticUnused_;       // locally unused in the first iteration
+  std::vector<char> staticUnusedFlag_;     // per parameter
+  std::vector<int32_t> staticGlobalUsed_;  // used on some rank in the first iteration
 
   bool rebuilt_ = false;
   bool rebuildPending_ = false;

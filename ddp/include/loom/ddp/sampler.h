@@ -4,10 +4,10 @@
 // torch.utils.data.DistributedSampler does. Without shuffle the split is exactly PyTorch's:
 // with dropLast the tail that does not divide evenly is dropped, otherwise the index list is
 // padded by wrapping around to its start until it divides; rank r then takes every
-// numReplicas-th index starting at r. With shuffle, the permutation is Loom's own (a
-// Fisher-Yates shuffle driven by ag::Generator seeded with seed + epoch): the same on every
-// rank for a given seed and epoch, different per epoch (call setEpoch), but not the
-// permutation torch.randperm would give.
+// numReplicas-th index starting at r. With shuffle, the index list is first permuted exactly as
+// PyTorch's sampler permutes it (torch.randperm(size) with a CPU generator seeded seed + epoch,
+// see torchRandperm), so a job moved between PyTorch and Loom sees the same data order: the
+// same on every rank for a given seed and epoch, different per epoch (call setEpoch).
 //
 // SequentialDistributedSampler gives each rank a contiguous block (the last rank's block is
 // padded by repeating the final index) for evaluation; gatherInOrder (eval.h) puts the
@@ -18,6 +18,12 @@
 #include <vector>
 
 namespace loom::ddp {
+
+// torch.randperm(n, generator=g) on the CPU after g.manual_seed(seed), bit for bit as torch 1.13
+// computes it: a mt19937 seeded with the low 32 bits of seed, then for i in [0, n-1) swap
+// element i with element i + (next 32-bit output % (n - i)). (Torch 2.x switched to another
+// algorithm for n >= 2^32 / 20; below that size both agree with this one.) n must be >= 0.
+std::vector<int64_t> torchRandperm(int64_t n, uint64_t seed);
 
 class DistributedSampler {
  public:
