@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,6 +26,20 @@ decltype(auto) dispatchFloat(DType dtype, const char* op, F&& f) {
       throw std::invalid_argument(std::string(op) + ": expected a float32 or float64 tensor, got " +
                                   dtypeName(dtype));
   }
+}
+
+// Like dispatchFloat, also with T = int64_t (for ops that only move data).
+template <class F>
+decltype(auto) dispatchAny(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f.template operator()<float>();
+    case DType::kFloat64:
+      return f.template operator()<double>();
+    case DType::kInt64:
+      break;
+  }
+  return f.template operator()<int64_t>();
 }
 
 inline void checkDefined(const Tensor& t, const char* op, const char* arg) {

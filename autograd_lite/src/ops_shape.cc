@@ -104,8 +104,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   Shape outShape(rank);
   for (int64_t i = 0; i < rank; ++i) outShape[i] = x.size(d[i]);
   Tensor out = empty(outShape, x.dtype());
-  dispatchFloat(x.dtype(), "permute",
-                [&]<class T>() { permuteCopy(x.data<T>(), out.data<T>(), x.shape(), d); });
+  detail::dispatchAny(x.dtype(),
+                      [&]<class T>() { permuteCopy(x.data<T>(), out.data<T>(), x.shape(), d); });
   if (anyRequiresGrad({&x})) {
     std::vector<int64_t> inverse(rank);
     for (int64_t i = 0; i < rank; ++i) inverse[d[i]] = i;
@@ -168,7 +168,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   outShape[d] = count;
   Tensor out = empty(outShape, x.dtype());
   const detail::AxisSplit ax = detail::splitAxis(x.shape(), d);
-  dispatchFloat(x.dtype(), "slice", [&]<class T>() {
+  detail::dispatchAny(x.dtype(), [&]<class T>() {
     axisCopy(x.data<T>(), size, s, step, out.data<T>(), count, 0, count, ax.outer, ax.inner, false);
   });
   if (anyRequiresGrad({&x})) {
@@ -220,7 +220,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   }
   Tensor out = empty(outShape, first.dtype());
   const detail::AxisSplit ax = detail::splitAxis(outShape, d);
-  dispatchFloat(first.dtype(), "cat", [&]<class T>() {
+  detail::dispatchAny(first.dtype(), [&]<class T>() {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const int64_t size = tensors[i].size(d);
       axisCopy(tensors[i].data<T>(), size, 0, 1, out.data<T>(), ax.size, starts[i], size, ax.outer,

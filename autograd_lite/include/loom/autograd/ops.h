@@ -61,7 +61,7 @@ Tensor transpose(const Tensor& a);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- shape ops (all copy into a new contiguous tensor, except view/reshape/flatten, which
-// share storage; dims may be negative) ----
+// share storage; dims may be negative; any dtype, int64 included, except causalMask) ----
 // The same as x.reshape(shape): a view with a new shape, one dimension may be -1.
 Tensor view(const Tensor& x, const Shape& shape);
 // Dimensions startDim..endDim merged into one: [2, 3, 4, 5] with (1, 2) -> [2, 12, 5].
