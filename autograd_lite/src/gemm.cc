@@ -6,12 +6,35 @@
 // multiple of kAlign long so vector lanes stay full, and parallelFor gives each thread one
 // block: a thread computes C[rows] = op(A)[rows] op(B) or C[:, cols] = op(A) op(B)[:, cols].
 // Products under kMinFlops stay on the calling thread (waking workers costs more).
+//
+// With LOOM_AUTOGRAD_OPENBLAS (CMake's LOOM_WITH_OPENBLAS, on when Debian's OpenBLAS is
+// installed) each block is one single-threaded cblas_?gemm call instead of Eigen's: on the
+// AVX-512 dev VM OpenBLAS's kernels run 10-35% more GFLOP per CPU-second on the MLP's and
+// transformer's shapes (bench/autograd/gemm_choice.sh, README there). OpenBLAS's own threads
+// stay off (openblas_set_num_threads(1)) so one pool, ours, decides the thread count and the
+// results stay independent of it.
 #include "gemm.h"
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <type_traits>
 
 #include "loom/autograd/parallel.h"
+
+#ifdef LOOM_AUTOGRAD_OPENBLAS
+// The CBLAS entry points of libopenblas (declared here: Debian ships the library without a
+// header unless libopenblas-dev is installed).
+extern "C" {
+enum LoomCblasOrder { kCblasRowMajor = 101 };
+enum LoomCblasTranspose { kCblasNoTrans = 111, kCblasTrans = 112 };
+void cblas_sgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, int, int, float,
+                 const float*, int, const float*, int, float, float*, int);
+void cblas_dgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, int, int, double,
+                 const double*, int, const double*, int, double, double*, int);
+void openblas_set_num_threads(int);
+}
+#include <mutex>
+#endif
 
 namespace loom::ag::detail {
 
@@ -32,6 +55,27 @@ template <class T>
 void gemmBlock(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate, int64_t r0, int64_t r1,
                int64_t c0, int64_t c1) {
+#ifdef LOOM_AUTOGRAD_OPENBLAS
+  static std::once_flag single;
+  std::call_once(single, [] { openblas_set_num_threads(1); });
+  const T* ab = transA ? a + r0 : a + r0 * lda;  // op(A)[r0:r1, :]
+  const T* bb = transB ? b + c0 * ldb : b + c0;  // op(B)[:, c0:c1]
+  const auto ta = transA ? kCblasTrans : kCblasNoTrans;
+  const auto tb = transB ? kCblasTrans : kCblasNoTrans;
+  const int rows = static_cast<int>(r1 - r0), cols = static_cast<int>(c1 - c0);
+  const T beta = accumulate ? T(1) : T(0);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(kCblasRowMajor, ta, tb, rows, cols, static_cast<int>(k), 1.0f, ab,
+                static_cast<int>(lda), bb, static_cast<int>(ldb), beta, c + r0 * ldc + c0,
+                static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(kCblasRowMajor, ta, tb, rows, cols, static_cast<int>(k), 1.0, ab,
+                static_cast<int>(lda), bb, static_cast<int>(ldb), beta, c + r0 * ldc + c0,
+                static_cast<int>(ldc));
+  }
+  (void)m;
+  (void)n;
+#else
   ConstMap<T> am(a, transA ? k : m, transA ? m : k, Eigen::OuterStride<>(lda));
   ConstMap<T> bm(b, transB ? n : k, transB ? k : n, Eigen::OuterStride<>(ldb));
   MutMap<T> cm(c + r0 * ldc + c0, r1 - r0, c1 - c0, Eigen::OuterStride<>(ldc));
@@ -52,6 +96,7 @@ void gemmBlock(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const 
   } else {
     run(am.middleCols(r0, rows).transpose(), bm.middleRows(c0, cols).transpose());
   }
+#endif
 }
 
 }  // namespace
