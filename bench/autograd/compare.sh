@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the autograd_lite MLP benchmark and PyTorch's (OpenBLAS) side by side at 1 and 2 threads,
-# interleaved: each round runs loom then torch at 1 thread, then loom then torch at 2.
+# Runs the autograd_lite MLP and GPT benchmarks and PyTorch's (OpenBLAS) side by side at 1 and 2
+# threads, interleaved: each round runs loom then torch at 1 thread, then loom then torch at 2.
 # Usage: bench/autograd/compare.sh [build-dir] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,5 +20,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
       OPENBLAS_NUM_THREADS=$t LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
         bench/autograd/torch_mlp_bench.py --opt $opt --threads $t --seconds 2 --repeats 2
     done
+    LOOM_AUTOGRAD_THREADS=$t "$BUILD/bin/autograd_gpt_bench" 2>/dev/null | grep BM_
+    OPENBLAS_NUM_THREADS=$t LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
+      bench/autograd/torch_gpt_bench.py --threads $t --seconds 3 --repeats 2
   done
 done
