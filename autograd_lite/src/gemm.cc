@@ -9,7 +9,7 @@
 //
 // With LOOM_AUTOGRAD_OPENBLAS (CMake's LOOM_WITH_OPENBLAS, on when Debian's OpenBLAS is
 // installed) each block is one single-threaded cblas_?gemm call instead of Eigen's: on the
-// AVX-512 dev VM OpenBLAS's kernels run 10-35% more GFLOP per CPU-second on the MLP's and
+// AVX-512 dev VM OpenBLAS's kernels run 5-35% more GFLOP per CPU-second on the MLP's and
 // transformer's shapes (bench/autograd/gemm_choice.sh, README there). OpenBLAS's own threads
 // stay off (openblas_set_num_threads(1)) so one pool, ours, decides the thread count and the
 // results stay independent of it.

@@ -1,7 +1,8 @@
 // Which threaded GEMM should autograd_lite use? Times the three float32 products of one
 // training step of a 1024x1024 Linear layer at batch 64 (forward x W^T, input gradient g W,
 // weight gradient g^T x) and a square 512^3 product, with:
-//   pool:     autograd_lite's own kernel (Eigen blocks split over its thread pool, gemm.cc);
+//   pool:     autograd_lite's kernel as built (gemm.cc: blocks split over its thread pool, each
+//             an OpenBLAS call, or Eigen's with LOOM_WITH_OPENBLAS=OFF);
 //   eigen-omp: Eigen's own OpenMP-threaded GEMM (this file built with -fopenmp);
 //   openblas: Debian's OpenBLAS (pthreads) cblas_sgemm.
 // Built and run by gemm_choice.sh (not part of the CMake build: it needs -fopenmp and
