@@ -8,8 +8,14 @@
 // or a worker that starts a region of its own, runs its region inline.
 //
 // Lock order: regionMutex_ before mutex_.
+//
+// fork(): pthread_atfork handlers hold both locks across the fork (so no kernel is half-way
+// and no lock is held by a thread that will not exist in the child); the child forgets the
+// parent's workers (their std::thread objects are parked, never joined) and starts its own at
+// its first parallel kernel.
 #include "loom/autograd/parallel.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -114,7 +120,30 @@ class Pool {
   }
 
  private:
-  Pool() : threads_(availableCpus()) {}
+  Pool() : threads_(availableCpus()) {
+    pthread_atfork([] { instance().beforeFork(); }, [] { instance().afterForkInParent(); },
+                   [] { instance().afterForkInChild(); });
+  }
+
+  void beforeFork() {
+    regionMutex_.lock();
+    mutex_.lock();
+  }
+  void afterForkInParent() {
+    mutex_.unlock();
+    regionMutex_.unlock();
+  }
+  void afterForkInChild() {
+    // The workers do not exist here; destroying joinable std::thread objects would terminate,
+    // so they are parked for good.
+    if (!workers_.empty()) new std::vector<std::thread>(std::move(workers_));
+    workers_.clear();
+    job_ = nullptr;
+    busy_ = 0;
+    stop_ = false;
+    mutex_.unlock();
+    regionMutex_.unlock();
+  }
 
   void startWorkers() {
     const int want = threads() - 1;

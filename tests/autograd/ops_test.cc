@@ -3,9 +3,15 @@
 // gradient clipping and accumulation.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
+#include <thread>
 
 #include "test_util.h"
 
@@ -133,6 +139,39 @@ TEST(Ops, ResultsDoNotDependOnTheThreadCount) {
   };
   const auto one = run(1);
   for (int threads : {2, 3, 4}) EXPECT_EQ(run(threads), one) << threads << " threads";
+}
+
+// A process that forks after its pool started: the child (which has none of the parent's
+// workers) still runs threaded kernels, with the same results.
+TEST(Ops, ThreadedKernelsWorkAfterFork) {
+  ThreadCount tc(2);
+  Generator gen(8);
+  Tensor a = randn({96, 200}, gen), b = randn({200, 120}, gen);
+  const std::vector<float> want = matmul(a, b).toVector<float>();  // starts the workers
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      code = matmul(a, b).toVector<float>() == want && numThreads() == 2 ? 0 : 1;
+    } catch (...) {
+      code = 2;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the forked child did not finish its kernel within 30 s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: wrong result, 2: exception";
+  EXPECT_EQ(matmul(a, b).toVector<float>(), want);
 }
 
 TEST(Ops, AttentionIsCausal) {
