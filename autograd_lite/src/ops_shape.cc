@@ -13,10 +13,12 @@
 #include "kernels.h"
 #include "loom/autograd/engine.h"
 #include "loom/autograd/ops.h"
+#include "loom/autograd/parallel.h"
 
 namespace loom::ag {
 
 using detail::dispatchFloat;
+using detail::kElementwiseGrain;
 
 Tensor view(const Tensor& x, const Shape& shape) {
   detail::checkDefined(x, "view", "x");
@@ -61,22 +63,31 @@ void permuteCopy(const T* px, T* po, const Shape& inShape, const std::vector<int
     po[0] = px[0];
     return;
   }
-  // The innermost output dimension is a strided run; odometer over the rest.
+  // The innermost output dimension is a strided run; an odometer walks the rest. Rows (runs)
+  // split over the thread pool, each range starting its odometer at its first row.
   const int64_t inner = outShape[rank - 1], innerStride = stride[rank - 1];
-  std::vector<int64_t> index(rank, 0);
-  int64_t off = 0;
-  for (int64_t i = 0; i < n; i += inner) {
-    const T* src = px + off;
-    T* dst = po + i;
-    for (int64_t j = 0; j < inner; ++j) dst[j] = src[j * innerStride];
-    for (size_t d = rank - 1; d-- > 0;) {
-      ++index[d];
-      off += stride[d];
-      if (index[d] < outShape[d]) break;
-      off -= stride[d] * outShape[d];
-      index[d] = 0;
+  const int64_t rows = n / inner;
+  parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> index(rank, 0);
+    int64_t off = 0;
+    for (int64_t d = static_cast<int64_t>(rank) - 2, rest = r0; d >= 0; --d) {
+      index[d] = rest % outShape[d];
+      rest /= outShape[d];
+      off += index[d] * stride[d];
     }
-  }
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* src = px + off;
+      T* dst = po + r * inner;
+      for (int64_t j = 0; j < inner; ++j) dst[j] = src[j * innerStride];
+      for (size_t d = rank - 1; d-- > 0;) {
+        ++index[d];
+        off += stride[d];
+        if (index[d] < outShape[d]) break;
+        off -= stride[d] * outShape[d];
+        index[d] = 0;
+      }
+    }
+  });
 }
 
 }  // namespace

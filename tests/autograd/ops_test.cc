@@ -131,10 +131,14 @@ TEST(Ops, ResultsDoNotDependOnTheThreadCount) {
     Tensor h = layerNorm(linear(x, w), {130}, Tensor(), Tensor());
     Tensor att = matmul(h, transpose(h, -1, -2));
     Tensor c = maxPool2d(conv2d(img, k, Tensor(), {.padH = 1, .padW = 1}), {});
-    Tensor loss = sum(att) + sum(c * c);
+    // Large enough for the elementwise and copy kernels to split too.
+    Tensor big = randn({4, 64, 8, 32}, gen).setRequiresGrad(true);
+    Tensor p = gelu(permute(big, {0, 2, 1, 3}) * 1.5 + 0.25);
+    Tensor loss = sum(att) + sum(c * c) + sum(softmax(p, -1) * p);
     loss.backward();
-    std::vector<std::vector<float>> out{att.toVector<float>(), c.toVector<float>()};
-    for (Tensor* t : {&x, &w, &img, &k}) out.push_back(t->grad().toVector<float>());
+    std::vector<std::vector<float>> out{att.toVector<float>(), c.toVector<float>(),
+                                        p.toVector<float>()};
+    for (Tensor* t : {&x, &w, &img, &k, &big}) out.push_back(t->grad().toVector<float>());
     return out;
   };
   const auto one = run(1);
