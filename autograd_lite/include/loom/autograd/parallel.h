@@ -9,10 +9,11 @@
 //   settings registry and pass it to setNumThreads (autograd_lite itself reads no environment).
 // - Results do not depend on the thread count: every kernel splits its output so each element
 //   is computed by exactly one thread, in the same order as on one thread.
-// - Thread-safety: setNumThreads may be called at any time from any thread (it waits for a
-//   running kernel to finish). Kernels called from two threads at once are correct: one of
-//   them gets the pool, the other runs its kernel on its own thread. A kernel never nests: a
-//   parallel region started from inside a worker runs inline.
+// - Thread-safety: setNumThreads may be called at any time from any thread except from inside a
+//   parallelFor body (it waits for the running kernel to finish). Kernels called from two threads
+//   at once are correct: one of them gets the pool, the other runs its kernel on its own thread. A
+//   kernel never nests: a parallel region started from inside a worker runs inline. A process may
+//   fork after kernels ran: the child starts its own workers.
 #pragma once
 
 #include <cstdint>
