@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "loom/autograd/ops.h"
+#include "loom/autograd/parallel.h"
 #include "loom/autograd/tensor.h"
 
 namespace loom::ag::detail {
@@ -25,6 +27,20 @@ decltype(auto) dispatchFloat(DType dtype, const char* op, F&& f) {
       throw std::invalid_argument(std::string(op) + ": expected a float32 or float64 tensor, got " +
                                   dtypeName(dtype));
   }
+}
+
+// Like dispatchFloat, also with T = int64_t (for ops that only move data).
+template <class F>
+decltype(auto) dispatchAny(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f.template operator()<float>();
+    case DType::kFloat64:
+      return f.template operator()<double>();
+    case DType::kInt64:
+      break;
+  }
+  return f.template operator()<int64_t>();
 }
 
 inline void checkDefined(const Tensor& t, const char* op, const char* arg) {
@@ -66,6 +82,9 @@ struct AxisSplit {
 };
 AxisSplit splitAxis(const Shape& shape, int64_t dim);
 
+// Elementwise loops split over the thread pool in runs of at least this many elements.
+constexpr int64_t kElementwiseGrain = 1 << 15;
+
 // ---- template definitions ----
 
 template <class T, class F>
@@ -76,18 +95,25 @@ void broadcastBinary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const int64_t n = out.numel();
   const int64_t na = a.numel();
   const int64_t nb = b.numel();
+  // The common layouts split over the thread pool in runs of kElementwiseGrain elements.
   if (na == n && nb == n) {
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallelFor(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   if (na == n && nb == 1) {
     const T vb = pb[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], vb);
+    parallelFor(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) po[i] = f(pa[i], vb);
+    });
     return;
   }
   if (nb == n && na == 1) {
     const T va = pa[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(va, pb[i]);
+    parallelFor(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) po[i] = f(va, pb[i]);
+    });
     return;
   }
   // A trailing block repeated: b's shape is a suffix of out's (a row vector over rows).
@@ -97,19 +123,23 @@ void broadcastBinary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     return std::equal(s.begin(), s.end(), so.end() - static_cast<std::ptrdiff_t>(s.size()));
   };
   if (na == n && nb > 0 && isSuffix(b.shape())) {
-    for (int64_t r = 0; r < n / nb; ++r) {
-      const T* ra = pa + r * nb;
-      T* ro = po + r * nb;
-      for (int64_t j = 0; j < nb; ++j) ro[j] = f(ra[j], pb[j]);
-    }
+    parallelFor(n / nb, std::max<int64_t>(1, kElementwiseGrain / nb), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* ra = pa + r * nb;
+        T* ro = po + r * nb;
+        for (int64_t j = 0; j < nb; ++j) ro[j] = f(ra[j], pb[j]);
+      }
+    });
     return;
   }
   if (nb == n && na > 0 && isSuffix(a.shape())) {
-    for (int64_t r = 0; r < n / na; ++r) {
-      const T* rb = pb + r * na;
-      T* ro = po + r * na;
-      for (int64_t j = 0; j < na; ++j) ro[j] = f(pa[j], rb[j]);
-    }
+    parallelFor(n / na, std::max<int64_t>(1, kElementwiseGrain / na), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* rb = pb + r * na;
+        T* ro = po + r * na;
+        for (int64_t j = 0; j < na; ++j) ro[j] = f(pa[j], rb[j]);
+      }
+    });
     return;
   }
   // General case: walk out's index with per-operand strides (0 on broadcast dimensions).

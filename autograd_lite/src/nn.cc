@@ -1,5 +1,6 @@
 #include "loom/autograd/nn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <set>
@@ -277,22 +278,182 @@ std::string BatchNorm1d::describe() const {
 }
 
 Embedding::Embedding(int64_t numEmbeddings, int64_t embeddingDim, uint64_t seed)
+    : Embedding(numEmbeddings, embeddingDim,
+                EmbeddingOptions{.paddingIdx = std::nullopt, .seed = seed}) {}
+
+Embedding::Embedding(int64_t numEmbeddings, int64_t embeddingDim, const EmbeddingOptions& options)
     : num_(numEmbeddings), dim_(embeddingDim) {
   if (numEmbeddings <= 0 || embeddingDim <= 0) {
     throw std::invalid_argument("Embedding: sizes must be positive, got " +
                                 std::to_string(numEmbeddings) + " x " +
                                 std::to_string(embeddingDim));
   }
-  Generator gen(seed);
-  weight_ = registerParameter("weight", randn({numEmbeddings, embeddingDim}, gen));
+  if (options.paddingIdx) {
+    const int64_t p = *options.paddingIdx;
+    if (p < -numEmbeddings || p >= numEmbeddings) {
+      throw std::invalid_argument("Embedding: paddingIdx " + std::to_string(p) + " is outside [-" +
+                                  std::to_string(numEmbeddings) + ", " +
+                                  std::to_string(numEmbeddings) + ")");
+    }
+    paddingIdx_ = p < 0 ? p + numEmbeddings : p;
+  }
+  Generator gen(options.seed);
+  Tensor w = randn({numEmbeddings, embeddingDim}, gen);
+  if (paddingIdx_) std::fill_n(w.data<float>() + *paddingIdx_ * embeddingDim, embeddingDim, 0.0f);
+  weight_ = registerParameter("weight", w);
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
-  return embedding(weight_, indices);
+  return embedding(weight_, indices, paddingIdx_);
 }
 
 std::string Embedding::describe() const {
-  return "Embedding(" + std::to_string(num_) + ", " + std::to_string(dim_) + ")";
+  return "Embedding(" + std::to_string(num_) + ", " + std::to_string(dim_) +
+         (paddingIdx_ ? ", padding_idx=" + std::to_string(*paddingIdx_) : "") + ")";
+}
+
+LayerNorm::LayerNorm(Shape normalizedShape, const LayerNormOptions& options)
+    : shape_(std::move(normalizedShape)), options_(options) {
+  if (shape_.empty() || shapeNumel(shape_) <= 0) {
+    throw std::invalid_argument(
+        "LayerNorm: normalizedShape must be non-empty with positive "
+        "sizes, got " +
+        shapeToString(shape_));
+  }
+  if (options.elementwiseAffine) {
+    weight_ = registerParameter("weight", ones(shape_));
+    bias_ = registerParameter("bias", zeros(shape_));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  return layerNorm(input, shape_, weight_, bias_, options_.eps);
+}
+
+std::string LayerNorm::describe() const {
+  return "LayerNorm(" + shapeToString(shape_) + ", eps=" + std::to_string(options_.eps) +
+         ", elementwise_affine=" + (options_.elementwiseAffine ? "true" : "false") + ")";
+}
+
+CausalSelfAttention::CausalSelfAttention(int64_t embedDim, int64_t numHeads,
+                                         const CausalSelfAttentionOptions& options)
+    : embedDim_(embedDim), numHeads_(numHeads), options_(options), gen_(options.seed + 1) {
+  if (embedDim <= 0 || numHeads <= 0 || embedDim % numHeads != 0) {
+    throw std::invalid_argument("CausalSelfAttention: embedDim (" + std::to_string(embedDim) +
+                                ") must be a positive multiple of numHeads (" +
+                                std::to_string(numHeads) + ")");
+  }
+  if (!(options.attnDropout >= 0.0 && options.attnDropout <= 1.0)) {
+    throw std::invalid_argument("CausalSelfAttention: attnDropout must be in [0, 1], got " +
+                                std::to_string(options.attnDropout));
+  }
+  qkv_ = std::make_shared<Linear>(embedDim, 3 * embedDim,
+                                  LinearOptions{.bias = options.bias, .seed = options.seed});
+  proj_ = std::make_shared<Linear>(
+      embedDim, embedDim, LinearOptions{.bias = options.bias, .seed = options.seed + 1000});
+  registerModule("qkv", qkv_);
+  registerModule("proj", proj_);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  if (!x.defined() || x.dim() != 3 || x.size(2) != embedDim_) {
+    throw std::invalid_argument("CausalSelfAttention: expected input [B, T, " +
+                                std::to_string(embedDim_) + "], got " +
+                                (x.defined() ? shapeToString(x.shape()) : "undefined"));
+  }
+  const int64_t b = x.size(0), t = x.size(1), h = numHeads_, d = embedDim_ / numHeads_;
+  std::vector<Tensor> qkv = split((*qkv_)(x), embedDim_, -1);  // 3 x [B, T, C]
+  auto heads = [&](const Tensor& z) {                          // [B, T, C] -> [B, H, T, D]
+    return permute(z.reshape({b, t, h, d}), {0, 2, 1, 3});
+  };
+  Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+  att = softmax(causalMask(att), -1);  // [B, H, T, T]
+  att = dropout(att, options_.attnDropout, isTraining(), gen_);
+  Tensor y = permute(matmul(att, v), {0, 2, 1, 3}).reshape({b, t, embedDim_});
+  return (*proj_)(y);
+}
+
+std::string CausalSelfAttention::describe() const {
+  return "CausalSelfAttention(embed_dim=" + std::to_string(embedDim_) +
+         ", num_heads=" + std::to_string(numHeads_) + ")";
+}
+
+Conv2d::Conv2d(int64_t inChannels, int64_t outChannels, int64_t kernelSize,
+               const Conv2dOptions& options)
+    : in_(inChannels), out_(outChannels), kernel_(kernelSize), options_(options) {
+  if (inChannels <= 0 || outChannels <= 0 || kernelSize <= 0 || options.stride <= 0 ||
+      options.padding < 0) {
+    throw std::invalid_argument("Conv2d: channels (" + std::to_string(inChannels) + ", " +
+                                std::to_string(outChannels) + "), kernel size (" +
+                                std::to_string(kernelSize) + ") and stride (" +
+                                std::to_string(options.stride) + ") must be positive, padding (" +
+                                std::to_string(options.padding) + ") >= 0");
+  }
+  Generator gen(options.seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(inChannels * kernelSize * kernelSize));
+  weight_ = registerParameter(
+      "weight", uniform({outChannels, inChannels, kernelSize, kernelSize}, -bound, bound, gen));
+  if (options.bias) bias_ = registerParameter("bias", uniform({outChannels}, -bound, bound, gen));
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  return conv2d(input, weight_, bias_,
+                {.strideH = options_.stride,
+                 .strideW = options_.stride,
+                 .padH = options_.padding,
+                 .padW = options_.padding});
+}
+
+std::string Conv2d::describe() const {
+  return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+         ", kernel_size=" + std::to_string(kernel_) +
+         ", stride=" + std::to_string(options_.stride) +
+         ", padding=" + std::to_string(options_.padding) + ")";
+}
+
+namespace {
+Pool2dParams poolParams(const char* what, int64_t kernel, std::optional<int64_t> stride,
+                        int64_t padding) {
+  const int64_t s = stride.value_or(kernel);
+  if (kernel <= 0 || s <= 0 || padding < 0 || 2 * padding > kernel) {
+    throw std::invalid_argument(std::string(what) + ": kernel size (" + std::to_string(kernel) +
+                                ") and stride (" + std::to_string(s) +
+                                ") must be positive and padding (" + std::to_string(padding) +
+                                ") in [0, kernel / 2]");
+  }
+  return {kernel, kernel, s, s, padding, padding};
+}
+std::string poolDescription(const char* what, const Pool2dParams& p) {
+  return std::string(what) + "(kernel_size=" + std::to_string(p.kernelH) +
+         ", stride=" + std::to_string(p.strideH) + ", padding=" + std::to_string(p.padH) + ")";
+}
+}  // namespace
+
+MaxPool2d::MaxPool2d(int64_t kernelSize, std::optional<int64_t> stride, int64_t padding)
+    : params_(poolParams("MaxPool2d", kernelSize, stride, padding)) {}
+Tensor MaxPool2d::forward(const Tensor& input) {
+  return maxPool2d(input, params_);
+}
+std::string MaxPool2d::describe() const {
+  return poolDescription("MaxPool2d", params_);
+}
+
+AvgPool2d::AvgPool2d(int64_t kernelSize, std::optional<int64_t> stride, int64_t padding)
+    : params_(poolParams("AvgPool2d", kernelSize, stride, padding)) {}
+Tensor AvgPool2d::forward(const Tensor& input) {
+  return avgPool2d(input, params_);
+}
+std::string AvgPool2d::describe() const {
+  return poolDescription("AvgPool2d", params_);
+}
+
+Tensor Flatten::forward(const Tensor& input) {
+  return flatten(input, startDim_, endDim_);
+}
+std::string Flatten::describe() const {
+  return "Flatten(start_dim=" + std::to_string(startDim_) + ", end_dim=" + std::to_string(endDim_) +
+         ")";
 }
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) {

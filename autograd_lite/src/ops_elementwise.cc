@@ -1,10 +1,14 @@
-// Elementwise ops: binary arithmetic with broadcasting, and unary activations.
+// Elementwise ops: binary arithmetic with broadcasting, and unary activations. Unary loops
+// split over the thread pool in runs of kGrain elements; GELU uses Eigen's vectorized erf/exp.
+#include <Eigen/Core>
 #include <cmath>
 #include <stdexcept>
+#include <unsupported/Eigen/SpecialFunctions>
 
 #include "kernels.h"
 #include "loom/autograd/engine.h"
 #include "loom/autograd/ops.h"
+#include "loom/autograd/parallel.h"
 
 namespace loom::ag {
 
@@ -134,6 +138,8 @@ Tensor operator/(double a, const Tensor& b) {
 
 namespace {
 
+constexpr int64_t kGrain = 1 << 15;
+
 // Runs y = fwd(x) elementwise; if x requires grad, records a node whose backward computes
 // gx = bwd(x, y, g) elementwise (x and y saved as needed).
 template <class Fwd, class Bwd>
@@ -143,8 +149,9 @@ Tensor unaryOp(const Tensor& x, const char* op, bool saveX, bool saveY, Fwd fwd,
   dispatchFloat(x.dtype(), op, [&]<class T>() {
     const T* px = x.data<T>();
     T* py = out.data<T>();
-    const int64_t n = x.numel();
-    for (int64_t i = 0; i < n; ++i) py[i] = fwd(px[i]);
+    parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) py[i] = fwd(px[i]);
+    });
   });
   if (anyRequiresGrad({&x})) {
     Tensor sx = saveX ? x.detach() : Tensor();
@@ -156,10 +163,11 @@ Tensor unaryOp(const Tensor& x, const char* op, bool saveX, bool saveY, Fwd fwd,
         const T* py = sy.defined() ? sy.data<T>() : nullptr;
         const T* pg = g.data<T>();
         T* pgx = gx.data<T>();
-        const int64_t n = g.numel();
-        for (int64_t i = 0; i < n; ++i) {
-          pgx[i] = bwd(px ? px[i] : T(0), py ? py[i] : T(0), pg[i]);
-        }
+        parallelFor(g.numel(), kGrain, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            pgx[i] = bwd(px ? px[i] : T(0), py ? py[i] : T(0), pg[i]);
+          }
+        });
       });
       return std::vector<Tensor>{gx};
     });
@@ -184,20 +192,43 @@ Tensor relu(const Tensor& x) {
       [](auto, auto y, auto g) { return y > 0 ? g : decltype(g)(0); });
 }
 
-// y = x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x * phi(x).
+// y = x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x * phi(x) with
+// phi(x) = exp(-x^2 / 2) / sqrt(2 pi). Phi is kept from the forward for the backward.
 Tensor gelu(const Tensor& x) {
-  return unaryOp(
-      x, "gelu", true, false,
-      [](auto v) {
-        using T = decltype(v);
-        return static_cast<T>(v * T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2))));
-      },
-      [](auto v, auto, auto g) {
-        using T = decltype(v);
-        const T cdf = T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2)));
-        const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
-        return g * (cdf + v * pdf);
+  detail::checkDefined(x, "gelu", "x");
+  Tensor out = empty(x.shape(), x.dtype());
+  Tensor cdf = empty(x.shape(), x.dtype());
+  dispatchFloat(x.dtype(), "gelu", [&]<class T>() {
+    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+    const T* px = x.data<T>();
+    T* pc = cdf.data<T>();
+    T* py = out.data<T>();
+    parallelFor(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+      Eigen::Map<const Arr> xv(px + b, e - b);
+      Eigen::Map<Arr> c(pc + b, e - b), y(py + b, e - b);
+      c = T(0.5) * (T(1) + (xv * T(kInvSqrt2)).erf());
+      y = xv * c;
+    });
+  });
+  if (anyRequiresGrad({&x})) {
+    recordOp(out, "gelu", {&x}, [sx = x.detach(), cdf](const Tensor& g) {
+      Tensor gx = empty(g.shape(), g.dtype());
+      dispatchFloat(g.dtype(), "gelu backward", [&]<class T>() {
+        using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+        const T* px = sx.data<T>();
+        const T* pc = cdf.data<T>();
+        const T* pg = g.data<T>();
+        T* pgx = gx.data<T>();
+        parallelFor(g.numel(), kGrain, [&](int64_t b, int64_t e) {
+          Eigen::Map<const Arr> xv(px + b, e - b), c(pc + b, e - b), gv(pg + b, e - b);
+          Eigen::Map<Arr> out(pgx + b, e - b);
+          out = gv * (c + xv * T(kInvSqrt2Pi) * (T(-0.5) * xv.square()).exp());
+        });
       });
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return out;
 }
 
 // dy/dx = 1 - y^2.

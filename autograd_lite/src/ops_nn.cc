@@ -1,11 +1,13 @@
 // Matrix ops (Eigen over the tensors' own storage, no copies), losses and layer functions.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 #include "kernels.h"
 #include "loom/autograd/engine.h"
 #include "loom/autograd/ops.h"
+#include "loom/autograd/parallel.h"
 
 namespace loom::ag {
 
@@ -42,127 +44,23 @@ std::string shapes(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-// a: [M, K], b: [K, N] -> [M, N]. Backward: ga = g b^T, gb = a^T g.
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  detail::checkDefined(a, "matmul", "a");
-  detail::checkDefined(b, "matmul", "b");
-  detail::checkSameDType(a, b, "matmul");
-  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0)) {
-    throw std::invalid_argument("matmul: expected [M, K] @ [K, N], got " + shapes(a, b));
-  }
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  Tensor out = empty({m, n}, a.dtype());
-  dispatchFloat(a.dtype(), "matmul", [&]<class T>() {
-    mat<T>(out, m, n).noalias() = mat<T>(a, m, k) * mat<T>(b, k, n);
-  });
-  if (anyRequiresGrad({&a, &b})) {
-    Tensor sa = b.requiresGrad() ? a.detach() : Tensor();
-    Tensor sb = a.requiresGrad() ? b.detach() : Tensor();
-    recordOp(out, "matmul", {&a, &b}, [sa, sb, m, k, n](const Tensor& g) {
-      Tensor ga, gb;
-      dispatchFloat(g.dtype(), "matmul backward", [&]<class T>() {
-        if (sb.defined()) {
-          ga = empty({m, k}, g.dtype());
-          mat<T>(ga, m, k).noalias() = mat<T>(g, m, n) * mat<T>(sb, k, n).transpose();
-        }
-        if (sa.defined()) {
-          gb = empty({k, n}, g.dtype());
-          mat<T>(gb, k, n).noalias() = mat<T>(sa, m, k).transpose() * mat<T>(g, m, n);
-        }
-      });
-      return std::vector<Tensor>{ga, gb};
-    });
-  }
-  return out;
-}
-
-// a: [M, N] -> [N, M]. Backward: the gradient transposed back.
-Tensor transpose(const Tensor& a) {
-  detail::checkDefined(a, "transpose", "a");
-  detail::checkDim(a, 2, "transpose", "a");
-  const int64_t m = a.size(0), n = a.size(1);
-  Tensor out = empty({n, m}, a.dtype());
-  dispatchFloat(a.dtype(), "transpose",
-                [&]<class T>() { mat<T>(out, n, m) = mat<T>(a, m, n).transpose(); });
-  recordOp(out, "transpose", {&a},
-           [](const Tensor& g) { return std::vector<Tensor>{transpose(g)}; });
-  return out;
-}
-
-// x: [B, in], w: [out, in], bias: [out] -> y = x w^T + bias: [B, out].
-// Backward: gx = g w, gw = g^T x, gbias = column sums of g.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  detail::checkDefined(x, "linear", "input");
-  detail::checkDefined(w, "linear", "weight");
-  detail::checkSameDType(x, w, "linear");
-  if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1)) {
-    throw std::invalid_argument("linear: expected input [B, in] and weight [out, in], got " +
-                                shapes(x, w));
-  }
-  const int64_t batch = x.size(0), in = x.size(1), outF = w.size(0);
-  if (bias.defined()) {
-    detail::checkSameDType(x, bias, "linear");
-    if (bias.shape() != Shape{outF}) {
-      throw std::invalid_argument("linear: bias must have shape [" + std::to_string(outF) +
-                                  "], got " + shapeToString(bias.shape()));
-    }
-  }
-  Tensor y = empty({batch, outF}, x.dtype());
-  dispatchFloat(x.dtype(), "linear", [&]<class T>() {
-    auto ym = mat<T>(y, batch, outF);
-    ym.noalias() = mat<T>(x, batch, in) * mat<T>(w, outF, in).transpose();
-    if (bias.defined()) ym.rowwise() += rowVec<T>(bias);
-  });
-  if (anyRequiresGrad({&x, &w, &bias})) {
-    Tensor sx = w.requiresGrad() ? x.detach() : Tensor();
-    Tensor sw = x.requiresGrad() ? w.detach() : Tensor();
-    const bool needBias = bias.requiresGrad();
-    // gw and gbias go straight into the parameters' grad buffers when the engine offers them
-    // (sinks), which saves a temporary and an accumulation pass per step.
-    recordOp(y, "linear", {&x, &w, &bias},
-             AccumulatingBackwardFn([sx, sw, needBias, batch, in, outF](
-                                        const Tensor& g, const std::vector<Tensor>& sinks) {
-               Tensor gx, gw, gb;
-               dispatchFloat(g.dtype(), "linear backward", [&]<class T>() {
-                 auto gm = mat<T>(g, batch, outF);
-                 if (sw.defined()) {
-                   gx = empty({batch, in}, g.dtype());
-                   mat<T>(gx, batch, in).noalias() = gm * mat<T>(sw, outF, in);
-                 }
-                 if (sx.defined()) {
-                   if (sinks.size() > 1 && sinks[1].defined()) {
-                     Tensor sink = sinks[1];
-                     mat<T>(sink, outF, in).noalias() += gm.transpose() * mat<T>(sx, batch, in);
-                   } else {
-                     gw = empty({outF, in}, g.dtype());
-                     mat<T>(gw, outF, in).noalias() = gm.transpose() * mat<T>(sx, batch, in);
-                   }
-                 }
-                 if (needBias) {
-                   if (sinks.size() > 2 && sinks[2].defined()) {
-                     Tensor sink = sinks[2];
-                     rowVec<T>(sink) += gm.colwise().sum();
-                   } else {
-                     gb = empty({outF}, g.dtype());
-                     rowVec<T>(gb) = gm.colwise().sum();
-                   }
-                 }
-               });
-               return std::vector<Tensor>{gx, gw, gb};
-             }));
-  }
-  return y;
-}
-
-// logits: [N, C], labels: [N] int64 -> mean over n of -log softmax(logits)[n, labels[n]].
-// Backward: (softmax(logits) - onehot(labels)) * g / N.
-Tensor crossEntropy(const Tensor& logits, const Tensor& labels) {
+// logits: [N, C], labels: [N] int64. With eps = labelSmoothing and V the rows whose label is
+// not ignoreIndex:
+//   loss = 1/|V| sum_{n in V} [(1 - eps) (-logp[n, y_n]) + eps/C sum_c (-logp[n, c])].
+// Backward, rows in V: (softmax(logits) - (1 - eps) onehot(y) - eps/C) * g / |V|; others 0.
+Tensor crossEntropy(const Tensor& logits, const Tensor& labels,
+                    const CrossEntropyOptions& options) {
   detail::checkDefined(logits, "crossEntropy", "logits");
   detail::checkDefined(labels, "crossEntropy", "labels");
   detail::checkDim(logits, 2, "crossEntropy", "logits");
   if (labels.dtype() != DType::kInt64) {
     throw std::invalid_argument(std::string("crossEntropy: labels must be int64, got ") +
                                 dtypeName(labels.dtype()));
+  }
+  const double eps = options.labelSmoothing;
+  if (!(eps >= 0.0 && eps <= 1.0)) {
+    throw std::invalid_argument("crossEntropy: labelSmoothing must be in [0, 1], got " +
+                                std::to_string(eps));
   }
   const int64_t n = logits.size(0), c = logits.size(1);
   if (labels.shape() != Shape{n}) {
@@ -171,16 +69,21 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& labels) {
                                 shapeToString(labels.shape()));
   }
   if (n == 0) throw std::invalid_argument("crossEntropy: empty batch");
+  const int64_t ignore = options.ignoreIndex;
   const int64_t* py = labels.data<int64_t>();
+  int64_t valid = 0;
   for (int64_t i = 0; i < n; ++i) {
+    if (py[i] == ignore) continue;
+    ++valid;
     if (py[i] < 0 || py[i] >= c) {
-      throw std::invalid_argument("crossEntropy: labels[" + std::to_string(i) +
-                                  "] = " + std::to_string(py[i]) + " is outside [0, " +
-                                  std::to_string(c) + ")");
+      throw std::invalid_argument("crossEntropy: labels[" + std::to_string(i) + "] = " +
+                                  std::to_string(py[i]) + " is outside [0, " + std::to_string(c) +
+                                  ") and is not ignoreIndex (" + std::to_string(ignore) + ")");
     }
   }
   Tensor probs = empty({n, c}, logits.dtype());
   Tensor out = empty({}, logits.dtype());
+  const double invValid = 1.0 / static_cast<double>(valid);  // inf when none: NaN loss
   dispatchFloat(logits.dtype(), "crossEntropy", [&]<class T>() {
     const T* px = logits.data<T>();
     T* pp = probs.data<T>();
@@ -197,19 +100,35 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& labels) {
       }
       const T inv = T(1) / total;
       for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
-      loss -= static_cast<double>(row[py[i]] - mx - std::log(total));
+      if (py[i] == ignore) continue;
+      const double logTotal = static_cast<double>(mx) + std::log(static_cast<double>(total));
+      double rowLoss = (1.0 - eps) * (logTotal - static_cast<double>(row[py[i]]));
+      if (eps > 0) {
+        double sumNegLogp = 0;
+        for (int64_t j = 0; j < c; ++j) sumNegLogp += logTotal - static_cast<double>(row[j]);
+        rowLoss += eps / static_cast<double>(c) * sumNegLogp;
+      }
+      loss += rowLoss;
     }
-    *out.data<T>() = static_cast<T>(loss / static_cast<double>(n));
+    *out.data<T>() = static_cast<T>(valid == 0 ? std::nan("") : loss * invValid);
   });
   recordOp(out, "crossEntropy", {&logits, nullptr},
-           [probs, labels = labels.detach(), n, c](const Tensor& g) {
+           [probs, labels = labels.detach(), n, c, ignore, eps, invValid](const Tensor& g) {
              Tensor gx = probs;  // owned by this node; reused as the gradient buffer
              dispatchFloat(g.dtype(), "crossEntropy backward", [&]<class T>() {
                T* p = gx.data<T>();
                const int64_t* py = labels.data<int64_t>();
-               const T scale = static_cast<T>(g.item() / static_cast<double>(n));
-               for (int64_t i = 0; i < n; ++i) p[i * c + py[i]] -= T(1);
-               for (int64_t i = 0; i < n * c; ++i) p[i] *= scale;
+               const T scale = static_cast<T>(g.item() * invValid);
+               const T smooth = static_cast<T>(eps / static_cast<double>(c));
+               for (int64_t i = 0; i < n; ++i) {
+                 T* row = p + i * c;
+                 if (py[i] == ignore) {
+                   std::fill_n(row, c, T(0));
+                   continue;
+                 }
+                 row[py[i]] -= static_cast<T>(1.0 - eps);
+                 for (int64_t j = 0; j < c; ++j) row[j] = (row[j] - smooth) * scale;
+               }
              });
              return std::vector<Tensor>{gx, Tensor()};
            });
@@ -372,8 +291,125 @@ Tensor batchNorm(const Tensor& x, const Tensor& runningMean, const Tensor& runni
   return y;
 }
 
-// out[idx..., :] = weight[indices[idx...], :]. Backward: rows of g scatter-added into gweight.
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+// x: [R..., D...] seen as [R, D] rows (D = prod(normalizedShape)). Per row:
+//   xhat = (x - mean) * invstd, invstd = 1 / sqrt(mean((x - mean)^2) + eps); y = xhat w + b.
+// Backward, per row: gxhat = g w; gx = invstd (gxhat - mean(gxhat) - xhat mean(gxhat xhat));
+// gw = sum over rows of g xhat; gb = sum over rows of g.
+Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight,
+                 const Tensor& bias, double eps) {
+  detail::checkDefined(x, "layerNorm", "input");
+  const size_t k = normalizedShape.size();
+  if (k == 0 || k > x.shape().size() ||
+      !std::equal(normalizedShape.begin(), normalizedShape.end(), x.shape().end() - k)) {
+    throw std::invalid_argument("layerNorm: input shape " + shapeToString(x.shape()) +
+                                " does not end with normalizedShape " +
+                                shapeToString(normalizedShape));
+  }
+  for (const Tensor* t : {&weight, &bias}) {
+    if (t->defined() && (t->shape() != normalizedShape || t->dtype() != x.dtype())) {
+      throw std::invalid_argument(std::string("layerNorm: ") + (t == &weight ? "weight" : "bias") +
+                                  " must be " + shapeToString(normalizedShape) + " " +
+                                  dtypeName(x.dtype()) + ", got " + shapeToString(t->shape()) +
+                                  " " + dtypeName(t->dtype()));
+    }
+  }
+  const int64_t d = shapeNumel(normalizedShape);
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
+  Tensor xhat = empty(x.shape(), x.dtype());
+  Tensor invstd = empty({rows}, x.dtype());
+  Tensor y = empty(x.shape(), x.dtype());
+  dispatchFloat(x.dtype(), "layerNorm", [&]<class T>() {
+    const T* px = x.data<T>();
+    T* ph = xhat.data<T>();
+    T* pi = invstd.data<T>();
+    T* py = y.data<T>();
+    const T* pw = weight.defined() ? weight.data<T>() : nullptr;
+    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+    parallelFor(rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = px + r * d;
+        T* hr = ph + r * d;
+        T* yr = py + r * d;
+        double mean = 0;
+        for (int64_t j = 0; j < d; ++j) mean += xr[j];
+        mean /= static_cast<double>(d);
+        double var = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          const double c = xr[j] - mean;
+          var += c * c;
+        }
+        var /= static_cast<double>(d);
+        const T is = static_cast<T>(1.0 / std::sqrt(var + eps));
+        const T mu = static_cast<T>(mean);
+        pi[r] = is;
+        for (int64_t j = 0; j < d; ++j) {
+          hr[j] = (xr[j] - mu) * is;
+          yr[j] = (pw ? hr[j] * pw[j] : hr[j]) + (pb ? pb[j] : T(0));
+        }
+      }
+    });
+  });
+  recordOp(y, "layerNorm", {&x, &weight, &bias},
+           [xhat, invstd, w = weight.defined() ? weight.detach() : Tensor(), rows, d, grain,
+            normalizedShape, needX = x.requiresGrad(), needW = weight.requiresGrad(),
+            needB = bias.requiresGrad()](const Tensor& g) {
+             Tensor gx, gw, gb;
+             dispatchFloat(g.dtype(), "layerNorm backward", [&]<class T>() {
+               const T* pg = g.data<T>();
+               const T* ph = xhat.data<T>();
+               const T* pw = w.defined() ? w.data<T>() : nullptr;
+               if (needX) {
+                 gx = empty(g.shape(), g.dtype());
+                 T* px = gx.data<T>();
+                 const T* pi = invstd.data<T>();
+                 parallelFor(rows, grain, [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) {
+                     const T* gr = pg + r * d;
+                     const T* hr = ph + r * d;
+                     T* xr = px + r * d;
+                     double sumG = 0, sumGH = 0;
+                     for (int64_t j = 0; j < d; ++j) {
+                       const double gh = pw ? gr[j] * pw[j] : gr[j];
+                       sumG += gh;
+                       sumGH += gh * hr[j];
+                     }
+                     const T meanG = static_cast<T>(sumG / static_cast<double>(d));
+                     const T meanGH = static_cast<T>(sumGH / static_cast<double>(d));
+                     for (int64_t j = 0; j < d; ++j) {
+                       const T gh = pw ? gr[j] * pw[j] : gr[j];
+                       xr[j] = pi[r] * (gh - meanG - hr[j] * meanGH);
+                     }
+                   }
+                 });
+               }
+               if (needW || needB) {
+                 // Column sums, split over columns so each thread owns its outputs.
+                 if (needW) gw = zeros(normalizedShape, g.dtype());
+                 if (needB) gb = zeros(normalizedShape, g.dtype());
+                 T* pgw = needW ? gw.data<T>() : nullptr;
+                 T* pgb = needB ? gb.data<T>() : nullptr;
+                 const int64_t colGrain = std::max<int64_t>(16, 16384 / std::max<int64_t>(rows, 1));
+                 parallelFor(d, colGrain, [&](int64_t c0, int64_t c1) {
+                   for (int64_t r = 0; r < rows; ++r) {
+                     const T* gr = pg + r * d;
+                     const T* hr = ph + r * d;
+                     for (int64_t j = c0; j < c1; ++j) {
+                       if (pgw) pgw[j] += gr[j] * hr[j];
+                       if (pgb) pgb[j] += gr[j];
+                     }
+                   }
+                 });
+               }
+             });
+             return std::vector<Tensor>{gx, gw, gb};
+           });
+  return y;
+}
+
+// out[idx..., :] = weight[indices[idx...], :]. Backward: rows of g scatter-added into gweight,
+// except at paddingIdx.
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> paddingIdx) {
   detail::checkDefined(weight, "embedding", "weight");
   detail::checkDefined(indices, "embedding", "indices");
   detail::checkDim(weight, 2, "embedding", "weight");
@@ -382,6 +418,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                                 dtypeName(indices.dtype()));
   }
   const int64_t v = weight.size(0), d = weight.size(1), count = indices.numel();
+  if (paddingIdx && (*paddingIdx < 0 || *paddingIdx >= v)) {
+    throw std::invalid_argument("embedding: paddingIdx " + std::to_string(*paddingIdx) +
+                                " is outside [0, " + std::to_string(v) + ")");
+  }
+  const int64_t pad = paddingIdx.value_or(-1);
   const int64_t* idx = indices.data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     if (idx[i] < 0 || idx[i] >= v) {
@@ -399,13 +440,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     for (int64_t i = 0; i < count; ++i) std::copy_n(pw + idx[i] * d, d, po + i * d);
   });
   recordOp(out, "embedding", {&weight, nullptr},
-           [ind = indices.detach(), v, d, count](const Tensor& g) {
+           [ind = indices.detach(), v, d, count, pad](const Tensor& g) {
              Tensor gw = zeros({v, d}, g.dtype());
              dispatchFloat(g.dtype(), "embedding backward", [&]<class T>() {
                const T* pg = g.data<T>();
                T* pw = gw.data<T>();
                const int64_t* idx = ind.data<int64_t>();
                for (int64_t i = 0; i < count; ++i) {
+                 if (idx[i] == pad) continue;
                  T* row = pw + idx[i] * d;
                  for (int64_t j = 0; j < d; ++j) row[j] += pg[i * d + j];
                }

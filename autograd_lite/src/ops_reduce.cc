@@ -2,12 +2,14 @@
 //
 // Axis ops view x as [outer, size, inner] around the reduced dimension `dim`: element
 // (o, s, i) sits at (o * size + s) * inner + i.
+#include <Eigen/Core>
 #include <cmath>
 #include <stdexcept>
 
 #include "kernels.h"
 #include "loom/autograd/engine.h"
 #include "loom/autograd/ops.h"
+#include "loom/autograd/parallel.h"
 
 namespace loom::ag {
 
@@ -174,35 +176,80 @@ Tensor softmaxImpl(const Tensor& x, int64_t dim, bool logOutput) {
   const int64_t d = detail::wrapDim(dim, x.dim(), op);
   const detail::AxisSplit s = detail::splitAxis(x.shape(), d);
   Tensor out = empty(x.shape(), x.dtype());
-  dispatchFloat(x.dtype(), op, [&]<class T>() {
-    const T* px = x.data<T>();
-    T* py = out.data<T>();
-    for (int64_t o = 0; o < s.outer; ++o) {
-      for (int64_t i = 0; i < s.inner; ++i) {
-        const int64_t base = o * s.size * s.inner + i;
-        T mx = px[base];
-        for (int64_t k = 1; k < s.size; ++k) mx = std::max(mx, px[base + k * s.inner]);
-        T total = 0;
-        for (int64_t k = 0; k < s.size; ++k) {
-          const T e = std::exp(px[base + k * s.inner] - mx);
-          total += e;
-          if (!logOutput) py[base + k * s.inner] = e;
+  // Rows along the last dimension (inner == 1, attention's and the classifier's case): Eigen's
+  // vectorized exp over each contiguous row, rows split over the thread pool.
+  const int64_t rowGrain = std::max<int64_t>(1, 16384 / std::max<int64_t>(s.size, 1));
+  if (s.inner == 1) {
+    dispatchFloat(x.dtype(), op, [&]<class T>() {
+      using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+      const T* px = x.data<T>();
+      T* py = out.data<T>();
+      parallelFor(s.outer, rowGrain, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          Eigen::Map<const Arr> xr(px + r * s.size, s.size);
+          Eigen::Map<Arr> yr(py + r * s.size, s.size);
+          const T mx = xr.maxCoeff();
+          yr = (xr - mx).exp();
+          const T total = yr.sum();
+          if (logOutput) {
+            yr = xr - (mx + std::log(total));
+          } else {
+            yr *= T(1) / total;
+          }
         }
-        if (logOutput) {
-          const T shift = mx + std::log(total);
-          for (int64_t k = 0; k < s.size; ++k)
-            py[base + k * s.inner] = px[base + k * s.inner] - shift;
-        } else {
-          const T inv = T(1) / total;
-          for (int64_t k = 0; k < s.size; ++k) py[base + k * s.inner] *= inv;
+      });
+    });
+  } else {
+    dispatchFloat(x.dtype(), op, [&]<class T>() {
+      const T* px = x.data<T>();
+      T* py = out.data<T>();
+      for (int64_t o = 0; o < s.outer; ++o) {
+        for (int64_t i = 0; i < s.inner; ++i) {
+          const int64_t base = o * s.size * s.inner + i;
+          T mx = px[base];
+          for (int64_t k = 1; k < s.size; ++k) mx = std::max(mx, px[base + k * s.inner]);
+          T total = 0;
+          for (int64_t k = 0; k < s.size; ++k) {
+            const T e = std::exp(px[base + k * s.inner] - mx);
+            total += e;
+            if (!logOutput) py[base + k * s.inner] = e;
+          }
+          if (logOutput) {
+            const T shift = mx + std::log(total);
+            for (int64_t k = 0; k < s.size; ++k)
+              py[base + k * s.inner] = px[base + k * s.inner] - shift;
+          } else {
+            const T inv = T(1) / total;
+            for (int64_t k = 0; k < s.size; ++k) py[base + k * s.inner] *= inv;
+          }
         }
       }
-    }
-  });
+    });
+  }
   if (anyRequiresGrad({&x})) {
     // softmax: gx = y * (g - sum(g * y)); log-softmax: gx = g - exp(y) * sum(g).
-    recordOp(out, op, {&x}, [y = out.detach(), s, logOutput, op](const Tensor& g) {
+    recordOp(out, op, {&x}, [y = out.detach(), s, logOutput, op, rowGrain](const Tensor& g) {
       Tensor gx = empty(g.shape(), g.dtype());
+      if (s.inner == 1) {
+        dispatchFloat(g.dtype(), op, [&]<class T>() {
+          using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+          const T* py = y.data<T>();
+          const T* pg = g.data<T>();
+          T* pgx = gx.data<T>();
+          parallelFor(s.outer, rowGrain, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+              Eigen::Map<const Arr> yr(py + r * s.size, s.size), gr(pg + r * s.size, s.size);
+              Eigen::Map<Arr> out(pgx + r * s.size, s.size);
+              if (logOutput) {
+                out = gr - yr.exp() * gr.sum();
+              } else {
+                out = yr * (gr - (gr * yr).sum());
+              }
+            }
+          });
+        });
+        return std::vector<Tensor>{gx};
+      }
       dispatchFloat(g.dtype(), op, [&]<class T>() {
         const T* py = y.data<T>();
         const T* pg = g.data<T>();

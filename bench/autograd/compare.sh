@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the autograd_lite MLP benchmark and PyTorch's (1 thread, OpenBLAS) side by side,
-# interleaved, ROUNDS times. Usage: bench/autograd/compare.sh [build-dir] [rounds]
+# Runs the autograd_lite MLP and GPT benchmarks and PyTorch's (OpenBLAS) side by side at 1 and 2
+# threads, interleaved: each round runs loom then torch at 1 thread, then loom then torch at 2.
+# Usage: bench/autograd/compare.sh [build-dir] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
@@ -11,10 +12,16 @@ if [[ ! -e $OPENBLAS/libopenblas.so.0 ]]; then
   exit 1
 fi
 for ((r = 1; r <= ROUNDS; r++)); do
-  echo "== round $r ($(uptime | sed 's/.*load/load/'))"
-  "$BUILD/bin/autograd_mlp_bench" --benchmark_filter=Train 2>/dev/null | grep BM_
-  for opt in sgd adam; do
-    OPENBLAS_NUM_THREADS=1 LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
-      bench/autograd/torch_mlp_bench.py --opt $opt --seconds 2 --repeats 2
+  for t in 1 2; do
+    echo "== round $r, $t thread(s) ($(uptime | sed 's/.*load/load/'))"
+    LOOM_AUTOGRAD_THREADS=$t "$BUILD/bin/autograd_mlp_bench" --benchmark_filter=Train 2>/dev/null |
+      grep BM_
+    for opt in sgd adam; do
+      OPENBLAS_NUM_THREADS=$t LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
+        bench/autograd/torch_mlp_bench.py --opt $opt --threads $t --seconds 2 --repeats 2
+    done
+    LOOM_AUTOGRAD_THREADS=$t "$BUILD/bin/autograd_gpt_bench" 2>/dev/null | grep BM_
+    OPENBLAS_NUM_THREADS=$t LD_LIBRARY_PATH=$OPENBLAS /usr/bin/python3 \
+      bench/autograd/torch_gpt_bench.py --threads $t --seconds 3 --repeats 2
   done
 done

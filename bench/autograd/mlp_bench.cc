@@ -1,9 +1,13 @@
-// Training steps per second of the MLP 784-1024-1024-10 (ReLU, cross-entropy), batch 64, on
-// one core: forward, backward, optimizer step, zeroGrad. Eigen runs single-threaded here (the
-// library is built without OpenMP). Compare with torch_mlp_bench.py on the same machine.
+// Training steps per second of the MLP 784-1024-1024-10 (ReLU, cross-entropy), batch 64:
+// forward, backward, optimizer step, zeroGrad. The kernels use LOOM_AUTOGRAD_THREADS threads
+// (default: the CPUs this process may run on). Compare with torch_mlp_bench.py --threads N on
+// the same machine (compare.sh runs both, interleaved).
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+
 #include "loom/autograd/autograd.h"
+#include "loom/common/settings.h"
 
 namespace loom::ag {
 namespace {
@@ -39,6 +43,7 @@ void trainStep(benchmark::State& state, Opt& opt, nn::Module& model) {
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["samples/s"] = benchmark::Counter(static_cast<double>(state.iterations() * kBatch),
                                                    benchmark::Counter::kIsRate);
+  state.counters["threads"] = loom::ag::numThreads();
 }
 
 void BM_MlpTrainStepSgd(benchmark::State& state) {
@@ -71,12 +76,35 @@ void BM_Matmul64x1024x1024(benchmark::State& state) {
   state.counters["GFLOP/s"].value /= 1e9;
 }
 
-BENCHMARK(BM_MlpTrainStepSgd)->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK(BM_MlpTrainStepAdam)->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK(BM_MlpForwardOnly)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Matmul64x1024x1024)->Unit(benchmark::kMillisecond);
+// Wall-clock rates (UseRealTime) and the CPU time of the whole process, all threads
+// (MeasureProcessCPUTime), as torch_mlp_bench.py reports them.
+BENCHMARK(BM_MlpTrainStepSgd)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_MlpTrainStepAdam)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_MlpForwardOnly)->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime();
+BENCHMARK(BM_Matmul64x1024x1024)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
 
 }  // namespace
 }  // namespace loom::ag
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  loom::ag::setNumThreads(
+      static_cast<int>(loom::settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
+  std::printf("autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS)\n",
+              loom::ag::numThreads());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

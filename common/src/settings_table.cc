@@ -132,6 +132,12 @@ constexpr Setting kTable[] = {
      "loom-store) before the store becomes unusable; 0: fail at once",
      "TCPStoreOptions::reconnectTimeout", "TCPStore construction"},
 
+    // ---- autograd_lite (read by programs: autograd_lite itself reads no environment) ----
+    {"LOOM_AUTOGRAD_THREADS", K::kInteger, S::kRuntime, "", 1, 4096, "", "threads",
+     "how many threads autograd_lite's kernels (matrix products, convolutions, norms) use "
+     "(default: the CPUs this process may run on, sched_getaffinity)",
+     "loom::ag::setNumThreads", "program start (autograd_mlp_bench)"},
+
     // ---- launch ----
     {"LOOM_INIT_METHOD", K::kText, S::kLaunch, "env://", 0, 0, "", "",
      "how ranks meet: env://, tcp://host:port or file:///absolute/path", "InitOptions::initMethod",

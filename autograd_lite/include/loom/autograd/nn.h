@@ -19,10 +19,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "loom/autograd/ops.h"
 #include "loom/autograd/tensor.h"
 
 namespace loom::ag::nn {
@@ -165,18 +167,142 @@ class BatchNorm1d : public Module {
   Tensor weight_, bias_, runningMean_, runningVar_, numBatchesTracked_;
 };
 
-// weight: [numEmbeddings, dim], init N(0, 1) from seed. forward(indices int64) ->
-// indices.shape + [dim].
+struct EmbeddingOptions {
+  // Row that gets no gradient and starts as zeros (PyTorch's padding_idx); negative counts from
+  // the end.
+  std::optional<int64_t> paddingIdx;
+  uint64_t seed = 0;
+};
+
+// weight: [numEmbeddings, dim], init N(0, 1) from seed (the padding row zeroed).
+// forward(indices int64) -> indices.shape + [dim].
 class Embedding : public Module {
  public:
   Embedding(int64_t numEmbeddings, int64_t embeddingDim, uint64_t seed = 0);
+  Embedding(int64_t numEmbeddings, int64_t embeddingDim, const EmbeddingOptions& options);
   Tensor forward(const Tensor& indices) override;
   std::string describe() const override;
   Tensor& weight() { return weight_; }
+  std::optional<int64_t> paddingIdx() const { return paddingIdx_; }
 
  private:
   int64_t num_, dim_;
+  std::optional<int64_t> paddingIdx_;
   Tensor weight_;
+};
+
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool elementwiseAffine = true;
+};
+
+// Normalizes over the last dims, normalizedShape. Parameters weight (ones) and bias (zeros),
+// both normalizedShape.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalizedShape, const LayerNormOptions& options = {});
+  explicit LayerNorm(int64_t dim, const LayerNormOptions& options = {})
+      : LayerNorm(Shape{dim}, options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string describe() const override;
+  Tensor& weight() { return weight_; }
+  Tensor& bias() { return bias_; }
+
+ private:
+  Shape shape_;
+  LayerNormOptions options_;
+  Tensor weight_, bias_;
+};
+
+struct CausalSelfAttentionOptions {
+  bool bias = true;
+  // Dropout on the attention probabilities in training (masks from a generator seeded with
+  // seed + 1).
+  double attnDropout = 0.0;
+  // Seeds the two Linear layers' init (seed, seed + 1000).
+  uint64_t seed = 0;
+};
+
+// Multi-head causal self-attention as in GPT-2. x: [B, T, C] -> [B, T, C]:
+//   q, k, v = split(qkv(x), C): [B, T, C] each -> [B, H, T, D] (D = C / H);
+//   att = softmax(causalMask(q k^T / sqrt(D))): [B, H, T, T], position t sees keys 0..t;
+//   y = proj((att v) -> [B, T, C]).
+// Children `qkv` (Linear C -> 3C, its output rows are q, then k, then v) and `proj`
+// (Linear C -> C): parameters qkv.weight [3C, C], qkv.bias, proj.weight [C, C], proj.bias.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t embedDim, int64_t numHeads,
+                      const CausalSelfAttentionOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  Linear& qkv() { return *qkv_; }
+  Linear& proj() { return *proj_; }
+
+ private:
+  int64_t embedDim_, numHeads_;
+  CausalSelfAttentionOptions options_;
+  std::shared_ptr<Linear> qkv_, proj_;
+  Generator gen_;
+};
+
+struct Conv2dOptions {
+  int64_t stride = 1;
+  int64_t padding = 0;
+  bool bias = true;
+  // Seed of PyTorch-style init: weight and bias uniform in +-1/sqrt(C * KH * KW).
+  uint64_t seed = 0;
+};
+
+// x: [N, C, H, W] -> [N, O, HO, WO]; weight [O, C, K, K], bias [O]. Square kernel, the same
+// stride and padding on both axes (conv2d() itself takes them per axis).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t inChannels, int64_t outChannels, int64_t kernelSize,
+         const Conv2dOptions& options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string describe() const override;
+  Tensor& weight() { return weight_; }
+  Tensor& bias() { return bias_; }
+
+ private:
+  int64_t in_, out_, kernel_;
+  Conv2dOptions options_;
+  Tensor weight_, bias_;
+};
+
+// Square windows; stride defaults to the kernel size (PyTorch's default).
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernelSize, std::optional<int64_t> stride = std::nullopt,
+                     int64_t padding = 0);
+  Tensor forward(const Tensor& input) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(int64_t kernelSize, std::optional<int64_t> stride = std::nullopt,
+                     int64_t padding = 0);
+  Tensor forward(const Tensor& input) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+// flatten(x, startDim, endDim); the default keeps the batch dimension: [N, C, H, W] -> [N, CHW].
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t startDim = 1, int64_t endDim = -1)
+      : startDim_(startDim), endDim_(endDim) {}
+  Tensor forward(const Tensor& input) override;
+  std::string describe() const override;
+
+ private:
+  int64_t startDim_, endDim_;
 };
 
 // Children named "0", "1", ...; forward runs them in order.
