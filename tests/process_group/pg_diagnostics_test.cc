@@ -146,6 +146,51 @@ TEST(DiagnosticsProcesses, MismatchedCollectivePrintsBothSignatures) {
             "");
 }
 
+// Rank 3 gets `sig` (SIGSTOP or SIGKILL, sent to itself) after allreduce #4; ranks 0-2 run #5
+// and must fail within the timeout + 5 s with `expected` in their error. Returns what went
+// wrong ("" when nothing did).
+std::string rankThreeGets(int sig, const std::vector<std::string>& expected) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank);
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    storeBarrier(*r.store, "four-allreduces-done", rank, kWorld, milliseconds(20000));
+    if (rank == 3) {
+      ::raise(sig);
+      throw std::runtime_error("rank 3 went on after signal " + std::to_string(sig));
+    }
+    const std::string what = failure(
+        rank, [&] { r.pg->allreduce(view(buf.data(), buf.size()))->wait(); },
+        kTimeout + milliseconds(5000));
+    for (const std::string& part : expected) requireIn(what, part);
+  });
+  std::string problems;
+  for (int i = 0; i < 3; ++i) {
+    const testing::ChildExit e = children.wait(i, kChildDeadline);
+    if (!e.ok()) problems += "rank " + std::to_string(i) + ": " + e.describe() + "\n";
+  }
+  // A stopped rank 3 is still there: it ends here.
+  children.kill(3, SIGKILL);
+  const testing::ChildExit three = children.wait(3, kChildDeadline);
+  if (three.exited || three.signal != SIGKILL) problems += "rank 3: " + three.describe() + "\n";
+  return problems;
+}
+
+// Done-when 3 of issue 17: a stopped rank is alive but not progressing, a killed one is dead.
+TEST(DiagnosticsProcesses, StoppedRankIsNamedAliveButNotProgressing) {
+  EXPECT_EQ(rankThreeGets(SIGSTOP, {"rank 3 sent no flight record: alive but not progressing: its "
+                                    "process",
+                                    "is stopped (SIGSTOP", "last heartbeat #"}),
+            "");
+}
+
+TEST(DiagnosticsProcesses, KilledRankIsNamedDead) {
+  EXPECT_EQ(rankThreeGets(SIGKILL, {"rank 3 sent no flight record: dead: its process"}), "");
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;

@@ -81,8 +81,10 @@ RankDump parseDump(const std::string& text, const std::string& source);
 // every rank and says who never entered it and what they do instead, who issued a different
 // collective at that sequence number (both signatures), who waits in it, and whose record is
 // missing. The first line is the summary; further lines ("  rank 2: ...") give each rank's
-// current operation.
-std::string explain(const std::vector<std::optional<RankDump>>& dumps);
+// current operation. `absentWhy[r]`, when given and not empty, says why rank r has no record
+// (from its heartbeat: "dead: ...", "alive but not progressing: ...").
+std::string explain(const std::vector<std::optional<RankDump>>& dumps,
+                    const std::vector<std::string>& absentWhy = {});
 
 // A live job, from outside (loom-doctor --attach): asks every rank's listener of the group whose
 // keys live in `store` (the group's PrefixStore, e.g. "default_pg" for initProcessGroup) for a
@@ -90,5 +92,17 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps);
 // at most about `wait` (plus the store's own deadline for a store that stopped answering).
 std::vector<std::optional<RankDump>> collectLive(Store& store, int size,
                                                  std::chrono::milliseconds wait);
+
+}  // namespace loom::diag
+
+namespace loom::diag {
+
+// For each rank without a record in `dumps`, why, from its heartbeat in the group's `store`
+// (flight/heartbeat/<rank>): "dead: its process 4242 on node7 no longer exists (...)", "alive but
+// not progressing: its process ... is stopped ...", or what the heartbeat's age says when the
+// process is on another host. Empty for ranks with a record; a store that fails leaves the notes
+// it could not read empty. For explain()'s `absentWhy`.
+std::vector<std::string> absentNotes(Store& store,
+                                     const std::vector<std::optional<RankDump>>& dumps);
 
 }  // namespace loom::diag

@@ -101,7 +101,7 @@ struct NcclOptions {
 
 // Fields left at their defaults take the environment's values at the entry points
 // (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_FLIGHT_RECORDER_ENTRIES,
-// LOOM_DUMP_DIR, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
+// LOOM_DUMP_DIR, LOOM_HEARTBEAT_MS, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
 struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -122,6 +122,15 @@ struct ProcessGroupOptions {
   // Where dumps are written as JSON, one file per rank and group (LOOM_DUMP_DIR); empty: the
   // store only.
   std::string dumpDir{};
+  // How often each rank's flight recorder publishes a heartbeat in the store
+  // (LOOM_HEARTBEAT_MS): its host, pid, time and progress, which the failure analysis reads to
+  // tell a rank that is alive but not progressing (stopped, hung) from a dead one. 0: no
+  // heartbeat (a silent rank is then only "missing").
+  std::chrono::milliseconds heartbeatInterval{1000};
+  // The rank whose process hosts the store's server (initProcessGroup sets 0: rank 0 hosts the
+  // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
+  // finds the store gone then names that rank as the store host that died.
+  int storeHostRank = -1;
 
   CommBackendOptions comm{};  // "tcp" and "verbs"
   NcclOptions nccl{};         // "nccl"
