@@ -26,6 +26,7 @@
 #include "loom/process_group/factory.h"
 #include "loom/store/barrier.h"
 #include "loom/store/file_store.h"
+#include "loom/store/tcp_store.h"
 #include "loom/testing/ranks.h"
 
 namespace loom {
@@ -189,6 +190,62 @@ TEST(DiagnosticsProcesses, StoppedRankIsNamedAliveButNotProgressing) {
 
 TEST(DiagnosticsProcesses, KilledRankIsNamedDead) {
   EXPECT_EQ(rankThreeGets(SIGKILL, {"rank 3 sent no flight record: dead: its process"}), "");
+}
+
+// Done-when 4 of issue 17: rank 0 hosts the TCPStore and is killed; the survivors fail within
+// seconds (not the timeout: their connections to rank 0 close) saying that the store host died,
+// and the analysis, which needs the store, does not hold them.
+TEST(DiagnosticsProcesses, KilledStoreHostIsNamed) {
+  TempDir dir;
+  const std::string bootPath = dir.file("boot");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    FileStoreOptions bootOptions;
+    bootOptions.timeout = milliseconds(30000);
+    FileStore boot(bootPath, bootOptions);  // only to learn the TCPStore's port
+    TCPStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    storeOptions.rank = rank;
+    std::shared_ptr<TCPStore> store;
+    if (rank == 0) {
+      storeOptions.isServer = true;
+      storeOptions.numWorkers = kWorld;
+      storeOptions.waitForWorkers = false;
+      store = std::make_shared<TCPStore>("127.0.0.1", 0, storeOptions);
+      boot.set("port", std::to_string(store->port()));
+    } else {
+      store =
+          std::make_shared<TCPStore>("127.0.0.1", std::stoi(boot.getString("port")), storeOptions);
+    }
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.comm.context.sharedMemory = false;
+    options.storeHostRank = 0;
+    auto pg = createProcessGroup("tcp", store, rank, kWorld, options);
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 4; ++i) pg->allreduce(view(buf.data(), buf.size()))->wait();
+    if (rank == 0) {
+      // Dies once every survivor is past its last store call before #5.
+      std::vector<std::string> armed;
+      for (int r = 1; r < kWorld; ++r) armed.push_back("armed/" + std::to_string(r));
+      store->wait(armed, milliseconds(20000));
+      ::raise(SIGKILL);
+    }
+    store->set("armed/" + std::to_string(rank), "1");
+    const std::string what = failure(
+        rank, [&] { pg->allreduce(view(buf.data(), buf.size()))->wait(); },
+        kTimeout + milliseconds(2000));
+    requireIn(what, "diagnosis: the store host died: rank 0, which hosts the store, is gone");
+    requireIn(what, "TCPStore");
+  });
+  std::string problems;
+  const testing::ChildExit zero = children.wait(0, kChildDeadline);
+  if (zero.exited || zero.signal != SIGKILL) problems += "rank 0: " + zero.describe() + "\n";
+  for (int i = 1; i < kWorld; ++i) {
+    const testing::ChildExit e = children.wait(i, kChildDeadline);
+    if (!e.ok()) problems += "rank " + std::to_string(i) + ": " + e.describe() + "\n";
+  }
+  EXPECT_EQ(problems, "");
 }
 
 std::string readFile(const std::string& path) {
