@@ -419,6 +419,13 @@ TEST(ProcessGroupThreads, DebugModeNamesAMismatchedCollectiveAndStaysUsable) {
     std::fill(buf.begin(), buf.end(), 1.0f);
     pg.allreduce(view(buf.data(), 16))->wait();
     EXPECT_EQ(buf[0], 3.0f);
+    // Barrier under DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL breaks it): checked and run.
+    pg.barrier()->wait();
+    std::shared_ptr<Work> mixed =
+        pg.rank() == 1 ? pg.barrier() : pg.allreduce(view(buf.data(), 16));
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] { mixed->wait(); }),
+                HasSubstr("barrier()#6 on ranks [1]"));
+    pg.barrier()->wait();
   });
 }
 
