@@ -10,11 +10,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -24,6 +27,7 @@
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/process_group/factory.h"
+#include "loom/process_group/trace.h"
 #include "loom/store/barrier.h"
 #include "loom/store/file_store.h"
 #include "loom/store/tcp_store.h"
@@ -294,6 +298,87 @@ TEST(DiagnosticsProcesses, Sigusr1WritesADumpWhileTheJobGoesOn) {
     r.pg->barrier()->wait();
   });
   EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+// LOOM_TRACE (traceDir): each of 2 ranks writes its trace (collectives with seq and bytes, a
+// user span through trace.h as DDP would add), loom-trace merge joins them, and the merged file
+// follows the Chrome trace-event format (checked here field by field).
+TEST(DiagnosticsProcesses, TraceOfTwoRanksMergesIntoOneValidFile) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  const std::string traces = dir.file("traces");
+  ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
+  ChildProcesses children;
+  children.spawnRanks(2, [&](int rank) {
+    FileStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    auto store = std::make_shared<FileStore>(path, storeOptions);
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.traceDir = traces;
+    auto pg = createProcessGroup("tcp", store, rank, 2, options);
+    require(trace::enabled(), "the trace is open");
+    std::vector<float> buf(256, 1.0f);
+    {
+      trace::Span step("backward", "ddp", "\"step\": 1");
+      for (int i = 0; i < 3; ++i) pg->allreduce(view(buf.data(), buf.size()))->wait();
+    }
+    pg->broadcast(view(buf.data(), 16), {.root = 1})->wait();
+    pg.reset();  // writes the file
+    require(!trace::enabled(), "the trace is closed with the group that opened it");
+  });
+  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
+
+  const std::string merged = dir.file("merged.json");
+  const std::string command =
+      std::string(LOOM_TRACE_PATH) + " merge -o " + merged + " " + traces + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) out.append(chunk, n);
+  const int status = ::pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+
+  const nlohmann::json doc = nlohmann::json::parse(readFile(merged));
+  ASSERT_TRUE(doc.is_object() && doc["traceEvents"].is_array());
+  std::set<int> processNames;
+  std::map<int, std::vector<std::string>> collectives;  // pid -> names in order
+  std::map<int, int> spans;
+  for (const auto& e : doc["traceEvents"]) {
+    ASSERT_TRUE(e["name"].is_string()) << e;
+    ASSERT_TRUE(e["ph"].is_string()) << e;
+    ASSERT_TRUE(e["pid"].is_number_integer() && e["tid"].is_number_integer()) << e;
+    const std::string ph = e["ph"];
+    const int pid = e["pid"];
+    if (ph == "M") {
+      ASSERT_TRUE(e["args"]["name"].is_string() || e["args"]["sort_index"].is_number()) << e;
+      if (e["name"] == "process_name") processNames.insert(pid);
+      continue;
+    }
+    ASSERT_EQ(ph, "X") << e;
+    ASSERT_TRUE(e["ts"].is_number_integer() && e["dur"].is_number_integer()) << e;
+    ASSERT_GE(e["dur"].get<int64_t>(), 0) << e;
+    if (e["cat"] == "collective") {
+      collectives[pid].push_back(e["name"]);
+      ASSERT_TRUE(e["args"]["seq"].is_number_integer() && e["args"]["bytes"].is_number_integer())
+          << e;
+      if (e["name"] == "allreduce#1") {
+        EXPECT_EQ(e["args"]["bytes"], 1024) << e;
+      }
+    } else if (e["cat"] == "ddp") {
+      ++spans[pid];
+      EXPECT_EQ(e["name"], "backward");
+      EXPECT_EQ(e["args"]["step"], 1);
+    }
+  }
+  EXPECT_EQ(processNames, (std::set<int>{0, 1}));
+  const std::vector<std::string> expected = {"allreduce#1", "allreduce#2", "allreduce#3",
+                                             "broadcast#4"};
+  EXPECT_EQ(collectives[0], expected);
+  EXPECT_EQ(collectives[1], expected);
+  EXPECT_EQ(spans[0], 1);
+  EXPECT_EQ(spans[1], 1);
 }
 
 // loom-doctor --attach asks a live job's ranks for their records through the store.

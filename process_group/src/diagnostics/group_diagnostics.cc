@@ -351,6 +351,10 @@ std::string GroupDiagnostics::dumpLocal(const std::string& reason, size_t maxEnt
   return core_->dumpLocal(reason, maxEntries);
 }
 
+std::string GroupDiagnostics::recordJson(const std::string& reason) {
+  return toJson(core_->snapshot(reason));
+}
+
 std::string GroupDiagnostics::dump(const std::string& reason) {
   return core_->dump(reason);
 }
@@ -478,6 +482,35 @@ std::vector<std::string> absentNotes(Store& store,
     }
   }
   return notes;
+}
+
+StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
+                                  uint64_t round, milliseconds timeout) {
+  const auto key = [](uint64_t n, int r) {
+    return "flight/stragglers/" + std::to_string(n) + "/" + std::to_string(r);
+  };
+  store.set(key(round, rank), record);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(round, r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    LOOM_THROW(TimeoutError, "rank ", rank, ": stragglers() round ", round, ": ranks [", missing,
+               "] did not publish their records within ", timeout.count(),
+               " ms (every rank must call stragglers())");
+  }
+  const std::vector<Bytes> values = store.multiGet(keys);
+  // Every rank published round `round`, so every rank finished reading round - 1.
+  if (round > 1) store.deleteKey(key(round - 1, rank));
+  std::vector<std::optional<RankDump>> dumps(size);
+  for (int r = 0; r < size; ++r) {
+    dumps[r] = parseDump(toString(values[r]), "rank " + std::to_string(r) + "'s record");
+  }
+  return stragglers(dumps);
 }
 
 std::vector<std::optional<RankDump>> collectLive(Store& store, int size, milliseconds wait) {

@@ -71,6 +71,8 @@ class GroupDiagnostics {
   // The record as JSON, written whole to the dump directory when one is set (never throws for
   // the file: a failed write is a warning). Returns the JSON of the newest `maxEntries`.
   std::string dumpLocal(const std::string& reason, size_t maxEntries = SIZE_MAX);
+  // The record as JSON, written nowhere.
+  std::string recordJson(const std::string& reason);
   // What a failure publishes in the store for the analysis: the newest entries only (the
   // analysis looks at the last collectives), so that gathering every rank's record stays small
   // at scale.
@@ -104,6 +106,11 @@ struct Heartbeat {
 // (same host and pid namespace), and what it is: "dead: ...", "alive but not progressing: ...",
 // or, when it cannot be looked at, what the heartbeat's age says. `nowUs`: this host's time.
 std::string livenessOf(const Heartbeat& hb, int64_t nowUs);
+
+// ProcessGroup::stragglers: publishes `record` as round `round`'s, waits up to `timeout` for every
+// rank's and computes the table; removes this rank's key of the round before.
+StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
+                                  uint64_t round, std::chrono::milliseconds timeout);
 
 // The rank a failure message says it waited for ("... waiting for rank 3 ..."), or -1.
 int peerNamedIn(const std::string& message);

@@ -106,3 +106,30 @@ std::vector<std::string> absentNotes(Store& store,
                                      const std::vector<std::optional<RankDump>>& dumps);
 
 }  // namespace loom::diag
+
+namespace loom::diag {
+
+// Stragglers: per collective, each rank's arrival (its start time in the flight record) relative
+// to the earliest rank's; aggregated per rank over the collectives every record holds and every
+// rank completed. The latest to arrive is the one the others waited for.
+struct StragglerRow {
+  int rank = 0;
+  uint64_t collectives = 0;  // collectives in the sample
+  double p50LatenessUs = 0;  // lateness: this rank's start minus the earliest start
+  double p99LatenessUs = 0;
+  double maxLatenessUs = 0;
+  uint64_t lastArrivals = 0;  // collectives where this rank arrived last
+};
+struct StragglerTable {
+  uint64_t firstSeq = 0, lastSeq = 0;  // the collectives sampled (0, 0: none)
+  std::vector<StragglerRow> ranks;     // one per rank with a record, by rank
+  // The rank with the highest p50 lateness (ties: more last arrivals), -1 when no sample.
+  int slowest() const;
+  // One line per rank and a summary ("slowest rank: 2 (p50 +31.0 us, p99 +120.0 us, last in
+  // 87% of 1000 collectives)").
+  std::string format() const;
+};
+// Times compare across hosts only as well as their clocks agree; on one host they share one.
+StragglerTable stragglers(const std::vector<std::optional<RankDump>>& dumps);
+
+}  // namespace loom::diag

@@ -58,6 +58,7 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/types.h"
+#include "loom/process_group/diagnostics.h"
 #include "loom/process_group/work.h"
 
 namespace loom {
@@ -101,7 +102,7 @@ struct NcclOptions {
 
 // Fields left at their defaults take the environment's values at the entry points
 // (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_FLIGHT_RECORDER_ENTRIES,
-// LOOM_DUMP_DIR, LOOM_HEARTBEAT_MS, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
+// LOOM_DUMP_DIR, LOOM_HEARTBEAT_MS, LOOM_TRACE, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
 struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -131,6 +132,9 @@ struct ProcessGroupOptions {
   // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
   // finds the store gone then names that rank as the store host that died.
   int storeHostRank = -1;
+  // Where this process writes its Chrome / Perfetto trace (LOOM_TRACE;
+  // loom/process_group/trace.h): the first group created with one opens it; empty: no trace.
+  std::string traceDir{};
 
   CommBackendOptions comm{};  // "tcp" and "verbs"
   NcclOptions nccl{};         // "nccl"
@@ -336,6 +340,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // store under flight/<rank>, writes it to options().dumpDir when set, and returns the JSON.
   // Blocks on the store at most its timeout. InvalidArgumentError when the recorder is off.
   std::string dumpFlightRecord();
+  // Stragglers (docs/diagnostics.md): every rank calls it (in the same order relative to its
+  // other stragglers() calls; it is a store exchange, not an operation of the group's queue).
+  // Each rank publishes its flight record's start times through the store, waits for every
+  // rank's (at most `timeout`, default the group's: TimeoutError naming the missing ranks) and
+  // returns the table of arrival lateness per rank over the collectives every record holds.
+  // InvalidArgumentError when the recorder is off.
+  diag::StragglerTable stragglers(std::optional<std::chrono::milliseconds> timeout = {});
 
  protected:
   ProcessGroup(std::string backend, std::shared_ptr<Store> store, int rank, int size,
@@ -388,6 +399,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
 
   std::unique_ptr<diag::GroupDiagnostics> diagnostics_;  // null when the recorder is off
+  uint64_t stragglerRounds_ = 0;                         // stragglers() calls so far
+  // The trace (options.traceDir): this group's lane (-1: not tracing), whether it opened the
+  // trace, and its operations' start times by flight recorder id (recordStart -> recordEnd).
+  static constexpr size_t kTraceSlots = 4096;
+  int traceLane_ = -1;
+  bool traceOwner_ = false;
+  std::unique_ptr<int64_t[]> traceStarts_;
 
   friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
                                                 const ProcessGroupOptions& options);
