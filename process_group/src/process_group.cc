@@ -106,6 +106,7 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
         diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
         static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
         options_.dumpDir, options_.heartbeatInterval);
+    recorder_ = &diagnostics_->recorder();
   }
   if (!options_.traceDir.empty()) {
     // The group's operations are traced from their flight record ids.
@@ -123,12 +124,12 @@ ProcessGroup::~ProcessGroup() {
 }
 
 void ProcessGroup::recordStart(const OpDesc& op) {
-  if (diagnostics_) diagnostics_->recorder().recordStart(op.recordId);
+  if (recorder_ != nullptr) recorder_->recordStart(op.recordId);
   if (traceLane_ >= 0) traceStarts_[op.recordId % kTraceSlots] = trace::nowUs();
 }
 
 void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {
-  if (diagnostics_) diagnostics_->recorder().recordEnd(op.recordId, failed, peer);
+  if (recorder_ != nullptr) recorder_->recordEnd(op.recordId, failed, peer);
   if (traceLane_ >= 0 && op.recordId != 0) {
     int64_t& start = traceStarts_[op.recordId % kTraceSlots];
     const int64_t end = trace::nowUs();
@@ -264,7 +265,7 @@ std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
   } else {
     op.seq = ++collectiveSeq_;
   }
-  if (diagnostics_) op.recordId = diagnostics_->recorder().recordIssue(op);
+  if (recorder_ != nullptr) op.recordId = recorder_->recordIssue(op);
   if (debug_ == DebugLevel::kDetail) LOOM_LOG_INFO(who(), ": issue ", op.signature());
   return post(std::move(op));
 }

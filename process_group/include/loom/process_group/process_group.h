@@ -66,7 +66,8 @@ namespace loom {
 class Store;
 namespace diag {
 class GroupDiagnostics;
-}
+class FlightRecorder;
+}  // namespace diag
 
 enum class DebugLevel : uint8_t { kOff, kInfo, kDetail };
 // Parses a LOOM_DEBUG value: empty = kOff; OFF, 0, INFO, DETAIL (any case). Anything else is
@@ -399,6 +400,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
 
   std::unique_ptr<diag::GroupDiagnostics> diagnostics_;  // null when the recorder is off
+  diag::FlightRecorder* recorder_ = nullptr;             // diagnostics_'s, for the hot path
   uint64_t stragglerRounds_ = 0;                         // stragglers() calls so far
   // The trace (options.traceDir): this group's lane (-1: not tracing), whether it opened the
   // trace, and its operations' start times by flight recorder id (recordStart -> recordEnd).
