@@ -114,7 +114,7 @@ constexpr Setting kTable[] = {
     {"LOOM_HEARTBEAT_MS", K::kInteger, S::kRuntime, "1000", 0, 3'600'000, "", "ms",
      "how often each rank publishes a heartbeat (host, pid, time, progress) in the store, read by "
      "the failure analysis to tell a rank alive but not progressing from a dead one "
-     "(docs/diagnostics.md); 0 turns it off",
+     "(docs/diagnostics.md); 0: only the first beat, at construction (host and pid)",
      "ProcessGroupOptions::heartbeatInterval", "ProcessGroup setup"},
     {"LOOM_PG_GRACE_US", K::kInteger, S::kRuntime, "50", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker leaves a fresh lone operation to the thread that will "

@@ -254,6 +254,12 @@ TEST(Heartbeat, RoundTripAndLiveness) {
   gone.pid = child;
   EXPECT_THAT(livenessOf(gone, hb.timeUs), HasSubstr("dead: its process " + std::to_string(child)));
 
+  Heartbeat off = hb;
+  off.intervalMs = 0;  // heartbeats off: only the process says something
+  EXPECT_THAT(livenessOf(off, hb.timeUs + 10'000'000), HasSubstr("heartbeats are off"));
+  off.host = "elsewhere-" + hb.host;
+  EXPECT_THAT(livenessOf(off, hb.timeUs + 10'000'000), HasSubstr("unknown: its process"));
+
   Heartbeat remote = hb;
   remote.host = "elsewhere-" + hb.host;
   EXPECT_THAT(livenessOf(remote, hb.timeUs + 10'000'000),

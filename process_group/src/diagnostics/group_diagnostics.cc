@@ -313,10 +313,10 @@ GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> sto
   registerForSignal(core_);
   const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
   std::thread(listen, core_, served).detach();
-  if (heartbeatInterval.count() > 0) {
-    core_->beat();
-    std::thread(heartbeat, core_).detach();
-  }
+  // The first beat, even with heartbeats off: the analysis can then still look at this
+  // rank's process when it is on the same host.
+  core_->beat();
+  if (heartbeatInterval.count() > 0) std::thread(heartbeat, core_).detach();
 }
 
 GroupDiagnostics::~GroupDiagnostics() {
@@ -435,8 +435,10 @@ std::string livenessOf(const Heartbeat& hb, int64_t nowUs) {
   const std::string last = "last heartbeat #" + std::to_string(hb.beat) + " " + secondsText(age) +
                            " ago, at collective #" + std::to_string(hb.lastSeq);
   const std::string proc = "process " + std::to_string(hb.pid) + " on " + hb.host;
-  // A heartbeat older than three intervals has stopped advancing.
-  const bool stale = age > 3 * hb.intervalMs * 1000;
+  // A heartbeat older than three intervals has stopped advancing; with heartbeats off
+  // (interval 0, one beat at construction) the age says nothing.
+  const bool beating = hb.intervalMs > 0;
+  const bool stale = beating && age > 3 * hb.intervalMs * 1000;
   if (hb.host == net::hostname() && !hb.pidNs.empty() && hb.pidNs == pidNamespace()) {
     if (::kill(static_cast<pid_t>(hb.pid), 0) != 0 && errno == ESRCH) {
       return "dead: its " + proc + " no longer exists (" + last + ")";
@@ -453,9 +455,17 @@ std::string livenessOf(const Heartbeat& hb, int64_t nowUs) {
       return "alive but not progressing: its " + proc +
              " exists but its heartbeat stopped advancing (hung, or starved of CPU); " + last;
     }
+    if (!beating) {
+      return "alive (its " + proc +
+             " runs), but it sent no flight record (heartbeats are off: "
+             "whether it progresses is unknown)";
+    }
     return "alive, its heartbeat advancing (" + last +
            "), but it sent no flight record (its "
            "store listener is blocked)";
+  }
+  if (!beating) {
+    return "unknown: its " + proc + " cannot be looked at from here and heartbeats are off";
   }
   if (stale) {
     return "not progressing: no heartbeat for " + secondsText(age) + " (dead or stopped: its " +

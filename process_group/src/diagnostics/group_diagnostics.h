@@ -24,8 +24,9 @@
 //   stop request and waits for it at most kListenerStopWait; a listener stuck in a store that
 //   no longer answers is left to end with the store's deadline (it owns what it touches).
 // - The heartbeat thread sleeps on a condition variable between beats; the first beat is
-//   written by the constructor, so that a rank stopped right after joining is still known by
-//   host and pid. A beat that fails with IoError (the store is gone) ends the thread.
+//   written by the constructor (also with heartbeats off: interval 0, no thread), so that a
+//   rank stopped right after joining is still known by host and pid. A beat that fails with IoError
+//   (the store is gone) ends the thread.
 // - SIGUSR1: the first group with a recorder installs a handler when SIGUSR1 has its default
 //   disposition (a program's own handler is never replaced). The handler only writes a byte
 //   to a pipe; a process-wide thread reads it and dumps every live group (reason "SIGUSR1").

@@ -126,8 +126,8 @@ struct ProcessGroupOptions {
   std::string dumpDir{};
   // How often each rank's flight recorder publishes a heartbeat in the store
   // (LOOM_HEARTBEAT_MS): its host, pid, time and progress, which the failure analysis reads to
-  // tell a rank that is alive but not progressing (stopped, hung) from a dead one. 0: no
-  // heartbeat (a silent rank is then only "missing").
+  // tell a rank that is alive but not progressing (stopped, hung) from a dead one. 0: only the
+  // first beat, at construction (host and pid: the same-host process check still works).
   std::chrono::milliseconds heartbeatInterval{1000};
   // The rank whose process hosts the store's server (initProcessGroup sets 0: rank 0 hosts the
   // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
