@@ -11,6 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
+  libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(libgloo-dev openmpi-bin libopenmpi-dev)

@@ -10,15 +10,23 @@ busbw = 2 (n - 1) / n * bytes / time, as nccl-tests and loom-bench report it.
 With --ddp-steps, also torch DDP samples/s on the MLP 784-1024-1024-10 (batch 64 per rank,
 one thread per rank), loom vs gloo, interleaved the same way.
 
+With --loom-bench BIN_DIR (build/bin), every round also runs loom-bench through loom-run on
+the same sizes with the same warm-up and iteration counts (in place, no check) while the torch
+ranks wait, and the table adds its time and the torch path's ratio to it: what the binding
+(the Python call, c10d's dispatch, the Work) adds to Loom itself.
+
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
+       [--loom-bench build/bin]
 """
 
 import argparse
+import json
 import queue as queue_module
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +42,29 @@ def iterations(nbytes):
     if nbytes <= 16 << 20:
         return 12
     return 4
+
+
+def warmups(nbytes):
+    return max(2, iterations(nbytes) // 10)
+
+
+def loom_bench_times(bin_dir, world, sizes, tmp):
+    """Mean time per in-place all-reduce (seconds) for each size: one loom-bench run per size
+    through loom-run, with the torch loop's warm-up and iteration counts."""
+    out = {}
+    for size in sizes:
+        doc = os.path.join(tmp, f"loom_bench_{size}.json")
+        cmd = [os.path.join(bin_dir, "loom-run"), "--nproc-per-node", str(world), "--",
+               os.path.join(bin_dir, "loom-bench"), "-b", str(size), "-e", str(size),
+               "-n", str(iterations(size)), "-w", str(warmups(size)), "-c", "0",
+               "--json", doc]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            sys.exit(f"loom-bench failed ({' '.join(cmd)}): exit {run.returncode}\n"
+                     f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
+        with open(doc) as f:
+            out[size] = json.load(f)["results"][0]["in_place"]["time"] * 1e-6
+    return out
 
 
 def human(nbytes):
@@ -54,7 +85,7 @@ def parse_size(text):
     return int(digits) * scale
 
 
-def rank_main(rank, world, tmp, args, queue):
+def rank_main(rank, world, tmp, args, queue, resume):
     import torch
     import torch.distributed as dist
 
@@ -73,7 +104,7 @@ def rank_main(rank, world, tmp, args, queue):
                 group = groups[backend]
                 t = torch.ones(max(1, size // 4), dtype=torch.float32)
                 n = iterations(size)
-                for _ in range(max(2, n // 10)):
+                for _ in range(warmups(size)):
                     dist.all_reduce(t, group=group)
                 dist.barrier(group=group)
                 start = time.perf_counter()
@@ -82,11 +113,17 @@ def rank_main(rank, world, tmp, args, queue):
                 elapsed = torch.tensor([(time.perf_counter() - start) / n], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=groups["gloo"])
                 times[(backend, size)].append(elapsed.item())
+        if args.loom_bench:
+            # The parent runs loom-bench now, with this job idle; every rank waits for it.
+            if rank == 0:
+                queue.put(("round", rnd))
+            if not resume[rnd].wait(timeout=1200):
+                raise RuntimeError(f"rank {rank}: loom-bench round {rnd} did not end in 20 min")
     ddp = {}
     if args.ddp_steps > 0:
         ddp = ddp_samples_per_second(rank, world, groups, args)
     if rank == 0:
-        queue.put((times, ddp, loom_torch.transport_summary()))
+        queue.put(("done", (times, ddp, loom_torch.transport_summary())))
 
 
 def ddp_samples_per_second(rank, world, groups, args):
@@ -126,21 +163,36 @@ def main():
                         type=lambda v: [parse_size(s) for s in v.split(",")],
                         help="comma-separated byte counts (65536, 64K, 1M)")
     parser.add_argument("--ddp-steps", type=int, default=0)
+    parser.add_argument("--loom-bench", metavar="BIN_DIR", default="",
+                        help="directory with loom-run and loom-bench: adds loom-bench's time")
     args = parser.parse_args()
+    if args.loom_bench:
+        for program in ("loom-run", "loom-bench"):
+            if not os.access(os.path.join(args.loom_bench, program), os.X_OK):
+                parser.error(f"--loom-bench: no executable {program} in '{args.loom_bench}'")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="loom_torch_bench_") as tmp:
-        procs = [ctx.Process(target=rank_main, args=(r, args.world, tmp, args, queue))
+        resume = [ctx.Event() for _ in range(args.rounds)]
+        procs = [ctx.Process(target=rank_main, args=(r, args.world, tmp, args, queue, resume))
                  for r in range(args.world)]
         for p in procs:
             p.start()
         # Wait for rank 0's results while every rank lives: a rank that dies ends the run at once
         # (the whole run is bounded too).
         deadline = time.monotonic() + 1800
+        bench = {s: [] for s in args.sizes}
         while True:
             try:
-                times, ddp, transport = queue.get(timeout=1)
+                kind, payload = queue.get(timeout=1)
+                if kind == "round":
+                    for size, t in loom_bench_times(args.loom_bench, args.world, args.sizes,
+                                                    tmp).items():
+                        bench[size].append(t)
+                    resume[payload].set()
+                    continue
+                times, ddp, transport = payload
                 break
             except queue_module.Empty:
                 failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
@@ -157,8 +209,13 @@ def main():
     n = args.world
     print(f"# torch.distributed all_reduce (float32, sum), {n} ranks, loom over {transport}; "
           f"median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
-    print("| size | loom time | gloo time | loom busbw | gloo busbw | gloo/loom time |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    header = "| size | loom time | gloo time | loom busbw | gloo busbw | gloo/loom time |"
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    if args.loom_bench:
+        header += " loom-bench time | loom / loom-bench |"
+        rule += "---:|---:|"
+    print(header)
+    print(rule)
     sizes = sorted({s for _, s in times})
     for size in sizes:
         nbytes = max(4, size // 4 * 4)
@@ -166,9 +223,13 @@ def main():
         for backend in ("loom", "gloo"):
             t = statistics.median(times[(backend, size)])
             row[backend] = (t, 2 * (n - 1) / n * nbytes / t / 1e9)
-        print(f"| {human(size)} | {row['loom'][0] * 1e6:.1f} us | {row['gloo'][0] * 1e6:.1f} us | "
-              f"{row['loom'][1]:.2f} GB/s | {row['gloo'][1]:.2f} GB/s | "
-              f"{row['gloo'][0] / row['loom'][0]:.1f}x |")
+        line = (f"| {human(size)} | {row['loom'][0] * 1e6:.1f} us | "
+                f"{row['gloo'][0] * 1e6:.1f} us | {row['loom'][1]:.2f} GB/s | "
+                f"{row['gloo'][1]:.2f} GB/s | {row['gloo'][0] / row['loom'][0]:.1f}x |")
+        if args.loom_bench:
+            b = statistics.median(bench[size])
+            line += f" {b * 1e6:.1f} us | {row['loom'][0] / b:.2f} |"
+        print(line)
     if ddp:
         print(f"\n# torch DDP, MLP 784-1024-1024-10, batch 64 per rank, {n} ranks, "
               f"{args.ddp_steps} steps per round, median of {args.rounds} rounds")

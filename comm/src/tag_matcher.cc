@@ -70,9 +70,13 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, uint64_t signature, std::str
     in_.target = in_.request->data();
     return true;
   }
-  for (const auto& r : posted_) {
-    if (sameSeqOtherCollective(r->tag(), tag)) {
-      error = otherCollective(tag, signature, r->tag(), r->signature());
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (sameSeqOtherCollective((*it)->tag(), tag)) {
+      // The ranks called different collectives: the receive that was waiting for this
+      // sequence fails as the callers' mistake; the caller fails the transport as a whole.
+      error = otherCollective(tag, signature, (*it)->tag(), (*it)->signature());
+      (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
+      posted_.erase(it);
       return false;
     }
   }
@@ -153,12 +157,14 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
     }
     if (sameSeqOtherCollective(in_.tag, tag)) {
       error = otherCollective(in_.tag, in_.signature, tag, request->signature());
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }
   for (const auto& u : unexpected_) {
     if (sameSeqOtherCollective(u->tag, tag)) {
       error = otherCollective(u->tag, u->signature, tag, request->signature());
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }

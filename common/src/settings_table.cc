@@ -129,6 +129,18 @@ constexpr Setting kTable[] = {
     {"LOOM_STORE_TOKEN", K::kText, S::kRuntime, "", 0, 0, "", "",
      "shared secret a TCPStore client presents and its server checks (default: none)",
      "TCPStoreOptions::token, TCPStoreServerOptions::token", "TCPStore construction"},
+    {"LOOM_STORE_DIR", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "directory where loom-store persists its keys (an append-only log and snapshots, "
+     "docs/store.md); unset: keys live in memory only",
+     "loom-store --data-dir", "loom-store start"},
+    {"LOOM_STORE_FSYNC", K::kChoice, S::kRuntime, "always", 0, 0, "always|never", "",
+     "a persisting store server fdatasyncs each change before answering (always: survives a "
+     "machine crash) or only writes it (never: survives the server being killed)",
+     "TCPStoreServerOptions::fsync", "TCPStore server construction"},
+    {"LOOM_STORE_RECONNECT_MS", K::kInteger, S::kRuntime, "0", 0, 86'400'000, "", "ms",
+     "how long a TCPStore client keeps reconnecting after it lost its server (a restarted "
+     "loom-store) before the store becomes unusable; 0: fail at once",
+     "TCPStoreOptions::reconnectTimeout", "TCPStore construction"},
 
     // ---- launch ----
     {"LOOM_INIT_METHOD", K::kText, S::kLaunch, "env://", 0, 0, "", "",
@@ -191,12 +203,15 @@ constexpr Setting kTable[] = {
     {"GROUP_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "loom-run sets it to the node rank (torchrun's name)", "", "set by loom-run"},
     {"GROUP_WORLD_SIZE", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
-     "loom-run sets it to the number of nodes (torchrun's name)", "", "set by loom-run"},
+     "loom-run sets it to the number of nodes (torchrun's name; elastic: this round's)", "",
+     "set by loom-run"},
     {"LOOM_RUN_ID", K::kText, S::kLaunch, "", 0, 0, "", "",
      "loom-run --run-id, for the training program; the libraries do not read it", "",
      "set by loom-run"},
     {"LOOM_RESTART_COUNT", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
-     "0, then 1, 2, ... per loom-run restart, for the training program", "", "set by loom-run"},
+     "0, then 1, 2, ... per loom-run restart (elastic --nnodes MIN:MAX: the rendezvous round, "
+     "the same on every node), for the training program",
+     "", "set by loom-run"},
     {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "loom-run --max-restarts, for the training program", "", "set by loom-run"},
 

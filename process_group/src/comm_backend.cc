@@ -436,11 +436,15 @@ void ProcessGroupComm::checkSignature(const OpDesc& op) {
 std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::exception_ptr error) {
   std::string what = "unknown exception";
   bool timedOut = false;
+  bool invalid = false;  // the ranks' arguments disagree (e.g. a peer sends another count)
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
     what = e.what();
     timedOut = true;
+  } catch (const InvalidArgumentError& e) {
+    what = e.what();
+    invalid = true;
   } catch (const std::exception& e) {
     what = e.what();
   } catch (...) {
@@ -459,7 +463,7 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   const milliseconds window = std::min(options().failureReportWindow, op.timeout / 2);
   const auto start = Clock::now();
   auto exchange = FailureExchange::start(
-      store(), rank(), size(), std::string(timedOut ? "timeout" : "io") + "\n" + own,
+      store(), rank(), size(), std::string(invalid ? "invalid" : timedOut ? "timeout" : "io") + "\n" + own,
       diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
                     : "",
       window, true);
@@ -474,6 +478,7 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
 
   std::string message = own;
   bool anyTimeout = timedOut;
+  bool anyInvalid = invalid;
   // Who hosts the store, for a store that died or stopped answering.
   const int host = options().storeHostRank;
   const std::string storeHost =
@@ -506,6 +511,7 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
           ")";
     }
     anyTimeout = anyTimeout || exchange->anyTimeout;
+    anyInvalid = anyInvalid || exchange->anyInvalid;
   } else {
     message += "\n  diagnosis: the store did not answer within " +
                std::to_string((window + storeSlack(window)).count()) + " ms: " + storeHost +
@@ -515,6 +521,10 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
     std::lock_guard<std::mutex> lock(mu_);
     brokenCause_ = message;
   }
+  // The exception's type names the root cause on every rank: ranks whose arguments disagree
+  // (a count that differs from what a peer sends) are a caller's mistake even where this rank
+  // only saw its peer close the connection. The group is broken afterwards in every case.
+  if (anyInvalid) return std::make_exception_ptr(InvalidArgumentError(message));
   if (anyTimeout) return std::make_exception_ptr(TimeoutError(message));
   return std::make_exception_ptr(IoError(message));
 }

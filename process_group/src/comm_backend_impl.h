@@ -45,6 +45,7 @@ struct FailureExchange {
   std::vector<int> silent;  // ranks with no report within the window
   std::string reports;      // "\n  rank 1 reported: ..." lines
   bool anyTimeout = false;  // some rank's failure was a timeout
+  bool anyInvalid = false;  // some rank found arguments that disagree with a peer's
   std::string storeError;   // the store failed while reading the reports
   std::string explanation;  // the flight records' analysis (empty: recorder off)
   std::string storeGone;    // the first store call that failed with IoError (not a timeout):
@@ -92,6 +93,7 @@ struct FailureExchange {
     std::vector<int> silent;
     std::string reports;
     bool anyTimeout = false;
+    bool anyInvalid = false;
     std::string storeError;
     std::string explanation;
     if (!ring.empty() && storeGone.empty()) {
@@ -132,6 +134,7 @@ struct FailureExchange {
         const std::string got = store->getString(failureKey(r));
         const size_t nl = got.find('\n');
         if (got.substr(0, nl) == "timeout") anyTimeout = true;
+        if (got.substr(0, nl) == "invalid") anyInvalid = true;
         reports += "\n  rank " + std::to_string(r) +
                    " reported: " + (nl == std::string::npos ? got : got.substr(nl + 1));
       }
@@ -144,6 +147,7 @@ struct FailureExchange {
       self->silent = std::move(silent);
       self->reports = std::move(reports);
       self->anyTimeout = anyTimeout;
+      self->anyInvalid = anyInvalid;
       self->storeError = std::move(storeError);
       self->explanation = std::move(explanation);
       self->storeGone = std::move(storeGone);

@@ -8,6 +8,7 @@
 #include <array>
 #include <thread>
 
+#include "crc32.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store_protocol.h"
@@ -21,20 +22,7 @@ constexpr uint8_t kTypeSet = 1;
 constexpr uint8_t kTypeDelete = 2;
 constexpr size_t kMaxBody = size_t{1} << 30;
 
-uint32_t crc32(const uint8_t* data, size_t n) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
+using store_detail::crc32;
 
 void putU32(std::vector<uint8_t>& out, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));

@@ -1,6 +1,7 @@
 #include "store_state.h"
 
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 
 namespace loom {
 
@@ -57,11 +58,18 @@ std::string StoreState::handle(ClientId client, Message& m) {
   Message r{Op::kOk, m.id, 0, {}, {}};
   switch (m.op) {
     case Op::kSet:
+      if (log_ && !persist(client, m.id, {{m.keys[0], m.values[0]}})) return {};
       setKey(m.keys[0], std::move(m.values[0]));
       break;
-    case Op::kMultiSet:
+    case Op::kMultiSet: {
+      std::vector<StoreLog::Change> changes;
+      if (log_) {
+        for (size_t i = 0; i < m.keys.size(); ++i) changes.push_back({m.keys[i], m.values[i]});
+      }
+      if (log_ && !persist(client, m.id, changes)) return {};
       for (size_t i = 0; i < m.keys.size(); ++i) setKey(m.keys[i], std::move(m.values[i]));
       break;
+    }
     case Op::kGet:
     case Op::kWait:
     case Op::kMultiGet: {
@@ -96,7 +104,9 @@ std::string StoreState::handle(ClientId client, Message& m) {
                                "): overflows int64 (current ", current, ")"));
         return {};
       }
-      setKey(m.keys[0], toBytes(std::to_string(result)));
+      Bytes value = toBytes(std::to_string(result));
+      if (log_ && !persist(client, m.id, {{m.keys[0], value}})) return {};
+      setKey(m.keys[0], std::move(value));
       r.number = result;
       break;
     }
@@ -106,18 +116,25 @@ std::string StoreState::handle(ClientId client, Message& m) {
       auto it = data_.find(key);
       if (it == data_.end()) {
         if (m.values[0].empty()) {
+          if (log_ && !persist(client, m.id, {{key, m.values[1]}})) return {};
           r.values.push_back(m.values[1]);
           setKey(key, std::move(m.values[1]));
         } else {
           r.values.push_back(std::move(m.values[0]));
         }
       } else {
-        if (it->second == m.values[0]) it->second = std::move(m.values[1]);
+        if (it->second == m.values[0]) {
+          if (log_ && !persist(client, m.id, {{key, m.values[1]}})) return {};
+          it->second = std::move(m.values[1]);
+        }
         r.values.push_back(it->second);
       }
       break;
     }
     case Op::kDelete:
+      if (data_.count(m.keys[0]) != 0 && !persist(client, m.id, {{m.keys[0], std::nullopt}})) {
+        return {};
+      }
       r.number = data_.erase(m.keys[0]) > 0 ? 1 : 0;
       break;
     case Op::kCheck:
@@ -149,6 +166,7 @@ std::string StoreState::handle(ClientId client, Message& m) {
   // The writer hears back before the waiters it wakes: whoever learns of a key from a wait
   // can rely on its writer having been answered.
   sink_(client, std::move(r));
+  if (log_) log_->maybeCompact(data_);
   std::vector<std::string> created = std::move(created_);
   created_.clear();
   for (const auto& key : created) keyCreated(key);
@@ -163,8 +181,28 @@ void StoreState::dropClient(ClientId client) {
   byClient_.erase(it);
 }
 
-void StoreState::replyError(ClientId client, uint64_t id, const std::string& what) {
-  sink_(client, Message{Op::kError, id, 0, {what.substr(0, store_protocol::kMaxKeyBytes)}, {}});
+void StoreState::replyError(ClientId client, uint64_t id, const std::string& what, int64_t code) {
+  sink_(client, Message{Op::kError, id, code, {what.substr(0, store_protocol::kMaxKeyBytes)}, {}});
+}
+
+const StoreLog::Loaded& StoreState::persistTo(const StoreLogOptions& options) {
+  LOOM_CHECK(!log_, "StoreState: already persisting to ", log_->dir());
+  log_ = std::make_unique<StoreLog>(options, data_);
+  return log_->loaded();
+}
+
+bool StoreState::persist(ClientId client, uint64_t id,
+                         const std::vector<StoreLog::Change>& changes) {
+  if (!log_) return true;
+  try {
+    log_->append(changes);
+    return true;
+  } catch (const IoError& e) {
+    LOOM_LOG_ERROR("TCPStore server: ", e.what());
+    replyError(client, id, detail::str("the store server cannot persist the change: ", e.what()),
+               store_protocol::kErrorIo);
+    return false;
+  }
 }
 
 bool StoreState::present(const std::vector<std::string>& keys) const {

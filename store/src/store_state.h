@@ -10,6 +10,10 @@
 // miss. When that key is created the request is checked again and answered, or listed under
 // its next missing key, so each key event costs O(waiters on that key), never a scan of all.
 //
+// With a StoreLog (persistTo), every change is appended to the log before it is applied and
+// answered; a change the log refuses (a full disk) is answered with an I/O error
+// (store_protocol::kErrorIo) and not applied.
+//
 // Not thread-safe: the loop thread owns it. numWaiting() may be read from any thread.
 #pragma once
 
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "loom/store/store_protocol.h"
+#include "store_log.h"
 
 namespace loom {
 
@@ -37,6 +42,9 @@ class StoreState {
   std::string handle(ClientId client, store_protocol::Message& request);
   // Forgets the client's parked requests (its connection closed).
   void dropClient(ClientId client);
+  // Loads the keys from `options.dir` (before any request) and logs every change from now on.
+  const StoreLog::Loaded& persistTo(const StoreLogOptions& options);
+  size_t numKeys() const { return data_.size(); }
 
   int numWaiting() const { return waiting_.load(std::memory_order_relaxed); }
 
@@ -51,7 +59,9 @@ class StoreState {
   using WaiterPtr = std::shared_ptr<Waiter>;
 
   std::string checkShape(const store_protocol::Message& m) const;
-  void replyError(ClientId client, uint64_t id, const std::string& what);
+  void replyError(ClientId client, uint64_t id, const std::string& what, int64_t code = 0);
+  // Logs `changes` when persisting; false (the client told why) when the log refused them.
+  bool persist(ClientId client, uint64_t id, const std::vector<StoreLog::Change>& changes);
   bool present(const std::vector<std::string>& keys) const;
   void answer(const Waiter& waiter);
   void park(const WaiterPtr& waiter);
@@ -61,6 +71,7 @@ class StoreState {
   void keyCreated(const std::string& key);
 
   Sink sink_;
+  std::unique_ptr<StoreLog> log_;  // null: keys live in memory only
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::list<WaiterPtr>> parked_;  // by missing key
   std::unordered_map<ClientId, std::list<WaiterPtr>> byClient_;   // by connection

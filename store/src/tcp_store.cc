@@ -3,10 +3,13 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <optional>
 #include <random>
+#include <thread>
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/store/store_protocol.h"
 
@@ -77,11 +80,16 @@ TCPStore::TCPStore(std::string host, int port, const TCPStoreOptions& options)
       clientId_(randomClientId()),
       pid_(::getpid()) {
   setTimeout(options.timeout);
+  if (!options_.reconnectTimeout) {
+    options_.reconnectTimeout =
+        milliseconds(settings::integer("LOOM_STORE_RECONNECT_MS").value_or(0));
+  }
   if (options.isServer) {
     TCPStoreServerOptions serverOptions;
     serverOptions.port = port;
     serverOptions.token = options.token;
     serverOptions.numWorkers = options.numWorkers;
+    serverOptions.dataDir = options.dataDir;
     server_ = std::make_unique<TCPStoreServer>(serverOptions);
     port_ = server_->port();
   }
@@ -97,12 +105,13 @@ TCPStore::~TCPStore() {
   idle_.clear();  // close our connections before the in-process server (if any) stops
 }
 
-std::unique_ptr<TCPStore::Connection> TCPStore::connect() {
+std::unique_ptr<TCPStore::Connection> TCPStore::connect(milliseconds limit) {
+  if (limit <= milliseconds(0)) limit = timeout();
   auto conn = std::make_unique<Connection>();
   const std::string what = "TCPStore server " + address_;
-  conn->sock = net::connectTo(host_, port_, timeout());
+  conn->sock = net::connectTo(host_, port_, limit);
   net::setNoDelay(conn->sock.fd());
-  Deadline deadline(timeout());
+  Deadline deadline(limit);
   Message hello{Op::kHello, conn->nextId++, options_.rank, {clientId_}, {toBytes(options_.token)}};
   sendFrame(conn->sock.fd(), hello, deadline, what);
   Message reply;
@@ -120,7 +129,8 @@ std::unique_ptr<TCPStore::Connection> TCPStore::connect() {
   return conn;
 }
 
-std::unique_ptr<TCPStore::Connection> TCPStore::acquire() {
+std::unique_ptr<TCPStore::Connection> TCPStore::acquire(bool& fresh, milliseconds connectLimit) {
+  fresh = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.empty()) {
@@ -139,7 +149,8 @@ std::unique_ptr<TCPStore::Connection> TCPStore::acquire() {
       return conn;
     }
   }
-  return connect();
+  fresh = true;
+  return connect(connectLimit);
 }
 
 void TCPStore::release(std::unique_ptr<Connection> conn) {
@@ -155,26 +166,116 @@ void TCPStore::fail(const std::string& why) {
   throw IoError(why);
 }
 
+namespace {
+
+// A connection that broke under a request: the server went away (closed, reset, refused).
+// `sent` says whether the request may have reached it.
+struct ConnectionLost {
+  std::string why;
+  bool sent;
+};
+
+bool isConnectionLoss(const IoError& e) {
+  if (dynamic_cast<const TimeoutError*>(&e) != nullptr) return false;
+  const std::string_view what = e.what();
+  return what.find("malformed reply") == std::string_view::npos;
+}
+
+// Requests whose repetition cannot change their outcome: sent again after a reconnect when
+// the first copy may or may not have been applied. add and deleteKey are not (a second add
+// adds twice; a second delete answers "absent"); compareSet is, as far as its caller can tell:
+// a repeat returns the value the first one stored.
+bool retryable(Op op) {
+  return op != Op::kAdd && op != Op::kDelete;
+}
+
+}  // namespace
+
 Message TCPStore::call(Message request, milliseconds waitTimeout) {
+  std::optional<Deadline> waitDeadline;
+  if (waitTimeout >= milliseconds(0)) waitDeadline.emplace(waitTimeout);
+  std::optional<Deadline> reconnectDeadline;  // from the first loss of the server
+  std::string firstLoss;
+  for (;;) {
+    try {
+      milliseconds connectLimit{0};
+      if (reconnectDeadline) {
+        connectLimit = std::max(milliseconds(1), reconnectDeadline->remaining());
+      }
+      return callOnce(request, waitDeadline, connectLimit);
+    } catch (const ConnectionLost& lost) {
+      const Op op = request.op;
+      if (*options_.reconnectTimeout <= milliseconds(0)) fail(lost.why);
+      if (lost.sent && !retryable(op)) {
+        // The store stays usable (the next call reconnects); only this answer is unknown.
+        LOOM_THROW(IoError, lost.why, "; not sent again after reconnecting: a ",
+                   store_protocol::opName(op),
+                   " may have been applied before the server went away, and repeating it could "
+                   "apply it twice");
+      }
+      if (!reconnectDeadline) {
+        reconnectDeadline.emplace(*options_.reconnectTimeout);
+        firstLoss = lost.why;
+        LOOM_LOG_WARNING("TCPStore client of ", address_, ": lost the server (", lost.why,
+                         "); reconnecting for up to ", options_.reconnectTimeout->count(), " ms");
+      }
+      if (reconnectDeadline->expired()) {
+        fail(detail::str(firstLoss, "; could not reconnect within ",
+                         options_.reconnectTimeout->count(),
+                         " ms (LOOM_STORE_RECONNECT_MS): ", lost.why));
+      }
+      // A short pause so that a server that refuses connections is not hammered.
+      std::this_thread::sleep_for(std::min(milliseconds(50), reconnectDeadline->remaining()));
+    }
+  }
+}
+
+std::unique_ptr<TCPStore::Connection> TCPStore::acquireLive(bool& fresh,
+                                                            milliseconds connectLimit) {
+  for (;;) {
+    std::unique_ptr<Connection> conn = acquire(fresh, connectLimit);
+    if (fresh || *options_.reconnectTimeout <= milliseconds(0)) return conn;
+    // An idle connection to a server that went away reads as closed (EOF, or an error);
+    // a healthy one has nothing to read, since nothing is in flight on it.
+    pollfd pfd{conn->sock.fd(), POLLIN | POLLRDHUP, 0};
+    if (::poll(&pfd, 1, 0) == 0) return conn;
+  }
+}
+
+Message TCPStore::callOnce(Message request, const std::optional<Deadline>& waitDeadline,
+                           milliseconds connectLimit) {
   const std::string what = "TCPStore server " + address_;
-  std::unique_ptr<Connection> conn = acquire();
-  const int fd = conn->sock.fd();
-  request.id = conn->nextId++;
   const Op op = request.op;
+  bool fresh = false;
+  bool sent = false;
+  std::unique_ptr<Connection> conn;
   Message reply;
   try {
+    conn = acquireLive(fresh, connectLimit);
+  } catch (const IoError& e) {
+    // Also a TimeoutError: the server did not come back within the connect limit.
+    if (*options_.reconnectTimeout > milliseconds(0)) {
+      throw ConnectionLost{detail::str("TCPStore ", store_protocol::opName(op), ": cannot reach ",
+                                       what, ": ", e.what()),
+                           false};
+    }
+    throw;
+  }
+  try {
+    const int fd = conn->sock.fd();
+    request.id = conn->nextId++;
     Deadline io(timeout());
+    sent = true;
     sendFrame(fd, request, io, what);
-    if (waitTimeout >= milliseconds(0)) {
+    if (waitDeadline) {
       // Wait for the answer without consuming anything, so that on timeout the connection is
       // still at a frame boundary and can cancel.
-      Deadline waitDeadline(waitTimeout);
       for (;;) {
         pollfd pfd{fd, POLLIN, 0};
-        const int ready = ::poll(&pfd, 1, waitDeadline.pollTimeoutMs(milliseconds(60000)));
+        const int ready = ::poll(&pfd, 1, waitDeadline->pollTimeoutMs(milliseconds(60000)));
         if (ready > 0) break;
         if (ready < 0 && errno != EINTR) LOOM_SYSCHECK(ready, "poll on ", what);
-        if (!waitDeadline.expired()) continue;
+        if (!waitDeadline->expired()) continue;
         // Give up: cancel on the server, and take the answer if it raced the cancel.
         Deadline cancelDeadline(std::max(timeout(), milliseconds(1000)));
         Message cancel{Op::kCancel, conn->nextId++, static_cast<int64_t>(request.id), {}, {}};
@@ -192,7 +293,7 @@ Message TCPStore::call(Message request, milliseconds waitTimeout) {
         release(std::move(conn));
         if (raced) return reply;
         LOOM_THROW(TimeoutError, "TCPStore ", store_protocol::opName(op), " timed out after ",
-                   waitDeadline.elapsed().count(), " ms waiting for key(s) ",
+                   waitDeadline->elapsed().count(), " ms waiting for key(s) ",
                    quoteKeys(request.keys), " on ", address_);
       }
     }
@@ -203,15 +304,17 @@ Message TCPStore::call(Message request, milliseconds waitTimeout) {
     // frame, is dropped here but the store stays usable.
     throw;
   } catch (const InvalidArgumentError&) {
-    release(std::move(conn));  // refused before sending: the connection is untouched
+    if (conn) release(std::move(conn));  // refused before sending: the connection is untouched
     throw;
   } catch (const IoError& e) {
     const bool closed =
         std::string_view(e.what()).find("connection closed by") != std::string::npos;
-    fail(detail::str(
+    std::string why = detail::str(
         "TCPStore ", store_protocol::opName(op), " of ", quoteKeys(request.keys),
         " failed: ", e.what(),
-        closed ? " (the server stopped, died, or dropped this client: see its log)" : ""));
+        closed ? " (the server stopped, died, or dropped this client: see its log)" : "");
+    if (isConnectionLoss(e)) throw ConnectionLost{std::move(why), sent};
+    fail(why);
   }
   if (reply.id != request.id) {
     fail(detail::str("TCPStore ", store_protocol::opName(op), ": ", what, " answered request ",
@@ -219,6 +322,9 @@ Message TCPStore::call(Message request, milliseconds waitTimeout) {
   }
   release(std::move(conn));
   if (reply.op == Op::kError) {
+    if (reply.number == store_protocol::kErrorIo) {
+      LOOM_THROW(IoError, what, ": ", errorText(reply));
+    }
     LOOM_THROW(InvalidArgumentError, what, ": ", errorText(reply));
   }
   return reply;

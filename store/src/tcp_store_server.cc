@@ -29,6 +29,11 @@ std::string defaultStoreToken() {
   return settings::text("LOOM_STORE_TOKEN").value_or(std::string());
 }
 
+StoreFsync defaultStoreFsync() {
+  return settings::choice("LOOM_STORE_FSYNC").value_or("always") == "never" ? StoreFsync::kNever
+                                                                            : StoreFsync::kAlways;
+}
+
 namespace {
 
 // Bytes of replies a client may leave unread before it is considered stuck and dropped.
@@ -70,6 +75,8 @@ class TCPStoreServer::Loop {
   std::set<int> ranks_;              // guarded by joinMu_
   bool stopped_ = false;             // guarded by joinMu_
   std::atomic<int> connections_{0};
+  int64_t keysLoaded_ = 0;
+  int64_t bytesDropped_ = 0;
   StoreState state_;  // the keys and the parked requests; loop thread only
 
  private:
@@ -128,6 +135,15 @@ TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
       numWorkers_(options.numWorkers),
       helloTimeout_(options.helloTimeout) {
   LOOM_CHECK_LE(token_.size(), store_protocol::kMaxTokenBytes, "LOOM_STORE_TOKEN is too long");
+  if (!options.dataDir.empty()) {
+    // Loaded before the socket exists: no client ever sees a partial state.
+    const StoreLog::Loaded& loaded =
+        state_.persistTo({options.dataDir, options.fsync, options.compactBytes});
+    keysLoaded_ = static_cast<int64_t>(loaded.keys);
+    bytesDropped_ = static_cast<int64_t>(loaded.droppedBytes);
+    LOOM_LOG_INFO("TCPStore server: ", loaded.keys, " key(s) loaded from ", options.dataDir, " (",
+                  loaded.records, " log record(s) replayed)");
+  }
   listen_ = net::listenOn(options.host, options.port);
   port_ = net::localPort(listen_.fd());
   address_ = net::formatHostPort(options.host, port_);
@@ -488,6 +504,14 @@ std::set<int> TCPStoreServer::joinedRanks() const {
 
 int TCPStoreServer::numWaiting() const {
   return loop_->state_.numWaiting();
+}
+
+int64_t TCPStoreServer::numKeysLoaded() const {
+  return loop_->keysLoaded_;
+}
+
+int64_t TCPStoreServer::bytesDropped() const {
+  return loop_->bytesDropped_;
 }
 
 int TCPStoreServer::numConnections() const {

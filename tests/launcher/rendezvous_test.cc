@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "elastic_rendezvous.h"
 #include "launch_options.h"
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
@@ -263,6 +264,141 @@ TEST(LaunchOptions, ErrorsNameTheProblem) {
   EXPECT_THAT(parse({"--nproc-per-node", "2", "--frob", "p"}).text,
               HasSubstr("unknown option '--frob'"));
   EXPECT_EQ(parse({"--help"}).kind, ParseOutcome::kHelp);
+  EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "2:3", "p"}).text,
+              HasSubstr("needs --rdzv-endpoint"));
+  EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "3:2", "p"}).text,
+              HasSubstr("--nnodes '3:2' is not valid"));
+  EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "0", "p"}).text,
+              HasSubstr("--nnodes '0' is not valid"));
+  EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "1:2", "--node-rank", "0",
+                     "--rdzv-endpoint", "h:1", "p"})
+                  .text,
+              HasSubstr("--node-rank has no meaning"));
+}
+
+TEST(LaunchOptions, ElasticNodes) {
+  const auto p = parse({"--nproc-per-node", "2", "--nnodes", "2:4", "--rdzv-endpoint",
+                        "store:29400", "--rdzv-last-call-s", "0.5", "prog"});
+  ASSERT_EQ(p.kind, ParseOutcome::kRun) << p.text;
+  EXPECT_TRUE(p.options.elastic);
+  EXPECT_EQ(p.options.minNodes, 2);
+  EXPECT_EQ(p.options.maxNodes, 4);
+  EXPECT_EQ(p.options.lastCall, 500ms);
+  EXPECT_EQ(p.options.rdzvHost, "store");
+  EXPECT_EQ(p.options.rdzvPort, 29400);
+  EXPECT_FALSE(parse({"--nproc-per-node", "1", "--nnodes", "3", "--master-addr", "a",
+                      "--master-port", "1", "p"})
+                   .options.elastic);
+}
+
+ElasticOptions elasticOptions(int agent, int minNodes, int maxNodes) {
+  ElasticOptions o;
+  o.runId = "job";
+  o.minNodes = minNodes;
+  o.maxNodes = maxNodes;
+  o.nprocPerNode = agent + 1;
+  o.hostname = "host" + std::to_string(agent);
+  o.address = "10.0.0." + std::to_string(agent);
+  o.endpoint = "test-store:1";
+  o.rdzvTimeout = 10000ms;
+  o.lastCall = 100ms;
+  return o;
+}
+
+TEST(ElasticRendezvous, MaxAgentsCloseTheRoundAndAgreeOnTheWorld) {
+  HashStore store;
+  std::vector<ElasticWorld> worlds(3);
+  loom::testing::runThreadRanks(3, [&](int agent) {
+    ElasticOptions o = elasticOptions(agent, 2, 3);
+    o.lastCall = 60000ms;  // only MAX arrivals can close the round in time
+    ElasticRendezvous r(store, o);
+    worlds[agent] = r.join(r.currentRound(), [] { return 4242; });
+  });
+  std::vector<int> nodeOf(3);
+  for (int agent = 0; agent < 3; ++agent) {
+    EXPECT_EQ(worlds[agent].generation, 0);
+    EXPECT_EQ(worlds[agent].nnodes, 3);
+    EXPECT_EQ(worlds[agent].worldSize, 1 + 2 + 3);
+    EXPECT_EQ(worlds[agent].workerPort, 4242);
+    nodeOf[worlds[agent].nodeRank] = agent;
+  }
+  // Node ranks are a permutation; offsets follow node order; everyone names node 0's address.
+  int offset = 0;
+  for (int node = 0; node < 3; ++node) {
+    const ElasticWorld& w = worlds[nodeOf[node]];
+    EXPECT_EQ(w.rankOffset, offset);
+    offset += nodeOf[node] + 1;
+    EXPECT_EQ(w.masterAddr, "10.0.0." + std::to_string(nodeOf[0]));
+  }
+}
+
+TEST(ElasticRendezvous, ALateAgentIsTakenIntoTheNextRound) {
+  HashStore store;
+  std::vector<ElasticWorld> first(2), second(3);
+  std::atomic<int> firstClosed{0};
+  loom::testing::runThreadRanks(3, [&](int agent) {
+    ElasticRendezvous r(store, elasticOptions(agent, 2, 3));
+    if (agent == 2) {
+      // Arrives once round 0 is closed with the other two.
+      while (firstClosed.load() < 2) std::this_thread::sleep_for(1ms);
+      EXPECT_FALSE(r.newcomers(0, 2).has_value());
+      second[agent] = r.join(r.currentRound(), [] { return 2; });
+      return;
+    }
+    first[agent] = r.join(r.currentRound(), [] { return 1; });
+    ++firstClosed;
+    // The running nodes see the newcomer, end the round and meet it in round 1.
+    const Deadline deadline(10000ms);
+    std::optional<std::string> why;
+    while (!(why = r.newcomers(0, first[agent].nnodes)) && !deadline.expired()) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_TRUE(why.has_value());
+    EXPECT_THAT(*why, HasSubstr("waiting to join"));
+    r.advance(0);
+    second[agent] = r.join(1, [] { return 2; });
+  });
+  for (int agent = 0; agent < 2; ++agent) EXPECT_EQ(first[agent].nnodes, 2);
+  for (int agent = 0; agent < 3; ++agent) {
+    EXPECT_EQ(second[agent].generation, 1);
+    EXPECT_EQ(second[agent].nnodes, 3);
+    EXPECT_EQ(second[agent].worldSize, 6);
+  }
+}
+
+// An arrival that never published itself (its agent died right after arriving) cannot take
+// part: the round it was admitted to is abandoned and the live agents meet in the next one.
+TEST(ElasticRendezvous, ARoundWithADeadArrivalGivesWayToTheNext) {
+  HashStore store;
+  store.add("loom-run/job/g0/arrivals", 1);  // the dead arrival: node 0 of round 0
+  std::vector<ElasticWorld> worlds(2);
+  loom::testing::runThreadRanks(2, [&](int agent) {
+    ElasticOptions o = elasticOptions(agent, 2, 3);
+    o.rdzvTimeout = 60000ms;
+    ElasticRendezvous r(store, o);
+    worlds[agent] = r.join(r.currentRound(), [] { return 7; });
+  });
+  for (int agent = 0; agent < 2; ++agent) {
+    EXPECT_GE(worlds[agent].generation, 1);
+    EXPECT_EQ(worlds[agent].nnodes, 2);
+    EXPECT_EQ(worlds[agent].worldSize, 1 + 2);
+    EXPECT_EQ(worlds[agent].generation, worlds[0].generation);
+  }
+  EXPECT_NE(worlds[0].nodeRank, worlds[1].nodeRank);
+}
+
+TEST(ElasticRendezvous, FewerThanMinAgentsTimeOutSayingHowMany) {
+  HashStore store;
+  ElasticOptions o = elasticOptions(0, 2, 3);
+  o.rdzvTimeout = 300ms;
+  ElasticRendezvous r(store, o);
+  try {
+    r.join(r.currentRound(), [] { return 1; });
+    FAIL() << "a round of 1 node was admitted with MIN 2";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("only 1 node(s) arrived"));
+    EXPECT_THAT(e.what(), HasSubstr("at least 2"));
+  }
 }
 
 }  // namespace

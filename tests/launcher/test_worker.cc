@@ -9,6 +9,9 @@
 //   stubborn RANK CODE       every rank ignores SIGTERM; RANK exits CODE, the others wait
 //   flaky RANK CODE TIMES    RANK exits CODE while LOOM_RESTART_COUNT < TIMES, else all exit 0
 //   chatter                  two lines on stdout, one on stderr, then a last partial line
+//   elastic DIR TAG [fail]   append "tag=TAG round=R rank=K world=W node=N nnodes=M" to
+//                            DIR/rounds, then exit 3 with `fail`, else wait until DIR/finish
+//                            exists (at most 120 s) and exit 0
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -110,6 +113,25 @@ int main(int argc, char** argv) {
       waitLong();
     }
     return 0;
+  }
+  if (mode == "elastic" && (argc == 4 || argc == 5)) {
+    const std::string dir = argv[2];
+    const std::string line =
+        "tag=" + std::string(argv[3]) + " round=" + std::to_string(envInt("LOOM_RESTART_COUNT")) +
+        " rank=" + std::to_string(rank) + " world=" + std::to_string(envInt("WORLD_SIZE")) +
+        " node=" + std::to_string(envInt("NODE_RANK")) +
+        " nnodes=" + std::to_string(envInt("GROUP_WORLD_SIZE")) + "\n";
+    const int fd = open((dir + "/rounds").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      return 92;
+    }
+    close(fd);
+    if (argc == 5) return 3;
+    for (int i = 0; i < 6000; ++i) {
+      if (access((dir + "/finish").c_str(), F_OK) == 0) return 0;
+      usleep(20 * 1000);
+    }
+    return 93;
   }
   if (mode == "chatter") {
     std::printf("out one %d\nout two %d\n", rank, rank);

@@ -288,10 +288,13 @@ TEST(ProcessGroupLists, UnevenArgumentsAreCheckedOnTheCallersThread) {
   });
 }
 
-// Rank 1 sends 3 elements where rank 0 expects 2: the failure names the operation, both
-// ranks and both sizes; the group is broken afterwards.
+// Rank 1 sends 3 elements where rank 0 expects 2: rank 0's failure is an InvalidArgumentError
+// (the caller's arguments disagree between ranks) naming the operation, both ranks and both
+// sizes; the group is broken afterwards. Rank 1's own exchange may complete before rank 0
+// notices; if it fails, it fails with the same type and rank 0's report.
 TEST(ProcessGroupLists, SplitsThatDisagreeBetweenRanksNameBoth) {
   std::string error;
+  std::string peerError;
   runGroups(2, quickOptions(milliseconds(10000)), [&](ProcessGroup& pg) {
     std::vector<float> in(4, 1.0f), out(4);
     const std::vector<size_t> inSplits =
@@ -302,10 +305,22 @@ TEST(ProcessGroupLists, SplitsThatDisagreeBetweenRanksNameBoth) {
                              view(out.data(), sumOf(outSplits)), outSplits);
     try {
       work->wait();
-    } catch (const IoError& e) {
-      if (pg.rank() == 0) error = e.what();
+      if (pg.rank() == 0) ADD_FAILURE() << "rank 0 received more bytes than it expects";
+    } catch (const InvalidArgumentError& e) {
+      (pg.rank() == 0 ? error : peerError) = e.what();
+    }
+    if (pg.rank() == 1 && peerError.empty()) {
+      // The group is broken: rank 1's next collective fails with the root cause.
+      float x = 1.0f;
+      try {
+        pg.allreduce(view(&x, 1))->wait();
+        ADD_FAILURE() << "the group went on after rank 0's failure";
+      } catch (const Error& e) {
+        peerError = e.what();
+      }
     }
   });
+  EXPECT_THAT(peerError, HasSubstr("rank 1 sent 12 bytes"));
   EXPECT_THAT(error, HasSubstr("alltoallv#1"));
   EXPECT_THAT(error, HasSubstr("rank 1 sent 12 bytes"));
   EXPECT_THAT(error, HasSubstr("rank 0 receives 8 bytes"));

@@ -1,5 +1,5 @@
 // Error paths of the shared-memory collectives with thread ranks: a collective mismatch is
-// an IoError on every rank naming what differed; a rank that never arrives is a TimeoutError
+// an InvalidArgumentError on every rank naming what differed (the transport is aborted); a rank that never arrives is a TimeoutError
 // naming it and the collective, after which the whole group fails fast; Context::abort from
 // another thread ends a blocked collective; ContextOptions::sharedMemory=false on all ranks or
 // on any one rank falls back to tcp on every rank.
@@ -36,7 +36,7 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-TEST(ShmErrors, MismatchedCountsAreAnIoErrorOnEveryRank) {
+TEST(ShmErrors, MismatchedCountsAreAnInvalidArgumentErrorOnEveryRank) {
   HashStore store;
   std::vector<std::string> errors(2);
   loom::testing::runThreadRanks(2, [&](int rank) {
@@ -49,7 +49,7 @@ TEST(ShmErrors, MismatchedCountsAreAnIoErrorOnEveryRank) {
     try {
       allreduce(*ctx, buf.data(), buf.data(), rank == 0 ? 10 : 11, DType::kFloat32, ReduceOp::kSum,
                 opts);
-    } catch (const IoError& e) {
+    } catch (const InvalidArgumentError& e) {
       errors[rank] = e.what();
     }
   });

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,9 +49,9 @@ class StoreProgram {
     ::close(out_);
   }
   // Reads output until `text` appears or the deadline passes; returns everything read.
-  std::string readUntil(const std::string& text, milliseconds timeout) {
+  std::string readUntil(const std::string& text, milliseconds timeout, size_t from = 0) {
     Deadline d(timeout);
-    while (output_.find(text) == std::string::npos && !d.expired()) {
+    while (output_.find(text, from) == std::string::npos && !d.expired()) {
       pollfd pfd{out_, POLLIN, 0};
       if (::poll(&pfd, 1, d.pollTimeoutMs()) != 1) continue;
       char buf[512];
@@ -60,10 +62,11 @@ class StoreProgram {
     return output_;
   }
   int port() {
-    const std::string out = readUntil("\n", milliseconds(10000));
-    const auto at = out.find("listening on 127.0.0.1:");
+    const std::string line = "listening on 127.0.0.1:";
+    const auto at = readUntil(line, milliseconds(10000)).find(line);
     if (at == std::string::npos) return -1;
-    return std::stoi(out.substr(at + 23));
+    const std::string out = readUntil("\n", milliseconds(10000), at);
+    return std::stoi(out.substr(at + line.size()));
   }
   // Exit code, or -signal, or 999 when it did not exit in time.
   int wait(milliseconds timeout) {
@@ -129,6 +132,36 @@ TEST(LoomStoreProgram, AddressInUseIsReported) {
   const std::string out = second.readUntil("in use", milliseconds(2000));
   EXPECT_NE(out.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << out;
   EXPECT_NE(out.find("in use"), std::string::npos) << out;
+}
+
+// --data-dir: loom-store killed with SIGKILL and started again on the same port has every key
+// it had answered for, and a client with a reconnect timeout carries on through the restart.
+TEST(LoomStoreProgram, KeysSurviveASigkilledStore) {
+  char tmpl[] = "/tmp/loom_store_cli_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/data";
+  auto program = std::make_unique<StoreProgram>(
+      std::vector<std::string>{"--host", "127.0.0.1", "--port", "0", "--data-dir", dir});
+  const int port = program->port();
+  ASSERT_GT(port, 0);
+  TCPStoreOptions o;
+  o.timeout = milliseconds(30000);
+  o.reconnectTimeout = milliseconds(60000);
+  TCPStore store("127.0.0.1", port, o);
+  store.set("rendezvous/round", std::string_view("3"));
+  EXPECT_EQ(store.add("joined", 2), 2);
+  ::kill(program->pid(), SIGKILL);
+  EXPECT_EQ(program->wait(milliseconds(10000)), -SIGKILL);
+  program = std::make_unique<StoreProgram>(std::vector<std::string>{
+      "--host", "127.0.0.1", "--port", std::to_string(port), "--data-dir", dir});
+  const std::string out = program->readUntil("listening on", milliseconds(10000));
+  EXPECT_NE(out.find("2 key(s) loaded from " + dir), std::string::npos) << out;
+  EXPECT_EQ(store.getString("rendezvous/round"), "3");
+  EXPECT_EQ(store.add("joined", 1), 3);
+  ::kill(program->pid(), SIGTERM);
+  EXPECT_EQ(program->wait(milliseconds(10000)), 0);
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
 }
 
 }  // namespace

@@ -9,8 +9,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: loom-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
-    "--master-port P] [--max-restarts K] [--redirect-prefix] [--grace-period-s S] "
-    "[--rdzv-timeout-s S] [--node-timeout-s S] [--run-id ID] [--rdzv-endpoint HOST:PORT] [--] "
+    "--master-port P | --nnodes MIN:MAX --rdzv-endpoint HOST:PORT] [--max-restarts K] "
+    "[--redirect-prefix] [--grace-period-s S] "
+    "[--rdzv-timeout-s S] [--node-timeout-s S] [--rdzv-last-call-s S] [--run-id ID] "
+    "[--rdzv-endpoint HOST:PORT] [--] "
     "PROGRAM [ARGS...]";
 
 constexpr const char* kDescription =
@@ -26,7 +28,13 @@ constexpr const char* kDescription =
     "at --master-addr:--master-port and all nodes agree on the world before any worker\n"
     "starts. Ranks are numbered node by node. Exit codes: the failing worker's code, 128+N\n"
     "for a signal, 1 for a launcher error (rendezvous, lost node), 2 for a usage error, 127\n"
-    "when PROGRAM is not found. See docs/launcher.md.";
+    "when PROGRAM is not found.\n"
+    "\n"
+    "With --nnodes MIN:MAX the job is elastic: every loom-run meets at --rdzv-endpoint (a\n"
+    "loom-store, ideally with --data-dir); each membership change (a node lost, a node\n"
+    "joining) is a new round in which the workers restart with the new world and\n"
+    "LOOM_RESTART_COUNT = the round; the job goes on while MIN nodes remain; a node whose\n"
+    "own workers failed more than --max-restarts times leaves the job. See docs/launcher.md.";
 
 std::chrono::milliseconds seconds(double s) {
   return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
@@ -42,11 +50,13 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   double grace = 5.0;
   double rdzvTimeout = 60.0;
   double nodeTimeout = 30.0;
+  double lastCall = 2.0;
 
   app.add_option("--nproc-per-node", o.nprocPerNode, "worker processes to start on this node")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--nnodes", o.nnodes, "number of nodes (one loom-run each); default 1")
-      ->check(CLI::Range(1, 65536));
+  std::string nnodes = "1";
+  app.add_option("--nnodes", nnodes,
+                 "number of nodes (one loom-run each), or MIN:MAX for an elastic job; default 1");
   app.add_option("--node-rank", o.nodeRank, "this node's index in [0, nnodes); default 0")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--master-addr", o.masterAddr,
@@ -69,6 +79,10 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   app.add_option("--node-timeout-s", nodeTimeout,
                  "a node whose heartbeat stops for this long fails the job; default 30")
       ->check(CLI::Range(0.5, 86400.0));
+  app.add_option("--rdzv-last-call-s", lastCall,
+                 "elastic: once MIN nodes are in a round, close it after this many seconds "
+                 "without a new arrival (MAX nodes close it at once); default 2")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--run-id", o.runId,
                  "job id shared by all nodes, namespaces the rendezvous keys; default "
                  "'default'");
@@ -118,11 +132,48 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   o.gracePeriod = seconds(grace);
   o.rdzvTimeout = seconds(rdzvTimeout);
   o.nodeTimeout = seconds(nodeTimeout);
+  o.lastCall = seconds(lastCall);
+  {
+    // "M" or "MIN:MAX", each in 1..65536.
+    auto number = [](const std::string& text, int& out) {
+      if (text.empty() || text.size() > 6 ||
+          text.find_first_not_of("0123456789") != std::string::npos)
+        return false;
+      out = std::stoi(text);
+      return out >= 1 && out <= 65536;
+    };
+    const auto colon = nnodes.find(':');
+    bool ok = false;
+    if (colon == std::string::npos) {
+      ok = number(nnodes, o.nnodes);
+      o.minNodes = o.maxNodes = o.nnodes;
+    } else {
+      ok = number(nnodes.substr(0, colon), o.minNodes) &&
+           number(nnodes.substr(colon + 1), o.maxNodes) && o.minNodes <= o.maxNodes;
+      o.elastic = true;
+      o.nnodes = o.maxNodes;
+    }
+    if (!ok) {
+      return fail("--nnodes '" + nnodes +
+                  "' is not valid: expected M or MIN:MAX with 1 <= MIN <= MAX <= 65536");
+    }
+  }
   if (o.nodeRank >= o.nnodes) {
     return fail("--node-rank " + std::to_string(o.nodeRank) + " is out of range: expected 0 <= " +
                 "node-rank < --nnodes (" + std::to_string(o.nnodes) + ")");
   }
-  if (o.nnodes > 1) {
+  if (o.elastic) {
+    if (app.count("--node-rank") > 0) {
+      return fail(
+          "--node-rank has no meaning with --nnodes MIN:MAX: nodes get their rank in "
+          "each round of the elastic rendezvous");
+    }
+    if (rdzvEndpoint.empty()) {
+      return fail(
+          "--nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT: the store every node "
+          "meets at (a loom-store; no node hosts it, so that any node may leave)");
+    }
+  } else if (o.nnodes > 1) {
     if (!o.masterAddrGiven) return fail("--nnodes > 1 needs --master-addr (the address of node 0)");
     if (o.masterPort == 0) return fail("--nnodes > 1 needs --master-port P with P in 1..65535");
   }

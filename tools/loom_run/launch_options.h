@@ -16,6 +16,12 @@ struct LaunchOptions {
   int nprocPerNode = 1;
   int nnodes = 1;
   int nodeRank = 0;
+  // --nnodes MIN:MAX: an elastic job (docs/launcher.md, elastic_rendezvous.h). nnodes is then
+  // MAX; nodes get their rank in each round.
+  bool elastic = false;
+  int minNodes = 1;
+  int maxNodes = 1;
+  std::chrono::milliseconds lastCall{2000};
   std::string masterAddr = "127.0.0.1";
   bool masterAddrGiven = false;
   int masterPort = 0;  // 0: pick a free port (single node only)

@@ -10,10 +10,12 @@
 #include <memory>
 #include <set>
 
+#include "elastic_rendezvous.h"
 #include "launch_options.h"
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
+#include "loom/store/tcp_store.h"
 #include "rendezvous.h"
 #include "rendezvous_store.h"
 #include "shepherd.h"
@@ -45,7 +47,7 @@ std::vector<std::string> workerEnv(const std::vector<std::pair<std::string, std:
 
 std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
                                     const std::string& masterAddr, int restart,
-                                    const std::string& loomHost) {
+                                    const std::string& loomHost, int nodeRank, int nnodes) {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < o.nprocPerNode; ++local) {
     WorkerSpec spec;
@@ -56,9 +58,9 @@ std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
         {"WORLD_SIZE", std::to_string(world.worldSize)},
         {"LOCAL_RANK", std::to_string(local)},
         {"LOCAL_WORLD_SIZE", std::to_string(o.nprocPerNode)},
-        {"NODE_RANK", std::to_string(o.nodeRank)},
-        {"GROUP_RANK", std::to_string(o.nodeRank)},
-        {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+        {"NODE_RANK", std::to_string(nodeRank)},
+        {"GROUP_RANK", std::to_string(nodeRank)},
+        {"GROUP_WORLD_SIZE", std::to_string(nnodes)},
         {"MASTER_ADDR", masterAddr},
         {"MASTER_PORT", std::to_string(world.workerPort)},
         {"LOOM_RUN_ID", o.runId},
@@ -78,6 +80,10 @@ class Launcher {
       : signals_(signals), o_(std::move(options)), path_(std::move(path)) {}
 
   int run() {
+    if (o_.elastic) {
+      setReportPrefix("loom-run[elastic]: ");
+      return runElastic();
+    }
     if (o_.nnodes > 1) {
       setReportPrefix("loom-run[node " + std::to_string(o_.nodeRank) + "]: ");
       return runMultiNode();
@@ -95,8 +101,13 @@ class Launcher {
   }
 
   GroupResult runGroup(const World& world, int restart, const WorkerGroup::Tick& tick) {
+    return runGroupAt(world, o_.masterAddr, restart, o_.nodeRank, o_.nnodes, tick);
+  }
+
+  GroupResult runGroupAt(const World& world, const std::string& masterAddr, int restart,
+                         int nodeRank, int nnodes, const WorkerGroup::Tick& tick) {
     WorkerGroup group(signals_, {path_, o_.command, o_.redirectPrefix, o_.gracePeriod});
-    group.start(workerSpecs(o_, world, o_.masterAddr, restart, loomHost_));
+    group.start(workerSpecs(o_, world, masterAddr, restart, loomHost_, nodeRank, nnodes));
     return group.run(tick);
   }
 
@@ -255,6 +266,198 @@ class Launcher {
       report("job failed: " + why + (o_.maxRestarts ? " (no restarts left)" : ""));
       tryStore("wait for the other nodes", [&] { lingerIfHost(); });
       return code;
+    }
+  }
+
+  // --nnodes MIN:MAX (elastic_rendezvous.h). Every round: join (as node i of n), run the
+  // workers with that world until they finish or the round ends (a node's failure, a silent
+  // node, a newcomer waiting), then join the next round. This node leaves the job when its own
+  // workers failed more than --max-restarts times (it is charged only when its failure was the
+  // one that ended the round and every other node of that round answered, not for a cascade
+  // from a node that died).
+  int runElastic() {
+    const std::string endpoint = o_.rdzvHost + ":" + std::to_string(o_.rdzvPort);
+    // This node's address for its peers (node 0's becomes the workers' MASTER_ADDR): the
+    // user's LOOM_HOST, else the local address on the route to the store.
+    std::string address;
+    if (auto chosen = settings::text("LOOM_HOST")) {
+      address = *chosen;
+    } else {
+      address = net::localAddressTowards(o_.rdzvHost);
+      loomHost_ = address;
+    }
+    TCPStoreOptions so;
+    so.timeout = o_.rdzvTimeout;
+    // The store is a loom-store that may restart (--data-dir): ride through that.
+    so.reconnectTimeout = o_.rdzvTimeout;
+    std::unique_ptr<TCPStore> store;
+    try {
+      store = std::make_unique<TCPStore>(o_.rdzvHost, o_.rdzvPort, so);
+    } catch (const IoError& e) {
+      report(std::string("cannot reach the rendezvous store at ") + endpoint +
+             " (--rdzv-endpoint; is loom-store running there?): " + e.what());
+      return kLauncherError;
+    }
+    ElasticOptions eo;
+    eo.runId = o_.runId;
+    eo.minNodes = o_.minNodes;
+    eo.maxNodes = o_.maxNodes;
+    eo.nprocPerNode = o_.nprocPerNode;
+    eo.hostname = hostName();
+    eo.address = address;
+    eo.endpoint = endpoint;
+    eo.rdzvTimeout = o_.rdzvTimeout;
+    eo.lastCall = o_.lastCall;
+    ElasticRendezvous elastic(*store, eo, [this] { return interrupted(); });
+    RendezvousOptions ro;
+    ro.runId = o_.runId;
+    ro.nprocPerNode = o_.nprocPerNode;
+    ro.maxRestarts = o_.maxRestarts;
+    ro.hostname = eo.hostname;
+    ro.endpoint = endpoint;
+    ro.rdzvTimeout = o_.rdzvTimeout;
+    ro.nodeTimeout = o_.nodeTimeout;
+    Rendezvous rdzv(*store, ro, [this] { return interrupted(); });
+
+    int failures = 0;
+    // A failure of this node's workers that ended round `gen`, not yet charged.
+    struct PendingCharge {
+      bool pending = false;
+      int gen = 0;
+      int nnodes = 0;
+      int nodeRank = 0;
+    } pendingCharge;
+    int lastFailureCode = 1;
+    int gen = 0;
+    try {
+      gen = elastic.currentRound();
+    } catch (const IoError& e) {
+      report(std::string("rendezvous store at ") + endpoint + ": " + e.what());
+      return kLauncherError;
+    }
+    for (;;) {
+      ElasticWorld ew;
+      try {
+        ew = elastic.join(gen, pickFreePort);
+      } catch (const RendezvousInterrupted&) {
+        report("stopped by " + signalName(signal_) + " during the rendezvous");
+        return 128 + signal_;
+      } catch (const IoError& e) {
+        report(std::string("job failed: ") + e.what());
+        return kLauncherError;
+      }
+      gen = ew.generation;
+      setReportPrefix("loom-run[elastic node " + std::to_string(ew.nodeRank) + "]: ");
+      rdzv.enter(gen, ew.nnodes, ew.nodeRank);
+      if (pendingCharge.pending) {
+        // Our failure ended the previous round. It counts against this node unless a node of
+        // that round never acknowledged the end: then our workers most likely failed because
+        // that node died (their peers went away), which is its failure, not ours. Live nodes
+        // acknowledge before they join a round, so by now they have.
+        std::vector<int> silent;
+        try {
+          silent = rdzv.unanswered(pendingCharge.gen, pendingCharge.nnodes, pendingCharge.nodeRank);
+        } catch (const IoError& e) {
+          report(std::string("job failed: the rendezvous store at ") + endpoint + ": " + e.what());
+          return kLauncherError;
+        }
+        if (silent.empty()) {
+          ++failures;
+        } else {
+          std::string gone;
+          for (int n : silent) gone += (gone.empty() ? "" : ", ") + std::to_string(n);
+          report("the failure in round " + std::to_string(pendingCharge.gen) +
+                 " is not counted against this node: node(s) " + gone +
+                 " of that round never acknowledged its end (the failure most likely came "
+                 "from there)");
+        }
+        pendingCharge.pending = false;
+        if (failures > o_.maxRestarts) {
+          const std::string why = "node " + std::to_string(ew.nodeRank) + " (" + eo.hostname +
+                                  ") leaves the job: its workers failed " +
+                                  std::to_string(failures) + " time(s), more than --max-restarts " +
+                                  std::to_string(o_.maxRestarts);
+          report(why);
+          try {
+            rdzv.markEnded(why);
+            rdzv.ackEnd();
+          } catch (const IoError&) {
+            // The others find this node silent instead.
+          }
+          return lastFailureCode;
+        }
+      }
+      World world;
+      world.generation = gen;
+      world.worldSize = ew.worldSize;
+      world.rankOffset = ew.rankOffset;
+      world.workerPort = ew.workerPort;
+      report("round " + std::to_string(gen) + ": " + std::to_string(ew.nnodes) + " node(s) (" +
+             std::to_string(o_.minNodes) + ":" + std::to_string(o_.maxNodes) + "), world size " +
+             std::to_string(ew.worldSize) + ", ranks " + std::to_string(ew.rankOffset) + ".." +
+             std::to_string(ew.rankOffset + o_.nprocPerNode - 1) + " on this node");
+      // A store call that fails is retried on the next tick; only a store that stays away for
+      // the node timeout ends the job here.
+      std::optional<std::string> storeLost;
+      std::optional<Clock::time_point> failingSince;
+      const GroupResult r = runGroupAt(
+          world, ew.masterAddr, gen, ew.nodeRank, ew.nnodes, [&]() -> std::optional<std::string> {
+            try {
+              auto why = rdzv.poll();
+              if (!why) why = elastic.newcomers(gen, ew.nnodes);
+              failingSince.reset();
+              return why;
+            } catch (const IoError& e) {
+              if (!failingSince) failingSince = Clock::now();
+              if (Clock::now() - *failingSince < o_.nodeTimeout) return std::nullopt;
+              storeLost = "lost the rendezvous store at " + endpoint + ": " + e.what();
+              return storeLost;
+            }
+          });
+      if (storeLost) {
+        report("job failed: " + *storeLost);
+        return kLauncherError;
+      }
+      try {
+        switch (r.kind) {
+          case GroupResult::kSucceeded:
+            rdzv.markDone();
+            return 0;
+          case GroupResult::kSignalled:
+            report("stopped by " + signalName(r.signal));
+            rdzv.markEnded("node " + std::to_string(ew.nodeRank) + " (" + eo.hostname +
+                           "): loom-run got " + signalName(r.signal) + " and left the job");
+            rdzv.ackEnd();
+            return 128 + r.signal;
+          case GroupResult::kStopRequested:
+            report("round " + std::to_string(gen) + " ended: " + r.stopReason);
+            rdzv.ackEnd();
+            break;
+          case GroupResult::kWorkerFailed: {
+            const std::string why = "node " + std::to_string(ew.nodeRank) + " (" + eo.hostname +
+                                    "): " + failureText(*r.firstFailure);
+            const std::string standing = rdzv.markEnded(why);
+            rdzv.ackEnd();
+            report("round " + std::to_string(gen) + " ended: " + standing);
+            // Charged or not is decided once the next round has formed (below), when every
+            // live node of this one has acknowledged the end; waiting for that here would
+            // delay the next round.
+            if (standing == why) {
+              pendingCharge = PendingCharge{true, gen, ew.nnodes, ew.nodeRank};
+              lastFailureCode = r.firstFailure->exitCode();
+            }
+            break;
+          }
+        }
+        elastic.advance(gen);
+      } catch (const IoError& e) {
+        report(std::string("job failed: the rendezvous store at ") + endpoint + ": " + e.what());
+        return kLauncherError;
+      } catch (const RendezvousInterrupted&) {
+        report("stopped by " + signalName(signal_) + " between rounds");
+        return 128 + signal_;
+      }
+      ++gen;
     }
   }
 

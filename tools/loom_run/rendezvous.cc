@@ -37,7 +37,11 @@ Rendezvous::Rendezvous(Store& store, RendezvousOptions options, std::function<bo
 }
 
 std::string Rendezvous::key(const std::string& name) const {
-  return "loom-run/" + options_.runId + "/g" + std::to_string(gen_) + "/" + name;
+  return keyAt(gen_, name);
+}
+
+std::string Rendezvous::keyAt(int gen, const std::string& name) const {
+  return "loom-run/" + options_.runId + "/g" + std::to_string(gen) + "/" + name;
 }
 
 std::string Rendezvous::nodeKey(const std::string& name, int node) const {
@@ -132,6 +136,20 @@ World Rendezvous::join(int gen, const std::function<int()>& pickWorkerPort) {
   return world;
 }
 
+void Rendezvous::enter(int gen, int nnodes, int nodeRank) {
+  LOOM_CHECK(nnodes >= 1 && nodeRank >= 0 && nodeRank < nnodes, "node rank ", nodeRank,
+             " out of range for ", nnodes, " nodes");
+  gen_ = gen;
+  options_.nnodes = nnodes;
+  options_.nodeRank = nodeRank;
+  beats_.clear();
+  done_.clear();
+  const auto now = Clock::now();
+  for (int n = 0; n < nnodes; ++n) {
+    if (n != nodeRank) beats_[n] = Beat{-1, now};
+  }
+}
+
 std::optional<std::pair<int, milliseconds>> Rendezvous::silentNode() {
   const auto now = Clock::now();
   for (auto& [node, beat] : beats_) {
@@ -173,6 +191,18 @@ void Rendezvous::markDone() {
 
 void Rendezvous::ackEnd() {
   store_.set(nodeKey("ack", options_.nodeRank), "1");
+}
+
+std::vector<int> Rendezvous::unanswered(int gen, int nnodes, int me) {
+  std::vector<int> out;
+  for (int n = 0; n < nnodes; ++n) {
+    if (n == me) continue;
+    const std::string node = std::to_string(n);
+    if (!store_.check({keyAt(gen, "done/" + node)}) && !store_.check({keyAt(gen, "ack/" + node)})) {
+      out.push_back(n);
+    }
+  }
+  return out;
 }
 
 Rendezvous::Others Rendezvous::waitForOthers(milliseconds timeout) {

@@ -59,6 +59,10 @@ class Rendezvous {
   // that node 0 picks with pickWorkerPort().
   World join(int gen, const std::function<int()>& pickWorkerPort);
 
+  // Adopts a world agreed elsewhere (the elastic rendezvous): generation `gen` with `nnodes`
+  // nodes, this one `nodeRank`; poll(), markEnded(), markDone() and ackEnd() then work on it.
+  void enter(int gen, int nnodes, int nodeRank);
+
   // From the monitor loop while the workers run: bumps our heartbeat, returns why the
   // generation ended when another node said so or a node's heartbeat stopped.
   std::optional<std::string> poll();
@@ -68,6 +72,10 @@ class Rendezvous {
   std::string markEnded(const std::string& why);
   void markDone();
   void ackEnd();
+
+  // The nodes of generation `gen` (of `nnodes`, other than `me`) that neither finished nor
+  // acknowledged its end. Does not wait.
+  std::vector<int> unanswered(int gen, int nnodes, int me);
 
   // Node 0 hosts the store, so it stays until every other node has finished (done) or seen
   // the end (ack), at most `timeout`.
@@ -81,6 +89,7 @@ class Rendezvous {
 
  private:
   std::string key(const std::string& name) const;
+  std::string keyAt(int gen, const std::string& name) const;
   std::string nodeKey(const std::string& name, int node) const;
   // Waits for the keys in slices, honouring interrupted(); true when all exist.
   bool waitSliced(const std::vector<std::string>& keys, const Deadline& deadline);

@@ -1,7 +1,10 @@
 // loom-store: a standalone TCPStore server.
 //
 //   loom-store --host H --port P [--token T | LOOM_STORE_TOKEN] [--workers N --timeout S]
+//              [--data-dir DIR | LOOM_STORE_DIR] [--fsync always|never | LOOM_STORE_FSYNC]
 //
+// With --data-dir the keys persist in DIR (docs/store.md): a restarted loom-store starts with
+// every key it had answered for, and clients with LOOM_STORE_RECONNECT_MS reconnect to it.
 // Prints "loom-store listening on H:P" once it accepts connections (port 0 picks one and the
 // line says which). With --workers N it then reports when N clients have joined, or exits 1
 // after --timeout seconds saying how many joined and which ranks are missing. SIGINT and
@@ -17,12 +20,12 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/settings.h"
 #include "loom/store/tcp_store_server.h"
 
 namespace {
 
-int run(const std::string& host, int port, const std::string& token, int workers,
-        double timeoutSeconds) {
+int run(const loom::TCPStoreServerOptions& options, int workers, double timeoutSeconds) {
   // Block the stop signals before the server thread exists so that only sigtimedwait below
   // receives them.
   sigset_t stopSignals;
@@ -31,12 +34,13 @@ int run(const std::string& host, int port, const std::string& token, int workers
   sigaddset(&stopSignals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
 
-  loom::TCPStoreServerOptions options;
-  options.host = host;
-  options.port = port;
-  options.token = token;
-  options.numWorkers = workers;
   loom::TCPStoreServer server(options);
+  if (!options.dataDir.empty()) {
+    std::cout << "loom-store: " << server.numKeysLoaded() << " key(s) loaded from "
+              << options.dataDir << " (fsync "
+              << (options.fsync == loom::StoreFsync::kAlways ? "always" : "never") << ")"
+              << std::endl;
+  }
   std::cout << "loom-store listening on " << server.address() << std::endl;
 
   // The wait for workers runs on its own thread so that a signal can still stop everything.
@@ -99,9 +103,29 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeoutSeconds, "seconds to wait for --workers")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string dataDir;
+  std::string fsync;
+  app.add_option("--data-dir", dataDir,
+                 "persist the keys in this directory (append-only log + snapshots; default: "
+                 "LOOM_STORE_DIR, or memory only)");
+  app.add_option("--fsync", fsync,
+                 "with --data-dir: 'always' fdatasyncs every change before answering (survives "
+                 "a machine crash), 'never' only writes it (survives loom-store being killed); "
+                 "default: LOOM_STORE_FSYNC, or always")
+      ->check(CLI::IsMember({"always", "never"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(host, port, token, workers, timeoutSeconds);
+    loom::TCPStoreServerOptions options;
+    options.host = host;
+    options.port = port;
+    options.token = token;
+    options.numWorkers = workers;
+    options.dataDir =
+        app.count("--data-dir") ? dataDir : loom::settings::text("LOOM_STORE_DIR").value_or("");
+    if (!fsync.empty()) {
+      options.fsync = fsync == "never" ? loom::StoreFsync::kNever : loom::StoreFsync::kAlways;
+    }
+    return run(options, workers, timeoutSeconds);
   } catch (const std::exception& e) {
     std::cerr << "loom-store: " << e.what() << std::endl;
     return 1;

@@ -73,6 +73,9 @@ void Op::failed(const Request& request, const std::exception& e) {
       detail::str("rank ", rank_, ": ", name(), " failed while waiting to ", directionName(request),
                   " rank ", request.peer(), ": ", e.what());
   transport_.abort(message);
+  // A peer whose message disagrees with this rank's (another count or dtype) is the callers'
+  // mistake, not the wire's: the type says so; the transport is aborted either way.
+  if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw InvalidArgumentError(message);
   throw IoError(message);
 }
 

@@ -199,6 +199,14 @@ void Arena::fail(const Call& call, int blamedRank, const std::string& what, bool
   throw IoError(message);
 }
 
+void Arena::failMismatch(const Call& call, int peer, const std::string& what) {
+  const std::string message = detail::str("rank ", rank_, ": ", call.name(),
+                                          " over shared memory (", call.bytes, " bytes): ", what);
+  abort(peer, message);
+  if (transport_ != nullptr) transport_->abort(message);
+  throw InvalidArgumentError(message);
+}
+
 std::string Arena::transportFailure() const {
   // A failed transport fails every new request with its first reason; ask it.
   try {
@@ -342,14 +350,13 @@ void Arena::waitPosted(const Call& call, int peer) {
   if (theirs.signature[s] != call.signature) {
     const std::string other = detail::str(opTypeName(static_cast<OpType>(theirs.postedKind[s])),
                                           "#", theirs.postedSeq[s]);
-    fail(call, peer,
-         detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
-                     call.bytes, " bytes): ", describeSignature(call.signature), ", rank ", peer,
-                     " in ", other, " (", theirs.postedBytes[s],
-                     " bytes): ", describeSignature(theirs.signature[s]),
-                     "; the ranks called different collectives or passed different "
-                     "arguments (count, dtype, op or root)"),
-         false);
+    failMismatch(call, peer,
+                 detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
+                             call.bytes, " bytes): ", describeSignature(call.signature), ", rank ",
+                             peer, " in ", other, " (", theirs.postedBytes[s],
+                             " bytes): ", describeSignature(theirs.signature[s]),
+                             "; the ranks called different collectives or passed different "
+                             "arguments (count, dtype, op or root)"));
   }
 }
 

@@ -135,6 +135,8 @@ class Arena {
 
   // Throws the group's failure as IoError (or TimeoutError) after aborting.
   [[noreturn]] void fail(const Call& call, int blamedRank, const std::string& what, bool timeout);
+  // As fail(), for ranks whose calls disagree (a caller's mistake): InvalidArgumentError.
+  [[noreturn]] void failMismatch(const Call& call, int peer, const std::string& what);
 
  private:
   struct Header;

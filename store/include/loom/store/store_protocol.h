@@ -61,8 +61,13 @@ enum class Op : uint8_t {
   kMultiSet = 11,   // keys, values (same count)
   kCancel = 12,     // number = id of a pending kGet/kWait/kMultiGet
   kOk = 64,         // reply
-  kError = 65,      // reply; keys[0] = message
+  kError = 65,      // reply; keys[0] = message, number = 0 or kErrorIo
 };
+
+// kError's number when the server could not do what was asked for a reason of its own (its
+// log cannot be written: a full disk), not because the request was wrong. The client raises
+// an IoError for it instead of an InvalidArgumentError.
+constexpr int64_t kErrorIo = 1;
 
 const char* opName(Op op);
 bool isKnownOp(uint8_t op);

@@ -18,7 +18,11 @@
 //   the connection usable.
 // - The server closing the connection (it stopped or died) turns the call in flight into an
 //   IoError naming the server address, at once; the store is then unusable and every later
-//   call fails fast with the same cause (destroy it and create a new one).
+//   call fails fast with the same cause (destroy it and create a new one). Unless
+//   options.reconnectTimeout (LOOM_STORE_RECONNECT_MS) is above 0: then the client reconnects
+//   within that time (a restarted server, docs/store.md) and sends the call again, except an
+//   add or deleteKey that may have reached the old server: that call throws IoError (its
+//   outcome is unknown) and the store stays usable. Waits go on with their remaining time.
 // - Keys are 1..4096 bytes, values at most 64 MiB (store_protocol.h); larger ones are an
 //   InvalidArgumentError before anything is sent.
 // - A client-only TCPStore may be used in a child after fork(): the child opens its own
@@ -31,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +55,12 @@ struct TCPStoreOptions {
   bool isServer = false;
   int numWorkers = -1;  // with isServer: clients expected, this one included
   bool waitForWorkers = true;
+  // After losing its server, how long the client keeps reconnecting (a restarted loom-store
+  // with --data-dir; docs/store.md) before the store becomes unusable. Unset:
+  // LOOM_STORE_RECONNECT_MS (0 when that is unset too: fail at once).
+  std::optional<milliseconds> reconnectTimeout = std::nullopt;
+  // With isServer: the in-process server's persistence directory (TCPStoreServerOptions).
+  std::string dataDir{};
 };
 
 class TCPStore : public Store {
@@ -80,14 +91,23 @@ class TCPStore : public Store {
  private:
   struct Connection;
 
-  std::unique_ptr<Connection> connect();
-  std::unique_ptr<Connection> acquire();
+  // Connects and says hello within `limit` (0: the store timeout).
+  std::unique_ptr<Connection> connect(milliseconds limit = milliseconds(0));
+  // An idle connection (fresh = false) or a new one (fresh = true).
+  std::unique_ptr<Connection> acquire(bool& fresh, milliseconds connectLimit);
+  // acquire(), skipping idle connections whose server has gone (when reconnecting is on).
+  std::unique_ptr<Connection> acquireLive(bool& fresh, milliseconds connectLimit);
   void release(std::unique_ptr<Connection> conn);
   // One request, one reply, on a pooled connection. `waitTimeout` >= 0 marks a request that
   // waits on the server (get/wait/multiGet): its reply may take that long, then it is
   // cancelled and a TimeoutError thrown.
+  // A connection lost under the call is reconnected and the call repeated (when it is safe to
+  // repeat) within options.reconnectTimeout.
   store_protocol::Message call(store_protocol::Message request,
                                milliseconds waitTimeout = milliseconds(-1));
+  store_protocol::Message callOnce(store_protocol::Message request,
+                                   const std::optional<Deadline>& waitDeadline,
+                                   milliseconds connectLimit);
   [[noreturn]] void fail(const std::string& why);
   void checkKey(const std::string& key, const char* op) const;
 

@@ -16,6 +16,9 @@
 // - Clients identify themselves in the hello (a client id per TCPStore object and, optionally,
 //   a rank). waitForWorkers(n) blocks until n distinct clients have joined and, on timeout,
 //   says "x/n joined" and which ranks never did.
+// - With options.dataDir the keys persist (docs/store.md): loaded at construction (a torn last
+//   record is dropped with a warning naming the file and offset), every change logged before
+//   it is answered, a change that cannot be logged (a full disk) refused with an I/O error.
 // - stop() (and the destructor) wakes the loop through an eventfd, closes every connection and
 //   joins the thread. Thread-safe: every public method may be called from any thread.
 #pragma once
@@ -32,6 +35,12 @@ namespace loom {
 // The token from LOOM_STORE_TOKEN, or "" (no authentication) when unset.
 std::string defaultStoreToken();
 
+// When a persisting server makes a change durable (store_log.h, docs/store.md): kAlways
+// fdatasyncs before answering, kNever only writes (survives the process, not the machine).
+enum class StoreFsync : uint8_t { kAlways, kNever };
+// LOOM_STORE_FSYNC, kAlways when unset.
+StoreFsync defaultStoreFsync();
+
 struct TCPStoreServerOptions {
   std::string host;  // "" or "*" = all interfaces
   int port = 0;      // 0 = pick a free port
@@ -39,6 +48,13 @@ struct TCPStoreServerOptions {
   int numWorkers = -1;  // expected clients, for messages; -1 = unknown
   // A connection that has not said hello (with the right token) by then is closed.
   milliseconds helloTimeout{10000};
+  // Persistence (docs/store.md): a directory only this server uses; its keys are loaded from
+  // it at construction and every change is logged there before it is answered. "" = memory
+  // only.
+  std::string dataDir{};
+  StoreFsync fsync = defaultStoreFsync();
+  // The log is compacted into a snapshot once it passes this size.
+  uint64_t compactBytes = uint64_t{64} << 20;
 };
 
 class TCPStoreServer {
@@ -62,6 +78,9 @@ class TCPStoreServer {
   int numConnections() const;
   // Requests (get, wait, multiGet) parked until their keys exist.
   int numWaiting() const;
+  // With dataDir: keys loaded at construction, and log bytes dropped as a torn tail.
+  int64_t numKeysLoaded() const;
+  int64_t bytesDropped() const;
 
   void stop();
 
