@@ -436,7 +436,7 @@ TEST(ProcessGroupThreads, StragglerTableNamesTheLateRank) {
     std::vector<float> buf(16, 1.0f);
     constexpr int kRounds = 10;
     for (int i = 0; i < kRounds; ++i) {
-      if (pg.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (pg.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       pg.allreduce(view(buf.data(), 16))->wait();
     }
     const diag::StragglerTable table = pg.stragglers();
