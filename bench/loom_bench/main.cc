@@ -223,6 +223,20 @@ Memory memoryFor(const std::string& backend) {
   return m;
 }
 
+// The straggler table over the flight recorder's last operations (every rank calls it; rank 0
+// prints the slowest rank as a comment line). Skipped when the recorder is off.
+void printSlowestRank(ProcessGroup& pg) {
+  try {
+    const diag::StragglerTable table = pg.stragglers(std::chrono::seconds(30));
+    const int slow = table.slowest();
+    if (pg.rank() != 0 || slow < 0) return;
+    const std::string text = table.format();
+    std::cout << "# " << text.substr(text.rfind('\n') + 1) << std::endl;
+  } catch (const InvalidArgumentError&) {
+    // LOOM_FLIGHT_RECORDER_ENTRIES=0
+  }
+}
+
 int loomBenchMain(int argc, char** argv) {
   CLI::App app{
       "Collective microbenchmark over Loom's ProcessGroup, nccl-tests compatible "
@@ -273,7 +287,10 @@ int loomBenchMain(int argc, char** argv) {
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
     LoomDriver driver(group.pg, std::move(memory));
-    return runSweep(driver, options, "loom-bench", std::vector<std::string>(argv, argv + argc));
+    const int code =
+        runSweep(driver, options, "loom-bench", std::vector<std::string>(argv, argv + argc));
+    printSlowestRank(*group.pg);
+    return code;
   } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
     std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;
     return 2;

@@ -17,6 +17,7 @@
 #include "loom/comm/transport.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "signature.h"
 #include "tag.h"
 
 namespace loom::comm {
@@ -101,6 +102,9 @@ void run(const CollectiveCall& c) {
     }
     return;
   }
+  // Every message of the collective carries its signature (signature.h).
+  const SignatureScope signature(
+      packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
   EngineSet* engines = c.ctx.engines();
   (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
 }
@@ -158,6 +162,9 @@ void runUneven(const CollectiveCall& c) {
     if (inCount > 0 && c.out != c.in) std::memmove(c.out, c.in, inCount * esize);
     return;
   }
+  // Counts differ between ranks by design: the signature holds op, dtype, reduce op and root.
+  const SignatureScope signature(
+      packSignature(c.type, c.dtype, 0, shape.reduces, c.op, shape.rooted, c.root));
   EngineSet* engines = c.ctx.engines();
   (engines != nullptr ? *engines : defaultEngines()).generic().run(c);
 }

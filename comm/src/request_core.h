@@ -27,6 +27,7 @@
 #include <string>
 
 #include "loom/comm/transport.h"
+#include "signature.h"
 
 namespace loom::comm {
 
@@ -39,7 +40,8 @@ class RequestCore : public Request {
         send_(send),
         data_(static_cast<uint8_t*>(const_cast<void*>(data))),
         bytes_(bytes),
-        tag_(tag) {}
+        tag_(tag),
+        signature_(SignatureScope::current()) {}
 
   // Pending: one progress step (poll()), then as check().
   bool test() final {
@@ -51,6 +53,8 @@ class RequestCore : public Request {
   bool isSend() const final { return send_; }
   size_t bytes() const final { return bytes_; }
   uint64_t tag() const final { return tag_; }
+  // The collective's wire signature (signature.h), taken from the creating thread; 0: none.
+  uint64_t signature() const { return signature_; }
   size_t bytesOutstanding() const final { return bytes_ - std::min(bytes_, bytesDone()); }
 
   // The caller's buffer (sends read it, receives write it).
@@ -99,6 +103,7 @@ class RequestCore : public Request {
   uint8_t* const data_;
   const size_t bytes_;
   const uint64_t tag_;
+  const uint64_t signature_;
   std::atomic<uint32_t> state_{kPending};
   std::atomic<size_t> done_{0};
   Failure failure_ = Failure::kIo;  // written before state_ becomes kFailed

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "loom/common/error.h"
+#include "signature.h"
 #include "tag.h"
 
 namespace loom::comm {
@@ -25,18 +26,39 @@ std::string TagMatcher::sizeMismatch(size_t sent, size_t received, uint64_t tag)
                      " bytes (ranks called the collective with different counts or dtypes)");
 }
 
-std::string TagMatcher::otherCollective(uint64_t sent, uint64_t runs) const {
+std::string TagMatcher::otherCollective(uint64_t sent, uint64_t sentSignature, uint64_t runs,
+                                        uint64_t runsSignature) const {
+  if (sentSignature != 0 && runsSignature != 0) {
+    return detail::str("mismatched collectives at #", tagSeq(runs), ": rank ", peer_, " called ",
+                       describeSignature(sentSignature), " (its message ", describeTag(sent),
+                       ") while rank ", rank_, " called ", describeSignature(runsSignature));
+  }
   return detail::str("mismatched collectives: rank ", peer_, " sent ", describeTag(sent),
                      " while rank ", rank_, " runs ", describeTag(runs));
 }
 
-bool TagMatcher::arrive(uint64_t tag, size_t bytes, std::string& error) {
+std::string TagMatcher::signatureMismatch(uint64_t sent, uint64_t received, uint64_t tag) const {
+  if (sent == 0 || received == 0 || sent == received) return {};
+  return detail::str("mismatched collective #", tagSeq(tag), ": rank ", peer_, " called ",
+                     describeSignature(sent), " while rank ", rank_, " called ",
+                     describeSignature(received), " (found in the first message, ",
+                     describeTag(tag), "; the ranks passed different arguments)");
+}
+
+bool TagMatcher::arrive(uint64_t tag, size_t bytes, uint64_t signature, std::string& error) {
   in_ = Incoming{};
   in_.active = true;
   in_.tag = tag;
   in_.bytes = bytes;
+  in_.signature = signature;
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     if ((*it)->tag() != tag) continue;
+    if (std::string m = signatureMismatch(signature, (*it)->signature(), tag); !m.empty()) {
+      error = std::move(m);
+      (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
+      posted_.erase(it);
+      return false;
+    }
     if ((*it)->bytes() != bytes) {
       error = sizeMismatch(bytes, (*it)->bytes(), tag);
       (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
@@ -52,7 +74,7 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, std::string& error) {
     if (sameSeqOtherCollective((*it)->tag(), tag)) {
       // The ranks called different collectives: the receive that was waiting for this
       // sequence fails as the callers' mistake; the caller fails the transport as a whole.
-      error = otherCollective(tag, (*it)->tag());
+      error = otherCollective(tag, signature, (*it)->tag(), (*it)->signature());
       (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
       posted_.erase(it);
       return false;
@@ -65,6 +87,7 @@ void TagMatcher::bufferIncoming() {
   auto u = std::make_unique<UnexpectedMessage>();
   u->tag = in_.tag;
   u->bytes = in_.bytes;
+  u->signature = in_.signature;
   u->data.reset(new uint8_t[std::max<size_t>(in_.bytes, 1)]);
   in_.unexpected = u.get();
   in_.target = u->data.get();
@@ -89,6 +112,11 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     UnexpectedMessage& u = **it;
     if (u.tag != tag) continue;
+    if (std::string m = signatureMismatch(u.signature, request->signature(), tag); !m.empty()) {
+      error = std::move(m);
+      request->fail(error, RequestCore::Failure::kInvalidArgument);
+      return Match::kError;
+    }
     if (u.bytes != bytes) {
       error = sizeMismatch(u.bytes, bytes, tag);
       request->fail(error, RequestCore::Failure::kInvalidArgument);
@@ -113,6 +141,11 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
   }
   if (held()) {
     if (in_.tag == tag) {
+      if (std::string m = signatureMismatch(in_.signature, request->signature(), tag); !m.empty()) {
+        error = std::move(m);
+        request->fail(error, RequestCore::Failure::kInvalidArgument);
+        return Match::kError;
+      }
       if (in_.bytes != bytes) {
         error = sizeMismatch(in_.bytes, bytes, tag);
         request->fail(error, RequestCore::Failure::kInvalidArgument);
@@ -123,14 +156,14 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
       return Match::kArriving;
     }
     if (sameSeqOtherCollective(in_.tag, tag)) {
-      error = otherCollective(in_.tag, tag);
+      error = otherCollective(in_.tag, in_.signature, tag, request->signature());
       request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }
   for (const auto& u : unexpected_) {
     if (sameSeqOtherCollective(u->tag, tag)) {
-      error = otherCollective(u->tag, tag);
+      error = otherCollective(u->tag, u->signature, tag, request->signature());
       request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }

@@ -18,7 +18,10 @@
 // Mismatches come back as an error text; the transport then fails as a whole (the ranks no
 // longer agree on what they run):
 // - sizes differ: the receive fails with InvalidArgumentError naming both sizes;
-// - a message and a receive with the same sequence number but another collective (tag.h).
+// - a message and a receive with the same sequence number but another collective (tag.h);
+// - a message and its receive whose collective signatures (signature.h) differ: the ranks
+//   called the collective with different arguments (dtype, count, reduce op, root). Checked
+//   when both carry one; the error prints both.
 //
 // Not thread-safe: every call under the lock that guards this peer's receive side.
 #pragma once
@@ -37,6 +40,7 @@ namespace loom::comm {
 struct UnexpectedMessage {
   uint64_t tag = 0;
   size_t bytes = 0;
+  uint64_t signature = 0;
   bool complete = false;            // all of the payload is in `data`
   std::unique_ptr<uint8_t[]> data;  // `bytes` (at least 1), not zeroed
 };
@@ -50,6 +54,7 @@ class TagMatcher {
     bool active = false;
     uint64_t tag = 0;
     size_t bytes = 0;
+    uint64_t signature = 0;                   // the sender's (signature.h); 0: none
     size_t got = 0;                           // payload bytes written to `target` so far
     uint8_t* target = nullptr;                // request's or unexpected's buffer; null while held
     ReceivePtr request;                       // the receive it lands in, or
@@ -72,7 +77,8 @@ class TagMatcher {
   // A data message's header was read: it becomes the incoming message and lands in the oldest
   // posted receive with its tag (true). False when none is posted, or on a mismatch (`error`
   // set): then the transport buffers it or holds it.
-  bool arrive(uint64_t tag, size_t bytes, std::string& error);
+  // `signature`: the one the header carried (0: none).
+  bool arrive(uint64_t tag, size_t bytes, uint64_t signature, std::string& error);
   // The incoming message (no receive posted for it) goes into a new unexpected buffer.
   void bufferIncoming();
   // `n` more payload bytes were written at incoming().target + incoming().got.
@@ -114,7 +120,10 @@ class TagMatcher {
 
  private:
   std::string sizeMismatch(size_t sent, size_t received, uint64_t tag) const;
-  std::string otherCollective(uint64_t sent, uint64_t runs) const;
+  std::string otherCollective(uint64_t sent, uint64_t sentSignature, uint64_t runs,
+                              uint64_t runsSignature) const;
+  // Non-empty when both signatures are known and differ.
+  std::string signatureMismatch(uint64_t sent, uint64_t received, uint64_t tag) const;
 
   const int rank_;
   const int peer_;

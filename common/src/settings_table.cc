@@ -106,6 +106,16 @@ constexpr Setting kTable[] = {
      "directory where flight record dumps (on failure, abort, SIGUSR1, dumpFlightRecord) are "
      "written as JSON, one file per rank and group (docs/diagnostics.md); unset: the store only",
      "ProcessGroupOptions::dumpDir", "ProcessGroup setup"},
+    {"LOOM_TRACE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "directory where each process writes its Chrome / Perfetto trace (collectives with seq and "
+     "bytes, and spans added through loom/process_group/trace.h) as loom-trace-rank<r>.json; "
+     "`loom-trace merge` joins the ranks (docs/diagnostics.md); unset: no trace",
+     "ProcessGroupOptions::traceDir", "ProcessGroup setup"},
+    {"LOOM_HEARTBEAT_MS", K::kInteger, S::kRuntime, "1000", 0, 3'600'000, "", "ms",
+     "how often each rank publishes a heartbeat (host, pid, time, progress) in the store, read by "
+     "the failure analysis to tell a rank alive but not progressing from a dead one "
+     "(docs/diagnostics.md); 0: only the first beat, at construction (host and pid)",
+     "ProcessGroupOptions::heartbeatInterval", "ProcessGroup setup"},
     {"LOOM_PG_GRACE_US", K::kInteger, S::kRuntime, "50", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker leaves a fresh lone operation to the thread that will "
      "wait on it (docs/handoff.md)",

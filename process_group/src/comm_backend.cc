@@ -479,9 +479,21 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   std::string message = own;
   bool anyTimeout = timedOut;
   bool anyInvalid = invalid;
+  // Who hosts the store, for a store that died or stopped answering.
+  const int host = options().storeHostRank;
+  const std::string storeHost =
+      host >= 0 && host != rank()
+          ? "rank " + std::to_string(host) + ", which hosts the store,"
+          : "the store's host (" +
+                std::string(host == rank() ? "this process" : "not a rank of this group") + ")";
   if (exchange && exchange->waitFor(exchange->done, start + window + storeSlack(window))) {
     std::lock_guard<std::mutex> lock(exchange->mu);
-    if (!exchange->explanation.empty()) {
+    if (!exchange->storeGone.empty()) {
+      message += "\n  diagnosis: the store host died: " + storeHost +
+                 " is gone (the store closed its connection or cannot be reached), so no rank "
+                 "can report or be analysed: " +
+                 exchange->storeGone;
+    } else if (!exchange->explanation.empty()) {
       std::string text = exchange->explanation;
       for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1)) {
         text.insert(at + 1, "  ");
@@ -501,8 +513,9 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
     anyTimeout = anyTimeout || exchange->anyTimeout;
     anyInvalid = anyInvalid || exchange->anyInvalid;
   } else {
-    message += "\n  (no failure reports: the store did not answer within " +
-               std::to_string((window + storeSlack(window)).count()) + " ms)";
+    message += "\n  diagnosis: the store did not answer within " +
+               std::to_string((window + storeSlack(window)).count()) + " ms: " + storeHost +
+               " is stopped, overloaded or cut off (no failure reports, no analysis)";
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

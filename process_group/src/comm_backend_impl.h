@@ -48,6 +48,16 @@ struct FailureExchange {
   bool anyInvalid = false;  // some rank found arguments that disagree with a peer's
   std::string storeError;   // the store failed while reading the reports
   std::string explanation;  // the flight records' analysis (empty: recorder off)
+  std::string storeGone;    // the first store call that failed with IoError (not a timeout):
+                            // the store's server closed the connection or is unreachable
+
+  // Notes `e` when it says the store is gone (an IoError that is not a timeout).
+  static void noteStoreGone(std::string& gone, const std::exception& e) {
+    if (gone.empty() && dynamic_cast<const IoError*>(&e) != nullptr &&
+        dynamic_cast<const TimeoutError*>(&e) == nullptr) {
+      gone = e.what();
+    }
+  }
 
   // Publishes `ring` (this rank's flight record, JSON; empty when off) and `report` under
   // this rank's keys, then (when `collect`) waits up to `window` for the other ranks' rings and
@@ -56,10 +66,12 @@ struct FailureExchange {
                   int size, std::string report, std::string ring, milliseconds window,
                   bool collect) {
     const auto began = Clock::now();
+    std::string storeGone;
     try {
       store->set(failureKey(rank), report);
     } catch (const std::exception& e) {
       LOOM_LOG_WARNING("rank ", rank, ": could not publish the failure report: ", e.what());
+      noteStoreGone(storeGone, e);
     }
     {
       std::lock_guard<std::mutex> lock(self->mu);
@@ -68,11 +80,12 @@ struct FailureExchange {
     self->changed.notify_all();
     // After the report, so that the worker closes its connections (the cascade) without
     // waiting for the ring and, on the first failing rank, one request per rank.
-    if (!ring.empty()) {
+    if (!ring.empty() && storeGone.empty()) {
       try {
         diag::publishFailureRecord(*store, rank, size, ring);
       } catch (const std::exception& e) {
         LOOM_LOG_WARNING("rank ", rank, ": could not publish the flight record: ", e.what());
+        noteStoreGone(storeGone, e);
       }
     }
     if (!collect) return;
@@ -83,12 +96,21 @@ struct FailureExchange {
     bool anyInvalid = false;
     std::string storeError;
     std::string explanation;
-    if (!ring.empty()) {
+    if (!ring.empty() && storeGone.empty()) {
       try {
         explanation = diag::explainFailure(*store, rank, size, began + window);
       } catch (const std::exception& e) {
         explanation = std::string("(no analysis: ") + e.what() + ")";
+        noteStoreGone(storeGone, e);
       }
+    }
+    // A store that is gone fails every call at once: nothing more to read.
+    if (!storeGone.empty()) {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->storeGone = std::move(storeGone);
+      self->done = true;
+      self->changed.notify_all();
+      return;
     }
     try {
       std::vector<std::string> keys;
@@ -118,6 +140,7 @@ struct FailureExchange {
       }
     } catch (const std::exception& e) {
       storeError = e.what();
+      noteStoreGone(storeGone, e);
     }
     {
       std::lock_guard<std::mutex> lock(self->mu);
@@ -127,6 +150,7 @@ struct FailureExchange {
       self->anyInvalid = anyInvalid;
       self->storeError = std::move(storeError);
       self->explanation = std::move(explanation);
+      self->storeGone = std::move(storeGone);
       self->done = true;
     }
     self->changed.notify_all();

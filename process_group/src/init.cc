@@ -295,6 +295,10 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
   }
   result.store->setTimeout(options.pg.timeout);
   ProcessGroupOptions pgOptions = options.pg;
+  // Rank 0 hosts the TCPStore: a failure that finds the store gone names it.
+  if (method.kind != InitMethod::Kind::kFile && pgOptions.storeHostRank < 0) {
+    pgOptions.storeHostRank = 0;
+  }
   if (pgOptions.comm.context.host.empty() && method.kind != InitMethod::Kind::kFile) {
     // Listen where the peers can reach us: the address on the route to the store's host, not
     // the host name (Debian maps it to 127.0.1.1, useless to ranks on other machines).

@@ -17,6 +17,12 @@ ProcessGroupOptions withEnvironment(ProcessGroupOptions options) {
   settings::fillDefault(options.flightRecorderEntries, defaults.flightRecorderEntries,
                         settings::integer("LOOM_FLIGHT_RECORDER_ENTRIES"));
   settings::fillDefault(options.dumpDir, defaults.dumpDir, settings::text("LOOM_DUMP_DIR"));
+  settings::fillDefault(options.traceDir, defaults.traceDir, settings::text("LOOM_TRACE"));
+  if (options.heartbeatInterval == defaults.heartbeatInterval) {
+    if (const std::optional<long long> ms = settings::integer("LOOM_HEARTBEAT_MS")) {
+      options.heartbeatInterval = std::chrono::milliseconds(*ms);
+    }
+  }
   const CommBackendOptions comm;
   settings::fillDefault(options.comm.graceUs, comm.graceUs, settings::integer("LOOM_PG_GRACE_US"));
   settings::fillDefault(options.comm.napUs, comm.napUs, settings::integer("LOOM_PG_NAP_US"));
@@ -82,6 +88,11 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
   appendIfChanged(out, "flightRecorderEntries", o.flightRecorderEntries, d.flightRecorderEntries,
                   std::to_string(o.flightRecorderEntries));
   appendIfChanged(out, "dumpDir", o.dumpDir, d.dumpDir, o.dumpDir);
+  appendIfChanged(out, "heartbeatInterval", o.heartbeatInterval, d.heartbeatInterval,
+                  detail::str(o.heartbeatInterval.count(), "ms"));
+  appendIfChanged(out, "traceDir", o.traceDir, d.traceDir, o.traceDir);
+  appendIfChanged(out, "storeHostRank", o.storeHostRank, d.storeHostRank,
+                  std::to_string(o.storeHostRank));
   appendIfChanged(out, "comm.graceUs", o.comm.graceUs, d.comm.graceUs,
                   std::to_string(o.comm.graceUs));
   appendIfChanged(out, "comm.napUs", o.comm.napUs, d.comm.napUs, std::to_string(o.comm.napUs));

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "diagnostics/group_diagnostics.h"
+#include "diagnostics/tracer.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "pg_checks.h"
@@ -104,18 +105,42 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
     diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
         diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
         static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
-        options_.dumpDir);
+        options_.dumpDir, options_.heartbeatInterval);
+    recorder_ = &diagnostics_->recorder();
+  }
+  if (!options_.traceDir.empty()) {
+    // The group's operations are traced from their flight record ids.
+    LOOM_CHECK(diagnostics_ != nullptr, who(), ": LOOM_TRACE (traceDir '", options_.traceDir,
+               "') needs the flight recorder; LOOM_FLIGHT_RECORDER_ENTRIES is 0");
+    traceOwner_ = trace::open(options_.traceDir, rank_);
+    traceStarts_ = std::make_unique<int64_t[]>(kTraceSlots);
+    traceLane_ = trace::lane("collectives " + (options_.groupName.empty() ? std::string("default")
+                                                                          : options_.groupName));
   }
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+  if (traceOwner_) trace::close();
+}
 
 void ProcessGroup::recordStart(const OpDesc& op) {
-  if (diagnostics_) diagnostics_->recorder().recordStart(op.recordId);
+  if (recorder_ != nullptr) recorder_->recordStart(op.recordId);
+  if (traceLane_ >= 0) traceStarts_[op.recordId % kTraceSlots] = trace::nowUs();
 }
 
 void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {
-  if (diagnostics_) diagnostics_->recorder().recordEnd(op.recordId, failed, peer);
+  if (recorder_ != nullptr) recorder_->recordEnd(op.recordId, failed, peer);
+  if (traceLane_ >= 0 && op.recordId != 0) {
+    int64_t& start = traceStarts_[op.recordId % kTraceSlots];
+    const int64_t end = trace::nowUs();
+    // An operation that failed before it started has no start: a point at its end.
+    trace::completeOn(
+        traceLane_, op.describe(), "collective", start != 0 ? start : end, end,
+        detail::str("\"seq\": ", op.seq, ", \"bytes\": ", op.count * dtypeSize(op.dtype),
+                    ", \"count\": ", op.count, ", \"dtype\": \"", dtypeName(op.dtype),
+                    "\", \"state\": \"", failed ? "failed" : "done", "\""));
+    start = 0;
+  }
 }
 
 std::string ProcessGroup::dumpFlightRecord() {
@@ -125,6 +150,16 @@ std::string ProcessGroup::dumpFlightRecord() {
                "LOOM_FLIGHT_RECORDER_ENTRIES=0)");
   }
   return diagnostics_->dump("request");
+}
+
+diag::StragglerTable ProcessGroup::stragglers(std::optional<std::chrono::milliseconds> timeout) {
+  if (!diagnostics_) {
+    LOOM_THROW(InvalidArgumentError, who(),
+               ": stragglers: the flight recorder is off (flightRecorderEntries = 0, or "
+               "LOOM_FLIGHT_RECORDER_ENTRIES=0)");
+  }
+  return diag::exchangeStragglers(*store_, rank_, size_, diagnostics_->recordJson("stragglers"),
+                                  ++stragglerRounds_, timeout.value_or(options_.timeout));
 }
 
 uint64_t ProcessGroup::lastSeq() const {
@@ -230,7 +265,7 @@ std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
   } else {
     op.seq = ++collectiveSeq_;
   }
-  if (diagnostics_) op.recordId = diagnostics_->recorder().recordIssue(op);
+  if (recorder_ != nullptr) op.recordId = recorder_->recordIssue(op);
   if (debug_ == DebugLevel::kDetail) LOOM_LOG_INFO(who(), ": issue ", op.signature());
   return post(std::move(op));
 }

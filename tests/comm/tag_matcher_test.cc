@@ -36,7 +36,7 @@ std::shared_ptr<TestRequest> receive(std::vector<uint8_t>& buf, uint64_t tag) {
 // no receive is posted), end.
 void deliver(TagMatcher& m, uint64_t tag, const std::vector<uint8_t>& payload) {
   std::string error;
-  if (!m.arrive(tag, payload.size(), error)) {
+  if (!m.arrive(tag, payload.size(), 0, error)) {
     ASSERT_EQ(error, "");
     m.bufferIncoming();
   }
@@ -106,7 +106,7 @@ TEST(TagMatcher, SameSequenceAnotherCollectiveIsAMismatchNamingBoth) {
   std::string error;
   ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
   m.post(r);
-  EXPECT_FALSE(m.arrive(makeTag(OpType::kBroadcast, 9, 0), 4, error));
+  EXPECT_FALSE(m.arrive(makeTag(OpType::kBroadcast, 9, 0), 4, 0, error));
   EXPECT_THAT(error, HasSubstr("broadcast#9"));
   EXPECT_THAT(error, HasSubstr("allreduce#9"));
 }
@@ -119,14 +119,14 @@ TEST(TagMatcher, PointToPointTagsAreNeverACollectiveMismatch) {
   ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
   m.post(r);
   // A send/recv whose user tag happens to look like seq 5.
-  EXPECT_FALSE(m.arrive(makeP2PTag(uint64_t{5} << 16), 4, error));
+  EXPECT_FALSE(m.arrive(makeP2PTag(uint64_t{5} << 16), 4, 0, error));
   EXPECT_EQ(error, "");
 }
 
 TEST(TagMatcher, AReceivePostedWhileItsMessageArrivesTakesItOver) {
   TagMatcher m(0, 1);
   std::string error;
-  ASSERT_FALSE(m.arrive(kTagA, 6, error));
+  ASSERT_FALSE(m.arrive(kTagA, 6, 0, error));
   m.bufferIncoming();
   std::memcpy(m.incoming().target, "abc", 3);
   m.arrived(3);

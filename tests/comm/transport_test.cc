@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <latch>
 #include <numeric>
 #include <string>
@@ -324,6 +325,79 @@ TEST(Transport, MismatchedCollectivesAreNamed) {
       }
     }
   });
+}
+
+// Always-on signatures (issue 17): the same collective with different arguments that the tags
+// and sizes cannot tell apart (another reduce op, another dtype of the same size, another root)
+// fails on both ranks with both signatures, found in the first message (tcp, shm
+// point-to-point) or the arena's posted slot. A different root is found only where a message
+// flows to a rank that posted its receive: over the transports, with 2 ranks that each believe
+// they are the root of a reduce, nobody sends (the deadline and the flight recorder's analysis
+// find it), so that case runs on the arena only.
+TEST(Transport, MismatchedArgumentsPrintBothSignaturesOnBothRanks) {
+  struct Case {
+    const char* name;
+    std::function<void(Context&, int rank, std::vector<int32_t>&, const CollectiveOptions&)> run;
+    std::vector<std::string> expected;
+    bool arenaOnly = false;
+    bool bothFail = true;  // else rank 1's sends may complete before rank 0 fails
+  };
+  const std::vector<Case> cases = {
+      {"reduce op",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& opts) {
+         allreduce(ctx, buf.data(), buf.data(), buf.size(), DType::kInt32,
+                   rank == 0 ? ReduceOp::kSum : ReduceOp::kMax, opts);
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)",
+        "allreduce(dtype=int32, count=1000, op=max)"}},
+      {"root",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& opts) {
+         reduce(ctx, buf.data(), buf.data(), buf.size(), DType::kInt32, ReduceOp::kSum,
+                rank == 0 ? 0 : 1, opts);
+       },
+       {"reduce(dtype=int32, count=1000, op=sum, root=0)",
+        "reduce(dtype=int32, count=1000, op=sum, root=1)"},
+       true},
+      {"dtype",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& opts) {
+         allreduce(ctx, buf.data(), buf.data(), buf.size(),
+                   rank == 0 ? DType::kInt32 : DType::kFloat32, ReduceOp::kSum, opts);
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)",
+        "allreduce(dtype=float, count=1000, op=sum)"}},
+      {"collective",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& opts) {
+         if (rank == 0) {
+           allreduce(ctx, buf.data(), buf.data(), buf.size(), DType::kInt32, ReduceOp::kSum, opts);
+         } else {
+           broadcast(ctx, buf.data(), buf.size(), DType::kInt32, 1, opts);
+         }
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)", "broadcast(dtype=int32, count=1000, root=1)"},
+       false,
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (c.arenaOnly && testing::tcpOnly()) continue;
+    HashStore store;
+    loom::testing::runThreadRanks(2, [&](int rank) {
+      auto ctx = Context::create(store, rank, 2, localOptions());
+      std::vector<int32_t> buf(1000, 1);
+      CollectiveOptions opts;
+      opts.seq = 7;
+      opts.timeout = 20s;
+      try {
+        c.run(*ctx, rank, buf, opts);
+        if (rank == 0 || c.bothFail) ADD_FAILURE() << "rank " << rank << ": no error";
+      } catch (const TimeoutError& e) {
+        ADD_FAILURE() << "rank " << rank
+                      << ": the mismatch was not found, the deadline was: " << e.what();
+      } catch (const Error& e) {
+        for (const std::string& part : c.expected) expectContains(e.what(), part);
+      }
+    });
+  }
 }
 
 TEST(Transport, TimeoutNamesOperationSeqPeerAndBytes) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/group_diagnostics.h"
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/testing/errors.h"
 #include "loom/testing/ranks.h"
@@ -215,6 +217,77 @@ TEST(FlightRecordAnalysis, MissingRecordAndNothingStuck) {
   EXPECT_THAT(explain(dumps),
               HasSubstr("ranks 0, 2 wait in allreduce#7 (3.9 KiB float); rank 1: no flight "
                         "record arrived (dead, stopped, or cut off from the store)"));
+}
+
+// The heartbeat's text round-trips, and the liveness check reads the process it names: this
+// process (alive, heartbeat fresh or stale), a reaped child (dead), another host (only the
+// heartbeat's age).
+TEST(Heartbeat, RoundTripAndLiveness) {
+  Heartbeat hb;
+  hb.timeUs = 1'764'000'000'000'000;
+  hb.pid = ::getpid();
+  hb.beat = 7;
+  hb.lastSeq = 42;
+  hb.recorded = 50;
+  hb.intervalMs = 1000;
+  hb.host = net::hostname();
+  char ns[128] = {};
+  ASSERT_GT(::readlink("/proc/self/ns/pid", ns, sizeof ns - 1), 0);
+  hb.pidNs = ns;
+  const std::optional<Heartbeat> back = Heartbeat::parse(hb.text());
+  ASSERT_TRUE(back.has_value()) << hb.text();
+  EXPECT_EQ(back->text(), hb.text());
+  EXPECT_FALSE(Heartbeat::parse("loom-heartbeat 2 1 2 3").has_value());
+  EXPECT_FALSE(Heartbeat::parse("garbage").has_value());
+
+  EXPECT_THAT(livenessOf(hb, hb.timeUs + 500'000), HasSubstr("alive, its heartbeat advancing"));
+  EXPECT_THAT(livenessOf(hb, hb.timeUs + 10'000'000),
+              HasSubstr("alive but not progressing: its process " + std::to_string(hb.pid)));
+  EXPECT_THAT(livenessOf(hb, hb.timeUs + 10'000'000), HasSubstr("last heartbeat #7 10.0 s ago"));
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  Heartbeat gone = hb;
+  gone.pid = child;
+  EXPECT_THAT(livenessOf(gone, hb.timeUs), HasSubstr("dead: its process " + std::to_string(child)));
+
+  Heartbeat off = hb;
+  off.intervalMs = 0;  // heartbeats off: only the process says something
+  EXPECT_THAT(livenessOf(off, hb.timeUs + 10'000'000), HasSubstr("heartbeats are off"));
+  off.host = "elsewhere-" + hb.host;
+  EXPECT_THAT(livenessOf(off, hb.timeUs + 10'000'000), HasSubstr("unknown: its process"));
+
+  Heartbeat remote = hb;
+  remote.host = "elsewhere-" + hb.host;
+  EXPECT_THAT(livenessOf(remote, hb.timeUs + 10'000'000),
+              HasSubstr("not progressing: no heartbeat for 10.0 s (dead or stopped"));
+  EXPECT_THAT(livenessOf(remote, hb.timeUs + 100'000), HasSubstr("alive"));
+}
+
+TEST(FlightRecordAnalysis, AbsentRanksAreToldByTheirNote) {
+  std::vector<std::optional<RankDump>> dumps(3);
+  for (int r = 0; r < 2; ++r) {
+    RankDump d;
+    d.rank = r;
+    d.size = 3;
+    d.lastSeq = 1;
+    OpRecord e;
+    e.seq = 1;
+    e.type = OpType::kAllreduce;
+    e.dtype = DType::kFloat32;
+    e.count = 2;
+    e.bytes = 8;
+    e.state = OpState::kFailed;
+    d.entries.push_back(e);
+    dumps[r] = d;
+  }
+  EXPECT_THAT(explain(dumps), HasSubstr("rank 2: no flight record arrived (dead, stopped"));
+  EXPECT_THAT(explain(dumps, {"", "", "dead: its process 9 on h no longer exists"}),
+              HasSubstr("ranks 0, 1 failed in allreduce#1 (8 B float); rank 2 sent no flight "
+                        "record: dead: its process 9 on h no longer exists"));
 }
 
 TEST(FlightRecordJson, RoundTrip) {

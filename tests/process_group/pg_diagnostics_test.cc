@@ -10,11 +10,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -24,8 +27,10 @@
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/process_group/factory.h"
+#include "loom/process_group/trace.h"
 #include "loom/store/barrier.h"
 #include "loom/store/file_store.h"
+#include "loom/store/tcp_store.h"
 #include "loom/testing/ranks.h"
 
 namespace loom {
@@ -148,6 +153,107 @@ TEST(DiagnosticsProcesses, MismatchedCollectivePrintsBothSignatures) {
             "");
 }
 
+// Rank 3 gets `sig` (SIGSTOP or SIGKILL, sent to itself) after allreduce #4; ranks 0-2 run #5
+// and must fail within the timeout + 5 s with `expected` in their error. Returns what went
+// wrong ("" when nothing did).
+std::string rankThreeGets(int sig, const std::vector<std::string>& expected) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    Rank r = join(path, rank);
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 4; ++i) r.pg->allreduce(view(buf.data(), buf.size()))->wait();
+    storeBarrier(*r.store, "four-allreduces-done", rank, kWorld, milliseconds(20000));
+    if (rank == 3) {
+      ::raise(sig);
+      throw std::runtime_error("rank 3 went on after signal " + std::to_string(sig));
+    }
+    const std::string what = failure(
+        rank, [&] { r.pg->allreduce(view(buf.data(), buf.size()))->wait(); },
+        kTimeout + milliseconds(5000));
+    for (const std::string& part : expected) requireIn(what, part);
+  });
+  std::string problems;
+  for (int i = 0; i < 3; ++i) {
+    const testing::ChildExit e = children.wait(i, kChildDeadline);
+    if (!e.ok()) problems += "rank " + std::to_string(i) + ": " + e.describe() + "\n";
+  }
+  // A stopped rank 3 is still there: it ends here.
+  children.kill(3, SIGKILL);
+  const testing::ChildExit three = children.wait(3, kChildDeadline);
+  if (three.exited || three.signal != SIGKILL) problems += "rank 3: " + three.describe() + "\n";
+  return problems;
+}
+
+// Done-when 3 of issue 17: a stopped rank is alive but not progressing, a killed one is dead.
+TEST(DiagnosticsProcesses, StoppedRankIsNamedAliveButNotProgressing) {
+  EXPECT_EQ(rankThreeGets(SIGSTOP, {"rank 3 sent no flight record: alive but not progressing: its "
+                                    "process",
+                                    "is stopped (SIGSTOP", "last heartbeat #"}),
+            "");
+}
+
+TEST(DiagnosticsProcesses, KilledRankIsNamedDead) {
+  EXPECT_EQ(rankThreeGets(SIGKILL, {"rank 3 sent no flight record: dead: its process"}), "");
+}
+
+// Done-when 4 of issue 17: rank 0 hosts the TCPStore and is killed; the survivors fail within
+// seconds (not the timeout: their connections to rank 0 close) saying that the store host died,
+// and the analysis, which needs the store, does not hold them.
+TEST(DiagnosticsProcesses, KilledStoreHostIsNamed) {
+  TempDir dir;
+  const std::string bootPath = dir.file("boot");
+  ChildProcesses children;
+  children.spawnRanks(kWorld, [&](int rank) {
+    FileStoreOptions bootOptions;
+    bootOptions.timeout = milliseconds(30000);
+    FileStore boot(bootPath, bootOptions);  // only to learn the TCPStore's port
+    TCPStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    storeOptions.rank = rank;
+    std::shared_ptr<TCPStore> store;
+    if (rank == 0) {
+      storeOptions.isServer = true;
+      storeOptions.numWorkers = kWorld;
+      storeOptions.waitForWorkers = false;
+      store = std::make_shared<TCPStore>("127.0.0.1", 0, storeOptions);
+      boot.set("port", std::to_string(store->port()));
+    } else {
+      store =
+          std::make_shared<TCPStore>("127.0.0.1", std::stoi(boot.getString("port")), storeOptions);
+    }
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.comm.context.sharedMemory = false;
+    options.storeHostRank = 0;
+    auto pg = createProcessGroup("tcp", store, rank, kWorld, options);
+    std::vector<float> buf(1000, 1.0f);
+    for (int i = 0; i < 4; ++i) pg->allreduce(view(buf.data(), buf.size()))->wait();
+    if (rank == 0) {
+      // Dies once every survivor is past its last store call before #5.
+      std::vector<std::string> armed;
+      for (int r = 1; r < kWorld; ++r) armed.push_back("armed/" + std::to_string(r));
+      store->wait(armed, milliseconds(20000));
+      ::raise(SIGKILL);
+    }
+    store->set("armed/" + std::to_string(rank), "1");
+    const std::string what = failure(
+        rank, [&] { pg->allreduce(view(buf.data(), buf.size()))->wait(); },
+        kTimeout + milliseconds(2000));
+    requireIn(what, "diagnosis: the store host died: rank 0, which hosts the store, is gone");
+    requireIn(what, "TCPStore");
+  });
+  std::string problems;
+  const testing::ChildExit zero = children.wait(0, kChildDeadline);
+  if (zero.exited || zero.signal != SIGKILL) problems += "rank 0: " + zero.describe() + "\n";
+  for (int i = 1; i < kWorld; ++i) {
+    const testing::ChildExit e = children.wait(i, kChildDeadline);
+    if (!e.ok()) problems += "rank " + std::to_string(i) + ": " + e.describe() + "\n";
+  }
+  EXPECT_EQ(problems, "");
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -194,6 +300,87 @@ TEST(DiagnosticsProcesses, Sigusr1WritesADumpWhileTheJobGoesOn) {
     r.pg->barrier()->wait();
   });
   EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+// LOOM_TRACE (traceDir): each of 2 ranks writes its trace (collectives with seq and bytes, a
+// user span through trace.h as DDP would add), loom-trace merge joins them, and the merged file
+// follows the Chrome trace-event format (checked here field by field).
+TEST(DiagnosticsProcesses, TraceOfTwoRanksMergesIntoOneValidFile) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  const std::string traces = dir.file("traces");
+  ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
+  ChildProcesses children;
+  children.spawnRanks(2, [&](int rank) {
+    FileStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    auto store = std::make_shared<FileStore>(path, storeOptions);
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.traceDir = traces;
+    auto pg = createProcessGroup("tcp", store, rank, 2, options);
+    require(trace::enabled(), "the trace is open");
+    std::vector<float> buf(256, 1.0f);
+    {
+      trace::Span step("backward", "ddp", "\"step\": 1");
+      for (int i = 0; i < 3; ++i) pg->allreduce(view(buf.data(), buf.size()))->wait();
+    }
+    pg->broadcast(view(buf.data(), 16), {.root = 1})->wait();
+    pg.reset();  // writes the file
+    require(!trace::enabled(), "the trace is closed with the group that opened it");
+  });
+  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
+
+  const std::string merged = dir.file("merged.json");
+  const std::string command =
+      std::string(LOOM_TRACE_PATH) + " merge -o " + merged + " " + traces + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) out.append(chunk, n);
+  const int status = ::pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+
+  const nlohmann::json doc = nlohmann::json::parse(readFile(merged));
+  ASSERT_TRUE(doc.is_object() && doc["traceEvents"].is_array());
+  std::set<int> processNames;
+  std::map<int, std::vector<std::string>> collectives;  // pid -> names in order
+  std::map<int, int> spans;
+  for (const auto& e : doc["traceEvents"]) {
+    ASSERT_TRUE(e["name"].is_string()) << e;
+    ASSERT_TRUE(e["ph"].is_string()) << e;
+    ASSERT_TRUE(e["pid"].is_number_integer() && e["tid"].is_number_integer()) << e;
+    const std::string ph = e["ph"];
+    const int pid = e["pid"];
+    if (ph == "M") {
+      ASSERT_TRUE(e["args"]["name"].is_string() || e["args"]["sort_index"].is_number()) << e;
+      if (e["name"] == "process_name") processNames.insert(pid);
+      continue;
+    }
+    ASSERT_EQ(ph, "X") << e;
+    ASSERT_TRUE(e["ts"].is_number_integer() && e["dur"].is_number_integer()) << e;
+    ASSERT_GE(e["dur"].get<int64_t>(), 0) << e;
+    if (e["cat"] == "collective") {
+      collectives[pid].push_back(e["name"]);
+      ASSERT_TRUE(e["args"]["seq"].is_number_integer() && e["args"]["bytes"].is_number_integer())
+          << e;
+      if (e["name"] == "allreduce#1") {
+        EXPECT_EQ(e["args"]["bytes"], 1024) << e;
+      }
+    } else if (e["cat"] == "ddp") {
+      ++spans[pid];
+      EXPECT_EQ(e["name"], "backward");
+      EXPECT_EQ(e["args"]["step"], 1);
+    }
+  }
+  EXPECT_EQ(processNames, (std::set<int>{0, 1}));
+  const std::vector<std::string> expected = {"allreduce#1", "allreduce#2", "allreduce#3",
+                                             "broadcast#4"};
+  EXPECT_EQ(collectives[0], expected);
+  EXPECT_EQ(collectives[1], expected);
+  EXPECT_EQ(spans[0], 1);
+  EXPECT_EQ(spans[1], 1);
 }
 
 // loom-doctor --attach asks a live job's ranks for their records through the store.

@@ -82,10 +82,15 @@ int attach(const std::string& url, const std::string& prefix, int size, int wait
   const auto dumps = loom::diag::collectLive(*store, size, wait);
   std::cout << "live job at " << url << (prefix.empty() ? "" : " (group " + prefix + ")") << ", "
             << size << " ranks\n";
+  // A rank that does not answer is told by its heartbeat (dead, stopped, ...).
+  const std::vector<std::string> why = loom::diag::absentNotes(*store, dumps);
   for (int r = 0; r < size; ++r) {
-    if (!dumps[r]) std::cout << "  rank " << r << ": no answer within " << waitMs << " ms\n";
+    if (!dumps[r]) {
+      std::cout << "  rank " << r << ": no answer within " << waitMs << " ms"
+                << (why[r].empty() ? "" : ": " + why[r]) << "\n";
+    }
   }
-  std::cout << "  " << loom::diag::explain(dumps) << "\n";
+  std::cout << "  " << loom::diag::explain(dumps, why) << "\n";
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include "shm/os.h"
 #include "shm/segment.h"
+#include "signature.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -351,10 +352,11 @@ void Arena::waitPosted(const Call& call, int peer) {
                                           "#", theirs.postedSeq[s]);
     failMismatch(call, peer,
                  detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
-                             call.bytes, " bytes), rank ", peer, " in ", other, " (",
-                             theirs.postedBytes[s],
-                             " bytes); the ranks called different collectives or passed "
-                             "different arguments (count, dtype, op or root)"));
+                             call.bytes, " bytes): ", describeSignature(call.signature), ", rank ",
+                             peer, " in ", other, " (", theirs.postedBytes[s],
+                             " bytes): ", describeSignature(theirs.signature[s]),
+                             "; the ranks called different collectives or passed different "
+                             "arguments (count, dtype, op or root)"));
   }
 }
 

@@ -7,6 +7,7 @@
 #include "algorithms/algorithms.h"
 #include "loom/comm/reduce.h"
 #include "shm/arena.h"
+#include "signature.h"
 #include "tag.h"
 
 #if defined(__x86_64__)
@@ -17,19 +18,11 @@ namespace loom::comm::shm {
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// What must agree between ranks for one collective: kind, count, dtype, op and root.
+// What must agree between ranks for one collective: kind, count, dtype, op and root, packed
+// so that a mismatch message can print both (signature.h).
 uint64_t signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
-  const uint64_t head = (uint64_t{static_cast<uint8_t>(kind)} << 56) |
-                        (uint64_t{static_cast<uint8_t>(dtype)} << 48) |
-                        (uint64_t(op & 0xff) << 40) | (uint64_t(root + 1) & 0xffffffu);
-  return mix(head ^ mix(count));
+  return packSignature(kind, dtype, count, op >= 0, static_cast<ReduceOp>(op >= 0 ? op : 0),
+                       root >= 0, root);
 }
 
 // Starts a collective: fails at once when the group already failed.

@@ -88,7 +88,7 @@ bool ShmTransport::pushSendsLocked(int i) {
           full = true;
           break;
         }
-        const uint64_t header[2] = {req.tag(), bytes};
+        const uint64_t header[4] = {req.tag(), bytes, req.signature(), 0};
         p2p::copyToRing(data, ringBytes_, p.head, header, p2p::kHeaderBytes);
         p.head += p2p::kHeaderBytes;
         space -= p2p::kHeaderBytes;
@@ -144,13 +144,13 @@ bool ShmTransport::drainLocked(int i) {
   while (!failed_.load(std::memory_order_relaxed)) {
     if (!in.active) {
       if (head - p.tail < p2p::kHeaderBytes) break;
-      uint64_t header[2];
+      uint64_t header[4];
       p2p::copyFromRing(header, data, ringBytes_, p.tail, p2p::kHeaderBytes);
       p.tail += p2p::kHeaderBytes;
       moved = true;
       p.inPadded = roundUp(header[1], 16);
       p.inConsumed = 0;
-      matchHeaderLocked(i, header[0], header[1]);
+      matchHeaderLocked(i, header[0], header[1], header[2]);
       if (failed_.load(std::memory_order_relaxed)) break;
       if (p.inPadded == 0) {
         completeIncomingLocked(i);
@@ -179,10 +179,10 @@ bool ShmTransport::drainLocked(int i) {
   return moved;
 }
 
-void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes) {
+void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes, uint64_t signature) {
   Peer& p = *peers_[i];
   std::string error;
-  if (p.matcher.arrive(tag, bytes, error)) return;
+  if (p.matcher.arrive(tag, bytes, signature, error)) return;
   if (!error.empty()) {
     failLocked(error, true);
     return;

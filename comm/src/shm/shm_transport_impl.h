@@ -42,7 +42,7 @@ namespace p2p {
 
 inline constexpr uint64_t kMagic = 0x4c4f4f4d50325031ull;  // "LOOMP2P1"
 inline constexpr size_t kPage = 4096;
-inline constexpr size_t kHeaderBytes = 16;
+inline constexpr size_t kHeaderBytes = 32;  // tag, bytes, signature, 0
 inline constexpr int64_t kHealthPeriodNs = 20 * 1000 * 1000;
 
 // Ring copies: `pos` is a monotonic byte count; the ring holds `ringBytes` at `data`.

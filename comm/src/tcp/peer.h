@@ -28,8 +28,9 @@ struct Header {
   uint32_t kind;
   uint64_t tag;
   uint64_t bytes;
+  uint64_t signature;  // the collective's (signature.h), 0 for point-to-point and control
 };
-static_assert(sizeof(Header) == 24);
+static_assert(sizeof(Header) == 32);
 
 struct Hello {
   uint32_t magic;
@@ -93,7 +94,7 @@ class TcpRequest final : public RequestCore {
              uint64_t tag)
       : RequestCore(peer, send, data, bytes, tag),
         transport_(transport),
-        header_{kMagic, kData, tag, bytes} {}
+        header_{kMagic, kData, tag, bytes, signature()} {}
 
   bool wait(const Deadline& deadline) override;
 

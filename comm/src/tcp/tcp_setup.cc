@@ -158,7 +158,7 @@ TcpTransport::~TcpTransport() {
       if (!p) continue;
       std::lock_guard<std::mutex> lock(p->sendMu);
       if (!p->sendQueue.empty() || p->sendClosed) continue;
-      const Header bye{kMagic, kGoodbye, 0, 0};
+      const Header bye{kMagic, kGoodbye, 0, 0, 0};
       try {
         net::writeFull(p->sock.fd(), &bye, sizeof(bye), Deadline(milliseconds(1000)), p->addr);
       } catch (const std::exception&) {

@@ -188,7 +188,7 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
       p.targetAbort = true;
       break;
     case kData: {
-      if (!p.matcher.arrive(h.tag, h.bytes, error)) {
+      if (!p.matcher.arrive(h.tag, h.bytes, h.signature, error)) {
         if (!error.empty()) return;
         if (h.bytes > kEagerBytes && !p.matcher.waiting()) {
           // Nothing is waiting on this peer: leave the payload in the socket (the matcher
@@ -324,7 +324,7 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     // Tell the peer why, when its stream is at a message boundary (best effort).
     if (notifyPeers && p.sendOffset == 0 && !p.sendClosed) {
       const std::string text = reason.substr(0, kMaxAbortText);
-      Header h{kMagic, kAbort, 0, text.size()};
+      Header h{kMagic, kAbort, 0, text.size(), 0};
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
       msghdr msg{};
       msg.msg_iov = iov;

@@ -414,7 +414,7 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
   if (h.offset == 0) {
     if (in.active) return corrupt("a new message starts inside another");
     std::string error;
-    if (!p.matcher.arrive(h.tag, h.totalBytes, error)) {
+    if (!p.matcher.arrive(h.tag, h.totalBytes, /*signature: not carried*/ 0, error)) {
       if (!error.empty()) {
         failLocked(error, true);
         return;

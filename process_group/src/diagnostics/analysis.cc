@@ -95,7 +95,29 @@ uint64_t firstUnfinished(const RankDump& d) {
 
 }  // namespace
 
-std::string explain(const std::vector<std::optional<RankDump>>& dumps) {
+std::string explain(const std::vector<std::optional<RankDump>>& dumps,
+                    const std::vector<std::string>& absentWhy) {
+  // Missing ranks with a note (from their heartbeat) are told one by one, the others together.
+  const auto why = [&](int rank) -> const std::string& {
+    static const std::string none;
+    return static_cast<size_t>(rank) < absentWhy.size() ? absentWhy[rank] : none;
+  };
+  const auto missingParts = [&](const std::vector<int>& missing) {
+    std::vector<std::string> out;
+    std::vector<int> plain;
+    for (int r : missing) {
+      if (why(r).empty()) {
+        plain.push_back(r);
+      } else {
+        out.push_back("rank " + std::to_string(r) + " sent no flight record: " + why(r));
+      }
+    }
+    if (!plain.empty()) {
+      out.push_back(rankList(plain) +
+                    ": no flight record arrived (dead, stopped, or cut off from the store)");
+    }
+    return out;
+  };
   std::vector<int> missing;
   uint64_t maxSeq = 0;
   for (size_t r = 0; r < dumps.size(); ++r) {
@@ -123,7 +145,7 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps) {
   if (stuck == 0) {
     std::string summary = "every rank with a flight record completed every collective it issued";
     if (maxSeq > 0) summary += " (up to #" + std::to_string(maxSeq) + ")";
-    if (!missing.empty()) summary += "; " + rankList(missing) + ": no flight record";
+    for (const std::string& p : missingParts(missing)) summary += "; " + p;
     return summary + details;
   }
 
@@ -194,10 +216,7 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps) {
       parts.push_back(rankList(ranks) + verb + withSize(r));
     }
   }
-  if (!missing.empty()) {
-    parts.push_back(rankList(missing) +
-                    ": no flight record arrived (dead, stopped, or cut off from the store)");
-  }
+  for (std::string& p : missingParts(missing)) parts.push_back(std::move(p));
   std::string summary;
   for (const std::string& p : parts) summary += (summary.empty() ? "" : "; ") + p;
   return summary + details;

@@ -70,7 +70,7 @@ FlightRecorder::FlightRecorder(size_t capacity, comm::Algorithm algorithm)
       ticksOrigin_(ticks()),
       systemOriginUs_(systemUs()) {}
 
-uint64_t FlightRecorder::beginWrite(Slot& slot) {
+inline uint64_t FlightRecorder::beginWrite(Slot& slot) {
   // Odd while written. Plain stores, no read-modify-write: the writers of one entry are
   // ordered by the queue (see the header), so no two write it at once in practice.
   const uint64_t v = slot.version.load(std::memory_order_relaxed) | 1;
@@ -80,12 +80,15 @@ uint64_t FlightRecorder::beginWrite(Slot& slot) {
   return v;
 }
 
-void FlightRecorder::endWrite(Slot& slot, uint64_t version) {
+inline void FlightRecorder::endWrite(Slot& slot, uint64_t version) {
   slot.version.store(version + 1, std::memory_order_release);
 }
 
 uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
-  const uint64_t id = next_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // One writer (the issuing thread, under the group's issue lock): a plain store, not a locked
+  // read-modify-write; readers only load it.
+  const uint64_t id = next_.load(std::memory_order_relaxed) + 1;
+  next_.store(id, std::memory_order_relaxed);
   Slot& slot = slotOf(id);
   const uint64_t v = beginWrite(slot);
   constexpr auto r = std::memory_order_relaxed;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,15 @@ std::string requestCountKey(int rank) {
 constexpr const char* kRequestedKey = "flight/requested";
 constexpr const char* kAnalysisKey = "flight/analysis";
 constexpr const char* kStopReason = "stop";
+std::string heartbeatKey(int rank) {
+  return "flight/heartbeat/" + std::to_string(rank);
+}
+
+std::string pidNamespace() {
+  char buf[128];
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
 
 int64_t unixMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -67,18 +78,35 @@ struct GroupDiagnostics::Core {
   FlightRecorder recorder;
   std::string dumpDir;
   std::string host = net::hostname();
+  const milliseconds heartbeatInterval;
 
-  // The listener's end: set by its thread when it returns.
+  // The listener's end: set by its thread when it returns; the heartbeat's stop.
   std::mutex mu;
   std::condition_variable finished;
   bool listenerDone = false;
+  bool stopping = false;
+  uint64_t beats = 0;  // heartbeat thread (and the constructor, before it starts)
 
   Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
-       std::string dir)
+       std::string dir, milliseconds heartbeat)
       : id(std::move(i)),
         store(std::move(s)),
         recorder(entries, algorithm),
-        dumpDir(std::move(dir)) {}
+        dumpDir(std::move(dir)),
+        heartbeatInterval(heartbeat) {}
+
+  void beat() {
+    Heartbeat hb;
+    hb.timeUs = unixMicros();
+    hb.pid = ::getpid();
+    hb.beat = ++beats;
+    hb.lastSeq = recorder.lastSeq();
+    hb.recorded = recorder.recorded();
+    hb.intervalMs = heartbeatInterval.count();
+    hb.host = host;
+    hb.pidNs = pidNamespace();
+    store->set(heartbeatKey(id.rank), hb.text());
+  }
 
   RankDump snapshot(const std::string& reason) const {
     RankDump d;
@@ -253,18 +281,50 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
   core->finished.notify_all();
 }
 
+// The heartbeat: one beat per interval until the group goes or the store is gone.
+void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(core->mu);
+      if (core->finished.wait_for(lock, core->heartbeatInterval, [&] { return core->stopping; })) {
+        return;
+      }
+    }
+    try {
+      core->beat();
+    } catch (const TimeoutError&) {
+      // A slow store: the next beat tries again.
+    } catch (const std::exception& e) {
+      LOOM_LOG_INFO("rank ", core->id.rank, ": heartbeat stops: ", e.what());
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
-                                   comm::Algorithm algorithm, std::string dumpDir)
+                                   comm::Algorithm algorithm, std::string dumpDir,
+                                   milliseconds heartbeatInterval)
     : core_(std::make_shared<Core>(std::move(identity), std::move(store), entries, algorithm,
-                                   std::move(dumpDir))) {
+                                   std::move(dumpDir), heartbeatInterval)) {
+  LOOM_CHECK(heartbeatInterval.count() >= 0, "heartbeatInterval must be >= 0 ms, got ",
+             heartbeatInterval.count());
   registerForSignal(core_);
   const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
   std::thread(listen, core_, served).detach();
+  // The first beat, even with heartbeats off: the analysis can then still look at this
+  // rank's process when it is on the same host.
+  core_->beat();
+  if (heartbeatInterval.count() > 0) std::thread(heartbeat, core_).detach();
 }
 
 GroupDiagnostics::~GroupDiagnostics() {
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    core_->stopping = true;
+  }
+  core_->finished.notify_all();
   // The stop request goes through the store, which may not answer (its host stopped): it is
   // posted from a thread of its own, and the wait for the listener is bounded.
   try {
@@ -289,6 +349,10 @@ FlightRecorder& GroupDiagnostics::recorder() {
 
 std::string GroupDiagnostics::dumpLocal(const std::string& reason, size_t maxEntries) {
   return core_->dumpLocal(reason, maxEntries);
+}
+
+std::string GroupDiagnostics::recordJson(const std::string& reason) {
+  return toJson(core_->snapshot(reason));
 }
 
 std::string GroupDiagnostics::dump(const std::string& reason) {
@@ -322,6 +386,141 @@ void publishFailureRecord(Store& store, int rank, int size, const std::string& r
   for (int r = 0; r < size; ++r) {
     if (r != rank) requestDump(store, r, "failure");
   }
+}
+
+std::string Heartbeat::text() const {
+  return detail::str("loom-heartbeat 1 ", timeUs, " ", pid, " ", beat, " ", lastSeq, " ", recorded,
+                     " ", intervalMs, " ", host, " ", pidNs.empty() ? "-" : pidNs);
+}
+
+std::optional<Heartbeat> Heartbeat::parse(const std::string& text) {
+  std::istringstream in(text);
+  std::string magic;
+  int version = 0;
+  Heartbeat hb;
+  if (!(in >> magic >> version >> hb.timeUs >> hb.pid >> hb.beat >> hb.lastSeq >> hb.recorded >>
+        hb.intervalMs >> hb.host >> hb.pidNs) ||
+      magic != "loom-heartbeat" || version != 1) {
+    return std::nullopt;
+  }
+  if (hb.pidNs == "-") hb.pidNs.clear();
+  return hb;
+}
+
+namespace {
+
+// 'R', 'S', 'T', 'Z', ... from /proc/<pid>/stat; 0 when it cannot be read.
+char processState(int64_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // "pid (comm) S ...": the comm may hold spaces and parentheses; the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close != nullptr && close[1] == ' ' ? close[2] : 0;
+}
+
+std::string secondsText(int64_t us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(std::max<int64_t>(us, 0)) / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+std::string livenessOf(const Heartbeat& hb, int64_t nowUs) {
+  const int64_t age = nowUs - hb.timeUs;
+  const std::string last = "last heartbeat #" + std::to_string(hb.beat) + " " + secondsText(age) +
+                           " ago, at collective #" + std::to_string(hb.lastSeq);
+  const std::string proc = "process " + std::to_string(hb.pid) + " on " + hb.host;
+  // A heartbeat older than three intervals has stopped advancing; with heartbeats off
+  // (interval 0, one beat at construction) the age says nothing.
+  const bool beating = hb.intervalMs > 0;
+  const bool stale = beating && age > 3 * hb.intervalMs * 1000;
+  if (hb.host == net::hostname() && !hb.pidNs.empty() && hb.pidNs == pidNamespace()) {
+    if (::kill(static_cast<pid_t>(hb.pid), 0) != 0 && errno == ESRCH) {
+      return "dead: its " + proc + " no longer exists (" + last + ")";
+    }
+    const char state = processState(hb.pid);
+    if (state == 'Z' || state == 'X') {
+      return "dead: its " + proc + " exited (not yet reaped; " + last + ")";
+    }
+    if (state == 'T' || state == 't') {
+      return "alive but not progressing: its " + proc +
+             " is stopped (SIGSTOP, or a debugger holds it); " + last;
+    }
+    if (stale) {
+      return "alive but not progressing: its " + proc +
+             " exists but its heartbeat stopped advancing (hung, or starved of CPU); " + last;
+    }
+    if (!beating) {
+      return "alive (its " + proc +
+             " runs), but it sent no flight record (heartbeats are off: "
+             "whether it progresses is unknown)";
+    }
+    return "alive, its heartbeat advancing (" + last +
+           "), but it sent no flight record (its "
+           "store listener is blocked)";
+  }
+  if (!beating) {
+    return "unknown: its " + proc + " cannot be looked at from here and heartbeats are off";
+  }
+  if (stale) {
+    return "not progressing: no heartbeat for " + secondsText(age) + " (dead or stopped: its " +
+           proc + " cannot be looked at from here; " + last + ")";
+  }
+  return "alive, its heartbeat advancing (" + last + "), but it sent no flight record";
+}
+
+std::vector<std::string> absentNotes(Store& store,
+                                     const std::vector<std::optional<RankDump>>& dumps) {
+  std::vector<std::string> notes(dumps.size());
+  for (size_t r = 0; r < dumps.size(); ++r) {
+    if (dumps[r]) continue;
+    const std::string key = heartbeatKey(static_cast<int>(r));
+    try {
+      if (!store.check({key})) {
+        notes[r] = "no heartbeat either (heartbeats off, or it never joined)";
+        continue;
+      }
+      const std::optional<Heartbeat> hb = Heartbeat::parse(store.getString(key));
+      notes[r] = hb ? livenessOf(*hb, unixMicros()) : "its heartbeat is unreadable";
+    } catch (const std::exception&) {
+      return notes;  // the store failed: the caller reports that
+    }
+  }
+  return notes;
+}
+
+StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
+                                  uint64_t round, milliseconds timeout) {
+  const auto key = [](uint64_t n, int r) {
+    return "flight/stragglers/" + std::to_string(n) + "/" + std::to_string(r);
+  };
+  store.set(key(round, rank), record);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(round, r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    LOOM_THROW(TimeoutError, "rank ", rank, ": stragglers() round ", round, ": ranks [", missing,
+               "] did not publish their records within ", timeout.count(),
+               " ms (every rank must call stragglers())");
+  }
+  const std::vector<Bytes> values = store.multiGet(keys);
+  // Every rank published round `round`, so every rank finished reading round - 1.
+  if (round > 1) store.deleteKey(key(round - 1, rank));
+  std::vector<std::optional<RankDump>> dumps(size);
+  for (int r = 0; r < size; ++r) {
+    dumps[r] = parseDump(toString(values[r]), "rank " + std::to_string(r) + "'s record");
+  }
+  return stragglers(dumps);
 }
 
 std::vector<std::optional<RankDump>> collectLive(Store& store, int size, milliseconds wait) {
@@ -365,7 +564,7 @@ std::string explainFailure(Store& store, int rank, int size, Clock::time_point d
       problems += std::string("; ") + e.what();
     }
   }
-  const std::string mine = explain(dumps) + problems;
+  const std::string mine = explain(dumps, absentNotes(store, dumps)) + problems;
   (void)rank;
   // One explanation for the group: the first rank to get here sets it.
   return toString(store.compareSet(kAnalysisKey, {}, toBytes(mine)));

@@ -17,10 +17,16 @@
 //     flight/requested              set once: the first failing rank asks every other rank
 //     flight/analysis               the explanation; the first rank to compute one sets it and
 //                                   every rank's error carries that one
+//     flight/heartbeat/<rank>       the rank's heartbeat (Heartbeat below), rewritten every
+//                                   heartbeat interval by a thread of its own
 // - The listener is one thread per group blocked in Store::wait on its next request key (the
 //   TCPStore answers from the server, no polling; a FileStore polls). The destructor posts a
 //   stop request and waits for it at most kListenerStopWait; a listener stuck in a store that
 //   no longer answers is left to end with the store's deadline (it owns what it touches).
+// - The heartbeat thread sleeps on a condition variable between beats; the first beat is
+//   written by the constructor (also with heartbeats off: interval 0, no thread), so that a
+//   rank stopped right after joining is still known by host and pid. A beat that fails with IoError
+//   (the store is gone) ends the thread.
 // - SIGUSR1: the first group with a recorder installs a handler when SIGUSR1 has its default
 //   disposition (a program's own handler is never replaced). The handler only writes a byte
 //   to a pipe; a process-wide thread reads it and dumps every live group (reason "SIGUSR1").
@@ -31,7 +37,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "diagnostics/flight_recorder.h"
 #include "loom/process_group/diagnostics.h"
@@ -51,8 +59,10 @@ struct Identity {
 
 class GroupDiagnostics {
  public:
+  // `heartbeat`: the interval between heartbeats; 0 = none.
   GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
-                   comm::Algorithm algorithm, std::string dumpDir);
+                   comm::Algorithm algorithm, std::string dumpDir,
+                   std::chrono::milliseconds heartbeat);
   ~GroupDiagnostics();
   GroupDiagnostics(const GroupDiagnostics&) = delete;
   GroupDiagnostics& operator=(const GroupDiagnostics&) = delete;
@@ -62,6 +72,8 @@ class GroupDiagnostics {
   // The record as JSON, written whole to the dump directory when one is set (never throws for
   // the file: a failed write is a warning). Returns the JSON of the newest `maxEntries`.
   std::string dumpLocal(const std::string& reason, size_t maxEntries = SIZE_MAX);
+  // The record as JSON, written nowhere.
+  std::string recordJson(const std::string& reason);
   // What a failure publishes in the store for the analysis: the newest entries only (the
   // analysis looks at the last collectives), so that gathering every rank's record stays small
   // at scale.
@@ -75,6 +87,31 @@ class GroupDiagnostics {
  private:
   std::shared_ptr<Core> core_;
 };
+
+// What a rank's heartbeat says: where its process runs and how far it got.
+struct Heartbeat {
+  int64_t timeUs = 0;  // when it was written (Unix epoch, the rank's clock)
+  int64_t pid = 0;
+  uint64_t beat = 0;      // 1, 2, ...
+  uint64_t lastSeq = 0;   // the last collective issued
+  uint64_t recorded = 0;  // operations recorded
+  int64_t intervalMs = 0;
+  std::string host;   // hostname
+  std::string pidNs;  // the pid namespace ("pid:[4026531836]"): pids compare only within one
+  std::string text() const;
+  // Nullopt when `text` is not a heartbeat.
+  static std::optional<Heartbeat> parse(const std::string& text);
+};
+
+// This process's side of a liveness check: whether `hb`'s process can be looked at from here
+// (same host and pid namespace), and what it is: "dead: ...", "alive but not progressing: ...",
+// or, when it cannot be looked at, what the heartbeat's age says. `nowUs`: this host's time.
+std::string livenessOf(const Heartbeat& hb, int64_t nowUs);
+
+// ProcessGroup::stragglers: publishes `record` as round `round`'s, waits up to `timeout` for every
+// rank's and computes the table; removes this rank's key of the round before.
+StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
+                                  uint64_t round, std::chrono::milliseconds timeout);
 
 // The rank a failure message says it waited for ("... waiting for rank 3 ..."), or -1.
 int peerNamedIn(const std::string& message);

@@ -10,9 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "diagnostics/flight_recorder.h"
+#include "diagnostics/group_diagnostics.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 #include "loom/store/store.h"
+#include "nccl/nccl_watchdog.h"
 
 namespace loom {
 
@@ -193,20 +197,56 @@ struct NcclState {
   }
 };
 
+// A CUDA event shared by its Work and the watchdog; destroyed with the last of them.
+using EventHandle = std::shared_ptr<void>;
+EventHandle makeEvent(const std::string& who) {
+  cudaEvent_t event = nullptr;
+  cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who, "cudaEventCreate");
+  return EventHandle(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+}
+
+// The watchdog's view of the device (nccl_watchdog.h): the operations' events and the
+// communicator.
+class CudaWatchdogDevice final : public nccl_detail::WatchdogDevice {
+ public:
+  explicit CudaWatchdogDevice(std::shared_ptr<NcclState> state) : state_(std::move(state)) {}
+  Status query(const std::shared_ptr<void>& handle, std::string& error) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(handle.get()));
+    if (r == cudaSuccess) return Status::kDone;
+    if (r == cudaErrorNotReady) return Status::kPending;
+    error = cudaGetErrorString(r);
+    return Status::kFailed;
+  }
+  std::string asyncError() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    // Failed through a Work's own poll or abort(): the watchdog stops with that cause.
+    if (state_->broken) return "the group failed: " + state_->cause;
+    if (state_->comm == nullptr || state_->aborted) return {};
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(state_->comm, &async) != ncclSuccess) return {};
+    if (async == ncclSuccess || async == ncclInProgress) return {};
+    return std::string(ncclGetErrorString(async)) + " (" + ncclGetLastError(state_->comm) + ")";
+  }
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->failLocked(reason);
+  }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, cudaEvent_t event,
+  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, EventHandle event,
            std::weak_ptr<ProcessGroup> group)
       : Work(opTypeName(op.type), op.seq, rank),
         description_(op.describe()),
         timeout_(op.timeout),
         deadline_(op.timeout),
         state_(std::move(state)),
-        event_(event),
+        event_(std::move(event)),
         group_(std::move(group)) {}
-  ~NcclWork() override {
-    if (event_) cudaEventDestroy(event_);
-  }
 
   // Completion is observed, not pushed: the event and the communicator are polled.
   bool isCompleted() override { return Work::isCompleted() || poll(); }
@@ -235,7 +275,7 @@ class NcclWork final : public Work {
 
   // Looks at the event, the communicator's error and the deadline once; true once complete.
   bool poll() {
-    const cudaError_t done = cudaEventQuery(event_);
+    const cudaError_t done = cudaEventQuery(static_cast<cudaEvent_t>(event_.get()));
     if (done == cudaSuccess) {
       markCompleted();
       return true;
@@ -278,7 +318,7 @@ class NcclWork final : public Work {
   const std::chrono::milliseconds timeout_;
   const Deadline deadline_;
   std::shared_ptr<NcclState> state_;
-  cudaEvent_t event_;
+  EventHandle event_;
   std::weak_ptr<ProcessGroup> group_;
 };
 
@@ -318,6 +358,19 @@ class ProcessGroupNccl final : public ProcessGroup {
       LOOM_THROW(IoError, who(), ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r));
     }
     state_->settleLocked(r, deadline, "ncclCommInitRankConfig (size " + std::to_string(size) + ")");
+    // Watches the stream when nobody waits: flight record start / end, abort on a deadline or
+    // an asynchronous error, and the failure dump.
+    watchdog_ = std::make_unique<nccl_detail::Watchdog>(
+        std::make_shared<CudaWatchdogDevice>(state_),
+        diagnostics() != nullptr ? &diagnostics()->recorder() : nullptr, who(),
+        [this](const std::string&, bool) {
+          if (diagnostics() == nullptr) return;
+          try {
+            diagnostics()->dump("failure");
+          } catch (const std::exception& e) {
+            LOOM_LOG_WARNING(who(), ": could not publish the flight record: ", e.what());
+          }
+        });
   }
 
   ~ProcessGroupNccl() override {
@@ -396,8 +449,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     const Deadline deadline(op.timeout);
     DeviceGuard guard(state_->device);
     cudaCheck(guard.status(), who(), "cudaSetDevice");
-    cudaEvent_t event = nullptr;
-    cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who(), "cudaEventCreate");
+    EventHandle event = makeEvent(who());
     auto work = std::make_shared<NcclWork>(op, rank(), state_, event, weak_from_this());
     if (op.type == OpType::kRecv) work->setSourceRank(op.root);  // NCCL names its peer
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -409,8 +461,14 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
     try {
       enqueueLocked(op, deadline);
-      cudaCheck(cudaEventRecord(event, state_->stream), who(), "cudaEventRecord");
+      cudaCheck(cudaEventRecord(static_cast<cudaEvent_t>(event.get()), state_->stream), who(),
+                "cudaEventRecord");
+      watchdog_->track(
+          std::move(event), op.recordId,
+          op.describe() + " (" + std::to_string(op.count * dtypeSize(op.dtype)) + " bytes)",
+          op.timeout);
     } catch (...) {
+      recordEnd(op, true);
       work->markFailed(std::current_exception());
     }
     return work;
@@ -538,6 +596,8 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   std::shared_ptr<NcclState> state_;
+  // Declared after state_: destroyed (its thread joined) before the state goes.
+  std::unique_ptr<nccl_detail::Watchdog> watchdog_;
 };
 
 }  // namespace

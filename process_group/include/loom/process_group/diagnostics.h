@@ -81,8 +81,10 @@ RankDump parseDump(const std::string& text, const std::string& source);
 // every rank and says who never entered it and what they do instead, who issued a different
 // collective at that sequence number (both signatures), who waits in it, and whose record is
 // missing. The first line is the summary; further lines ("  rank 2: ...") give each rank's
-// current operation.
-std::string explain(const std::vector<std::optional<RankDump>>& dumps);
+// current operation. `absentWhy[r]`, when given and not empty, says why rank r has no record
+// (from its heartbeat: "dead: ...", "alive but not progressing: ...").
+std::string explain(const std::vector<std::optional<RankDump>>& dumps,
+                    const std::vector<std::string>& absentWhy = {});
 
 // A live job, from outside (loom-doctor --attach): asks every rank's listener of the group whose
 // keys live in `store` (the group's PrefixStore, e.g. "default_pg" for initProcessGroup) for a
@@ -90,5 +92,44 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps);
 // at most about `wait` (plus the store's own deadline for a store that stopped answering).
 std::vector<std::optional<RankDump>> collectLive(Store& store, int size,
                                                  std::chrono::milliseconds wait);
+
+}  // namespace loom::diag
+
+namespace loom::diag {
+
+// For each rank without a record in `dumps`, why, from its heartbeat in the group's `store`
+// (flight/heartbeat/<rank>): "dead: its process 4242 on node7 no longer exists (...)", "alive but
+// not progressing: its process ... is stopped ...", or what the heartbeat's age says when the
+// process is on another host. Empty for ranks with a record; a store that fails leaves the notes
+// it could not read empty. For explain()'s `absentWhy`.
+std::vector<std::string> absentNotes(Store& store,
+                                     const std::vector<std::optional<RankDump>>& dumps);
+
+}  // namespace loom::diag
+
+namespace loom::diag {
+
+// Stragglers: per collective, each rank's arrival (its start time in the flight record) relative
+// to the earliest rank's; aggregated per rank over the collectives every record holds and every
+// rank completed. The latest to arrive is the one the others waited for.
+struct StragglerRow {
+  int rank = 0;
+  uint64_t collectives = 0;  // collectives in the sample
+  double p50LatenessUs = 0;  // lateness: this rank's start minus the earliest start
+  double p99LatenessUs = 0;
+  double maxLatenessUs = 0;
+  uint64_t lastArrivals = 0;  // collectives where this rank arrived last
+};
+struct StragglerTable {
+  uint64_t firstSeq = 0, lastSeq = 0;  // the collectives sampled (0, 0: none)
+  std::vector<StragglerRow> ranks;     // one per rank with a record, by rank
+  // The rank with the highest p50 lateness (ties: more last arrivals), -1 when no sample.
+  int slowest() const;
+  // One line per rank and a summary ("slowest rank: 2 (p50 +31.0 us, p99 +120.0 us, last in
+  // 87% of 1000 collectives)").
+  std::string format() const;
+};
+// Times compare across hosts only as well as their clocks agree; on one host they share one.
+StragglerTable stragglers(const std::vector<std::optional<RankDump>>& dumps);
 
 }  // namespace loom::diag

@@ -58,6 +58,7 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/types.h"
+#include "loom/process_group/diagnostics.h"
 #include "loom/process_group/work.h"
 
 namespace loom {
@@ -65,7 +66,8 @@ namespace loom {
 class Store;
 namespace diag {
 class GroupDiagnostics;
-}
+class FlightRecorder;
+}  // namespace diag
 
 enum class DebugLevel : uint8_t { kOff, kInfo, kDetail };
 // Parses a LOOM_DEBUG value: empty = kOff; OFF, 0, INFO, DETAIL (any case). Anything else is
@@ -101,7 +103,7 @@ struct NcclOptions {
 
 // Fields left at their defaults take the environment's values at the entry points
 // (createProcessGroup, initProcessGroup; docs/env.md): LOOM_DEBUG, LOOM_FLIGHT_RECORDER_ENTRIES,
-// LOOM_DUMP_DIR, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
+// LOOM_DUMP_DIR, LOOM_HEARTBEAT_MS, LOOM_TRACE, LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK.
 struct ProcessGroupOptions {
   // Connection setup deadline and default deadline of every operation.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -122,6 +124,18 @@ struct ProcessGroupOptions {
   // Where dumps are written as JSON, one file per rank and group (LOOM_DUMP_DIR); empty: the
   // store only.
   std::string dumpDir{};
+  // How often each rank's flight recorder publishes a heartbeat in the store
+  // (LOOM_HEARTBEAT_MS): its host, pid, time and progress, which the failure analysis reads to
+  // tell a rank that is alive but not progressing (stopped, hung) from a dead one. 0: only the
+  // first beat, at construction (host and pid: the same-host process check still works).
+  std::chrono::milliseconds heartbeatInterval{1000};
+  // The rank whose process hosts the store's server (initProcessGroup sets 0: rank 0 hosts the
+  // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
+  // finds the store gone then names that rank as the store host that died.
+  int storeHostRank = -1;
+  // Where this process writes its Chrome / Perfetto trace (LOOM_TRACE;
+  // loom/process_group/trace.h): the first group created with one opens it; empty: no trace.
+  std::string traceDir{};
 
   CommBackendOptions comm{};  // "tcp" and "verbs"
   NcclOptions nccl{};         // "nccl"
@@ -327,6 +341,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // store under flight/<rank>, writes it to options().dumpDir when set, and returns the JSON.
   // Blocks on the store at most its timeout. InvalidArgumentError when the recorder is off.
   std::string dumpFlightRecord();
+  // Stragglers (docs/diagnostics.md): every rank calls it (in the same order relative to its
+  // other stragglers() calls; it is a store exchange, not an operation of the group's queue).
+  // Each rank publishes its flight record's start times through the store, waits for every
+  // rank's (at most `timeout`, default the group's: TimeoutError naming the missing ranks) and
+  // returns the table of arrival lateness per rank over the collectives every record holds.
+  // InvalidArgumentError when the recorder is off.
+  diag::StragglerTable stragglers(std::optional<std::chrono::milliseconds> timeout = {});
 
  protected:
   ProcessGroup(std::string backend, std::shared_ptr<Store> store, int rank, int size,
@@ -379,6 +400,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int nextGroupId_ = 0;            // newGroup's count of subgroups (factory.cc)
 
   std::unique_ptr<diag::GroupDiagnostics> diagnostics_;  // null when the recorder is off
+  diag::FlightRecorder* recorder_ = nullptr;             // diagnostics_'s, for the hot path
+  uint64_t stragglerRounds_ = 0;                         // stragglers() calls so far
+  // The trace (options.traceDir): this group's lane (-1: not tracing), whether it opened the
+  // trace, and its operations' start times by flight recorder id (recordStart -> recordEnd).
+  static constexpr size_t kTraceSlots = 4096;
+  int traceLane_ = -1;
+  bool traceOwner_ = false;
+  std::unique_ptr<int64_t[]> traceStarts_;
 
   friend std::shared_ptr<ProcessGroup> newGroup(ProcessGroup& parent, const std::vector<int>& ranks,
                                                 const ProcessGroupOptions& options);
