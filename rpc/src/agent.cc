@@ -91,6 +91,7 @@ class RpcAgent::Impl : public std::enable_shared_from_this<RpcAgent::Impl> {
   Value fetch(const detail::RRefState& ref, milliseconds timeout);
   void shutdown(bool graceful);
   int rankOf(const std::string& name) const;
+  size_t ownedValues() const { return server_->ownedValues(); }
 
   std::shared_ptr<detail::Core> core_;
 
@@ -351,6 +352,10 @@ const std::vector<WorkerInfo>& RpcAgent::workers() const {
 
 milliseconds RpcAgent::timeout() const {
   return impl_->core_->timeout;
+}
+
+size_t RpcAgent::ownedValues() const {
+  return impl_->ownedValues();
 }
 
 const std::string& RRef::owner() const {

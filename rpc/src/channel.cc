@@ -148,11 +148,17 @@ void Channel::sweep() {
 
 void Channel::readerLoop() {
   const int fd = sock_.fd();
+  Clock::time_point lastSweep = Clock::now();
   while (!stop_) {
     pollfd pfd{fd, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, kTickMs);
     if (stop_) return;
-    sweep();
+    // Expire overdue calls about once a tick, not on every answer.
+    const Clock::time_point now = Clock::now();
+    if (now - lastSweep >= std::chrono::milliseconds(kTickMs / 2)) {
+      sweep();
+      lastSweep = now;
+    }
     if (ready <= 0) continue;
     try {
       wire::Frame frame =

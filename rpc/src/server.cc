@@ -287,6 +287,11 @@ void Server::handle(const std::shared_ptr<Connection>& conn, wire::Frame frame) 
   });
 }
 
+size_t Server::ownedValues() const {
+  std::lock_guard<std::mutex> lock(rrefs_->mu);
+  return rrefs_->slots.size();
+}
+
 void Server::stop(milliseconds bound) {
   if (stop_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();

@@ -39,6 +39,7 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int port() const { return port_; }
+  size_t ownedValues() const;
   void start();
   void stop(milliseconds bound);
 

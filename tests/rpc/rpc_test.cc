@@ -235,6 +235,32 @@ TEST(RpcTest, RemoteValuesStayOnTheOwnerUntilFetched) {
   EXPECT_THROW(bad.created().wait(), RemoteError);
 }
 
+TEST(RpcTest, OwnerDropsTheValueWhenTheLastRRefGoes) {
+  auto agents = startAgents(2, basicFunctions());
+  {
+    RRef a = agents[0]->remote("w1", "add", args(1, 2));
+    RRef b = agents[0]->remote("w1", "add", args(3, 4));
+    EXPECT_EQ(a.toHereAs<int>(), 3);
+    EXPECT_EQ(b.toHereAs<int>(), 7);
+    EXPECT_EQ(agents[1]->ownedValues(), 2u);
+    RRef copyOfA = a;
+    a = RRef();
+    b = RRef();
+    // b's delete is one-way: wait (bounded) for the owner to see it; a is still referenced.
+    const Deadline deadline(milliseconds(10000));
+    while (agents[1]->ownedValues() != 1 && !deadline.expired()) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    EXPECT_EQ(agents[1]->ownedValues(), 1u);
+    EXPECT_EQ(copyOfA.toHereAs<int>(), 3);
+  }
+  const Deadline deadline(milliseconds(10000));
+  while (agents[1]->ownedValues() != 0 && !deadline.expired()) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(agents[1]->ownedValues(), 0u);
+}
+
 TEST(RpcTest, GracefulShutdownWaitsForOutstandingCalls) {
   Gate started, release;
   Registry f = basicFunctions();

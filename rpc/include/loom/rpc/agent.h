@@ -112,6 +112,9 @@ class RpcAgent {
   const WorkerInfo& worker(int rank) const;
   const std::vector<WorkerInfo>& workers() const;
   std::chrono::milliseconds timeout() const;
+  // How many values made by remote() this worker holds as their owner (torch's
+  // num_owner_rrefs): it drops one when its creator's last RRef copy is gone.
+  size_t ownedValues() const;
 
   class Impl;
 
