@@ -58,10 +58,15 @@ std::shared_ptr<CallState> Channel::call(wire::Kind kind, uint64_t id, const std
     }
     pending_.emplace(id, state);
     core_.addPending(1);
-    fd = sock_.fd();
   }
   try {
     std::lock_guard<std::mutex> lock(writeMu_);
+    // Read the fd under writeMu_: close() resets the socket only while holding it.
+    {
+      std::lock_guard<std::mutex> inner(mu_);
+      if (!sock_.valid() || !broken_.empty()) return state;  // failed by breakWith already
+      fd = sock_.fd();
+    }
     // A fetch names no function on the wire: the owner finds the value by its id.
     wire::writeFrame(fd, kind, id, aux, static_cast<uint32_t>(timeout.count()),
                      kind == wire::Kind::kFetch ? std::string() : function, payload,
@@ -73,14 +78,14 @@ std::shared_ptr<CallState> Channel::call(wire::Kind kind, uint64_t id, const std
 }
 
 void Channel::post(wire::Kind kind, uint64_t aux, milliseconds timeout) {
-  int fd = -1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || !broken_.empty() || !sock_.valid()) return;
-    fd = sock_.fd();
-  }
   try {
     std::lock_guard<std::mutex> lock(writeMu_);
+    int fd = -1;
+    {
+      std::lock_guard<std::mutex> inner(mu_);
+      if (stop_ || !broken_.empty() || !sock_.valid()) return;
+      fd = sock_.fd();
+    }
     wire::writeFrame(fd, kind, 0, aux, 0, "", {}, Deadline(timeout), what_);
   } catch (const std::exception& e) {
     breakWith(std::string("sending a ") + wire::kindName(kind) + " failed: " + e.what());
@@ -178,6 +183,7 @@ void Channel::close(const std::string& why) {
   stop_ = true;
   breakWith(why);
   if (reader_.joinable()) reader_.join();
+  std::lock_guard<std::mutex> write(writeMu_);
   std::lock_guard<std::mutex> lock(mu_);
   sock_.reset();
 }

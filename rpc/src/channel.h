@@ -8,8 +8,9 @@
 // every pending call fails with an IoError naming the callee and the cause, and later calls
 // fail fast with the same cause (a dead callee does not come back).
 //
-// Lock order: writeMu_ is never taken while mu_ is held. mu_ guards the socket's creation,
-// pending_ and broken_.
+// Lock order: writeMu_, then mu_ (never writeMu_ while holding mu_). mu_ guards the socket,
+// pending_ and broken_; the socket is reset (its fd closed) only under both, so a writer that
+// read the fd under writeMu_ never writes to a closed or reused descriptor.
 #pragma once
 
 #include <atomic>

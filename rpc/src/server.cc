@@ -180,6 +180,8 @@ void Server::connectionLoop(std::shared_ptr<Connection> conn) {
       conn->broken = true;
     }
   }
+  // Whatever ended the loop, the caller must see the connection close, not wait for answers.
+  ::shutdown(fd, SHUT_RDWR);
 }
 
 namespace {
