@@ -198,7 +198,11 @@ std::pair<wire::Kind, std::vector<uint8_t>> runHandler(const Core& core,
                  core.self.name, "'; registered: ", core.functions->names());
     }
     const Value args = decode(payload.data(), payload.size());
-    return {wire::Kind::kResult, encode((*handler)(args, context))};
+    std::vector<uint8_t> result = encode((*handler)(args, context));
+    LOOM_CHECK(result.size() <= core.maxMessageBytes, "the result of '", function, "' takes ",
+               result.size(), " bytes; at most ", core.maxMessageBytes,
+               " allowed (RpcOptions::maxMessageBytes)");
+    return {wire::Kind::kResult, std::move(result)};
   } catch (...) {
     std::string type, message;
     describeCurrentException(type, message);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "loom/common/socket.h"
 #include "loom/rpc/agent.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/errors.h"
@@ -305,6 +306,33 @@ TEST(RpcTest, NonGracefulShutdownFailsPendingCalls) {
   EXPECT_NE(message.find("'block' to worker 'w1'"), std::string::npos) << message;
   EXPECT_NE(message.find("shut down"), std::string::npos) << message;
   release.open();
+}
+
+TEST(RpcTest, MessagesOverTheLimitAreRefusedOnBothSides) {
+  Registry f = basicFunctions();
+  f.add("big", [](int n) { return floats(std::vector<float>(static_cast<size_t>(n), 1.0f)); });
+  RpcOptions options;
+  options.maxMessageBytes = 4096;
+  auto agents = startAgents(2, f, options);
+  const std::string sent = messageOf<InvalidArgumentError>(
+      [&] { agents[0]->rpcSync("w1", "scale", args(floats(std::vector<float>(2000)), 1.0f)); });
+  EXPECT_NE(sent.find("at most 4096 allowed"), std::string::npos) << sent;
+  const std::string answered =
+      messageOf<RemoteError>([&] { agents[0]->rpcSync("w1", "big", args(2000)); });
+  EXPECT_NE(answered.find("the result of 'big' takes"), std::string::npos) << answered;
+  EXPECT_EQ(toFloats(agents[0]->rpcSync("w1", "big", args(10))).size(), 10u);
+}
+
+TEST(RpcTest, GarbageOnTheServerPortClosesOnlyThatConnection) {
+  auto agents = startAgents(2, basicFunctions());
+  net::Socket s = net::connectTo("127.0.0.1", agents[1]->self().port, milliseconds(5000));
+  const std::string junk(64, 'x');
+  net::writeFull(s.fd(), junk.data(), junk.size(), Deadline(milliseconds(5000)), "w1");
+  char byte = 0;
+  const std::string closed = messageOf<IoError>(
+      [&] { net::readFull(s.fd(), &byte, 1, Deadline(milliseconds(10000)), "w1"); });
+  EXPECT_NE(closed.find("connection closed"), std::string::npos) << closed;
+  EXPECT_EQ(agents[0]->rpcSync("w1", "add", args(4, 5)).get<int>(), 9);
 }
 
 TEST(RpcTest, BadConstructionIsRejected) {
