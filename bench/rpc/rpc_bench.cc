@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,9 +117,12 @@ void runRank(const Config& c, int rank) {
   so.isServer = rank == 0;
   so.numWorkers = 2;
   so.timeout = std::chrono::milliseconds(60000);
+  const std::optional<long long> port = loom::settings::integer("MASTER_PORT");
+  LOOM_CHECK(port.has_value(),
+             "MASTER_PORT is not set; expected the port of the job's TCPStore "
+             "(spawn and loom-run set it)");
   auto store = std::make_shared<loom::TCPStore>(
-      loom::settings::text("MASTER_ADDR").value_or("127.0.0.1"),
-      static_cast<int>(loom::settings::integer("MASTER_PORT").value()), so);
+      loom::settings::text("MASTER_ADDR").value_or("127.0.0.1"), static_cast<int>(*port), so);
   loom::rpc::Registry functions;
   functions.addRaw("echo",
                    [](const Value& args, const loom::rpc::CallContext&) { return args.at(0); });

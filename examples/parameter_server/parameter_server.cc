@@ -292,9 +292,12 @@ void runParameterServerRank(const PsConfig& c, int rank, const std::string& resu
   so.isServer = rank == 0;
   so.numWorkers = world;
   so.timeout = c.timeout;
-  auto store =
-      std::make_shared<TCPStore>(settings::text("MASTER_ADDR").value_or("127.0.0.1"),
-                                 static_cast<int>(settings::integer("MASTER_PORT").value()), so);
+  const std::optional<long long> port = settings::integer("MASTER_PORT");
+  LOOM_CHECK(port.has_value(),
+             "MASTER_PORT is not set; expected the port of the job's TCPStore "
+             "(spawn and loom-run set it)");
+  auto store = std::make_shared<TCPStore>(settings::text("MASTER_ADDR").value_or("127.0.0.1"),
+                                          static_cast<int>(*port), so);
   rpc::RpcOptions options;
   options.timeout = c.timeout;
   // Every trainer's pull may wait on the server at once; pushes need threads of their own.
