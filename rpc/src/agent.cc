@@ -84,7 +84,11 @@ class RpcAgent::Impl : public std::enable_shared_from_this<RpcAgent::Impl> {
                                           const Value& args, milliseconds timeout,
                                           const std::string& what);
   void post(int rank, wire::Kind kind, uint64_t aux) {
-    if (running_) channels_[static_cast<size_t>(rank)]->post(kind, aux, core_->timeout);
+    // An RRef's destructor sends this: it must not block for a whole call timeout.
+    if (running_) {
+      channels_[static_cast<size_t>(rank)]->post(kind, aux,
+                                                 std::min(core_->timeout, milliseconds(5000)));
+    }
   }
   RRef remote(const std::string& to, const std::string& function, const Value& args,
               milliseconds timeout);
