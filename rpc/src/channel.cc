@@ -106,7 +106,11 @@ void Channel::breakWith(const std::string& why) {
         std::make_exception_ptr(IoError("rpc: " + state->description() +
                                         " failed: the connection to " + what_ + " broke: " + why)));
   }
-  if (!failed.empty()) {
+  if (!failed.empty() && stop_) {
+    LOOM_LOG_INFO("rpc: ", core_.self.name, ": ", why, "; ", failed.size(), " pending call(s) to ",
+                  what_, " failed");
+    core_.removePending(failed.size());
+  } else if (!failed.empty()) {
     LOOM_LOG_WARNING("rpc: ", core_.self.name, ": connection to ", what_, " broke (", why, "); ",
                      failed.size(), " pending call(s) failed");
     core_.removePending(failed.size());
