@@ -1,12 +1,27 @@
 #include "call_state.h"
 
 #include "loom/common/error.h"
+#include "loom/rpc/agent.h"
 #include "loom/rpc/future.h"
 
 namespace loom::rpc {
 namespace detail {
 
-bool CallState::finish(Value value, std::exception_ptr error) {
+void CallState::CallError::raise() const {
+  switch (kind) {
+    case Kind::kTimeout:
+      throw TimeoutError(what);
+    case Kind::kRemote:
+      throw RemoteError(what, callee, function, type, message);
+    case Kind::kInvalidArgument:
+      throw InvalidArgumentError(what);
+    case Kind::kIo:
+      break;
+  }
+  throw IoError(what);
+}
+
+bool CallState::finish(Value value, std::optional<CallError> error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return false;
@@ -19,11 +34,27 @@ bool CallState::finish(Value value, std::exception_ptr error) {
 }
 
 bool CallState::succeed(Value value) {
-  return finish(std::move(value), nullptr);
+  return finish(std::move(value), std::nullopt);
 }
 
 bool CallState::fail(std::exception_ptr error) {
-  return finish(Value(), std::move(error));
+  CallError e;
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const RemoteError& r) {
+    e = CallError{CallError::Kind::kRemote, r.what(),         r.callee(), r.function(),
+                  r.remoteType(),           r.remoteMessage()};
+  } catch (const TimeoutError& t) {
+    e = CallError{CallError::Kind::kTimeout, t.what(), {}, {}, {}, {}};
+  } catch (const InvalidArgumentError& i) {
+    e = CallError{CallError::Kind::kInvalidArgument, i.what(), {}, {}, {}, {}};
+  } catch (const std::exception& x) {
+    e = CallError{CallError::Kind::kIo, x.what(), {}, {}, {}, {}};
+  } catch (...) {
+    e = CallError{
+        CallError::Kind::kIo, "rpc: " + description_ + " failed (unknown error)", {}, {}, {}, {}};
+  }
+  return finish(Value(), std::move(e));
 }
 
 bool CallState::expireIfDue() {
@@ -40,7 +71,7 @@ bool CallState::done() const {
 
 bool CallState::failed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return done_ && error_ != nullptr;
+  return done_ && error_.has_value();
 }
 
 Value CallState::wait(milliseconds margin) {
@@ -51,7 +82,7 @@ Value CallState::wait(milliseconds margin) {
   // The channel's sweep normally expires the call; do it here if it has not yet.
   expireIfDue();
   std::lock_guard<std::mutex> lock(mu_);
-  if (error_) std::rethrow_exception(error_);
+  if (error_) error_->raise();
   return value_;
 }
 

@@ -1,11 +1,16 @@
 // CallState: one outstanding call's completion, shared by the caller's Future and the channel
 // that will deliver its answer. The first completion wins (answer, connection failure or
 // deadline); later ones are ignored.
+//
+// A failure is kept as its kind and text (CallError), not as the exception object: every wait()
+// throws a fresh exception on the waiting thread, so no exception object is shared between the
+// thread that failed the call and the threads that wait on it.
 #pragma once
 
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "loom/common/deadline.h"
@@ -24,6 +29,7 @@ class CallState {
         deadline_(timeout) {}
 
   bool succeed(Value value);
+  // Records the error `error` holds (then drops it, on this thread).
   bool fail(std::exception_ptr error);
   // Fails with TimeoutError when the deadline has passed; true when it did.
   bool expireIfDue();
@@ -39,7 +45,14 @@ class CallState {
   milliseconds timeout() const { return timeout_; }
 
  private:
-  bool finish(Value value, std::exception_ptr error);
+  struct CallError {
+    enum class Kind { kIo, kTimeout, kRemote, kInvalidArgument } kind = Kind::kIo;
+    std::string what;
+    std::string callee, function, type, message;  // kRemote
+    [[noreturn]] void raise() const;
+  };
+
+  bool finish(Value value, std::optional<CallError> error);
 
   const std::string description_;
   const std::string function_;
@@ -49,7 +62,7 @@ class CallState {
   mutable std::condition_variable cv_;
   bool done_ = false;
   Value value_;
-  std::exception_ptr error_;
+  std::optional<CallError> error_;
 };
 
 }  // namespace loom::rpc::detail
