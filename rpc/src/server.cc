@@ -305,8 +305,9 @@ void Server::stop(milliseconds bound) {
   size_t busy = 0;
   if (pool_) busy = pool_->stop(bound);
   if (busy > 0) {
-    LOOM_LOG_WARNING("rpc: ", core_->self.name, ": ", busy, " request(s) still running after ",
-                     bound.count(), " ms at shutdown; their threads are left to finish");
+    LOOM_LOG_WARNING("rpc: ", core_->self.name, ": ", busy,
+                     " request(s) still running when the shutdown's deadline passed (waited ",
+                     bound.count(), " ms more); their threads are left to finish");
   }
   std::vector<std::thread> threads;
   {

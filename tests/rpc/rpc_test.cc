@@ -286,6 +286,24 @@ TEST(RpcTest, GracefulShutdownWaitsForOutstandingCalls) {
   EXPECT_NE(after.find("shut down"), std::string::npos) << after;
 }
 
+TEST(RpcTest, GracefulShutdownWaitIsBoundedWhenACallNeverAnswers) {
+  // Shared with the handler: its thread is left running past the callee's shutdown.
+  auto release = std::make_shared<Gate>();
+  Registry f = basicFunctions();
+  f.add("stuck", [release] { return release->waitOpen(milliseconds(20000)); });
+  RpcOptions options;
+  options.timeout = milliseconds(1000);
+  auto agents = startAgents(2, f, options);
+  Future pending = agents[0]->rpcAsync("w1", "stuck", args(), milliseconds(20000));
+  std::thread w1([&] { agents[1]->shutdown(); });
+  const std::string message = messageOf<TimeoutError>([&] { agents[0]->shutdown(); });
+  w1.join();
+  EXPECT_NE(message.find("1 call(s) were still pending after 1000 ms"), std::string::npos)
+      << message;
+  EXPECT_THROW(pending.wait(), IoError);
+  release->open();
+}
+
 TEST(RpcTest, ShutdownBarrierNamesTheWorkersThatNeverCame) {
   RpcOptions options;
   options.timeout = milliseconds(500);
