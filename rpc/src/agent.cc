@@ -279,8 +279,10 @@ void RpcAgent::Impl::shutdown(bool graceful) {
   }
   try {
     // Everyone's own calls are answered once everyone arrives: no one serves a call after it.
+    // A full timeout of its own: a worker that spent its wait on its own calls still gives
+    // the others a whole timeout to arrive.
     storeBarrier(*store_, prefix_ + "/shutdown", core_->self.rank, core_->worldSize,
-                 std::max(deadline.remaining(), milliseconds(1)));
+                 core_->timeout);
   } catch (const std::exception& e) {
     stop("worker '" + name + "' shut down (its barrier failed)", milliseconds(0));
     LOOM_THROW(TimeoutError, "rpc: shutdown of worker '", name, "': ", e.what(),
@@ -288,7 +290,8 @@ void RpcAgent::Impl::shutdown(bool graceful) {
                                      " of its own call(s) were still pending)"
                                : std::string());
   }
-  stop("worker '" + name + "' shut down", deadline.remaining());
+  // After the barrier no caller waits on this worker: running requests get a short grace.
+  stop("worker '" + name + "' shut down", std::min(core_->timeout, milliseconds(5000)));
   if (outstanding > 0) {
     LOOM_THROW(TimeoutError, "rpc: shutdown of worker '", name, "': ", outstanding,
                " call(s) were still pending after ", core_->timeout.count(),

@@ -16,13 +16,14 @@
 //   connection to a callee breaks (its process died: the kernel closes its sockets) every call
 //   pending on it fails with IoError at once and later calls to it fail fast with the same
 //   cause; a deadline that passes is a TimeoutError naming the call, the callee and the time.
-// - shutdown(graceful = true) is torch's rpc.shutdown: wait (bounded) until this worker's own
-//   calls are answered, then meet every worker in a store barrier (so no one stops serving
-//   while another still calls it), then stop. The barrier's TimeoutError names the workers
-//   that never arrived. shutdown(false) stops at once: pending calls fail with IoError. The
-//   destructor calls shutdown(false) if shutdown was not called. After shutdown every call
-//   throws IoError. A handler still running after the bound is left to finish on its own
-//   thread (logged), never joined forever.
+// - shutdown(graceful = true) is torch's rpc.shutdown: wait (up to options.timeout) until this
+//   worker's own calls are answered, then meet every worker in a store barrier (up to
+//   options.timeout; so no one stops serving while another still calls it), then stop (running
+//   requests get up to min(timeout, 5 s)). The barrier's TimeoutError names the workers that
+//   never arrived; calls still pending make it a TimeoutError too, after the stop. shutdown(false)
+//   stops at once: pending calls fail with IoError. The destructor calls shutdown(false) if
+//   shutdown was not called. After shutdown every call throws IoError. A handler still running
+//   after the bound is left to finish on its own thread (logged), never joined forever.
 // - Thread-safe: any number of threads may call at once.
 //
 // Transport: a small socket layer on common/'s sockets (docs/rpc.md says why not the comm
