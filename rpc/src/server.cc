@@ -151,6 +151,8 @@ void Server::acceptLoop() {
       s = net::acceptWithDeadline(listen_.fd(), Deadline(milliseconds(kTickMs)));
     } catch (const std::exception& e) {
       LOOM_LOG_WARNING("rpc: ", core_->self.name, ": accept failed: ", e.what());
+      // Out of descriptors, say: the connection stays queued; retry a tick later, not in a spin.
+      std::this_thread::sleep_for(milliseconds(kTickMs));
       continue;
     }
     if (!s.valid() || stop_) continue;
