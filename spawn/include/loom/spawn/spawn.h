@@ -11,8 +11,9 @@
 //   stops the others (SIGTERM, then SIGKILL after options.grace), reaps everything and throws
 //   SpawnError naming the first failing rank, its pid, and its exception message, exit code or
 //   signal. When options.timeout passes first it stops them the same way and throws
-//   TimeoutError naming the ranks still running. Every wait is bounded; spawn never returns
-//   while a child it started still runs.
+//   TimeoutError naming the ranks still running. Every wait is bounded; spawn returns only once
+//   every child it started is reaped (after SIGKILL it waits up to 10 s more for a child stuck
+//   in the kernel, then gives up on it).
 // - Children die with the parent (PR_SET_PDEATHSIG=SIGKILL towards the calling thread, which
 //   waits in spawn for as long as they live), so a killed parent leaves no orphans.
 // - Fork-based, as torch's "fork" start method: only the calling thread exists in a child, so
