@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
+#include "loom/common/deadline.h"
 #include "loom/common/settings.h"
 #include "loom/rpc/rpc.h"
 #include "loom/spawn/spawn.h"
@@ -21,6 +23,15 @@ namespace {
 using std::chrono::milliseconds;
 using testing::ChildProcesses;
 using testing::TempDir;
+
+// True when `pid` has exited: gone, or a zombie its parent has not reaped yet.
+bool processEnded(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return true;
+  const size_t paren = line.rfind(") ");
+  return paren == std::string::npos || line[paren + 2] == 'Z' || line[paren + 2] == 'X';
+}
 
 TEST(RpcProcessTest, DeadCalleeFailsPendingCallsWithinSeconds) {
   TempDir dir;
@@ -63,6 +74,55 @@ TEST(RpcProcessTest, DeadCalleeFailsPendingCallsWithinSeconds) {
     }
     agent.shutdown(false);
   });
+  const auto exits = children.waitAll(milliseconds(90000));
+  testing::expectOnlyVictimKilled(exits, 1);
+}
+
+TEST(RpcProcessTest, ACallerDyingMidCallLeavesTheCalleeServingOthers) {
+  TempDir dir;
+  ChildProcesses children;
+  children.spawnRanks(3, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir.file("store"));
+    Registry f;
+    // "slow" answers once the dying caller is gone, so its answer has nowhere to go.
+    f.add("slow", [store] {
+      store->wait({"dead"}, milliseconds(30000));
+      return 1;
+    });
+    f.add("add", [](int a, int b) { return a + b; });
+    RpcOptions options;
+    options.timeout = milliseconds(30000);
+    const char* names[] = {"callee", "doomed", "healthy"};
+    RpcAgent agent(names[rank], rank, 3, store, f, options);
+    if (rank == 1) {
+      Future never = agent.rpcAsync("callee", "slow");
+      store->set("doomed/called", "1");
+      ::kill(::getpid(), SIGKILL);
+    }
+    if (rank == 2) {
+      store->wait({"doomed/called"}, milliseconds(30000));
+      // Once the doomed caller has exited (a zombie until the test reaps it) its sockets are
+      // closed; then let the callee's "slow" answer into the void.
+      const pid_t doomed = static_cast<pid_t>(std::stol(store->getString("pid/1")));
+      const Deadline deadline(milliseconds(30000));
+      while (!processEnded(doomed) && !deadline.expired()) {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      LOOM_CHECK(processEnded(doomed), "the doomed caller (pid ", doomed, ") did not die");
+      store->set("dead", "1");
+      for (int i = 0; i < 50; ++i) {
+        LOOM_CHECK_EQ(agent.rpcSync("callee", "add", args(i, 1)).get<int>(), i + 1);
+      }
+      store->set("healthy/done", "1");
+    }
+    if (rank == 0) store->wait({"healthy/done"}, milliseconds(60000));
+    agent.shutdown(false);
+  });
+  // Each child publishes its pid (the healthy caller waits for the doomed one to be gone).
+  {
+    FileStore store(dir.file("store"));
+    store.set("pid/1", std::to_string(children.pid(1)));
+  }
   const auto exits = children.waitAll(milliseconds(90000));
   testing::expectOnlyVictimKilled(exits, 1);
 }
