@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loom/common/deadline.h"
 #include "loom/common/settings.h"
 #include "loom/testing/errors.h"
 #include "loom/testing/ranks.h"
@@ -49,6 +50,19 @@ bool processGone(pid_t pid) {
 
 pid_t readPid(const std::string& path) {
   return static_cast<pid_t>(std::stol(readFile(path)));
+}
+
+// In a child: fail only once every rank has written its pid, so that the test can check that
+// the others were stopped (a rank stopped before it wrote its pid would leave no trace).
+void waitForPidFiles(const TempDir& dir, int n) {
+  const Deadline deadline(milliseconds(30000));
+  for (int r = 0; r < n; ++r) {
+    while (::access(dir.file("pid" + std::to_string(r)).c_str(), F_OK) != 0) {
+      if (deadline.expired())
+        throw std::runtime_error("rank " + std::to_string(r) + " never started");
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
 }
 
 TEST(SpawnTest, EveryRankRunsWithItsVariables) {
@@ -98,12 +112,7 @@ TEST(SpawnTest, FailingRankStopsTheOthersAndIsNamed) {
         [&](int rank) {
           writeFile(dir.file("pid" + std::to_string(rank)), std::to_string(::getpid()));
           if (rank == 2) {
-            // Fail only once every rank is up, so the others are demonstrably stopped.
-            for (int r = 0; r < 4; ++r) {
-              while (::access(dir.file("pid" + std::to_string(r)).c_str(), F_OK) != 0) {
-                std::this_thread::sleep_for(milliseconds(5));
-              }
-            }
+            waitForPidFiles(dir, 4);
             throw InvalidArgumentError("batch 17 has 3 columns, expected 4");
           }
           idle(milliseconds(60000));
@@ -131,7 +140,10 @@ TEST(SpawnTest, RankKilledBySignalIsNamedWithTheSignal) {
   try {
     spawn(3, [&](int rank) {
       writeFile(dir.file("pid" + std::to_string(rank)), std::to_string(::getpid()));
-      if (rank == 1) ::kill(::getpid(), SIGKILL);
+      if (rank == 1) {
+        waitForPidFiles(dir, 3);
+        ::kill(::getpid(), SIGKILL);
+      }
       idle(milliseconds(60000));
     });
     FAIL() << "spawn returned although rank 1 was killed";
@@ -164,7 +176,6 @@ TEST(SpawnTest, ExitCodeIsCarried) {
 }
 
 TEST(SpawnTest, HungRankTimesOutAndIsKilledEvenWhenItIgnoresSigterm) {
-  TempDir dir;
   SpawnOptions options;
   options.timeout = milliseconds(1500);
   options.grace = milliseconds(300);
@@ -174,7 +185,6 @@ TEST(SpawnTest, HungRankTimesOutAndIsKilledEvenWhenItIgnoresSigterm) {
         [&](int rank) {
           if (rank == 1) {
             ::signal(SIGTERM, SIG_IGN);
-            writeFile(dir.file("hung"), std::to_string(::getpid()));
             idle(milliseconds(60000));
           }
         },
@@ -182,7 +192,11 @@ TEST(SpawnTest, HungRankTimesOutAndIsKilledEvenWhenItIgnoresSigterm) {
   });
   EXPECT_NE(message.find("1 of 3 ranks: rank 1 (pid"), std::string::npos) << message;
   EXPECT_NE(message.find("SIGKILL after 300 ms"), std::string::npos) << message;
-  EXPECT_TRUE(processGone(readPid(dir.file("hung"))));
+  // The pid the error names is gone (read from the message: under load the rank may not have
+  // reached its own pid file before the timeout).
+  const size_t at = message.find("rank 1 (pid ");
+  ASSERT_NE(at, std::string::npos) << message;
+  EXPECT_TRUE(processGone(static_cast<pid_t>(std::stol(message.substr(at + 12)))));
 }
 
 TEST(SpawnTest, SpawnMainReturnsTheFailingRanksCode) {
