@@ -287,7 +287,7 @@ TEST(RpcTest, GracefulShutdownWaitsForOutstandingCalls) {
 }
 
 TEST(RpcTest, GracefulShutdownWaitIsBoundedWhenACallNeverAnswers) {
-  // Shared with the handler: its thread is left running past the callee's shutdown.
+  // Shared with the handler: its thread may outlive the callee's shutdown.
   auto release = std::make_shared<Gate>();
   Registry f = basicFunctions();
   f.add("stuck", [release] { return release->waitOpen(milliseconds(20000)); });
@@ -295,17 +295,11 @@ TEST(RpcTest, GracefulShutdownWaitIsBoundedWhenACallNeverAnswers) {
   options.timeout = milliseconds(1000);
   auto agents = startAgents(2, f, options);
   Future pending = agents[0]->rpcAsync("w1", "stuck", args(), milliseconds(20000));
-  // w1 reaches the barrier at once and may give up on w0 before w0 (which first waits its
-  // timeout for "stuck") arrives; w0 finds w1's arrival either way.
-  std::thread w1([&] {
-    try {
-      agents[1]->shutdown();
-    } catch (const TimeoutError&) {
-    }
-  });
+  // w0 waits its timeout for "stuck", then its timeout at the barrier, where w1 never comes
+  // (w1 is busy, not shutting down): both bounds pass and the error says so.
   const std::string message = messageOf<TimeoutError>([&] { agents[0]->shutdown(); });
-  w1.join();
-  EXPECT_NE(message.find("1 call(s) were still pending after 1000 ms"), std::string::npos)
+  EXPECT_NE(message.find("missing ranks: 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("(and 1 of its own call(s) were still pending)"), std::string::npos)
       << message;
   EXPECT_THROW(pending.wait(), IoError);
   release->open();
