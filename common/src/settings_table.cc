@@ -148,6 +148,22 @@ constexpr Setting kTable[] = {
      "(default: the CPUs this process may run on, sched_getaffinity)",
      "loom::ag::setNumThreads", "program start (autograd_mlp_bench)"},
 
+    // ---- spawn, rpc ----
+    {"LOOM_SPAWN_TIMEOUT", K::kInteger, S::kRuntime, "86400", 1, 365LL * 86400, "", "s",
+     "how long spawn() waits for its ranks before it stops them and throws TimeoutError",
+     "SpawnOptions::timeout", "spawn"},
+    {"LOOM_RPC_TIMEOUT", K::kInteger, S::kRuntime, "60000", 1, 86'400'000, "", "ms",
+     "default deadline of an RPC call (rpcSync, rpcAsync, remote, toHere) and of the "
+     "rendezvous and shutdown barrier",
+     "rpc::RpcOptions::timeout", "RpcAgent construction"},
+    {"LOOM_RPC_THREADS", K::kInteger, S::kRuntime, "8", 1, 1024, "", "",
+     "threads that run incoming RPC requests on each worker", "rpc::RpcOptions::numThreads",
+     "RpcAgent construction"},
+    {"LOOM_RPC_HOST", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "the address an RPC worker publishes to its peers (default: the address on the route to "
+     "the store's host, else the host name)",
+     "rpc::RpcOptions::host", "RpcAgent construction"},
+
     // ---- launch ----
     {"LOOM_INIT_METHOD", K::kText, S::kLaunch, "env://", 0, 0, "", "",
      "how ranks meet: env://, tcp://host:port or file:///absolute/path", "InitOptions::initMethod",
