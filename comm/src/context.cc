@@ -156,6 +156,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.memfd = options.shmMemfd;
   aopts.spinUs = options.shmSpinUs;
   aopts.yieldUs = options.shmYieldUs;
+  aopts.singleCopy = options.shmSingleCopy;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
   topts.ringBytes = options.shmRingBytes;

@@ -74,6 +74,12 @@ constexpr Setting kTable[] = {
      "how long a shared-memory waiter then yields before it sleeps on a futex (default: 1000; "
      "2000 when local ranks outnumber CPUs)",
      "comm::ContextOptions::shmYieldUs", "Context setup"},
+    {"LOOM_SHM_SINGLE_COPY", K::kChoice, S::kRuntime, "auto", 0, 0, "auto|on|off", "",
+     "single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read "
+     "peers' buffers directly (process_vm_readv) when a setup probe succeeds on every rank; auto "
+     "from the measured crossover size, on at every size (when every rank says on), off never "
+     "(one rank off turns it off for all)",
+     "comm::ContextOptions::shmSingleCopy", "Context setup"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},

@@ -43,6 +43,9 @@ struct VerbsOptions {
   size_t slotBytes = 64 << 10;
 };
 
+// ContextOptions::shmSingleCopy: whether shared memory reads peers' buffers directly.
+enum class ShmSingleCopy { kAuto, kOn, kOff };
+
 // Every field has a default; Context::create (and createVerbsContext) fills a field the caller
 // left at its default from the environment variable named beside it, when that is set
 // (loom/common/settings.h: `options.sharedMemory = false` beats LOOM_SHM=1, LOOM_SHM=0 turns a
@@ -103,6 +106,13 @@ struct ContextOptions {
   // (LOOM_SHM_SPIN_US, LOOM_SHM_YIELD_US).
   int shmSpinUs = -1;
   int shmYieldUs = -1;
+  // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
+  // peers' buffers straight out of their processes (process_vm_readv) instead of copying
+  // through the arena's slots. kAuto: from the measured crossover size up, when a probe at
+  // setup succeeds on every rank (else every rank stays staged, said once at info level);
+  // kOn: at every size (still only when the probe succeeds, a warning otherwise, and only when
+  // every rank said kOn); kOff: never, on any rank, and no probe (LOOM_SHM_SINGLE_COPY).
+  ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
   // For createVerbsContext only.
   VerbsOptions verbs;
 };
