@@ -222,6 +222,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.busyPollUs = options.busyPollUs;
   topts.sendBytes = options.tcpSendBytes;
   topts.spinUs = options.tcpSpinUs;
+  topts.sockets = options.tcpSockets;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   return std::make_shared<ContextImpl>(rank, size, std::move(transport),
                                        setupSharedMemory(store, rank, size, options), generic);

@@ -48,6 +48,7 @@ ContextOptions withEnvironment(ContextOptions o) {
   }
   s::fillDefault(o.socketBufferBytes, d.socketBufferBytes, s::bytes("LOOM_TCP_BUFFER_BYTES"));
   s::fillDefault(o.tcpSpinUs, d.tcpSpinUs, s::integer("LOOM_SPIN_US"));
+  s::fillDefault(o.tcpSockets, d.tcpSockets, s::integer("LOOM_TCP_SOCKETS"));
   s::fillDefault(o.sharedMemory, d.sharedMemory, s::flag("LOOM_SHM"));
   s::fillDefault(o.shmPointToPoint, d.shmPointToPoint, s::flag("LOOM_SHM_P2P"));
   s::fillDefault(o.shmHostId, d.shmHostId, s::text("LOOM_SHM_HOST_ID"));
@@ -82,6 +83,7 @@ void validateOptions(const ContextOptions& o) {
              "; expected kAuto or kGeneric");
   checkRange("tcpSendBytes", static_cast<long long>(o.tcpSendBytes), 4096, kGiB, "a byte count");
   checkRange("tcpSpinUs", o.tcpSpinUs, 0, kMaxMicros, "µs");
+  checkRange("tcpSockets", o.tcpSockets, 1, 16, "connections per peer");
   checkOptionalBytes("shmSlotBytes", o.shmSlotBytes);
   checkOptionalBytes("shmRingBytes", o.shmRingBytes);
   checkRange("shmSpinUs", o.shmSpinUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
@@ -118,6 +120,7 @@ std::string describeNonDefault(const ContextOptions& o) {
       std::string("auto"));
   put("tcpSendBytes", o.tcpSendBytes, d.tcpSendBytes);
   put("tcpSpinUs", o.tcpSpinUs, d.tcpSpinUs);
+  put("tcpSockets", o.tcpSockets, d.tcpSockets);
   put("shmPointToPoint", int{o.shmPointToPoint}, int{d.shmPointToPoint});
   put("shmHostId", o.shmHostId, d.shmHostId);
   put("shmMemfd", int{o.shmMemfd}, int{d.shmMemfd});

@@ -45,6 +45,10 @@ constexpr Setting kTable[] = {
     {"LOOM_SPIN_US", K::kInteger, S::kRuntime, "50", 0, kMicros10s, "", "µs",
      "how long a wait on a small (<= 64 KiB) tcp message spins before it drives the sockets",
      "comm::ContextOptions::tcpSpinUs", "Context setup"},
+    {"LOOM_TCP_SOCKETS", K::kInteger, S::kRuntime, "1", 1, 16, "", "",
+     "TCP connections per peer pair; messages of 256 KiB and more are striped across them; "
+     "must be equal on all ranks",
+     "comm::ContextOptions::tcpSockets", "Context setup"},
     {"LOOM_SHM", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
      "shared memory for same-host ranks (arena and point-to-point); 0: tcp only",
      "comm::ContextOptions::sharedMemory", "Context setup"},

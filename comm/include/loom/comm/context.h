@@ -86,6 +86,9 @@ struct ContextOptions {
   // How long (µs) a wait on a small (<= 64 KiB) tcp message spins before it drives the
   // sockets, in [0, 10 s] (LOOM_SPIN_US).
   int tcpSpinUs = 50;
+  // TCP connections per peer pair, in [1, 16]; messages of 256 KiB and more are striped across
+  // them. Equal on all ranks (LOOM_TCP_SOCKETS).
+  int tcpSockets = 1;
   // Shared-memory point-to-point; false keeps send/recv on tcp while the collectives use the
   // arena (LOOM_SHM_P2P).
   bool shmPointToPoint = true;
