@@ -63,6 +63,7 @@ ContextOptions withEnvironment(ContextOptions o) {
                                              : ShmSingleCopy::kAuto;
     s::fillDefault(o.shmSingleCopy, d.shmSingleCopy, std::optional<ShmSingleCopy>(v));
   }
+  s::fillDefault(o.tuningFile, d.tuningFile, s::text("LOOM_TUNING_FILE"));
   s::fillDefault(o.verbs.device, d.verbs.device, s::text("LOOM_IB_DEVICE"));
   s::fillDefault(o.verbs.port, d.verbs.port, s::integer("LOOM_IB_PORT"));
   s::fillDefault(o.verbs.gidIndex, d.verbs.gidIndex, s::integer("LOOM_IB_GID_INDEX"));
@@ -131,6 +132,7 @@ std::string describeNonDefault(const ContextOptions& o) {
   const char* const singleCopyNames[] = {"auto", "on", "off"};
   put("shmSingleCopy", std::string(singleCopyNames[static_cast<int>(o.shmSingleCopy) % 3]),
       std::string("auto"));
+  put("tuningFile", o.tuningFile, d.tuningFile);
   put("verbs.device", o.verbs.device, d.verbs.device);
   put("verbs.port", o.verbs.port, d.verbs.port);
   put("verbs.gidIndex", o.verbs.gidIndex, d.verbs.gidIndex);

@@ -84,6 +84,12 @@ constexpr Setting kTable[] = {
      "from the measured crossover size, on at every size (when every rank says on), off never "
      "(one rank off turns it off for all)",
      "comm::ContextOptions::shmSingleCopy", "Context setup"},
+    {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "a tuning file written by loom-bench --tune: the automatic algorithm choice takes its "
+     "crossovers for the group's topology (world size, ranks per host, transport); a missing, "
+     "stale or malformed file, or one without this topology, gives one warning and the built-in "
+     "table",
+     "comm::ContextOptions::tuningFile", "Context setup"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},

@@ -50,18 +50,8 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
 bool useSingleCopy(const Arena& arena, OpType kind, size_t bytes) {
   if (!arena.singleCopy()) return false;
   if (arena.singleCopyForced()) return true;
-  switch (kind) {
-    case OpType::kAllreduce:
-      return bytes >= kSingleCopyAllreduceBytes;
-    case OpType::kReduceScatter:
-      return bytes >= kSingleCopyReduceScatterBytes;
-    case OpType::kBroadcast:
-      return bytes >= kSingleCopyBroadcastBytes;
-    case OpType::kAllgather:
-      return bytes >= kSingleCopyAllgatherBytes;
-    default:
-      return false;
-  }
+  return kind == OpType::kAllgather && arena.size() >= kSingleCopyAllgatherMinRanks &&
+         bytes >= kSingleCopyAllgatherMinBytes && bytes <= kSingleCopyAllgatherMaxBytes;
 }
 
 void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, void* out,

@@ -43,9 +43,11 @@ struct Hello {
 
 // Connections per peer pair when TcpOptions::sockets is 0, and the message size from which a
 // message is striped across them (TcpOptions::stripeBytes 0). One connection: on the 2-core
-// dev VM two connections per pair moved no more bytes than one (docs/results/
-// 2026-11-25-single-copy.md: loopback's cost is the CPU copying, and both cores are busy
-// already); machines with more cores than ranks can take more (LOOM_TCP_SOCKETS).
+// dev VM (bench/peers/ab.sh, 2 ranks, 3 interleaved rounds on a loaded machine,
+// docs/results/2026-11-25-single-copy.md) two connections per pair were ahead in some cells
+// (all-reduce to 1 MiB, all-gather 1-16 MiB) and behind in others (all-reduce 4 MiB, broadcast
+// 64 MiB), and four lost nearly everywhere: loopback's cost is the CPU copying, and with two
+// ranks both cores already copy. Hosts with more cores per rank may gain (LOOM_TCP_SOCKETS).
 constexpr int kDefaultSockets = 1;
 constexpr size_t kDefaultStripeBytes = 256 << 10;
 // The parts of a striped message carry their message's tag with this bit set (no OpType

@@ -116,6 +116,11 @@ struct ContextOptions {
   // kOn: at every size (still only when the probe succeeds, a warning otherwise, and only when
   // every rank said kOn); kOff: never, on any rank, and no probe (LOOM_SHM_SINGLE_COPY).
   ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
+  // A tuning file written by `loom-bench --tune` (comm/src/algorithms/tuning.h): the automatic
+  // algorithm choice takes its crossovers for this Context's topology (world size, ranks per
+  // host, transport). Empty: the built-in table; a file that cannot be used gives one warning
+  // and the built-in table (LOOM_TUNING_FILE).
+  std::string tuningFile;
   // For createVerbsContext only.
   VerbsOptions verbs;
 };
