@@ -1,4 +1,4 @@
-// The tuning file (comm/src/algorithms/tuning.h): a good file's section for the topology
+// The tuning file (loom/comm/tuning.h): a good file's section for the topology
 // changes the automatic algorithm choice; a malformed, stale or missing file, or one without
 // the topology, is refused with a reason naming the file (and the line) and the built-in
 // table stays; a Context given an unusable file still works.
@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "algorithms/select.h"
-#include "algorithms/tuning.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
+#include "loom/comm/tuning.h"
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"

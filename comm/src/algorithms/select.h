@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "algorithms/tuning.h"
+#include "loom/comm/tuning.h"
 #include "loom/comm/collectives.h"
 #include "tag.h"
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <optional>
 
-#include "algorithms/tuning.h"
+#include "loom/comm/tuning.h"
 #include "engine/engine.h"
 #include "loom/comm/collectives.h"
 #include "shm/hierarchy.h"

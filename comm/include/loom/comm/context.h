@@ -116,7 +116,7 @@ struct ContextOptions {
   // kOn: at every size (still only when the probe succeeds, a warning otherwise, and only when
   // every rank said kOn); kOff: never, on any rank, and no probe (LOOM_SHM_SINGLE_COPY).
   ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
-  // A tuning file written by `loom-bench --tune` (comm/src/algorithms/tuning.h): the automatic
+  // A tuning file written by `loom-bench --tune` (loom/comm/tuning.h): the automatic
   // algorithm choice takes its crossovers for this Context's topology (world size, ranks per
   // host, transport). Empty: the built-in table; a file that cannot be used gives one warning
   // and the built-in table (LOOM_TUNING_FILE).
@@ -161,6 +161,10 @@ class Context {
   // settings. A plain member, not a virtual, so that dispatch costs no extra call.
   EngineSet* engines() const { return engines_.get(); }
 
+  // The topology a tuning file keys its crossovers by (loom/comm/tuning.h: "world=2
+  // per_host=2 transport=tcp"); empty for Contexts that take no tuning file (verbs).
+  const std::string& topology() const { return topology_; }
+
  protected:
   Context();
   // Called once by the implementation's constructor, after its transport exists.
@@ -171,6 +175,7 @@ class Context {
 
  private:
   std::unique_ptr<EngineSet> engines_;
+  std::string topology_;
 };
 
 }  // namespace loom::comm

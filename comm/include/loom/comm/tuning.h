@@ -1,5 +1,6 @@
-// Tuning: the size crossovers of the automatic algorithm choice (select.cc), built in or read
-// from a tuning file that `loom-bench --tune FILE` measured on this machine.
+// Tuning (public, for loom-bench --tune): the size crossovers of the automatic algorithm choice
+// (select.cc), built in or read from a tuning file that `loom-bench --tune FILE` measured on this
+// machine.
 //
 // A tuning file holds one section per topology (world size, ranks per host, transport), since
 // the crossovers move with all three:

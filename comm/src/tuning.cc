@@ -1,4 +1,4 @@
-#include "algorithms/tuning.h"
+#include "loom/comm/tuning.h"
 
 #include <fstream>
 #include <sstream>
