@@ -81,7 +81,8 @@ constexpr Setting kTable[] = {
     {"LOOM_SHM_SINGLE_COPY", K::kChoice, S::kRuntime, "auto", 0, 0, "auto|on|off", "",
      "single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read "
      "peers' buffers directly (process_vm_readv) when a setup probe succeeds on every rank; auto "
-     "from the measured crossover size, on at every size (when every rank says on), off never "
+     "where measured faster (on the 2-core dev VM nowhere: staged), on at every size (when every "
+     "rank says on), off never "
      "(one rank off turns it off for all)",
      "comm::ContextOptions::shmSingleCopy", "Context setup"},
     {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",

@@ -47,11 +47,9 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
 
 }  // namespace
 
-bool useSingleCopy(const Arena& arena, OpType kind, size_t bytes) {
-  if (!arena.singleCopy()) return false;
-  if (arena.singleCopyForced()) return true;
-  return kind == OpType::kAllgather && arena.size() >= kSingleCopyAllgatherMinRanks &&
-         bytes >= kSingleCopyAllgatherMinBytes && bytes <= kSingleCopyAllgatherMaxBytes;
+bool useSingleCopy(const Arena& arena, OpType, size_t) {
+  // No crossover on the measured machine (shm_single_copy.h): only a forced path runs it.
+  return arena.singleCopy() && arena.singleCopyForced();
 }
 
 void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, void* out,

@@ -18,17 +18,19 @@
 // this rank's buffers), so the caller may reuse them at once. A failed read fails the group
 // with an IoError naming the peer (Arena::readPeer); it never leaves a wrong result.
 //
-// Which path runs is decided per call from the byte count and the world size (useSingleCopy),
-// identically on every rank. Measured on the 2-vCPU AMD EPYC dev VM (interleaved A/B rounds
-// on a loaded machine, docs/results/2026-11-25-single-copy.md): process_vm_readv copies at
-// 0.3-0.5x memcpy's rate there (it pins every page of both buffers), while the staged path's
-// second copy reads a slot that is still in cache, so the staged path won at 2 ranks for every
-// operation and size, and at 4 ranks for broadcast and all-reduce; only the 4-rank all-gather
-// from 256 KiB to 4 MiB per rank was faster single-copy (1.7-2.5 against 0.06-0.2 GB/s: with
-// more ranks than cores every staged step is a hand-over that waits for a descheduled rank).
-// So under SingleCopy::kAuto only that cell takes it; kOn takes it everywhere (the sweeps'
-// setting) and machines where the kernel copies faster can be measured with
-// bench/peers/ab.sh "LOOM_SHM_SINGLE_COPY=on" against "...=off".
+// Which path runs is decided per call (useSingleCopy), identically on every rank. Measured on
+// the 2-vCPU AMD EPYC dev VM (interleaved A/B rounds, docs/results/2026-11-25-single-copy.md):
+// process_vm_readv copies at 0.3-0.5x memcpy's rate there (it pins every page of both
+// buffers), while the staged path's second copy reads a slot that is still in cache, so the
+// staged path won or tied at 2 and 4 ranks for every operation and size. Under heavy load the
+// 4-rank all-gather at 256 KiB-4 MiB was faster single-copy (one hand-over instead of one per
+// chunk, with more ranks than cores), but on a quieter machine that cell was mixed (faster at
+// 256 KiB and 4 MiB, slower at 1 MiB). So on this machine kind no size crossover was found and
+// ShmSingleCopy::kAuto takes the staged path at every size (it still probes, so that the log
+// says whether the path is available); kOn takes the single copy at every size (the sweeps'
+// setting). A machine whose kernel copies faster (huge pages, bare metal) can be measured
+// with bench/peers/ab.sh "...|LOOM_SHM_SINGLE_COPY=on" against "...|LOOM_SHM_SINGLE_COPY=off"
+// and given a crossover here.
 #pragma once
 
 #include <cstddef>
@@ -38,12 +40,6 @@
 #include "shm/arena.h"
 
 namespace loom::comm::shm {
-
-// Under ShmSingleCopy::kAuto: all-gathers of [kSingleCopyAllgatherMinBytes,
-// kSingleCopyAllgatherMaxBytes] per rank on at least kSingleCopyAllgatherMinRanks ranks.
-constexpr size_t kSingleCopyAllgatherMinBytes = size_t{256} << 10;
-constexpr size_t kSingleCopyAllgatherMaxBytes = size_t{4} << 20;
-constexpr int kSingleCopyAllgatherMinRanks = 3;
 
 // Whether a collective of `kind` moving `bytes` per rank takes the single-copy path.
 bool useSingleCopy(const Arena& arena, OpType kind, size_t bytes);

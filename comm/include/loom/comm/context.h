@@ -111,10 +111,11 @@ struct ContextOptions {
   int shmYieldUs = -1;
   // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
   // peers' buffers straight out of their processes (process_vm_readv) instead of copying
-  // through the arena's slots. kAuto: from the measured crossover size up, when a probe at
-  // setup succeeds on every rank (else every rank stays staged, said once at info level);
-  // kOn: at every size (still only when the probe succeeds, a warning otherwise, and only when
-  // every rank said kOn); kOff: never, on any rank, and no probe (LOOM_SHM_SINGLE_COPY).
+  // through the arena's slots. kAuto: where measured faster (on the 2-core dev VM: nowhere, so
+  // staged), when a probe at setup succeeds on every rank (else every rank stays staged, said once
+  // at info level); kOn: at every size (still only when the probe succeeds, a warning otherwise,
+  // and only when every rank said kOn); kOff: never, on any rank, and no probe
+  // (LOOM_SHM_SINGLE_COPY).
   ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
   // A tuning file written by `loom-bench --tune` (loom/comm/tuning.h): the automatic
   // algorithm choice takes its crossovers for this Context's topology (world size, ranks per
