@@ -5,8 +5,8 @@
 
 #include <cstddef>
 
-#include "loom/comm/tuning.h"
 #include "loom/comm/collectives.h"
+#include "loom/comm/tuning.h"
 #include "tag.h"
 
 namespace loom::comm {

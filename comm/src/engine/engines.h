@@ -6,9 +6,9 @@
 #include <memory>
 #include <optional>
 
-#include "loom/comm/tuning.h"
 #include "engine/engine.h"
 #include "loom/comm/collectives.h"
+#include "loom/comm/tuning.h"
 #include "shm/hierarchy.h"
 
 namespace loom::comm {
