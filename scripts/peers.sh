@@ -4,11 +4,16 @@
 # ratios (Loom / peer) per operation and world size, and draws one SVG plot per pair.
 # Loom runs twice: with LOOM_SHM=0 ("loom tcp", TCP compared with TCP: Gloo, Open MPI tcp) and
 # with its shared-memory path ("loom shm", compared with Open MPI's shared-memory transport).
+# Each round also measures the physical limits (bench/peers/tcp_baseline: loopback stream and
+# round trip; bench/peers/shm_baseline: memcpy, process_vm_readv, flag round trip), and
+# DIR/median.md puts every cell against Gloo, Open MPI and its limit
+# (bench/peers/median_of_runs.py). The full table, as issue 19 asks for it:
+#   scripts/peers.sh --rounds 3
 #
 # Usage: scripts/peers.sh [options]
-#   --ops "all_reduce broadcast all_gather"   operations (loom-bench --op names)
+#   --ops "all_reduce broadcast all_gather reduce_scatter"   operations (loom-bench --op names)
 #   --ranks "2 4"                             world sizes
-#   -b SIZE -e SIZE -f FACTOR                 sweep (default 8 .. 64M, factor 4)
+#   -b SIZE -e SIZE -f FACTOR                 sweep (default 8 .. 256M, factor 4)
 #   -n ITERS -w WARMUP                        iterations per size (default 20, 5)
 #   -d TYPE                                   data type (default float)
 #   --quick                                   -e 16M -f 8 -n 5 -w 2 (a smoke run)
@@ -18,21 +23,23 @@
 #   --rounds R                                run everything R times (default 1); round r starts
 #                                             each cell at another family, and DIR/median.md holds
 #                                             the median over rounds (bench/peers/median_of_runs.py)
+#                                             with ratios and fractions of the limits
 # Environment: LOOM_BUILD_DIR (default build).
 # Output: DIR/csv/*.csv (one per run), DIR/logs/*.log (each run's nccl-tests table),
 #         DIR/compare.md (raw TCP yardstick + in-place tables, ratios of loom tcp),
 #         DIR/compare_shm.md (in place, median times, ratios of loom shm), DIR/compare_p50.md (the same
 #         with median times), DIR/compare_out_of_place.md,
-#         DIR/plot_<op>_n<ranks>.svg (in-place busbw).
+#         DIR/plot_<op>_n<ranks>.svg (in-place busbw), DIR/tcp_baseline.md, DIR/shm_baseline.md,
+#         DIR/median.md (the full table: busbw, ratios, fractions of the limits).
 #         With --rounds R > 1 each round writes all of that into DIR/round<r>/, and DIR/median.md
 #         has, per size, the median busbw over the rounds and the median of each round's ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root_dir=$(pwd)
 
-ops="all_reduce broadcast all_gather"
+ops="all_reduce broadcast all_gather reduce_scatter"
 ranks="2 4"
-minb=8 maxb=64M factor=4 iters=20 warmup=5 dtype=float
+minb=8 maxb=256M factor=4 iters=20 warmup=5 dtype=float
 out="" setup=1 only="loom loom-shm gloo mpi" rounds=1
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -67,7 +74,7 @@ if ((setup)); then scripts/setup.sh --peers; fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${LOOM_BUILD_TYPE:-RelWithDebInfo} >/dev/null
 targets=(loom-bench-compare)
 known=$(cmake --build "$build" --target help)  # captured whole: grep -q would cut the pipe
-for t in loom-bench loom-run gloo_bench mpi_bench tcp_baseline; do
+for t in loom-bench loom-run gloo_bench mpi_bench tcp_baseline shm_baseline; do
   if grep -q "^$t:" <<<"$known"; then targets+=("$t"); fi
 done
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -205,21 +212,24 @@ for ((r = 0; r < rounds; r++)); do
     echo "== raw loopback TCP"
     "$bin/tcp_baseline" >"$dir/tcp_baseline.md"
   fi
+  # Memory: memcpy, cross-memory attach and the flag round trip, the shared-memory limits.
+  if [[ -x $bin/shm_baseline ]]; then
+    echo "== memory (memcpy, process_vm_readv, flag round trip)"
+    "$bin/shm_baseline" >"$dir/shm_baseline.md"
+  fi
   compare "$dir"
 done
-if ((rounds == 1)); then
-  cat "$out/compare.md"
-else
-  if ! bench/peers/median_of_runs.py "${dirs[@]}" >"$out/median.md"; then
-    echo "peers.sh: median_of_runs.py failed" >&2
-    failures=$((failures + 1))
-  fi
-  cat "$out/median.md"
-  for dir in "${dirs[@]}"; do cat "$dir/tcp_baseline.md" 2>/dev/null; done
+((rounds == 1)) && cat "$out/compare.md"
+if ! bench/peers/median_of_runs.py "${dirs[@]}" >"$out/median.md"; then
+  echo "peers.sh: median_of_runs.py failed" >&2
+  failures=$((failures + 1))
 fi
+cat "$out/median.md"
+for dir in "${dirs[@]}"; do cat "$dir/tcp_baseline.md" "$dir/shm_baseline.md" 2>/dev/null; done
 echo
 where=$out
-if ((rounds > 1)); then echo "results: $out/median.md"; where="$out/round1 .. round$rounds"; fi
+echo "results: $out/median.md (the full table)"
+if ((rounds > 1)); then where="$out/round1 .. round$rounds"; fi
 echo "results: $where (compare.md = in place, compare_p50.md, compare_shm.md,"
 echo "  compare_out_of_place.md, plot_*.svg, logs/, csv/)"
 echo "$failures run(s) failed"

@@ -27,7 +27,8 @@
 // sendrecv sends to rank+1 and receives from rank-1 (even ranks send first, see run()).
 //
 // Environment: LOOM_SHM=0 turns the shared-memory path of the tcp backend off (TCP only);
-// LOOM_ALGO forces a comm algorithm (or --algo).
+// LOOM_ALGO forces a comm algorithm (or --algo). --tune FILE measures the algorithm crossovers
+// instead (tune.h) and writes the tuning file that LOOM_TUNING_FILE loads.
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -39,6 +40,7 @@
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
 #include "loom/process_group/process_group.h"
+#include "tune.h"
 
 namespace loom::bench {
 namespace {
@@ -248,6 +250,7 @@ int loomBenchMain(int argc, char** argv) {
   std::string backend = "tcp";
   std::string initMethod;
   std::string algo;
+  std::string tuneFile;
   int timeoutS = 300;
   addSweepFlags(app, flags);
   app.add_option("--backend", backend,
@@ -261,6 +264,10 @@ int loomBenchMain(int argc, char** argv) {
   app.add_option("--algo", algo,
                  "force a comm algorithm for every collective (auto, ring, rd, hd, direct, tree, "
                  "chain); default: LOOM_ALGO or automatic");
+  app.add_option("--tune", tuneFile,
+                 "instead of the sweep, measure this machine's algorithm crossovers (all-reduce, "
+                 "broadcast, all-gather) for the job's topology and write them to this tuning "
+                 "file (other topologies in it are kept); groups load it with LOOM_TUNING_FILE");
   app.add_option("--timeout", timeoutS, "deadline of setup and of every operation, seconds")
       ->capture_default_str();
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
@@ -286,6 +293,10 @@ int loomBenchMain(int argc, char** argv) {
     if (memory.device.type == DeviceType::kCuda) init.pg.nccl.device = memory.device.index;
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
+    if (!tuneFile.empty()) {
+      return runTune(*group.store, rank, group.pg->size(), tuneFile,
+                     std::chrono::seconds(timeoutS));
+    }
     LoomDriver driver(group.pg, std::move(memory));
     const int code =
         runSweep(driver, options, "loom-bench", std::vector<std::string>(argv, argv + argc));

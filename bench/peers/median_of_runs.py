@@ -7,10 +7,16 @@ single run's ratio proves little. Run scripts/peers.sh N times (--out DIR1, DIR2
     bench/peers/median_of_runs.py DIR1 DIR2 DIR3 [--stat p50|mean]
 
 reads every run's compare_p50.md (or compare.md for --stat mean) and prints, per size, the
-median busbw over the runs (with min-max) of loom tcp, the best Gloo algorithm, loom shm, Open
-MPI shm and Open MPI tcp, and the median over runs of each run's own ratios: loom tcp / best
-Gloo (issue 5's target), loom shm / Open MPI shm and loom shm / loom tcp (issue 8's). Ratios
-are of busbw, so >1 means Loom is faster. A column whose series is missing prints "-".
+median busbw over the runs (with min-max) of loom tcp, the best Gloo algorithm, Open MPI tcp,
+loom shm and Open MPI shm, and the median over runs of each run's own ratios: loom tcp / best
+Gloo, loom tcp / Open MPI tcp, loom shm / Open MPI shm and loom shm / loom tcp. Ratios are of
+busbw, so >1 means Loom is faster. A column whose series is missing prints "-".
+
+The two "of limit" columns put each Loom cell against its physical limit, read from the same
+runs' tcp_baseline.md and shm_baseline.md (medians over runs): from 64 KiB, busbw / one loopback
+stream's rate (busy-polling) for tcp and busbw / memcpy's rate (1 thread) for shm; below, the
+limit's time / Loom's time, with the 8-byte busy-polling TCP round trip and the shared-memory
+flag round trip as the limits. 1.00 would be at the limit.
 """
 import argparse
 import re
@@ -27,7 +33,7 @@ def size_bytes(text):
 
 
 def parse(path):
-    """{(op, world, size, series): busbw} from one loom-bench-compare Markdown file."""
+    """{(op, world, size, series): (busbw, time us)} from one loom-bench-compare Markdown file."""
     cells = {}
     for section in path.read_text().split("### ")[1:]:
         lines = section.strip().split("\n")
@@ -44,8 +50,31 @@ def parse(path):
                 # busbw / time cells; ratio columns are named "a / b" and hold "1.23x".
                 if " / " in series or " / " not in value:
                     continue
-                cells[(op, world, values["size"], series)] = float(value.split(" / ")[0])
+                busbw, time = (float(v) for v in value.split(" / ")[:2])
+                cells[(op, world, values["size"], series)] = (busbw, time)
     return cells
+
+
+def limits(folder):
+    """{name: value} from a run's tcp_baseline.md and shm_baseline.md (missing ones left out)."""
+    found = {}
+    patterns = {
+        "stream GB/s": (r"one stream, 1 MiB writes, busy-polling \| ([\d.]+) GB/s", 1),
+        "tcp rtt us": (r"8-byte round trip, busy-polling reads \(median / p99\) \| ([\d.]+)", 1),
+        "memcpy GB/s": (r"memcpy, 256 MiB, 1 thread \| ([\d.]+) GB/s", 1),
+        "flag rtt us": (r"flag round trip between two processes \(median / p99\) \| ([\d.]+)",
+                        1e-3),
+    }
+    for name in ("tcp_baseline.md", "shm_baseline.md"):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        for key, (pattern, scale) in patterns.items():
+            m = re.search(pattern, text)
+            if m:
+                found[key] = float(m.group(1)) * scale
+    return found
 
 
 def main():
@@ -60,14 +89,38 @@ def main():
         if not path.is_file():
             sys.exit(f"median_of_runs: {path} does not exist (expected a scripts/peers.sh folder)")
         runs.append(parse(path))
+    limit_runs = [limits(run) for run in args.runs]
+    limit = {k: statistics.median([l[k] for l in limit_runs if k in l])
+             for k in {k for l in limit_runs for k in l}}
+
+    # Below 64 KiB a cell shows the time (us) and ratios are of speed (1 / time); from 64 KiB
+    # it shows busbw. Either way a ratio > 1 means Loom is faster.
+    def small(size):
+        return size_bytes(size) < 64 * 1024
+
+    def shown(cell_value, size):
+        return cell_value[1] if small(size) else cell_value[0]
+
+    def speed(cell_value, size):
+        if small(size):
+            return 1.0 / cell_value[1] if cell_value[1] > 0 else None
+        return cell_value[0]
+
+    def busbw(run, key):
+        return speed(run[key], key[2]) if key in run else None
 
     def values(op, world, size, series):
-        return [r[(op, world, size, series)] for r in runs if (op, world, size, series) in r]
+        return [shown(r[(op, world, size, series)], size) for r in runs
+                if (op, world, size, series) in r]
 
-    def best_gloo(run, op, world, size):
+    def best_gloo_cell(run, op, world, size):
         gloo = [v for (o, w, s, series), v in run.items()
                 if (o, w, s) == (op, world, size) and series.startswith("gloo")]
-        return max(gloo) if gloo else None
+        return max(gloo, key=lambda v: speed(v, size) or 0) if gloo else None
+
+    def best_gloo(run, op, world, size):
+        best = best_gloo_cell(run, op, world, size)
+        return speed(best, size) if best else None
 
     def cell(vs):
         if not vs:
@@ -80,25 +133,50 @@ def main():
             return "-"
         return f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})"
 
+    def of_limit(op, world, size, series, bandwidth, latency):
+        """Median over runs of the cell's fraction of its limit (see the module comment)."""
+        small = size_bytes(size) < 64 * 1024
+        key = latency if small else bandwidth
+        if key not in limit:
+            return "-"
+        fs = []
+        for r in runs:
+            if (op, world, size, series) not in r:
+                continue
+            bw, time = r[(op, world, size, series)]
+            if small and time > 0:
+                fs.append(limit[key] / time)
+            elif not small and bw > 0:
+                fs.append(bw / limit[key])
+        return f"{statistics.median(fs):.2f}" if fs else "-"
+
     tables = sorted({(o, w) for r in runs for (o, w, _, _) in r})
+    if limit:
+        print("\nlimits (median over runs): " +
+              ", ".join(f"{k} {v:.3g}" for k, v in sorted(limit.items())))
     for op, world in tables:
         sizes = sorted({s for r in runs for (o, w, s, _) in r if (o, w) == (op, world)},
                        key=size_bytes)
-        print(f"\n### {op}, world size {world}: busbw GB/s, median of {len(runs)} runs "
-              f"({args.stat} times; min-max)\n")
-        print("| size | loom tcp | best gloo | loom tcp / best gloo | loom shm | mpi shm | "
-              "loom shm / mpi shm | loom shm / loom tcp | mpi tcp |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"\n### {op}, world size {world}: time us below 64 KiB, busbw GB/s from 64 KiB; "
+              f"median of {len(runs)} runs ({args.stat} times; min-max)\n")
+        print("| size | loom tcp | best gloo | mpi tcp | tcp / best gloo | tcp / mpi tcp | "
+              "tcp of limit | loom shm | mpi shm | shm / mpi shm | shm / tcp | shm of limit |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for size in sizes:
-            gloo = [g for g in (best_gloo(r, op, world, size) for r in runs) if g]
-            tcp = [r.get((op, world, size, "loom tcp")) for r in runs]
-            shm = [r.get((op, world, size, "loom shm")) for r in runs]
-            mpi = [r.get((op, world, size, "mpi shm")) for r in runs]
-            bests = [best_gloo(r, op, world, size) for r in runs]
-            print(f"| {size} | {cell(values(op, world, size, 'loom tcp'))} | {cell(gloo)} | "
-                  f"{ratio(zip(tcp, bests))} | {cell(values(op, world, size, 'loom shm'))} | "
-                  f"{cell(values(op, world, size, 'mpi shm'))} | {ratio(zip(shm, mpi))} | "
-                  f"{ratio(zip(shm, tcp))} | {cell(values(op, world, size, 'mpi tcp'))} |")
+            key = (op, world, size)
+            gloo = [shown(g, size) for g in (best_gloo_cell(r, *key) for r in runs) if g]
+            tcp = [busbw(r, key + ("loom tcp",)) for r in runs]
+            shm = [busbw(r, key + ("loom shm",)) for r in runs]
+            mpi = [busbw(r, key + ("mpi shm",)) for r in runs]
+            mpitcp = [busbw(r, key + ("mpi tcp",)) for r in runs]
+            bests = [best_gloo(r, *key) for r in runs]
+            print(f"| {size} | {cell(values(*key, 'loom tcp'))} | {cell(gloo)} | "
+                  f"{cell(values(*key, 'mpi tcp'))} | {ratio(zip(tcp, bests))} | "
+                  f"{ratio(zip(tcp, mpitcp))} | "
+                  f"{of_limit(*key, 'loom tcp', 'stream GB/s', 'tcp rtt us')} | "
+                  f"{cell(values(*key, 'loom shm'))} | {cell(values(*key, 'mpi shm'))} | "
+                  f"{ratio(zip(shm, mpi))} | {ratio(zip(shm, tcp))} | "
+                  f"{of_limit(*key, 'loom shm', 'memcpy GB/s', 'flag rtt us')} |")
 
 
 if __name__ == "__main__":

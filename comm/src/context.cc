@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "loom/comm/reduce.h"
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
 #include "shm/routing_transport.h"
@@ -156,6 +158,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.memfd = options.shmMemfd;
   aopts.spinUs = options.shmSpinUs;
   aopts.yieldUs = options.shmYieldUs;
+  aopts.singleCopy = options.shmSingleCopy;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
   topts.ringBytes = options.shmRingBytes;
@@ -200,6 +203,36 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   return shared;
 }
 
+// This Context's topology for tuning files (loom/comm/tuning.h): world size, ranks per host
+// (from every rank's host identity, whether or not shared memory is on) and transport.
+std::string topologyOf(Store& store, int rank, int size, const ContextOptions& options,
+                       const SharedMemory& shared) {
+  const std::string prefix = options.storePrefix + "/topology/host/";
+  store.set(detail::str(prefix, rank), shm::hostIdentity(options.shmHostId));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, r));
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> hosts = store.multiGet(keys);
+  const int perHost = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
+  const char* transport = shared.singleHost ? "shm" : shared.hierarchical ? "shm+tcp" : "tcp";
+  return topologyKey(size, perHost, transport);
+}
+
+// The crossovers of ContextOptions::tuningFile for `topology`, or nothing (the built-in table)
+// with one warning from rank 0 when the file cannot be used. Every rank reads the same file: a
+// file that differs between hosts is the user's to keep equal, like every setting that must
+// agree.
+std::optional<Crossovers> loadCrossovers(int rank, const ContextOptions& options,
+                                         const std::string& topology) {
+  if (options.tuningFile.empty()) return std::nullopt;
+  std::string why;
+  auto crossovers = loadTuning(options.tuningFile, topology, why);
+  if (!crossovers && rank == 0) {
+    LOOM_LOG_WARNING("LOOM_TUNING_FILE: ", why, "; using the built-in algorithm crossovers");
+  }
+  return crossovers;
+}
+
 }  // namespace
 
 std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
@@ -221,9 +254,15 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.busyPollUs = options.busyPollUs;
   topts.sendBytes = options.tcpSendBytes;
   topts.spinUs = options.tcpSpinUs;
+  topts.sockets = options.tcpSockets;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
-  return std::make_shared<ContextImpl>(rank, size, std::move(transport),
-                                       setupSharedMemory(store, rank, size, options), generic);
+  SharedMemory shared = setupSharedMemory(store, rank, size, options);
+  const std::string topology = topologyOf(store, rank, size, options, shared);
+  generic.crossovers = loadCrossovers(rank, options, topology);
+  auto ctx =
+      std::make_shared<ContextImpl>(rank, size, std::move(transport), std::move(shared), generic);
+  static_cast<Context&>(*ctx).topology_ = topology;
+  return ctx;
 }
 
 Context::Context() = default;

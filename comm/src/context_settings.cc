@@ -48,6 +48,7 @@ ContextOptions withEnvironment(ContextOptions o) {
   }
   s::fillDefault(o.socketBufferBytes, d.socketBufferBytes, s::bytes("LOOM_TCP_BUFFER_BYTES"));
   s::fillDefault(o.tcpSpinUs, d.tcpSpinUs, s::integer("LOOM_SPIN_US"));
+  s::fillDefault(o.tcpSockets, d.tcpSockets, s::integer("LOOM_TCP_SOCKETS"));
   s::fillDefault(o.sharedMemory, d.sharedMemory, s::flag("LOOM_SHM"));
   s::fillDefault(o.shmPointToPoint, d.shmPointToPoint, s::flag("LOOM_SHM_P2P"));
   s::fillDefault(o.shmHostId, d.shmHostId, s::text("LOOM_SHM_HOST_ID"));
@@ -56,6 +57,13 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.shmRingBytes, d.shmRingBytes, s::bytes("LOOM_SHM_RING_BYTES"));
   s::fillDefault(o.shmSpinUs, d.shmSpinUs, s::integer("LOOM_SHM_SPIN_US"));
   s::fillDefault(o.shmYieldUs, d.shmYieldUs, s::integer("LOOM_SHM_YIELD_US"));
+  if (const auto mode = s::choice("LOOM_SHM_SINGLE_COPY")) {
+    const ShmSingleCopy v = *mode == "on"    ? ShmSingleCopy::kOn
+                            : *mode == "off" ? ShmSingleCopy::kOff
+                                             : ShmSingleCopy::kAuto;
+    s::fillDefault(o.shmSingleCopy, d.shmSingleCopy, std::optional<ShmSingleCopy>(v));
+  }
+  s::fillDefault(o.tuningFile, d.tuningFile, s::text("LOOM_TUNING_FILE"));
   s::fillDefault(o.verbs.device, d.verbs.device, s::text("LOOM_IB_DEVICE"));
   s::fillDefault(o.verbs.port, d.verbs.port, s::integer("LOOM_IB_PORT"));
   s::fillDefault(o.verbs.gidIndex, d.verbs.gidIndex, s::integer("LOOM_IB_GID_INDEX"));
@@ -76,10 +84,15 @@ void validateOptions(const ContextOptions& o) {
              "; expected kAuto or kGeneric");
   checkRange("tcpSendBytes", static_cast<long long>(o.tcpSendBytes), 4096, kGiB, "a byte count");
   checkRange("tcpSpinUs", o.tcpSpinUs, 0, kMaxMicros, "µs");
+  checkRange("tcpSockets", o.tcpSockets, 1, 16, "connections per peer");
   checkOptionalBytes("shmSlotBytes", o.shmSlotBytes);
   checkOptionalBytes("shmRingBytes", o.shmRingBytes);
   checkRange("shmSpinUs", o.shmSpinUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
   checkRange("shmYieldUs", o.shmYieldUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
+  LOOM_CHECK(o.shmSingleCopy == ShmSingleCopy::kAuto || o.shmSingleCopy == ShmSingleCopy::kOn ||
+                 o.shmSingleCopy == ShmSingleCopy::kOff,
+             "ContextOptions::shmSingleCopy is ", static_cast<int>(o.shmSingleCopy),
+             "; expected kAuto, kOn or kOff");
   checkRange("verbs.port", o.verbs.port, 1, 255, "a port");
   checkRange("verbs.gidIndex", o.verbs.gidIndex, 0, 65535, "an index");
   checkRange("verbs.slots", o.verbs.slots, 2, 4096, "a slot count");
@@ -108,6 +121,7 @@ std::string describeNonDefault(const ContextOptions& o) {
       std::string("auto"));
   put("tcpSendBytes", o.tcpSendBytes, d.tcpSendBytes);
   put("tcpSpinUs", o.tcpSpinUs, d.tcpSpinUs);
+  put("tcpSockets", o.tcpSockets, d.tcpSockets);
   put("shmPointToPoint", int{o.shmPointToPoint}, int{d.shmPointToPoint});
   put("shmHostId", o.shmHostId, d.shmHostId);
   put("shmMemfd", int{o.shmMemfd}, int{d.shmMemfd});
@@ -115,6 +129,10 @@ std::string describeNonDefault(const ContextOptions& o) {
   put("shmRingBytes", o.shmRingBytes, d.shmRingBytes);
   put("shmSpinUs", o.shmSpinUs, d.shmSpinUs);
   put("shmYieldUs", o.shmYieldUs, d.shmYieldUs);
+  const char* const singleCopyNames[] = {"auto", "on", "off"};
+  put("shmSingleCopy", std::string(singleCopyNames[static_cast<int>(o.shmSingleCopy) % 3]),
+      std::string("auto"));
+  put("tuningFile", o.tuningFile, d.tuningFile);
   put("verbs.device", o.verbs.device, d.verbs.device);
   put("verbs.port", o.verbs.port, d.verbs.port);
   put("verbs.gidIndex", o.verbs.gidIndex, d.verbs.gidIndex);

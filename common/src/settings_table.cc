@@ -45,6 +45,10 @@ constexpr Setting kTable[] = {
     {"LOOM_SPIN_US", K::kInteger, S::kRuntime, "50", 0, kMicros10s, "", "µs",
      "how long a wait on a small (<= 64 KiB) tcp message spins before it drives the sockets",
      "comm::ContextOptions::tcpSpinUs", "Context setup"},
+    {"LOOM_TCP_SOCKETS", K::kInteger, S::kRuntime, "1", 1, 16, "", "",
+     "TCP connections per peer pair; messages of 256 KiB and more are striped across them; "
+     "must be equal on all ranks",
+     "comm::ContextOptions::tcpSockets", "Context setup"},
     {"LOOM_SHM", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
      "shared memory for same-host ranks (arena and point-to-point); 0: tcp only",
      "comm::ContextOptions::sharedMemory", "Context setup"},
@@ -74,6 +78,19 @@ constexpr Setting kTable[] = {
      "how long a shared-memory waiter then yields before it sleeps on a futex (default: 1000; "
      "2000 when local ranks outnumber CPUs)",
      "comm::ContextOptions::shmYieldUs", "Context setup"},
+    {"LOOM_SHM_SINGLE_COPY", K::kChoice, S::kRuntime, "auto", 0, 0, "auto|on|off", "",
+     "single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read "
+     "peers' buffers directly (process_vm_readv) when a setup probe succeeds on every rank; auto "
+     "where measured faster (on the 2-core dev VM nowhere: staged), on at every size (when every "
+     "rank says on), off never "
+     "(one rank off turns it off for all)",
+     "comm::ContextOptions::shmSingleCopy", "Context setup"},
+    {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "a tuning file written by loom-bench --tune: the automatic algorithm choice takes its "
+     "crossovers for the group's topology (world size, ranks per host, transport); a missing, "
+     "stale or malformed file, or one without this topology, gives one warning and the built-in "
+     "table",
+     "comm::ContextOptions::tuningFile", "Context setup"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},

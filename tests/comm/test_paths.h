@@ -14,10 +14,25 @@ inline bool& tcpOnly() {
   return value;
 }
 
+// --single-copy=on|off (comm_test_main.cc): the shared-memory single-copy path forced at
+// every size or off; kAuto (the default) leaves the size crossover in charge.
+inline ShmSingleCopy& singleCopyMode() {
+  static ShmSingleCopy value = ShmSingleCopy::kAuto;
+  return value;
+}
+
+// --tcp-sockets=N (comm_test_main.cc): connections per tcp peer pair; 0 leaves the default.
+inline int& tcpSockets() {
+  static int value = 0;
+  return value;
+}
+
 // The Context options of these tests: loopback, and shared memory unless --tcp.
 inline ContextOptions testOptions(ContextOptions base = {}) {
   base.host = "127.0.0.1";
   if (tcpOnly()) base.sharedMemory = false;
+  if (tcpSockets() > 0) base.tcpSockets = tcpSockets();
+  if (base.shmSingleCopy == ShmSingleCopy::kAuto) base.shmSingleCopy = singleCopyMode();
   return base;
 }
 

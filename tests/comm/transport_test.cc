@@ -299,6 +299,53 @@ TEST(Transport, LargeSizeMismatchIsAnError) {
   });
 }
 
+// Several connections per peer (ContextOptions::tcpSockets): messages from 256 KiB are cut
+// into one part per connection; every size, in both directions at once, arrives whole, and a
+// size mismatch of a striped message is still an error naming both sizes of its part.
+TEST(Transport, MessagesStripedAcrossSocketsArriveWhole) {
+  HashStore store;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o = localOptions();
+    o.sharedMemory = false;
+    o.tcpSockets = 3;
+    auto ctx = Context::create(store, rank, 2, o);
+    Transport& t = ctx->transport();
+    const int peer = 1 - rank;
+    uint64_t tag = 1;
+    for (size_t bytes : {size_t{0}, size_t{1}, (size_t{256} << 10) - 1, size_t{256} << 10,
+                         (size_t{1} << 20) + 3, (size_t{5} << 20) + 7}) {
+      std::vector<uint8_t> out(bytes), in(bytes, 0);
+      for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 7 + rank);
+      auto r = t.irecv(peer, in.data(), bytes, tag);
+      auto s = t.isend(peer, out.data(), bytes, tag);
+      ASSERT_TRUE(s->wait(Deadline(20s)));
+      ASSERT_TRUE(r->wait(Deadline(20s)));
+      EXPECT_EQ(r->bytes(), bytes);
+      for (size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(in[i], static_cast<uint8_t>(i * 7 + peer)) << "byte " << i << " of " << bytes;
+      }
+      ++tag;
+    }
+  });
+}
+
+TEST(Transport, SocketsPerPeerMustAgree) {
+  HashStore store;
+  std::string error0;
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o = localOptions(2s);
+    o.sharedMemory = false;
+    o.tcpSockets = rank == 0 ? 2 : 1;
+    try {
+      auto ctx = Context::create(store, rank, 2, o);
+    } catch (const IoError& e) {
+      if (rank == 0) error0 = e.what();
+    }
+  });
+  expectContains(error0, "rank 1 opens 1 connections per peer but this rank 2");
+  expectContains(error0, "LOOM_TCP_SOCKETS");
+}
+
 TEST(Transport, MismatchedCollectivesAreNamed) {
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {

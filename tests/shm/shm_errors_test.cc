@@ -5,6 +5,7 @@
 // on any one rank falls back to tcp on every rank.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <chrono>
@@ -172,6 +173,37 @@ TEST(ShmErrors, ForcedAlgorithmRunsOverTcpNextToTheArena) {
       for (float v : buf) LOOM_CHECK_EQ(v, 2.0f);
     }
   });
+}
+
+// A single-copy read that fails mid-operation (the root's buffer cannot be read) is an IoError
+// on every rank naming the peer and the errno text, never a wrong result.
+TEST(ShmErrors, FailedSingleCopyReadIsAnIoErrorOnEveryRank) {
+  HashStore store;
+  const size_t bytes = size_t{4} << 20;
+  // An address range nobody may read: the root "passes" it; it never touches it itself.
+  void* hole = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(hole, MAP_FAILED);
+  std::vector<std::string> errors(2);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o = options();
+    o.shmSingleCopy = ShmSingleCopy::kOn;
+    auto ctx = Context::create(store, rank, 2, o);
+    ASSERT_NE(shm::arenaOf(*ctx), nullptr);
+    std::vector<uint8_t> mine(bytes, 7);
+    CollectiveOptions opts;
+    opts.seq = 3;
+    opts.timeout = 20s;
+    try {
+      broadcast(*ctx, rank == 0 ? hole : mine.data(), bytes, DType::kUInt8, 0, opts);
+    } catch (const IoError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_TRUE(contains(errors[1], "broadcast#3")) << errors[1];
+  EXPECT_TRUE(contains(errors[1], "process_vm_readv failed: Bad address")) << errors[1];
+  EXPECT_TRUE(contains(errors[1], "rank 0")) << errors[1];
+  EXPECT_TRUE(contains(errors[0], "broadcast#3")) << errors[0];
+  ::munmap(hole, bytes);
 }
 
 }  // namespace

@@ -76,39 +76,73 @@ bool waitForFile(const std::string& path, std::chrono::milliseconds timeout) {
   return true;
 }
 
+// Every collective with the single-copy path (process_vm_readv between the ranks' processes)
+// forced at every size, and forced off.
 TEST(ShmProcesses, EveryCollectiveAcrossProcesses) {
-  for (int size : {2, 4}) {
-    loom::testing::TempDir dir;
-    loom::testing::ChildProcesses children;
-    children.spawnRanks(size, [&](int rank) {
-      FileStore store(dir.file("store"));
-      auto ctx = Context::create(store, rank, size, options());
-      LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena across processes");
-      CollectiveOptions opts;
-      const int sum = size * (size + 1) / 2;
-      for (size_t count : {size_t{1}, size_t{3000}, size_t{300001}}) {
-        std::vector<float> buf(count, rank + 1.0f);
-        ++opts.seq;
-        allreduce(*ctx, buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
-        for (float v : buf) LOOM_CHECK_EQ(v, static_cast<float>(sum));
-        std::vector<int64_t> b(count, rank == 1 ? 42 : 0);
-        ++opts.seq;
-        broadcast(*ctx, b.data(), count, DType::kInt64, 1, opts);
-        for (int64_t v : b) LOOM_CHECK_EQ(v, 42);
-        std::vector<int32_t> in(count, rank), all(count * size, -1);
-        ++opts.seq;
-        allgather(*ctx, in.data(), all.data(), count, DType::kInt32, opts);
-        for (size_t i = 0; i < all.size(); ++i) LOOM_CHECK_EQ(all[i], static_cast<int>(i / count));
-        std::vector<int32_t> rs(count, -1);
-        ++opts.seq;
-        reduceScatter(*ctx, all.data(), rs.data(), count, DType::kInt32, ReduceOp::kSum, opts);
-        for (int32_t v : rs) LOOM_CHECK_EQ(v, rank * size);
-        ++opts.seq;
-        barrier(*ctx, opts);
-      }
-    });
-    EXPECT_EQ(children.waitAllOk(90s), "") << "world size " << size;
-  }
+  for (ShmSingleCopy mode : {ShmSingleCopy::kOn, ShmSingleCopy::kOff})
+    for (int size : {2, 4}) {
+      loom::testing::TempDir dir;
+      loom::testing::ChildProcesses children;
+      children.spawnRanks(size, [&](int rank) {
+        FileStore store(dir.file("store"));
+        ContextOptions o = options();
+        o.shmSingleCopy = mode;
+        auto ctx = Context::create(store, rank, size, o);
+        shm::Arena* arena = shm::arenaOf(*ctx);
+        LOOM_CHECK(arena != nullptr, "no arena across processes");
+        LOOM_CHECK_EQ(arena->singleCopy(), mode == ShmSingleCopy::kOn, arena->singleCopyFailure());
+        CollectiveOptions opts;
+        const int sum = size * (size + 1) / 2;
+        for (size_t count : {size_t{1}, size_t{3000}, size_t{300001}}) {
+          std::vector<float> buf(count, rank + 1.0f);
+          ++opts.seq;
+          allreduce(*ctx, buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+          for (float v : buf) LOOM_CHECK_EQ(v, static_cast<float>(sum));
+          std::vector<int64_t> b(count, rank == 1 ? 42 : 0);
+          ++opts.seq;
+          broadcast(*ctx, b.data(), count, DType::kInt64, 1, opts);
+          for (int64_t v : b) LOOM_CHECK_EQ(v, 42);
+          std::vector<int32_t> in(count, rank), all(count * size, -1);
+          ++opts.seq;
+          allgather(*ctx, in.data(), all.data(), count, DType::kInt32, opts);
+          for (size_t i = 0; i < all.size(); ++i)
+            LOOM_CHECK_EQ(all[i], static_cast<int>(i / count));
+          std::vector<int32_t> rs(count, -1);
+          ++opts.seq;
+          reduceScatter(*ctx, all.data(), rs.data(), count, DType::kInt32, ReduceOp::kSum, opts);
+          for (int32_t v : rs) LOOM_CHECK_EQ(v, rank * size);
+          ++opts.seq;
+          barrier(*ctx, opts);
+        }
+      });
+      EXPECT_EQ(children.waitAllOk(90s), "")
+          << "world size " << size << ", single copy " << static_cast<int>(mode);
+    }
+}
+
+// One rank with the single-copy path off turns it off on every rank (no rank is left waiting
+// for another's probe), and the collectives still agree.
+TEST(ShmProcesses, OneRankWithSingleCopyOffTurnsItOffForAll) {
+  const int size = 3;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.shmSingleCopy = rank == 1 ? ShmSingleCopy::kOff : ShmSingleCopy::kOn;
+    auto ctx = Context::create(store, rank, size, o);
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr, "no arena across processes");
+    LOOM_CHECK(!arena->singleCopy(), "rank ", rank, " kept single copy on");
+    LOOM_CHECK(
+        arena->singleCopyFailure().find("rank 1 has LOOM_SHM_SINGLE_COPY=off") != std::string::npos,
+        arena->singleCopyFailure());
+    std::vector<float> buf(size_t{1} << 20, rank + 1.0f);
+    CollectiveOptions opts;
+    allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum, opts);
+    for (float v : buf) LOOM_CHECK_EQ(v, 6.0f);
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
 }
 
 TEST(ShmProcesses, SigkilledJobLeavesNothingInDevShm) {

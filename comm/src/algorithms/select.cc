@@ -74,23 +74,21 @@ std::string supportedList(OpType kind) {
   return list;
 }
 
-Algorithm automatic(OpType kind, size_t bytes, int size) {
+Algorithm automatic(OpType kind, size_t bytes, int size, const Crossovers& x) {
   switch (kind) {
     case OpType::kAllreduce:
-      if (bytes <= (size <= 2 ? kAllreduceSmall2 : kAllreduceSmall)) {
-        return Algorithm::kRecursiveDoubling;
-      }
-      if (size >= 4 && (size & (size - 1)) == 0 && bytes <= kAllreduceHalvingDoublingMax) {
+      if (bytes <= x.allreduceRdMax) return Algorithm::kRecursiveDoubling;
+      if (size >= 4 && (size & (size - 1)) == 0 && bytes <= x.allreduceHdMax) {
         return Algorithm::kHalvingDoubling;
       }
       return Algorithm::kRing;
     case OpType::kBroadcast:
-      return bytes <= kBroadcastSmall || size <= 2 ? Algorithm::kTree : Algorithm::kChain;
+      return bytes <= x.broadcastTreeMax || size <= 2 ? Algorithm::kTree : Algorithm::kChain;
     case OpType::kReduce:
       return Algorithm::kTree;
     case OpType::kAllgather:
     case OpType::kReduceScatter:
-      return bytes <= kGatherLikeSmall ? Algorithm::kDirect : Algorithm::kRing;
+      return bytes <= x.gatherDirectMax ? Algorithm::kDirect : Algorithm::kRing;
     case OpType::kGather:
     case OpType::kScatter:
     case OpType::kAlltoall:
@@ -105,6 +103,15 @@ Algorithm automatic(OpType kind, size_t bytes, int size) {
 }
 
 }  // namespace
+
+Crossovers builtinCrossovers(int worldSize) {
+  Crossovers x;
+  x.allreduceRdMax = worldSize <= 2 ? kAllreduceSmall2 : kAllreduceSmall;
+  x.allreduceHdMax = kAllreduceHalvingDoublingMax;
+  x.broadcastTreeMax = kBroadcastSmall;
+  x.gatherDirectMax = kGatherLikeSmall;
+  return x;
+}
 
 const char* algorithmName(Algorithm algorithm) {
   switch (algorithm) {
@@ -155,10 +162,11 @@ void checkAlgorithm(OpType kind, Algorithm requested) {
 }
 
 Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, size_t bytes,
-                          int size) {
+                          int size, const Crossovers* crossovers) {
   if (requested != Algorithm::kAuto) return requested;
   if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
-  return automatic(kind, bytes, size);
+  return automatic(kind, bytes, size,
+                   crossovers != nullptr ? *crossovers : builtinCrossovers(size));
 }
 
 }  // namespace loom::comm

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "loom/comm/collectives.h"
+#include "loom/comm/tuning.h"
 #include "tag.h"
 
 namespace loom::comm {
@@ -18,7 +19,8 @@ void checkAlgorithm(OpType kind, Algorithm requested);
 // rank contributes): `requested` (already checked) when set, else the Context's forced
 // algorithm (ContextOptions::algorithm) when `kind` implements it (so that forcing rd changes
 // all-reduce without breaking broadcast), else the automatic choice.
+// `crossovers`: a tuning file's (tuning.h); null takes the built-in table for `size` ranks.
 Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, size_t bytes,
-                          int size);
+                          int size, const Crossovers* crossovers = nullptr);
 
 }  // namespace loom::comm

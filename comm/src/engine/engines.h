@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 
 #include "engine/engine.h"
 #include "loom/comm/collectives.h"
+#include "loom/comm/tuning.h"
 #include "shm/hierarchy.h"
 
 namespace loom::comm {
@@ -21,6 +23,9 @@ struct GenericEngineOptions {
   Algorithm algorithm = Algorithm::kAuto;
   // Message size of the chunked, pipelined algorithms (ContextOptions::chunkBytes).
   size_t chunkBytes = size_t{512} << 10;
+  // The automatic choice's crossovers from a tuning file (ContextOptions::tuningFile); empty:
+  // the built-in table.
+  std::optional<Crossovers> crossovers;
 };
 
 // The algorithms of comm/src/algorithms over the Context's transport; every collective.

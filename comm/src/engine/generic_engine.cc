@@ -18,7 +18,8 @@ class GenericEngine final : public Engine {
   void run(const CollectiveCall& c) override {
     const size_t bytes = c.count * dtypeSize(c.dtype);
     const Algorithm algo =
-        selectAlgorithm(c.type, c.opts.algorithm, options_.algorithm, bytes, c.ctx.size());
+        selectAlgorithm(c.type, c.opts.algorithm, options_.algorithm, bytes, c.ctx.size(),
+                        options_.crossovers ? &*options_.crossovers : nullptr);
     Op o(c.ctx, c.type, c.opts, options_.chunkBytes);
     switch (c.type) {
       case OpType::kAllreduce:

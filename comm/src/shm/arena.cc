@@ -9,8 +9,10 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@
 
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 #include "loom/store/store.h"
 #include "tag.h"
 
@@ -50,6 +53,13 @@ constexpr size_t kPage = 4096;
 constexpr int64_t kSameCpuSpinNs = 2000;
 constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
 const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 std::string namespaceId(const char* path) {
   char buf[128];
@@ -87,6 +97,9 @@ struct Arena::Control {
   uint64_t postedSeq[kSlots];
   uint64_t postedBytes[kSlots];
   uint32_t postedKind[kSlots];
+  // The user buffers (in, out) of the single-copy step in each slot, as addresses in the
+  // owner's process.
+  uint64_t buffers[kSlots][2];
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -142,6 +155,7 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                                  init, check, options.memfd);
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
+  arena->probeSingleCopy(store, options);
   return arena;
 }
 
@@ -381,6 +395,135 @@ void Arena::waitReducedAll(const Call& call) {
 void Arena::finishStep() {
   publish(kConsumed, step_ + 1);
   ++step_;
+}
+
+void Arena::waitFinishedAll(const Call& call) {
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) waitCounter(call, q, kConsumed, step_, kCounterNames[kConsumed]);
+  }
+}
+
+namespace {
+
+// Reads `bytes` at `remote` in process `pid` into `local`; "" on success, else why not.
+std::string readRemote(pid_t pid, uint64_t remote, void* local, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec mine{static_cast<uint8_t*>(local) + done, bytes - done};
+    iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = ::process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::strerror(errno);
+    if (n == 0) return "no bytes could be read (the address range ended)";
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+}  // namespace
+
+void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
+  const bool off = options.singleCopy == ShmSingleCopy::kOff;
+  // Yama's ptrace_scope 1 lets only ancestors read a process; the ranks are siblings. EINVAL
+  // (no yama) is fine.
+  if (!off) (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  probeWord_ = mix64(static_cast<uint64_t>(nowNs()) ^ (uint64_t(::getpid()) << 20) ^
+                     uint64_t(rank_) ^ reinterpret_cast<uintptr_t>(this)) |
+               1;
+  // Every rank publishes "pid address word mode" (a rank with the path off publishes "off"),
+  // reads every peer's word, and answers "ok" or why not; the path is on when every answer is
+  // "ok", and forced to every size when every rank asked for that.
+  const std::string prefix = options.keyPrefix + "/single-copy/";
+  const bool forced = options.singleCopy == ShmSingleCopy::kOn;
+  store.set(detail::str(prefix, rank_),
+            off ? std::string("off")
+                : detail::str(::getpid(), " ", reinterpret_cast<uintptr_t>(&probeWord_), " ",
+                              probeWord_, forced ? " on" : " auto"));
+  std::vector<std::string> keys, answerKeys;
+  for (int q = 0; q < size_; ++q) {
+    keys.push_back(detail::str(prefix, q));
+    answerKeys.push_back(detail::str(prefix, "ok/", q));
+  }
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> peers = store.multiGet(keys);
+  std::string failure = off ? detail::str("rank ", rank_, " has LOOM_SHM_SINGLE_COPY=off") : "";
+  bool allForced = true;
+  for (int q = 0; q < size_ && failure.empty(); ++q) {
+    long long pid = 0;
+    unsigned long long address = 0, word = 0, seen = 0;
+    std::string mode;
+    std::istringstream in(toString(peers[q]));
+    if (toString(peers[q]) == "off") {
+      failure = detail::str("rank ", q, " has LOOM_SHM_SINGLE_COPY=off");
+    } else if (!(in >> pid >> address >> word >> mode)) {
+      failure = detail::str("rank ", q, " published '", toString(peers[q]),
+                            "'; expected 'pid address word mode'");
+    }
+    if (!failure.empty()) break;
+    allForced = allForced && mode == "on";
+    if (q == rank_) continue;
+    const std::string why = readRemote(static_cast<pid_t>(pid), address, &seen, sizeof(seen));
+    if (!why.empty()) {
+      failure = detail::str("rank ", rank_, " could not read rank ", q, "'s memory (pid ", pid,
+                            ") with process_vm_readv: ", why);
+    } else if (seen != word) {
+      failure = detail::str("rank ", rank_, " read ", seen, " from rank ", q,
+                            "'s probe word, expected ", word);
+    }
+  }
+  store.set(answerKeys[rank_], failure.empty() ? std::string("ok") : failure);
+  store.wait(answerKeys, options.timeout);
+  singleCopy_ = true;
+  for (const Bytes& answer : store.multiGet(answerKeys)) {
+    if (toString(answer) != "ok") {
+      singleCopy_ = false;
+      if (singleCopyFailure_.empty()) singleCopyFailure_ = toString(answer);
+    }
+  }
+  singleCopyForced_ = singleCopy_ && allForced;
+  if (!singleCopy_ && rank_ == 0 && !off) {
+    if (forced) {
+      LOOM_LOG_WARNING("shared memory: single copy was forced on (LOOM_SHM_SINGLE_COPY=on) but ",
+                       singleCopyFailure_, "; every rank of the group uses the staged path");
+    } else {
+      LOOM_LOG_INFO("shared memory: single copy off (", singleCopyFailure_,
+                    "); every rank of the group uses the staged path");
+    }
+  }
+}
+
+void Arena::publishBuffers(const void* in, const void* out) {
+  Control& mine = control(rank_);
+  mine.buffers[slotOf(step_)][0] = reinterpret_cast<uintptr_t>(in);
+  mine.buffers[slotOf(step_)][1] = reinterpret_cast<uintptr_t>(out);
+}
+
+uint64_t Arena::peerBuffer(int peer, int which) const {
+  return control(peer).buffers[slotOf(step_)][which];
+}
+
+void Arena::readPeer(const Call& call, int peer, uint64_t remote, void* local, size_t bytes) {
+  if (bytes == 0) return;
+  const pid_t pid = control(peer).pid.load(std::memory_order_acquire);
+  const std::string why = readRemote(pid, remote, local, bytes);
+  if (why.empty()) return;
+  checkHealth(call, peer, "let its buffer be read");  // names a dead peer
+  fail(call, peer,
+       detail::str("reading ", bytes, " bytes of rank ", peer, "'s buffer (pid ", pid,
+                   ") with process_vm_readv failed: ", why,
+                   " (the setup probe had succeeded; LOOM_SHM_SINGLE_COPY=off keeps the group "
+                   "on the staged path)"),
+       false);
+}
+
+uint8_t* Arena::bounce() {
+  if (bounce_ == nullptr) {
+    void* p = std::aligned_alloc(64, kBounceBytes);
+    LOOM_CHECK(p != nullptr, "rank ", rank_, ": cannot allocate ", kBounceBytes,
+               " bytes of single-copy scratch");
+    bounce_ = {static_cast<uint8_t*>(p), std::free};
+  }
+  return bounce_.get();
 }
 
 }  // namespace loom::comm::shm

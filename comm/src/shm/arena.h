@@ -28,6 +28,17 @@
 // - Any failure sets the shared abort flag (naming the blamed rank and the reason) and wakes
 //   every sleeper, so every rank of the group fails fast.
 //
+// - Single copy (cross-memory attach): at create every rank publishes its pid and the address
+//   of a probe word through the store and reads every peer's word with process_vm_readv; only
+//   when every rank read every peer's word is the group's single-copy path on (the answer is
+//   agreed through the store, so all ranks choose alike; a rank with the path off turns it
+//   off for all, and it runs at every size only when every rank forced it on). Large
+//   collectives then publish
+//   their user buffers' addresses in the control block and peers read them straight out of
+//   the owner's memory (readPeer): one copy per byte instead of two (shm_single_copy.cc).
+//   Where yama restricts ptrace, a rank allows any same-user process to read it
+//   (PR_SET_PTRACER_ANY, as Open MPI's vader does) unless the path is forced off.
+//
 // Thread-safety: one thread runs collectives on an Arena at a time (the Context's rule);
 // abort() may be called from any thread.
 #pragma once
@@ -39,6 +50,7 @@
 #include <memory>
 #include <string>
 
+#include "loom/comm/context.h"
 #include "loom/common/deadline.h"
 #include "shm/os.h"
 
@@ -66,6 +78,8 @@ struct ArenaOptions {
   // Wait budgets in µs, < 0 for waitBudget's defaults (os.h; ContextOptions::shmSpinUs/YieldUs).
   int spinUs = -1;
   int yieldUs = -1;
+  // ContextOptions::shmSingleCopy (context.h).
+  ShmSingleCopy singleCopy = ShmSingleCopy::kAuto;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
@@ -91,6 +105,13 @@ class Arena {
   size_t slotBytes() const { return slotBytes_; }
   // "memfd:<pid>:<fd>", or the POSIX name when the memfd could not be shared (segment.h).
   const std::string& segmentName() const;
+
+  // Whether the single-copy path is usable (the probe agreed on every rank), and whether it
+  // was forced on for every size. Equal on every rank of the group.
+  bool singleCopy() const { return singleCopy_; }
+  bool singleCopyForced() const { return singleCopyForced_; }
+  // Why the single-copy path is off ("" when on).
+  const std::string& singleCopyFailure() const { return singleCopyFailure_; }
 
   // The transport to poll for local failure (Context::abort) while waiting; may be null.
   void setTransport(Transport* transport) { transport_ = transport; }
@@ -132,6 +153,23 @@ class Arena {
   void waitReducedAll(const Call& call);
   // Ends the current step on this rank (it no longer reads other slots) and moves on.
   void finishStep();
+  // After finishStep: waits until every peer finished the step just ended (it no longer reads
+  // this rank's buffers).
+  void waitFinishedAll(const Call& call);
+
+  // ---- the single-copy path (shm_single_copy.cc) ----
+
+  // Publishes the addresses of this rank's user buffers for the current step (before post).
+  void publishBuffers(const void* in, const void* out);
+  // `peer`'s published buffer for the current step (after waitPosted): 0 = in, 1 = out.
+  uint64_t peerBuffer(int peer, int which) const;
+  // Copies `bytes` from address `remote` of `peer`'s process into `local` (process_vm_readv).
+  // A failure (the peer died, permission withdrawn, a bad address) fails the group with an
+  // IoError naming the peer, the bytes and the errno text; it never returns partial data.
+  void readPeer(const Call& call, int peer, uint64_t remote, void* local, size_t bytes);
+  // Scratch of kBounceBytes, 64-byte aligned, for reductions of peers' data.
+  static constexpr size_t kBounceBytes = 256 << 10;
+  uint8_t* bounce();
 
   // Throws the group's failure as IoError (or TimeoutError) after aborting.
   [[noreturn]] void fail(const Call& call, int blamedRank, const std::string& what, bool timeout);
@@ -143,6 +181,8 @@ class Arena {
   struct Control;
 
   Arena(int rank, int size, size_t slotBytes, WaitBudget budget, std::unique_ptr<Segment> segment);
+  // The setup probe of the single-copy path (see the file comment); sets singleCopy_.
+  void probeSingleCopy(Store& store, const ArenaOptions& options);
 
   Control& control(int rank) const;
   // Waits until counter(peer) >= target; `what` names the phase for messages.
@@ -165,6 +205,11 @@ class Arena {
   const int64_t spinNs_;   // waitBudget (os.h), or ArenaOptions::spinUs
   const int64_t yieldNs_;  // or ArenaOptions::yieldUs
   Transport* transport_ = nullptr;
+  bool singleCopy_ = false;
+  bool singleCopyForced_ = false;
+  std::string singleCopyFailure_;
+  uint64_t probeWord_ = 0;  // read by the peers' probes
+  std::unique_ptr<uint8_t[], void (*)(void*)> bounce_{nullptr, nullptr};
 };
 
 }  // namespace loom::comm::shm

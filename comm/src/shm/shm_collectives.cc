@@ -7,6 +7,7 @@
 #include "algorithms/algorithms.h"
 #include "loom/comm/reduce.h"
 #include "shm/arena.h"
+#include "shm/shm_single_copy.h"
 #include "signature.h"
 #include "tag.h"
 
@@ -163,6 +164,9 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
+  if (useSingleCopy(arena, OpType::kAllreduce, count * es)) {
+    return singleCopyAllreduce(arena, call, in, out, count, dtype, op);
+  }
   if (count * es <= std::min(kSmallBytes, arena.slotBytes())) {
     arena.acquireSlot(call);
     std::memcpy(arena.slot(me, arena.step()), in, count * es);
@@ -231,6 +235,9 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
       makeCall(arena, OpType::kReduceScatter, opts, count, dtype, static_cast<int>(op));
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
+  if (useSingleCopy(arena, OpType::kReduceScatter, count * es)) {
+    return singleCopyReduceScatter(arena, call, in, out, count, dtype, op);
+  }
   const int me = arena.rank();
   const int size = arena.size();
   const size_t chunk = chunkElements(arena, es, size, count * es * size);
@@ -253,6 +260,9 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
                int root) {
   const Arena::Call call = makeCall(arena, OpType::kBroadcast, opts, count, dtype, -1, root);
   const size_t es = dtypeSize(dtype);
+  if (useSingleCopy(arena, OpType::kBroadcast, count * es)) {
+    return singleCopyBroadcast(arena, call, buf, count, dtype, root);
+  }
   const bool isRoot = arena.rank() == root;
   const size_t chunk = chunkElements(arena, es, 1, count * es);
   const bool stream = count * es >= kStreamOutputBytes;
@@ -276,6 +286,9 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
                DType dtype) {
   const Arena::Call call = makeCall(arena, OpType::kAllgather, opts, count, dtype);
   const size_t es = dtypeSize(dtype);
+  if (useSingleCopy(arena, OpType::kAllgather, count * es)) {
+    return singleCopyAllgather(arena, call, in, out, count, dtype);
+  }
   const int me = arena.rank();
   const int size = arena.size();
   const size_t chunk = chunkElements(arena, es, 1, count * es);

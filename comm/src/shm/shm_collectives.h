@@ -15,6 +15,8 @@
 // - broadcast / scatter: the root stages, the others copy out. allgather / gather /
 //   alltoall: every rank stages its part, every (or the root) rank copies what it needs.
 // - barrier: a step without data (post, wait for every post).
+// Large allreduce, reduceScatter, broadcast and allgather take the single-copy path instead
+// when the arena's probe allowed it (shm_single_copy.h).
 // All functions assume validated arguments, count > 0 and size > 1 (as algorithms.h).
 #pragma once
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
@@ -20,7 +21,7 @@
 namespace loom::comm::tcp {
 
 constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" little-endian
-constexpr uint32_t kHelloVersion = 1;
+constexpr uint32_t kHelloVersion = 2;
 enum Kind : uint32_t { kData = 1, kGoodbye = 2, kAbort = 3 };
 
 struct Header {
@@ -37,7 +38,25 @@ struct Hello {
   uint32_t version;
   int32_t rank;
   int32_t size;
+  int32_t lane;   // which of the pair's connections this is
+  int32_t lanes;  // connections per pair on the connecting rank (must match)
 };
+
+// Connections per peer pair when TcpOptions::sockets is 0, and the message size from which a
+// message is striped across them (TcpOptions::stripeBytes 0). One connection: on the 2-core
+// dev VM (bench/peers/ab.sh, 2 ranks, 3 interleaved rounds on a loaded machine,
+// docs/results/2026-11-25-single-copy.md) two connections per pair were ahead in some cells
+// (all-reduce to 1 MiB, all-gather 1-16 MiB) and behind in others (all-reduce 4 MiB, broadcast
+// 64 MiB), and four lost nearly everywhere: loopback's cost is the CPU copying, and with two
+// ranks both cores already copy. Hosts with more cores per rank may gain (LOOM_TCP_SOCKETS).
+constexpr int kDefaultSockets = 1;
+constexpr size_t kDefaultStripeBytes = 256 << 10;
+// The parts of a striped message carry their message's tag with this bit set (no OpType
+// reaches 128, tag.h), so that a striped part never matches an unstriped receive of the same
+// tag when the two sides disagree on the size: they fail as a mismatch instead.
+constexpr uint64_t kStripedTag = uint64_t{1} << 63;
+// The epoll id of the progress thread's wake fd (connections use their index).
+constexpr uint64_t kWakeId = ~uint64_t{0};
 
 // SO_SNDBUF/SO_RCVBUF when TcpOptions::bufferBytes is 0: 0 = the kernel's autotuning, unless
 // LOOM_TCP_BUFFER_BYTES names a size. Measured on loopback (bench/kernels/README.md): a fixed
@@ -111,10 +130,65 @@ class TcpRequest final : public RequestCore {
   std::atomic<uint32_t> sleeping_{0};
 };
 
+// One send or receive striped across a peer's connections: part k carries bytes
+// [begin_k, begin_k + count_k) of the message on lane k (stripePart). Done when every part
+// is; the parts are ordinary requests of their lanes.
+class StripedRequest final : public Request {
+ public:
+  StripedRequest(int peer, bool send, size_t bytes, uint64_t tag,
+                 std::vector<std::shared_ptr<TcpRequest>> parts)
+      : peer_(peer), send_(send), bytes_(bytes), tag_(tag), parts_(std::move(parts)) {}
+
+  bool test() override {
+    bool all = true;
+    for (size_t k = 0; k < parts_.size(); ++k)
+      all = explained(k, [&] { return parts_[k]->test(); }) && all;
+    return all;
+  }
+  bool wait(const Deadline& deadline) override {
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      if (!explained(k, [&] { return parts_[k]->wait(deadline); })) return false;
+    }
+    return true;
+  }
+  int peer() const override { return peer_; }
+  bool isSend() const override { return send_; }
+  size_t bytes() const override { return bytes_; }
+  uint64_t tag() const override { return tag_; }
+  size_t bytesOutstanding() const override {
+    size_t left = 0;
+    for (auto& p : parts_) left += p->bytesOutstanding();
+    return left;
+  }
+
+ private:
+  // A part's size mismatch names the part's sizes: say which message it belongs to.
+  template <typename F>
+  bool explained(size_t k, F&& f) {
+    try {
+      return f();
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(detail::str(e.what(), " [part ", k, " of a ", bytes_,
+                                             "-byte message striped across ", parts_.size(),
+                                             " connections]"));
+    }
+  }
+
+  const int peer_;
+  const bool send_;
+  const size_t bytes_;
+  const uint64_t tag_;
+  std::vector<std::shared_ptr<TcpRequest>> parts_;
+};
+
+// One connection to a peer (a peer has TcpTransport::lanes() of them).
 struct Peer {
-  Peer(int self, int peer) : rank(peer), matcher(self, peer) {}
+  Peer(int self, int peer, int lane, int index)
+      : rank(peer), lane(lane), index(index), matcher(self, peer) {}
 
   const int rank;
+  const int lane;
+  const int index;  // in TcpTransport::conns_, and the connection's epoll id
   net::Socket sock;
   std::string addr;
   std::atomic<bool> inEpoll{false};

@@ -21,20 +21,22 @@
 namespace loom::comm::tcp {
 
 void TcpTransport::pollPeer(int peer, bool send) {
-  Peer& p = *peers_[peer];
   std::string error;
-  if (send) {
-    std::unique_lock<std::mutex> lock(p.sendMu, std::try_to_lock);
-    if (lock.owns_lock()) error = progressSendLocked(p);
-  } else {
-    std::unique_lock<std::mutex> lock(p.recvMu, std::try_to_lock);
-    if (lock.owns_lock()) error = progressRecvLocked(p);
+  for (int lane = 0; lane < lanes_ && error.empty(); ++lane) {
+    Peer& p = conn(peer, lane);
+    if (send) {
+      std::unique_lock<std::mutex> lock(p.sendMu, std::try_to_lock);
+      if (lock.owns_lock()) error = progressSendLocked(p);
+    } else {
+      std::unique_lock<std::mutex> lock(p.recvMu, std::try_to_lock);
+      if (lock.owns_lock()) error = progressRecvLocked(p);
+    }
   }
   // The progress thread stands aside while anyone waits: finish queued sends to every peer
   // too (a peer may need them before it can answer).
-  for (auto& q : peers_) {
+  for (auto& q : conns_) {
     if (!error.empty()) break;
-    if (!q || (send && q.get() == &p) || !q->sendPending.load(std::memory_order_relaxed)) {
+    if (!q || (send && q->rank == peer) || !q->sendPending.load(std::memory_order_relaxed)) {
       continue;
     }
     std::unique_lock<std::mutex> lock(q->sendMu, std::try_to_lock);
@@ -64,9 +66,9 @@ void TcpTransport::endWait() {
 bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
   auto done = [&] { return request.finished(); };
   std::vector<pollfd> fds;
-  std::vector<int> ranks;
-  fds.reserve(peers_.size() + 1);
-  ranks.reserve(peers_.size() + 1);
+  std::vector<int> ids;
+  fds.reserve(conns_.size() + 1);
+  ids.reserve(conns_.size() + 1);
   // Busy phase first: poll() without a timeout (it reads the sockets' state without taking
   // their locks, unlike a recv or send that would fail) while bytes keep moving, yielding the
   // core when nothing is ready; blocked in poll() once busy_ passes without progress.
@@ -76,17 +78,17 @@ bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
   bool finished = done();
   while (!finished) {
     fds.clear();
-    ranks.clear();
-    for (auto& p : peers_) {
+    ids.clear();
+    for (auto& p : conns_) {
       if (!p || !p->inEpoll.load()) continue;
       const short events = static_cast<short>((p->readPaused.load() ? 0 : POLLIN) |
                                               (p->sendPending.load() ? POLLOUT : 0));
       if (events == 0) continue;
       fds.push_back({p->sock.fd(), events, 0});
-      ranks.push_back(p->rank);
+      ids.push_back(p->index);
     }
     fds.push_back({notifyFd_, POLLIN, 0});
-    ranks.push_back(-1);
+    ids.push_back(-1);
     const auto now = Clock::now();
     if (now >= end) break;
     if (busy) {
@@ -104,12 +106,12 @@ bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
     if (ready > 0) {
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
-        if (ranks[i] < 0) {
+        if (ids[i] < 0) {
           uint64_t v;
           [[maybe_unused]] ssize_t r = ::read(notifyFd_, &v, sizeof(v));
           continue;
         }
-        Peer& p = *peers_[ranks[i]];
+        Peer& p = *conns_[ids[i]];
         std::string error;
         if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) {
           std::lock_guard<std::mutex> lock(p.recvMu);
@@ -149,13 +151,12 @@ void TcpTransport::progressLoop() {
     const int n = ::epoll_wait(epollFd_, events, 64, 1000);
     if (driving_.load() > 0) continue;
     for (int i = 0; i < n; ++i) {
-      const auto id = static_cast<int>(events[i].data.u64);
-      if (id == size_) {
+      if (events[i].data.u64 == kWakeId) {
         uint64_t v;
         [[maybe_unused]] ssize_t r = ::read(wakeFd_, &v, sizeof(v));
         continue;
       }
-      Peer& p = *peers_[id];
+      Peer& p = *conns_[static_cast<size_t>(events[i].data.u64)];
       std::string error;
       if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
         std::lock_guard<std::mutex> lock(p.recvMu);

@@ -28,6 +28,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   LOOM_CHECK(rank >= 0 && rank < size, "rank ", rank, " is out of range [0, ", size, ")");
   LOOM_CHECK(options.busyPollUs <= 10'000'000, "busyPollUs ", options.busyPollUs,
              " is out of range; expected at most 10000000 µs (or < 0 for the default)");
+  LOOM_CHECK(options.sockets >= 0 && options.sockets <= 16, "sockets per peer is ", options.sockets,
+             "; expected 1 to 16 (or 0 for the default)");
   const long long busyUs = options.busyPollUs >= 0 ? options.busyPollUs : kDefaultBusyPollUs;
   const size_t sendStep = options.sendBytes != 0 ? options.sendBytes : kMaxSendBytes;
   const long long spinUs = options.spinUs >= 0 ? options.spinUs : kDefaultSpinUs;
@@ -37,7 +39,10 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   t->busy_ = std::chrono::microseconds(busyUs);
   t->sendStep_ = sendStep;
   t->spin_ = std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(spinUs));
-  t->peers_.resize(size);
+  t->lanes_ = options.sockets > 0 ? options.sockets : kDefaultSockets;
+  t->stripeBytes_ = options.stripeBytes > 0 ? options.stripeBytes : kDefaultStripeBytes;
+  const int lanes = t->lanes_;
+  t->conns_.resize(static_cast<size_t>(size) * lanes);
   if (size == 1) {
     t->start();
     return t;
@@ -67,14 +72,15 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   const int port = net::localPort(listener.fd());
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
-  auto setupSocket = [&](net::Socket sock, int peer) {
-    auto p = std::make_unique<Peer>(rank, peer);
+  auto setupSocket = [&](net::Socket sock, int peer, int lane) {
+    const int index = peer * lanes + lane;
+    auto p = std::make_unique<Peer>(rank, peer, lane, index);
     net::setNoDelay(sock.fd());
     if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
     net::setNonBlocking(sock.fd(), true);
     p->addr = net::peerAddressOf(sock.fd());
     p->sock = std::move(sock);
-    t->peers_[peer] = std::move(p);
+    t->conns_[index] = std::move(p);
   };
 
   // Connect to every lower rank (their listen backlog takes us before they accept).
@@ -89,19 +95,23 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
       peerHost = peerHost.substr(1, peerHost.size() - 2);
     }
     const int peerPort = std::stoi(addr.substr(colon + 1));
-    net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
-    const Hello hello{kMagic, kHelloVersion, rank, size};
-    net::writeFull(sock.fd(), &hello, sizeof(hello), deadline,
-                   detail::str("rank ", peer, " at ", addr));
-    setupSocket(std::move(sock), peer);
+    for (int lane = 0; lane < lanes; ++lane) {
+      net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
+      const Hello hello{kMagic, kHelloVersion, rank, size, lane, lanes};
+      net::writeFull(sock.fd(), &hello, sizeof(hello), deadline,
+                     detail::str("rank ", peer, " at ", addr));
+      setupSocket(std::move(sock), peer, lane);
+    }
   }
   // Accept from every higher rank; the hello says who it is.
-  for (int accepted = 0; accepted < size - 1 - rank; ++accepted) {
+  for (int accepted = 0; accepted < (size - 1 - rank) * lanes; ++accepted) {
     net::Socket sock = net::acceptWithDeadline(listener.fd(), deadline);
     if (!sock.valid()) {
       std::string missing;
       for (int peer = rank + 1; peer < size; ++peer) {
-        if (!t->peers_[peer]) missing += detail::str(missing.empty() ? "" : ", ", peer);
+        bool all = true;
+        for (int lane = 0; lane < lanes; ++lane) all = all && t->conns_[peer * lanes + lane];
+        if (!all) missing += detail::str(missing.empty() ? "" : ", ", peer);
       }
       LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
                  deadline.elapsed().count(), " ms waiting for rank(s) ", missing, " to connect to ",
@@ -115,9 +125,15 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
                  " (not a Loom tcp transport of the same version)");
     LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
                  " has world size ", hello.size, " but this rank has ", size);
-    LOOM_CHECK_T(IoError, hello.rank > rank && hello.rank < size && !t->peers_[hello.rank], "rank ",
-                 rank, ": unexpected or duplicate connection from rank ", hello.rank);
-    setupSocket(std::move(sock), hello.rank);
+    LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
+                 hello.lanes, " connections per peer but this rank ", lanes,
+                 " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
+    LOOM_CHECK_T(IoError,
+                 hello.rank > rank && hello.rank < size && hello.lane >= 0 && hello.lane < lanes &&
+                     !t->conns_[hello.rank * lanes + hello.lane],
+                 "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
+                 " (lane ", hello.lane, ")");
+    setupSocket(std::move(sock), hello.rank, hello.lane);
   }
   t->start();
   return t;
@@ -129,13 +145,13 @@ void TcpTransport::start() {
   notifyFd_ = LOOM_SYSCHECK(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.u64 = static_cast<uint64_t>(size_);  // size_ marks the wake fd
+  ev.data.u64 = kWakeId;
   LOOM_SYSCHECK(::epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev), "epoll_ctl(eventfd)");
-  for (auto& p : peers_) {
+  for (auto& p : conns_) {
     if (!p) continue;
     epoll_event pev{};
     pev.events = EPOLLIN;
-    pev.data.u64 = static_cast<uint64_t>(p->rank);
+    pev.data.u64 = static_cast<uint64_t>(p->index);
     LOOM_SYSCHECK(::epoll_ctl(epollFd_, EPOLL_CTL_ADD, p->sock.fd(), &pev), "epoll_ctl(add)");
     p->inEpoll = true;
   }
@@ -154,7 +170,7 @@ TcpTransport::~TcpTransport() {
   if (progress_.joinable()) progress_.join();
   if (!failed()) {
     // Say goodbye so that peers take our EOF as a clean close, not a crash.
-    for (auto& p : peers_) {
+    for (auto& p : conns_) {
       if (!p) continue;
       std::lock_guard<std::mutex> lock(p->sendMu);
       if (!p->sendQueue.empty() || p->sendClosed) continue;

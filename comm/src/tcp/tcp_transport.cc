@@ -31,11 +31,43 @@ std::shared_ptr<TcpRequest> TcpTransport::failedRequest(int peer, bool send, con
   return req;
 }
 
+std::pair<size_t, size_t> TcpTransport::stripePart(size_t bytes, int lane) const {
+  const size_t part = (bytes / lanes_ + 63) & ~size_t{63};
+  const size_t begin = std::min(bytes, part * lane);
+  const size_t end = lane + 1 == lanes_ ? bytes : std::min(bytes, begin + part);
+  return {begin, end - begin};
+}
+
 RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes, uint64_t tag) {
   checkPeer(peer);
   if (failed()) return failedRequest(peer, true, data, bytes, tag);
+  if (lanes_ == 1 || bytes < stripeBytes_) return sendOn(conn(peer, 0), data, bytes, tag);
+  std::vector<std::shared_ptr<TcpRequest>> parts;
+  for (int lane = 0; lane < lanes_; ++lane) {
+    const auto [begin, n] = stripePart(bytes, lane);
+    parts.push_back(
+        sendOn(conn(peer, lane), static_cast<const uint8_t*>(data) + begin, n, tag | kStripedTag));
+  }
+  return std::make_shared<StripedRequest>(peer, true, bytes, tag, std::move(parts));
+}
+
+RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
+  checkPeer(peer);
+  if (failed()) return failedRequest(peer, false, data, bytes, tag);
+  if (lanes_ == 1 || bytes < stripeBytes_) return recvOn(conn(peer, 0), data, bytes, tag);
+  std::vector<std::shared_ptr<TcpRequest>> parts;
+  for (int lane = 0; lane < lanes_; ++lane) {
+    const auto [begin, n] = stripePart(bytes, lane);
+    parts.push_back(
+        recvOn(conn(peer, lane), static_cast<uint8_t*>(data) + begin, n, tag | kStripedTag));
+  }
+  return std::make_shared<StripedRequest>(peer, false, bytes, tag, std::move(parts));
+}
+
+std::shared_ptr<TcpRequest> TcpTransport::sendOn(Peer& p, const void* data, size_t bytes,
+                                                 uint64_t tag) {
+  const int peer = p.rank;
   auto req = std::make_shared<TcpRequest>(this, peer, true, data, bytes, tag);
-  Peer& p = *peers_[peer];
   std::string error;
   {
     std::lock_guard<std::mutex> lock(p.sendMu);
@@ -55,27 +87,25 @@ RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes, uint64_
   return req;
 }
 
-RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag) {
-  checkPeer(peer);
-  if (failed()) return failedRequest(peer, false, data, bytes, tag);
+std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t bytes, uint64_t tag) {
+  const int peer = p.rank;
+  auto tcpReq = std::make_shared<TcpRequest>(this, peer, false, data, bytes, tag);
   // As the matcher's pointer type: passing it on costs no reference-count round trip.
-  std::shared_ptr<RequestCore> req =
-      std::make_shared<TcpRequest>(this, peer, false, data, bytes, tag);
-  Peer& p = *peers_[peer];
+  std::shared_ptr<RequestCore> req = tcpReq;
   std::string error;
   {
     std::lock_guard<std::mutex> lock(p.recvMu);
     switch (p.matcher.receive(req, error)) {
       case TagMatcher::Match::kDone:
-        return req;
+        return tcpReq;
       case TagMatcher::Match::kArriving: {
         const TagMatcher::Incoming& in = p.matcher.incoming();
         p.target = in.target + in.got;
-        if (!p.stalled) return req;
+        if (!p.stalled) return tcpReq;
         // It was stalled in the socket: read it straight into the receive now.
         resumeLocked(p);
         error = progressRecvLocked(p);
-        if (error.empty()) return req;
+        if (error.empty()) return tcpReq;
         break;
       }
       case TagMatcher::Match::kError:
@@ -89,7 +119,7 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
         }
         if (!p.closed) {
           p.matcher.post(req);
-          return req;
+          return tcpReq;
         }
         error = detail::str("rank ", peer, " (", p.addr, ") closed its connection before sending ",
                             describeTag(tag));
@@ -98,7 +128,7 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
   }
   fail(error, true);
   req->fail(error);
-  return req;
+  return tcpReq;
 }
 
 void TcpTransport::updateEpollLocked(Peer& p, bool wantOut) {
@@ -112,7 +142,7 @@ void TcpTransport::setEpollMask(Peer& p) {
   epoll_event ev{};
   ev.events = (p.readPaused.load() ? 0u : static_cast<uint32_t>(EPOLLIN)) |
               (p.sendPending.load() ? static_cast<uint32_t>(EPOLLOUT) : 0u);
-  ev.data.u64 = static_cast<uint64_t>(p.rank);
+  ev.data.u64 = static_cast<uint64_t>(p.index);
   ::epoll_ctl(epollFd_, EPOLL_CTL_MOD, p.sock.fd(), &ev);
 }
 
@@ -314,7 +344,7 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     failed_.store(true);
   }
   LOOM_LOG_INFO("tcp transport of rank ", rank_, " failed: ", reason);
-  for (auto& pp : peers_) {
+  for (auto& pp : conns_) {
     if (!pp) continue;
     Peer& p = *pp;
     std::lock_guard<std::mutex> rlock(p.recvMu);
@@ -345,20 +375,26 @@ void TcpTransport::abort(const std::string& reason) {
 }
 
 std::string TcpTransport::peerAddress(int peer) const {
-  if (peer < 0 || peer >= size_ || !peers_[peer]) return "?";
-  return peers_[peer]->addr;
+  if (peer < 0 || peer >= size_ || !conns_[peer * lanes_]) return "?";
+  return conn(peer, 0).addr;
 }
 
 std::string TcpTransport::describeUnexpected(int peer) const {
-  if (peer < 0 || peer >= size_ || !peers_[peer]) return {};
-  Peer& p = *peers_[peer];
-  std::lock_guard<std::mutex> lock(p.recvMu);
-  return p.matcher.describeUnexpected();
+  if (peer < 0 || peer >= size_ || !conns_[peer * lanes_]) return {};
+  std::string text;
+  for (int lane = 0; lane < lanes_; ++lane) {
+    Peer& p = conn(peer, lane);
+    std::lock_guard<std::mutex> lock(p.recvMu);
+    const std::string more = p.matcher.describeUnexpected();
+    if (!more.empty()) text += (text.empty() ? "" : "; ") + more;
+  }
+  return text;
 }
 
+// A striped message's first part travels on lane 0, as every unstriped message does.
 bool TcpTransport::probe(int peer, uint64_t tag) const {
-  if (peer < 0 || peer >= size_ || !peers_[peer]) return false;
-  Peer& p = *peers_[peer];
+  if (peer < 0 || peer >= size_ || !conns_[peer * lanes_]) return false;
+  Peer& p = conn(peer, 0);
   std::lock_guard<std::mutex> lock(p.recvMu);
   return p.matcher.hasUnexpected(tag);
 }

@@ -3,8 +3,14 @@
 // How it works
 // - Setup (create): every rank listens on an ephemeral port and publishes "host:port" under
 //   `<keyPrefix>/addr/<rank>` in the Store; rank r connects to every lower rank and accepts
-//   from every higher one; the connecting side sends a hello {magic, rank, size}. Sockets get
-//   TCP_NODELAY and are then non-blocking.
+//   from every higher one, TcpOptions::sockets connections (lanes) per pair; the connecting
+//   side sends a hello {magic, rank, size, lane, lanes}. Sockets get TCP_NODELAY and are then
+//   non-blocking.
+// - Lanes: each lane is a connection with its own send queue, reader and tag matcher. A
+//   message of at least TcpOptions::stripeBytes is cut into one part per lane (stripePart:
+//   the same cut on both sides, since sends and receives must agree on the size) and each
+//   part travels as an ordinary message with the same tag on its lane; smaller messages take
+//   lane 0. So several cores (sender's and receiver's kernel work) can move one message.
 // - Wire format: each message is a 24-byte Header {magic, kind, tag, bytes} followed by the
 //   payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean close) or
 //   abort (payload: the reason, so that peers can name the original failure).
@@ -54,6 +60,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/transport.h"
@@ -84,6 +91,12 @@ struct TcpOptions {
   // How long a wait on a small message spins, in µs (ContextOptions::tcpSpinUs); < 0:
   // kDefaultSpinUs (peer.h).
   int spinUs = -1;
+  // Connections per peer pair, in [1, 16]; 0: kDefaultSockets (peer.h). Equal on all ranks
+  // (ContextOptions::tcpSockets).
+  int sockets = 0;
+  // Messages of at least this many bytes are striped across the connections; 0:
+  // kDefaultStripeBytes (peer.h).
+  size_t stripeBytes = 0;
 };
 
 class TcpRequest;
@@ -105,6 +118,12 @@ class TcpTransport : public Transport {
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
   bool probe(int peer, uint64_t tag) const override;
+
+  // Connections per peer.
+  int lanes() const { return lanes_; }
+  // Part `lane` of a striped message of `bytes`: its byte offset and length (64-byte aligned
+  // cuts; the last part takes the rest).
+  std::pair<size_t, size_t> stripePart(size_t bytes, int lane) const;
 
   // How long TcpRequest::wait spins on a small message (LOOM_SPIN_US at setup).
   Clock::duration spinTime() const { return spin_; }
@@ -139,10 +158,16 @@ class TcpTransport : public Transport {
   std::shared_ptr<TcpRequest> failedRequest(int peer, bool send, const void* data, size_t bytes,
                                             uint64_t tag);
   void checkPeer(int peer) const;
+  Peer& conn(int peer, int lane) const { return *conns_[peer * lanes_ + lane]; }
+  std::shared_ptr<TcpRequest> sendOn(Peer& p, const void* data, size_t bytes, uint64_t tag);
+  std::shared_ptr<TcpRequest> recvOn(Peer& p, void* data, size_t bytes, uint64_t tag);
 
   const int rank_;
   const int size_;
-  std::vector<std::unique_ptr<Peer>> peers_;  // indexed by rank; null for self
+  int lanes_ = 1;
+  size_t stripeBytes_ = 0;
+  // Connection `lane` to rank r at r * lanes_ + lane; null for self.
+  std::vector<std::unique_ptr<Peer>> conns_;
   int epollFd_ = -1;
   int wakeFd_ = -1;                      // eventfd: stop the progress thread
   int notifyFd_ = -1;                    // eventfd: a request completed while its waiter drives

@@ -43,6 +43,9 @@ struct VerbsOptions {
   size_t slotBytes = 64 << 10;
 };
 
+// ContextOptions::shmSingleCopy: whether shared memory reads peers' buffers directly.
+enum class ShmSingleCopy { kAuto, kOn, kOff };
+
 // Every field has a default; Context::create (and createVerbsContext) fills a field the caller
 // left at its default from the environment variable named beside it, when that is set
 // (loom/common/settings.h: `options.sharedMemory = false` beats LOOM_SHM=1, LOOM_SHM=0 turns a
@@ -83,6 +86,9 @@ struct ContextOptions {
   // How long (µs) a wait on a small (<= 64 KiB) tcp message spins before it drives the
   // sockets, in [0, 10 s] (LOOM_SPIN_US).
   int tcpSpinUs = 50;
+  // TCP connections per peer pair, in [1, 16]; messages of 256 KiB and more are striped across
+  // them. Equal on all ranks (LOOM_TCP_SOCKETS).
+  int tcpSockets = 1;
   // Shared-memory point-to-point; false keeps send/recv on tcp while the collectives use the
   // arena (LOOM_SHM_P2P).
   bool shmPointToPoint = true;
@@ -103,6 +109,19 @@ struct ContextOptions {
   // (LOOM_SHM_SPIN_US, LOOM_SHM_YIELD_US).
   int shmSpinUs = -1;
   int shmYieldUs = -1;
+  // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
+  // peers' buffers straight out of their processes (process_vm_readv) instead of copying
+  // through the arena's slots. kAuto: where measured faster (on the 2-core dev VM: nowhere, so
+  // staged), when a probe at setup succeeds on every rank (else every rank stays staged, said once
+  // at info level); kOn: at every size (still only when the probe succeeds, a warning otherwise,
+  // and only when every rank said kOn); kOff: never, on any rank, and no probe
+  // (LOOM_SHM_SINGLE_COPY).
+  ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
+  // A tuning file written by `loom-bench --tune` (loom/comm/tuning.h): the automatic
+  // algorithm choice takes its crossovers for this Context's topology (world size, ranks per
+  // host, transport). Empty: the built-in table; a file that cannot be used gives one warning
+  // and the built-in table (LOOM_TUNING_FILE).
+  std::string tuningFile;
   // For createVerbsContext only.
   VerbsOptions verbs;
 };
@@ -143,6 +162,10 @@ class Context {
   // settings. A plain member, not a virtual, so that dispatch costs no extra call.
   EngineSet* engines() const { return engines_.get(); }
 
+  // The topology a tuning file keys its crossovers by (loom/comm/tuning.h: "world=2
+  // per_host=2 transport=tcp"); empty for Contexts that take no tuning file (verbs).
+  const std::string& topology() const { return topology_; }
+
  protected:
   Context();
   // Called once by the implementation's constructor, after its transport exists.
@@ -153,6 +176,7 @@ class Context {
 
  private:
   std::unique_ptr<EngineSet> engines_;
+  std::string topology_;
 };
 
 }  // namespace loom::comm

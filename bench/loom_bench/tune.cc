@@ -1,0 +1,150 @@
+// How the tuner works: for each operation whose automatic choice has a size crossover, every
+// candidate algorithm is timed at per-rank sizes from 4 KiB to 64 MiB (x4): a few warm-up
+// calls, then a loop whose time is the slowest rank's (an all-reduce of the elapsed times). A
+// crossover is the largest size up to which the small-message algorithm was the faster at
+// every size measured (0 when it lost at the smallest): recursive doubling before the others
+// for all-reduce, then halving-doubling before ring (power-of-two worlds from 4), tree before
+// chain for broadcast, direct before ring for all-gather (reduce-scatter shares it).
+#include "tune.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/comm/tuning.h"
+#include "loom/common/error.h"
+
+namespace loom::bench {
+
+namespace {
+
+using comm::Algorithm;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMinBytes = size_t{4} << 10;
+constexpr size_t kMaxBytes = size_t{64} << 20;
+
+class Tuner {
+ public:
+  Tuner(comm::Context& ctx, std::chrono::milliseconds timeout) : ctx_(ctx) {
+    opts_.timeout = timeout;
+  }
+
+  // Seconds per call of `op` with `algorithm` at `bytes` per rank (the slowest rank's).
+  double time(OpType op, Algorithm algorithm, size_t bytes) {
+    const size_t count = bytes / sizeof(float);
+    const int size = ctx_.size();
+    in_.assign(count, 1.0f);
+    out_.assign(op == OpType::kAllgather ? count * size : count, 0.0f);
+    const int iters = static_cast<int>(std::clamp<size_t>(kMaxBytes / bytes, 3, 40));
+    for (int i = -2; i < iters; ++i) {
+      if (i == 0) start_ = Clock::now();
+      run(op, algorithm, count);
+    }
+    double elapsed = std::chrono::duration<double>(Clock::now() - start_).count() / iters;
+    comm::CollectiveOptions o = opts_;
+    o.seq = ++seq_;
+    comm::allreduce(ctx_, &elapsed, &elapsed, 1, DType::kFloat64, ReduceOp::kMax, o);
+    return elapsed;
+  }
+
+  // The largest size up to which `small` beat every one of `others` at every size from the
+  // first; `from` skips the sizes at or below it.
+  size_t crossover(OpType op, Algorithm small, const std::vector<Algorithm>& others,
+                   size_t from = 0) {
+    size_t best = from;
+    for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+      if (bytes <= from) continue;
+      const double t = time(op, small, bytes);
+      bool wins = true;
+      for (Algorithm a : others) wins = wins && t <= time(op, a, bytes);
+      if (!wins) break;
+      best = bytes;
+    }
+    return best;
+  }
+
+ private:
+  void run(OpType op, Algorithm algorithm, size_t count) {
+    comm::CollectiveOptions o = opts_;
+    o.algorithm = algorithm;
+    o.seq = ++seq_;
+    switch (op) {
+      case OpType::kAllreduce:
+        return comm::allreduce(ctx_, in_.data(), in_.data(), count, DType::kFloat32, ReduceOp::kSum,
+                               o);
+      case OpType::kBroadcast:
+        return comm::broadcast(ctx_, in_.data(), count, DType::kFloat32, 0, o);
+      default:
+        return comm::allgather(ctx_, in_.data(), out_.data(), count, DType::kFloat32, o);
+    }
+  }
+
+  comm::Context& ctx_;
+  comm::CollectiveOptions opts_;
+  uint64_t seq_ = 0;
+  std::vector<float> in_, out_;
+  Clock::time_point start_;
+};
+
+// `path` with the section `key` replaced by `section` (other topologies kept when the file is
+// a tuning file of this version).
+std::string merged(const std::string& path, const std::string& key, const std::string& section) {
+  std::ifstream in(path);
+  std::string line, header = section.substr(0, section.find('\n') + 1), kept;
+  if (in && std::getline(in, line) && line + "\n" == header) {
+    bool skip = false;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.front() == '[') skip = line == "[" + key + "]";
+      if (!skip) kept += line + "\n";
+    }
+  }
+  return header + kept + section.substr(header.size());
+}
+
+}  // namespace
+
+int runTune(Store& store, int rank, int size, const std::string& path,
+            std::chrono::milliseconds timeout) {
+  comm::ContextOptions options;
+  options.timeout = timeout;
+  options.storePrefix = "loom-tune";
+  auto ctx = comm::Context::create(store, rank, size, options);
+  Tuner tuner(*ctx, timeout);
+  comm::Crossovers x = comm::builtinCrossovers(size);
+  if (size > 1) {
+    const bool hd = size >= 4 && (size & (size - 1)) == 0;
+    std::vector<Algorithm> large = {Algorithm::kRing};
+    if (hd) large.push_back(Algorithm::kHalvingDoubling);
+    x.allreduceRdMax = tuner.crossover(OpType::kAllreduce, Algorithm::kRecursiveDoubling, large);
+    x.allreduceHdMax = hd ? tuner.crossover(OpType::kAllreduce, Algorithm::kHalvingDoubling,
+                                            {Algorithm::kRing}, x.allreduceRdMax)
+                          : 0;
+    x.broadcastTreeMax =
+        size <= 2 ? x.broadcastTreeMax
+                  : tuner.crossover(OpType::kBroadcast, Algorithm::kTree, {Algorithm::kChain});
+    x.gatherDirectMax = tuner.crossover(OpType::kAllgather, Algorithm::kDirect, {Algorithm::kRing});
+  }
+  if (rank == 0) {
+    const std::string section = comm::formatTuning(ctx->topology(), x, true);
+    const std::string text = merged(path, ctx->topology(), section);
+    std::ofstream out(path + ".tmp");
+    out << text;
+    out.close();
+    if (!out || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+      std::cerr << "loom-bench: cannot write tuning file " << path << ": "
+                << detail::errnoText(errno) << std::endl;
+      return 3;
+    }
+    std::cout << "# wrote " << path << " (load it with LOOM_TUNING_FILE=" << path << ")\n"
+              << section;
+  }
+  return 0;
+}
+
+}  // namespace loom::bench

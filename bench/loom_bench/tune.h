@@ -1,0 +1,20 @@
+// loom-bench --tune FILE: measures this machine's algorithm crossovers for the job's topology
+// and writes them into a tuning file (loom/comm/tuning.h) that groups load with
+// LOOM_TUNING_FILE.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace loom {
+class Store;
+}
+
+namespace loom::bench {
+
+// Runs on every rank of the job over a comm Context of its own on `store`; rank 0 writes
+// `path` (replacing the section of this topology, keeping the others). Returns the exit status.
+int runTune(Store& store, int rank, int size, const std::string& path,
+            std::chrono::milliseconds timeout);
+
+}  // namespace loom::bench

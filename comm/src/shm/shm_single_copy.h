@@ -1,0 +1,56 @@
+// The single-copy variants of the arena's large collectives: peers read each other's user
+// buffers straight out of the owner's process (cross-memory attach, process_vm_readv; the
+// arena's probe decided at setup whether every rank may: arena.h).
+//
+// How they work: one arena step per collective. Every rank publishes the addresses of its
+// input and output buffers in its control block and posts; then
+// - allreduce: rank r owns segment r of the buffer. It reads segment r of every peer's input
+//   into a cache-sized bounce buffer, a chunk at a time, and reduces it into its own output
+//   (its own operand comes straight from its input); marks it reduced; then reads every other
+//   segment q out of rank q's output once q marked it reduced. Memory traffic per rank and
+//   byte: (N-1)/N read across, one reduction pass over 1/N, (N-1)/N read across; the staged
+//   path copies in, reduces, and copies all N segments out.
+// - reduceScatter: rank r reads slice r of every peer's input through the bounce buffer and
+//   reduces into its output.
+// - broadcast: every non-root reads the root's buffer into its own.
+// - allgather: every rank reads every peer's input into its slice of the output.
+// Before returning, every rank waits until every peer finished the step (it no longer reads
+// this rank's buffers), so the caller may reuse them at once. A failed read fails the group
+// with an IoError naming the peer (Arena::readPeer); it never leaves a wrong result.
+//
+// Which path runs is decided per call (useSingleCopy), identically on every rank. Measured on
+// the 2-vCPU AMD EPYC dev VM (interleaved A/B rounds, docs/results/2026-11-25-single-copy.md):
+// process_vm_readv copies at 0.3-0.5x memcpy's rate there (it pins every page of both
+// buffers), while the staged path's second copy reads a slot that is still in cache, so the
+// staged path won or tied at 2 and 4 ranks for every operation and size. Under heavy load the
+// 4-rank all-gather at 256 KiB-4 MiB was faster single-copy (one hand-over instead of one per
+// chunk, with more ranks than cores), but on a quieter machine that cell was mixed (faster at
+// 256 KiB and 4 MiB, slower at 1 MiB). So on this machine kind no size crossover was found and
+// ShmSingleCopy::kAuto takes the staged path at every size (it still probes, so that the log
+// says whether the path is available); kOn takes the single copy at every size (the sweeps'
+// setting). A machine whose kernel copies faster (huge pages, bare metal) can be measured
+// with bench/peers/ab.sh "...|LOOM_SHM_SINGLE_COPY=on" against "...|LOOM_SHM_SINGLE_COPY=off"
+// and given a crossover here.
+#pragma once
+
+#include <cstddef>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+#include "shm/arena.h"
+
+namespace loom::comm::shm {
+
+// Whether a collective of `kind` moving `bytes` per rank takes the single-copy path.
+bool useSingleCopy(const Arena& arena, OpType kind, size_t bytes);
+
+void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, void* out,
+                         size_t count, DType dtype, ReduceOp op);
+void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const void* in, void* out,
+                             size_t count, DType dtype, ReduceOp op);
+void singleCopyBroadcast(Arena& arena, const Arena::Call& call, void* buf, size_t count,
+                         DType dtype, int root);
+void singleCopyAllgather(Arena& arena, const Arena::Call& call, const void* in, void* out,
+                         size_t count, DType dtype);
+
+}  // namespace loom::comm::shm

@@ -1,0 +1,128 @@
+// The tuning file (loom/comm/tuning.h): a good file's section for the topology
+// changes the automatic algorithm choice; a malformed, stale or missing file, or one without
+// the topology, is refused with a reason naming the file (and the line) and the built-in
+// table stays; a Context given an unusable file still works.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "algorithms/select.h"
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/comm/tuning.h"
+#include "loom/common/error.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
+
+namespace loom::comm {
+namespace {
+
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
+std::string write(loom::testing::TempDir& dir, const std::string& text) {
+  const std::string path = dir.file("tuning.txt");
+  std::ofstream(path) << text;
+  return path;
+}
+
+const std::string kKey = topologyKey(2, 2, "tcp");
+
+TEST(Tuning, GoodFileChangesTheChoice) {
+  loom::testing::TempDir dir;
+  Crossovers x;
+  x.allreduceRdMax = 0;  // ring from the first byte
+  x.allreduceHdMax = 0;
+  x.broadcastTreeMax = 1 << 20;
+  x.gatherDirectMax = 16 << 20;
+  const std::string path =
+      write(dir, formatTuning(topologyKey(4, 4, "tcp"), builtinCrossovers(4), true) +
+                     formatTuning(kKey, x, false));
+  std::string why;
+  const auto loaded = loadTuning(path, kKey, why);
+  ASSERT_TRUE(loaded.has_value()) << why;
+  EXPECT_EQ(loaded->allreduceRdMax, 0u);
+  EXPECT_EQ(loaded->gatherDirectMax, size_t{16} << 20);
+  const Algorithm builtin =
+      selectAlgorithm(OpType::kAllreduce, Algorithm::kAuto, Algorithm::kAuto, 8, 2);
+  const Algorithm tuned =
+      selectAlgorithm(OpType::kAllreduce, Algorithm::kAuto, Algorithm::kAuto, 8, 2, &*loaded);
+  EXPECT_EQ(builtin, Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(tuned, Algorithm::kRing);
+  EXPECT_EQ(
+      selectAlgorithm(OpType::kAllgather, Algorithm::kAuto, Algorithm::kAuto, 1 << 20, 2, &*loaded),
+      Algorithm::kDirect);
+  EXPECT_EQ(selectAlgorithm(OpType::kAllgather, Algorithm::kAuto, Algorithm::kAuto, 1 << 20, 2),
+            Algorithm::kRing);
+}
+
+TEST(Tuning, MalformedLineIsRefusedNamingIt) {
+  loom::testing::TempDir dir;
+  const std::string path =
+      write(dir, "# loom tuning v1\n[" + kKey + "]\nallreduce.rd_max = lots\n");
+  std::string why;
+  EXPECT_FALSE(loadTuning(path, kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "line 3")) << why;
+  EXPECT_TRUE(contains(why, "allreduce.rd_max = lots")) << why;
+}
+
+TEST(Tuning, StaleVersionIsRefused) {
+  loom::testing::TempDir dir;
+  const std::string path = write(dir, "# loom tuning v0\n[" + kKey + "]\n");
+  std::string why;
+  EXPECT_FALSE(loadTuning(path, kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "expected '# loom tuning v1'")) << why;
+}
+
+TEST(Tuning, MissingFileIsRefused) {
+  std::string why;
+  EXPECT_FALSE(loadTuning("/nonexistent/loom-tuning.txt", kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "cannot read tuning file /nonexistent/loom-tuning.txt")) << why;
+}
+
+TEST(Tuning, WrongTopologyIsRefusedListingWhatIsThere) {
+  loom::testing::TempDir dir;
+  const std::string path =
+      write(dir, formatTuning(topologyKey(4, 2, "tcp"), builtinCrossovers(4), true));
+  std::string why;
+  EXPECT_FALSE(loadTuning(path, kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "no section [world=2 per_host=2 transport=tcp]")) << why;
+  EXPECT_TRUE(contains(why, "[world=4 per_host=2 transport=tcp]")) << why;
+}
+
+TEST(Tuning, IncompleteSectionIsRefused) {
+  loom::testing::TempDir dir;
+  const std::string path = write(dir, "# loom tuning v1\n[" + kKey + "]\nallreduce.rd_max = 0\n");
+  std::string why;
+  EXPECT_FALSE(loadTuning(path, kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "sets 1 of the 4 crossovers")) << why;
+}
+
+// A Context with a good file or an unusable one is created and computes the same results.
+TEST(Tuning, ContextsWithGoodAndBadFilesWork) {
+  loom::testing::TempDir dir;
+  Crossovers ring;  // every crossover 0: ring all-reduce, chain broadcast, ring all-gather
+  const std::string good = dir.file("good.txt");
+  std::ofstream(good) << formatTuning(kKey, ring, true);
+  const std::string bad = dir.file("bad.txt");
+  std::ofstream(bad) << "not a tuning file\n";
+  for (const std::string& path : {good, bad}) {
+    HashStore store;
+    loom::testing::runThreadRanks(2, [&](int rank) {
+      ContextOptions o;
+      o.host = "127.0.0.1";
+      o.sharedMemory = false;
+      o.tuningFile = path;
+      auto ctx = Context::create(store, rank, 2, o);
+      std::vector<float> buf(1000, rank + 1.0f);
+      allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      for (float v : buf) LOOM_CHECK_EQ(v, 3.0f);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace loom::comm
