@@ -158,8 +158,12 @@ diag::StragglerTable ProcessGroup::stragglers(std::optional<std::chrono::millise
                ": stragglers: the flight recorder is off (flightRecorderEntries = 0, or "
                "LOOM_FLIGHT_RECORDER_ENTRIES=0)");
   }
+  // The rank that hosts the store waits until every rank has read the records (rank 0 when the
+  // host is unknown or outside this group).
+  const int host =
+      options_.storeHostRank >= 0 && options_.storeHostRank < size_ ? options_.storeHostRank : 0;
   return diag::exchangeStragglers(*store_, rank_, size_, diagnostics_->recordJson("stragglers"),
-                                  ++stragglerRounds_, timeout.value_or(options_.timeout));
+                                  ++stragglerRounds_, timeout.value_or(options_.timeout), host);
 }
 
 uint64_t ProcessGroup::lastSeq() const {

@@ -22,18 +22,30 @@ for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bog
 done
 
 # ranks N PROGRAM ARGS...: N ranks with torchrun's variables; rank 0's output in $tmp/out.
-port=$((31000 + RANDOM % 2000))
+port=$((20000 + RANDOM % 10000))  # below the kernel's ephemeral range (32768-)
 ranks() {
+  # Another process may hold the port we picked: rank 0 then says "Address already in use", the
+  # other ranks are stopped and we try the next port.
   local n=$1; shift
-  local pids=() rc=0
-  port=$((port + 1))
-  for ((r = 0; r < n; r++)); do
-    if ((r == 0)); then out="$tmp/out"; else out="$tmp/out$r"; fi
-    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_SHM=0 \
-      timeout 120 "$@" >"$out" 2>&1 &
-    pids+=($!)
+  local pids=() rc=0 attempt
+  for attempt in 1 2 3 4 5; do
+    port=$((port + 1))
+    pids=() rc=0
+    for ((r = 0; r < n; r++)); do
+      if ((r == 0)); then out="$tmp/out"; else out="$tmp/out$r"; fi
+      RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_SHM=0 \
+        timeout 120 "$@" >"$out" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[0]}" || rc=$?
+    if grep -q "Address already in use" "$tmp/out"; then
+      kill "${pids[@]:1}" 2>/dev/null
+      for p in "${pids[@]:1}"; do wait "$p"; done
+      continue
+    fi
+    for p in "${pids[@]:1}"; do wait "$p" || rc=$?; done
+    break
   done
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   return $rc
 }
 
@@ -54,7 +66,7 @@ if [[ -z $(ls /sys/class/infiniband 2>/dev/null) ]]; then
     fail "loom-bench --backend verbs without a device did not say why: $(tail -2 "$tmp/out")"
 fi
 # The device lines say what carries the data.
-ranks 2 "$bin/loom-bench" -b 8 -e 8 -n 1 -w 0 || fail "loom-bench 8 bytes at 2 ranks failed"
+ranks 2 "$bin/loom-bench" -b 8 -e 8 -n 1 -w 0 || fail "loom-bench 8 bytes at 2 ranks failed: $(tail -n 5 "$tmp"/out*)"
 grep -q "device  0 \[cpu\] loom tcp over tcp" "$tmp/out" ||
   fail "with LOOM_SHM=0 the device lines do not say tcp: $(grep device "$tmp/out")"
 
@@ -63,7 +75,7 @@ for n in 2 3; do
   for op in $ops; do
     if ! ranks "$n" "$bin/loom-bench" --op "$op" -b 8 -e 8K -f 32 -n 2 -w 1 -c 1 -d all -o all \
       -r $((n - 1)); then
-      fail "loom-bench --op $op at $n ranks exited non-zero"; tail -5 "$tmp"/out*
+      fail "loom-bench --op $op at $n ranks exited non-zero"; tail -n 5 "$tmp"/out*
     fi
     grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "loom-bench --op $op at $n ranks: wrong elements"
   done

@@ -495,7 +495,7 @@ std::vector<std::string> absentNotes(Store& store,
 }
 
 StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
-                                  uint64_t round, milliseconds timeout) {
+                                  uint64_t round, milliseconds timeout, int waiter) {
   const auto key = [](uint64_t n, int r) {
     return "flight/stragglers/" + std::to_string(n) + "/" + std::to_string(r);
   };
@@ -515,7 +515,22 @@ StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::s
   }
   const std::vector<Bytes> values = store.multiGet(keys);
   // Every rank published round `round`, so every rank finished reading round - 1.
-  if (round > 1) store.deleteKey(key(round - 1, rank));
+  if (round > 1) {
+    store.deleteKey(key(round - 1, rank));
+    store.deleteKey(key(round - 1, rank) + "/read");
+  }
+  store.set(key(round, rank) + "/read", "1");
+  if (rank == waiter) {
+    std::vector<std::string> read;
+    for (int r = 0; r < size; ++r) read.push_back(key(round, r) + "/read");
+    try {
+      store.wait(read, timeout);
+    } catch (const TimeoutError& e) {
+      LOOM_LOG_WARNING("rank ", rank, ": stragglers() round ", round,
+                       ": not every rank read the records in time (", e.what(),
+                       "); the table is complete, the store may go away under them");
+    }
+  }
   std::vector<std::optional<RankDump>> dumps(size);
   for (int r = 0; r < size; ++r) {
     dumps[r] = parseDump(toString(values[r]), "rank " + std::to_string(r) + "'s record");

@@ -109,9 +109,12 @@ struct Heartbeat {
 std::string livenessOf(const Heartbeat& hb, int64_t nowUs);
 
 // ProcessGroup::stragglers: publishes `record` as round `round`'s, waits up to `timeout` for every
-// rank's and computes the table; removes this rank's key of the round before.
+// rank's and computes the table; removes this rank's key of the round before. Every rank then
+// says it has read them, and `waiter` (the rank whose process hosts the store) waits for that
+// (bounded by `timeout`) before it returns: a program that exits right after stragglers() must
+// not take the store away from ranks still reading it.
 StragglerTable exchangeStragglers(Store& store, int rank, int size, const std::string& record,
-                                  uint64_t round, std::chrono::milliseconds timeout);
+                                  uint64_t round, std::chrono::milliseconds timeout, int waiter);
 
 // The rank a failure message says it waited for ("... waiting for rank 3 ..."), or -1.
 int peerNamedIn(const std::string& message);
