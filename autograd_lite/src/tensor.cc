@@ -10,6 +10,10 @@
 #include <stdexcept>
 #include <type_traits>
 
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
 #include "loom/autograd/engine.h"
 #include "loom/autograd/ops.h"
 
@@ -233,6 +237,32 @@ double elementValue<BFloat16>(BFloat16 v) {
 template <>
 double elementValue<Float16>(Float16 v) {
   return toFloat(v);
+}
+
+// float32 <-> float16 over arrays: the F16C instructions where the build has them (IEEE round
+// to nearest even, NaN kept quiet: bitwise what toFloat16/toFloat give, which a test checks),
+// else the scalar conversions. The scalar float16 rounding has branches the compiler cannot
+// vectorize, and fp16 autocast converts every matmul operand.
+void floatToHalf(const float* src, Float16* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = toFloat16(src[i]);
+}
+
+void halfToFloat(const Float16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = toFloat(src[i]);
 }
 
 // Calls f.template operator()<T>() with T the element type of dtype.
@@ -481,7 +511,9 @@ Tensor Tensor::to(DType target) const {
       if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
         for (int64_t i = 0; i < n; ++i) dst[i] = toBFloat16(src[i]);
       } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Float16>) {
-        for (int64_t i = 0; i < n; ++i) dst[i] = toFloat16(src[i]);
+        floatToHalf(src, dst, n);
+      } else if constexpr (std::is_same_v<S, Float16> && std::is_same_v<D, float>) {
+        halfToFloat(src, dst, n);
       } else if constexpr ((std::is_same_v<S, BFloat16> ||
                             std::is_same_v<S, Float16>)&&std::is_same_v<D, float>) {
         for (int64_t i = 0; i < n; ++i) dst[i] = toFloat(src[i]);

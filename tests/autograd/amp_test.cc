@@ -131,6 +131,29 @@ TEST(Half, SweepAgainstReference) {
   EXPECT_GT(checked, 10000000);
 }
 
+// Tensor::to converts float32 <-> float16 arrays with F16C where built with it: bitwise the
+// scalar conversions, NaNs included, over every half pattern and a sweep of float32 patterns
+// (lengths that are not multiples of the vector width reach the scalar tail too).
+TEST(LowPrecision, ArrayConversionsMatchScalar) {
+  Tensor h = empty({0x10000 + 3}, DType::kFloat16);
+  for (uint32_t b = 0; b < 0x10003; ++b) h.data<Float16>()[b] = Float16{static_cast<uint16_t>(b)};
+  const std::vector<float> f = h.to(DType::kFloat32).toVector<float>();
+  for (uint32_t b = 0; b < 0x10003; ++b) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(f[b]),
+              std::bit_cast<uint32_t>(toFloat(Float16{static_cast<uint16_t>(b)})))
+        << std::hex << b;
+  }
+  std::vector<float> src;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 65537)
+    src.push_back(fromBits(static_cast<uint32_t>(u)));
+  src.push_back(fromBits(0x7F800001u));  // a signaling NaN
+  const Tensor back = fromVector(src).to(DType::kFloat16);
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(back.data<Float16>()[i].bits, hf(src[i]))
+        << std::hex << std::bit_cast<uint32_t>(src[i]);
+  }
+}
+
 TEST(LowPrecision, TensorStorageAndConversions) {
   Tensor x = fromVector(std::vector<float>{1.0f, 1.0f + 0x1p-8f, 65520.0f, -0.1f});
   Tensor b = x.to(DType::kBFloat16);

@@ -75,7 +75,9 @@ inline float toFloat(Float16 h) {
   const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
   const uint32_t exp = (h.bits >> 10) & 0x1fu;
   const uint32_t mant = h.bits & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0x1f) {  // infinity, or NaN made quiet (as IEEE conversions and F16C do)
+    return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
+  }
   if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
     const float v = static_cast<float>(mant) * 0x1p-24f;
     return sign ? -v : v;
