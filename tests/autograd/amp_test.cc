@@ -300,6 +300,53 @@ TEST(Autocast, LinearValuesAndMasterGradients) {
   EXPECT_GT(relErr(w.grad(), w2.grad()), 0.0) << "bf16 rounding should show";
 }
 
+// A transformer block's pieces and a conv net under bf16 autocast: forward close to float32
+// (within bf16's precision), float32 gradients on every parameter, close to float32's.
+TEST(Autocast, AttentionAndConvModulesCloseToFloat32) {
+  Generator gen(11);
+  auto attn = std::make_shared<nn::CausalSelfAttention>(32, 4);
+  auto ln = std::make_shared<nn::LayerNorm>(Shape{32});
+  auto conv = std::make_shared<nn::Conv2d>(3, 8, 3, nn::Conv2dOptions{.padding = 1});
+  Tensor x = randn({2, 16, 32}, gen);
+  Tensor img = randn({2, 3, 8, 8}, gen);
+  auto run = [&](bool autocast) {
+    for (auto* m : std::initializer_list<nn::Module*>{attn.get(), ln.get(), conv.get()}) {
+      for (Tensor& p : m->parameters()) p.zeroGrad(true);
+    }
+    std::optional<AutocastGuard> ac;
+    if (autocast) ac.emplace(DType::kBFloat16);
+    Tensor y = (*ln)(add(x, (*attn)(x)));
+    Tensor c = (*conv)(img);
+    EXPECT_EQ(y.dtype(), DType::kFloat32);  // layerNorm is fp32-list
+    EXPECT_EQ(c.dtype(), autocast ? DType::kBFloat16 : DType::kFloat32);
+    Tensor loss = add(sum(mul(y, y)), sum(cast(c, DType::kFloat32)));
+    ac.reset();
+    loss.backward();
+    std::vector<Tensor> grads;
+    for (auto* m : std::initializer_list<nn::Module*>{attn.get(), ln.get(), conv.get()}) {
+      for (Tensor& p : m->parameters()) {
+        EXPECT_EQ(p.grad().dtype(), DType::kFloat32);
+        grads.push_back(p.grad().clone());
+      }
+    }
+    return std::make_pair(loss.item(), grads);
+  };
+  const auto [l32, g32] = run(false);
+  const auto [l16, g16] = run(true);
+  EXPECT_NEAR(l16, l32, 1e-2 * std::abs(l32));
+  EXPECT_NE(l16, l32);
+  ASSERT_EQ(g16.size(), g32.size());
+  for (size_t i = 0; i < g32.size(); ++i) {
+    const auto a = g16[i].toVector<float>(), b = g32[i].toVector<float>();
+    double diff = 0, scale = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      diff = std::max(diff, static_cast<double>(std::abs(a[k] - b[k])));
+      scale = std::max(scale, static_cast<double>(std::abs(b[k])));
+    }
+    EXPECT_LE(diff, 5e-2 * scale) << "parameter " << i;
+  }
+}
+
 TEST(Autocast, CastBackwardCastsTheGradientBack) {
   Tensor x = fromVector(std::vector<float>{1.0f, 2.0f, 3.0f}).setRequiresGrad(true);
   Tensor h = cast(x, DType::kFloat16);
