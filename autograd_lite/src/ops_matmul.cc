@@ -25,13 +25,6 @@ Shape batchDims(const Tensor& t) {
 
 }  // namespace
 
-// Three forms (B... = any leading batch dimensions):
-//   a: [M, K],       b: [K, N]       -> [M, N]
-//   a: [B..., M, K], b: [K, N]       -> [B..., M, N]   (b shared: one product of [B*M, K])
-//   a: [B..., M, K], b: [B..., K, N] -> [B..., M, N]   (one product per batch entry)
-//   a: [M, K],       b: [B..., K, N] -> [B..., M, N]   (a shared)
-// Backward, per batch entry: ga = g b^T, gb = a^T g; a shared operand's gradient is summed
-// over the batch.
 namespace {
 Tensor matmulImpl(const Tensor& a, const Tensor& b);
 Tensor linearImpl(const Tensor& x, const Tensor& w, const Tensor& bias);
@@ -66,6 +59,13 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
 
 namespace {
 
+// Three forms (B... = any leading batch dimensions):
+//   a: [M, K],       b: [K, N]       -> [M, N]
+//   a: [B..., M, K], b: [K, N]       -> [B..., M, N]   (b shared: one product of [B*M, K])
+//   a: [B..., M, K], b: [B..., K, N] -> [B..., M, N]   (one product per batch entry)
+//   a: [M, K],       b: [B..., K, N] -> [B..., M, N]   (a shared)
+// Backward, per batch entry: ga = g b^T, gb = a^T g; a shared operand's gradient is summed
+// over the batch.
 Tensor matmulImpl(const Tensor& a, const Tensor& b) {
   detail::checkSameDType(a, b, "matmul");
   if (a.dim() < 2 || b.dim() < 2 || a.size(-1) != b.size(-2) ||
