@@ -372,6 +372,21 @@ TEST(Autocast, Float64GradCheckUnderAutocast) {
        randn({2}, gen, DType::kFloat64)});
 }
 
+// float64 gradient checks through the promotion paths: a bfloat16 constant operand is widened
+// to float64, and the gradient of the float64 input is exact.
+TEST(LowPrecision, Float64GradCheckThroughPromotion) {
+  Generator gen(13);
+  const Tensor c = randn({3, 4}, gen).to(DType::kBFloat16);
+  const Tensor r = randn({4}, gen).to(DType::kFloat16);
+  test_util::gradCheck("mul/add/div with low-precision constants",
+                       [c, r](const std::vector<Tensor>& in) {
+                         Tensor y = add(mul(in[0], c), div(in[0], r + 3.0));
+                         EXPECT_EQ(y.dtype(), DType::kFloat64);
+                         return y;
+                       },
+                       {randn({3, 4}, gen, DType::kFloat64)});
+}
+
 TEST(LowPrecision, ClearErrors) {
   Tensor p = zeros({2}, DType::kBFloat16).setRequiresGrad(true);
   try {
