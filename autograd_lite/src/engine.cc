@@ -99,10 +99,18 @@ void addInto(Tensor& acc, const Tensor& g) {
     float* a = acc.data<float>();
     const float* b = g.data<float>();
     for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-  } else {
+  } else if (acc.dtype() == DType::kFloat64) {
     double* a = acc.data<double>();
     const double* b = g.data<double>();
     for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  } else if (acc.dtype() == DType::kBFloat16) {  // summed in float32, rounded once
+    BFloat16* a = acc.data<BFloat16>();
+    const BFloat16* b = g.data<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) a[i] = toBFloat16(toFloat(a[i]) + toFloat(b[i]));
+  } else {
+    Float16* a = acc.data<Float16>();
+    const Float16* b = g.data<Float16>();
+    for (int64_t i = 0; i < n; ++i) a[i] = toFloat16(toFloat(a[i]) + toFloat(b[i]));
   }
 }
 

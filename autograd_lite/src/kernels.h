@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,7 +16,9 @@
 
 namespace loom::ag::detail {
 
-// Calls f.template operator()<T>() with T = float or double according to dtype.
+// Calls f.template operator()<T>() with T = float or double according to dtype. Kernels
+// compute in these two only: the public ops turn bfloat16/float16 inputs into float32 before
+// they get here (see autocast.h), so a low-precision dtype here is a library bug, reported.
 template <class F>
 decltype(auto) dispatchFloat(DType dtype, const char* op, F&& f) {
   switch (dtype) {
@@ -23,13 +26,18 @@ decltype(auto) dispatchFloat(DType dtype, const char* op, F&& f) {
       return f.template operator()<float>();
     case DType::kFloat64:
       return f.template operator()<double>();
-    default:
-      throw std::invalid_argument(std::string(op) + ": expected a float32 or float64 tensor, got " +
-                                  dtypeName(dtype));
+    case DType::kInt64:
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      break;
   }
+  throw std::invalid_argument(
+      std::string(op) + ": this kernel computes in float32 or float64 only, got " +
+      dtypeName(dtype) + (isLowPrecision(dtype) ? " (cast it with cast(x, DType::kFloat32))" : ""));
 }
 
-// Like dispatchFloat, also with T = int64_t (for ops that only move data).
+// Like dispatchFloat, also with T = int64_t, BFloat16 and Float16 (for ops that only move
+// data).
 template <class F>
 decltype(auto) dispatchAny(DType dtype, F&& f) {
   switch (dtype) {
@@ -37,11 +45,39 @@ decltype(auto) dispatchAny(DType dtype, F&& f) {
       return f.template operator()<float>();
     case DType::kFloat64:
       return f.template operator()<double>();
+    case DType::kBFloat16:
+      return f.template operator()<BFloat16>();
+    case DType::kFloat16:
+      return f.template operator()<Float16>();
     case DType::kInt64:
       break;
   }
   return f.template operator()<int64_t>();
 }
+
+// ---- low precision (the rules are in autocast.h) ----
+
+// x as float32 when it is bfloat16/float16 (a differentiable cast), else x itself.
+Tensor upcastLow(const Tensor& x);
+// The dtype a float32 result goes back to: `like` when every defined input is that one
+// low-precision dtype and no autocast is active, else float32 (PyTorch's fp32 op list: under
+// autocast these ops return float32; outside it they return their inputs' dtype).
+DType fp32OpResultDType(std::initializer_list<const Tensor*> inputs);
+// y cast to dtype (no-op when equal).
+Tensor castTo(const Tensor& y, DType dtype);
+inline bool isLow(const Tensor& x) {
+  return x.defined() && isLowPrecision(x.dtype());
+}
+// True when any defined input is bfloat16/float16.
+bool anyLowPrecision(std::initializer_list<const Tensor*> inputs);
+// Under autocast: x cast to the autocast dtype when it is float32 or the other low dtype
+// (float64 and int64 are left alone). Outside autocast, or x undefined: x.
+Tensor autocastLow(const Tensor& x);
+// The dtype of a binary elementwise result (PyTorch's promotion restricted to our dtypes): equal
+// dtypes give themselves; a 0-d operand takes the other's dtype when that one is dimensioned;
+// a low-precision dtype with float32/float64 gives the wider one; bfloat16 with float16 gives
+// float32. Other mixes (float32 with float64) throw, naming op.
+DType promoteBinary(const Tensor& a, const Tensor& b, const char* op);
 
 inline void checkDefined(const Tensor& t, const char* op, const char* arg) {
   if (!t.defined()) {

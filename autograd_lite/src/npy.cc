@@ -89,10 +89,13 @@ Tensor loadNpy(const std::string& path) {
     dtype = DType::kInt64;
   } else if (descr == "<f8") {
     dtype = DType::kFloat64;
+  } else if (descr == "<f2") {
+    dtype = DType::kFloat16;
   } else {
-    throw std::runtime_error(path + ": unsupported .npy dtype '" + descr +
-                             "' (supported: '<f4' float32, '<f8' float64, '<i8' int64; "
-                             "convert with arr.astype(...))");
+    throw std::runtime_error(
+        path + ": unsupported .npy dtype '" + descr +
+        "' (supported: '<f4' float32, '<f8' float64, '<i8' int64, '<f2' float16; "
+        "convert with arr.astype(...))");
   }
   const std::string fortran = headerField(header, "fortran_order", path);
   if (fortran != "False") {
@@ -132,9 +135,24 @@ Tensor loadNpy(const std::string& path) {
 
 void saveNpy(const std::string& path, const Tensor& tensor) {
   if (!tensor.defined()) throw std::invalid_argument("saveNpy: tensor is undefined");
-  const char* descr = tensor.dtype() == DType::kFloat32   ? "<f4"
-                      : tensor.dtype() == DType::kFloat64 ? "<f8"
-                                                          : "<i8";
+  const char* descr = "";
+  switch (tensor.dtype()) {
+    case DType::kFloat32:
+      descr = "<f4";
+      break;
+    case DType::kFloat64:
+      descr = "<f8";
+      break;
+    case DType::kInt64:
+      descr = "<i8";
+      break;
+    case DType::kFloat16:
+      descr = "<f2";
+      break;
+    case DType::kBFloat16:
+      throw std::invalid_argument(
+          "saveNpy: .npy has no bfloat16 dtype; save t.to(DType::kFloat32) (" + path + ")");
+  }
   std::string shape = "(";
   for (int64_t d : tensor.shape()) shape += std::to_string(d) + ", ";
   if (tensor.dim() > 1) shape.resize(shape.size() - 2);

@@ -106,10 +106,33 @@ void col2im(const T* cols, const Geometry& g, T* img) {
 }  // namespace
 
 // x: [N, C, H, W], weight: [O, C, KH, KW], bias: [O] -> [N, O, HO, WO] (see the file comment).
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+namespace {
+Tensor conv2dImpl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Conv2dParams& params);
+}  // namespace
+
+// Autocast casts the operands to its dtype; low-precision operands are convolved as float32
+// and the output rounded once (autocast.h).
+Tensor conv2d(const Tensor& x0, const Tensor& weight0, const Tensor& bias0,
               const Conv2dParams& params) {
-  detail::checkDefined(x, "conv2d", "input");
-  detail::checkDefined(weight, "conv2d", "weight");
+  detail::checkDefined(x0, "conv2d", "input");
+  detail::checkDefined(weight0, "conv2d", "weight");
+  const Tensor x = detail::autocastLow(x0), weight = detail::autocastLow(weight0);
+  const Tensor bias = detail::autocastLow(bias0);
+  if (detail::anyLowPrecision({&x, &weight, &bias})) {
+    detail::checkSameDType(x, weight, "conv2d");
+    if (bias.defined()) detail::checkSameDType(x, bias, "conv2d");
+    return cast(conv2dImpl(detail::upcastLow(x), detail::upcastLow(weight), detail::upcastLow(bias),
+                           params),
+                x.dtype());
+  }
+  return conv2dImpl(x, weight, bias, params);
+}
+
+namespace {
+
+Tensor conv2dImpl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Conv2dParams& params) {
   detail::checkSameDType(x, weight, "conv2d");
   if (weight.dim() != 4 || x.dim() != 4 || weight.size(1) != x.size(1)) {
     throw std::invalid_argument(
@@ -194,8 +217,6 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   return out;
 }
 
-namespace {
-
 Geometry poolGeometry(const Tensor& x, const Pool2dParams& p, const char* op) {
   detail::checkDefined(x, op, "input");
   const Geometry g = geometry(x, p.kernelH, p.kernelW, p.strideH, p.strideW, p.padH, p.padW, op);
@@ -212,6 +233,7 @@ Geometry poolGeometry(const Tensor& x, const Pool2dParams& p, const char* op) {
 // Each output is the max of its window's in-bounds pixels. Backward: g goes to the pixel that
 // won (the first maximum in row-major window order).
 Tensor maxPool2d(const Tensor& x, const Pool2dParams& params) {
+  if (detail::isLow(x)) return cast(maxPool2d(detail::upcastLow(x), params), x.dtype());
   const Geometry g = poolGeometry(x, params, "maxPool2d");
   const int64_t planes = g.n * g.c, l = g.ho * g.wo;
   Tensor out = empty({g.n, g.c, g.ho, g.wo}, x.dtype());
@@ -269,6 +291,7 @@ Tensor maxPool2d(const Tensor& x, const Pool2dParams& params) {
 // Each output is the sum of its window's in-bounds pixels over kernelH * kernelW (padding
 // counts as zeros). Backward: g / (kernelH * kernelW) to every in-bounds pixel of the window.
 Tensor avgPool2d(const Tensor& x, const Pool2dParams& params) {
+  if (detail::isLow(x)) return cast(avgPool2d(detail::upcastLow(x), params), x.dtype());
   const Geometry g = poolGeometry(x, params, "avgPool2d");
   const int64_t planes = g.n * g.c, l = g.ho * g.wo;
   const double inv = 1.0 / static_cast<double>(g.kh * g.kw);

@@ -2,6 +2,7 @@
 // split over the thread pool in runs of kGrain elements; GELU uses Eigen's vectorized erf/exp.
 #include <Eigen/Core>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <unsupported/Eigen/SpecialFunctions>
 
@@ -41,10 +42,30 @@ Tensor binaryForward(const Tensor& a, const Tensor& b, const char* op, F f) {
   return out;
 }
 
+// Binary ops with a bfloat16/float16 operand: computed in float32 (float64 when the result is
+// float64) on cast operands, the result cast to the promoted dtype (autocast.h).
+template <class Op>
+std::optional<Tensor> lowBinary(const Tensor& a, const Tensor& b, const char* op, Op f) {
+  detail::checkDefined(a, op, "a");
+  detail::checkDefined(b, op, "b");
+  if (!detail::anyLowPrecision({&a, &b})) return std::nullopt;
+  const DType result = detail::promoteBinary(a, b, op);
+  const DType compute = result == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  return cast(f(cast(a, compute), cast(b, compute)), result);
+}
+
+// A scalar operand: float32 next to a low-precision tensor (the 0-d promotion rule keeps the
+// tensor's dtype), else the tensor's dtype.
+Tensor scalarFor(double v, const Tensor& t) {
+  return scalarTensor(v, isLowPrecision(t.dtype()) ? DType::kFloat32 : t.dtype());
+}
+
 }  // namespace
 
 // out = a + b. Backward: each input gets g summed over the dimensions it was broadcast along.
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (auto low = lowBinary(a, b, "add", [](const Tensor& x, const Tensor& y) { return add(x, y); }))
+    return *low;
   Tensor out = binaryForward(a, b, "add", [](auto x, auto y) { return x + y; });
   recordOp(out, "add", {&a, &b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{detail::sumTo(g, sa), detail::sumTo(g, sb)};
@@ -54,6 +75,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 // out = a - b. Backward: g to a, -g to b (each summed to its shape).
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (auto low = lowBinary(a, b, "sub", [](const Tensor& x, const Tensor& y) { return sub(x, y); }))
+    return *low;
   Tensor out = binaryForward(a, b, "sub", [](auto x, auto y) { return x - y; });
   recordOp(out, "sub", {&a, &b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{detail::sumTo(g, sa), detail::sumTo(neg(g), sb)};
@@ -63,6 +86,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 // out = a * b. Backward: g * b to a, g * a to b.
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (auto low = lowBinary(a, b, "mul", [](const Tensor& x, const Tensor& y) { return mul(x, y); }))
+    return *low;
   Tensor out = binaryForward(a, b, "mul", [](auto x, auto y) { return x * y; });
   if (out.dtype() != DType::kInt64 && anyRequiresGrad({&a, &b})) {
     const bool needA = a.requiresGrad(), needB = b.requiresGrad();
@@ -79,6 +104,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 // out = a / b. Backward: g / b to a, -g * a / b^2 = -g * out / b to b.
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (auto low = lowBinary(a, b, "div", [](const Tensor& x, const Tensor& y) { return div(x, y); }))
+    return *low;
   Tensor out = binaryForward(a, b, "div", [](auto x, auto y) { return x / y; });
   if (anyRequiresGrad({&a, &b})) {
     Tensor sb = b.detach();
@@ -110,28 +137,28 @@ Tensor operator-(const Tensor& a) {
   return neg(a);
 }
 Tensor operator+(const Tensor& a, double b) {
-  return add(a, scalarTensor(b, a.dtype()));
+  return add(a, scalarFor(b, a));
 }
 Tensor operator-(const Tensor& a, double b) {
-  return sub(a, scalarTensor(b, a.dtype()));
+  return sub(a, scalarFor(b, a));
 }
 Tensor operator*(const Tensor& a, double b) {
-  return mul(a, scalarTensor(b, a.dtype()));
+  return mul(a, scalarFor(b, a));
 }
 Tensor operator/(const Tensor& a, double b) {
-  return div(a, scalarTensor(b, a.dtype()));
+  return div(a, scalarFor(b, a));
 }
 Tensor operator+(double a, const Tensor& b) {
-  return add(scalarTensor(a, b.dtype()), b);
+  return add(scalarFor(a, b), b);
 }
 Tensor operator-(double a, const Tensor& b) {
-  return sub(scalarTensor(a, b.dtype()), b);
+  return sub(scalarFor(a, b), b);
 }
 Tensor operator*(double a, const Tensor& b) {
-  return mul(scalarTensor(a, b.dtype()), b);
+  return mul(scalarFor(a, b), b);
 }
 Tensor operator/(double a, const Tensor& b) {
-  return div(scalarTensor(a, b.dtype()), b);
+  return div(scalarFor(a, b), b);
 }
 
 // ---- unary ----
@@ -181,12 +208,14 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 }  // namespace
 
 Tensor neg(const Tensor& a) {
+  if (detail::isLow(a)) return cast(neg(detail::upcastLow(a)), a.dtype());
   return unaryOp(
       a, "neg", false, false, [](auto x) { return -x; }, [](auto, auto, auto g) { return -g; });
 }
 
 // y = max(x, 0); dy/dx = 1 where y > 0.
 Tensor relu(const Tensor& x) {
+  if (detail::isLow(x)) return cast(relu(detail::upcastLow(x)), x.dtype());
   return unaryOp(
       x, "relu", false, true, [](auto v) { return v > 0 ? v : decltype(v)(0); },
       [](auto, auto y, auto g) { return y > 0 ? g : decltype(g)(0); });
@@ -195,6 +224,7 @@ Tensor relu(const Tensor& x) {
 // y = x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x * phi(x) with
 // phi(x) = exp(-x^2 / 2) / sqrt(2 pi). Phi is kept from the forward for the backward.
 Tensor gelu(const Tensor& x) {
+  if (detail::isLow(x)) return cast(gelu(detail::upcastLow(x)), x.dtype());
   detail::checkDefined(x, "gelu", "x");
   Tensor out = empty(x.shape(), x.dtype());
   Tensor cdf = empty(x.shape(), x.dtype());
@@ -233,6 +263,7 @@ Tensor gelu(const Tensor& x) {
 
 // dy/dx = 1 - y^2.
 Tensor tanh(const Tensor& x) {
+  if (detail::isLow(x)) return cast(tanh(detail::upcastLow(x)), x.dtype());
   return unaryOp(
       x, "tanh", false, true, [](auto v) { return std::tanh(v); },
       [](auto, auto y, auto g) { return g * (decltype(y)(1) - y * y); });
@@ -240,6 +271,7 @@ Tensor tanh(const Tensor& x) {
 
 // y = 1 / (1 + e^-x); dy/dx = y (1 - y).
 Tensor sigmoid(const Tensor& x) {
+  if (detail::isLow(x)) return cast(sigmoid(detail::upcastLow(x)), x.dtype());
   return unaryOp(
       x, "sigmoid", false, true,
       [](auto v) {
@@ -251,6 +283,9 @@ Tensor sigmoid(const Tensor& x) {
 
 // dy/dx = y.
 Tensor exp(const Tensor& x) {
+  if (detail::isLow(x)) {
+    return cast(exp(detail::upcastLow(x)), detail::fp32OpResultDType({&x}));
+  }
   return unaryOp(
       x, "exp", false, true, [](auto v) { return std::exp(v); },
       [](auto, auto y, auto g) { return g * y; });
@@ -258,6 +293,9 @@ Tensor exp(const Tensor& x) {
 
 // dy/dx = 1 / x.
 Tensor log(const Tensor& x) {
+  if (detail::isLow(x)) {
+    return cast(log(detail::upcastLow(x)), detail::fp32OpResultDType({&x}));
+  }
   return unaryOp(
       x, "log", true, false, [](auto v) { return std::log(v); },
       [](auto v, auto, auto g) { return g / v; });

@@ -25,6 +25,40 @@ Shape batchDims(const Tensor& t) {
 
 }  // namespace
 
+namespace {
+Tensor matmulImpl(const Tensor& a, const Tensor& b);
+Tensor linearImpl(const Tensor& x, const Tensor& w, const Tensor& bias);
+}  // namespace
+
+// Autocast casts the operands to its dtype; low-precision operands are multiplied as float32
+// and the product rounded once (autocast.h says why).
+Tensor matmul(const Tensor& a0, const Tensor& b0) {
+  detail::checkDefined(a0, "matmul", "a");
+  detail::checkDefined(b0, "matmul", "b");
+  const Tensor a = detail::autocastLow(a0), b = detail::autocastLow(b0);
+  if (detail::anyLowPrecision({&a, &b})) {
+    detail::checkSameDType(a, b, "matmul");
+    return cast(matmulImpl(detail::upcastLow(a), detail::upcastLow(b)), a.dtype());
+  }
+  return matmulImpl(a, b);
+}
+
+Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
+  detail::checkDefined(x0, "linear", "input");
+  detail::checkDefined(w0, "linear", "weight");
+  const Tensor x = detail::autocastLow(x0), w = detail::autocastLow(w0);
+  const Tensor bias = detail::autocastLow(bias0);
+  if (detail::anyLowPrecision({&x, &w, &bias})) {
+    detail::checkSameDType(x, w, "linear");
+    if (bias.defined()) detail::checkSameDType(x, bias, "linear");
+    return cast(linearImpl(detail::upcastLow(x), detail::upcastLow(w), detail::upcastLow(bias)),
+                x.dtype());
+  }
+  return linearImpl(x, w, bias);
+}
+
+namespace {
+
 // Three forms (B... = any leading batch dimensions):
 //   a: [M, K],       b: [K, N]       -> [M, N]
 //   a: [B..., M, K], b: [K, N]       -> [B..., M, N]   (b shared: one product of [B*M, K])
@@ -32,9 +66,7 @@ Shape batchDims(const Tensor& t) {
 //   a: [M, K],       b: [B..., K, N] -> [B..., M, N]   (a shared)
 // Backward, per batch entry: ga = g b^T, gb = a^T g; a shared operand's gradient is summed
 // over the batch.
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  detail::checkDefined(a, "matmul", "a");
-  detail::checkDefined(b, "matmul", "b");
+Tensor matmulImpl(const Tensor& a, const Tensor& b) {
   detail::checkSameDType(a, b, "matmul");
   if (a.dim() < 2 || b.dim() < 2 || a.size(-1) != b.size(-2) ||
       (a.dim() > 2 && b.dim() > 2 && batchDims(a) != batchDims(b))) {
@@ -98,6 +130,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+}  // namespace
+
 // a: [M, N] -> [N, M]. Backward: the gradient transposed back.
 Tensor transpose(const Tensor& a) {
   detail::checkDefined(a, "transpose", "a");
@@ -105,12 +139,12 @@ Tensor transpose(const Tensor& a) {
   return transpose(a, 0, 1);
 }
 
+namespace {
+
 // x: [B..., in], w: [out, in], bias: [out] -> y = x w^T + bias: [B..., out]; the leading
 // dimensions fold into rows = prod(B...).
 // Backward: gx = g w, gw = g^T x, gbias = column sums of g.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  detail::checkDefined(x, "linear", "input");
-  detail::checkDefined(w, "linear", "weight");
+Tensor linearImpl(const Tensor& x, const Tensor& w, const Tensor& bias) {
   detail::checkSameDType(x, w, "linear");
   if (x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1)) {
     throw std::invalid_argument("linear: expected input [..., in] and weight [out, in], got " +
@@ -179,5 +213,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   }
   return y;
 }
+
+}  // namespace
 
 }  // namespace loom::ag

@@ -50,6 +50,10 @@ std::string shapes(const Tensor& a, const Tensor& b) {
 // Backward, rows in V: (softmax(logits) - (1 - eps) onehot(y) - eps/C) * g / |V|; others 0.
 Tensor crossEntropy(const Tensor& logits, const Tensor& labels,
                     const CrossEntropyOptions& options) {
+  if (detail::isLow(logits)) {
+    return cast(crossEntropy(detail::upcastLow(logits), labels, options),
+                detail::fp32OpResultDType({&logits}));
+  }
   detail::checkDefined(logits, "crossEntropy", "logits");
   detail::checkDefined(labels, "crossEntropy", "labels");
   detail::checkDim(logits, 2, "crossEntropy", "logits");
@@ -137,6 +141,10 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& labels,
 
 // mean((input - target)^2). Backward: 2 (input - target) g / n to input, its negation to target.
 Tensor mseLoss(const Tensor& input, const Tensor& target) {
+  if (detail::anyLowPrecision({&input, &target})) {
+    return cast(mseLoss(detail::upcastLow(input), detail::upcastLow(target)),
+                detail::fp32OpResultDType({&input, &target}));
+  }
   detail::checkDefined(input, "mseLoss", "input");
   detail::checkDefined(target, "mseLoss", "target");
   detail::checkSameDType(input, target, "mseLoss");
@@ -167,6 +175,7 @@ Tensor mseLoss(const Tensor& input, const Tensor& target) {
 
 // Backward: g times the same mask (0 or 1/(1-p)).
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  if (detail::isLow(x)) return cast(dropout(detail::upcastLow(x), p, training, gen), x.dtype());
   detail::checkDefined(x, "dropout", "x");
   if (!(p >= 0.0 && p <= 1.0)) {
     throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
@@ -196,6 +205,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 Tensor batchNorm(const Tensor& x, const Tensor& runningMean, const Tensor& runningVar,
                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
                  double eps) {
+  if (detail::anyLowPrecision({&x, &weight, &bias})) {
+    return cast(batchNorm(detail::upcastLow(x), runningMean, runningVar, detail::upcastLow(weight),
+                          detail::upcastLow(bias), training, momentum, eps),
+                detail::fp32OpResultDType({&x, &weight, &bias}));
+  }
   detail::checkDefined(x, "batchNorm", "input");
   if (x.dim() != 2) {
     throw std::invalid_argument("batchNorm: expected input [N, C], got " +
@@ -297,6 +311,11 @@ Tensor batchNorm(const Tensor& x, const Tensor& runningMean, const Tensor& runni
 // gw = sum over rows of g xhat; gb = sum over rows of g.
 Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight,
                  const Tensor& bias, double eps) {
+  if (detail::anyLowPrecision({&x, &weight, &bias})) {
+    return cast(layerNorm(detail::upcastLow(x), normalizedShape, detail::upcastLow(weight),
+                          detail::upcastLow(bias), eps),
+                detail::fp32OpResultDType({&x, &weight, &bias}));
+  }
   detail::checkDefined(x, "layerNorm", "input");
   const size_t k = normalizedShape.size();
   if (k == 0 || k > x.shape().size() ||
@@ -410,6 +429,9 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
 // out[idx..., :] = weight[indices[idx...], :]. Backward: rows of g scatter-added into gweight,
 // except at paddingIdx.
 Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> paddingIdx) {
+  if (detail::isLow(weight)) {
+    return cast(embedding(detail::upcastLow(weight), indices, paddingIdx), weight.dtype());
+  }
   detail::checkDefined(weight, "embedding", "weight");
   detail::checkDefined(indices, "embedding", "indices");
   detail::checkDim(weight, 2, "embedding", "weight");

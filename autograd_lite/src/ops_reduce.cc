@@ -155,15 +155,21 @@ Tensor sumAxis(const Tensor& x, int64_t dim, bool keepdim, const char* op, bool 
 }  // namespace
 
 Tensor sum(const Tensor& x) {
+  if (detail::isLow(x)) return cast(sum(detail::upcastLow(x)), detail::fp32OpResultDType({&x}));
   return sumAll(x, "sum", 1.0);
 }
 Tensor mean(const Tensor& x) {
+  if (detail::isLow(x)) return cast(mean(detail::upcastLow(x)), detail::fp32OpResultDType({&x}));
   return sumAll(x, "mean", 1.0 / static_cast<double>(std::max<int64_t>(x.numel(), 1)));
 }
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  if (detail::isLow(x))
+    return cast(sum(detail::upcastLow(x), dim, keepdim), detail::fp32OpResultDType({&x}));
   return sumAxis(x, dim, keepdim, "sum", false);
 }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
+  if (detail::isLow(x))
+    return cast(mean(detail::upcastLow(x), dim, keepdim), detail::fp32OpResultDType({&x}));
   return sumAxis(x, dim, keepdim, "mean", true);
 }
 
@@ -278,9 +284,13 @@ Tensor softmaxImpl(const Tensor& x, int64_t dim, bool logOutput) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (detail::isLow(x))
+    return cast(softmax(detail::upcastLow(x), dim), detail::fp32OpResultDType({&x}));
   return softmaxImpl(x, dim, false);
 }
 Tensor logSoftmax(const Tensor& x, int64_t dim) {
+  if (detail::isLow(x))
+    return cast(logSoftmax(detail::upcastLow(x), dim), detail::fp32OpResultDType({&x}));
   return softmaxImpl(x, dim, true);
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels.h"
 #include "loom/autograd/engine.h"
@@ -150,7 +151,15 @@ void axisCopy(const T* from, int64_t fromSize, int64_t fromStart, int64_t fromSt
       const T* src = from + ((o * fromSize) + fromStart + c * fromStep) * inner;
       T* dst = to + ((o * toSize) + toStart + c) * inner;
       if (add) {
-        for (int64_t i = 0; i < inner; ++i) dst[i] += src[i];
+        for (int64_t i = 0; i < inner; ++i) {
+          if constexpr (std::is_same_v<T, BFloat16>) {
+            dst[i] = toBFloat16(toFloat(dst[i]) + toFloat(src[i]));
+          } else if constexpr (std::is_same_v<T, Float16>) {
+            dst[i] = toFloat16(toFloat(dst[i]) + toFloat(src[i]));
+          } else {
+            dst[i] += src[i];
+          }
+        }
       } else {
         std::memcpy(dst, src, static_cast<size_t>(inner) * sizeof(T));
       }
@@ -185,7 +194,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   if (anyRequiresGrad({&x})) {
     recordOp(out, "slice", {&x}, [inShape = x.shape(), ax, s, step, count](const Tensor& g) {
       Tensor gx = zeros(inShape, g.dtype());
-      dispatchFloat(g.dtype(), "slice backward", [&]<class T>() {
+      detail::dispatchAny(g.dtype(), [&]<class T>() {
         // Inverse of the forward copy: position c of g goes to s + c * step of gx.
         const T* pg = g.data<T>();
         T* px = gx.data<T>();
@@ -297,6 +306,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 // x: [..., T, S]; filled where s > t + (S - T). Backward: g with the same positions zeroed.
 Tensor causalMask(const Tensor& x, double value) {
   detail::checkDefined(x, "causalMask", "x");
+  if (detail::isLow(x)) return cast(causalMask(detail::upcastLow(x), value), x.dtype());
   if (x.dim() < 2 || x.size(-1) < x.size(-2)) {
     throw std::invalid_argument("causalMask: expected scores [..., T, S] with S >= T, got " +
                                 shapeToString(x.shape()));

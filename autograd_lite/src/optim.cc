@@ -20,7 +20,11 @@ void forFloat(Tensor& p, F&& f) {
       f.template operator()<double>();
       break;
     default:
-      throw std::invalid_argument("optimizer: parameters must be float32 or float64");
+      throw std::invalid_argument(std::string("optimizer: parameters must be float32 or float64, "
+                                              "got ") +
+                                  dtypeName(p.dtype()) +
+                                  " (mixed precision keeps float32 master parameters: see "
+                                  "autocast.h)");
   }
 }
 

@@ -23,6 +23,10 @@ const char* safetensorsDType(DType dtype) {
       return "F64";
     case DType::kInt64:
       return "I64";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat16:
+      return "F16";
   }
   return "?";
 }
@@ -131,8 +135,12 @@ NamedTensors loadSafetensors(const std::string& path,
       dtype = DType::kFloat64;
     } else if (dt == "I64") {
       dtype = DType::kInt64;
+    } else if (dt == "BF16") {
+      dtype = DType::kBFloat16;
+    } else if (dt == "F16") {
+      dtype = DType::kFloat16;
     } else {
-      throw bad("unsupported dtype '" + dt + "' (supported: F32, F64, I64)");
+      throw bad("unsupported dtype '" + dt + "' (supported: F32, F64, I64, BF16, F16)");
     }
     Shape shape;
     if (!e["shape"].is_array()) throw bad("shape is not an array");

@@ -1,5 +1,6 @@
 #include "loom/autograd/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -21,12 +22,34 @@ const char* dtypeName(DType dtype) {
       return "float64";
     case DType::kInt64:
       return "int64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
   }
   return "?";
 }
 
 size_t dtypeSize(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 8;
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+bool isLowPrecision(DType dtype) {
+  return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
+bool isFloatingPoint(DType dtype) {
+  return dtype != DType::kInt64;
 }
 
 std::string shapeToString(const Shape& shape) {
@@ -174,6 +197,15 @@ template <>
 constexpr DType dtypeOf<int64_t>() {
   return DType::kInt64;
 }
+template <>
+constexpr DType dtypeOf<BFloat16>() {
+  return DType::kBFloat16;
+}
+template <>
+constexpr DType dtypeOf<Float16>() {
+  return DType::kFloat16;
+}
+
 }  // namespace
 
 template <class T>
@@ -194,6 +226,10 @@ const T* Tensor::data() const {
 template float* Tensor::data<float>();
 template double* Tensor::data<double>();
 template int64_t* Tensor::data<int64_t>();
+template BFloat16* Tensor::data<BFloat16>();
+template Float16* Tensor::data<Float16>();
+template const BFloat16* Tensor::data<BFloat16>() const;
+template const Float16* Tensor::data<Float16>() const;
 template const float* Tensor::data<float>() const;
 template const double* Tensor::data<double>() const;
 template const int64_t* Tensor::data<int64_t>() const;
@@ -220,6 +256,10 @@ double Tensor::item() const {
       return *data<double>();
     case DType::kInt64:
       return static_cast<double>(*data<int64_t>());
+    case DType::kBFloat16:
+      return toFloat(*data<BFloat16>());
+    case DType::kFloat16:
+      return toFloat(*data<Float16>());
   }
   return 0;
 }
@@ -233,6 +273,8 @@ std::vector<T> Tensor::toVector() const {
 template std::vector<float> Tensor::toVector<float>() const;
 template std::vector<double> Tensor::toVector<double>() const;
 template std::vector<int64_t> Tensor::toVector<int64_t>() const;
+template std::vector<BFloat16> Tensor::toVector<BFloat16>() const;
+template std::vector<Float16> Tensor::toVector<Float16>() const;
 
 bool Tensor::requiresGrad() const {
   return impl_ && impl_->requiresGrad;
@@ -374,44 +416,6 @@ Tensor Tensor::reshape(const Shape& newShape) const {
   return out;
 }
 
-Tensor Tensor::to(DType target) const {
-  checkDefined("to");
-  Tensor out = empty(shape(), target);
-  const int64_t n = numel();
-  auto convert = [&](auto* dst) {
-    using D = std::remove_pointer_t<decltype(dst)>;
-    switch (dtype()) {
-      case DType::kFloat32: {
-        const float* s = data<float>();
-        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(s[i]);
-        break;
-      }
-      case DType::kFloat64: {
-        const double* s = data<double>();
-        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(s[i]);
-        break;
-      }
-      case DType::kInt64: {
-        const int64_t* s = data<int64_t>();
-        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(s[i]);
-        break;
-      }
-    }
-  };
-  switch (target) {
-    case DType::kFloat32:
-      convert(out.data<float>());
-      break;
-    case DType::kFloat64:
-      convert(out.data<double>());
-      break;
-    case DType::kInt64:
-      convert(out.data<int64_t>());
-      break;
-  }
-  return out;
-}
-
 void Tensor::copyFrom(const Tensor& src) {
   checkDefined("copyFrom");
   if (!src.defined()) throw std::invalid_argument("copyFrom: source tensor is undefined");
@@ -440,6 +444,16 @@ void Tensor::fill(double value) {
     case DType::kInt64: {
       int64_t* p = data<int64_t>();
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value);
+      break;
+    }
+    case DType::kBFloat16: {
+      const BFloat16 v = toBFloat16(static_cast<float>(value));
+      std::fill_n(data<BFloat16>(), n, v);
+      break;
+    }
+    case DType::kFloat16: {
+      const Float16 v = toFloat16(static_cast<float>(value));
+      std::fill_n(data<Float16>(), n, v);
       break;
     }
   }
@@ -485,11 +499,13 @@ Tensor onesLike(const Tensor& t) {
 namespace {
 void checkFloatDType(DType dtype, const char* op) {
   if (dtype == DType::kInt64) {
-    throw std::invalid_argument(std::string(op) + ": dtype must be float32 or float64, got int64");
+    throw std::invalid_argument(std::string(op) +
+                                ": dtype must be float32, float64, bfloat16 or float16, got int64");
   }
 }
 template <class F>
 Tensor fillWith(const Shape& shape, DType dtype, F next) {
+  if (isLowPrecision(dtype)) return fillWith(shape, DType::kFloat32, next).to(dtype);
   Tensor t = empty(shape, dtype);
   const int64_t n = t.numel();
   if (dtype == DType::kFloat32) {

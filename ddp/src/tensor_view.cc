@@ -12,6 +12,10 @@ DType commDType(ag::DType dtype) {
       return DType::kFloat64;
     case ag::DType::kInt64:
       return DType::kInt64;
+    case ag::DType::kBFloat16:
+      return DType::kBFloat16;
+    case ag::DType::kFloat16:
+      return DType::kFloat16;
   }
   LOOM_THROW(InvalidArgumentError, "unknown autograd dtype ", static_cast<int>(dtype));
 }

@@ -2,7 +2,9 @@
 // and file formats.
 #pragma once
 
+#include "loom/autograd/autocast.h"
 #include "loom/autograd/engine.h"
+#include "loom/autograd/grad_scaler.h"
 #include "loom/autograd/nn.h"
 #include "loom/autograd/npy.h"
 #include "loom/autograd/ops.h"

@@ -1,6 +1,7 @@
 // NumPy .npy files (format versions 1.0, 2.0 and 3.0) for datasets.
 //
-// Supported: little-endian float32 ('<f4'), float64 ('<f8') and int64 ('<i8'), C order.
+// Supported: little-endian float32 ('<f4'), float64 ('<f8'), int64 ('<i8') and
+// float16 ('<f2'), C order (.npy has no bfloat16).
 // Anything else (big-endian, Fortran order, other dtypes, truncated data) throws
 // std::runtime_error naming the path and what was found versus what is supported.
 #pragma once

@@ -1,10 +1,11 @@
 // Differentiable operations. Each op's backward is written next to its forward in src/ops_*.cc.
 //
 // All ops take float32 or float64 tensors (never mixed) and return new tensors; none modify
-// their inputs. Shapes are stated per op; "broadcast" means NumPy rules (trailing dimensions
-// aligned, a dimension of 1 or a missing one stretches), so a row vector [N] or a scalar
-// combines with [M, N]. A bad shape or dtype throws std::invalid_argument naming the op and
-// both shapes.
+// their inputs. bfloat16/float16 tensors are accepted too, computed in float32: autocast.h
+// gives the per-op rules (result dtypes, mixed dtypes, the autocast scope). Shapes are stated per
+// op; "broadcast" means NumPy rules (trailing dimensions aligned, a dimension of 1 or a missing one
+// stretches), so a row vector [N] or a scalar combines with [M, N]. A bad shape or dtype throws
+// std::invalid_argument naming the op and both shapes.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,12 @@
 #include "loom/autograd/tensor.h"
 
 namespace loom::ag {
+
+// ---- dtype ----
+// x converted to dtype (x itself when it already has it), as torch's x.to(dtype): to
+// bfloat16/float16 rounds to nearest even. Backward: the gradient cast back to x's dtype.
+// Casting to int64 records no gradient.
+Tensor cast(const Tensor& x, DType dtype);
 
 // ---- elementwise, with broadcasting ----
 Tensor add(const Tensor& a, const Tensor& b);

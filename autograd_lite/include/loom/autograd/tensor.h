@@ -7,7 +7,10 @@
 // - Storage is always contiguous and row-major, with no offset. `reshape` of a tensor is a view
 //   (same storage); nothing else aliases storage.
 // - dtypes: float32 (models), float64 (gradient checks), int64 (class labels, indices,
-//   BatchNorm's num_batches_tracked). Ops take float32 or float64 and never mix them.
+//   BatchNorm's num_batches_tracked), bfloat16 and float16 (mixed precision: storage only,
+//   elements are BFloat16 / Float16 from half.h). Ops compute in float32 or float64 and never
+//   mix the two; a bfloat16/float16 input is computed in float32 and rounded back (see
+//   autocast.h for the mixed-precision rules).
 // - Autograd: a tensor that `requiresGrad()` and was made by an op holds the op's backward
 //   node (`gradFn`); a leaf (made by the user, e.g. a parameter) accumulates its gradient in
 //   `grad()` when `backward()` runs. See engine.h for the exact order and when the
@@ -26,13 +29,19 @@
 #include <string>
 #include <vector>
 
+#include "loom/autograd/half.h"
+
 namespace loom::ag {
 
-enum class DType { kFloat32, kFloat64, kInt64 };
+enum class DType { kFloat32, kFloat64, kInt64, kBFloat16, kFloat16 };
 
-// "float32", "float64", "int64".
+// "float32", "float64", "int64", "bfloat16", "float16".
 const char* dtypeName(DType dtype);
 size_t dtypeSize(DType dtype);
+// bfloat16 or float16.
+bool isLowPrecision(DType dtype);
+// float32, float64, bfloat16 or float16.
+bool isFloatingPoint(DType dtype);
 
 using Shape = std::vector<int64_t>;
 
@@ -155,7 +164,9 @@ class Tensor {
   Tensor clone() const;
   // A view with a new shape (one dimension may be -1). Differentiable.
   Tensor reshape(const Shape& shape) const;
-  // A new tensor with values converted; no graph (use for gradient-check setups).
+  // A new tensor with values converted; no graph (use for gradient-check setups; cast() in
+  // ops.h is the differentiable form). To bfloat16/float16: round to nearest even (from
+  // float64 through float32, as PyTorch does); float to int64 truncates.
   Tensor to(DType dtype) const;
   // In-place copy of src's values (same shape and dtype), outside autograd. Used to load
   // weights and write optimizer updates without replacing storage.
