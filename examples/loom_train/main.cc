@@ -505,14 +505,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train::addModelOptions(app, a.modelArgs);
   CLI11_PARSE(app, argc, argv);
+  if (const std::string wrong = train::misplacedFlag(app, a.model); !wrong.empty()) {
+    std::fprintf(stderr, "loom-train: error: %s\n", wrong.c_str());
+    return 1;
+  }
   if (a.model != "mlp") {
-    for (const char* flag : {"--in", "--classes", "--hidden", "--data", "--labels", "--samples"}) {
-      if (app.count(flag) > 0) {
-        std::fprintf(stderr, "loom-train: error: %s is for --model mlp, not --model %s\n", flag,
-                     a.model.c_str());
-        return 1;
-      }
-    }
     const train::ModelDefaults defaults = train::modelDefaults(a.model);
     if (app.count("--optimizer") == 0) a.optimizer = defaults.optimizer;
     if (app.count("--lr") == 0) a.lr = defaults.lr;

@@ -46,6 +46,36 @@ void addModelOptions(CLI::App& app, ModelArgs& a) {
       ->group(both);
 }
 
+std::string misplacedFlag(const CLI::App& app, const std::string& model) {
+  const std::vector<std::pair<const char*, std::vector<std::string>>> owners = {
+      {"--text", {"gpt"}},
+      {"--layers", {"gpt"}},
+      {"--heads", {"gpt"}},
+      {"--width", {"gpt"}},
+      {"--context", {"gpt"}},
+      {"--val-fraction", {"gpt"}},
+      {"--sample-chars", {"gpt"}},
+      {"--temperature", {"gpt"}},
+      {"--data-dir", {"cnn"}},
+      {"--eval-every", {"gpt", "cnn"}},
+      {"--eval-batch", {"gpt", "cnn"}},
+      {"--in", {"mlp"}},
+      {"--classes", {"mlp"}},
+      {"--hidden", {"mlp"}},
+      {"--data", {"mlp"}},
+      {"--labels", {"mlp"}},
+      {"--samples", {"mlp"}}};
+  for (const auto& [flag, models] : owners) {
+    if (app.count(flag) == 0 || std::find(models.begin(), models.end(), model) != models.end()) {
+      continue;
+    }
+    std::string list;
+    for (const auto& m : models) list += (list.empty() ? "--model " : " or --model ") + m;
+    return std::string(flag) + " is for " + list + ", not --model " + model;
+  }
+  return "";
+}
+
 std::unique_ptr<Task> makeTask(const std::string& name, const ModelArgs& args, uint64_t seed) {
   LOOM_CHECK(args.evalEvery >= 0 && args.evalBatch >= 1,
              "--eval-every must be >= 0 and --eval-batch >= 1");

@@ -46,6 +46,10 @@ struct ModelArgs {
 // Registers the gpt/cnn flags on app (shown under their own group).
 void addModelOptions(CLI::App& app, ModelArgs& args);
 
+// "" when every flag given on app belongs to `model` (mlp, gpt or cnn), otherwise a message
+// naming the first one that does not ("--text is for --model gpt, not --model cnn").
+std::string misplacedFlag(const CLI::App& app, const std::string& model);
+
 struct EvalResult {
   double loss = 0;       // mean per-token (gpt) or per-image (cnn) cross-entropy
   double accuracy = -1;  // cnn: fraction of images classified right; gpt: -1

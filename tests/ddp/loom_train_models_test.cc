@@ -153,6 +153,14 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
   auto [code, out] = runSingle("--model gpt --hidden 10");
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("--hidden is for --model mlp, not --model gpt"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--model cnn --text x.txt");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--text is for --model gpt, not --model cnn"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--eval-every 5");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--eval-every is for --model gpt or --model cnn, not --model mlp"),
+            std::string::npos)
+      << out;
   std::tie(code, out) = runSingle("--model cnn --data-dir /nonexistent");
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("/nonexistent/digits_train_x.npy is missing"), std::string::npos) << out;
