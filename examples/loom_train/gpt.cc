@@ -175,7 +175,10 @@ class GptTask : public Task {
             scoreRows(logits.data<float>() + i * t * vocab, y.data<int64_t>() + i * t, t, vocab,
                       loss.data(), correct.data());
             double l = 0, c = 0;
-            for (int64_t j = 0; j < t; ++j) l += loss[j], c += correct[j];
+            for (int64_t j = 0; j < t; ++j) {
+              l += loss[j];
+              c += correct[j];
+            }
             out[2 * i] = l / static_cast<double>(t);
             out[2 * i + 1] = c / static_cast<double>(t);
           }
