@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/autograd/serialize.h"
 #include "loom/testing/ranks.h"
 
 namespace {
@@ -92,7 +94,8 @@ double mean(const std::vector<double>& v, size_t begin, size_t end) {
 // A whole run of `steps`, then the same run stopped at steps / 2 and resumed: the losses
 // decrease and the resumed run's losses are the whole run's, step for step.
 void checkDecreasesAndResumesExactly(const std::vector<std::string>& model, int steps,
-                                     const std::string& expectInOutput) {
+                                     const std::string& expectInOutput,
+                                     const std::vector<std::string>& expectParameters) {
   loom::testing::TempDir whole, split;
   auto args = [&](const loom::testing::TempDir& dir, int n) {
     std::vector<std::string> a = model;
@@ -111,6 +114,15 @@ void checkDecreasesAndResumesExactly(const std::vector<std::string>& model, int 
   EXPECT_NE(out.find("step " + std::to_string(steps) + " validation loss"), std::string::npos)
       << out;
   EXPECT_NE(out.find(expectInOutput), std::string::npos) << out;
+
+  // The checkpoint holds the model under PyTorch's names for the same module tree.
+  std::vector<std::string> names;
+  for (const auto& [name, t] : loom::ag::loadSafetensors(whole.file("checkpoint.safetensors"))) {
+    names.push_back(name);
+  }
+  for (const auto& want : expectParameters) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
 
   ASSERT_EQ(runLoomTrain(args(split, steps / 2), split.file("out1.txt")), "");
   auto resumed = args(split, steps);
@@ -136,7 +148,10 @@ TEST(LoomTrainModels, GptLearnsAndResumesExactly) {
        "--width",        "32",  "--context",    "32",
        "--batch",        "8",   "--lr",         "1e-2",
        "--sample-chars", "40",  "--eval-batch", "16"},
-      12, "loom-train: sample (temperature 0.80, 40 characters):");
+      12, "loom-train: sample (temperature 0.80, 40 characters):",
+      {"model.wte.weight", "model.wpe.weight", "model.h.0.ln_1.weight", "model.h.1.attn.qkv.weight",
+       "model.h.1.attn.proj.bias", "model.h.1.mlp.fc.weight", "model.h.1.mlp.proj.bias",
+       "model.ln_f.bias", "model.lm_head.weight"});
 }
 
 TEST(LoomTrainModels, CnnLearnsAndResumesExactly) {
@@ -146,7 +161,7 @@ TEST(LoomTrainModels, CnnLearnsAndResumesExactly) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   checkDecreasesAndResumesExactly(
       {"--model", "cnn", "--data-dir", data.path(), "--batch", "16", "--lr", "3e-3"}, 20,
-      "accuracy");
+      "accuracy", {"model.0.weight", "model.0.bias", "model.3.weight", "model.7.weight"});
 }
 
 TEST(LoomTrainModels, BadFlagsAreNamed) {
