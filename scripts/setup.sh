@@ -13,6 +13,7 @@ packages=(
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
+  fortunes python3-sklearn  # loom-train --model gpt's default text, --model cnn's digits
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(libgloo-dev)

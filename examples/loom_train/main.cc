@@ -1,4 +1,5 @@
-// loom-train: trains an MLP with DistributedDataParallel, one process per rank.
+// loom-train: trains an MLP (or, with --model gpt|cnn, the models of models.h) with
+// DistributedDataParallel, one process per rank.
 //
 //   loom-run --nproc-per-node 2 loom-train --hidden 1024,1024 --batch 64 --steps 200
 //
@@ -30,6 +31,7 @@
 #include "loom/autograd/npy.h"
 #include "loom/autograd/ops.h"
 #include "loom/autograd/optim.h"
+#include "loom/autograd/parallel.h"
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
@@ -42,6 +44,7 @@
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
 #include "loom/store/hash_store.h"
+#include "models.h"
 
 namespace {
 
@@ -75,6 +78,8 @@ struct Args {
   bool resume = false;
   int64_t checkpointEvery = 0;
   int64_t samples = 8192;
+  std::string model = "mlp";
+  train::ModelArgs modelArgs;
 };
 
 std::vector<int64_t> parseHidden(const std::string& text) {
@@ -208,6 +213,7 @@ bool launchedByLauncher() {
 }
 
 int run(const Args& a) {
+  ag::setNumThreads(static_cast<int>(settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
   LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
              "--batch, --in must be > 0, --classes > 1, --steps >= 0, --accumulate >= 1");
   std::shared_ptr<ProcessGroup> pg;
@@ -223,8 +229,11 @@ int run(const Args& a) {
   const int rank = pg->rank(), world = pg->size();
   const bool leader = rank == 0;
 
-  const Data data = loadData(a);
-  auto model = buildModel(a);
+  // --model gpt|cnn: the task owns the model and data; the MLP keeps its own path below.
+  const std::unique_ptr<train::Task> task =
+      a.model == "mlp" ? nullptr : train::makeTask(a.model, a.modelArgs, a.seed);
+  const Data data = task ? Data{} : loadData(a);
+  const std::shared_ptr<nn::Module> model = task ? task->model() : buildModel(a);
   if (!a.initWeights.empty()) ag::loadStateDict(*model, a.initWeights);
 
   ddp::DdpOptions options;
@@ -295,9 +304,10 @@ int run(const Args& a) {
   }
   if (!ckptPath.empty() && leader) std::filesystem::create_directories(a.checkpointDir);
 
-  ddp::DistributedSampler sampler(data.rows(), world, rank, !a.noShuffle, a.seed, true);
+  const int64_t rows = task ? task->trainRows() : data.rows();
+  ddp::DistributedSampler sampler(rows, world, rank, !a.noShuffle, a.seed, true);
   const int64_t batchesPerEpoch = sampler.numSamples() / a.batch;
-  LOOM_CHECK(batchesPerEpoch >= 1, "the data set has ", data.rows(), " rows: too few for ", world,
+  LOOM_CHECK(batchesPerEpoch >= 1, "the data set has ", rows, " rows: too few for ", world,
              " ranks with --batch ", a.batch);
   std::vector<int64_t> indices;
   int64_t currentEpoch = -1;
@@ -312,8 +322,16 @@ int run(const Args& a) {
   const bool tty = leader && ::isatty(STDERR_FILENO);
   const int64_t plainEvery = std::max<int64_t>(1, a.steps / 20);
 
-  ag::Tensor x = ag::empty({a.batch, a.in});
-  ag::Tensor y = ag::empty({a.batch}, ag::DType::kInt64);
+  ag::Tensor x = task ? task->makeInputs(a.batch) : ag::empty({a.batch, a.in});
+  ag::Tensor y = task ? task->makeTargets(a.batch) : ag::empty({a.batch}, ag::DType::kInt64);
+  auto evaluate = [&](int64_t step) {
+    const train::EvalResult r = task->evaluate(*pg);
+    if (leader) {
+      std::printf("loom-train: step %lld %s\n", static_cast<long long>(step),
+                  task->describe(r).c_str());
+      std::fflush(stdout);
+    }
+  };
   const auto t0 = Clock::now();
   auto tSteady = t0;
   int64_t steadySteps = 0;
@@ -335,10 +353,15 @@ int run(const Args& a) {
       }
       const int64_t pos = (micro % batchesPerEpoch) * a.batch;
       const std::vector<int64_t> rows(indices.begin() + pos, indices.begin() + pos + a.batch);
-      gatherRows(data.x, rows, x);
-      gatherRows(data.y, rows, y);
+      if (task) {
+        task->fillBatch(rows, x, y);
+      } else {
+        gatherRows(data.x, rows, x);
+        gatherRows(data.y, rows, y);
+      }
       auto forwardBackward = [&] {
-        ag::Tensor loss = ag::crossEntropy(ddpModel.forward(x), y);
+        const ag::Tensor out = ddpModel.forward(x);
+        ag::Tensor loss = task ? task->loss(out, y) : ag::crossEntropy(out, y);
         if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
         loss.backward();
         lossSum += loss.item();
@@ -365,6 +388,10 @@ int run(const Args& a) {
     }
     if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
       save(step + 1);
+    }
+    if (task && a.modelArgs.evalEvery > 0 && (step + 1) % a.modelArgs.evalEvery == 0 &&
+        step + 1 < a.steps) {
+      evaluate(step + 1);
     }
     if (!leader) continue;
     if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
@@ -393,8 +420,12 @@ int run(const Args& a) {
   for (const auto& [name, t] : optimizer.stateDict()) {
     stateBytes += static_cast<size_t>(t.numel()) * ag::dtypeSize(t.dtype());
   }
+  if (tty) std::fprintf(stderr, "\n");
+  if (task) {
+    evaluate(a.steps);
+    task->finish(rank);
+  }
   if (leader) {
-    if (tty) std::fprintf(stderr, "\n");
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =
@@ -467,7 +498,24 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", a.resume,
                "continue from the checkpoint in --checkpoint-dir (model, optimizer state, step)");
   app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
+  app.add_option("--model", a.model,
+                 "mlp (synthetic or --data), gpt (a character-level transformer on --text) or cnn "
+                 "(a conv net on the 8x8 digits in --data-dir); gpt and cnn default to "
+                 "--optimizer adamw --lr 3e-3 and --batch 16 (gpt) or 32 (cnn) when not given")
+      ->check(CLI::IsMember({"mlp", "gpt", "cnn"}))
+      ->capture_default_str();
+  train::addModelOptions(app, a.modelArgs);
   CLI11_PARSE(app, argc, argv);
+  if (const std::string wrong = train::misplacedFlag(app, a.model); !wrong.empty()) {
+    std::fprintf(stderr, "loom-train: error: %s\n", wrong.c_str());
+    return 1;
+  }
+  if (a.model != "mlp") {
+    const train::ModelDefaults defaults = train::modelDefaults(a.model);
+    if (app.count("--optimizer") == 0) a.optimizer = defaults.optimizer;
+    if (app.count("--lr") == 0) a.lr = defaults.lr;
+    if (app.count("--batch") == 0) a.batch = defaults.batch;
+  }
   try {
     return run(a);
   } catch (const std::exception& e) {

@@ -1,0 +1,191 @@
+// loom-train --model gpt and --model cnn end to end on 2 process ranks (the launcher's
+// environment): a short run lowers the loss and reports a validation result (and, for the gpt,
+// sampled text); --resume from a mid-run checkpoint gives the same per-step losses as the
+// uninterrupted run; bad model flags fail with a message that names them. Small models and few
+// steps, so each run takes seconds.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/autograd/serialize.h"
+#include "loom/testing/ranks.h"
+
+namespace {
+
+using std::chrono::milliseconds;
+// 32 ports per test binary, below Linux's ephemeral range (see loom_train_test.cc).
+int nextPort = 22000 + static_cast<int>(::getpid() % 300) * 32;
+
+// Runs loom-train on 2 process ranks, rank 0's stdout into `out`; "" or the failures.
+std::string runLoomTrain(const std::vector<std::string>& args, const std::string& out) {
+  loom::testing::ChildProcesses ranks;
+  const int port = nextPort++;
+  const int world = 2;
+  for (int r = 0; r < world; ++r) {
+    ranks.spawn([&, r] {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("LOOM_AUTOGRAD_THREADS", "1", 1);
+      const int fd = ::open(r == 0 ? out.c_str() : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) ::_exit(126);
+      std::vector<std::string> all{LOOM_TRAIN_BIN};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    });
+  }
+  return ranks.waitAllOk(milliseconds(90000));
+}
+
+std::vector<double> readLosses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> losses;
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,loss") << path;
+  while (std::getline(in, line)) {
+    const auto comma = line.find(',');
+    EXPECT_EQ(std::stoi(line.substr(0, comma)), static_cast<int>(losses.size()) + 1) << line;
+    losses.push_back(std::stod(line.substr(comma + 1)));
+  }
+  return losses;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Single process (no launcher environment); returns the exit status and stdout + stderr.
+std::pair<int, std::string> runSingle(const std::string& args) {
+  const std::string cmd = std::string(LOOM_TRAIN_BIN) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+double mean(const std::vector<double>& v, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += v[i];
+  return s / static_cast<double>(end - begin);
+}
+
+// A whole run of `steps`, then the same run stopped at steps / 2 and resumed: the losses
+// decrease and the resumed run's losses are the whole run's, step for step.
+void checkDecreasesAndResumesExactly(const std::vector<std::string>& model, int steps,
+                                     const std::string& expectInOutput,
+                                     const std::vector<std::string>& expectParameters) {
+  loom::testing::TempDir whole, split;
+  auto args = [&](const loom::testing::TempDir& dir, int n) {
+    std::vector<std::string> a = model;
+    for (const std::string& s :
+         {std::string("--steps"), std::to_string(n), std::string("--log"), dir.file("loss.csv"),
+          std::string("--checkpoint-dir"), dir.path()}) {
+      a.push_back(s);
+    }
+    return a;
+  };
+  ASSERT_EQ(runLoomTrain(args(whole, steps), whole.file("out.txt")), "");
+  const std::vector<double> losses = readLosses(whole.file("loss.csv"));
+  ASSERT_EQ(losses.size(), static_cast<size_t>(steps));
+  EXPECT_LT(mean(losses, steps - 3, steps), mean(losses, 0, 3)) << readFile(whole.file("loss.csv"));
+  const std::string out = readFile(whole.file("out.txt"));
+  EXPECT_NE(out.find("step " + std::to_string(steps) + " validation loss"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(expectInOutput), std::string::npos) << out;
+
+  // The checkpoint holds the model under PyTorch's names for the same module tree.
+  std::vector<std::string> names;
+  for (const auto& [name, t] : loom::ag::loadSafetensors(whole.file("checkpoint.safetensors"))) {
+    names.push_back(name);
+  }
+  for (const auto& want : expectParameters) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+
+  ASSERT_EQ(runLoomTrain(args(split, steps / 2), split.file("out1.txt")), "");
+  auto resumed = args(split, steps);
+  resumed.push_back("--resume");
+  ASSERT_EQ(runLoomTrain(resumed, split.file("out2.txt")), "");
+  const std::vector<double> again = readLosses(split.file("loss.csv"));
+  ASSERT_EQ(again.size(), losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(again[i], losses[i]) << "step " << i + 1;
+  // The validation pass at the end saw the same weights.
+  const std::string tail = readFile(split.file("out2.txt"));
+  const auto line = [](const std::string& text) {
+    const auto at = text.find("validation loss");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  EXPECT_EQ(line(tail), line(out));
+}
+
+TEST(LoomTrainModels, GptLearnsAndResumesExactly) {
+  // A repository document as the corpus: any text does, and this one is always there.
+  checkDecreasesAndResumesExactly(
+      {"--model",        "gpt", "--text",       std::string(LOOM_SOURCE_DIR) + "/docs/ddp.md",
+       "--layers",       "2",   "--heads",      "2",
+       "--width",        "32",  "--context",    "32",
+       "--batch",        "8",   "--lr",         "1e-2",
+       "--sample-chars", "40",  "--eval-batch", "16"},
+      12, "loom-train: sample (temperature 0.80, 40 characters):",
+      {"model.wte.weight", "model.wpe.weight", "model.h.0.ln_1.weight", "model.h.1.attn.qkv.weight",
+       "model.h.1.attn.proj.bias", "model.h.1.mlp.fc.weight", "model.h.1.mlp.proj.bias",
+       "model.ln_f.bias", "model.lm_head.weight"});
+}
+
+TEST(LoomTrainModels, CnnLearnsAndResumesExactly) {
+  loom::testing::TempDir data;
+  const std::string cmd = std::string("/usr/bin/python3 ") + LOOM_SOURCE_DIR +
+                          "/examples/loom_train/data/make_digits.py " + data.path() + " >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  checkDecreasesAndResumesExactly(
+      {"--model", "cnn", "--data-dir", data.path(), "--batch", "16", "--lr", "3e-3"}, 20,
+      "accuracy", {"model.0.weight", "model.0.bias", "model.3.weight", "model.7.weight"});
+}
+
+TEST(LoomTrainModels, BadFlagsAreNamed) {
+  auto [code, out] = runSingle("--model gpt --hidden 10");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--hidden is for --model mlp, not --model gpt"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--model cnn --text x.txt");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--text is for --model gpt, not --model cnn"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--eval-every 5");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--eval-every is for --model gpt or --model cnn, not --model mlp"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) = runSingle("--model cnn --data-dir /nonexistent");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("/nonexistent/digits_train_x.npy is missing"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--model gpt --text /nonexistent.txt");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("cannot read '/nonexistent.txt'"), std::string::npos) << out;
+  std::tie(code, out) = runSingle(std::string("--model gpt --text ") + LOOM_SOURCE_DIR +
+                                  "/docs/ddp.md --width 30 --heads 4");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--width 30 must be a multiple of --heads 4"), std::string::npos) << out;
+}
+
+}  // namespace
