@@ -30,6 +30,7 @@
 #include "loom/autograd/npy.h"
 #include "loom/autograd/ops.h"
 #include "loom/autograd/optim.h"
+#include "loom/autograd/parallel.h"
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
@@ -41,6 +42,7 @@
 #include "loom/ddp/zero_optimizer.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
+#include "loom/process_group/trace.h"
 #include "loom/store/hash_store.h"
 
 namespace {
@@ -207,7 +209,27 @@ bool launchedByLauncher() {
   return false;
 }
 
+// LOOM_TRACE: a span's args naming the step (built only while a trace is open).
+std::string stepArgs(int64_t step) {
+  return trace::enabled() ? "\"step\": " + std::to_string(step) : std::string();
+}
+
+// The straggler table over the flight recorder's last operations (every rank calls it; rank 0
+// prints the slowest rank, as loom-bench does). Skipped when the recorder is off.
+void printSlowestRank(ProcessGroup& pg) {
+  if (pg.size() < 2) return;
+  try {
+    const diag::StragglerTable table = pg.stragglers(std::chrono::seconds(30));
+    if (pg.rank() != 0 || table.slowest() < 0) return;
+    const std::string text = table.format();
+    std::printf("loom-train: %s\n", text.substr(text.rfind('\n') + 1).c_str());
+  } catch (const InvalidArgumentError&) {
+    // LOOM_FLIGHT_RECORDER_ENTRIES=0
+  }
+}
+
 int run(const Args& a) {
+  ag::setNumThreads(static_cast<int>(settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
   LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
              "--batch, --in must be > 0, --classes > 1, --steps >= 0, --accumulate >= 1");
   std::shared_ptr<ProcessGroup> pg;
@@ -340,6 +362,7 @@ int run(const Args& a) {
       auto forwardBackward = [&] {
         ag::Tensor loss = ag::crossEntropy(ddpModel.forward(x), y);
         if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
+        trace::Span span("backward", "train", stepArgs(step));
         loss.backward();
         lossSum += loss.item();
       };
@@ -351,10 +374,13 @@ int run(const Args& a) {
         ddpModel.finalize();
       }
     }
-    if (zero) {
-      zero->step();
-    } else {
-      optimizer.step();
+    {
+      trace::Span span("optimizer step", "train", stepArgs(step));
+      if (zero) {
+        zero->step();
+      } else {
+        optimizer.step();
+      }
     }
     if (scheduler) scheduler->step();
     lastLoss = ddp::reduceMean(*pg, lossSum);
@@ -393,8 +419,13 @@ int run(const Args& a) {
   for (const auto& [name, t] : optimizer.stateDict()) {
     stateBytes += static_cast<size_t>(t.numel()) * ag::dtypeSize(t.dtype());
   }
+  if (leader && tty) std::fprintf(stderr, "\n");
+  printSlowestRank(*pg);
   if (leader) {
-    if (tty) std::fprintf(stderr, "\n");
+    std::printf("loom-train: autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS)\n",
+                ag::numThreads());
+  }
+  if (leader) {
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =
