@@ -424,8 +424,6 @@ int run(const Args& a) {
   if (leader) {
     std::printf("loom-train: autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS)\n",
                 ag::numThreads());
-  }
-  if (leader) {
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =

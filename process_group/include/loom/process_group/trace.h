@@ -33,8 +33,8 @@ void complete(std::string_view name, std::string_view category, int64_t startUs,
               std::string_view argsJson = {});
 // A lane (Chrome "tid") of its own, named `name`, for events that overlap others of the thread
 // that emits them (a process group's collectives, DDP's bucket all-reduces: X events on one
-// lane must nest). Each call makes a new lane; lanes are named in the file only while the trace
-// that was open at the call is.
+// lane must nest). Each call makes a new lane. The name belongs to the trace open at the call;
+// a trace opened later shows that lane by number only.
 int lane(const std::string& name);
 // A complete event on `lane` (from lane()).
 void completeOn(int lane, std::string_view name, std::string_view category, int64_t startUs,
