@@ -215,11 +215,13 @@ std::string stepArgs(int64_t step) {
 }
 
 // The straggler table over the flight recorder's last operations (every rank calls it; rank 0
-// prints the slowest rank, as loom-bench does). Skipped when the recorder is off.
+// prints the slowest rank, as loom-bench does). Skipped when the recorder is off. The barrier
+// keeps rank 0, which may host the store, alive until every rank has read the exchange.
 void printSlowestRank(ProcessGroup& pg) {
   if (pg.size() < 2) return;
   try {
     const diag::StragglerTable table = pg.stragglers(std::chrono::seconds(30));
+    pg.barrier()->wait();
     if (pg.rank() != 0 || table.slowest() < 0) return;
     const std::string text = table.format();
     std::printf("loom-train: %s\n", text.substr(text.rfind('\n') + 1).c_str());
