@@ -226,10 +226,12 @@ Memory memoryFor(const std::string& backend) {
 }
 
 // The straggler table over the flight recorder's last operations (every rank calls it; rank 0
-// prints the slowest rank as a comment line). Skipped when the recorder is off.
+// prints the slowest rank as a comment line). Skipped when the recorder is off. The barrier
+// keeps rank 0, which may host the store, alive until every rank has read the exchange.
 void printSlowestRank(ProcessGroup& pg) {
   try {
     const diag::StragglerTable table = pg.stragglers(std::chrono::seconds(30));
+    pg.barrier()->wait();
     const int slow = table.slowest();
     if (pg.rank() != 0 || slow < 0) return;
     const std::string text = table.format();

@@ -163,7 +163,8 @@ constexpr Setting kTable[] = {
     {"LOOM_AUTOGRAD_THREADS", K::kInteger, S::kRuntime, "", 1, 4096, "", "threads",
      "how many threads autograd_lite's kernels (matrix products, convolutions, norms) use "
      "(default: the CPUs this process may run on, sched_getaffinity)",
-     "loom::ag::setNumThreads", "program start (autograd_mlp_bench, loom-train)"},
+     "loom::ag::setNumThreads",
+     "program start (loom-train, autograd-mlp, autograd_mlp_bench, autograd_gpt_bench)"},
 
     // ---- spawn, rpc ----
     {"LOOM_SPAWN_TIMEOUT", K::kInteger, S::kRuntime, "86400", 1, 365LL * 86400, "", "s",

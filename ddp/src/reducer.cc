@@ -6,6 +6,7 @@
 #include "loom/autograd/engine.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/process_group/trace.h"
 
 namespace loom::ddp {
 
@@ -156,6 +157,7 @@ void Reducer::resetIteration() {
     b.pending = b.params.size();
     b.future.reset();
     b.launched = false;
+    b.traceStartUs = 0;
   }
 }
 
@@ -219,6 +221,7 @@ void Reducer::onGradReady(size_t param) {
     }
     markReady(param, true);
     launchReadyBuckets();
+    if (trace::enabled()) traceCompletedBuckets();
   } catch (...) {
     // The iteration is abandoned (the error leaves backward); the next forward starts afresh
     // instead of reporting parameters that never got their gradient.
@@ -264,11 +267,36 @@ void Reducer::markReady(size_t param, bool fromHook) {
 
 void Reducer::launchReadyBuckets() {
   while (nextLaunch_ < buckets_.size() && buckets_[nextLaunch_].pending == 0) {
-    Bucket& b = buckets_[nextLaunch_];
-    b.view.data = b.data();
-    b.future = options_.commHook->start(*pg_, b.view);
-    b.launched = true;
+    startBucket(buckets_[nextLaunch_]);
     ++nextLaunch_;
+  }
+}
+
+void Reducer::startBucket(Bucket& b) {
+  b.traceStartUs = trace::enabled() ? trace::nowUs() : 0;
+  b.traceReady = readyCount_;
+  b.view.data = b.data();
+  b.future = options_.commHook->start(*pg_, b.view);
+  b.launched = true;
+}
+
+void Reducer::traceBucketEnd(Bucket& b) {
+  if (b.traceStartUs == 0) return;
+  const size_t i = static_cast<size_t>(b.view.index);
+  while (traceLanes_.size() <= i) {
+    traceLanes_.push_back(trace::lane("ddp bucket " + std::to_string(traceLanes_.size())));
+  }
+  trace::completeOn(traceLanes_[i], "bucket " + std::to_string(i) + " " + options_.commHook->name(),
+                    "ddp", b.traceStartUs, trace::nowUs(),
+                    detail::str("\"bucket\": ", i, ", \"bytes\": ", b.view.count * sizeof(float),
+                                ", \"iteration\": ", iterations_, ", \"ready\": ", b.traceReady,
+                                ", \"params\": ", params_.size()));
+  b.traceStartUs = 0;
+}
+
+void Reducer::traceCompletedBuckets() {
+  for (Bucket& b : buckets_) {
+    if (b.traceStartUs != 0 && b.future && b.future->isCompleted()) traceBucketEnd(b);
   }
 }
 
@@ -281,6 +309,7 @@ void Reducer::waitLaunched() noexcept {
       LOOM_LOG_WARNING(who(), ": bucket ", b.view.index,
                        " failed while abandoning the iteration: ", e.what());
     }
+    b.traceStartUs = 0;
     b.future.reset();
   }
 }
@@ -312,9 +341,17 @@ void Reducer::finalize() {
                "some iterations",
                missing == params_.size() ? " (none got one: was backward run after forward?)" : "");
   }
+  // The autograd pass has computed every gradient: what follows is DDP's tail.
+  const int64_t traceStartUs = trace::enabled() ? trace::nowUs() : 0;
+  if (traceStartUs != 0) traceCompletedBuckets();
   try {
     for (Bucket& b : buckets_) {
-      if (b.future) b.future->wait();
+      if (!b.future) continue;
+      b.future->wait();
+      if (traceStartUs != 0) {
+        traceBucketEnd(b);
+        traceCompletedBuckets();
+      }
     }
   } catch (...) {
     waitLaunched();
@@ -358,6 +395,10 @@ void Reducer::finalize() {
       for (size_t i = 0; i < count; ++i) dst[i] = src[i] * gradScale_;
     }
   }
+  if (traceStartUs != 0) {
+    trace::complete("ddp finalize", "ddp", traceStartUs, trace::nowUs(),
+                    detail::str("\"iteration\": ", iterations_));
+  }
   finishIteration();
 }
 
@@ -377,11 +418,12 @@ void Reducer::shadowBackward() {
   try {
     for (Bucket& b : buckets_) {
       std::fill(b.storage->begin(), b.storage->end(), 0.0f);
-      b.view.data = b.data();
-      b.future = options_.commHook->start(*pg_, b.view);
-      b.launched = true;
+      startBucket(b);
     }
-    for (Bucket& b : buckets_) b.future->wait();
+    for (Bucket& b : buckets_) {
+      b.future->wait();
+      traceBucketEnd(b);
+    }
   } catch (...) {
     waitLaunched();
     resetIteration();

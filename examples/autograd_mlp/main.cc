@@ -1,4 +1,5 @@
-// autograd-mlp: trains an MLP classifier with autograd_lite on one thread.
+// autograd-mlp: trains an MLP classifier with autograd_lite on one training thread (the kernels
+// use LOOM_AUTOGRAD_THREADS threads, default: the CPUs this process may run on).
 //
 // Data: --x (float32 [N, D] .npy) and --y (int64 [N] .npy), or, without them, a synthetic task
 // (--classes Gaussian clusters in --dim dimensions). Prints the loss and accuracy per epoch and
@@ -12,6 +13,8 @@
 #include <exception>
 
 #include "loom/autograd/autograd.h"
+#include "loom/autograd/parallel.h"
+#include "loom/common/settings.h"
 
 using namespace loom::ag;
 
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    setNumThreads(static_cast<int>(loom::settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
     Data data;
     if (!xPath.empty() || !yPath.empty()) {
       if (xPath.empty() || yPath.empty()) throw std::invalid_argument("--x and --y go together");

@@ -43,6 +43,7 @@
 #include "loom/ddp/zero_optimizer.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
+#include "loom/process_group/trace.h"
 #include "loom/store/hash_store.h"
 #include "models.h"
 
@@ -212,6 +213,27 @@ bool launchedByLauncher() {
   return false;
 }
 
+// LOOM_TRACE: a span's args naming the step (built only while a trace is open).
+std::string stepArgs(int64_t step) {
+  return trace::enabled() ? "\"step\": " + std::to_string(step) : std::string();
+}
+
+// The straggler table over the flight recorder's last operations (every rank calls it; rank 0
+// prints the slowest rank, as loom-bench does). Skipped when the recorder is off. The barrier
+// keeps rank 0, which may host the store, alive until every rank has read the exchange.
+void printSlowestRank(ProcessGroup& pg) {
+  if (pg.size() < 2) return;
+  try {
+    const diag::StragglerTable table = pg.stragglers(std::chrono::seconds(30));
+    pg.barrier()->wait();
+    if (pg.rank() != 0 || table.slowest() < 0) return;
+    const std::string text = table.format();
+    std::printf("loom-train: %s\n", text.substr(text.rfind('\n') + 1).c_str());
+  } catch (const InvalidArgumentError&) {
+    // LOOM_FLIGHT_RECORDER_ENTRIES=0
+  }
+}
+
 int run(const Args& a) {
   ag::setNumThreads(static_cast<int>(settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
   LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
@@ -363,6 +385,7 @@ int run(const Args& a) {
         const ag::Tensor out = ddpModel.forward(x);
         ag::Tensor loss = task ? task->loss(out, y) : ag::crossEntropy(out, y);
         if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
+        trace::Span span("backward", "train", stepArgs(step));
         loss.backward();
         lossSum += loss.item();
       };
@@ -374,10 +397,13 @@ int run(const Args& a) {
         ddpModel.finalize();
       }
     }
-    if (zero) {
-      zero->step();
-    } else {
-      optimizer.step();
+    {
+      trace::Span span("optimizer step", "train", stepArgs(step));
+      if (zero) {
+        zero->step();
+      } else {
+        optimizer.step();
+      }
     }
     if (scheduler) scheduler->step();
     lastLoss = ddp::reduceMean(*pg, lossSum);
@@ -425,7 +451,10 @@ int run(const Args& a) {
     evaluate(a.steps);
     task->finish(rank);
   }
+  printSlowestRank(*pg);
   if (leader) {
+    std::printf("loom-train: autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS)\n",
+                ag::numThreads());
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
     const double rate =

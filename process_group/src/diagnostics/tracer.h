@@ -16,10 +16,5 @@ namespace loom::trace {
 bool open(const std::string& dir, int rank);
 // Writes the file and closes the trace.
 void close();
-// A lane (Chrome "tid") of its own, named `name` (a process group's collectives).
-int lane(const std::string& name);
-// A complete event on `lane`.
-void completeOn(int lane, std::string_view name, std::string_view category, int64_t startUs,
-                int64_t endUs, std::string_view argsJson);
 
 }  // namespace loom::trace

@@ -39,6 +39,10 @@ class HookFuture {
  public:
   virtual ~HookFuture() = default;
   virtual void wait() = 0;
+  // True once the communication has completed (wait() may still have work to do, such as
+  // widening compressed values). Never blocks. Only the timeline (LOOM_TRACE) asks; a hook that
+  // cannot tell keeps the default, and DDP then learns of completion in wait().
+  virtual bool isCompleted() { return false; }
 };
 
 // A future made of a Work and what to do once it completed (runs on the waiting thread).
@@ -47,6 +51,7 @@ class WorkFuture : public HookFuture {
   WorkFuture(std::shared_ptr<Work> work, std::function<void()> then = {})
       : work_(std::move(work)), then_(std::move(then)) {}
   void wait() override;
+  bool isCompleted() override { return done_ || work_->isCompleted(); }
 
  private:
   std::shared_ptr<Work> work_;

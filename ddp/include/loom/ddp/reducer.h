@@ -37,6 +37,14 @@
 //   gradient is copied into the bucket when ready and the reduced value copied back.
 // - Outside synced iterations (noSync, or eval), the hooks do nothing: gradients accumulate in
 //   grad(), and the next synced backward reduces the accumulated sum.
+// - Timeline (LOOM_TRACE, loom/process_group/trace.h): each bucket's reduction is a span
+//   "bucket <i> <hook>" (args bucket, bytes, iteration, and ready / params: how many of the
+//   parameters' gradients were ready when it was launched) on a lane of its own per bucket index,
+//   from the hook's start to the moment the reducer sees its communication complete (polled at
+//   every gradient-ready hook and at finalize; a hook whose future cannot tell ends at its
+//   wait), and finalize is a span "ddp finalize" on the backward thread: it starts when the
+//   autograd pass has computed every gradient, so a bucket span that starts before it overlaps
+//   backward. Without a trace this costs one relaxed load per hook.
 // Thread-safety: one training thread (forward, backward and finalize on the same thread).
 #pragma once
 
@@ -106,6 +114,8 @@ class Reducer {
     GradBucket view;
     std::unique_ptr<HookFuture> future;
     bool launched = false;
+    int64_t traceStartUs = 0;  // LOOM_TRACE: when its hook started; 0 when not traced or ended
+    size_t traceReady = 0;     // LOOM_TRACE: gradients ready (all buckets) at its launch
   };
 
   void buildBuckets(const std::vector<size_t>& order);
@@ -113,6 +123,11 @@ class Reducer {
   void onGradReady(size_t param);
   void markReady(size_t param, bool fromHook);
   void launchReadyBuckets();
+  void startBucket(Bucket& b);
+  // LOOM_TRACE: ends b's span (no-op when it has none), or those of the buckets whose
+  // communication completed.
+  void traceBucketEnd(Bucket& b);
+  void traceCompletedBuckets();
   void waitLaunched() noexcept;
   void resetIteration();
   void finishIteration();
@@ -156,6 +171,7 @@ class Reducer {
   bool rebuilt_ = false;
   bool rebuildPending_ = false;
   std::vector<size_t> readyOrder_;
+  std::vector<int> traceLanes_;  // LOOM_TRACE: a lane per bucket index ("ddp bucket 3")
 };
 
 }  // namespace loom::ddp

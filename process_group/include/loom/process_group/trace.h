@@ -31,6 +31,14 @@ int64_t nowUs();
 // braces ("\"bucket\": 3, \"bytes\": 1048576") or empty.
 void complete(std::string_view name, std::string_view category, int64_t startUs, int64_t endUs,
               std::string_view argsJson = {});
+// A lane (Chrome "tid") of its own, named `name`, for events that overlap others of the thread
+// that emits them (a process group's collectives, DDP's bucket all-reduces: X events on one
+// lane must nest). Each call makes a new lane. The name belongs to the trace open at the call;
+// a trace opened later shows that lane by number only.
+int lane(const std::string& name);
+// A complete event on `lane` (from lane()).
+void completeOn(int lane, std::string_view name, std::string_view category, int64_t startUs,
+                int64_t endUs, std::string_view argsJson = {});
 // Writes the file now (no-op without a trace). Returns its path, or "" when none is open.
 std::string flush();
 
