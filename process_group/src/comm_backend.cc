@@ -462,8 +462,9 @@ std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::except
   // the other ranks' reports; every step bounded by the window.
   const milliseconds window = std::min(options().failureReportWindow, op.timeout / 2);
   const auto start = Clock::now();
+  const char* kind = invalid ? "invalid" : timedOut ? "timeout" : "io";
   auto exchange = FailureExchange::start(
-      store(), rank(), size(), std::string(invalid ? "invalid" : timedOut ? "timeout" : "io") + "\n" + own,
+      store(), rank(), size(), std::string(kind) + "\n" + own,
       diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
                     : "",
       window, true);

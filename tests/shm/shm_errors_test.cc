@@ -1,8 +1,9 @@
 // Error paths of the shared-memory collectives with thread ranks: a collective mismatch is
-// an InvalidArgumentError on every rank naming what differed (the transport is aborted); a rank that never arrives is a TimeoutError
-// naming it and the collective, after which the whole group fails fast; Context::abort from
-// another thread ends a blocked collective; ContextOptions::sharedMemory=false on all ranks or
-// on any one rank falls back to tcp on every rank.
+// an InvalidArgumentError on every rank naming what differed (the transport is aborted); a rank
+// that never arrives is a TimeoutError naming it and the collective, after which the whole group
+// fails fast; Context::abort from another thread ends a blocked collective;
+// ContextOptions::sharedMemory=false on all ranks or on any one rank falls back to tcp on every
+// rank.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
