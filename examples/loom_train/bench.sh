@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Samples/s of loom-train (gradient views, the default, and --copy-grads) and of PyTorch DDP
-# (gloo, OpenBLAS) on the MLP 784-1024-1024-10, batch 64 per rank, one thread per rank,
-# interleaved: each round runs every configuration once per rank count, so that a change in
+# (gloo, OpenBLAS) on the MLP 784-1024-1024-10, batch 64 per rank (MODEL mlp), or on the GPT of
+# `loom-train --model gpt` (4 layers, 4 heads, width 128, context 128, batch 16 sequences per
+# rank, AdamW; MODEL gpt), one thread per rank, interleaved: each round runs every configuration once per rank count, so that a change in
 # machine load hits all of them alike. Ranks are started with RANK / WORLD_SIZE / MASTER_ADDR /
 # MASTER_PORT as loom-run would set them. Prints one line per run:
 #   round R ranks N loom|loom-copy|torch SAMPLES/S
-#   examples/loom_train/bench.sh [BUILD_DIR] [STEPS] [ROUNDS] [RANK COUNTS, e.g. "1 2"]
+#   examples/loom_train/bench.sh [BUILD_DIR] [STEPS] [ROUNDS] [RANK COUNTS, e.g. "1 2"] [MODEL]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 STEPS=${2:-60}
 ROUNDS=${3:-3}
 COUNTS=${4:-"1 2"}
+MODEL=${5:-mlp}
+case $MODEL in
+  mlp) BATCH=64 ;;
+  gpt) BATCH=16 ;;
+  *) echo "bench.sh: MODEL must be mlp or gpt, got '$MODEL'" >&2; exit 2 ;;
+esac
 PORT=$((29700 + RANDOM % 200))
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -23,7 +30,8 @@ loom() {  # ranks, extra flags...
   local pids=()
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT OMP_NUM_THREADS=1 \
-      timeout 300 "$BUILD/bin/loom-train" --batch 64 --steps "$STEPS" "$@" > "$OUT/rank$r" 2>&1 &
+      LOOM_AUTOGRAD_THREADS=1 timeout 300 "$BUILD/bin/loom-train" --model "$MODEL" \
+      --batch "$BATCH" --steps "$STEPS" --sample-chars 0 "$@" > "$OUT/rank$r" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
@@ -33,7 +41,8 @@ loom() {  # ranks, extra flags...
 torch_ddp() {  # ranks
   PORT=$((PORT + 1))
   OPENBLAS_NUM_THREADS=1 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread \
-    timeout 300 /usr/bin/python3 examples/loom_train/torch_ddp_train.py --nproc "$1" --batch 64 \
+    timeout 300 /usr/bin/python3 examples/loom_train/torch_ddp_train.py --nproc "$1" --model "$MODEL" \
+    --batch "$BATCH" \
     --steps "$STEPS" --port "$PORT" | sed -n 's/.*, \([0-9]*\) samples\/s.*/\1/p'
 }
 
