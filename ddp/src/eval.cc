@@ -15,11 +15,19 @@ double reduceMean(ProcessGroup& pg, double value) {
 }
 
 void reduceMeanInPlace(ProcessGroup& pg, ag::Tensor& tensor) {
-  LOOM_CHECK(tensor.dtype() != ag::DType::kInt64, "reduceMeanInPlace needs a float tensor");
+  const ag::DType dtype = tensor.dtype();
+  LOOM_CHECK(ag::isFloatingPoint(dtype), "reduceMeanInPlace needs a floating-point tensor ",
+             "(float32, float64, bfloat16 or float16), got ", ag::dtypeName(dtype));
   if (pg.size() == 1 || tensor.numel() == 0) return;
+  if (dtype != ag::DType::kFloat32 && dtype != ag::DType::kFloat64) {
+    // 16-bit floats: the comm layer's kernels sum and then divide by the world size once
+    // (ReduceOp::kAvg), each step rounded to the tensor's own type.
+    pg.allreduce(bufferView(tensor), {.reduceOp = ReduceOp::kAvg})->wait();
+    return;
+  }
   pg.allreduce(bufferView(tensor))->wait();
   const double scale = 1.0 / pg.size();
-  if (tensor.dtype() == ag::DType::kFloat32) {
+  if (dtype == ag::DType::kFloat32) {
     float* d = tensor.data<float>();
     for (int64_t i = 0; i < tensor.numel(); ++i) d[i] = static_cast<float>(d[i] * scale);
   } else {

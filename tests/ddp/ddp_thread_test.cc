@@ -385,6 +385,33 @@ TEST(DdpThreads, GatherInOrderAndReduceMean) {
   }
 }
 
+// Every float dtype averages in place (16-bit ones through ReduceOp::kAvg); rank r holds
+// r + 1 and a fraction that 16-bit types represent exactly, so the mean is exact everywhere.
+TEST(DdpThreads, ReduceMeanInPlaceEveryFloatDtypeAndRejectsIntegers) {
+  for (int world : {2, 3}) {
+    runGroups(world, [&](std::shared_ptr<ProcessGroup> pg) {
+      const float mine = static_cast<float>(pg->rank() + 1);
+      const float want = static_cast<float>(world + 1) / 2.0f;
+      for (ag::DType dtype :
+           {ag::DType::kFloat32, ag::DType::kFloat64, ag::DType::kBFloat16, ag::DType::kFloat16}) {
+        ag::Tensor t =
+            ag::cast(ag::fromVector(std::vector<float>{mine, 0.5f * mine, -mine}, {3}), dtype);
+        reduceMeanInPlace(*pg, t);
+        ASSERT_EQ(t.dtype(), dtype);
+        const std::vector<float> got = ag::cast(t, ag::DType::kFloat32).toVector<float>();
+        EXPECT_EQ(got, (std::vector<float>{want, 0.5f * want, -want})) << ag::dtypeName(dtype);
+      }
+      ag::Tensor ints = ag::fromVector(std::vector<int64_t>{1, 2}, {2});
+      try {
+        reduceMeanInPlace(*pg, ints);
+        ADD_FAILURE() << "an int64 tensor was averaged";
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("floating-point"));
+      }
+    });
+  }
+}
+
 class FailingHook : public CommHook {
  public:
   std::string name() const override { return "failing"; }

@@ -10,7 +10,8 @@ namespace loom::ddp {
 
 // The mean of `value` over the ranks of pg (the same double on every rank).
 double reduceMean(ProcessGroup& pg, double value);
-// Element-wise mean over ranks of a float32 or float64 tensor, in place.
+// Element-wise mean over ranks of a float32, float64, bfloat16 or float16 tensor, in place.
+// An integer tensor is an InvalidArgumentError.
 void reduceMeanInPlace(ProcessGroup& pg, ag::Tensor& tensor);
 
 // local: this rank's results for the indices of a SequentialDistributedSampler(datasetSize,
