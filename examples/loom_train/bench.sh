@@ -15,8 +15,8 @@ ROUNDS=${3:-3}
 COUNTS=${4:-"1 2"}
 MODEL=${5:-mlp}
 case $MODEL in
-  mlp) BATCH=64 ;;
-  gpt) BATCH=16 ;;
+  mlp) BATCH=64 EXTRA=() ;;
+  gpt) BATCH=16 EXTRA=(--sample-chars 0) ;;
   *) echo "bench.sh: MODEL must be mlp or gpt, got '$MODEL'" >&2; exit 2 ;;
 esac
 PORT=$((29700 + RANDOM % 200))
@@ -31,7 +31,7 @@ loom() {  # ranks, extra flags...
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT OMP_NUM_THREADS=1 \
       LOOM_AUTOGRAD_THREADS=1 timeout 300 "$BUILD/bin/loom-train" --model "$MODEL" \
-      --batch "$BATCH" --steps "$STEPS" --sample-chars 0 "$@" > "$OUT/rank$r" 2>&1 &
+      --batch "$BATCH" --steps "$STEPS" "${EXTRA[@]}" "$@" > "$OUT/rank$r" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
