@@ -1,5 +1,14 @@
-// The flight recorder's cost per operation: what an 8-byte shm all-reduce pays for it.
+// The flight recorder's cost per operation: what an 8-byte shm all-reduce pays for it
+// (docs/diagnostics.md, Cost). The three calls one operation makes, each alone, and the clock
+// reads they are made of, so that a profile can be read against its parts.
 #include <benchmark/benchmark.h>
+#include <time.h>
+
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "diagnostics/flight_recorder.h"
 
@@ -27,6 +36,7 @@ void BM_RecordOperation(benchmark::State& state) {
     rec.recordEnd(id, false);
     benchmark::DoNotOptimize(id);
   }
+  state.SetLabel(rec.usesTsc() ? "start/end: tsc" : "start/end: steady clock");
 }
 BENCHMARK(BM_RecordOperation)->Arg(2000)->Arg(2048);
 
@@ -49,6 +59,30 @@ void BM_RecordStartEnd(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_RecordStartEnd);
+
+// The clocks an entry is stamped with, alone.
+void BM_ClockTsc(benchmark::State& state) {
+#if defined(__x86_64__)
+  for (auto _ : state) benchmark::DoNotOptimize(__rdtsc());
+#else
+  state.SkipWithError("no time-stamp counter on this architecture");
+#endif
+}
+BENCHMARK(BM_ClockTsc);
+
+void BM_ClockCoarse(benchmark::State& state) {
+  timespec ts;
+  for (auto _ : state) {
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    benchmark::DoNotOptimize(ts);
+  }
+}
+BENCHMARK(BM_ClockCoarse);
+
+void BM_ClockSteady(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(std::chrono::steady_clock::now());
+}
+BENCHMARK(BM_ClockSteady);
 
 }  // namespace
 
