@@ -43,29 +43,36 @@ FlightRecorder::FlightRecorder(size_t capacity, comm::Algorithm algorithm)
       useTsc_(tscIsInvariant()),
       slots_(std::make_unique<Slot[]>(slotsFor(capacity))),
       steadyOriginNs_(static_cast<int64_t>(steadyNs())),
-      coarseOriginNs_(static_cast<int64_t>(coarseNs())),
-      ticksOrigin_(ticks()),
-      systemOriginUs_(systemUs()) {}
+      ticksOrigin_(ticks()) {}
 
 std::vector<OpRecord> FlightRecorder::snapshot() const {
-  // Coarse nanoseconds and ticks -> Unix microseconds, through the pairs read at construction
-  // and now (the ticks' rate is measured over that span: a 40 ns read over even a millisecond
-  // is a 4e-5 error).
+  // Raw times -> Unix microseconds, anchored now: a time's distance from now on the monotonic
+  // clock, subtracted from the system clock now. The TSC's rate is measured over the group's
+  // lifetime (its readings against the steady clock's at construction and now: a 40 ns read
+  // over even a millisecond is a 4e-5 error). Anchoring at the read, not at construction,
+  // keeps ranks of one host consistent with each other when they read their rings together
+  // (stragglers(), the failure analysis): the system clock's offset from the monotonic one
+  // (NTP's slewing) is then the same for all of them.
   const int64_t steadyNow = static_cast<int64_t>(steadyNs());
   const uint64_t ticksNow = ticks();
+  const int64_t systemNowUs = systemUs();
   const double nsPerTick = useTsc_ && ticksNow > ticksOrigin_ && steadyNow > steadyOriginNs_
                                ? static_cast<double>(steadyNow - steadyOriginNs_) /
                                      static_cast<double>(ticksNow - ticksOrigin_)
                                : 1.0;
+  // Monotonic nanoseconds (the coarse clock's too: it is the same clock at tick resolution).
+  const auto monotonicToUs = [&](double ns) -> int64_t {
+    return systemNowUs - static_cast<int64_t>((static_cast<double>(steadyNow) - ns) / 1000);
+  };
   const auto coarseToUs = [&](uint64_t ns) -> int64_t {
-    if (ns == 0) return 0;
-    return systemOriginUs_ + (static_cast<int64_t>(ns) - coarseOriginNs_) / 1000;
+    return ns == 0 ? 0 : monotonicToUs(static_cast<double>(ns));
   };
   const auto ticksToUs = [&](uint64_t t) -> int64_t {
     if (t == 0) return 0;
-    const double sinceOrigin =
-        (static_cast<double>(t) - static_cast<double>(ticksOrigin_)) * nsPerTick;
-    return systemOriginUs_ + static_cast<int64_t>(sinceOrigin / 1000);
+    if (!useTsc_) return monotonicToUs(static_cast<double>(t));
+    // Signed: another thread may have stamped after ticksNow was read.
+    const double ago = (static_cast<double>(ticksNow) - static_cast<double>(t)) * nsPerTick;
+    return monotonicToUs(static_cast<double>(steadyNow) - ago);
   };
   const uint64_t last = next_.load(std::memory_order_acquire);
   const uint64_t first = last > capacity_ ? last - capacity_ + 1 : 1;

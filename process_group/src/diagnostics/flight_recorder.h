@@ -22,9 +22,10 @@
 //   the issue time the coarse monotonic clock (one kernel tick of resolution, a few ms: enough
 //   for the age of a queued or hung operation), start and end the CPU's time-stamp counter
 //   when it is invariant (CPUID: constant rate, runs in every C-state; the steady clock
-//   otherwise). snapshot() converts them to microseconds since the Unix epoch through clock
-//   pairs read at construction and at the snapshot, so dumps of different hosts line up as
-//   well as their clocks do, and ranks on one host share one clock.
+//   otherwise). snapshot() converts them to microseconds since the Unix epoch, anchored at
+//   the snapshot (the system clock now, minus the time's distance from now on the monotonic
+//   clock), so dumps of different hosts line up as well as their clocks do, and ranks of one
+//   host that read their rings together agree to well under a microsecond.
 #pragma once
 
 #include <time.h>
@@ -119,11 +120,10 @@ class FlightRecorder {
   const std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> lastSeq_{0};
-  // The clocks read together at construction, to convert times in snapshot().
+  // The steady clock and the ticks read together at construction: snapshot() measures the
+  // ticks' rate from them.
   const int64_t steadyOriginNs_;
-  const int64_t coarseOriginNs_;
   const uint64_t ticksOrigin_;
-  const int64_t systemOriginUs_;
 };
 
 inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
