@@ -276,8 +276,20 @@ std::exception_ptr ProcessGroupMpi::notRun(const OpDesc& op) const {
 }
 
 void ProcessGroupMpi::abort(const std::string& reason) {
-  markBroken(who() + ": aborted: " + reason);
+  const std::string cause = who() + ": aborted: " + reason;
+  const bool first = markBroken(cause) == cause;
   wake_.notify_all();
+  // As the comm backend does: the abort's report and flight record go to the shared store (on
+  // the exchange's own thread: abort() never waits), for the ranks that fail later and for
+  // loom-doctor.
+  if (first && sharedStore_) {
+    const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
+    pg_failure::FailureExchange::start(
+        store(), rank(), size(), "io\n" + cause,
+        diagnostics() ? diagnostics()->dumpLocal("abort", diag::GroupDiagnostics::kFailureEntries)
+                      : "",
+        window, false);
+  }
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::post(OpDesc op) {
