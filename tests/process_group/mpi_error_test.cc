@@ -315,7 +315,10 @@ TEST(MpiDiagnostics, DetailModeMismatchWithoutAStoreGoesThroughMpi) {
 TEST(MpiDiagnostics, TimeoutCarriesTheDiagnosisThroughTheStore) {
   SharedFileStore shared;
   ProcessGroupOptions options;
-  options.timeout = 3000ms;
+  // The other ranks' listeners get 3 s to answer (the report window, at most timeout / 2): a
+  // loaded machine must not turn their records into "sent no flight record".
+  options.timeout = 6000ms;
+  options.failureReportWindow = 3000ms;
   auto g = createProcessGroup("mpi", shared.store, world().rank(), world().size(), options);
   // MPI may write a timed-out collective's buffer until every rank completed it.
   static std::vector<float> buf;
@@ -323,7 +326,7 @@ TEST(MpiDiagnostics, TimeoutCarriesTheDiagnosisThroughTheStore) {
   if (g->rank() == 0) {
     auto w = g->allreduce(view(buf.data(), buf.size()));
     const std::string what = messageOf<TimeoutError>([&] { w->wait(); });
-    EXPECT_THAT(what, HasSubstr("allreduce#1 timed out after 3000 ms"));
+    EXPECT_THAT(what, HasSubstr("allreduce#1 timed out after 6000 ms"));
     EXPECT_THAT(what, HasSubstr("diagnosis: rank 1 never entered collective #1: it has issued no "
                                 "operation"));
     EXPECT_THAT(what, HasSubstr("ranks that sent no failure report"));
