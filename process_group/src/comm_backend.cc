@@ -1,9 +1,7 @@
 #include "comm_backend.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -35,16 +33,6 @@ comm::CollectiveOptions collectiveOptions(const OpDesc& op) {
   return copts;
 }
 
-// True when `text` mentions `name` as a whole token ("allreduce#1" is not in
-// "allreduce#17").
-bool mentions(const std::string& text, const std::string& name) {
-  for (size_t pos = text.find(name); pos != std::string::npos; pos = text.find(name, pos + 1)) {
-    const size_t end = pos + name.size();
-    if (end >= text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
-  }
-  return false;
-}
-
 // The peer a failure names, for the flight record.
 int failedPeer(std::exception_ptr error) {
   try {
@@ -54,12 +42,6 @@ int failedPeer(std::exception_ptr error) {
   } catch (...) {
     return -1;
   }
-}
-
-std::string joinRanks(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
 }
 
 // A hand-off setting in microseconds; the range is LOOM_PG_GRACE_US's and LOOM_PG_NAP_US's.
@@ -399,135 +381,32 @@ void ProcessGroupComm::runAllreduceCoalesced(comm::Context& ctx, const OpDesc& o
 }
 
 void ProcessGroupComm::checkSignature(const OpDesc& op) {
-  Store& store = *this->store();
-  const std::string mine = op.signature();
-  store.set(signatureKey(op.seq, rank()), mine);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size(); ++r) keys.push_back(signatureKey(op.seq, r));
-  try {
-    store.wait(keys, op.timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < size(); ++r) {
-      if (!store.check({keys[r]})) missing.push_back(r);
-    }
-    throw TimeoutError(who() + ": " + op.describe() +
-                       " (LOOM_DEBUG=DETAIL signature check): ranks [" + joinRanks(missing) +
-                       "] did not reach collective #" + std::to_string(op.seq) + " within " +
-                       std::to_string(op.timeout.count()) + " ms");
-  }
-  const std::vector<Bytes> values = store.multiGet(keys);
-  // Every rank has written signature seq, so it has finished reading seq - 1: ours can go.
-  if (lastSignatureSeq_ != 0) store.deleteKey(signatureKey(lastSignatureSeq_, rank()));
-  lastSignatureSeq_ = op.seq;
-
-  std::map<std::string, std::vector<int>> byValue;
-  for (int r = 0; r < size(); ++r) byValue[toString(values[r])].push_back(r);
-  if (byValue.size() == 1) return;
-  std::string detail;
-  for (const auto& [signature, ranks] : byValue) {
-    detail += "\n  " + signature + " on ranks [" + joinRanks(ranks) + "]";
-  }
-  throw InvalidArgumentError(who() + ": collective #" + std::to_string(op.seq) +
-                             " does not match across ranks (LOOM_DEBUG=DETAIL); this rank called " +
-                             mine + ":" + detail);
+  checkSignatureInStore(*this, op, lastSignatureSeq_);
 }
 
 std::exception_ptr ProcessGroupComm::handleFailure(const OpDesc& op, std::exception_ptr error) {
-  std::string what = "unknown exception";
-  bool timedOut = false;
-  bool invalid = false;  // the ranks' arguments disagree (e.g. a peer sends another count)
-  try {
-    std::rethrow_exception(error);
-  } catch (const TimeoutError& e) {
-    what = e.what();
-    timedOut = true;
-  } catch (const InvalidArgumentError& e) {
-    what = e.what();
-    invalid = true;
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
-  std::string own = what;
-  if (!mentions(what, op.describe().substr(0, op.describe().find(' ')))) {
-    own = who() + ": " + op.describe() + ": " + what;
-  } else if (what.find("rank " + std::to_string(rank())) == std::string::npos) {
-    own = who() + ": " + what;
-  }
+  const FailureCause cause = classify(error);
+  const std::string own = ownMessage(*this, op, cause.what);
   markBroken(own);
   wake_.notify_all();
-
-  // Publish, then close our connections so the peers blocked on us fail now, then collect
-  // the other ranks' reports; every step bounded by the window.
-  const milliseconds window = std::min(options().failureReportWindow, op.timeout / 2);
-  const auto start = Clock::now();
-  const char* kind = invalid ? "invalid" : timedOut ? "timeout" : "io";
-  auto exchange = FailureExchange::start(
-      store(), rank(), size(), std::string(kind) + "\n" + own,
+  // After publishing, close our connections so the peers blocked on us fail now.
+  const FailureOutcome outcome = exchangeReports(
+      *this, op, cause, own,
       diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
                     : "",
-      window, true);
-  if (exchange) exchange->waitFor(exchange->published, start + window);
-  {
-    std::shared_ptr<comm::Context> closing;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closing = std::move(ctx_);
-    }
-  }
-
-  std::string message = own;
-  bool anyTimeout = timedOut;
-  bool anyInvalid = invalid;
-  // Who hosts the store, for a store that died or stopped answering.
-  const int host = options().storeHostRank;
-  const std::string storeHost =
-      host >= 0 && host != rank()
-          ? "rank " + std::to_string(host) + ", which hosts the store,"
-          : "the store's host (" +
-                std::string(host == rank() ? "this process" : "not a rank of this group") + ")";
-  if (exchange && exchange->waitFor(exchange->done, start + window + storeSlack(window))) {
-    std::lock_guard<std::mutex> lock(exchange->mu);
-    if (!exchange->storeGone.empty()) {
-      message += "\n  diagnosis: the store host died: " + storeHost +
-                 " is gone (the store closed its connection or cannot be reached), so no rank "
-                 "can report or be analysed: " +
-                 exchange->storeGone;
-    } else if (!exchange->explanation.empty()) {
-      std::string text = exchange->explanation;
-      for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1)) {
-        text.insert(at + 1, "  ");
-      }
-      message += "\n  diagnosis: " + text;
-    }
-    if (!exchange->silent.empty()) {
-      message += "\n  ranks that sent no failure report within " + std::to_string(window.count()) +
-                 " ms (dead, stopped, or not at this operation): " + joinRanks(exchange->silent);
-    }
-    message += exchange->reports;
-    if (!exchange->storeError.empty()) {
-      message +=
-          "\n  (the failure reports could not be read from the store: " + exchange->storeError +
-          ")";
-    }
-    anyTimeout = anyTimeout || exchange->anyTimeout;
-    anyInvalid = anyInvalid || exchange->anyInvalid;
-  } else {
-    message += "\n  diagnosis: the store did not answer within " +
-               std::to_string((window + storeSlack(window)).count()) + " ms: " + storeHost +
-               " is stopped, overloaded or cut off (no failure reports, no analysis)";
-  }
+      [&] {
+        std::shared_ptr<comm::Context> closing;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          closing = std::move(ctx_);
+        }
+      });
   {
     std::lock_guard<std::mutex> lock(mu_);
-    brokenCause_ = message;
+    brokenCause_ = outcome.message;
   }
-  // The exception's type names the root cause on every rank: ranks whose arguments disagree
-  // (a count that differs from what a peer sends) are a caller's mistake even where this rank
-  // only saw its peer close the connection. The group is broken afterwards in every case.
-  if (anyInvalid) return std::make_exception_ptr(InvalidArgumentError(message));
-  if (anyTimeout) return std::make_exception_ptr(TimeoutError(message));
-  return std::make_exception_ptr(IoError(message));
+  // The group is broken afterwards in every case.
+  return outcome.error();
 }
 
 }  // namespace loom

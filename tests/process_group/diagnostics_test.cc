@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -64,6 +65,65 @@ TEST(FlightRecorder, KeepsTheLastEntriesAcrossWraparound) {
   EXPECT_GT(got[0].endUs, 0);
   EXPECT_GE(got[0].endUs, got[0].startUs);
   EXPECT_EQ(got[3].startUs, 0);
+}
+
+// A capacity that is not a power of two: the ring has more slots (8 for 5), but a snapshot holds
+// the newest `capacity` entries only, and an update for an entry past them is still dropped
+// once its slot was reused.
+TEST(FlightRecorder, ReportsExactlyTheCapacityWhenItIsNoPowerOfTwo) {
+  FlightRecorder rec(5, comm::Algorithm::kAuto);
+  for (uint64_t seq = 1; seq <= 12; ++seq) {
+    rec.recordStart(rec.recordIssue(allreduceOp(seq, 1)));
+  }
+  rec.recordEnd(3, false);   // slot reused by id 11: dropped
+  rec.recordEnd(12, false);  // the newest: kept
+  const std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].id, 8 + i);
+  EXPECT_EQ(got[3].state, OpState::kRunning);
+  EXPECT_EQ(got[4].state, OpState::kDone);
+  EXPECT_EQ(rec.recorded(), 12u);
+}
+
+// Start and end come from the TSC when the CPU says it is invariant (what Linux shows as
+// nonstop_tsc), and are converted to Unix microseconds: an operation that ran across a 20 ms
+// sleep shows at least 20 ms between its start and end, and both lie between the system clock's
+// readings around them; the issue time (coarse clock) is never after the start.
+TEST(FlightRecorder, TimesAreUnixMicrosecondsFromTheRightClock) {
+  FlightRecorder rec(16, comm::Algorithm::kAuto);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool nonstop = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      nonstop = line.find(" nonstop_tsc") != std::string::npos;
+      break;
+    }
+  }
+#if defined(__x86_64__)
+  EXPECT_EQ(FlightRecorder::tscIsInvariant(), nonstop) << "CPUID and /proc/cpuinfo disagree";
+#endif
+  EXPECT_EQ(rec.usesTsc(), FlightRecorder::tscIsInvariant());
+  const auto unixUs = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t before = unixUs();
+  const uint64_t id = rec.recordIssue(allreduceOp(1, 1));
+  rec.recordStart(id);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  rec.recordEnd(id, false);
+  const int64_t after = unixUs();
+  const std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 1u);
+  const OpRecord& r = got[0];
+  // The conversion's own error is well under a millisecond; 1 ms of slack either side.
+  EXPECT_GE(r.startUs, before - 1000);
+  EXPECT_LE(r.endUs, after + 1000);
+  EXPECT_GE(r.endUs - r.startUs, 20000 - 1000);
+  EXPECT_LE(r.issueUs, r.startUs);
+  EXPECT_GT(r.issueUs, before - 100000);  // the coarse clock: a few ms of resolution
 }
 
 // A reader snapshots while a writer records as fast as it can: every entry it returns is whole

@@ -224,5 +224,129 @@ TEST(MpiErrors, MonitoredBarrierThroughAFileStore) {
   world().barrier()->wait();  // before rank 0 removes the store's directory
 }
 
+// A FileStore every rank opens: rank 0 picks its path in a temporary directory and broadcasts
+// it. close() drops the store on every rank before rank 0 removes the directory.
+class SharedFileStore {
+ public:
+  SharedFileStore() {
+    char path[256] = {};
+    if (world().rank() == 0) {
+      dir_ = std::make_unique<testing::TempDir>();
+      std::snprintf(path, sizeof(path), "%s/store", dir_->path().c_str());
+    }
+    world().broadcast(view(reinterpret_cast<uint8_t*>(path), sizeof(path)), {.root = 0})->wait();
+    store = std::make_shared<FileStore>(path);
+  }
+  void close() {
+    store.reset();
+    world().barrier()->wait();
+    dir_.reset();
+  }
+
+  std::shared_ptr<FileStore> store;
+
+ private:
+  std::unique_ptr<testing::TempDir> dir_;
+};
+
+std::shared_ptr<ProcessGroup> detailGroup(std::shared_ptr<Store> store) {
+  ProcessGroupOptions options;
+  options.timeout = 20s;
+  options.debug = DebugLevel::kDetail;
+  return createProcessGroup("mpi", std::move(store), world().rank(), world().size(), options);
+}
+
+// "1, 2, 3": the ranks other than 0.
+std::string otherRanks() {
+  std::string out;
+  for (int r = 1; r < world().size(); ++r) out += (r > 1 ? ", " : "") + std::to_string(r);
+  return out;
+}
+
+// LOOM_DEBUG=DETAIL with a store shared by the ranks: rank 0 reduces with sum, the others with
+// max; every rank's allreduce fails before anything reaches MPI, with every signature and the
+// ranks that called it; the group stays usable.
+TEST(MpiDiagnostics, DetailModeMismatchThroughTheStoreFailsEveryRankWithBothSignatures) {
+  SharedFileStore shared;
+  auto g = detailGroup(shared.store);
+  std::vector<int32_t> buf(4, 1);
+  const ReduceOp op = g->rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax;
+  const std::string what = messageOf<InvalidArgumentError>(
+      [&] { g->allreduce(view(buf.data(), buf.size()), {.reduceOp = op})->wait(); });
+  EXPECT_THAT(what, HasSubstr("rank " + std::to_string(g->rank()) +
+                              ": collective #1 does not match across ranks (LOOM_DEBUG=DETAIL)"));
+  EXPECT_THAT(what, HasSubstr("allreduce(dtype=int32, count=4, op=sum)#1 on ranks [0]"));
+  EXPECT_THAT(
+      what, HasSubstr("allreduce(dtype=int32, count=4, op=max)#1 on ranks [" + otherRanks() + "]"));
+  EXPECT_FALSE(g->isBroken());
+  // Skipped on every rank: the next collective lines up and sees the untouched buffers.
+  ASSERT_TRUE(g->allreduce(view(buf.data(), buf.size()))->wait());
+  EXPECT_EQ(buf[0], g->size());
+  g.reset();
+  shared.close();
+}
+
+// The same without a store (mpirun without MASTER_ADDR): the signatures travel by an MPI
+// all-gather. Rank 0 calls allreduce, the others broadcast.
+TEST(MpiDiagnostics, DetailModeMismatchWithoutAStoreGoesThroughMpi) {
+  auto g = detailGroup(nullptr);
+  std::vector<int32_t> buf(4, 1);
+  const std::string what = messageOf<InvalidArgumentError>([&] {
+    if (g->rank() == 0) {
+      g->allreduce(view(buf.data(), buf.size()))->wait();
+    } else {
+      g->broadcast(view(buf.data(), buf.size()), {.root = 0})->wait();
+    }
+  });
+  EXPECT_THAT(what, HasSubstr("collective #1 does not match across ranks (LOOM_DEBUG=DETAIL)"));
+  EXPECT_THAT(what, HasSubstr("allreduce(dtype=int32, count=4, op=sum)#1 on ranks [0]"));
+  EXPECT_THAT(
+      what, HasSubstr("broadcast(dtype=int32, count=4, root=0)#1 on ranks [" + otherRanks() + "]"));
+  EXPECT_FALSE(g->isBroken());
+  ASSERT_TRUE(g->barrier()->wait());
+  g.reset();
+  world().barrier()->wait();
+}
+
+// With a shared store a timeout carries the analysis of every rank's flight record: rank 0's
+// allreduce times out while the other ranks have issued nothing on the group (their listeners
+// answer with their records), and the error says so. Then they join the allreduce, which
+// completes the request MPI still holds.
+TEST(MpiDiagnostics, TimeoutCarriesTheDiagnosisThroughTheStore) {
+  SharedFileStore shared;
+  ProcessGroupOptions options;
+  // The other ranks' listeners get 3 s to answer (the report window, at most timeout / 2): a
+  // loaded machine must not turn their records into "sent no flight record".
+  options.timeout = 6000ms;
+  options.failureReportWindow = 3000ms;
+  auto g = createProcessGroup("mpi", shared.store, world().rank(), world().size(), options);
+  // MPI may write a timed-out collective's buffer until every rank completed it.
+  static std::vector<float> buf;
+  buf.assign(100, 1.0f);
+  if (g->rank() == 0) {
+    auto w = g->allreduce(view(buf.data(), buf.size()));
+    const std::string what = messageOf<TimeoutError>([&] { w->wait(); });
+    EXPECT_THAT(what, HasSubstr("allreduce#1 timed out after 6000 ms"));
+    EXPECT_THAT(what, HasSubstr("diagnosis: rank 1 never entered collective #1: it has issued no "
+                                "operation"));
+    EXPECT_THAT(what, HasSubstr("ranks that sent no failure report"));
+    EXPECT_TRUE(g->isBroken());
+    // The group's cause is the whole story too.
+    EXPECT_THAT(messageOf<IoError>([&] { g->barrier()->wait(); }),
+                HasSubstr("diagnosis: rank 1 never entered collective #1"));
+    for (int r = 1; r < g->size(); ++r) {
+      int32_t go = 1;
+      world().send(view(&go, 1), r, 80)->wait();
+    }
+  } else {
+    int32_t go = 0;
+    world().recv(view(&go, 1), 0, 80)->wait();
+    EXPECT_TRUE(g->allreduce(view(buf.data(), buf.size()))->wait());
+  }
+  world().barrier()->wait();
+  g.reset();
+  shared.close();
+}
+
 }  // namespace
 }  // namespace loom::mpi_testing

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "comm_backend.h"
@@ -25,6 +27,7 @@
 #include "loom/store/hash_store.h"
 #include "loom/testing/errors.h"
 #include "loom/testing/ranks.h"
+#include "signature.h"
 #include "tag.h"
 #include "verbs/fake_ops.h"
 #include "verbs/ibv_ops.h"
@@ -232,7 +235,10 @@ TEST(VerbsFake, AbortFailsLocalRequestsAndReachesThePeer) {
     } else {
       auto r = t.irecv(0, buf.data(), 64, 1);
       w.store.set("posted", toBytes("1"));
-      EXPECT_THAT(messageOf<IoError>([&] { r->wait(Deadline(10s)); }), HasSubstr("rank 0 aborted"));
+      // The abort carries its reason (the abort-text area after the ring).
+      const std::string m = messageOf<IoError>([&] { r->wait(Deadline(10s)); });
+      EXPECT_THAT(m, HasSubstr("rank 0 aborted: "));
+      EXPECT_THAT(m, HasSubstr("the user gave up"));
     }
   });
 }
@@ -397,6 +403,160 @@ TEST(VerbsFake, ProcessGroupOverTheVerbsContext) {
     }
     pg->barrier()->wait();
   });
+}
+
+// Records the slot header of every data fragment it posts.
+class HeaderSpyOps : public FakeOps {
+ public:
+  HeaderSpyOps(std::shared_ptr<FakeFabric> fabric, int rank, std::vector<SlotHeader>* headers)
+      : FakeOps(std::move(fabric), rank), headers_(headers) {}
+  void postWriteImm(int peer, uint64_t wrId, const std::vector<Sge>& sges, uint64_t raddr,
+                    uint32_t rkey, uint32_t imm) override {
+    if (immKind(imm) == ImmKind::kData) {
+      SlotHeader h;
+      std::memcpy(&h, sges[0].addr, sizeof(h));
+      headers_->push_back(h);
+    }
+    FakeOps::postWriteImm(peer, wrId, sges, raddr, rkey, imm);
+  }
+
+ private:
+  std::vector<SlotHeader>* headers_;  // written under the transport's mutex, read after join
+};
+
+// Every fragment of a message sent inside a collective carries the collective's signature (the
+// receiver checks the first); a send outside any collective carries 0.
+TEST(VerbsFake, EveryFragmentCarriesTheSignature) {
+  FakeWorld w;
+  std::vector<SlotHeader> headers;
+  const uint64_t sig =
+      packSignature(OpType::kAllreduce, DType::kFloat32, 250, true, ReduceOp::kMax, false, 0);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ContextOptions o;
+    o.timeout = 10s;
+    auto ctx =
+        createContextWithOps(w.store, rank, 2, o,
+                             rank == 0 ? std::make_unique<HeaderSpyOps>(w.fabric, rank, &headers)
+                                       : std::make_unique<FakeOps>(w.fabric, rank),
+                             w.config);
+    Transport& t = ctx->transport();
+    std::vector<uint8_t> buf(1000);  // 5 fragments of at most 216 bytes
+    SignatureScope scope(sig);
+    if (rank == 0) {
+      ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+      SignatureScope none(0);
+      ASSERT_TRUE(t.isend(1, buf.data(), 8, 4)->wait(Deadline(10s)));
+    } else {
+      ASSERT_TRUE(t.irecv(0, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
+      SignatureScope none(0);
+      ASSERT_TRUE(t.irecv(0, buf.data(), 8, 4)->wait(Deadline(10s)));
+    }
+  });
+  const size_t frags = fragmentCount(1000, 256 - sizeof(SlotHeader));
+  ASSERT_EQ(headers.size(), frags + 1);
+  for (size_t i = 0; i < frags; ++i) {
+    EXPECT_EQ(headers[i].tag, 3u);
+    EXPECT_EQ(headers[i].signature, sig) << "fragment " << i;
+  }
+  EXPECT_EQ(headers.back().tag, 4u);
+  EXPECT_EQ(headers.back().signature, 0u);
+}
+
+// A message whose signature differs from the posted receive's fails the receiver at its first
+// fragment (InvalidArgumentError, both signatures); the sender's transport fails through the
+// abort, whose text carries the same two signatures.
+TEST(VerbsFake, SignatureMismatchFailsBothSidesWithBothSignatures) {
+  FakeWorld w;
+  const uint64_t sum =
+      packSignature(OpType::kAllreduce, DType::kInt32, 64, true, ReduceOp::kSum, false, 0);
+  const uint64_t max =
+      packSignature(OpType::kAllreduce, DType::kInt32, 64, true, ReduceOp::kMax, false, 0);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = w.make(rank, 2);
+    Transport& t = ctx->transport();
+    std::vector<int32_t> buf(64);
+    if (rank == 0) {
+      SignatureScope scope(sum);
+      auto s = t.isend(1, buf.data(), 256, 5);
+      // The send may complete (its fragment was posted) before rank 1 aborts.
+      try {
+        s->wait(Deadline(10s));
+      } catch (const IoError&) {
+      }
+      const Deadline deadline(10s);
+      while (!t.failed() && !deadline.expired()) std::this_thread::sleep_for(1ms);
+      ASSERT_TRUE(t.failed()) << "rank 1's abort never arrived";
+      const std::string m =
+          messageOf<IoError>([&] { t.irecv(1, buf.data(), 4, 6)->wait(Deadline(1s)); });
+      EXPECT_THAT(m, HasSubstr("rank 1 aborted: "));
+      EXPECT_THAT(m, HasSubstr("allreduce(dtype=int32, count=64, op=sum)"));
+      EXPECT_THAT(m, HasSubstr("allreduce(dtype=int32, count=64, op=max)"));
+    } else {
+      SignatureScope scope(max);
+      auto r = t.irecv(0, buf.data(), 256, 5);
+      const std::string m = messageOf<InvalidArgumentError>([&] { r->wait(Deadline(10s)); });
+      EXPECT_THAT(m, HasSubstr("mismatched collective"));
+      EXPECT_THAT(m, HasSubstr("rank 0 called allreduce(dtype=int32, count=64, op=sum)"));
+      EXPECT_THAT(m, HasSubstr("rank 1 called allreduce(dtype=int32, count=64, op=max)"));
+      EXPECT_TRUE(t.failed());
+    }
+  });
+}
+
+// The same collective with different arguments over the verbs Context (the comm/ algorithms
+// open the signature scope): both ranks fail with both signatures, found in the first message,
+// as over tcp and shm (tests/comm/transport_test.cc).
+TEST(VerbsFake, MismatchedCollectivesPrintBothSignaturesOnBothRanks) {
+  struct Case {
+    const char* name;
+    std::function<void(Context&, int, std::vector<int32_t>&, const CollectiveOptions&)> run;
+    std::vector<std::string> expected;
+    bool bothFail = true;  // else rank 1's sends may complete before rank 0 fails
+  };
+  const std::vector<Case> cases = {
+      {"reduce op",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& o) {
+         allreduce(ctx, buf.data(), buf.data(), buf.size(), DType::kInt32,
+                   rank == 0 ? ReduceOp::kSum : ReduceOp::kMax, o);
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)",
+        "allreduce(dtype=int32, count=1000, op=max)"}},
+      {"dtype",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& o) {
+         allreduce(ctx, buf.data(), buf.data(), buf.size(),
+                   rank == 0 ? DType::kInt32 : DType::kFloat32, ReduceOp::kSum, o);
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)",
+        "allreduce(dtype=float, count=1000, op=sum)"}},
+      {"collective",
+       [](Context& ctx, int rank, std::vector<int32_t>& buf, const CollectiveOptions& o) {
+         if (rank == 0) {
+           allreduce(ctx, buf.data(), buf.data(), buf.size(), DType::kInt32, ReduceOp::kSum, o);
+         } else {
+           broadcast(ctx, buf.data(), buf.size(), DType::kInt32, 1, o);
+         }
+       },
+       {"allreduce(dtype=int32, count=1000, op=sum)", "broadcast(dtype=int32, count=1000, root=1)"},
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeWorld w;
+    w.config.slotBytes = 4096;
+    loom::testing::runThreadRanks(2, [&](int rank) {
+      auto ctx = w.make(rank, 2, 20s);
+      std::vector<int32_t> buf(1000, 1);
+      const CollectiveOptions o{.timeout = 20s, .seq = 7};
+      try {
+        c.run(*ctx, rank, buf, o);
+        if (rank == 0 || c.bothFail) ADD_FAILURE() << "rank " << rank << ": no error";
+      } catch (const TimeoutError& e) {
+        ADD_FAILURE() << "rank " << rank << ": the mismatch was not found: " << e.what();
+      } catch (const Error& e) {
+        for (const std::string& part : c.expected) EXPECT_THAT(e.what(), HasSubstr(part));
+      }
+    });
+  }
 }
 
 TEST(VerbsNoDevice, EntryPointsSayNoDeviceWasFound) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <string>
@@ -53,9 +54,10 @@ TEST(QpInfoText, RoundTrips) {
 
 TEST(QpInfoText, MalformedInputNamesKeyAndField) {
   std::string text = serializeQpInfo(sampleInfo());
-  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { parseQpInfo("v2 1 2", "comm/verbs/qp/1/0"); }),
-              HasSubstr("queue-pair info comm/verbs/qp/1/0 has version \"v2\", expected \"v1\""));
-  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { parseQpInfo("v1 5", "key"); }),
+  // v1 is the format before slot headers carried signatures: a rank of that build is refused.
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { parseQpInfo("v1 1 2", "comm/verbs/qp/1/0"); }),
+              HasSubstr("queue-pair info comm/verbs/qp/1/0 has version \"v1\", expected \"v2\""));
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { parseQpInfo("v2 5", "key"); }),
               HasSubstr("field 'gid'"));
   EXPECT_THAT(
       messageOf<InvalidArgumentError>([&] { parseQpInfo(text.substr(0, text.rfind(' ')), "key"); }),
@@ -85,6 +87,31 @@ TEST(Immediate, EncodesKindAndArgument) {
     }
   }
   EXPECT_EQ(immArg(encodeImm(ImmKind::kData, kImmArgMask + 5)), 4u);  // masked
+}
+
+// The slot header's wire layout (v2): the signature sits between the offset and the fragment
+// size, and a header written then read back keeps every field, the signature included.
+TEST(SlotHeaderLayout, CarriesTheSignature) {
+  EXPECT_EQ(sizeof(SlotHeader), 40u);
+  EXPECT_EQ(offsetof(SlotHeader, tag), 0u);
+  EXPECT_EQ(offsetof(SlotHeader, totalBytes), 8u);
+  EXPECT_EQ(offsetof(SlotHeader, offset), 16u);
+  EXPECT_EQ(offsetof(SlotHeader, signature), 24u);
+  EXPECT_EQ(offsetof(SlotHeader, fragBytes), 32u);
+  EXPECT_EQ(offsetof(SlotHeader, magic), 36u);
+  const SlotHeader h{7, 1000, 216, 0x8123456789abcdefull, 216, kSlotMagic};
+  uint8_t wire[sizeof(SlotHeader)];
+  std::memcpy(wire, &h, sizeof(h));
+  SlotHeader back;
+  std::memcpy(&back, wire, sizeof(back));
+  EXPECT_EQ(back.tag, 7u);
+  EXPECT_EQ(back.totalBytes, 1000u);
+  EXPECT_EQ(back.offset, 216u);
+  EXPECT_EQ(back.signature, 0x8123456789abcdefull);
+  EXPECT_EQ(back.fragBytes, 216u);
+  EXPECT_EQ(back.magic, kSlotMagic);
+  // The abort's immediate carries the length of its text.
+  EXPECT_LE(kAbortTextBytes, kImmArgMask);
 }
 
 TEST(Fragments, CountAndCreditThreshold) {

@@ -34,7 +34,8 @@ struct QpInfo {
   bool operator==(const QpInfo&) const = default;
 };
 
-// Fixed-size text form: "v1 lid gid(32 hex) qpn psn mtu rkey addr slots slotBytes".
+// Fixed-size text form: "v2 lid gid(32 hex) qpn psn mtu rkey addr slots slotBytes" (v2: the
+// slot header carries the collective's signature, and the ring ends in an abort-text area).
 std::string serializeQpInfo(const QpInfo& info);
 // Throws InvalidArgumentError naming `what` (the store key) and the malformed field.
 QpInfo parseQpInfo(const std::string& text, const std::string& what);
@@ -53,16 +54,27 @@ inline uint32_t immArg(uint32_t imm) {
   return imm & kImmArgMask;
 }
 
-// At the start of each slot: the fragment's message.
+// At the start of each slot: the fragment's message. Every fragment carries the message's
+// collective signature (comm/src/signature.h; 0 for point-to-point): the receiver compares the
+// first fragment's with its posted receive's (TagMatcher::arrive), as tcp and shm do with
+// theirs, so that ranks that called the same collective with different arguments fail at the
+// first message, both signatures in the error.
 struct SlotHeader {
   uint64_t tag;
   uint64_t totalBytes;  // of the whole message
   uint64_t offset;      // of this fragment in the message
+  uint64_t signature;   // the collective's (signature.h); 0: none
   uint32_t fragBytes;   // payload bytes after the header
   uint32_t magic;
 };
-static_assert(sizeof(SlotHeader) == 32);
-constexpr uint32_t kSlotMagic = 0x4c4d5642;  // "LMVB"
+static_assert(sizeof(SlotHeader) == 40);
+constexpr uint32_t kSlotMagic = 0x4c4d5632;  // "LMV2"
+
+// After the `slots` slots of a receive ring: where a peer that aborts writes why (at most
+// kAbortTextBytes of text; the abort's immediate carries the length), so that the receiver's
+// error says what the aborting rank saw (a mismatched signature, a timeout) and not only that
+// it aborted. Written at most once: nothing is sent after an abort.
+constexpr uint32_t kAbortTextBytes = 4096;
 
 // How a message of `bytes` is cut into fragments of at most `payloadPerSlot` bytes (a
 // zero-byte message is one empty fragment).

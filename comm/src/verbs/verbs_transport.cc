@@ -108,6 +108,9 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(Store& store, int rank, i
 void VerbsTransport::setup(Store& store) {
   const uint32_t slots = options_.slots;
   const size_t ringBytes = size_t{slots} * options_.slotBytes;
+  // The rings end in the abort-text area (verbs_ops.h): the receive ring's is written by the
+  // peer, the send ring's is the source of this rank's abort text.
+  const size_t areaBytes = ringBytes + kAbortTextBytes;
   const int recvDepth = static_cast<int>(slots) + kCtrlRecvs;
   const int sendDepth = static_cast<int>(slots) + kMaxCtrlInFlight + 2;
   peers_.resize(size_);
@@ -115,10 +118,10 @@ void VerbsTransport::setup(Store& store) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     auto p = std::make_unique<VerbsPeer>(rank_, r);
-    p->recvRing = allocRing(ringBytes);
-    p->sendRing = allocRing(ringBytes);
-    p->recvMr = ops_->regMr(p->recvRing.get(), ringBytes);
-    p->sendMr = ops_->regMr(p->sendRing.get(), ringBytes);
+    p->recvRing = allocRing(areaBytes);
+    p->sendRing = allocRing(areaBytes);
+    p->recvMr = ops_->regMr(p->recvRing.get(), areaBytes);
+    p->sendMr = ops_->regMr(p->sendRing.get(), areaBytes);
     p->local = ops_->createQp(r, sendDepth, recvDepth);
     p->local.rkey = p->recvMr.rkey;
     p->local.addr = reinterpret_cast<uint64_t>(p->recvRing.get());
@@ -333,7 +336,9 @@ void VerbsTransport::pumpLocked(VerbsPeer& p) {
     const uint32_t slot = p.nextSendSlot;
     const size_t frag = std::min(req->bytes() - req->offset_, payloadPerSlot_);
     uint8_t* base = p.sendRing.get() + size_t{slot} * options_.slotBytes;
-    SlotHeader h{req->tag(), req->bytes(), req->offset_, static_cast<uint32_t>(frag), kSlotMagic};
+    SlotHeader h{
+        req->tag(), req->bytes(), req->offset_, req->signature(), static_cast<uint32_t>(frag),
+        kSlotMagic};
     std::memcpy(base, &h, sizeof(h));
     std::vector<Sge> sges;
     const bool zeroCopy = req->mr_ != nullptr && frag > 0;
@@ -368,6 +373,25 @@ void VerbsTransport::pumpLocked(VerbsPeer& p) {
       if (req->fragsInFlight_ == 0) req->complete();
       p.sendQueue.pop_front();
     }
+  }
+}
+
+void VerbsTransport::postAbortLocked(VerbsPeer& p, const std::string& reason) {
+  // The text goes from this rank's abort area to the peer's, then the immediate says how long
+  // it is (RC: the write lands before its immediate completes at the peer).
+  const size_t n = std::min<size_t>(reason.size(), kAbortTextBytes);
+  const size_t ringBytes = size_t{options_.slots} * options_.slotBytes;
+  uint8_t* text = p.sendRing.get() + ringBytes;
+  std::memcpy(text, reason.data(), n);
+  std::vector<Sge> sges;
+  if (n > 0) sges.push_back({text, n, p.sendMr.lkey});
+  const uint64_t raddr = p.remote.addr + uint64_t{p.remote.slots} * p.remote.slotBytes;
+  try {
+    ops_->postWriteImm(p.rank, kCtrlWr, sges, raddr, p.remote.rkey,
+                       encodeImm(ImmKind::kAbort, static_cast<uint32_t>(n)));
+    ++p.ctrlInFlight;
+  } catch (const std::exception&) {
+    // Best effort: the peer then fails on its own deadline or its next write.
   }
 }
 
@@ -414,7 +438,7 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
   if (h.offset == 0) {
     if (in.active) return corrupt("a new message starts inside another");
     std::string error;
-    if (!p.matcher.arrive(h.tag, h.totalBytes, /*signature: not carried*/ 0, error)) {
+    if (!p.matcher.arrive(h.tag, h.totalBytes, h.signature, error)) {
       if (!error.empty()) {
         failLocked(error, true);
         return;
@@ -424,7 +448,8 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
   } else if (!in.active) {
     return corrupt("a continuation fragment without a message");
   }
-  if (h.tag != in.tag || h.totalBytes != in.bytes || h.offset != in.got) {
+  if (h.tag != in.tag || h.totalBytes != in.bytes || h.offset != in.got ||
+      h.signature != in.signature) {
     return corrupt("fragment of another message");
   }
   if (h.fragBytes > 0) std::memcpy(in.target + h.offset, base + sizeof(h), h.fragBytes);
@@ -499,9 +524,22 @@ void VerbsTransport::onCompletionLocked(const Completion& c) {
                    true);
       }
       break;
-    case ImmKind::kAbort:
-      failLocked(detail::str("rank ", p.rank, " aborted"), false);
+    case ImmKind::kAbort: {
+      // The peer's reason, when it wrote one into this ring's abort area (verbs_ops.h).
+      const uint32_t n = immArg(c.imm);
+      const size_t ringBytes = size_t{options_.slots} * options_.slotBytes;
+      if (n > kAbortTextBytes) {
+        failLocked(detail::str("rank ", rank_, ": corrupt abort from rank ", p.rank, ": ", n,
+                               " bytes of text, at most ", kAbortTextBytes, " expected"),
+                   false);
+        break;
+      }
+      const std::string text(reinterpret_cast<const char*>(p.recvRing.get() + ringBytes), n);
+      failLocked(n == 0 ? detail::str("rank ", p.rank, " aborted")
+                        : detail::str("rank ", p.rank, " aborted: ", text),
+                 false);
       break;
+    }
     default:
       failLocked(detail::str("rank ", rank_, ": unknown immediate 0x", std::hex, c.imm,
                              " from rank ", std::dec, p.rank),
@@ -537,7 +575,7 @@ void VerbsTransport::failLocked(const std::string& reason, bool notifyPeers) {
       if (r) r->fail(reason);
       r.reset();
     }
-    if (notifyPeers && !p.goodbye) postCtrlLocked(p, ImmKind::kAbort, 0);
+    if (notifyPeers && !p.goodbye) postAbortLocked(p, reason);
   }
   cv_.notify_all();
 }

@@ -9,10 +9,13 @@
 //   (qp address + ring address and rkey) under "<keyPrefix>/qp/<rank>/<peer>". Then it reads
 //   each peer's info, moves the queue pair to RTR and RTS, and waits for every rank's
 //   "<keyPrefix>/ready/<rank>" so that nobody writes to a queue pair not yet connected.
-// - Data: a message is cut into fragments of at most slotBytes - 32 bytes. Fragment i goes to
+// - Data: a message is cut into fragments of at most slotBytes - 40 bytes. Fragment i goes to
 //   the peer's ring slot (sender's counter mod slots) by RDMA write with immediate; the slot
-//   starts with a SlotHeader {tag, total bytes, offset, fragment bytes}, the immediate says
-//   "data, slot k". The payload is copied into the staging slot, or, when the send buffer
+//   starts with a SlotHeader {tag, total bytes, offset, signature, fragment bytes}, the
+//   immediate says "data, slot k". The signature is the collective's (signature.h), taken by
+//   the request from its creating thread; the receiver's tag matcher compares the first
+//   fragment's with the posted receive's and fails the transport on a difference, both
+//   signatures in the error. The payload is copied into the staging slot, or, when the send buffer
 //   lies in a region given to registerBuffer (MR cache), gathered straight from it (two
 //   scatter-gather entries: header from the staging slot, payload from the user's memory).
 // - Receiving: each immediate consumes one posted receive, which is reposted at once. A
@@ -25,8 +28,10 @@
 //   completed locally.
 // - Completion: a send completes when its last fragment was posted (copy path) or when every
 //   fragment's write completed (zero-copy path); a receive when its last fragment was copied.
-// - Goodbye / abort: zero-length writes with immediate kinds goodbye (destructor) and abort
-//   (abort(), failure): the peer fails fast instead of waiting for its deadline.
+// - Goodbye / abort: writes with immediate kinds goodbye (destructor, zero-length) and abort
+//   (abort(), failure): the peer fails fast instead of waiting for its deadline. An abort
+//   first writes its reason (up to kAbortTextBytes) into the abort-text area after the peer's
+//   ring, its immediate carries the length, and the peer's error reads "rank R aborted: why".
 // - Failure: an unsuccessful completion (retry exceeded: peer gone; remote access error),
 //   a corrupt slot header, a size mismatch or a failed post fail the whole transport: every
 //   pending and future request throws IoError naming the peer and the cause.
@@ -104,6 +109,8 @@ class VerbsTransport : public Transport {
   void pumpLocked(VerbsPeer& p);
   void returnCreditsLocked(VerbsPeer& p);
   void postCtrlLocked(VerbsPeer& p, ImmKind kind, uint32_t arg);
+  // The abort, with `reason` in the peer's abort-text area (verbs_ops.h).
+  void postAbortLocked(VerbsPeer& p, const std::string& reason);
   void failLocked(const std::string& reason, bool notifyPeers);
   std::shared_ptr<VerbsRequest> makeRequest(int peer, bool send, const void* data, size_t bytes,
                                             uint64_t tag);

@@ -22,7 +22,7 @@ bool gidIsZero(const uint8_t (&gid)[16]) {
 std::string serializeQpInfo(const QpInfo& info) {
   char gid[33];
   for (int i = 0; i < 16; ++i) std::snprintf(gid + 2 * i, 3, "%02x", info.gid[i]);
-  return detail::str("v1 ", info.lid, " ", gid, " ", info.qpn, " ", info.psn, " ", info.mtu, " ",
+  return detail::str("v2 ", info.lid, " ", gid, " ", info.qpn, " ", info.psn, " ", info.mtu, " ",
                      info.rkey, " ", info.addr, " ", info.slots, " ", info.slotBytes);
 }
 
@@ -51,9 +51,9 @@ QpInfo parseQpInfo(const std::string& text, const std::string& what) {
   std::istringstream in(text);
   std::string version;
   in >> version;
-  if (version != "v1") {
+  if (version != "v2") {
     LOOM_THROW(InvalidArgumentError, "queue-pair info ", what, " has version \"", version,
-               "\", expected \"v1\" (ranks run different Loom builds?)");
+               "\", expected \"v2\" (ranks run different Loom builds?)");
   }
   QpInfo info;
   info.lid = static_cast<uint16_t>(parseField(in, "lid", 0xffff, what, text));

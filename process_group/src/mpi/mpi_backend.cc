@@ -1,6 +1,7 @@
 #include "mpi/mpi_backend.h"
 
 #include <climits>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "loom/store/prefix_store.h"
 #include "mpi/mpi_group.h"
 #include "mpi/mpi_runtime.h"
+#include "pg_failure.h"
 #include "pg_settings.h"
 
 namespace loom {
@@ -274,8 +276,20 @@ std::exception_ptr ProcessGroupMpi::notRun(const OpDesc& op) const {
 }
 
 void ProcessGroupMpi::abort(const std::string& reason) {
-  markBroken(who() + ": aborted: " + reason);
+  const std::string cause = who() + ": aborted: " + reason;
+  const bool first = markBroken(cause) == cause;
   wake_.notify_all();
+  // As the comm backend does: the abort's report and flight record go to the shared store (on
+  // the exchange's own thread: abort() never waits), for the ranks that fail later and for
+  // loom-doctor.
+  if (first && sharedStore_) {
+    const milliseconds window = std::min(options().failureReportWindow, options().timeout / 2);
+    pg_failure::FailureExchange::start(
+        store(), rank(), size(), "io\n" + cause,
+        diagnostics() ? diagnostics()->dumpLocal("abort", diag::GroupDiagnostics::kFailureEntries)
+                      : "",
+        window, false);
+  }
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::post(OpDesc op) {
@@ -342,6 +356,20 @@ void ProcessGroupMpi::workerLoop() {
       r->pointToPoint = isPointToPoint(item.op);
       r->op = std::move(item.op);
       r->work = std::move(item.work);
+      if (isCollective(r->op.type) && debugLevel() == DebugLevel::kDetail) {
+        try {
+          checkSignature(r->op);
+        } catch (const InvalidArgumentError&) {
+          // Every rank sees the mismatch alike: the operation is skipped everywhere and the
+          // group stays usable.
+          recordEnd(r->op, true);
+          r->work->markFailed(std::current_exception());
+          continue;
+        } catch (const std::exception& e) {
+          failOne(*r, e.what());
+          continue;
+        }
+      }
       recordStart(r->op);
       try {
         start(*r);
@@ -382,6 +410,44 @@ void ProcessGroupMpi::workerLoop() {
   }
 }
 
+void ProcessGroupMpi::checkSignature(const OpDesc& op) {
+  if (sharedStore_) {
+    pg_failure::checkSignatureInStore(*this, op, lastSignatureSeq_);
+    return;
+  }
+  // No store: every rank's signature text (truncated to kBytes) by MPI_Iallgather on the
+  // group's communicator, which every rank in DETAIL mode calls before each collective, so the
+  // calls line up. MPI may write the buffers until every rank joined: a timed-out exchange
+  // leaves them allocated (waitOrLeak).
+  constexpr size_t kBytes = 256;
+  struct Exchange {
+    char mine[kBytes] = {};
+    std::vector<char> all;
+  };
+  auto exchange = std::make_unique<Exchange>();
+  exchange->all.assign(kBytes * static_cast<size_t>(size()), '\0');
+  const std::string mine = op.signature().substr(0, kBytes - 1);
+  std::memcpy(exchange->mine, mine.data(), mine.size());
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    CallGuard guard;
+    mpi_detail::check(
+        MPI_Iallgather(exchange->mine, static_cast<int>(kBytes), MPI_CHAR, exchange->all.data(),
+                       static_cast<int>(kBytes), MPI_CHAR, comm_, &request),
+        who(), op.describe() + " (LOOM_DEBUG=DETAIL signature check, MPI_Iallgather)");
+  }
+  waitOrLeak(exchange, request, Deadline(op.timeout), who(),
+             op.describe() +
+                 " (LOOM_DEBUG=DETAIL signature check over MPI: this group has no store, so the "
+                 "ranks that did not reach collective #" +
+                 std::to_string(op.seq) + " cannot be named)");
+  std::vector<std::string> signatures;
+  for (int rank = 0; rank < size(); ++rank) {
+    signatures.emplace_back(exchange->all.data() + kBytes * static_cast<size_t>(rank));
+  }
+  pg_failure::compareSignatures(*this, op, signatures);
+}
+
 std::string ProcessGroupMpi::timeoutMessage(const Running& r) const {
   const size_t bytes = r.op.count * dtypeSize(r.op.dtype);
   std::string peer;
@@ -398,7 +464,27 @@ void ProcessGroupMpi::failOne(Running& r, const std::string& what) {
   // The exception being handled is the operation's error; the group takes its message.
   markBroken(what);
   recordEnd(r.op, true, r.pointToPoint ? r.op.root : -1);
-  r.work->markFailed(std::current_exception());
+  if (sharedStore_) {
+    // Like the comm backend (pg_failure.h): this rank's report and flight record through the
+    // store, the other ranks' reports and the analysis back, within the report window. MPI
+    // cannot cancel a collective, so nothing is cut loose here: the peers fail on their own
+    // deadlines, and find this rank's report then.
+    const std::exception_ptr error = std::current_exception();
+    const pg_failure::FailureCause cause = pg_failure::classify(error);
+    const pg_failure::FailureOutcome outcome = pg_failure::exchangeReports(
+        *this, r.op, cause, pg_failure::ownMessage(*this, r.op, cause.what),
+        diagnostics() ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
+                      : "",
+        {});
+    {
+      // The group's cause becomes the whole story when this failure broke it.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cause_ == what) cause_ = outcome.message;
+    }
+    r.work->markFailed(outcome.error());
+  } else {
+    r.work->markFailed(std::current_exception());
+  }
   // A receive is cancelled; a collective cannot be and a send need not be: MPI keeps them.
   if (r.pointToPoint && r.op.type == OpType::kRecv) {
     CallGuard guard;

@@ -36,8 +36,19 @@
 //   was given may still be written when the other ranks reach it, and its memory is left to MPI
 //   (the group keeps its staging buffers until then). Receives are cancelled. abort() never
 //   waits.
-// - LOOM_DEBUG=DETAIL's cross-rank signature check and the failure reports through the store
-//   (comm backend) are not done by this backend.
+// - LOOM_DEBUG=DETAIL: before each collective the worker compares every rank's signature (op,
+//   dtype, count, reduce op, root), through the store when the group has one shared by the
+//   ranks (a timeout names the ranks that never reached it), else by an MPI all-gather on the
+//   group's communicator (a timeout cannot name them). Different signatures fail the
+//   collective on every rank with an InvalidArgumentError listing them; it is skipped and the
+//   group stays usable (pg_failure.h, as the comm backend does).
+// - Failure reports (docs/diagnostics.md): with a shared store, a failed operation publishes
+//   this rank's report and flight record, collects the other ranks' and the analysis within the
+//   report window, and its error (and the group's cause) carries the diagnosis and the reports.
+//   Without a store (mpirun without MASTER_ADDR) there is nobody to exchange with: the error is
+//   this rank's own, and the flight record stays in the private store (dumpFlightRecord, files
+//   under LOOM_DUMP_DIR). There is no failure cascade: MPI cannot cancel a collective, so the
+//   other ranks fail on their own deadlines.
 // - Destruction drains the queue (each operation bounded by its deadline), joins the worker and
 //   frees the communicators.
 #pragma once

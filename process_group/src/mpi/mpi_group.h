@@ -73,8 +73,15 @@ class ProcessGroupMpi final : public ProcessGroup {
   // Fails `running` (and empties it) with the group's cause: receives are cancelled,
   // collectives left to MPI (abandoned_).
   void failRunning(std::vector<std::unique_ptr<Running>>& running);
-  // Fails r with the exception being handled (its message `what`) and breaks the group.
+  // Fails r with the exception being handled (its message `what`) and breaks the group. With a
+  // shared store, the failure reports and flight records are exchanged first (pg_failure.h),
+  // and r's error and the group's cause carry the diagnosis and the other ranks' reports.
   void failOne(Running& r, const std::string& what);
+  // LOOM_DEBUG=DETAIL before a collective: every rank's signature of `op` through the shared
+  // store (naming the ranks that never reach it), or without one through an MPI all-gather on
+  // the group's communicator (a timeout then cannot name them). InvalidArgumentError listing
+  // the signatures when they differ.
+  void checkSignature(const OpDesc& op);
   std::string timeoutMessage(const Running& r) const;
   // Marks the group broken with `cause` (first call wins); returns the cause in effect.
   std::string markBroken(const std::string& cause);
@@ -97,6 +104,7 @@ class ProcessGroupMpi final : public ProcessGroup {
   std::atomic<bool> broken_{false};
   // Operations that failed while MPI still held their requests (worker only).
   std::vector<std::unique_ptr<Running>> abandoned_;
+  uint64_t lastSignatureSeq_ = 0;  // DETAIL's previous check through the store (worker only)
 
   std::thread worker_;
 };
