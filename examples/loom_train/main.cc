@@ -535,9 +535,15 @@ int run(const Args& a) {
       if (k.rank == launchRank && k.step == step + 1) ::raise(SIGKILL);
     }
     lastLoss = ddp::reduceMean(*pg, lossSum);
-    if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
-      save(step + 1);
+    const bool checkpointNow =
+        !ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0;
+    if (leader && log.is_open()) {
+      log << step + 1 << "," << lastLoss << "\n";
+      // The log holds what a checkpoint holds: a worker stopped by a signal then loses only rows
+      // past its last checkpoint, which a resume drops anyway.
+      if (checkpointNow) log.flush();
     }
+    if (checkpointNow) save(step + 1);
     if (task && a.modelArgs.evalEvery > 0 && (step + 1) % a.modelArgs.evalEvery == 0 &&
         step + 1 < a.steps) {
       evaluate(step + 1);
@@ -638,7 +644,6 @@ int run(const Args& a) {
     }
     ++step;
     if (!leader) continue;
-    if (log.is_open()) log << step << "," << lastLoss << "\n";
     const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
