@@ -254,6 +254,10 @@ constexpr Setting kTable[] = {
      "", "set by loom-run"},
     {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "loom-run --max-restarts, for the training program", "", "set by loom-run"},
+    {"LOOM_RUN_ON_WORKER_FAILURE", K::kChoice, S::kLaunch, "stop", 0, 0, "stop|continue", "",
+     "loom-run --on-worker-failure: whether the other workers keep running when one fails "
+     "(loom-train --shrink-on-failure warns when it is not continue)",
+     "", "set by loom-run"},
 
     // ---- read, not Loom's; and test-only ----
     {"PATH", K::kText, S::kOther, "", 0, 0, "", "",

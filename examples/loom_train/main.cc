@@ -13,11 +13,14 @@
 // without it, loom-train runs as a single process. --optimizer picks SGD (--momentum,
 // --nesterov), Adam or AdamW, --lr-schedule a learning-rate schedule; checkpoints hold the model,
 // the optimizer and scheduler state and the step, so --resume continues a run exactly as if it
-// had not stopped (the shuffled order is a function of the seed and epoch).
+// had not stopped (the shuffled order is a function of the seed and epoch). With
+// --shrink-on-failure (run under loom-run --on-worker-failure continue), the survivors of a dead
+// rank shrink the group and go on in place from the last step they all finished (shrink.h).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +28,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "loom/autograd/autograd.h"
 #include "loom/autograd/engine.h"
@@ -34,6 +38,7 @@
 #include "loom/autograd/parallel.h"
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 #include "loom/common/settings.h"
 #include "loom/ddp/checkpoint.h"
 #include "loom/ddp/distributed_data_parallel.h"
@@ -46,6 +51,7 @@
 #include "loom/process_group/trace.h"
 #include "loom/store/hash_store.h"
 #include "models.h"
+#include "shrink.h"
 
 namespace {
 
@@ -81,6 +87,14 @@ struct Args {
   int64_t samples = 8192;
   std::string model = "mlp";
   train::ModelArgs modelArgs;
+  bool keepCheckpoints = false;
+  // --shrink-on-failure (shrink.h, docs/elastic.md)
+  bool shrinkOnFailure = false;
+  int minRanks = 1;
+  double shrinkWindowS = 10;
+  // Test only.
+  std::vector<std::string> testKill;
+  int64_t testStepDelayMs = 0;
 };
 
 std::vector<int64_t> parseHidden(const std::string& text) {
@@ -234,10 +248,75 @@ void printSlowestRank(ProcessGroup& pg) {
   }
 }
 
+// --test-kill RANK:STEP, parsed.
+struct KillPoint {
+  int rank = 0;
+  int64_t step = 0;
+};
+
+std::vector<KillPoint> parseKills(const std::vector<std::string>& specs) {
+  std::vector<KillPoint> out;
+  for (const std::string& spec : specs) {
+    const auto colon = spec.find(':');
+    KillPoint k;
+    size_t usedRank = 0, usedStep = 0;
+    try {
+      if (colon != std::string::npos) {
+        k.rank = std::stoi(spec.substr(0, colon), &usedRank);
+        k.step = std::stoll(spec.substr(colon + 1), &usedStep);
+      }
+    } catch (const std::exception&) {
+      usedRank = usedStep = 0;
+    }
+    LOOM_CHECK(colon != std::string::npos && usedRank == colon && usedRank > 0 &&
+                   usedStep == spec.size() - colon - 1 && usedStep > 0 && k.rank >= 0 &&
+                   k.step >= 1,
+               "--test-kill '", spec, "' is not RANK:STEP (a launch rank >= 0 and a step >= 1)");
+    out.push_back(k);
+  }
+  return out;
+}
+
+// Keeps the header and the rows of steps <= `step` of the CSV log (the steps after it are
+// trained again after a shrink or a resume, and logged then).
+void truncateLog(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    const auto comma = line.find(',');
+    bool keep = first && line.rfind("step,", 0) == 0;
+    if (!keep && comma != std::string::npos) {
+      try {
+        keep = std::stoll(line.substr(0, comma)) <= step;
+      } catch (const std::exception&) {
+        keep = false;
+      }
+    }
+    first = false;
+    if (keep) kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    LOOM_CHECK(static_cast<bool>(out), "--log: cannot write ", tmp);
+    out << kept;
+  }
+  std::filesystem::rename(tmp, path);
+}
+
 int run(const Args& a) {
   ag::setNumThreads(static_cast<int>(settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
   LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
              "--batch, --in must be > 0, --classes > 1, --steps >= 0, --accumulate >= 1");
+  LOOM_CHECK(a.minRanks >= 1, "--min-ranks must be at least 1, got ", a.minRanks);
+  LOOM_CHECK(a.shrinkWindowS >= 0, "--shrink-window-s must not be negative");
+  LOOM_CHECK(a.testStepDelayMs >= 0, "--test-step-delay-ms must not be negative");
+  LOOM_CHECK(!(a.shrinkOnFailure && a.zero),
+             "--shrink-on-failure does not work with --zero: ZeRO-1 shards the optimizer state "
+             "over the ranks, and a dead rank's shard is lost with it");
   std::shared_ptr<ProcessGroup> pg;
   std::shared_ptr<Store> store;
   if (launchedByLauncher()) {
@@ -248,8 +327,24 @@ int run(const Args& a) {
     store = std::make_shared<HashStore>();
     pg = createProcessGroup("tcp", store, 0, 1);
   }
-  const int rank = pg->rank(), world = pg->size();
-  const bool leader = rank == 0;
+  int rank = pg->rank(), world = pg->size();
+  bool leader = rank == 0;
+  // Each member's rank at launch (RANK): what --test-kill and the shrink messages name.
+  const int launchRank = rank;
+  std::vector<int> launchRanks(world);
+  for (int r = 0; r < world; ++r) launchRanks[r] = r;
+  const std::vector<KillPoint> kills = parseKills(a.testKill);
+  for (const KillPoint& k : kills) {
+    LOOM_CHECK(k.rank < world, "--test-kill ", k.rank, ":", k.step, ": rank ", k.rank,
+               " is not in this job of ", world, " rank(s)");
+  }
+  if (a.shrinkOnFailure && leader &&
+      settings::choice("LOOM_RUN_ON_WORKER_FAILURE").value_or("continue") != "continue") {
+    std::fprintf(stderr,
+                 "loom-train: warning: --shrink-on-failure under loom-run --on-worker-failure "
+                 "stop: loom-run stops every worker when one fails, so the survivors cannot go "
+                 "on; add --on-worker-failure continue to loom-run's flags\n");
+  }
 
   // --model gpt|cnn: the task owns the model and data; the MLP keeps its own path below.
   const std::unique_ptr<train::Task> task =
@@ -258,19 +353,24 @@ int run(const Args& a) {
   const std::shared_ptr<nn::Module> model = task ? task->model() : buildModel(a);
   if (!a.initWeights.empty()) ag::loadStateDict(*model, a.initWeights);
 
-  ddp::DdpOptions options;
-  options.bucketCapMb = a.bucketCapMb;
-  if (a.commHook == "powersgd") {
-    ddp::PowerSgdOptions po;
-    po.matrixApproximationRank = a.powerSgdRank;
-    po.startPowerSgdIter = a.powerSgdStart;
-    options.commHook = std::make_shared<ddp::PowerSgdHook>(po);
-  } else {
-    options.commHook = ddp::commHookByName(a.commHook);
-  }
-  options.staticGraph = a.staticGraph;
-  options.gradientAsBucketView = !a.copyGrads;
-  ddp::DistributedDataParallel ddpModel(model, pg, options);
+  // A fresh communication hook each time DDP is built (after a shrink, a PowerSGD hook starts
+  // over, as in a resumed run).
+  auto ddpOptions = [&] {
+    ddp::DdpOptions options;
+    options.bucketCapMb = a.bucketCapMb;
+    if (a.commHook == "powersgd") {
+      ddp::PowerSgdOptions po;
+      po.matrixApproximationRank = a.powerSgdRank;
+      po.startPowerSgdIter = a.powerSgdStart;
+      options.commHook = std::make_shared<ddp::PowerSgdHook>(po);
+    } else {
+      options.commHook = ddp::commHookByName(a.commHook);
+    }
+    options.staticGraph = a.staticGraph;
+    options.gradientAsBucketView = !a.copyGrads;
+    return options;
+  };
+  auto ddpModel = std::make_unique<ddp::DistributedDataParallel>(model, pg, ddpOptions());
   auto makeOptimizer =
       [&](std::vector<ag::Tensor> params) -> std::unique_ptr<ag::optim::Optimizer> {
     if (a.optimizer == "sgd") {
@@ -297,14 +397,23 @@ int run(const Args& a) {
     optimizerPtr = makeOptimizer(model->parameters());
   }
   ag::optim::Optimizer& optimizer = zero ? zero->localOptimizer() : *optimizerPtr;
-  const std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
+  std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
+  const std::string ckptPath = ckptPathOf(a);
   auto save = [&](int64_t step) {
     if (zero) {
-      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, *zero, scheduler.get());
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step, *zero, scheduler.get());
     } else if (scheduler) {
-      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer, *scheduler);
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step, optimizer, *scheduler);
     } else {
-      ddp::saveCheckpoint(*pg, ckptPathOf(a), *model, step, optimizer);
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step, optimizer);
+    }
+    if (a.keepCheckpoints && leader) {
+      // A copy beside the latest, under its step (written whole, then renamed into place).
+      const std::string kept =
+          a.checkpointDir + "/checkpoint-" + std::to_string(step) + ".safetensors";
+      std::filesystem::copy_file(ckptPath, kept + ".tmp",
+                                 std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::rename(kept + ".tmp", kept);
     }
   };
   auto load = [&](const std::string& path) {
@@ -313,7 +422,7 @@ int run(const Args& a) {
     return ddp::loadCheckpoint(*pg, path, *model, optimizer, true).step;
   };
 
-  const std::string ckptPath = ckptPathOf(a);
+  LOOM_CHECK(!a.keepCheckpoints || !ckptPath.empty(), "--keep-checkpoints needs --checkpoint-dir");
   int64_t startStep = 0;
   if (a.resume) {
     LOOM_CHECK(!ckptPath.empty(), "--resume needs --checkpoint-dir");
@@ -326,21 +435,36 @@ int run(const Args& a) {
   }
   if (!ckptPath.empty() && leader) std::filesystem::create_directories(a.checkpointDir);
 
+  // The sampler splits the rows over the group's ranks; a shrink splits them again over the
+  // survivors, the way a run of that size resumed at the same step would.
   const int64_t rows = task ? task->trainRows() : data.rows();
-  ddp::DistributedSampler sampler(rows, world, rank, !a.noShuffle, a.seed, true);
-  const int64_t batchesPerEpoch = sampler.numSamples() / a.batch;
-  LOOM_CHECK(batchesPerEpoch >= 1, "the data set has ", rows, " rows: too few for ", world,
-             " ranks with --batch ", a.batch);
+  std::unique_ptr<ddp::DistributedSampler> sampler;
+  int64_t batchesPerEpoch = 0;
   std::vector<int64_t> indices;
   int64_t currentEpoch = -1;
+  auto splitData = [&] {
+    sampler =
+        std::make_unique<ddp::DistributedSampler>(rows, world, rank, !a.noShuffle, a.seed, true);
+    batchesPerEpoch = sampler->numSamples() / a.batch;
+    LOOM_CHECK(batchesPerEpoch >= 1, "the data set has ", rows, " rows: too few for ", world,
+               " ranks with --batch ", a.batch);
+    currentEpoch = -1;
+  };
+  splitData();
 
   std::ofstream log;
-  if (leader && !a.log.empty()) {
-    log.open(a.log, startStep > 0 ? std::ios::app : std::ios::trunc);
+  // Rank 0 writes the log; after a resume or a shrink, the rows past the step training goes on
+  // from are dropped (those steps are trained and logged again).
+  auto openLog = [&](int64_t fromStep) {
+    if (!leader || a.log.empty()) return;
+    if (log.is_open()) log.close();
+    if (fromStep > 0) truncateLog(a.log, fromStep);
+    log.open(a.log, fromStep > 0 ? std::ios::app : std::ios::trunc);
     LOOM_CHECK(static_cast<bool>(log), "--log: cannot open ", a.log, " for writing");
     log.precision(9);
-    if (startStep == 0) log << "step,loss\n";
-  }
+    if (fromStep == 0) log << "step,loss\n";
+  };
+  openLog(startStep);
   const bool tty = leader && ::isatty(STDERR_FILENO);
   const int64_t plainEvery = std::max<int64_t>(1, a.steps / 20);
 
@@ -354,11 +478,10 @@ int run(const Args& a) {
       std::fflush(stdout);
     }
   };
-  const auto t0 = Clock::now();
-  auto tSteady = t0;
-  int64_t steadySteps = 0;
   double lastLoss = 0;
-  for (int64_t step = startStep; step < a.steps; ++step) {
+  // One optimizer step with every collective it involves; a failure anywhere in it leaves the
+  // step unfinished on this rank.
+  auto trainStep = [&](int64_t step) {
     if (zero) {
       zero->zeroGrad();
     } else {
@@ -369,20 +492,20 @@ int run(const Args& a) {
       const int64_t micro = step * a.accumulate + k;
       const int64_t epoch = micro / batchesPerEpoch;
       if (epoch != currentEpoch) {
-        sampler.setEpoch(epoch);
-        indices = sampler.indices();
+        sampler->setEpoch(epoch);
+        indices = sampler->indices();
         currentEpoch = epoch;
       }
       const int64_t pos = (micro % batchesPerEpoch) * a.batch;
-      const std::vector<int64_t> rows(indices.begin() + pos, indices.begin() + pos + a.batch);
+      const std::vector<int64_t> batchRows(indices.begin() + pos, indices.begin() + pos + a.batch);
       if (task) {
-        task->fillBatch(rows, x, y);
+        task->fillBatch(batchRows, x, y);
       } else {
-        gatherRows(data.x, rows, x);
-        gatherRows(data.y, rows, y);
+        gatherRows(data.x, batchRows, x);
+        gatherRows(data.y, batchRows, y);
       }
       auto forwardBackward = [&] {
-        const ag::Tensor out = ddpModel.forward(x);
+        const ag::Tensor out = ddpModel->forward(x);
         ag::Tensor loss = task ? task->loss(out, y) : ag::crossEntropy(out, y);
         if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
         trace::Span span("backward", "train", stepArgs(step));
@@ -390,11 +513,11 @@ int run(const Args& a) {
         lossSum += loss.item();
       };
       if (k + 1 < a.accumulate || zero) {
-        auto guard = ddpModel.noSync();
+        auto guard = ddpModel->noSync();
         forwardBackward();
       } else {
         forwardBackward();
-        ddpModel.finalize();
+        ddpModel->finalize();
       }
     }
     {
@@ -406,34 +529,133 @@ int run(const Args& a) {
       }
     }
     if (scheduler) scheduler->step();
+    for (const KillPoint& k : kills) {
+      // Test only: after the update, before the step's last collective, so that the survivors
+      // hold an update they must take back.
+      if (k.rank == launchRank && k.step == step + 1) ::raise(SIGKILL);
+    }
     lastLoss = ddp::reduceMean(*pg, lossSum);
-    if (step == startStep) {
-      tSteady = Clock::now();  // the first step warms up; rates count from here
-    } else {
-      ++steadySteps;
+    const bool checkpointNow =
+        !ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0;
+    if (leader && log.is_open()) {
+      log << step + 1 << "," << lastLoss << "\n";
+      // The log holds what a checkpoint holds: a worker stopped by a signal then loses only rows
+      // past its last checkpoint, which a resume drops anyway.
+      if (checkpointNow) log.flush();
     }
-    if (!ckptPath.empty() && a.checkpointEvery > 0 && (step + 1) % a.checkpointEvery == 0) {
-      save(step + 1);
-    }
+    if (checkpointNow) save(step + 1);
     if (task && a.modelArgs.evalEvery > 0 && (step + 1) % a.modelArgs.evalEvery == 0 &&
         step + 1 < a.steps) {
       evaluate(step + 1);
     }
+  };
+
+  train::SnapshotRing snapshots;
+  train::ShrinkSettings shrinkSettings;
+  shrinkSettings.joinWindow =
+      std::chrono::milliseconds(static_cast<int64_t>(a.shrinkWindowS * 1000.0));
+  shrinkSettings.minRanks = a.minRanks;
+  int shrinks = 0;
+  // After an IoError in a step: shrink to the survivors, take every rank back to the last step
+  // all of them finished, rebuild DDP and the sampler on the new group (shrink.h). Returns that
+  // step.
+  auto recover = [&](int64_t step, int64_t finished, const IoError& error,
+                     Clock::duration failedAfter) {
+    const auto recoverStart = Clock::now();
+    const std::string cause(error.what());
+    LOOM_LOG_INFO("loom-train: launch rank ", launchRank, ": step ", step + 1, " failed: ", cause);
+    train::ShrinkResult r = train::shrinkAfterFailure(*pg, launchRanks, finished, shrinkSettings);
+    const train::StepSnapshot* snapshot = snapshots.before(r.resumeStep);
+    LOOM_CHECK(snapshot != nullptr, "loom-train: shrink: no snapshot of step ", r.resumeStep,
+               " on launch rank ", launchRank);
+    // DDP first (its reducer takes its hooks off the parameters), then the state, then the
+    // new group's DDP, whose constructor broadcasts from the new rank 0 (the same values).
+    ddpModel.reset();
+    model->loadStateDict(snapshot->model);
+    optimizer.loadStateDict(snapshot->optimizer);
+    if (scheduler) {
+      // No setter for the epoch: a fresh scheduler from the base lr, stepped to the snapshot's
+      // (lrAt is a closed form, so the lr is exactly the one the snapshot had).
+      const double baseLr = scheduler->baseLr();
+      scheduler.reset();
+      optimizer.setLr(baseLr);
+      scheduler = makeScheduler(a.lrSchedule, optimizer);
+      while (scheduler->epoch() < snapshot->schedulerEpoch) scheduler->step();
+    }
+    const int oldWorld = world;
+    pg = r.group;  // the broken group goes (destroying it never hangs)
+    rank = pg->rank();
+    world = pg->size();
+    leader = rank == 0;
+    launchRanks = r.launchRanks;
+    ddpModel = std::make_unique<ddp::DistributedDataParallel>(model, pg, ddpOptions());
+    splitData();
+    openLog(r.resumeStep);
+    ++shrinks;
+    const auto tookMs =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - recoverStart).count();
+    if (leader) {
+      std::string lost;
+      for (const auto& [who, why] : r.lost) {
+        lost += (lost.empty() ? "" : "; ") + std::string("rank ") + std::to_string(who) + " (" +
+                why + ")";
+      }
+      std::printf(
+          "loom-train: shrink %d: lost %s; world %d -> %d (launch ranks %s); resuming from step "
+          "%lld (the last step every survivor finished); the failure surfaced %lld ms into step "
+          "%lld; shrink took %lld ms (agreement %lld ms)\n",
+          shrinks, lost.c_str(), oldWorld, world, train::joinRanks(launchRanks).c_str(),
+          static_cast<long long>(r.resumeStep),
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(failedAfter).count()),
+          static_cast<long long>(step + 1), static_cast<long long>(tookMs),
+          static_cast<long long>(r.took.count()));
+      std::fflush(stdout);
+    }
+    return r.resumeStep;
+  };
+
+  const auto t0 = Clock::now();
+  auto tSteady = t0;
+  int64_t steadySteps = 0;
+  int64_t firstStep = startStep;  // rates count from the step after this one
+  int64_t finished = startStep;   // steps this rank completed, every collective included
+  for (int64_t step = startStep; step < a.steps;) {
+    if (a.shrinkOnFailure) snapshots.take(step, *model, optimizer, scheduler.get());
+    const auto stepStart = Clock::now();
+    try {
+      trainStep(step);
+    } catch (const IoError& e) {
+      if (!a.shrinkOnFailure) throw;
+      step = finished = recover(step, finished, e, Clock::now() - stepStart);
+      firstStep = step;
+      steadySteps = 0;
+      continue;
+    }
+    finished = step + 1;
+    if (step == firstStep) {
+      tSteady = Clock::now();  // the first step warms up; rates count from here
+    } else {
+      ++steadySteps;
+    }
+    if (a.testStepDelayMs > 0) {
+      // Test only: a floor on the step time, so that a test can act while training runs.
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.testStepDelayMs));
+    }
+    ++step;
     if (!leader) continue;
-    if (log.is_open()) log << step + 1 << "," << lastLoss << "\n";
     const double elapsed = std::chrono::duration<double>(Clock::now() - tSteady).count();
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
     if (tty) {
       const int width = 30;
-      const int filled = static_cast<int>(width * (step + 1) / std::max<int64_t>(1, a.steps));
+      const int filled = static_cast<int>(width * step / std::max<int64_t>(1, a.steps));
       std::fprintf(stderr, "\r[%s%s] %lld/%lld loss %.4f %.0f samples/s ",
                    std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                   static_cast<long long>(step + 1), static_cast<long long>(a.steps), lastLoss,
-                   rate);
+                   static_cast<long long>(step), static_cast<long long>(a.steps), lastLoss, rate);
       std::fflush(stderr);
-    } else if ((step + 1) % plainEvery == 0 || step + 1 == a.steps) {
-      std::printf("step %lld/%lld loss %.4f samples/s %.0f\n", static_cast<long long>(step + 1),
+    } else if (step % plainEvery == 0 || step == a.steps) {
+      std::printf("step %lld/%lld loss %.4f samples/s %.0f\n", static_cast<long long>(step),
                   static_cast<long long>(a.steps), lastLoss, rate);
       std::fflush(stdout);
     }
@@ -457,13 +679,20 @@ int run(const Args& a) {
                 ag::numThreads());
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
+    if (a.shrinkOnFailure) {
+      std::printf(
+          "loom-train: shrink snapshots: %zu bytes per step (model + optimizer + scheduler), "
+          "%.3f ms per step on rank 0 (mean of %lld); %d shrink(s)\n",
+          snapshots.bytesPerSnapshot(), snapshots.meanMillis(),
+          static_cast<long long>(snapshots.taken()), shrinks);
+    }
     const double rate =
         steadySteps > 0 ? steadySteps * a.batch * a.accumulate * world / elapsed : 0.0;
     std::printf(
         "loom-train: world %d, batch %lld per rank, %lld steps, final loss %.4f, "
-        "%.0f samples/s (steps after the first)\n",
+        "%.0f samples/s (steps after the first%s)\n",
         world, static_cast<long long>(a.batch), static_cast<long long>(a.steps - startStep),
-        lastLoss, rate);
+        lastLoss, rate, shrinks > 0 ? ", since the last shrink" : "");
   }
   return 0;
 }
@@ -526,6 +755,30 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--resume", a.resume,
                "continue from the checkpoint in --checkpoint-dir (model, optimizer state, step)");
+  app.add_flag("--keep-checkpoints", a.keepCheckpoints,
+               "also keep every checkpoint as checkpoint-<step>.safetensors in --checkpoint-dir");
+  app.add_flag("--shrink-on-failure", a.shrinkOnFailure,
+               "when a rank dies, the survivors shrink the group and go on in place from the last "
+               "step they all finished (run under loom-run --on-worker-failure continue; the "
+               "store must survive: under env:// rank 0 hosts it). See docs/elastic.md")
+      ->group("Shrink in place");
+  app.add_option("--min-ranks", a.minRanks,
+                 "--shrink-on-failure: fail as without it when fewer ranks would remain")
+      ->capture_default_str()
+      ->group("Shrink in place");
+  app.add_option("--shrink-window-s", a.shrinkWindowS,
+                 "--shrink-on-failure: how long the survivors wait for ranks whose state is "
+                 "unknown (ranks found dead are not waited for)")
+      ->capture_default_str()
+      ->group("Shrink in place");
+  app.add_option("--test-kill", a.testKill,
+                 "TEST ONLY: RANK:STEP, the process of launch rank RANK SIGKILLs itself in step "
+                 "STEP (1-based), after its optimizer step; repeatable")
+      ->group("Testing");
+  app.add_option("--test-step-delay-ms", a.testStepDelayMs,
+                 "TEST ONLY: sleep this long after every step (keeps a short job running while a "
+                 "test acts on it)")
+      ->group("Testing");
   app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
   app.add_option("--model", a.model,
                  "mlp (synthetic or --data), gpt (a character-level transformer on --text) or cnn "
@@ -535,6 +788,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train::addModelOptions(app, a.modelArgs);
   CLI11_PARSE(app, argc, argv);
+  for (const char* flag : {"--min-ranks", "--shrink-window-s"}) {
+    if (app.count(flag) > 0 && !a.shrinkOnFailure) {
+      std::fprintf(stderr, "loom-train: error: %s is for --shrink-on-failure\n", flag);
+      return 1;
+    }
+  }
   if (const std::string wrong = train::misplacedFlag(app, a.model); !wrong.empty()) {
     std::fprintf(stderr, "loom-train: error: %s\n", wrong.c_str());
     return 1;

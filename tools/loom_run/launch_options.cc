@@ -10,7 +10,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: loom-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
     "--master-port P | --nnodes MIN:MAX --rdzv-endpoint HOST:PORT] [--max-restarts K] "
-    "[--redirect-prefix] [--grace-period-s S] "
+    "[--on-worker-failure stop|continue] [--redirect-prefix] [--grace-period-s S] "
     "[--rdzv-timeout-s S] [--node-timeout-s S] [--rdzv-last-call-s S] [--run-id ID] "
     "[--rdzv-endpoint HOST:PORT] [--] "
     "PROGRAM [ARGS...]";
@@ -23,6 +23,9 @@ constexpr const char* kDescription =
     "and exits with its exit code (128+N when it was killed by signal N). SIGINT, SIGTERM and\n"
     "SIGHUP sent to loom-run are forwarded to every worker the same way; loom-run then exits\n"
     "with 128+signal. Workers die with loom-run even when it is SIGKILLed.\n"
+    "With --on-worker-failure continue (one node only), a failed worker is reported and the\n"
+    "others keep running (for a trainer that shrinks in place: loom-train --shrink-on-failure);\n"
+    "loom-run then exits 0 when some worker exited 0 and no worker failed after that.\n"
     "\n"
     "With --nnodes M > 1, start one loom-run per node; node 0 hosts the rendezvous TCPStore\n"
     "at --master-addr:--master-port and all nodes agree on the world before any worker\n"
@@ -68,6 +71,11 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   app.add_option("--max-restarts", o.maxRestarts,
                  "restart the worker group up to K times after a failure; default 0")
       ->check(CLI::Range(0, 1000000));
+  std::string onFailure = "stop";
+  app.add_option("--on-worker-failure", onFailure,
+                 "stop: stop every worker when one fails (default); continue: report it and let "
+                 "the others run on (one node only; for trainers that shrink in place)")
+      ->check(CLI::IsMember({"stop", "continue"}));
   app.add_flag("--redirect-prefix", o.redirectPrefix,
                "prefix every line of worker output with '[rank R] '");
   app.add_option("--grace-period-s", grace,
@@ -95,7 +103,8 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   app.footer(
       "Environment of every worker: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,\n"
       "GROUP_RANK (= NODE_RANK), GROUP_WORLD_SIZE (= --nnodes), MASTER_ADDR, MASTER_PORT,\n"
-      "LOOM_RUN_ID, LOOM_RESTART_COUNT (0, 1, ... per restart), LOOM_MAX_RESTARTS. On a single\n"
+      "LOOM_RUN_ID, LOOM_RESTART_COUNT (0, 1, ... per restart), LOOM_MAX_RESTARTS,\n"
+      "LOOM_RUN_ON_WORKER_FAILURE (stop or continue). On a single\n"
       "node MASTER_PORT is --master-port, or a free port when it is 0 or absent; with several\n"
       "nodes it is a free port on node 0 picked for each (re)start, because --master-port is\n"
       "taken by loom-run's own rendezvous store. Worker stdin is /dev/null.");
@@ -129,6 +138,8 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   }
   if (app.count("--nproc-per-node") == 0) return fail("--nproc-per-node N is required");
   o.masterAddrGiven = app.count("--master-addr") > 0;
+  o.onWorkerFailure = onFailure == "continue" ? LaunchOptions::OnWorkerFailure::kContinue
+                                              : LaunchOptions::OnWorkerFailure::kStop;
   o.gracePeriod = seconds(grace);
   o.rdzvTimeout = seconds(rdzvTimeout);
   o.nodeTimeout = seconds(nodeTimeout);
@@ -176,6 +187,12 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   } else if (o.nnodes > 1) {
     if (!o.masterAddrGiven) return fail("--nnodes > 1 needs --master-addr (the address of node 0)");
     if (o.masterPort == 0) return fail("--nnodes > 1 needs --master-port P with P in 1..65535");
+  }
+  if (o.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue && o.nnodes != 1) {
+    return fail(
+        "--on-worker-failure continue works on a single node only (--nnodes 1): across nodes a "
+        "failure ends the round on every node; for jobs that outlive a node use --nnodes "
+        "MIN:MAX with a trainer that resumes from its checkpoint");
   }
   if (!rdzvEndpoint.empty()) {
     const auto colon = rdzvEndpoint.rfind(':');

@@ -26,6 +26,11 @@ struct LaunchOptions {
   bool masterAddrGiven = false;
   int masterPort = 0;  // 0: pick a free port (single node only)
   int maxRestarts = 0;
+  // --on-worker-failure: kStop (the default, torchrun's) stops every worker when one fails;
+  // kContinue leaves the others running (a trainer that shrinks in place, loom-train
+  // --shrink-on-failure). Single node only.
+  enum class OnWorkerFailure { kStop, kContinue };
+  OnWorkerFailure onWorkerFailure = OnWorkerFailure::kStop;
   bool redirectPrefix = false;
   std::chrono::milliseconds gracePeriod{5000};
   std::chrono::milliseconds rdzvTimeout{60000};

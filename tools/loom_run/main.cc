@@ -66,6 +66,8 @@ std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
         {"LOOM_RUN_ID", o.runId},
         {"LOOM_RESTART_COUNT", std::to_string(restart)},
         {"LOOM_MAX_RESTARTS", std::to_string(o.maxRestarts)},
+        {"LOOM_RUN_ON_WORKER_FAILURE",
+         o.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue ? "continue" : "stop"},
     };
     if (!loomHost.empty()) vars.emplace_back("LOOM_HOST", loomHost);
     spec.env = workerEnv(vars);
@@ -106,7 +108,8 @@ class Launcher {
 
   GroupResult runGroupAt(const World& world, const std::string& masterAddr, int restart,
                          int nodeRank, int nnodes, const WorkerGroup::Tick& tick) {
-    WorkerGroup group(signals_, {path_, o_.command, o_.redirectPrefix, o_.gracePeriod});
+    WorkerGroup group(signals_, {path_, o_.command, o_.redirectPrefix, o_.gracePeriod,
+                                 o_.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue});
     group.start(workerSpecs(o_, world, masterAddr, restart, loomHost_, nodeRank, nnodes));
     return group.run(tick);
   }

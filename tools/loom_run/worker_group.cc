@@ -138,6 +138,26 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& workers) {
   }
 }
 
+void WorkerGroup::noteExitsWhileContinuing(const std::vector<WorkerExit>& exits,
+                                           GroupResult& result, int& succeeded,
+                                           std::optional<WorkerExit>& failedAfterSuccess) {
+  for (const auto& e : exits) {
+    if (!e.failed()) {
+      ++succeeded;
+      continue;
+    }
+    result.lost.push_back(e);
+    if (succeeded > 0 && !failedAfterSuccess) failedAfterSuccess = e;
+    int left = 0;
+    for (const auto& w : workers_) left += w.running ? 1 : 0;
+    report("rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.localRank) +
+           ", pid " + std::to_string(e.pid) + ") " + e.describe() +
+           "; --on-worker-failure continue: " +
+           (left > 0 ? std::to_string(left) + " worker(s) still running go on"
+                     : std::string("no worker is left running")));
+  }
+}
+
 bool WorkerGroup::anyRunning() const {
   for (const auto& w : workers_) {
     if (w.running) return true;
@@ -236,6 +256,8 @@ void WorkerGroup::closeStreams() {
 GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInterval) {
   GroupResult result;
   int stopSignal = 0;  // 0 while the workers run undisturbed
+  int succeeded = 0;   // continueOnFailure: workers that exited 0 so far
+  std::optional<WorkerExit> failedAfterSuccess;
   auto nextTick = Clock::now() + tickInterval;
   std::vector<WorkerExit> exits;
 
@@ -255,6 +277,10 @@ GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInt
     pendingSignals_.clear();
     exits.clear();
     reapExited(exits);
+    if (options_.continueOnFailure) {
+      noteExitsWhileContinuing(exits, result, succeeded, failedAfterSuccess);
+      exits.clear();
+    }
     for (const auto& e : exits) {
       if (!e.failed() || result.firstFailure) continue;
       result.firstFailure = e;
@@ -308,6 +334,31 @@ GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInt
       pendingSignals_.clear();
       exits.clear();
       reapExited(exits);
+    }
+  }
+
+  if (options_.continueOnFailure && result.kind == GroupResult::kSucceeded) {
+    // Every worker exited on its own: the survivors finished the job, unless none exited 0
+    // or one failed after another had already finished.
+    if (succeeded == 0 && !result.lost.empty()) {
+      result.kind = GroupResult::kWorkerFailed;
+      result.firstFailure = result.lost.front();
+      report("every worker failed; the first failure: rank " +
+             std::to_string(result.firstFailure->rank) + " " + result.firstFailure->describe());
+    } else if (failedAfterSuccess) {
+      result.kind = GroupResult::kWorkerFailed;
+      result.firstFailure = failedAfterSuccess;
+      report("rank " + std::to_string(failedAfterSuccess->rank) + " " +
+             failedAfterSuccess->describe() +
+             " after another worker had finished: the job did not end cleanly");
+    } else if (!result.lost.empty()) {
+      std::string lost;
+      for (const auto& e : result.lost) {
+        lost += (lost.empty() ? "" : ", ") + std::string("rank ") + std::to_string(e.rank) + " (" +
+                e.describe() + ")";
+      }
+      report("the job finished on the survivors: " + std::to_string(succeeded) + " of " +
+             std::to_string(workers_.size()) + " worker(s) exited 0; lost: " + lost);
     }
   }
 

@@ -7,6 +7,11 @@
 //   prefixed ("[rank R] " on every line; a partial last line is flushed at EOF).
 // - run() returns when every worker exited 0, or after stopping all of them because one failed
 //   (non-zero exit or a signal), loom-run was signalled, or the `tick` callback asked to stop.
+//   With options.continueOnFailure a failed worker is reported and the others keep running:
+//   run() returns when every worker has exited, kSucceeded when some worker exited 0 and none
+//   failed after the first success (the survivors finished the job; `lost` names the failed
+//   ones), kWorkerFailed otherwise (firstFailure: the first failure, or the first one after a
+//   success).
 //   Stopping sends the signal (SIGTERM, or the one loom-run got) to each worker's process
 //   group, waits up to the grace period, then SIGKILLs what is left; a second signal to
 //   loom-run SIGKILLs at once. Every wait has a deadline.
@@ -69,6 +74,7 @@ struct GroupResult {
   std::optional<WorkerExit> firstFailure;  // kWorkerFailed
   int signal = 0;                          // kSignalled: what loom-run received
   std::string stopReason;                  // kStopRequested: what tick() returned
+  std::vector<WorkerExit> lost;            // continueOnFailure: every worker that failed
 };
 
 class WorkerGroup {
@@ -78,6 +84,8 @@ class WorkerGroup {
     std::vector<std::string> argv;  // PROGRAM ARGS...
     bool prefixOutput = false;
     std::chrono::milliseconds grace{5000};
+    // --on-worker-failure continue: a failed worker does not stop the others.
+    bool continueOnFailure = false;
   };
 
   WorkerGroup(SignalWatcher& signals, Options options);
@@ -106,6 +114,9 @@ class WorkerGroup {
   };
 
   void reapExited(std::vector<WorkerExit>& exits);
+  // continueOnFailure: counts successes, records and reports failures (no worker is stopped).
+  void noteExitsWhileContinuing(const std::vector<WorkerExit>& exits, GroupResult& result,
+                                int& succeeded, std::optional<WorkerExit>& failedAfterSuccess);
   void signalAll(int sig);
   void pumpStreams(int timeoutMs);
   void readStream(Worker& w, Stream& s);
