@@ -255,6 +255,8 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.sendBytes = options.tcpSendBytes;
   topts.spinUs = options.tcpSpinUs;
   topts.sockets = options.tcpSockets;
+  topts.reconnectMs = options.tcpReconnectMs;
+  topts.healLocal = options.tcpHealLocal;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   SharedMemory shared = setupSharedMemory(store, rank, size, options);
   const std::string topology = topologyOf(store, rank, size, options, shared);

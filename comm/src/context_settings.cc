@@ -49,6 +49,8 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.socketBufferBytes, d.socketBufferBytes, s::bytes("LOOM_TCP_BUFFER_BYTES"));
   s::fillDefault(o.tcpSpinUs, d.tcpSpinUs, s::integer("LOOM_SPIN_US"));
   s::fillDefault(o.tcpSockets, d.tcpSockets, s::integer("LOOM_TCP_SOCKETS"));
+  s::fillDefault(o.tcpReconnectMs, d.tcpReconnectMs, s::integer("LOOM_TCP_RECONNECT_MS"));
+  s::fillDefault(o.tcpHealLocal, d.tcpHealLocal, s::flag("LOOM_TCP_HEAL_LOCAL"));
   s::fillDefault(o.sharedMemory, d.sharedMemory, s::flag("LOOM_SHM"));
   s::fillDefault(o.shmPointToPoint, d.shmPointToPoint, s::flag("LOOM_SHM_P2P"));
   s::fillDefault(o.shmHostId, d.shmHostId, s::text("LOOM_SHM_HOST_ID"));
@@ -85,6 +87,7 @@ void validateOptions(const ContextOptions& o) {
   checkRange("tcpSendBytes", static_cast<long long>(o.tcpSendBytes), 4096, kGiB, "a byte count");
   checkRange("tcpSpinUs", o.tcpSpinUs, 0, kMaxMicros, "µs");
   checkRange("tcpSockets", o.tcpSockets, 1, 16, "connections per peer");
+  checkRange("tcpReconnectMs", o.tcpReconnectMs, 0, 3'600'000, "ms");
   checkOptionalBytes("shmSlotBytes", o.shmSlotBytes);
   checkOptionalBytes("shmRingBytes", o.shmRingBytes);
   checkRange("shmSpinUs", o.shmSpinUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
@@ -122,6 +125,8 @@ std::string describeNonDefault(const ContextOptions& o) {
   put("tcpSendBytes", o.tcpSendBytes, d.tcpSendBytes);
   put("tcpSpinUs", o.tcpSpinUs, d.tcpSpinUs);
   put("tcpSockets", o.tcpSockets, d.tcpSockets);
+  put("tcpReconnectMs", o.tcpReconnectMs, d.tcpReconnectMs);
+  put("tcpHealLocal", int{o.tcpHealLocal}, int{d.tcpHealLocal});
   put("shmPointToPoint", int{o.shmPointToPoint}, int{d.shmPointToPoint});
   put("shmHostId", o.shmHostId, d.shmHostId);
   put("shmMemfd", int{o.shmMemfd}, int{d.shmMemfd});

@@ -49,6 +49,15 @@ constexpr Setting kTable[] = {
      "TCP connections per peer pair; messages of 256 KiB and more are striped across them; "
      "must be equal on all ranks",
      "comm::ContextOptions::tcpSockets", "Context setup"},
+    {"LOOM_TCP_RECONNECT_MS", K::kInteger, S::kRuntime, "10000", 0, 3'600'000, "", "ms",
+     "how long a lost TCP connection to a live peer may take to be re-established (what the "
+     "peer had not read is sent again) before the job fails; 0: a lost connection fails at "
+     "once; zero on all ranks or on none",
+     "comm::ContextOptions::tcpReconnectMs", "Context setup"},
+    {"LOOM_TCP_HEAL_LOCAL", K::kFlag, S::kRuntime, "0", 0, 0, "", "",
+     "TCP connections between ranks of one host heal too (they keep a copy of what they send); "
+     "equal on all ranks",
+     "comm::ContextOptions::tcpHealLocal", "Context setup"},
     {"LOOM_SHM", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
      "shared memory for same-host ranks (arena and point-to-point); 0: tcp only",
      "comm::ContextOptions::sharedMemory", "Context setup"},

@@ -2,7 +2,8 @@
 // then --tcp to keep same-host ranks off shared memory (test_paths.h) or --generic-kernels to
 // run the portable reduce kernels (setReduceIsa; the AVX2 ones where the CPU has them
 // otherwise), or --single-copy=on|off to force the shared-memory single-copy path at every
-// size or off, or --tcp-sockets=N for N connections per tcp peer pair (test_paths.h).
+// size or off, or --tcp-sockets=N for N connections per tcp peer pair, or --tcp-heal for
+// healing same-host tcp connections (test_paths.h).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
       loom::comm::testing::tcpOnly() = true;
     } else if (std::string_view(argv[i]) == "--generic-kernels") {
       loom::comm::setReduceIsa(loom::comm::ReduceIsa::kGeneric);
+    } else if (std::string_view(argv[i]) == "--tcp-heal") {
+      loom::comm::testing::tcpHeal() = true;
     } else if (std::string_view(argv[i]).rfind("--tcp-sockets=", 0) == 0) {
       loom::comm::testing::tcpSockets() = std::atoi(argv[i] + 14);
     } else if (std::string_view(argv[i]) == "--single-copy=on") {
@@ -28,7 +31,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "unknown argument '%s'; expected gtest flags, --tcp, --generic-kernels, "
-                   "--tcp-sockets=N or --single-copy=on|off\n",
+                   "--tcp-sockets=N, --tcp-heal or --single-copy=on|off\n",
                    argv[i]);
       return 2;
     }

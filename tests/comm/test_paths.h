@@ -27,11 +27,19 @@ inline int& tcpSockets() {
   return value;
 }
 
+// --tcp-heal (comm_test_main.cc): same-host tcp connections heal too (ContextOptions::
+// tcpHealLocal), so that every send also goes through the replay ring (tcp_heal.cc).
+inline bool& tcpHeal() {
+  static bool value = false;
+  return value;
+}
+
 // The Context options of these tests: loopback, and shared memory unless --tcp.
 inline ContextOptions testOptions(ContextOptions base = {}) {
   base.host = "127.0.0.1";
   if (tcpOnly()) base.sharedMemory = false;
   if (tcpSockets() > 0) base.tcpSockets = tcpSockets();
+  if (tcpHeal()) base.tcpHealLocal = true;
   if (base.shmSingleCopy == ShmSingleCopy::kAuto) base.shmSingleCopy = singleCopyMode();
   return base;
 }

@@ -16,12 +16,15 @@
 #include "loom/common/socket.h"
 #include "request_core.h"
 #include "tag_matcher.h"
+#include "tcp/replay_ring.h"
 #include "tcp/tcp_transport.h"
 
 namespace loom::comm::tcp {
 
 constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" little-endian
-constexpr uint32_t kHelloVersion = 2;
+// 3: the hello says whether the connection heals (TcpOptions::reconnectMs), and a
+// re-established connection opens with a Resume instead of a Hello.
+constexpr uint32_t kHelloVersion = 3;
 enum Kind : uint32_t { kData = 1, kGoodbye = 2, kAbort = 3 };
 
 struct Header {
@@ -40,6 +43,29 @@ struct Hello {
   int32_t size;
   int32_t lane;   // which of the pair's connections this is
   int32_t lanes;  // connections per pair on the connecting rank (must match)
+  int32_t heals;  // 1: the connecting rank keeps a replay ring for this connection (must match)
+};
+
+// The first bytes on a connection that replaces a lost one (tcp_heal.cc): the side that dialled
+// the lost connection dials the peer's listener again and says which connection it replaces and
+// how much of the peer's stream it consumed; the peer answers with a ResumeReply saying how much
+// of the dialler's stream it consumed. Each side then sends again from the other's count. A
+// Resume from the side that accepted the connection (the lower rank) is its liveness check of
+// the dialler, and asks it to redial that connection (no reply).
+constexpr uint32_t kResumeMagic = 0x4d55534c;  // "LSUM"
+struct Resume {
+  uint32_t magic;
+  uint32_t version;  // kHelloVersion
+  int32_t rank;
+  int32_t size;
+  int32_t lane;
+  int32_t lanes;
+  uint64_t consumed;  // bytes of the peer's stream on this connection this rank read
+};
+struct ResumeReply {
+  uint32_t magic;
+  uint32_t status;  // 0: resumed; else refused (the payload of the connection is not known)
+  uint64_t consumed;
 };
 
 // Connections per peer pair when TcpOptions::sockets is 0, and the message size from which a
@@ -181,6 +207,17 @@ class StripedRequest final : public Request {
   std::vector<std::shared_ptr<TcpRequest>> parts_;
 };
 
+// A failure of a connection's socket, or of what it carried. `lost`: the connection itself
+// broke (reset, closed without goodbye, timed out, unreachable), which heals when the
+// connection heals; otherwise (a corrupt stream, an abort, a mismatch) the transport fails.
+// `gen`: the socket generation it happened on (a later socket is not lost by it).
+struct Fault {
+  std::string text;
+  bool lost = false;
+  uint64_t gen = 0;
+  explicit operator bool() const { return !text.empty(); }
+};
+
 // One connection to a peer (a peer has TcpTransport::lanes() of them).
 struct Peer {
   Peer(int self, int peer, int lane, int index)
@@ -190,8 +227,25 @@ struct Peer {
   const int lane;
   const int index;  // in TcpTransport::conns_, and the connection's epoll id
   net::Socket sock;
+  std::atomic<int> pollFd{-1};  // sock's fd, for drive()'s lock-free poll list
   std::string addr;
   std::atomic<bool> inEpoll{false};
+
+  // Healing (tcp_heal.cc). `gen` changes, and `sock` is replaced, only with recvMu and sendMu
+  // both held; `reconnecting` is set and cleared likewise (read anywhere).
+  bool heals = false;   // a lost socket is re-established (TcpOptions::reconnectMs, both sides)
+  bool dialer = false;  // this rank dialled the connection (and dials it again)
+  uint64_t gen = 1;
+  std::atomic<bool> reconnecting{false};
+  // While reconnecting, the healer's own (its thread only; set by lose() under both locks
+  // before `reconnecting` is published).
+  Clock::time_point lostAt{};
+  Clock::time_point nextTry{};
+  std::string lostWhy;                      // what broke the connection
+  std::string lastAttempt;                  // why the last redial or probe did not succeed
+  uint64_t lostSent = 0, lostReceived = 0;  // stream positions when it broke
+  int attempts = 0;
+  std::atomic<Clock::time_point> installedAt{Clock::time_point{}};  // the last re-establishment
 
   std::mutex sendMu;
   std::deque<std::shared_ptr<TcpRequest>> sendQueue;  // front may be partly written
@@ -199,8 +253,20 @@ struct Peer {
   bool epollOut = false;
   bool sendClosed = false;
   std::atomic<bool> sendPending{false};  // sendQueue non-empty (read by drive() unlocked)
+  uint64_t sent = 0;  // stream position: bytes written to the socket so far (sendMu)
+  // The stream up to the front message's first byte, for a resend (heals only; sendMu).
+  ReplayRing ring;
+  // Bytes to send again before the queue after a reconnect (sendMu), from replayOffset on.
+  std::vector<uint8_t> replay;
+  size_t replayOffset = 0;
+  // TcpTransport::testResetAfter: reset once `sent` reaches testResetAt, testResets times,
+  // testResetEvery bytes apart.
+  uint64_t testResetAt = 0;
+  uint64_t testResetEvery = 0;
+  int testResets = 0;
 
   std::mutex recvMu;
+  uint64_t received = 0;  // stream position: bytes read from the socket so far (recvMu)
   // Posted receives, unexpected messages and the message being read (its payload goes to
   // matcher.incoming().target); a stalled message is the matcher's held one.
   TagMatcher matcher;

@@ -21,28 +21,37 @@
 namespace loom::comm::tcp {
 
 void TcpTransport::pollPeer(int peer, bool send) {
-  std::string error;
-  for (int lane = 0; lane < lanes_ && error.empty(); ++lane) {
+  for (int lane = 0; lane < lanes_; ++lane) {
     Peer& p = conn(peer, lane);
+    Fault fault;
     if (send) {
       std::unique_lock<std::mutex> lock(p.sendMu, std::try_to_lock);
-      if (lock.owns_lock()) error = progressSendLocked(p);
+      if (lock.owns_lock()) fault = progressSendLocked(p);
     } else {
       std::unique_lock<std::mutex> lock(p.recvMu, std::try_to_lock);
-      if (lock.owns_lock()) error = progressRecvLocked(p);
+      if (lock.owns_lock()) fault = progressRecvLocked(p);
+    }
+    if (fault) {
+      onFault(p, fault);
+      return;
     }
   }
   // The progress thread stands aside while anyone waits: finish queued sends to every peer
   // too (a peer may need them before it can answer).
   for (auto& q : conns_) {
-    if (!error.empty()) break;
     if (!q || (send && q->rank == peer) || !q->sendPending.load(std::memory_order_relaxed)) {
       continue;
     }
-    std::unique_lock<std::mutex> lock(q->sendMu, std::try_to_lock);
-    if (lock.owns_lock()) error = progressSendLocked(*q);
+    Fault fault;
+    {
+      std::unique_lock<std::mutex> lock(q->sendMu, std::try_to_lock);
+      if (lock.owns_lock()) fault = progressSendLocked(*q);
+    }
+    if (fault) {
+      onFault(*q, fault);
+      return;
+    }
   }
-  if (!error.empty()) fail(error, true);
 }
 
 void TcpTransport::notifyDriver() {
@@ -84,7 +93,7 @@ bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
       const short events = static_cast<short>((p->readPaused.load() ? 0 : POLLIN) |
                                               (p->sendPending.load() ? POLLOUT : 0));
       if (events == 0) continue;
-      fds.push_back({p->sock.fd(), events, 0});
+      fds.push_back({p->pollFd.load(std::memory_order_relaxed), events, 0});
       ids.push_back(p->index);
     }
     fds.push_back({notifyFd_, POLLIN, 0});
@@ -112,16 +121,16 @@ bool TcpTransport::drive(const RequestCore& request, Clock::time_point end) {
           continue;
         }
         Peer& p = *conns_[ids[i]];
-        std::string error;
+        Fault fault;
         if (fds[i].revents & (POLLIN | POLLERR | POLLHUP)) {
           std::lock_guard<std::mutex> lock(p.recvMu);
-          error = progressRecvLocked(p);
+          fault = progressRecvLocked(p);
         }
-        if (error.empty() && (fds[i].revents & POLLOUT)) {
+        if (!fault && (fds[i].revents & POLLOUT)) {
           std::lock_guard<std::mutex> lock(p.sendMu);
-          error = progressSendLocked(p);
+          fault = progressSendLocked(p);
         }
-        if (!error.empty()) fail(error, true);
+        if (fault) onFault(p, fault);
       }
     } else if (busy) {
       // Another rank of this host may need this core to produce what we wait for.
@@ -157,16 +166,16 @@ void TcpTransport::progressLoop() {
         continue;
       }
       Peer& p = *conns_[static_cast<size_t>(events[i].data.u64)];
-      std::string error;
+      Fault fault;
       if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
         std::lock_guard<std::mutex> lock(p.recvMu);
-        error = progressRecvLocked(p);
+        fault = progressRecvLocked(p);
       }
-      if (error.empty() && (events[i].events & EPOLLOUT)) {
+      if (!fault && (events[i].events & EPOLLOUT)) {
         std::lock_guard<std::mutex> lock(p.sendMu);
-        error = progressSendLocked(p);
+        fault = progressSendLocked(p);
       }
-      if (!error.empty()) fail(error, true);
+      if (fault) onFault(p, fault);
     }
   }
 }

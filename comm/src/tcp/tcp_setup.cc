@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,63 @@
 namespace loom::comm::tcp {
 
 TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
+
+namespace {
+
+// The third number of /proc/sys/net/ipv4/tcp_wmem or tcp_rmem: the most the kernel's
+// autotuning gives one socket's buffer; `fallback` when it cannot be read.
+size_t autotuneMax(const char* file, size_t fallback) {
+  std::ifstream in(file);
+  size_t lo = 0, def = 0, hi = 0;
+  if (in >> lo >> def >> hi && hi > 0) return hi;
+  return fallback;
+}
+
+int bufferOption(int fd, int option) {
+  int v = 0;
+  socklen_t len = sizeof(v);
+  if (::getsockopt(fd, SOL_SOCKET, option, &v, &len) != 0) return 0;
+  return v;
+}
+
+// The replay ring of a healing connection (tcp_heal.cc) must hold every byte this rank wrote
+// that the peer may not have read: at most what this socket's send buffer and the peer's
+// receive buffer hold (the peer's is taken to be as large as this rank's: ranks run with the
+// same settings), plus a margin for the kernel's accounting (a buffer may overshoot by a
+// segment, and its size counts overhead too, so the payload it holds is less).
+size_t replayBytes(int fd, int bufferBytes) {
+  size_t snd = static_cast<size_t>(std::max(0, bufferOption(fd, SO_SNDBUF)));
+  size_t rcv = static_cast<size_t>(std::max(0, bufferOption(fd, SO_RCVBUF)));
+  if (bufferBytes <= 0) {
+    snd = std::max(snd, autotuneMax("/proc/sys/net/ipv4/tcp_wmem", size_t{4} << 20));
+    rcv = std::max(rcv, autotuneMax("/proc/sys/net/ipv4/tcp_rmem", size_t{6} << 20));
+  }
+  return snd + rcv + (size_t{1} << 20);
+}
+
+// Both ends of the connection on one host (loopback, or the same address at both ends).
+bool sameHost(int fd) {
+  sockaddr_storage local{}, remote{};
+  socklen_t ll = sizeof(local), rl = sizeof(remote);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rl) != 0) {
+    return false;
+  }
+  if (local.ss_family != remote.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(local).sin_addr;
+    const auto& b = reinterpret_cast<const sockaddr_in&>(remote).sin_addr;
+    return a.s_addr == b.s_addr || (ntohl(b.s_addr) >> 24) == 127;
+  }
+  if (local.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(local).sin6_addr;
+    const auto& b = reinterpret_cast<const sockaddr_in6&>(remote).sin6_addr;
+    return std::memcmp(&a, &b, sizeof(a)) == 0 || IN6_IS_ADDR_LOOPBACK(&b);
+  }
+  return false;
+}
+
+}  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
                                                    const TcpOptions& options) {
@@ -41,6 +99,10 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   t->spin_ = std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(spinUs));
   t->lanes_ = options.sockets > 0 ? options.sockets : kDefaultSockets;
   t->stripeBytes_ = options.stripeBytes > 0 ? options.stripeBytes : kDefaultStripeBytes;
+  LOOM_CHECK(options.reconnectMs >= 0, "reconnectMs is ", options.reconnectMs,
+             "; expected a duration in ms (0: lost connections fail at once)");
+  t->reconnect_ = milliseconds(options.reconnectMs);
+  t->bufferBytes_ = bufferBytes;
   const int lanes = t->lanes_;
   t->conns_.resize(static_cast<size_t>(size) * lanes);
   if (size == 1) {
@@ -72,6 +134,12 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   const int port = net::localPort(listener.fd());
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
+  // Whether a connection heals (tcp_heal.cc): a bound is set, and the peer is on another host
+  // or same-host connections heal too. Both ends decide alike (the hello checks it).
+  auto heals = [&](int fd) {
+    return options.reconnectMs > 0 && (options.healLocal || !sameHost(fd));
+  };
+  bool anyHeals = false;
   auto setupSocket = [&](net::Socket sock, int peer, int lane) {
     const int index = peer * lanes + lane;
     auto p = std::make_unique<Peer>(rank, peer, lane, index);
@@ -79,6 +147,11 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
     net::setNonBlocking(sock.fd(), true);
     p->addr = net::peerAddressOf(sock.fd());
+    p->heals = heals(sock.fd());
+    p->dialer = peer < rank;
+    if (p->heals) p->ring = ReplayRing(replayBytes(sock.fd(), bufferBytes));
+    anyHeals = anyHeals || p->heals;
+    p->pollFd.store(sock.fd());
     p->sock = std::move(sock);
     t->conns_[index] = std::move(p);
   };
@@ -97,7 +170,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     const int peerPort = std::stoi(addr.substr(colon + 1));
     for (int lane = 0; lane < lanes; ++lane) {
       net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
-      const Hello hello{kMagic, kHelloVersion, rank, size, lane, lanes};
+      const Hello hello{kMagic, kHelloVersion, rank, size, lane, lanes, heals(sock.fd()) ? 1 : 0};
       net::writeFull(sock.fd(), &hello, sizeof(hello), deadline,
                      detail::str("rank ", peer, " at ", addr));
       setupSocket(std::move(sock), peer, lane);
@@ -128,12 +201,29 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
                  hello.lanes, " connections per peer but this rank ", lanes,
                  " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
+    LOOM_CHECK_T(IoError, hello.heals == (heals(sock.fd()) ? 1 : 0), "rank ", rank, ": rank ",
+                 hello.rank, (hello.heals ? " heals" : " does not heal"), " its connections to ",
+                 "this rank but this rank", (hello.heals ? " does not" : " does"),
+                 " (LOOM_TCP_RECONNECT_MS, zero or not, and LOOM_TCP_HEAL_LOCAL must agree on "
+                 "all ranks)");
     LOOM_CHECK_T(IoError,
                  hello.rank > rank && hello.rank < size && hello.lane >= 0 && hello.lane < lanes &&
                      !t->conns_[hello.rank * lanes + hello.lane],
                  "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
                  " (lane ", hello.lane, ")");
     setupSocket(std::move(sock), hello.rank, hello.lane);
+  }
+  if (anyHeals) {
+    // The listener stays open for replacement connections, and every rank's address is known
+    // (the accepting side of a lost connection checks that the dialler still listens).
+    net::setNonBlocking(listener.fd(), true);
+    t->listener_ = std::move(listener);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(detail::str(options.keyPrefix, "/addr/", r));
+    store.wait(keys, deadline.remaining());
+    for (const Bytes& addr : store.multiGet(keys)) {
+      t->peerAddrs_.emplace_back(addr.begin(), addr.end());
+    }
   }
   t->start();
   return t;
@@ -156,9 +246,30 @@ void TcpTransport::start() {
     p->inEpoll = true;
   }
   progress_ = std::thread([this] { progressLoop(); });
+  if (listener_.valid()) {
+    healWakeFd_ = LOOM_SYSCHECK(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), "eventfd");
+    healer_ = std::thread([this] { healLoop(); });
+  }
 }
 
 TcpTransport::~TcpTransport() {
+  if (healer_.joinable()) {
+    // A connection still healing may owe a peer the end of its last operation (this rank's
+    // sends finished into a socket that broke): let it heal and flush, within the bound.
+    const Deadline deadline(reconnect_);
+    auto settled = [&] {
+      for (auto& p : conns_) {
+        if (!p) continue;
+        if (p->reconnecting.load()) return false;
+        std::lock_guard<std::mutex> lock(p->sendMu);
+        if (!p->replay.empty()) return false;
+      }
+      return true;
+    };
+    while (!failed() && !deadline.expired() && !settled()) {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
   // Stop the progress thread first: from now on nothing reads, so a peer closing at the same
   // time (its goodbye unread here, or a reset) cannot turn into a failure broadcast to peers
   // that are still running their last collective.
@@ -168,12 +279,15 @@ TcpTransport::~TcpTransport() {
     [[maybe_unused]] ssize_t w = ::write(wakeFd_, &one, sizeof(one));
   }
   if (progress_.joinable()) progress_.join();
+  stopHealer();
   if (!failed()) {
     // Say goodbye so that peers take our EOF as a clean close, not a crash.
     for (auto& p : conns_) {
       if (!p) continue;
       std::lock_guard<std::mutex> lock(p->sendMu);
-      if (!p->sendQueue.empty() || p->sendClosed) continue;
+      if (!p->sendQueue.empty() || p->sendClosed || p->reconnecting.load() || !p->replay.empty()) {
+        continue;
+      }
       const Header bye{kMagic, kGoodbye, 0, 0, 0};
       try {
         net::writeFull(p->sock.fd(), &bye, sizeof(bye), Deadline(milliseconds(1000)), p->addr);
@@ -185,6 +299,7 @@ TcpTransport::~TcpTransport() {
   if (epollFd_ >= 0) ::close(epollFd_);
   if (wakeFd_ >= 0) ::close(wakeFd_);
   if (notifyFd_ >= 0) ::close(notifyFd_);
+  if (healWakeFd_ >= 0) ::close(healWakeFd_);
 }
 
 }  // namespace loom::comm::tcp

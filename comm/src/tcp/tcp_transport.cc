@@ -68,7 +68,7 @@ std::shared_ptr<TcpRequest> TcpTransport::sendOn(Peer& p, const void* data, size
                                                  uint64_t tag) {
   const int peer = p.rank;
   auto req = std::make_shared<TcpRequest>(this, peer, true, data, bytes, tag);
-  std::string error;
+  Fault fault;
   {
     std::lock_guard<std::mutex> lock(p.sendMu);
     if (p.sendClosed) {
@@ -80,10 +80,10 @@ std::shared_ptr<TcpRequest> TcpTransport::sendOn(Peer& p, const void* data, size
     }
     p.sendQueue.push_back(req);
     p.sendPending.store(true);
-    if (p.sendQueue.size() == 1) error = progressSendLocked(p);
-    if (error.empty() && !p.sendQueue.empty() && !p.epollOut) updateEpollLocked(p, true);
+    if (p.sendQueue.size() == 1) fault = progressSendLocked(p);
+    if (!fault && !p.sendQueue.empty() && !p.epollOut) updateEpollLocked(p, true);
   }
-  if (!error.empty()) fail(error, true);
+  if (fault) onFault(p, fault);
   return req;
 }
 
@@ -93,6 +93,7 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
   // As the matcher's pointer type: passing it on costs no reference-count round trip.
   std::shared_ptr<RequestCore> req = tcpReq;
   std::string error;
+  Fault fault;
   {
     std::lock_guard<std::mutex> lock(p.recvMu);
     switch (p.matcher.receive(req, error)) {
@@ -104,8 +105,8 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
         if (!p.stalled) return tcpReq;
         // It was stalled in the socket: read it straight into the receive now.
         resumeLocked(p);
-        error = progressRecvLocked(p);
-        if (error.empty()) return tcpReq;
+        fault = progressRecvLocked(p);
+        if (!fault) return tcpReq;
         break;
       }
       case TagMatcher::Match::kError:
@@ -126,9 +127,44 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
         break;
     }
   }
+  if (fault) {
+    // A lost connection heals (the receive stays posted) or fails the transport (and it).
+    onFault(p, fault);
+    return tcpReq;
+  }
   fail(error, true);
   req->fail(error);
   return tcpReq;
+}
+
+void TcpTransport::onFault(Peer& p, const Fault& fault) {
+  if (fault.lost && p.heals) {
+    lose(p, fault.gen, fault.text);
+  } else {
+    fail(fault.text, true);
+  }
+}
+
+void TcpTransport::keepForReplayLocked(Peer& p, const TcpRequest& req) {
+  p.ring.append(&req.header_, sizeof(Header));
+  p.ring.append(req.data(), req.bytes());
+}
+
+// Errors of a connection's socket that a new connection may cure (the peer may live).
+static bool connectionLost(int err) {
+  switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ETIMEDOUT:
+    case ECONNABORTED:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EHOSTDOWN:
+      return true;
+    default:
+      return false;
+  }
 }
 
 void TcpTransport::updateEpollLocked(Peer& p, bool wantOut) {
@@ -146,7 +182,40 @@ void TcpTransport::setEpollMask(Peer& p) {
   ::epoll_ctl(epollFd_, EPOLL_CTL_MOD, p.sock.fd(), &ev);
 }
 
-std::string TcpTransport::progressSendLocked(Peer& p) {
+Fault TcpTransport::progressSendLocked(Peer& p) {
+  if (p.reconnecting.load(std::memory_order_relaxed)) return {};
+  // The check after every write for TcpTransport::testResetAfter (one compare when unarmed).
+  auto testReset = [&]() -> Fault {
+    if (p.testResetAt == 0 || p.sent < p.testResetAt) return {};
+    p.testResetAt = --p.testResets > 0 ? p.sent + p.testResetEvery : 0;
+    return lostFault(p, detail::str("connection to rank ", p.rank, " (", p.addr,
+                                    ") reset by the test hook at byte ", p.sent));
+  };
+  auto writeError = [&](int err) {
+    std::string text = detail::str(
+        "sending to rank ", p.rank, " (", p.addr, ") failed: ", detail::errnoText(err),
+        err == EPIPE || err == ECONNRESET ? " (the peer process exited, crashed or aborted)" : "");
+    return connectionLost(err) ? lostFault(p, std::move(text))
+                               : Fault{std::move(text), false, p.gen};
+  };
+  // After a reconnect: what the peer had not consumed of the messages already finished.
+  while (p.replayOffset < p.replay.size()) {
+    const size_t n = std::min(p.replay.size() - p.replayOffset, sendStep_);
+    const ssize_t w =
+        ::send(p.sock.fd(), p.replay.data() + p.replayOffset, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+      if (errno == EINTR) continue;
+      return writeError(errno);
+    }
+    p.replayOffset += static_cast<size_t>(w);
+    p.sent += static_cast<uint64_t>(w);
+    if (p.replayOffset == p.replay.size()) {
+      p.replay = {};
+      p.replayOffset = 0;
+    }
+    if (Fault f = testReset()) return f;
+  }
   while (!p.sendQueue.empty()) {
     TcpRequest& req = *p.sendQueue.front();
     const size_t bytes = req.bytes();
@@ -169,22 +238,23 @@ std::string TcpTransport::progressSendLocked(Peer& p) {
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
-      const int err = errno;
-      return detail::str(
-          "sending to rank ", p.rank, " (", p.addr, ") failed: ", detail::errnoText(err),
-          err == EPIPE || err == ECONNRESET ? " (the peer process exited, crashed or aborted)"
-                                            : "");
+      return writeError(errno);
     }
     moved_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
     p.sendOffset += static_cast<size_t>(w);
+    p.sent += static_cast<uint64_t>(w);
     if (p.sendOffset < total) {
       req.setBytesDone(p.sendOffset > sizeof(Header) ? p.sendOffset - sizeof(Header) : 0);
+      if (Fault f = testReset()) return f;
       continue;
     }
     auto done = std::move(p.sendQueue.front());
     p.sendQueue.pop_front();
     p.sendOffset = 0;
+    // Kept before it completes: the caller may reuse its buffer from then on.
+    if (p.heals) keepForReplayLocked(p, *done);
     done->complete();
+    if (Fault f = testReset()) return f;
   }
   p.sendPending.store(!p.sendQueue.empty());
   if (p.sendQueue.empty() && p.epollOut) updateEpollLocked(p, false);
@@ -255,8 +325,8 @@ void TcpTransport::onPayloadDoneLocked(Peer& p) {
   p.matcher.finishIncoming();
 }
 
-std::string TcpTransport::progressRecvLocked(Peer& p) {
-  if (p.closed || p.stalled) return {};
+Fault TcpTransport::progressRecvLocked(Peer& p) {
+  if (p.closed || p.stalled || p.reconnecting.load(std::memory_order_relaxed)) return {};
   size_t budget = kMaxBytesPerPoll;
   std::string error;
   for (;;) {
@@ -271,7 +341,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
         if (p.headerGot == sizeof(Header)) {
           p.headerGot = 0;
           onHeaderLocked(p, error);
-          if (!error.empty()) return error;
+          if (!error.empty()) return Fault{error, false, p.gen};
           if (p.stalled) return {};  // staged payload bytes stay in the stage
         }
       } else {
@@ -283,7 +353,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
         if (!p.targetAbort) p.matcher.arrived(take);
         if (p.remaining == 0) {
           if (p.targetAbort) {
-            return detail::str("rank ", p.rank, " aborted: ", p.abortText);
+            return Fault{detail::str("rank ", p.rank, " aborted: ", p.abortText), false, p.gen};
           }
           onPayloadDoneLocked(p);
         }
@@ -302,6 +372,7 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
     }
     if (r > 0) {
       moved_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+      p.received += static_cast<uint64_t>(r);
       budget -= std::min(budget, static_cast<size_t>(r));
       if (direct) {
         p.target += r;
@@ -320,19 +391,24 @@ std::string TcpTransport::progressRecvLocked(Peer& p) {
           ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
         }
         if (p.matcher.waiting()) {
-          return detail::str("rank ", p.rank, " (", p.addr,
-                             ") closed its connection while this rank still waits for ",
-                             describeTag(p.matcher.waitingTag()));
+          return Fault{detail::str("rank ", p.rank, " (", p.addr,
+                                   ") closed its connection while this rank still waits for ",
+                                   describeTag(p.matcher.waitingTag())),
+                       false, p.gen};
         }
         return {};
       }
-      return detail::str("connection to rank ", p.rank, " (", p.addr,
-                         ") closed by the peer (the process exited, crashed or aborted)");
+      return lostFault(p, detail::str("connection to rank ", p.rank, " (", p.addr,
+                                      ") closed by the peer (the process exited, crashed or "
+                                      "aborted, or the connection was dropped)"));
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
     if (errno == EINTR) continue;
-    return detail::str("connection to rank ", p.rank, " (", p.addr,
-                       ") failed: ", detail::errnoText(errno));
+    const int err = errno;
+    std::string text = detail::str("connection to rank ", p.rank, " (", p.addr,
+                                   ") failed: ", detail::errnoText(err));
+    if (connectionLost(err)) return lostFault(p, std::move(text));
+    return Fault{std::move(text), false, p.gen};
   }
 }
 
@@ -343,6 +419,11 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     failure_ = reason;
     failed_.store(true);
   }
+  if (healWakeFd_ >= 0) {
+    // The healer stops and closes the listener: peers healing towards this rank fail at once.
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(healWakeFd_, &one, sizeof(one));
+  }
   LOOM_LOG_INFO("tcp transport of rank ", rank_, " failed: ", reason);
   for (auto& pp : conns_) {
     if (!pp) continue;
@@ -352,7 +433,8 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     p.matcher.failAll(reason);
     p.closed = true;
     // Tell the peer why, when its stream is at a message boundary (best effort).
-    if (notifyPeers && p.sendOffset == 0 && !p.sendClosed) {
+    if (notifyPeers && p.sendOffset == 0 && p.replay.empty() && !p.sendClosed &&
+        !p.reconnecting.load()) {
       const std::string text = reason.substr(0, kMaxAbortText);
       Header h{kMagic, kAbort, 0, text.size(), 0};
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};

@@ -4,16 +4,16 @@
 // - Setup (create): every rank listens on an ephemeral port and publishes "host:port" under
 //   `<keyPrefix>/addr/<rank>` in the Store; rank r connects to every lower rank and accepts
 //   from every higher one, TcpOptions::sockets connections (lanes) per pair; the connecting
-//   side sends a hello {magic, rank, size, lane, lanes}. Sockets get TCP_NODELAY and are then
-//   non-blocking.
+//   side sends a hello {magic, rank, size, lane, lanes, heals}. Sockets get TCP_NODELAY and
+//   are then non-blocking.
 // - Lanes: each lane is a connection with its own send queue, reader and tag matcher. A
 //   message of at least TcpOptions::stripeBytes is cut into one part per lane (stripePart:
 //   the same cut on both sides, since sends and receives must agree on the size) and each
 //   part travels as an ordinary message with the same tag on its lane; smaller messages take
 //   lane 0. So several cores (sender's and receiver's kernel work) can move one message.
-// - Wire format: each message is a 24-byte Header {magic, kind, tag, bytes} followed by the
-//   payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean close) or
-//   abort (payload: the reason, so that peers can name the original failure).
+// - Wire format: each message is a 32-byte Header {magic, kind, tag, bytes, signature}
+//   followed by the payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean
+//   close) or abort (payload: the reason, so that peers can name the original failure).
 // - Sending: isend writes header and payload (in sendmsg calls of at most kMaxSendBytes, so
 //   that the receiver can copy out while the rest is copied in) straight from the caller's
 //   thread when nothing is queued for that peer; what the socket does not take is queued and
@@ -36,20 +36,27 @@
 //   completes without any thread wake-up, and a large transfer is moved by the thread that
 //   also reduces, instead of two threads per rank fighting for two cores. The progress thread
 //   moves data while the caller is busy elsewhere (reducing, or between collectives).
-// - Failure: EOF without goodbye, ECONNRESET, EPIPE or a corrupt header fail the whole
-//   transport (every pending and future request throws IoError naming the peer) and shut
-//   every socket down, so that the failure reaches every peer within milliseconds.
+// - Failure: a corrupt header, an abort from a peer or a mismatch fail the whole transport
+//   (every pending and future request throws IoError naming the peer) and shut every socket
+//   down, so that the failure reaches every peer within milliseconds. A lost connection (EOF
+//   without goodbye, ECONNRESET, EPIPE, ETIMEDOUT, unreachable) does the same when it does not
+//   heal (TcpOptions::reconnectMs 0, or a same-host connection without healLocal); when it
+//   heals, it is re-established and the unread bytes re-sent (tcp_heal.cc), and only a dead
+//   peer or the bound passing fails the transport.
 //
 // Files: tcp_setup.cc (connect, teardown), tcp_transport.cc (data path, failure),
-// tcp_progress.cc (who moves bytes), tcp_request.cc (waiting), peer.h (wire format, state).
+// tcp_progress.cc (who moves bytes), tcp_request.cc (waiting), tcp_heal.cc (lost connections
+// re-established), replay_ring.h (what a healing connection keeps), peer.h (wire format,
+// state).
 //
 // Tag matching (posted receives, unexpected messages) is the shared TagMatcher
 // (tag_matcher.h), one per peer under its recvMu; a large message nobody waits for is its
 // held message while its payload stays in the socket.
 //
-// Locks: Peer::recvMu and Peer::sendMu are held together only in fail(), which takes recvMu
-// before sendMu. Peer::epollMu and failMu_ are leaf locks. A request finishing under recvMu
-// or sendMu may write the notification eventfd (no lock).
+// Locks: Peer::recvMu and Peer::sendMu are held together only in fail(), lose() and around
+// installLocked() (tcp_heal.cc), each taking recvMu before sendMu. Peer::epollMu and failMu_ are
+// leaf locks. A request finishing under recvMu or sendMu may write the notification eventfd (no
+// lock).
 #pragma once
 
 #include <sys/uio.h>
@@ -97,10 +104,18 @@ struct TcpOptions {
   // Messages of at least this many bytes are striped across the connections; 0:
   // kDefaultStripeBytes (peer.h).
   size_t stripeBytes = 0;
+  // How long a lost connection to a live peer may take to be re-established, in ms
+  // (ContextOptions::tcpReconnectMs); 0: a lost connection fails the transport at once.
+  // Zero on all ranks or on none.
+  int reconnectMs = 0;
+  // Whether connections between two ranks of one host heal too (ContextOptions::tcpHealLocal):
+  // their replay copy costs more than it is likely to save (tcp_heal.cc).
+  bool healLocal = false;
 };
 
 class TcpRequest;
 struct Peer;
+struct Fault;
 
 class TcpTransport : public Transport {
  public:
@@ -142,25 +157,48 @@ class TcpTransport : public Transport {
   // Wakes a thread blocked in drive() (a request completed on another thread).
   void notifyDriver();
 
+  // Testing only (tests/comm/heal_test.cc): once `bytes` more bytes were written on connection
+  // `lane` to `peer`, that connection is reset (both ends see it fail) and heals, or fails the
+  // transport when it does not heal; `times` resets, `bytes` of writing apart.
+  void testResetAfter(int peer, int lane, uint64_t bytes, int times = 1);
+  // Whether connection `lane` to `peer` heals, and how many times connections were re-established.
+  bool heals(int peer, int lane) const;
+  int reconnects() const { return reconnects_.load(); }
+
  private:
   TcpTransport(int rank, int size);
   void start();
   void progressLoop();
-  // Read what the socket has (bounded per call); returns an error text on failure.
-  std::string progressRecvLocked(Peer& p);
-  std::string progressSendLocked(Peer& p);
+  // Read what the socket has (bounded per call) / write what is queued; a fault on failure.
+  Fault progressRecvLocked(Peer& p);
+  Fault progressSendLocked(Peer& p);
   void onHeaderLocked(Peer& p, std::string& error);
   void onPayloadDoneLocked(Peer& p);
   void updateEpollLocked(Peer& p, bool wantOut);
   void setEpollMask(Peer& p);
   void resumeLocked(Peer& p);
   void fail(const std::string& reason, bool notifyPeers);
+  // A fault found while driving `p`: a lost connection that heals starts healing, anything else
+  // fails the transport.
+  void onFault(Peer& p, const Fault& fault);
+  // Healing (tcp_heal.cc).
+  Fault lostFault(Peer& p, std::string text) const;
+  void lose(Peer& p, uint64_t gen, const std::string& why);
+  void healLoop();
+  void healStep(Peer& p, Clock::time_point now);
+  void acceptResume();
+  // Installs `sock` as `p`'s socket and rewinds `p`'s stream to `peerConsumed`; "" or why not.
+  std::string installLocked(Peer& p, net::Socket sock, uint64_t peerConsumed);
+  void afterInstall(Peer& p);
+  void stopHealer();
   std::shared_ptr<TcpRequest> failedRequest(int peer, bool send, const void* data, size_t bytes,
                                             uint64_t tag);
   void checkPeer(int peer) const;
   Peer& conn(int peer, int lane) const { return *conns_[peer * lanes_ + lane]; }
   std::shared_ptr<TcpRequest> sendOn(Peer& p, const void* data, size_t bytes, uint64_t tag);
   std::shared_ptr<TcpRequest> recvOn(Peer& p, void* data, size_t bytes, uint64_t tag);
+  // Appends `req` (finished being written) to `p`'s replay ring.
+  void keepForReplayLocked(Peer& p, const TcpRequest& req);
 
   const int rank_;
   const int size_;
@@ -182,6 +220,16 @@ class TcpTransport : public Transport {
   std::atomic<bool> failed_{false};
   mutable std::mutex failMu_;
   std::string failure_;  // guarded by failMu_
+
+  // Healing (tcp_heal.cc): the listener stays open while connections heal; the healer thread
+  // accepts and dials replacement connections.
+  milliseconds reconnect_{0};
+  int bufferBytes_ = 0;  // SO_SNDBUF/SO_RCVBUF of every socket (> 0), else autotuning
+  net::Socket listener_;
+  std::vector<std::string> peerAddrs_;  // every rank's listening "host:port"
+  int healWakeFd_ = -1;                 // eventfd: a connection was lost, or stop
+  std::thread healer_;
+  std::atomic<int> reconnects_{0};
 };
 
 }  // namespace loom::comm::tcp

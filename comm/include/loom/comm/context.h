@@ -89,6 +89,15 @@ struct ContextOptions {
   // TCP connections per peer pair, in [1, 16]; messages of 256 KiB and more are striped across
   // them. Equal on all ranks (LOOM_TCP_SOCKETS).
   int tcpSockets = 1;
+  // How long a lost TCP connection to a live peer (reset, closed, a link down for a while) may
+  // take to be re-established before the transport fails, in ms, in [0, 1 h]; what the peer had
+  // not read is sent again. 0: a lost connection fails at once. A dead peer (its listener
+  // refuses) fails at once either way. Zero on all ranks or on none (LOOM_TCP_RECONNECT_MS;
+  // docs/heal.md).
+  int tcpReconnectMs = 10000;
+  // Whether TCP connections between two ranks of one host heal too (they keep a copy of what
+  // they send for a resend, which costs; LOOM_TCP_HEAL_LOCAL). Equal on all ranks.
+  bool tcpHealLocal = false;
   // Shared-memory point-to-point; false keeps send/recv on tcp while the collectives use the
   // arena (LOOM_SHM_P2P).
   bool shmPointToPoint = true;
