@@ -263,6 +263,11 @@ constexpr Setting kTable[] = {
      "", "set by loom-run"},
     {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "loom-run --max-restarts, for the training program", "", "set by loom-run"},
+    {"LOOM_AGENT_STORE", K::kFlag, S::kLaunch, "0", 0, 0, "", "",
+     "1: the launcher hosts the TCPStore at MASTER_ADDR:MASTER_PORT (loom-run does with "
+     "--on-worker-failure continue), so every rank, rank 0 included, is a client and the store "
+     "outlives any rank",
+     "", "set by loom-run"},
     {"LOOM_RUN_ON_WORKER_FAILURE", K::kChoice, S::kLaunch, "stop", 0, 0, "stop|continue", "",
      "loom-run --on-worker-failure: whether the other workers keep running when one fails "
      "(loom-train --shrink-on-failure warns when it is not continue)",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
 #include "loom/store/file_store.h"
@@ -277,6 +278,8 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
     result.pg = createProcessGroup(options.backend, nullptr, rank, size, options.pg);
     return result;
   }
+  const bool agentStore =
+      method.kind == InitMethod::Kind::kEnv && settings::flag("LOOM_AGENT_STORE").value_or(false);
   if (method.kind == InitMethod::Kind::kFile) {
     FileStoreOptions fileOptions;
     fileOptions.timeout = options.pg.timeout;
@@ -288,7 +291,9 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
     TCPStoreOptions storeOptions;
     storeOptions.timeout = options.pg.timeout;
     storeOptions.rank = rank;
-    storeOptions.isServer = rank == 0;
+    // Under a launcher that hosts the store (LOOM_AGENT_STORE), rank 0 is a client like the
+    // others, so losing rank 0 does not take the store with it.
+    storeOptions.isServer = rank == 0 && !agentStore;
     storeOptions.numWorkers = size;
     storeOptions.waitForWorkers = false;
     result.store = std::make_shared<TCPStore>(host, port, storeOptions);
@@ -296,7 +301,7 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
   result.store->setTimeout(options.pg.timeout);
   ProcessGroupOptions pgOptions = options.pg;
   // Rank 0 hosts the TCPStore: a failure that finds the store gone names it.
-  if (method.kind != InitMethod::Kind::kFile && pgOptions.storeHostRank < 0) {
+  if (method.kind != InitMethod::Kind::kFile && !agentStore && pgOptions.storeHostRank < 0) {
     pgOptions.storeHostRank = 0;
   }
   if (pgOptions.comm.context.host.empty() && method.kind != InitMethod::Kind::kFile) {

@@ -230,6 +230,33 @@ TEST(LoomTrainShrink, SurvivorsOfAKilledRankEndWithTheWeightsOfAResumedThreeRank
   EXPECT_EQ(logRows(a + "/loss.csv", 6), logRows(dir.file("reference") + "/loss.csv", 6));
 }
 
+// Rank 0 too: under --on-worker-failure continue loom-run hosts the store (LOOM_AGENT_STORE), so
+// the rank that used to host it can die like any other and the new rank 0 writes the log and
+// the checkpoints on.
+TEST(LoomTrainShrink, RankZeroDiesAndTheSurvivorsKeepTheStoreAndFinish) {
+  TempDir dir;
+  const std::string a = dir.file("shrunk");
+  const Finished run = runProgram(dir, "shrunk", trainJob(4, a, 14, {"--test-kill", "0:7"}, true));
+  ASSERT_TRUE(run.exitedWith(0)) << run.describe();
+  EXPECT_NE(run.err.find("the job finished on the survivors: 3 of 4 worker(s) exited 0; lost: "
+                         "rank 0"),
+            std::string::npos)
+      << run.describe();
+  EXPECT_NE(run.out.find("loom-train: shrink 1: lost rank 0 (dead: its process "),
+            std::string::npos)
+      << run.describe();
+  EXPECT_NE(run.out.find("world 4 -> 3 (launch ranks 1,2,3); resuming from step 6 "),
+            std::string::npos)
+      << run.describe();
+  const Finished ref = resumedRun(dir, "reference", 3, checkpoint(a, 6), 14);
+  ASSERT_TRUE(ref.exitedWith(0)) << ref.describe();
+  expectSameFile(checkpoint(a), checkpoint(dir.file("reference")),
+                 "the survivors' final checkpoint after rank 0 died");
+  std::vector<int> want;
+  for (int s = 1; s <= 14; ++s) want.push_back(s);
+  EXPECT_EQ(loggedSteps(a + "/loss.csv"), want) << readFile(a + "/loss.csv");
+}
+
 TEST(LoomTrainShrink, ASecondFailureShrinksAgain) {
   TempDir dir;
   const std::string a = dir.file("shrunk");

@@ -16,6 +16,7 @@
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/store/tcp_store.h"
+#include "loom/store/tcp_store_server.h"
 #include "rendezvous.h"
 #include "rendezvous_store.h"
 #include "shepherd.h"
@@ -69,6 +70,10 @@ std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const World& world,
         {"LOOM_RUN_ON_WORKER_FAILURE",
          o.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue ? "continue" : "stop"},
     };
+    // With continue, loom-run hosts the workers' store (runSingleNode): no rank owns it.
+    if (o.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue) {
+      vars.emplace_back("LOOM_AGENT_STORE", "1");
+    }
     if (!loomHost.empty()) vars.emplace_back("LOOM_HOST", loomHost);
     spec.env = workerEnv(vars);
     specs.push_back(std::move(spec));
@@ -124,7 +129,20 @@ class Launcher {
     world.worldSize = o_.nprocPerNode;
     for (int restart = 0;; ++restart) {
       if (interrupted()) return 128 + signal_;
-      world.workerPort = o_.masterPort != 0 ? o_.masterPort : pickFreePort();
+      // With --on-worker-failure continue the survivors of any rank, rank 0 included, must keep
+      // their store: loom-run hosts it (a fresh one per attempt, so no keys of a failed attempt
+      // remain), and the workers connect to it as clients (LOOM_AGENT_STORE).
+      std::unique_ptr<TCPStoreServer> agentStore;
+      if (o_.onWorkerFailure == LaunchOptions::OnWorkerFailure::kContinue) {
+        TCPStoreServerOptions so;
+        so.host = o_.masterAddr;
+        so.port = o_.masterPort;
+        so.numWorkers = world.worldSize;
+        agentStore = std::make_unique<TCPStoreServer>(so);
+        world.workerPort = agentStore->port();
+      } else {
+        world.workerPort = o_.masterPort != 0 ? o_.masterPort : pickFreePort();
+      }
       const GroupResult r = runGroup(world, restart, {});
       switch (r.kind) {
         case GroupResult::kSucceeded:
