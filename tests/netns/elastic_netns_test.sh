@@ -23,44 +23,10 @@ set -uo pipefail
 LOOM_RUN=$1
 STORE=$2
 TRAIN=$3
-SKIP=77
+source "$(dirname "$0")/netns_lib.sh"
+netns_setup elastic_netns_test "lne$$"
 STEPS=1200
-
-skip() {
-  echo "SKIP: $*"
-  exit $SKIP
-}
-
-[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-command -v timeout >/dev/null || skip "timeout (coreutils) is not installed"
-
-P="lne$$"
 SUBNET=10.213.9
-TMP=$(mktemp -d)
-NAMESPACES=()
-BG_PIDS=()
-
-cleanup() {
-  local pid ns left
-  for pid in "${BG_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  # Kill everything still running inside our namespaces, until nothing is (at most ~5 s).
-  for _ in $(seq 100); do
-    left=""
-    for ns in "${NAMESPACES[@]}"; do
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do
-        kill -KILL "$pid" 2>/dev/null
-        left+=" $pid"
-      done
-    done
-    [[ -z $left ]] && break
-    sleep 0.05
-  done
-  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'echo "elastic_netns_test: interrupted"; exit 1' INT TERM HUP
 
 ip netns add "${P}-sw" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
 NAMESPACES+=("${P}-sw")

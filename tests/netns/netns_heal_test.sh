@@ -21,43 +21,9 @@ set -uo pipefail
 
 LOOM_RUN=$1
 LOOM_TRAIN=$2
-SKIP=77
-
-skip() {
-  echo "SKIP: $*"
-  exit $SKIP
-}
-
-[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-command -v ss >/dev/null || skip "ss (iproute2) is not installed"
-command -v timeout >/dev/null || skip "timeout (coreutils) is not installed"
-
-P="lnh$$"
+source "$(dirname "$0")/netns_lib.sh"
+netns_setup netns_heal_test "lnh$$" ss
 SUBNET=10.213.9
-TMP=$(mktemp -d)
-NAMESPACES=()
-BG_PIDS=()
-
-cleanup() {
-  local pid ns left
-  for pid in "${BG_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for _ in $(seq 100); do
-    left=""
-    for ns in "${NAMESPACES[@]}"; do
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do
-        kill -KILL "$pid" 2>/dev/null
-        left+=" $pid"
-      done
-    done
-    [[ -z $left ]] && break
-    sleep 0.05
-  done
-  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'echo "netns_heal_test: interrupted"; exit 1' INT TERM HUP
 
 fail() {
   echo "FAIL: $*"
