@@ -122,18 +122,13 @@ struct FailureExchange {
       return;
     }
     try {
-      std::vector<std::string> keys;
+      // Every other rank's report, within what the rings' wait above left of the window; a
+      // rank whose process is known gone is not waited for.
+      std::vector<std::string> keys(static_cast<size_t>(size));
       for (int r = 0; r < size; ++r) {
-        if (r != rank) keys.push_back(failureKey(r));
+        if (r != rank) keys[static_cast<size_t>(r)] = failureKey(r);
       }
-      // The rings' wait above spent part of the window.
-      const auto left = std::chrono::duration_cast<milliseconds>(began + window - Clock::now());
-      if (!keys.empty() && left.count() > 0) {
-        try {
-          store->wait(keys, left);
-        } catch (const TimeoutError&) {
-        }
-      }
+      diag::waitForRanks(*store, keys, began + window);
       for (int r = 0; r < size; ++r) {
         if (r == rank) continue;
         if (!store->check({failureKey(r)})) {

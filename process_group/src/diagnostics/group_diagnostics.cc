@@ -559,16 +559,42 @@ std::vector<std::optional<RankDump>> collectLive(Store& store, int size, millise
   return dumps;
 }
 
+bool knownDead(Store& store, int rank) {
+  const std::string key = heartbeatKey(rank);
+  try {
+    if (!store.check({key})) return false;
+    const std::optional<Heartbeat> hb = Heartbeat::parse(store.getString(key));
+    return hb && livenessOf(*hb, unixMicros()).rfind("dead:", 0) == 0;
+  } catch (const TimeoutError&) {
+    return false;
+  }
+}
+
+void waitForRanks(Store& store, const std::vector<std::string>& keyOf, Clock::time_point deadline) {
+  constexpr milliseconds kLivenessPoll{100};
+  for (;;) {
+    std::vector<std::string> missing;
+    bool allDead = true;
+    for (size_t r = 0; r < keyOf.size(); ++r) {
+      if (keyOf[r].empty() || store.check({keyOf[r]})) continue;
+      missing.push_back(keyOf[r]);
+      if (allDead && !knownDead(store, static_cast<int>(r))) allDead = false;
+    }
+    if (missing.empty() || allDead) return;
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return;
+    try {
+      store.wait(missing, std::min(left, kLivenessPoll));
+      return;
+    } catch (const TimeoutError&) {  // NOLINT(bugprone-empty-catch): look at liveness again
+    }
+  }
+}
+
 std::string explainFailure(Store& store, int rank, int size, Clock::time_point deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(failureRingKey(r));
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  if (left.count() > 0) {
-    try {
-      store.wait(keys, left);
-    } catch (const TimeoutError&) {
-    }
-  }
+  waitForRanks(store, keys, deadline);
   std::vector<std::optional<RankDump>> dumps(size);
   std::string problems;
   for (int r = 0; r < size; ++r) {

@@ -123,8 +123,16 @@ int peerNamedIn(const std::string& message);
 // publishes this rank's failure record (`ring`, JSON) and, when it is the first rank to fail,
 // asks every other rank's listener for theirs.
 void publishFailureRecord(Store& store, int rank, int size, const std::string& ring);
-// Waits until `deadline` for every rank's failure record, explains them, and returns the
-// group's one explanation (the first one set in the store).
+// Whether rank `rank`'s heartbeat names a process that is gone (same host and pid namespace:
+// no such process, or a zombie). False when it cannot tell (another host, no heartbeat).
+bool knownDead(Store& store, int rank);
+// Waits until every non-empty keyOf[r] is set, `deadline` passes, or every rank whose key is
+// still missing is knownDead: a dead rank never publishes, so its wait ends at once instead of
+// at the deadline. Polls liveness every 100 ms; a store that fails (not a timeout) throws.
+void waitForRanks(Store& store, const std::vector<std::string>& keyOf,
+                  std::chrono::steady_clock::time_point deadline);
+// Waits until `deadline` for every rank's failure record (not for ranks known dead), explains
+// them, and returns the group's one explanation (the first one set in the store).
 std::string explainFailure(Store& store, int rank, int size,
                            std::chrono::steady_clock::time_point deadline);
 
