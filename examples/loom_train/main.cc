@@ -50,6 +50,7 @@
 #include "loom/process_group/init.h"
 #include "loom/process_group/trace.h"
 #include "loom/store/hash_store.h"
+#include "lr_schedule.h"
 #include "models.h"
 #include "shrink.h"
 
@@ -58,6 +59,10 @@ namespace {
 using namespace loom;
 namespace nn = ag::nn;
 using Clock = std::chrono::steady_clock;
+using train::KillPoint;
+using train::makeScheduler;
+using train::parseKills;
+using train::truncateLog;
 
 struct Args {
   int64_t in = 784;
@@ -184,42 +189,6 @@ void gatherRows(const ag::Tensor& src, const std::vector<int64_t>& rows, ag::Ten
   }
 }
 
-// "none", "step:SIZE:GAMMA" (StepLR) or "cosine:TMAX[:ETA_MIN]" (CosineAnnealingLR).
-std::unique_ptr<ag::optim::LRScheduler> makeScheduler(const std::string& spec,
-                                                      ag::optim::Optimizer& optimizer) {
-  if (spec == "none") return nullptr;
-  std::vector<std::string> parts;
-  std::stringstream in(spec);
-  for (std::string item; std::getline(in, item, ':');) parts.push_back(item);
-  auto number = [&](size_t i) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(parts[i], &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    LOOM_CHECK(used == parts[i].size() && used > 0, "--lr-schedule ", spec, ": '", parts[i],
-               "' is not a number");
-    return v;
-  };
-  if (!parts.empty() && parts[0] == "step" && parts.size() == 3) {
-    const double size = number(1);
-    LOOM_CHECK(size >= 1 && size == static_cast<int64_t>(size), "--lr-schedule ", spec,
-               ": the step size must be an integer >= 1");
-    return std::make_unique<ag::optim::StepLR>(optimizer, static_cast<int64_t>(size), number(2));
-  }
-  if (!parts.empty() && parts[0] == "cosine" && (parts.size() == 2 || parts.size() == 3)) {
-    const double tMax = number(1);
-    LOOM_CHECK(tMax >= 1 && tMax == static_cast<int64_t>(tMax), "--lr-schedule ", spec,
-               ": TMAX must be an integer >= 1");
-    return std::make_unique<ag::optim::CosineAnnealingLR>(optimizer, static_cast<int64_t>(tMax),
-                                                          parts.size() == 3 ? number(2) : 0.0);
-  }
-  LOOM_THROW(InvalidArgumentError, "--lr-schedule: '", spec,
-             "' is not one of none, step:SIZE:GAMMA, cosine:TMAX[:ETA_MIN]");
-}
-
 bool launchedByLauncher() {
   for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
     if (loom::settings::value(v)) return true;
@@ -246,65 +215,6 @@ void printSlowestRank(ProcessGroup& pg) {
   } catch (const InvalidArgumentError&) {
     // LOOM_FLIGHT_RECORDER_ENTRIES=0
   }
-}
-
-// --test-kill RANK:STEP, parsed.
-struct KillPoint {
-  int rank = 0;
-  int64_t step = 0;
-};
-
-std::vector<KillPoint> parseKills(const std::vector<std::string>& specs) {
-  std::vector<KillPoint> out;
-  for (const std::string& spec : specs) {
-    const auto colon = spec.find(':');
-    KillPoint k;
-    size_t usedRank = 0, usedStep = 0;
-    try {
-      if (colon != std::string::npos) {
-        k.rank = std::stoi(spec.substr(0, colon), &usedRank);
-        k.step = std::stoll(spec.substr(colon + 1), &usedStep);
-      }
-    } catch (const std::exception&) {
-      usedRank = usedStep = 0;
-    }
-    LOOM_CHECK(colon != std::string::npos && usedRank == colon && usedRank > 0 &&
-                   usedStep == spec.size() - colon - 1 && usedStep > 0 && k.rank >= 0 &&
-                   k.step >= 1,
-               "--test-kill '", spec, "' is not RANK:STEP (a launch rank >= 0 and a step >= 1)");
-    out.push_back(k);
-  }
-  return out;
-}
-
-// Keeps the header and the rows of steps <= `step` of the CSV log (the steps after it are
-// trained again after a shrink or a resume, and logged then).
-void truncateLog(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept, line;
-  bool first = true;
-  while (std::getline(in, line)) {
-    const auto comma = line.find(',');
-    bool keep = first && line.rfind("step,", 0) == 0;
-    if (!keep && comma != std::string::npos) {
-      try {
-        keep = std::stoll(line.substr(0, comma)) <= step;
-      } catch (const std::exception&) {
-        keep = false;
-      }
-    }
-    first = false;
-    if (keep) kept += line + "\n";
-  }
-  in.close();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    LOOM_CHECK(static_cast<bool>(out), "--log: cannot write ", tmp);
-    out << kept;
-  }
-  std::filesystem::rename(tmp, path);
 }
 
 int run(const Args& a) {

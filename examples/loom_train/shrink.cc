@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
+#include <string>
 
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
@@ -129,6 +132,57 @@ ShrinkResult shrinkAfterFailure(ProcessGroup& broken, const std::vector<int>& la
   result.resumeStep = resume;
   result.took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   return result;
+}
+
+std::vector<KillPoint> parseKills(const std::vector<std::string>& specs) {
+  std::vector<KillPoint> out;
+  for (const std::string& spec : specs) {
+    const auto colon = spec.find(':');
+    KillPoint k;
+    size_t usedRank = 0, usedStep = 0;
+    try {
+      if (colon != std::string::npos) {
+        k.rank = std::stoi(spec.substr(0, colon), &usedRank);
+        k.step = std::stoll(spec.substr(colon + 1), &usedStep);
+      }
+    } catch (const std::exception&) {
+      usedRank = usedStep = 0;
+    }
+    LOOM_CHECK(colon != std::string::npos && usedRank == colon && usedRank > 0 &&
+                   usedStep == spec.size() - colon - 1 && usedStep > 0 && k.rank >= 0 &&
+                   k.step >= 1,
+               "--test-kill '", spec, "' is not RANK:STEP (a launch rank >= 0 and a step >= 1)");
+    out.push_back(k);
+  }
+  return out;
+}
+
+void truncateLog(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    const auto comma = line.find(',');
+    bool keep = first && line.rfind("step,", 0) == 0;
+    if (!keep && comma != std::string::npos) {
+      try {
+        keep = std::stoll(line.substr(0, comma)) <= step;
+      } catch (const std::exception&) {
+        keep = false;
+      }
+    }
+    first = false;
+    if (keep) kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    LOOM_CHECK(static_cast<bool>(out), "--log: cannot write ", tmp);
+    out << kept;
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 }  // namespace loom::train

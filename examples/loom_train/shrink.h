@@ -92,4 +92,15 @@ ShrinkResult shrinkAfterFailure(ProcessGroup& broken, const std::vector<int>& la
 // "0,1,3"
 std::string joinRanks(const std::vector<int>& ranks);
 
+// --test-kill RANK:STEP (test-only), parsed; a malformed spec is an InvalidArgumentError.
+struct KillPoint {
+  int rank = 0;
+  int64_t step = 0;
+};
+std::vector<KillPoint> parseKills(const std::vector<std::string>& specs);
+
+// Keeps the header and the rows of steps <= `step` of the CSV log at `path` (the steps after it
+// are trained again after a shrink or a resume, and logged then).
+void truncateLog(const std::string& path, int64_t step);
+
 }  // namespace loom::train
