@@ -17,7 +17,7 @@ ranks wait, and the table adds its time and the torch path's ratio to it: what t
 
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
-       [--loom-bench build/bin]
+       [--loom-bench build/bin] [--per-round]
 """
 
 import argparse
@@ -165,6 +165,8 @@ def main():
     parser.add_argument("--ddp-steps", type=int, default=0)
     parser.add_argument("--loom-bench", metavar="BIN_DIR", default="",
                         help="directory with loom-run and loom-bench: adds loom-bench's time")
+    parser.add_argument("--per-round", action="store_true",
+                        help="also print every round's time per size and backend (us)")
     args = parser.parse_args()
     if args.loom_bench:
         for program in ("loom-run", "loom-bench"):
@@ -230,6 +232,15 @@ def main():
             b = statistics.median(bench[size])
             line += f" {b * 1e6:.1f} us | {row['loom'][0] / b:.2f} |"
         print(line)
+    if args.per_round:
+        print("\n# every round's mean time per all_reduce (us), in round order")
+        for size in sizes:
+            for backend in ("loom", "gloo"):
+                print(f"# {human(size)} {backend}: "
+                      + " ".join(f"{t * 1e6:.1f}" for t in times[(backend, size)]))
+            if args.loom_bench:
+                print(f"# {human(size)} loom-bench: "
+                      + " ".join(f"{t * 1e6:.1f}" for t in bench[size]))
     if ddp:
         print(f"\n# torch DDP, MLP 784-1024-1024-10, batch 64 per rank, {n} ranks, "
               f"{args.ddp_steps} steps per round, median of {args.rounds} rounds")
