@@ -12,12 +12,12 @@
 // --backend mpi runs under mpirun (mpirun -np 4 build/bin/loom-bench --backend mpi ...): the
 // group is MPI_COMM_WORLD, and without MASTER_ADDR no store is created (init.h).
 //
-// Memory: host buffers for tcp, verbs and mpi. --backend nccl allocates the collectives' buffers on
-// the rank's CUDA device (LOCAL_RANK modulo the visible devices, as the nccl backend picks it;
-// the group is told the same device), fills and checks host mirrors and copies between them
-// outside the timed loop (runner.h). Each timed iteration ends when Work::wait() returns,
-// which for nccl is when the collective's CUDA event has completed: the device work is in
-// the time, as in nccl-tests.
+// Memory: host buffers for tcp, verbs and mpi (-R 1: in Loom windows, tcp only). --backend nccl
+// allocates the collectives' buffers on the rank's CUDA device (LOCAL_RANK modulo the visible
+// devices, as the nccl backend picks it; the group is told the same device), fills and checks host
+// mirrors and copies between them outside the timed loop (runner.h). Each timed iteration ends when
+// Work::wait() returns, which for nccl is when the collective's CUDA event has completed: the
+// device work is in the time, as in nccl-tests.
 //
 // How each op maps onto the ProcessGroup API (whose all_reduce, broadcast and reduce are
 // in place only, like c10d's): out-of-place all_reduce, broadcast (root) and reduce copy the
@@ -31,11 +31,15 @@
 // instead (tune.h) and writes the tuning file that LOOM_TUNING_FILE loads.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <map>
+#include <memory>
 
 #include "cuda_memory.h"
 #include "loom/bench/runner.h"
 #include "loom/comm/collectives.h"
+#include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
@@ -184,7 +188,7 @@ class LoomDriver : public Driver {
   // Through the group, so on the device when the group only takes device buffers (nccl).
   void allgatherDoubles(const double* in, size_t count, double* out) override {
     const size_t total = count * static_cast<size_t>(pg_->size());
-    if (!mem_.memory) {
+    if (!mem_.memory || mem_.device.type != DeviceType::kCuda) {
       pg_->allgather(BufferView{const_cast<double*>(in), count, DType::kFloat64, {}},
                      BufferView{out, total, DType::kFloat64, {}})
           ->wait();
@@ -210,11 +214,42 @@ class LoomDriver : public Driver {
   Memory mem_;
 };
 
-// Host memory for tcp and verbs; for nccl the CUDA device the group will use (LOCAL_RANK
-// modulo the visible devices). Throws NotAvailableError without one.
-Memory memoryFor(const std::string& backend) {
+// Host memory in Loom Windows (loom/comm/window.h, -R 1): what peers on the host read
+// directly over shared memory. The fills and checks copy in and out, as for a device.
+class WindowMemory final : public DeviceMemory {
+ public:
+  void* allocate(size_t bytes) override {
+    auto window = comm::Window::allocate(std::max<size_t>(bytes, 1));
+    void* p = window->data();
+    windows_[p] = std::move(window);
+    return p;
+  }
+  void release(void* p) noexcept override { windows_.erase(p); }
+  void toDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+  void toHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+
+ private:
+  std::map<void*, std::shared_ptr<comm::Window>> windows_;
+};
+
+// Host memory for tcp and verbs (in Loom Windows with `windows`); for nccl the CUDA device the
+// group will use (LOCAL_RANK modulo the visible devices). Throws NotAvailableError without one.
+Memory memoryFor(const std::string& backend, bool windows) {
   Memory m;
   m.label = "[cpu]";
+  if (windows) {
+    LOOM_CHECK(backend == "tcp",
+               "-R/--register 1 (buffers in Loom windows) needs --backend tcp "
+               "(its shared-memory path reads them); got --backend ",
+               backend);
+    m.memory = std::make_unique<WindowMemory>();
+    m.label = "[cpu, window]";
+    return m;
+  }
   if (backend != "nccl") return m;
   const int devices = cudaDevices();
   const LaunchEnv launch = parseLaunchEnv(launchEnvironment(), /*needMaster=*/false);
@@ -254,6 +289,7 @@ int loomBenchMain(int argc, char** argv) {
   std::string algo;
   std::string tuneFile;
   int timeoutS = 300;
+  int registerMode = 0;
   addSweepFlags(app, flags);
   app.add_option("--backend", backend,
                  "tcp (host buffers; LOOM_SHM=0 keeps same-host peers on TCP), nccl (CUDA "
@@ -271,6 +307,12 @@ int loomBenchMain(int argc, char** argv) {
                  "broadcast, all-gather) for the job's topology and write them to this tuning "
                  "file (other topologies in it are kept); groups load it with LOOM_TUNING_FILE");
   app.add_option("--timeout", timeoutS, "deadline of setup and of every operation, seconds")
+      ->capture_default_str();
+  app.add_option("-R,--register", registerMode,
+                 "0: the collectives' buffers are ordinary host memory; 1: they are Loom windows "
+                 "(loom::comm::Window, zero-copy shared memory: same-host peers read them "
+                 "directly; tcp backend only), as nccl-tests -R registers its buffers")
+      ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
   if (auto code = parseCommandLine(app, argc, argv, [&] {
@@ -291,7 +333,7 @@ int loomBenchMain(int argc, char** argv) {
   init.pg.comm.context.algorithm = algorithm;
   int rank = rankFromEnvironment();  // valid: parseCommandLine checked it
   try {
-    Memory memory = memoryFor(backend);
+    Memory memory = memoryFor(backend, registerMode == 1);
     if (memory.device.type == DeviceType::kCuda) init.pg.nccl.device = memory.device.index;
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();

@@ -159,6 +159,8 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.spinUs = options.shmSpinUs;
   aopts.yieldUs = options.shmYieldUs;
   aopts.singleCopy = options.shmSingleCopy;
+  aopts.windows = options.shmWindows;
+  aopts.windowMinBytes = options.shmWindowMinBytes;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
   topts.ringBytes = options.shmRingBytes;

@@ -65,6 +65,8 @@ ContextOptions withEnvironment(ContextOptions o) {
                                              : ShmSingleCopy::kAuto;
     s::fillDefault(o.shmSingleCopy, d.shmSingleCopy, std::optional<ShmSingleCopy>(v));
   }
+  s::fillDefault(o.shmWindows, d.shmWindows, s::flag("LOOM_SHM_WINDOWS"));
+  s::fillDefault(o.shmWindowMinBytes, d.shmWindowMinBytes, s::bytes("LOOM_SHM_WINDOW_MIN_BYTES"));
   s::fillDefault(o.tuningFile, d.tuningFile, s::text("LOOM_TUNING_FILE"));
   s::fillDefault(o.verbs.device, d.verbs.device, s::text("LOOM_IB_DEVICE"));
   s::fillDefault(o.verbs.port, d.verbs.port, s::integer("LOOM_IB_PORT"));
@@ -137,6 +139,8 @@ std::string describeNonDefault(const ContextOptions& o) {
   const char* const singleCopyNames[] = {"auto", "on", "off"};
   put("shmSingleCopy", std::string(singleCopyNames[static_cast<int>(o.shmSingleCopy) % 3]),
       std::string("auto"));
+  put("shmWindows", int{o.shmWindows}, int{d.shmWindows});
+  put("shmWindowMinBytes", o.shmWindowMinBytes, d.shmWindowMinBytes);
   put("tuningFile", o.tuningFile, d.tuningFile);
   put("verbs.device", o.verbs.device, d.verbs.device);
   put("verbs.port", o.verbs.port, d.verbs.port);

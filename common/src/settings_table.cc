@@ -94,6 +94,18 @@ constexpr Setting kTable[] = {
      "rank says on), off never "
      "(one rank off turns it off for all)",
      "comm::ContextOptions::shmSingleCopy", "Context setup"},
+    {"LOOM_SHM_WINDOWS", K::kFlag, S::kRuntime, "1", 0, 0, "", "",
+     "zero-copy windows: large all-reduce, reduce-scatter, broadcast and all-gather whose buffers "
+     "lie in loom::comm::Window memory on every rank read and reduce peers' memory directly (one "
+     "copy per byte) when a setup probe maps a window on every rank; 0 on any rank keeps window "
+     "buffers on the staged path for all",
+     "comm::ContextOptions::shmWindows", "Context setup"},
+    {"LOOM_SHM_WINDOW_MIN_BYTES", K::kBytes, S::kRuntime, "", 0, kGiB, "", "",
+     "smallest collective (nccl-tests' size: all-gather and reduce-scatter count every rank's "
+     "part) that takes the zero-copy window path, for every operation (default: measured per "
+     "operation, docs/shm.md: all-reduce 1 MiB, the others 16 KiB, or 64-256 KiB when local "
+     "ranks outnumber CPUs); must be equal on all ranks",
+     "comm::ContextOptions::shmWindowMinBytes", "Context setup"},
     {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "a tuning file written by loom-bench --tune: the automatic algorithm choice takes its "
      "crossovers for the group's topology (world size, ranks per host, transport); a missing, "

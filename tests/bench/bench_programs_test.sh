@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$bin/loom-bench" --help >"$tmp/help" 2>&1 || fail "--help exited $?"
 grep -q -- "--op" "$tmp/help" || fail "--help does not list --op"
 for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bogus" \
-  "--backend nope" "--algo nope" "-n 0"; do
+  "--backend nope" "--algo nope" "-n 0" "-R 2"; do
   # shellcheck disable=SC2086
   "$bin/loom-bench" $bad >"$tmp/bad" 2>&1
   rc=$?
@@ -80,6 +80,25 @@ for n in 2 3; do
     grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "loom-bench --op $op at $n ranks: wrong elements"
   done
 done
+
+# Zero-copy windows (-R 1: the buffers are Loom windows) over shared memory, the window path
+# forced from 1 byte: every op the window path runs, every dtype and reduction, at 2 and 3
+# ranks (separate processes, so each rank maps its peers' windows). The others still run
+# staged on window memory.
+for n in 2 3; do
+  for op in all_reduce broadcast all_gather reduce_scatter reduce alltoall; do
+    if ! ranks "$n" env LOOM_SHM=1 LOOM_SHM_WINDOW_MIN_BYTES=1 "$bin/loom-bench" --op "$op" \
+      -b 8 -e 1M -f 64 -n 2 -w 1 -c 1 -d all -o all -R 1 -r $((n - 1)); then
+      fail "loom-bench -R 1 --op $op at $n ranks exited non-zero"; tail -n 5 "$tmp"/out*
+    fi
+    grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
+      fail "loom-bench -R 1 --op $op at $n ranks: wrong elements"
+    grep -q "\[cpu, window\] loom tcp over shm" "$tmp/out" ||
+      fail "loom-bench -R 1 --op $op: the device lines do not say window over shm: $(grep device "$tmp/out")"
+  done
+done
+ranks 2 "$bin/loom-bench" --backend nccl -R 1 -b 8 -e 8 >/dev/null 2>&1
+[[ $? -eq 2 ]] || fail "loom-bench -R 1 --backend nccl did not exit 2"
 
 if [[ -x $bin/gloo_bench ]]; then
   for op in all_reduce all_gather reduce_scatter; do

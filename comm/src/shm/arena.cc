@@ -2,6 +2,7 @@
 
 #include "shm/os.h"
 #include "shm/segment.h"
+#include "shm/window_registry.h"
 #include "signature.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "loom/comm/transport.h"
+#include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
@@ -100,7 +103,26 @@ struct Arena::Control {
   // The user buffers (in, out) of the single-copy step in each slot, as addresses in the
   // owner's process.
   uint64_t buffers[kSlots][2];
+  // The access mode posted for each slot (PeerAccess), checked like the signature.
+  uint32_t postedAccess[kSlots];
+  // On the window path: the Windows holding those buffers (window.h), in the owner's process.
+  uint64_t windowId[kSlots][2];
+  int32_t windowFd[kSlots][2];
+  uint64_t windowBase[kSlots][2];
+  uint64_t windowBytes[kSlots][2];
 };
+
+const char* peerAccessName(PeerAccess access) {
+  switch (access) {
+    case PeerAccess::kStaged:
+      return "staged (buffers outside Loom windows)";
+    case PeerAccess::kCrossMemory:
+      return "cross-memory attach";
+    case PeerAccess::kWindow:
+      return "zero-copy window (buffers inside Loom windows)";
+  }
+  return "unknown";
+}
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -156,6 +178,7 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   arena->probeSingleCopy(store, options);
+  arena->probeWindows(store, options);
   return arena;
 }
 
@@ -168,9 +191,13 @@ Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
       base_(segment_->base()),
       header_(static_cast<Header*>(base_)),
       spinNs_(budget.spinNs),
-      yieldNs_(budget.yieldNs) {}
+      yieldNs_(budget.yieldNs),
+      mappings_(static_cast<size_t>(size)) {}
 
 Arena::~Arena() {
+  for (auto& peer : mappings_) {
+    for (const Mapping& m : peer) ::munmap(m.local, m.bytes);
+  }
   control(rank_).closed.store(1, std::memory_order_release);
   control(rank_).wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&control(rank_).wake);
@@ -354,6 +381,7 @@ void Arena::post(const Call& call) {
   mine.postedSeq[s] = call.seq;
   mine.postedBytes[s] = call.bytes;
   mine.postedKind[s] = call.kind;
+  mine.postedAccess[s] = static_cast<uint32_t>(call.access);
   publish(kPosted, step_ + 1);
 }
 
@@ -371,6 +399,14 @@ void Arena::waitPosted(const Call& call, int peer) {
                              " bytes): ", describeSignature(theirs.signature[s]),
                              "; the ranks called different collectives or passed different "
                              "arguments (count, dtype, op or root)"));
+  }
+  if (theirs.postedAccess[s] != static_cast<uint32_t>(call.access)) {
+    failMismatch(
+        call, peer,
+        detail::str("rank ", rank_, " takes the ", peerAccessName(call.access), " path and rank ",
+                    peer, " the ", peerAccessName(static_cast<PeerAccess>(theirs.postedAccess[s])),
+                    " path for the same collective; every rank must pass buffers inside Loom "
+                    "Windows (loom/comm/window.h), or none"));
   }
 }
 
@@ -492,10 +528,21 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   }
 }
 
-void Arena::publishBuffers(const void* in, const void* out) {
+void Arena::publishBuffers(const void* in, const void* out, const WindowRef* inWindow,
+                           const WindowRef* outWindow) {
   Control& mine = control(rank_);
-  mine.buffers[slotOf(step_)][0] = reinterpret_cast<uintptr_t>(in);
-  mine.buffers[slotOf(step_)][1] = reinterpret_cast<uintptr_t>(out);
+  const int s = slotOf(step_);
+  mine.buffers[s][0] = reinterpret_cast<uintptr_t>(in);
+  mine.buffers[s][1] = reinterpret_cast<uintptr_t>(out);
+  const WindowRef none;
+  const WindowRef* windows[2] = {inWindow != nullptr ? inWindow : &none,
+                                 outWindow != nullptr ? outWindow : &none};
+  for (int which = 0; which < 2; ++which) {
+    mine.windowId[s][which] = windows[which]->id;
+    mine.windowFd[s][which] = windows[which]->fd;
+    mine.windowBase[s][which] = windows[which]->base;
+    mine.windowBytes[s][which] = windows[which]->bytes;
+  }
 }
 
 uint64_t Arena::peerBuffer(int peer, int which) const {
@@ -514,6 +561,173 @@ void Arena::readPeer(const Call& call, int peer, uint64_t remote, void* local, s
                    " (the setup probe had succeeded; LOOM_SHM_SINGLE_COPY=off keeps the group "
                    "on the staged path)"),
        false);
+}
+
+namespace {
+
+// Maps window `ref` of process `pid` read-only; nullptr and `why` when it cannot.
+uint8_t* mapPeerWindow(pid_t pid, const WindowRef& ref, std::string& why) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), ref.fd);
+  char link[256] = {};
+  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
+  const std::string expected = "/memfd:" + windowMemfdName(ref.id) + " ";
+  if (n < 0) {
+    why = detail::str("readlink ", path, ": ", std::strerror(errno));
+    return nullptr;
+  }
+  if (std::string(link, static_cast<size_t>(n)).rfind(expected, 0) != 0) {
+    why = detail::str(path, " is '", link, "', expected the memfd ", windowMemfdName(ref.id),
+                      " (was the window freed during the collective?)");
+    return nullptr;
+  }
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    why = detail::str("open ", path, ": ", std::strerror(errno));
+    return nullptr;
+  }
+  void* local = ::mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (local == MAP_FAILED) {
+    why = detail::str("mmap of ", ref.bytes, " bytes of ", path, ": ", std::strerror(err));
+    return nullptr;
+  }
+  (void)::madvise(local, ref.bytes, MADV_DONTFORK);
+  return static_cast<uint8_t*>(local);
+}
+
+}  // namespace
+
+void Arena::probeWindows(Store& store, const ArenaOptions& options) {
+  // Every rank publishes "pid fd id bytes word" of a one-page probe Window (or "off"), maps
+  // every peer's and reads its word, and answers "ok" or why not; on when every answer is ok.
+  const std::string prefix = options.keyPrefix + "/windows/";
+  windowMinBytes_ = options.windowMinBytes;
+  oversubscribed_ = size_ > usableCpus();
+  std::shared_ptr<Window> probe;
+  std::optional<WindowRef> ref;
+  std::string failure =
+      options.windows ? "" : detail::str("rank ", rank_, " has LOOM_SHM_WINDOWS=off");
+  const uint64_t word = mix64(static_cast<uint64_t>(nowNs()) ^ uint64_t(rank_) << 40) | 1;
+  if (failure.empty()) {
+    try {
+      probe = Window::allocate(kPage);
+      *static_cast<uint64_t*>(probe->data()) = word;
+      ref = findWindow(probe->data(), kPage);
+    } catch (const std::exception& e) {
+      failure = detail::str("rank ", rank_, " cannot allocate a window: ", e.what());
+    }
+  }
+  store.set(detail::str(prefix, rank_),
+            !failure.empty()
+                ? std::string("off")
+                : detail::str(::getpid(), " ", ref->fd, " ", ref->id, " ", ref->bytes, " ", word));
+  std::vector<std::string> keys, answerKeys;
+  for (int q = 0; q < size_; ++q) {
+    keys.push_back(detail::str(prefix, q));
+    answerKeys.push_back(detail::str(prefix, "ok/", q));
+  }
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> peers = store.multiGet(keys);
+  for (int q = 0; q < size_ && failure.empty(); ++q) {
+    long long pid = 0;
+    WindowRef theirs;
+    unsigned long long expected = 0;
+    std::istringstream in(toString(peers[q]));
+    if (toString(peers[q]) == "off") {
+      failure = detail::str("rank ", q, " has the window path off");
+      break;
+    }
+    if (!(in >> pid >> theirs.fd >> theirs.id >> theirs.bytes >> expected)) {
+      failure = detail::str("rank ", q, " published '", toString(peers[q]),
+                            "'; expected 'pid fd id bytes word'");
+      break;
+    }
+    if (q == rank_ || pid == ::getpid()) continue;  // threads as ranks: the same memory
+    std::string why;
+    uint8_t* local = mapPeerWindow(static_cast<pid_t>(pid), theirs, why);
+    if (local == nullptr) {
+      failure = detail::str("rank ", rank_, " could not map rank ", q, "'s probe window: ", why);
+      break;
+    }
+    const uint64_t seen = *reinterpret_cast<const uint64_t*>(local);
+    ::munmap(local, theirs.bytes);
+    if (seen != expected) {
+      failure = detail::str("rank ", rank_, " read ", seen, " from rank ", q,
+                            "'s probe window, expected ", expected);
+    }
+  }
+  store.set(answerKeys[rank_], failure.empty() ? std::string("ok") : failure);
+  store.wait(answerKeys, options.timeout);
+  windows_ = true;
+  for (const Bytes& answer : store.multiGet(answerKeys)) {
+    if (toString(answer) != "ok") {
+      windows_ = false;
+      if (windowsFailure_.empty()) windowsFailure_ = toString(answer);
+    }
+  }
+  if (!windows_ && rank_ == 0 && options.windows) {
+    LOOM_LOG_INFO("shared memory: zero-copy windows off (", windowsFailure_,
+                  "); window buffers take the staged path on every rank");
+  }
+}
+
+const uint8_t* Arena::peerWindow(const Call& call, int peer, int which) {
+  const Control& theirs = control(peer);
+  const int s = slotOf(step_);
+  const uint64_t address = theirs.buffers[s][which];
+  WindowRef ref;
+  ref.id = theirs.windowId[s][which];
+  ref.fd = theirs.windowFd[s][which];
+  ref.base = theirs.windowBase[s][which];
+  ref.bytes = theirs.windowBytes[s][which];
+  const pid_t pid = theirs.pid.load(std::memory_order_acquire);
+  if (ref.id == 0 || address < ref.base || address - ref.base >= ref.bytes) {
+    fail(call, peer,
+         detail::str("rank ", peer, " posted the window path without a window for buffer ", which,
+                     " (address ", address, ", window ", ref.id, ")"),
+         false);
+  }
+  if (pid == ::getpid()) return reinterpret_cast<const uint8_t*>(address);  // threads as ranks
+  auto& mine = mappings_[static_cast<size_t>(peer)];
+  ++useClock_;
+  for (Mapping& m : mine) {
+    if (m.id == ref.id) {
+      m.lastUse = useClock_;
+      return m.local + (address - ref.base);
+    }
+  }
+  std::string why;
+  uint8_t* local = mapPeerWindow(pid, ref, why);
+  if (local == nullptr) {
+    checkHealth(call, peer, "let its window be mapped");  // names a dead peer
+    fail(call, peer,
+         detail::str("mapping rank ", peer, "'s window ", ref.id, " (", ref.bytes, " bytes, pid ",
+                     pid, ") failed: ", why,
+                     " (the setup probe had succeeded; LOOM_SHM_WINDOWS=off keeps the group on "
+                     "the staged path)"),
+         false);
+  }
+  if (mine.size() >= kPeerMappings) {
+    auto oldest =
+        std::min_element(mine.begin(), mine.end(),
+                         [](const Mapping& a, const Mapping& b) { return a.lastUse < b.lastUse; });
+    ::munmap(oldest->local, oldest->bytes);
+    mine.erase(oldest);
+  }
+  mine.push_back(Mapping{ref.id, local, ref.bytes, useClock_});
+  return local + (address - ref.base);
+}
+
+void Arena::copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local,
+                         size_t bytes) {
+  if (bytes == 0) return;
+  if (call.access == PeerAccess::kWindow) {
+    std::memcpy(local, peerWindow(call, peer, which) + offset, bytes);
+  } else {
+    readPeer(call, peer, peerBuffer(peer, which) + offset, local, bytes);
+  }
 }
 
 uint8_t* Arena::bounce() {

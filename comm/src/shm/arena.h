@@ -38,6 +38,14 @@
 //   the owner's memory (readPeer): one copy per byte instead of two (shm_single_copy.cc).
 //   Where yama restricts ptrace, a rank allows any same-user process to read it
 //   (PR_SET_PTRACER_ANY, as Open MPI's vader does) unless the path is forced off.
+// - Zero-copy windows (loom/comm/window.h): at create every rank also makes a one-page probe
+//   Window and every peer maps it through /proc/<pid>/fd and reads its word; the answers are
+//   agreed through the store as above. With the path on, a collective whose buffers lie in
+//   Windows on every rank publishes each buffer's window (id, memfd number, base, size) beside
+//   its address; a peer maps the window on first use (peerWindow), keeps at most
+//   kPeerMappings per peer, and reads the owner's memory with plain loads. Every posted step
+//   carries its access mode (staged, cross-memory, window), checked like the signature, so
+//   ranks that disagree fail with an InvalidArgumentError instead of a hang.
 //
 // Thread-safety: one thread runs collectives on an Arena at a time (the Context's rule);
 // abort() may be called from any thread.
@@ -49,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/comm/context.h"
 #include "loom/common/deadline.h"
@@ -65,6 +74,13 @@ class Transport;
 namespace loom::comm::shm {
 
 class Segment;
+struct WindowRef;
+
+// How a collective's peers reach its data: through the arena's slots (staged, two copies),
+// through process_vm_readv (one copy, the kernel pins pages), or through mapped Windows (one
+// copy by plain loads).
+enum class PeerAccess : uint32_t { kStaged = 0, kCrossMemory = 1, kWindow = 2 };
+const char* peerAccessName(PeerAccess access);
 
 struct ArenaOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -80,6 +96,10 @@ struct ArenaOptions {
   int yieldUs = -1;
   // ContextOptions::shmSingleCopy (context.h).
   ShmSingleCopy singleCopy = ShmSingleCopy::kAuto;
+  // ContextOptions::shmWindows: false never maps a peer's Window (and skips the probe).
+  bool windows = true;
+  // ContextOptions::shmWindowMinBytes (0: the measured defaults of shm_single_copy.cc).
+  size_t windowMinBytes = 0;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
@@ -113,6 +133,15 @@ class Arena {
   // Why the single-copy path is off ("" when on).
   const std::string& singleCopyFailure() const { return singleCopyFailure_; }
 
+  // Whether peers' Windows can be mapped (the probe agreed on every rank; equal on every rank),
+  // and why not ("" when they can).
+  bool windows() const { return windows_; }
+  const std::string& windowsFailure() const { return windowsFailure_; }
+  // ArenaOptions::windowMinBytes (0: the measured defaults), and whether the host's ranks
+  // outnumber the CPUs this process may run on (the defaults differ).
+  size_t windowMinBytes() const { return windowMinBytes_; }
+  bool oversubscribed() const { return oversubscribed_; }
+
   // The transport to poll for local failure (Context::abort) while waiting; may be null.
   void setTransport(Transport* transport) { transport_ = transport; }
 
@@ -129,7 +158,9 @@ class Arena {
     uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
     uint32_t kind;       // OpType, for mismatch messages
     uint64_t seq;
-    mutable size_t done = 0;   // bytes of this rank's part finished, for timeout messages
+    mutable size_t done = 0;  // bytes of this rank's part finished, for timeout messages
+    // How peers reach this step's data: the same on every rank (checked by waitPosted).
+    PeerAccess access = PeerAccess::kStaged;
     std::string name() const;  // "allreduce#17", built only for messages
   };
 
@@ -159,14 +190,26 @@ class Arena {
 
   // ---- the single-copy path (shm_single_copy.cc) ----
 
-  // Publishes the addresses of this rank's user buffers for the current step (before post).
-  void publishBuffers(const void* in, const void* out);
+  // Publishes the addresses of this rank's user buffers for the current step (before post),
+  // with the Windows that hold them on the window path (null otherwise).
+  void publishBuffers(const void* in, const void* out, const WindowRef* inWindow = nullptr,
+                      const WindowRef* outWindow = nullptr);
   // `peer`'s published buffer for the current step (after waitPosted): 0 = in, 1 = out.
   uint64_t peerBuffer(int peer, int which) const;
   // Copies `bytes` from address `remote` of `peer`'s process into `local` (process_vm_readv).
   // A failure (the peer died, permission withdrawn, a bad address) fails the group with an
   // IoError naming the peer, the bytes and the errno text; it never returns partial data.
   void readPeer(const Call& call, int peer, uint64_t remote, void* local, size_t bytes);
+  // On the window path (after waitPosted): `peer`'s published buffer `which` as a pointer in
+  // this process, its Window mapped on first use. A window that cannot be mapped fails the
+  // group with an IoError naming the peer and why.
+  const uint8_t* peerWindow(const Call& call, int peer, int which);
+  // Copies `bytes` at byte `offset` of `peer`'s published buffer `which` into `local`: plain
+  // memcpy on the window path, readPeer otherwise.
+  void copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local,
+                    size_t bytes);
+  // Mapped peer Windows kept per peer (least recently used unmapped beyond).
+  static constexpr size_t kPeerMappings = 16;
   // Scratch of kBounceBytes, 64-byte aligned, for reductions of peers' data.
   static constexpr size_t kBounceBytes = 256 << 10;
   uint8_t* bounce();
@@ -183,6 +226,8 @@ class Arena {
   Arena(int rank, int size, size_t slotBytes, WaitBudget budget, std::unique_ptr<Segment> segment);
   // The setup probe of the single-copy path (see the file comment); sets singleCopy_.
   void probeSingleCopy(Store& store, const ArenaOptions& options);
+  // The setup probe of the window path; sets windows_.
+  void probeWindows(Store& store, const ArenaOptions& options);
 
   Control& control(int rank) const;
   // Waits until counter(peer) >= target; `what` names the phase for messages.
@@ -209,6 +254,19 @@ class Arena {
   bool singleCopyForced_ = false;
   std::string singleCopyFailure_;
   uint64_t probeWord_ = 0;  // read by the peers' probes
+  bool windows_ = false;
+  size_t windowMinBytes_ = 0;
+  bool oversubscribed_ = false;
+  std::string windowsFailure_;
+  // Peers' Windows mapped here (window path), per peer.
+  struct Mapping {
+    uint64_t id;
+    uint8_t* local;
+    size_t bytes;
+    uint64_t lastUse;
+  };
+  std::vector<std::vector<Mapping>> mappings_;
+  uint64_t useClock_ = 0;
   std::unique_ptr<uint8_t[], void (*)(void*)> bounce_{nullptr, nullptr};
 };
 

@@ -158,14 +158,16 @@ void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, siz
 
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype, ReduceOp op) {
-  const Arena::Call call =
-      makeCall(arena, OpType::kAllreduce, opts, count, dtype, static_cast<int>(op));
+  Arena::Call call = makeCall(arena, OpType::kAllreduce, opts, count, dtype, static_cast<int>(op));
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
-  if (useSingleCopy(arena, OpType::kAllreduce, count * es)) {
-    return singleCopyAllreduce(arena, call, in, out, count, dtype, op);
+  WindowRef windows[2];
+  call.access = choosePeerAccess(arena, OpType::kAllreduce, count * es, in, count * es, out,
+                                 count * es, windows);
+  if (call.access != PeerAccess::kStaged) {
+    return singleCopyAllreduce(arena, call, windows, in, out, count, dtype, op);
   }
   if (count * es <= std::min(kSmallBytes, arena.slotBytes())) {
     arena.acquireSlot(call);
@@ -231,12 +233,16 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
 
 void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
                    size_t count, DType dtype, ReduceOp op) {
-  const Arena::Call call =
+  Arena::Call call =
       makeCall(arena, OpType::kReduceScatter, opts, count, dtype, static_cast<int>(op));
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
-  if (useSingleCopy(arena, OpType::kReduceScatter, count * es)) {
-    return singleCopyReduceScatter(arena, call, in, out, count, dtype, op);
+  WindowRef windows[2];
+  call.access =
+      choosePeerAccess(arena, OpType::kReduceScatter, count * es, in,
+                       count * es * static_cast<size_t>(arena.size()), nullptr, 0, windows);
+  if (call.access != PeerAccess::kStaged) {
+    return singleCopyReduceScatter(arena, call, windows, in, out, count, dtype, op);
   }
   const int me = arena.rank();
   const int size = arena.size();
@@ -258,10 +264,13 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
 
 void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t count, DType dtype,
                int root) {
-  const Arena::Call call = makeCall(arena, OpType::kBroadcast, opts, count, dtype, -1, root);
+  Arena::Call call = makeCall(arena, OpType::kBroadcast, opts, count, dtype, -1, root);
   const size_t es = dtypeSize(dtype);
-  if (useSingleCopy(arena, OpType::kBroadcast, count * es)) {
-    return singleCopyBroadcast(arena, call, buf, count, dtype, root);
+  WindowRef windows[2];
+  call.access =
+      choosePeerAccess(arena, OpType::kBroadcast, count * es, buf, count * es, nullptr, 0, windows);
+  if (call.access != PeerAccess::kStaged) {
+    return singleCopyBroadcast(arena, call, windows, buf, count, dtype, root);
   }
   const bool isRoot = arena.rank() == root;
   const size_t chunk = chunkElements(arena, es, 1, count * es);
@@ -284,10 +293,13 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
 
 void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype) {
-  const Arena::Call call = makeCall(arena, OpType::kAllgather, opts, count, dtype);
+  Arena::Call call = makeCall(arena, OpType::kAllgather, opts, count, dtype);
   const size_t es = dtypeSize(dtype);
-  if (useSingleCopy(arena, OpType::kAllgather, count * es)) {
-    return singleCopyAllgather(arena, call, in, out, count, dtype);
+  WindowRef windows[2];
+  call.access =
+      choosePeerAccess(arena, OpType::kAllgather, count * es, in, count * es, nullptr, 0, windows);
+  if (call.access != PeerAccess::kStaged) {
+    return singleCopyAllgather(arena, call, windows, in, out, count, dtype);
   }
   const int me = arena.rank();
   const int size = arena.size();

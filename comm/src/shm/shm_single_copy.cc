@@ -12,10 +12,19 @@ namespace {
 
 constexpr int kIn = 0, kOut = 1;
 
-// Publishes this rank's buffers and posts the collective's one step.
-void postBuffers(Arena& arena, const Arena::Call& call, const void* in, const void* out) {
+// The window path's reduction chunk: dst stays in L1/L2 while every peer's operand is added.
+constexpr size_t kWindowChunkBytes = 32 << 10;
+
+// Publishes this rank's buffers (and on the window path their Windows) and posts the
+// collective's one step.
+void postBuffers(Arena& arena, const Arena::Call& call, const WindowRef windows[2], const void* in,
+                 const void* out) {
   arena.acquireSlot(call);
-  arena.publishBuffers(in, out);
+  if (call.access == PeerAccess::kWindow) {
+    arena.publishBuffers(in, out, &windows[kIn], &windows[kOut]);
+  } else {
+    arena.publishBuffers(in, out);
+  }
   arena.post(call);
 }
 
@@ -30,6 +39,24 @@ void finish(Arena& arena, const Arena::Call& call) {
 void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType dtype,
                      const void* own, void* dst, size_t offset, size_t n) {
   const size_t es = dtypeSize(dtype);
+  if (call.access == PeerAccess::kWindow) {
+    // The peers' operands are mapped here: reduce them in place, a cache-sized chunk at a
+    // time so that dst stays in cache across the peers. (Measured on the 2-vCPU EPYC VM:
+    // software prefetch of the peers' lines, or prefetchw of dst's, changed nothing.)
+    const size_t chunk = kWindowChunkBytes / es;
+    for (size_t done = 0; done < n; done += chunk) {
+      const size_t m = std::min(chunk, n - done);
+      bool started = false;
+      for (int q = 0; q < arena.size(); ++q) {
+        if (q == arena.rank()) continue;
+        const uint8_t* theirs = arena.peerWindow(call, q, kIn) + offset + done * es;
+        fn(at(dst, done * es), started ? at(dst, done * es) : at(own, done * es), theirs, m);
+        started = true;
+      }
+      call.done += m * es;
+    }
+    return;
+  }
   const size_t chunk = Arena::kBounceBytes / es;
   uint8_t* bounce = arena.bounce();
   for (size_t done = 0; done < n; done += chunk) {
@@ -47,18 +74,53 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
 
 }  // namespace
 
-bool useSingleCopy(const Arena& arena, OpType, size_t) {
-  // No crossover on the measured machine (shm_single_copy.h): only a forced path runs it.
-  return arena.singleCopy() && arena.singleCopyForced();
+// The smallest collective (nccl-tests' size: the buffer of all-reduce and broadcast, the
+// gathered / scattered total of all-gather and reduce-scatter) that takes the window path by
+// default. Measured on the 2-vCPU EPYC VM (docs/shm.md, "Zero-copy windows"; in-place times,
+// window buffers on both sides of each A/B): all-reduce wins from 1 MiB at 2 and 4 ranks (its
+// in-place form reads every peer operand while the peer's cache still holds it modified, and
+// the staged path's one or two hand-overs win below); broadcast, all-gather and reduce-scatter
+// win from 16 KiB with a core per rank; with more ranks than cores the extra hand-overs cost a
+// context switch each, and the crossover moves to 64 KiB (broadcast) and 256 KiB.
+size_t defaultWindowMin(OpType kind, bool oversubscribed) {
+  switch (kind) {
+    case OpType::kAllreduce:
+      return size_t{1} << 20;
+    case OpType::kBroadcast:
+      return oversubscribed ? size_t{64} << 10 : size_t{16} << 10;
+    default:
+      return oversubscribed ? size_t{256} << 10 : size_t{16} << 10;
+  }
 }
 
-void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                         size_t count, DType dtype, ReduceOp op) {
+PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const void* read,
+                            size_t readBytes, const void* readToo, size_t readTooBytes,
+                            WindowRef windows[2]) {
+  const bool spread = kind == OpType::kAllgather || kind == OpType::kReduceScatter;
+  const size_t total = spread ? bytes * static_cast<size_t>(arena.size()) : bytes;
+  const size_t min = arena.windowMinBytes() != 0 ? arena.windowMinBytes()
+                                                 : defaultWindowMin(kind, arena.oversubscribed());
+  if (arena.windows() && bytes > 0 && total >= min) {
+    const auto first = findWindow(read, readBytes);
+    const auto second = readToo != nullptr ? findWindow(readToo, readTooBytes) : first;
+    if (first && second) {
+      windows[kIn] = *first;
+      windows[kOut] = *second;
+      return PeerAccess::kWindow;
+    }
+  }
+  // No crossover on the measured machine (shm_single_copy.h): only a forced path runs it.
+  return arena.singleCopy() && arena.singleCopyForced() ? PeerAccess::kCrossMemory
+                                                        : PeerAccess::kStaged;
+}
+
+void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
-  postBuffers(arena, call, in, out);
+  postBuffers(arena, call, windows, in, out);
   arena.waitPostedAll(call);
   const size_t begin = segmentBegin(count, size, me);
   const size_t n = segmentCount(count, size, me);
@@ -69,47 +131,47 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, 
     const int q = (me + k) % size;
     arena.waitReduced(call, q);
     const size_t qBegin = segmentBegin(count, size, q);
-    arena.readPeer(call, q, arena.peerBuffer(q, kOut) + qBegin * es, at(out, qBegin * es),
-                   segmentCount(count, size, q) * es);
+    arena.copyFromPeer(call, q, kOut, qBegin * es, at(out, qBegin * es),
+                       segmentCount(count, size, q) * es);
     call.done += segmentCount(count, size, q) * es;
   }
   finish(arena, call);
 }
 
-void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                             size_t count, DType dtype, ReduceOp op) {
+void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                             const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const size_t mine = arena.rank() * count * es;
-  postBuffers(arena, call, in, out);
+  postBuffers(arena, call, windows, in, out);
   arena.waitPostedAll(call);
   reduceFromPeers(arena, call, fn, dtype, at(in, mine), out, mine, count);
   if (op == ReduceOp::kAvg) divideBy(out, count, dtype, arena.size());
   finish(arena, call);
 }
 
-void singleCopyBroadcast(Arena& arena, const Arena::Call& call, void* buf, size_t count,
-                         DType dtype, int root) {
+void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         void* buf, size_t count, DType dtype, int root) {
   if (arena.rank() == root) {
-    postBuffers(arena, call, buf, buf);
+    postBuffers(arena, call, windows, buf, buf);
     finish(arena, call);
     return;
   }
   arena.waitPosted(call, root);
-  arena.readPeer(call, root, arena.peerBuffer(root, kIn), buf, count * dtypeSize(dtype));
+  arena.copyFromPeer(call, root, kIn, 0, buf, count * dtypeSize(dtype));
   arena.finishStep();
 }
 
-void singleCopyAllgather(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                         size_t count, DType dtype) {
+void singleCopyAllgather(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype) {
   const size_t bytes = count * dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
-  postBuffers(arena, call, in, out);
+  postBuffers(arena, call, windows, in, out);
   for (int k = 1; k < size; ++k) {
     const int q = (me + k) % size;
     arena.waitPosted(call, q);
-    arena.readPeer(call, q, arena.peerBuffer(q, kIn), at(out, q * bytes), bytes);
+    arena.copyFromPeer(call, q, kIn, 0, at(out, q * bytes), bytes);
     call.done += bytes;
   }
   if (at(out, me * bytes) != in) std::memcpy(at(out, me * bytes), in, bytes);

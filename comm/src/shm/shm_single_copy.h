@@ -31,6 +31,13 @@
 // setting). A machine whose kernel copies faster (huge pages, bare metal) can be measured
 // with bench/peers/ab.sh "...|LOOM_SHM_SINGLE_COPY=on" against "...|LOOM_SHM_SINGLE_COPY=off"
 // and given a crossover here.
+//
+// Zero-copy windows (loom/comm/window.h) run the same algorithms with call.access kWindow:
+// a peer's buffer is then read by plain loads from its mapped Window (Arena::peerWindow), and
+// reductions read the peers' operands in place, with no bounce buffer. That path is taken
+// whenever the buffers lie in Windows on every rank, from a measured size per operation (below
+// it one staged step, a single hand-over, is cheaper than publishing buffers and waiting for
+// every peer to finish reading).
 #pragma once
 
 #include <cstddef>
@@ -38,19 +45,30 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/types.h"
 #include "shm/arena.h"
+#include "shm/window_registry.h"
 
 namespace loom::comm::shm {
 
-// Whether a collective of `kind` moving `bytes` per rank takes the single-copy path.
-bool useSingleCopy(const Arena& arena, OpType kind, size_t bytes);
+// How the peers of a collective of `kind` moving `bytes` per rank reach its data, identically
+// on every rank that passes alike buffers: kWindow when the buffers peers read (`read`, and
+// `readToo` unless null) lie in Windows, the group's window probe passed and the collective's
+// size (bytes, times the world size for all-gather and reduce-scatter) reaches the arena's
+// windowMinBytes or, when that is 0, the measured default for `kind` (shm_single_copy.cc);
+// kCrossMemory when single copy was forced on; kStaged otherwise. `windows` receives the
+// Windows that hold `read` and `readToo` on the window path.
+PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const void* read,
+                            size_t readBytes, const void* readToo, size_t readTooBytes,
+                            WindowRef windows[2]);
 
-void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                         size_t count, DType dtype, ReduceOp op);
-void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                             size_t count, DType dtype, ReduceOp op);
-void singleCopyBroadcast(Arena& arena, const Arena::Call& call, void* buf, size_t count,
-                         DType dtype, int root);
-void singleCopyAllgather(Arena& arena, const Arena::Call& call, const void* in, void* out,
-                         size_t count, DType dtype);
+// The single-copy collectives, for call.access kCrossMemory or kWindow (`windows` as
+// choosePeerAccess filled it; unused for kCrossMemory).
+void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                             const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         void* buf, size_t count, DType dtype, int root);
+void singleCopyAllgather(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype);
 
 }  // namespace loom::comm::shm

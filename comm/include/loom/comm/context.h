@@ -126,6 +126,13 @@ struct ContextOptions {
   // and only when every rank said kOn); kOff: never, on any rank, and no probe
   // (LOOM_SHM_SINGLE_COPY).
   ShmSingleCopy shmSingleCopy = ShmSingleCopy::kAuto;
+  // Zero-copy windows (loom/comm/window.h): collectives whose buffers lie in Windows on every
+  // rank read peers' memory directly, from shmWindowMinBytes up (nccl-tests' size; 0: measured
+  // per operation, docs/shm.md), when a probe at setup maps a window on every rank; false on
+  // any rank keeps every rank staged (LOOM_SHM_WINDOWS, LOOM_SHM_WINDOW_MIN_BYTES; equal on all
+  // ranks).
+  bool shmWindows = true;
+  size_t shmWindowMinBytes = 0;
   // A tuning file written by `loom-bench --tune` (loom/comm/tuning.h): the automatic
   // algorithm choice takes its crossovers for this Context's topology (world size, ranks per
   // host, transport). Empty: the built-in table; a file that cannot be used gives one warning

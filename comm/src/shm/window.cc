@@ -1,0 +1,105 @@
+#include "loom/comm/window.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "loom/common/error.h"
+#include "shm/window_registry.h"
+
+namespace loom::comm {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+
+struct Registry {
+  std::mutex mu;
+  std::map<uintptr_t, shm::WindowRef> byBase;  // keyed by base address
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: windows may outlive static teardown
+  return *r;
+}
+
+std::atomic<uint64_t> nextId{1};
+
+}  // namespace
+
+std::shared_ptr<Window> Window::allocate(size_t bytes) {
+  LOOM_CHECK(bytes > 0, "Window::allocate: 0 bytes; expected at least 1");
+  LOOM_CHECK(bytes <= (size_t{1} << 46), "Window::allocate: ", bytes,
+             " bytes is beyond what a window may hold (64 TiB)");
+  const size_t size = (bytes + kPage - 1) / kPage * kPage;
+  const uint64_t id = nextId.fetch_add(1);
+  const std::string name = shm::windowMemfdName(id);
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) {
+    LOOM_THROW(IoError, "Window::allocate(", bytes,
+               "): memfd_create failed: ", std::strerror(errno));
+  }
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    LOOM_THROW(IoError, "Window::allocate(", bytes, "): ", what, " failed: ", std::strerror(err),
+               " (is /dev/shm or memory full?)");
+  };
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail("ftruncate");
+  // Reserve every page now: a full tmpfs then fails here, not as SIGBUS inside a collective.
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+    errno = err;
+    fail("reserving the pages (posix_fallocate)");
+  }
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) fail("mmap");
+  (void)::madvise(data, size, MADV_DONTFORK);
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.byBase[reinterpret_cast<uintptr_t>(data)] =
+        shm::WindowRef{id, fd, reinterpret_cast<uintptr_t>(data), size};
+  }
+  return std::shared_ptr<Window>(new Window(data, size, fd, id));
+}
+
+Window::~Window() {
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.byBase.erase(reinterpret_cast<uintptr_t>(data_));
+  }
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
+namespace shm {
+
+std::optional<WindowRef> findWindow(const void* p, size_t bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.byBase.empty()) return std::nullopt;
+  auto it = r.byBase.upper_bound(address);
+  if (it == r.byBase.begin()) return std::nullopt;
+  --it;
+  const WindowRef& w = it->second;
+  if (address < w.base || address - w.base > w.bytes || bytes > w.bytes - (address - w.base)) {
+    return std::nullopt;
+  }
+  return w;
+}
+
+std::string windowMemfdName(uint64_t id) {
+  return "loom-window-" + std::to_string(id);
+}
+
+}  // namespace shm
+
+}  // namespace loom::comm

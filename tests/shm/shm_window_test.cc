@@ -1,0 +1,296 @@
+// Zero-copy windows (loom/comm/window.h): Window's own contract (sizes, the registry's
+// boundaries, errors), and across real processes (forked before any thread exists, a directory
+// store): every collective of the window path gives the staged path's results for sizes that
+// do not divide evenly, buffers in the middle of a window, in place and out of place; the peers
+// really map each other's windows (their memfds show in /proc/self/maps); more windows than
+// the mapping cache holds stay correct and bounded; ranks that disagree (window buffers on one
+// rank, ordinary memory on the other) fail on every rank with an InvalidArgumentError naming
+// both paths, within the deadline; one rank with windows off turns them off for all, and
+// window buffers then take the staged path with the same results.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/comm/window.h"
+#include "loom/common/error.h"
+#include "loom/store/file_store.h"
+#include "loom/testing/ranks.h"
+#include "shm/arena.h"
+#include "shm/shm.h"
+#include "shm/window_registry.h"
+
+namespace loom::comm::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+ContextOptions options() {
+  ContextOptions o;
+  o.host = "127.0.0.1";
+  o.timeout = 20s;
+  return o;
+}
+
+// Mappings in this process of other processes' windows: lines of /proc/self/maps naming a
+// loom-window memfd that is not one of `own`.
+int foreignWindowMappings(const std::vector<std::shared_ptr<Window>>& own) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("/memfd:loom-window-") == std::string::npos) continue;
+    const uint64_t start = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    bool mine = false;
+    for (const auto& w : own) mine = mine || reinterpret_cast<uintptr_t>(w->data()) == start;
+    n += !mine;
+  }
+  return n;
+}
+
+TEST(Window, AllocatesWholeZeroedPagesAndRegistersTheRange) {
+  auto w = Window::allocate(5000);
+  ASSERT_EQ(w->size(), 8192u);
+  const auto* bytes = static_cast<const uint8_t*>(w->data());
+  for (size_t i = 0; i < w->size(); ++i) ASSERT_EQ(bytes[i], 0) << i;
+  auto* p = static_cast<uint8_t*>(w->data());
+  auto whole = shm::findWindow(p, 8192);
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->id, w->id());
+  EXPECT_EQ(whole->base, reinterpret_cast<uintptr_t>(p));
+  EXPECT_EQ(whole->bytes, 8192u);
+  EXPECT_TRUE(shm::findWindow(p + 100, 8092));
+  EXPECT_FALSE(shm::findWindow(p + 100, 8093)) << "runs past the end";
+  EXPECT_FALSE(shm::findWindow(p - 1, 2)) << "starts before the window";
+  std::vector<char> ordinary(64);
+  EXPECT_FALSE(shm::findWindow(ordinary.data(), ordinary.size()));
+  auto other = Window::allocate(1);
+  EXPECT_NE(other->id(), w->id());
+  EXPECT_EQ(other->size(), 4096u);
+  const uint64_t id = w->id();
+  w.reset();
+  auto gone = shm::findWindow(p, 1);
+  EXPECT_TRUE(!gone || gone->id != id) << "a freed window is still registered";
+}
+
+TEST(Window, ZeroBytesIsAnInvalidArgument) {
+  try {
+    Window::allocate(0);
+    FAIL() << "allocate(0) returned";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 bytes"), std::string::npos) << e.what();
+  }
+}
+
+// Every window collective across processes at 2, 3 and 4 ranks; the window path from 1 byte
+// up, so that the small, uneven and odd-sized cases take it too.
+TEST(ShmWindowProcesses, EveryCollectiveMatchesAndPeersMapTheWindows) {
+  for (int size : {2, 3, 4}) {
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    children.spawnRanks(size, [&](int rank) {
+      FileStore store(dir.file("store"));
+      ContextOptions o = options();
+      o.shmWindowMinBytes = 1;
+      auto ctx = Context::create(store, rank, size, o);
+      shm::Arena* arena = shm::arenaOf(*ctx);
+      LOOM_CHECK(arena != nullptr, "no arena across processes");
+      LOOM_CHECK(arena->windows(), "windows off: ", arena->windowsFailure());
+      CollectiveOptions opts;
+      std::vector<std::shared_ptr<Window>> own;
+      for (size_t count : {size_t{1}, size_t{7}, size_t{3001}, size_t{300001}}) {
+        // Buffers start 64 bytes into their windows: the offset travels too.
+        auto win = Window::allocate(64 + count * 8 * (size + 1));
+        own.push_back(win);
+        auto* base = static_cast<uint8_t*>(win->data()) + 64;
+        // all-reduce in place (float sum, int64 max, double avg) and out of place
+        auto* f = reinterpret_cast<float*>(base);
+        for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(rank + 1 + i % 5);
+        ++opts.seq;
+        allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+        for (size_t i = 0; i < count; ++i) {
+          const float want = static_cast<float>(size * (size + 1) / 2 + size * (i % 5));
+          LOOM_CHECK_EQ(f[i], want, "float sum at ", i, " of ", count);
+        }
+        auto* m = reinterpret_cast<int64_t*>(base);
+        auto* mo = m + count;
+        for (size_t i = 0; i < count; ++i) m[i] = (rank * 7919 + static_cast<int64_t>(i)) % 1000;
+        ++opts.seq;
+        allreduce(*ctx, m, mo, count, DType::kInt64, ReduceOp::kMax, opts);
+        for (size_t i = 0; i < count; ++i) {
+          int64_t want = 0;
+          for (int q = 0; q < size; ++q) {
+            want = std::max<int64_t>(want, (q * 7919 + static_cast<int64_t>(i)) % 1000);
+          }
+          LOOM_CHECK_EQ(mo[i], want, "int64 max at ", i);
+        }
+        auto* d = reinterpret_cast<double*>(base);
+        for (size_t i = 0; i < count; ++i) d[i] = rank * 2.0;
+        ++opts.seq;
+        allreduce(*ctx, d, d, count, DType::kFloat64, ReduceOp::kAvg, opts);
+        for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(d[i], static_cast<double>(size - 1));
+        // broadcast from the last rank
+        auto* b = reinterpret_cast<int32_t*>(base);
+        for (size_t i = 0; i < count; ++i) b[i] = rank == size - 1 ? static_cast<int>(i) : -1;
+        ++opts.seq;
+        broadcast(*ctx, b, count, DType::kInt32, size - 1, opts);
+        for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(b[i], static_cast<int>(i));
+        // all-gather out of place, then reduce-scatter of the gathered buffer
+        auto* in = reinterpret_cast<int32_t*>(base);
+        auto* all = in + count;
+        for (size_t i = 0; i < count; ++i) in[i] = rank * 100000 + static_cast<int>(i % 1000);
+        ++opts.seq;
+        allgather(*ctx, in, all, count, DType::kInt32, opts);
+        for (size_t i = 0; i < count * size; ++i) {
+          LOOM_CHECK_EQ(all[i],
+                        static_cast<int>(i / count) * 100000 + static_cast<int>(i % count % 1000),
+                        "all-gather at ", i);
+        }
+        std::vector<int32_t> rs(count, -1);  // output outside a window: peers never read it
+        ++opts.seq;
+        reduceScatter(*ctx, all, rs.data(), count, DType::kInt32, ReduceOp::kSum, opts);
+        for (size_t i = 0; i < count; ++i) {
+          LOOM_CHECK_EQ(rs[i], size * (rank * 100000 + static_cast<int>(i % 1000)),
+                        "reduce-scatter at ", i);
+        }
+      }
+      ++opts.seq;
+      barrier(*ctx, opts);
+      // Every peer read this rank's windows through its own mapping, so this rank mapped
+      // theirs: at least one foreign window per peer.
+      const int foreign = foreignWindowMappings(own);
+      LOOM_CHECK(foreign >= size - 1, "rank ", rank, " maps ", foreign,
+                 " windows of its peers; expected at least ", size - 1);
+    });
+    EXPECT_EQ(children.waitAllOk(120s), "") << "world size " << size;
+  }
+}
+
+// A new window per collective, far more than the mapping cache holds: results stay right
+// and each rank keeps at most kPeerMappings mappings per peer.
+TEST(ShmWindowProcesses, MoreWindowsThanTheCacheStayCorrectAndBounded) {
+  const int size = 2;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.shmWindowMinBytes = 1;
+    auto ctx = Context::create(store, rank, size, o);
+    CollectiveOptions opts;
+    const size_t count = 64 << 10;
+    for (int k = 0; k < 40; ++k) {
+      auto win = Window::allocate(count * sizeof(float));
+      auto* f = static_cast<float*>(win->data());
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(k + rank);
+      ++opts.seq;
+      allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+      for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], static_cast<float>(2 * k + 1));
+    }
+    const int foreign = foreignWindowMappings({});
+    LOOM_CHECK(foreign >= 1 && foreign <= static_cast<int>(shm::Arena::kPeerMappings), "rank ",
+               rank, " maps ", foreign, " peer windows; expected 1 to ", shm::Arena::kPeerMappings);
+  });
+  EXPECT_EQ(children.waitAllOk(120s), "");
+}
+
+// The measured defaults: an all-reduce of window buffers below 1 MiB stays staged (no peer
+// window is mapped); from 1 MiB it takes the window path.
+TEST(ShmWindowProcesses, DefaultSizesKeepSmallAllReducesStaged) {
+  const int size = 2;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, size, options());
+    CollectiveOptions opts;
+    auto win = Window::allocate(1 << 20);
+    auto* f = static_cast<float*>(win->data());
+    for (size_t count : {size_t{1} << 10, size_t{1} << 18}) {  // 4 KiB, then 1 MiB
+      for (size_t i = 0; i < count; ++i) f[i] = 1.0f;
+      ++opts.seq;
+      allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+      for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], 2.0f);
+      const int foreign = foreignWindowMappings({win});
+      LOOM_CHECK_EQ(foreign, count < (size_t{1} << 18) ? 0 : 1, "after an all-reduce of ",
+                    count * 4, " bytes");
+    }
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// Rank 0 passes a window, rank 1 ordinary memory: both fail at once with the two paths named.
+TEST(ShmWindowProcesses, RanksThatDisagreeFailOnEveryRankNamingBothPaths) {
+  const int size = 2;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, size, options());
+    const size_t count = 256 << 10;
+    std::shared_ptr<Window> win;
+    std::vector<float> ordinary;
+    float* buf = nullptr;
+    if (rank == 0) {
+      win = Window::allocate(count * sizeof(float));
+      buf = static_cast<float*>(win->data());
+    } else {
+      ordinary.assign(count, 1.0f);
+      buf = ordinary.data();
+    }
+    CollectiveOptions opts;
+    opts.seq = 1;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      allreduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(what.find("zero-copy window") != std::string::npos &&
+                     what.find("staged") != std::string::npos,
+                 "rank ", rank, ": the error does not name both paths: ", what);
+      LOOM_CHECK(std::chrono::steady_clock::now() - start < 10s, "rank ", rank,
+                 " failed only after ", (std::chrono::steady_clock::now() - start) / 1ms, " ms");
+      return;
+    }
+    LOOM_THROW(Error, "rank ", rank, ": a window rank and a staged rank completed an all-reduce");
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// LOOM_SHM_WINDOWS=0 on one rank: no rank takes the window path, window buffers are reduced
+// through the slots, and the results are the same.
+TEST(ShmWindowProcesses, OneRankWithWindowsOffKeepsEveryRankStaged) {
+  const int size = 3;
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.shmWindows = rank != 1;
+    auto ctx = Context::create(store, rank, size, o);
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr, "no arena across processes");
+    LOOM_CHECK(!arena->windows(), "rank ", rank, " kept windows on");
+    LOOM_CHECK(arena->windowsFailure().find("rank 1") != std::string::npos,
+               arena->windowsFailure());
+    const size_t count = 300001;
+    auto win = Window::allocate(count * sizeof(float));
+    auto* f = static_cast<float*>(win->data());
+    for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(rank);
+    CollectiveOptions opts;
+    opts.seq = 1;
+    allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+    for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], 3.0f);
+    LOOM_CHECK_EQ(foreignWindowMappings({win}), 0, "a peer window was mapped with windows off");
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+}  // namespace
+}  // namespace loom::comm::testing
