@@ -17,7 +17,7 @@ ranks wait, and the table adds its time and the torch path's ratio to it: what t
 
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
-       [--loom-bench build/bin] [--per-round]
+       [--loom-bench build/bin] [--window] [--per-round]
 """
 
 import argparse
@@ -48,7 +48,7 @@ def warmups(nbytes):
     return max(2, iterations(nbytes) // 10)
 
 
-def loom_bench_times(bin_dir, world, sizes, tmp):
+def loom_bench_times(bin_dir, world, sizes, tmp, window=False):
     """Mean time per in-place all-reduce (seconds) for each size: one loom-bench run per size
     through loom-run, with the torch loop's warm-up and iteration counts."""
     out = {}
@@ -57,7 +57,7 @@ def loom_bench_times(bin_dir, world, sizes, tmp):
         cmd = [os.path.join(bin_dir, "loom-run"), "--nproc-per-node", str(world), "--",
                os.path.join(bin_dir, "loom-bench"), "-b", str(size), "-e", str(size),
                "-n", str(iterations(size)), "-w", str(warmups(size)), "-c", "0",
-               "--json", doc]
+               "--json", doc] + (["-R", "1"] if window else [])
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if run.returncode != 0:
             sys.exit(f"loom-bench failed ({' '.join(cmd)}): exit {run.returncode}\n"
@@ -102,7 +102,10 @@ def rank_main(rank, world, tmp, args, queue, resume):
         for size in sizes:
             for backend in order:
                 group = groups[backend]
-                t = torch.ones(max(1, size // 4), dtype=torch.float32)
+                if backend == "loom" and args.window:
+                    t = loom_torch.empty(max(1, size // 4), dtype=torch.float32).fill_(1)
+                else:
+                    t = torch.ones(max(1, size // 4), dtype=torch.float32)
                 n = iterations(size)
                 for _ in range(warmups(size)):
                     dist.all_reduce(t, group=group)
@@ -165,6 +168,8 @@ def main():
     parser.add_argument("--ddp-steps", type=int, default=0)
     parser.add_argument("--loom-bench", metavar="BIN_DIR", default="",
                         help="directory with loom-run and loom-bench: adds loom-bench's time")
+    parser.add_argument("--window", action="store_true",
+                        help="loom's tensors are Loom windows (loom_torch.empty; loom-bench -R 1)")
     parser.add_argument("--per-round", action="store_true",
                         help="also print every round's time per size and backend (us)")
     args = parser.parse_args()
@@ -190,7 +195,7 @@ def main():
                 kind, payload = queue.get(timeout=1)
                 if kind == "round":
                     for size, t in loom_bench_times(args.loom_bench, args.world, args.sizes,
-                                                    tmp).items():
+                                                    tmp, args.window).items():
                         bench[size].append(t)
                     resume[payload].set()
                     continue
@@ -209,7 +214,8 @@ def main():
             sys.exit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
 
     n = args.world
-    print(f"# torch.distributed all_reduce (float32, sum), {n} ranks, loom over {transport}; "
+    memory = ", loom tensors in Loom windows" if args.window else ""
+    print(f"# torch.distributed all_reduce (float32, sum), {n} ranks, loom over {transport}{memory}; "
           f"median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
     header = "| size | loom time | gloo time | loom busbw | gloo busbw | gloo/loom time |"
     rule = "|---:|---:|---:|---:|---:|---:|"

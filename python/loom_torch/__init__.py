@@ -5,14 +5,16 @@
 through Loom (shared memory between ranks on one host, TCP between hosts). See docs/torch.md.
 """
 
+import math
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from . import _C
 from ._C import LoomError
 
-__all__ = ["LoomError", "BACKEND", "transport_summary"]
+__all__ = ["LoomError", "BACKEND", "transport_summary", "empty"]
 
 BACKEND = "loom"
 
@@ -38,6 +40,24 @@ def transport_summary(group=None):
     if group is None:
         group = dist.distributed_c10d._get_default_group()
     return _C._transport_summary(group)
+
+
+def empty(*size, dtype=torch.float32):
+    """An uninitialised (zeroed) CPU tensor whose memory is a Loom window: when every rank of
+    a loom group on one host passes such tensors to a large all_reduce, reduce_scatter,
+    broadcast or all_gather, the peers read (and reduce from) each other's memory directly,
+    one copy per byte instead of two (docs/shm.md, "Zero-copy windows"). Every rank must pass
+    window tensors to a collective, or none: a rank that does not fails the collective on
+    every rank with both paths named. Views of the tensor stay window memory; copies do not.
+
+    loom_torch.empty(1024, 1024) / loom_torch.empty((64, 784), dtype=torch.bfloat16)
+    """
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    numel = math.prod(size)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = _C._window_tensor(max(1, numel * itemsize))
+    return raw[: numel * itemsize].view(dtype).view(size)
 
 
 if "LOOM" not in dist.Backend._plugins:

@@ -1,11 +1,13 @@
 // loom_torch._C: the C++ half of the loom_torch package. It exposes the creator torch calls for
 // backend "loom" (loom_torch/__init__.py registers it) and turns Loom's exceptions into
 // loom_torch.LoomError (a RuntimeError) carrying Loom's message.
+#include <ATen/Functions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
 #include <string>
 
+#include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "process_group_loom.h"
 
@@ -29,6 +31,19 @@ std::string transportSummary(const c10::intrusive_ptr<c10d::ProcessGroup>& group
   return loomGroup->loomGroup().transportSummary();
 }
 
+// A uint8 CPU tensor of `bytes` whose storage is a Loom window (loom/comm/window.h); the
+// window lives until the storage is freed (the tensor and every view of it).
+at::Tensor windowTensor(int64_t bytes) {
+  LOOM_CHECK(bytes > 0, "window tensor: ", bytes, " bytes; expected at least 1");
+  std::shared_ptr<loom::comm::Window> window =
+      loom::comm::Window::allocate(static_cast<size_t>(bytes));
+  auto* holder = new std::shared_ptr<loom::comm::Window>(window);
+  return at::from_blob(
+      window->data(), {bytes},
+      [holder](void*) { delete holder; },
+      at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -40,4 +55,6 @@ PYBIND11_MODULE(_C, m) {
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   m.def("_transport_summary", &transportSummary, py::arg("group"),
         "What carries a loom group's data: 'shm (all 2 ranks on this host)', 'tcp', ...");
+  m.def("_window_tensor", &windowTensor, py::arg("bytes"),
+        "A uint8 CPU tensor of `bytes` in a Loom window (zero-copy shared memory).");
 }
