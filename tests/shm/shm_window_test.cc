@@ -21,6 +21,7 @@
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "loom/store/file_store.h"
+#include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
 #include "shm/arena.h"
 #include "shm/shm.h"
@@ -290,6 +291,46 @@ TEST(ShmWindowProcesses, OneRankWithWindowsOffKeepsEveryRankStaged) {
     LOOM_CHECK_EQ(foreignWindowMappings({win}), 0, "a peer window was mapped with windows off");
   });
   EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// Threads as ranks (one process; each rank still maps its peers' windows, as it maps the arena,
+// so that every rank reads shared memory through its own mapping and the arena's counters order
+// it): the same results. Last in the file: the process tests fork before any thread exists.
+TEST(ShmWindowThreads, EveryCollectiveBetweenThreadRanks) {
+  const int size = 3;
+  HashStore store;
+  loom::testing::runThreadRanks(size, [&](int rank) {
+    ContextOptions o = options();
+    o.shmWindowMinBytes = 1;
+    auto ctx = Context::create(store, rank, size, o);
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr && arena->windows(), "no window path between thread ranks");
+    CollectiveOptions opts;
+    const size_t count = 100003;
+    auto win = Window::allocate(count * 4 * (size + 2));
+    auto* f = static_cast<float*>(win->data());
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(rank + k);
+      ++opts.seq;
+      allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+      for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], static_cast<float>(3 + 3 * k));
+      auto* all = reinterpret_cast<int32_t*>(f + count);
+      auto* in = reinterpret_cast<int32_t*>(f);
+      for (size_t i = 0; i < count; ++i) in[i] = rank * 10 + k;
+      ++opts.seq;
+      allgather(*ctx, in, all, count, DType::kInt32, opts);
+      for (size_t i = 0; i < count * size; ++i) {
+        LOOM_CHECK_EQ(all[i], static_cast<int>(i / count) * 10 + k);
+      }
+      ++opts.seq;
+      reduceScatter(*ctx, all, in, count, DType::kInt32, ReduceOp::kMax, opts);
+      for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(in[i], rank * 10 + k);
+      for (size_t i = 0; i < count; ++i) in[i] = rank == 1 ? k : -1;
+      ++opts.seq;
+      broadcast(*ctx, in, count, DType::kInt32, 1, opts);
+      for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(in[i], k);
+    }
+  });
 }
 
 }  // namespace
