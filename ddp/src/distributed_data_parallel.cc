@@ -69,6 +69,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ag::nn::Module>
   ro.findUnusedParameters = options_.findUnusedParameters;
   ro.staticGraph = options_.staticGraph;
   ro.gradientAsBucketView = options_.gradientAsBucketView;
+  ro.windowBuckets = options_.windowBuckets;
   ro.commHook = options_.commHook;
   Reducer::NamedParameters params;
   for (auto& [name, t] : module_->namedParameters()) {

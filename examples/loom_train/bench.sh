@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Samples/s of loom-train (gradient views, the default, and --copy-grads) and of PyTorch DDP
+# Samples/s of loom-train (gradient views and buckets in Loom windows, the default;
+# --plain-buckets: buckets in ordinary memory; --copy-grads) and of PyTorch DDP
 # (gloo, OpenBLAS) on the MLP 784-1024-1024-10, batch 64 per rank (MODEL mlp), or on the GPT of
 # `loom-train --model gpt` (4 layers, 4 heads, width 128, context 128, batch 16 sequences per
 # rank, AdamW; MODEL gpt), one thread per rank, interleaved: each round runs every configuration once per rank count, so that a change in
 # machine load hits all of them alike. Ranks are started with RANK / WORLD_SIZE / MASTER_ADDR /
 # MASTER_PORT as loom-run would set them. Prints one line per run:
-#   round R ranks N loom|loom-copy|torch SAMPLES/S
+#   round R ranks N loom|loom-plain|loom-copy|torch SAMPLES/S
 #   examples/loom_train/bench.sh [BUILD_DIR] [STEPS] [ROUNDS] [RANK COUNTS, e.g. "1 2"] [MODEL]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,6 +50,7 @@ torch_ddp() {  # ranks
 for ((round = 1; round <= ROUNDS; round++)); do
   for n in $COUNTS; do
     echo "round $round ranks $n loom $(loom "$n")"
+    echo "round $round ranks $n loom-plain $(loom "$n" --plain-buckets)"
     echo "round $round ranks $n loom-copy $(loom "$n" --copy-grads)"
     echo "round $round ranks $n torch $(torch_ddp "$n")"
   done

@@ -84,6 +84,7 @@ struct Args {
   std::string lrSchedule = "none";
   bool staticGraph = false;
   bool copyGrads = false;
+  bool plainBuckets = false;
   bool zero = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
@@ -278,6 +279,7 @@ int run(const Args& a) {
     }
     options.staticGraph = a.staticGraph;
     options.gradientAsBucketView = !a.copyGrads;
+    options.windowBuckets = !a.plainBuckets;
     return options;
   };
   auto ddpModel = std::make_unique<ddp::DistributedDataParallel>(model, pg, ddpOptions());
@@ -647,6 +649,9 @@ int main(int argc, char** argv) {
                  "optimizer step; its state is in the checkpoints")
       ->capture_default_str();
   app.add_flag("--static-graph", a.staticGraph, "DDP staticGraph (the same graph every step)");
+  app.add_flag("--plain-buckets", a.plainBuckets,
+               "DDP's buckets in ordinary memory instead of Loom windows (zero-copy shared "
+               "memory, docs/shm.md)");
   app.add_flag("--copy-grads", a.copyGrads,
                "copy gradients into DDP's buckets and back (gradientAsBucketView off)");
   app.add_flag("--zero", a.zero,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "ddp_test_util.h"
@@ -311,6 +312,77 @@ TEST(GradientAsBucketView, EqualsTheCopyingPathBitwiseAndLivesInTheBuckets) {
                 << finals[0][i].first << " differs between views and copies";
           }
         }
+      }
+    }
+  }
+}
+
+// Whether [p, p + bytes) lies in a mapping of a Loom window (/proc/self/maps).
+bool inWindowMapping(const void* p, size_t bytes) {
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  char line[512];
+  bool inside = false;
+  while (maps != nullptr && std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long start = 0, end = 0;
+    if (std::strstr(line, "/memfd:loom-window-") == nullptr ||
+        std::sscanf(line, "%lx-%lx", &start, &end) != 2) {
+      continue;
+    }
+    inside |= lo >= start && lo + bytes <= end;
+  }
+  if (maps != nullptr) std::fclose(maps);
+  return inside;
+}
+
+// Buckets in Loom windows (the default) against ordinary memory, with the window path taken at
+// every size (shmWindowMinBytes = 1): bitwise the same parameters, 2 and 3 thread ranks, with
+// and without gradient views; the buckets really are windows.
+TEST(WindowBuckets, EqualOrdinaryBucketsBitwiseAndAreWindows) {
+  const int steps = 4;
+  const int64_t batch = 3;
+  for (int world : {2, 3}) {
+    for (bool views : {true, false}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (views ? " views" : " copies"));
+      const Dataset d = makeData(world * batch * steps, 10, 4);
+      std::vector<nn::NamedTensors> finals(2);
+      for (bool windows : {false, true}) {
+        auto store = std::make_shared<HashStore>();
+        loom::testing::runThreadRanks(world, [&](int rank) {
+          ProcessGroupOptions po;
+          po.timeout = std::chrono::seconds(30);
+          po.debug = DebugLevel::kOff;
+          po.comm.context.shmWindowMinBytes = 1;
+          auto pg = createProcessGroup("tcp", store, rank, world, po);
+          auto model = makeMlp({10, 12, 7, 4});
+          DdpOptions o;
+          o.gradientAsBucketView = views;
+          o.windowBuckets = windows;
+          o.bucketCapMb = 0.0003;  // several buckets
+          o.firstBucketCapMb = 0.0003;
+          DistributedDataParallel ddp(model, pg, o);
+          auto opt = makeOptimizer(OptKind::kAdam, model->parameters());
+          for (int s = 0; s < steps; ++s) {
+            opt->zeroGrad();
+            const int64_t begin = (s * world + pg->rank()) * batch;
+            ag::crossEntropy(ddp.forward(rowsOf(d.x, begin, batch)), rowsOf(d.labels, begin, batch))
+                .backward();
+            opt->step();
+          }
+          for (size_t b = 0; b < ddp.reducer().numBuckets(); ++b) {
+            EXPECT_EQ(inWindowMapping(ddp.reducer().bucketData(b),
+                                      ddp.reducer().bucketSize(b) * sizeof(float)),
+                      windows)
+                << "bucket " << b;
+          }
+          if (pg->rank() == 0) finals[windows] = cloneState(*model);
+        });
+      }
+      ASSERT_EQ(finals[0].size(), finals[1].size());
+      for (size_t i = 0; i < finals[0].size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(finals[0][i].second.rawData(), finals[1][i].second.rawData(),
+                                 finals[0][i].second.nbytes()))
+            << finals[0][i].first << " differs between window and ordinary buckets";
       }
     }
   }

@@ -40,19 +40,28 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
                      const void* own, void* dst, size_t offset, size_t n) {
   const size_t es = dtypeSize(dtype);
   if (call.access == PeerAccess::kWindow) {
-    // The peers' operands are mapped here: reduce them in place, a cache-sized chunk at a
-    // time so that dst stays in cache across the peers. (Measured on the 2-vCPU EPYC VM:
-    // software prefetch of the peers' lines, or prefetchw of dst's, changed nothing.)
+    // The peers' operands are mapped here: reduce them where they lie, a cache-sized chunk at
+    // a time so that the accumulator stays in cache, in rank order (x0 + x1 + x2 ...), as the
+    // staged path does, so that both give the same bits. When dst overlaps this rank's own
+    // operand (in place) and that operand is not among the first two (or dst is shifted
+    // against it), the chunk is accumulated in the bounce buffer and copied to dst at the end
+    // (own must still be read). (Measured on the 2-vCPU
+    // EPYC VM: software prefetch of the peers' lines, or prefetchw of dst's, changed nothing.)
+    const int me = arena.rank();
     const size_t chunk = kWindowChunkBytes / es;
+    const auto* d = static_cast<const uint8_t*>(dst);
+    const auto* o = static_cast<const uint8_t*>(own);
+    const bool overlap = d < o + n * es && o < d + n * es;
+    const bool viaBounce = overlap && (me >= 2 || d != o);
     for (size_t done = 0; done < n; done += chunk) {
       const size_t m = std::min(chunk, n - done);
-      bool started = false;
-      for (int q = 0; q < arena.size(); ++q) {
-        if (q == arena.rank()) continue;
-        const uint8_t* theirs = arena.peerWindow(call, q, kIn) + offset + done * es;
-        fn(at(dst, done * es), started ? at(dst, done * es) : at(own, done * es), theirs, m);
-        started = true;
-      }
+      auto operand = [&](int q) -> const void* {
+        return q == me ? at(own, done * es) : arena.peerWindow(call, q, kIn) + offset + done * es;
+      };
+      void* acc = viaBounce ? static_cast<void*>(arena.bounce()) : at(dst, done * es);
+      fn(acc, operand(0), operand(1), m);
+      for (int q = 2; q < arena.size(); ++q) fn(acc, acc, operand(q), m);
+      if (viaBounce) std::memcpy(at(dst, done * es), acc, m * es);
       call.done += m * es;
     }
     return;

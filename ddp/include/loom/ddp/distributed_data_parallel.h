@@ -39,6 +39,7 @@ struct DdpOptions {
   bool broadcastBuffers = true;
   bool staticGraph = false;
   bool gradientAsBucketView = true;    // grad() lives in the bucket (see reducer.h)
+  bool windowBuckets = true;           // buckets in Loom windows (see reducer.h)
   std::shared_ptr<CommHook> commHook;  // null: average with all-reduce
 };
 

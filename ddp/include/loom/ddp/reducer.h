@@ -67,6 +67,10 @@ struct ReducerOptions {
   bool findUnusedParameters = false;
   bool staticGraph = false;
   bool gradientAsBucketView = true;
+  // Buckets in Loom windows (loom/comm/window.h): the shared-memory all-reduce of a bucket
+  // then reads and reduces the peers' buckets directly (one copy per byte instead of two, from
+  // the window path's sizes, docs/shm.md). Every rank must choose alike. false: ordinary memory.
+  bool windowBuckets = true;
   std::shared_ptr<CommHook> commHook;  // null: allreduceHook()
 };
 
@@ -93,8 +97,8 @@ class Reducer {
   // Parameter names of bucket i, in layout order.
   std::vector<std::string> bucketParameterNames(size_t i) const;
   // Bucket i's flat storage and its length in floats.
-  const float* bucketData(size_t i) const { return buckets_.at(i).storage->data(); }
-  size_t bucketSize(size_t i) const { return buckets_.at(i).storage->size(); }
+  const float* bucketData(size_t i) const { return buckets_.at(i).storage.get(); }
+  size_t bucketSize(size_t i) const { return buckets_.at(i).count; }
   bool rebuilt() const { return rebuilt_; }
   bool expectingBackward() const { return expecting_; }
   // Synced iterations finished (shadowed ones included).
@@ -106,10 +110,12 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;   // indices into params_
     std::vector<size_t> offsets;  // float offset of each in data
-    // Shared: with gradientAsBucketView, parameters' grad() are views into it that keep it
-    // alive (even across a rebuild, until they are re-attached).
-    std::shared_ptr<std::vector<float>> storage;
-    float* data() { return storage->data(); }
+    // `count` floats, in a Window (windowBuckets) or an array. Shared: with
+    // gradientAsBucketView, parameters' grad() are views into it that keep it alive (even
+    // across a rebuild, until they are re-attached).
+    std::shared_ptr<float> storage;
+    size_t count = 0;
+    float* data() { return storage.get(); }
     size_t pending = 0;  // parameters not yet ready this iteration
     GradBucket view;
     std::unique_ptr<HookFuture> future;
