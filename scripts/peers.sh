@@ -19,7 +19,9 @@
 #   --quick                                   -e 16M -f 8 -n 5 -w 2 (a smoke run)
 #   --out DIR                                 results folder (default bench-results/<date>)
 #   --no-setup                                skip scripts/setup.sh --peers
-#   --only "loom loom-shm gloo mpi"           which families to run
+#   --only "loom loom-shm gloo mpi"           which families to run (add loom-win: loom-bench -R 1
+#                                             over shared memory, buffers in Loom windows, series
+#                                             "loom shm window", in compare_shm.md; docs/shm.md)
 #   --rounds R                                run everything R times (default 1); round r starts
 #                                             each cell at another family, and DIR/median.md holds
 #                                             the median over rounds (bench/peers/median_of_runs.py)
@@ -120,7 +122,7 @@ spawn() {
 
 # The families of one (world size, operation) cell; run_family FAMILY N OP DIR runs one of them.
 families=()
-for f in loom loom-shm gloo mpi; do
+for f in loom loom-shm loom-win gloo mpi; do
   if [[ " $only " == *" $f "* ]]; then families+=("$f"); fi
 done
 run_family() {
@@ -145,6 +147,11 @@ run_family() {
       run "$dir" "loom-shm_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
         "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
         --series "loom shm" --csv "$dir/csv/loom-shm_$tag.csv" ;;
+    loom-win)
+      [[ -x $bin/loom-bench && -x $bin/loom-run ]] || return 0
+      run "$dir" "loom-win_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
+        "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" -R 1 \
+        --series "loom shm window" --csv "$dir/csv/loom-win_$tag.csv" ;;
     gloo)
       [[ -x $bin/gloo_bench ]] || return 0
       local algos=ring algo series store
