@@ -18,6 +18,8 @@
 // - A peer keeps its mapping of a window after the owner freed it (the memory goes back to
 //   the system when the last mapping is gone); each rank keeps at most kPeerMappings per peer
 //   and unmaps the least recently used one beyond that, and all of them when its Context ends.
+// - Each window holds one file descriptor (its memfd, which peers open) for its lifetime:
+//   carve many buffers out of a few large windows rather than making thousands of small ones.
 // - The mapping is not inherited by fork() (MADV_DONTFORK, as registered RDMA memory): a
 //   child that touches it faults, instead of silently sharing it with its parent.
 //
