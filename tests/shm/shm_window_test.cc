@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,30 @@ ContextOptions options() {
   o.host = "127.0.0.1";
   o.timeout = 20s;
   return o;
+}
+
+// Forks `size` ranks over a directory store; each creates its Context with optionsOf(rank) and
+// runs fn(rank, ctx). Returns "" when every rank exited 0, else what failed.
+std::string runProcessRanks(int size, const std::function<ContextOptions(int)>& optionsOf,
+                            const std::function<void(int, Context* ctx)>& fn,
+                            std::chrono::seconds timeout = 60s) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, size, optionsOf(rank));
+    fn(rank, ctx.get());
+  });
+  return children.waitAllOk(timeout);
+}
+
+// The default options with the window path from `minBytes` up (0: the measured defaults).
+std::function<ContextOptions(int)> windowsFrom(size_t minBytes) {
+  return [minBytes](int) {
+    ContextOptions o = options();
+    o.shmWindowMinBytes = minBytes;
+    return o;
+  };
 }
 
 // Mappings in this process of other processes' windows: lines of /proc/self/maps naming a
@@ -93,13 +118,7 @@ TEST(Window, ZeroBytesIsAnInvalidArgument) {
 // up, so that the small, uneven and odd-sized cases take it too.
 TEST(ShmWindowProcesses, EveryCollectiveMatchesAndPeersMapTheWindows) {
   for (int size : {2, 3, 4}) {
-    loom::testing::TempDir dir;
-    loom::testing::ChildProcesses children;
-    children.spawnRanks(size, [&](int rank) {
-      FileStore store(dir.file("store"));
-      ContextOptions o = options();
-      o.shmWindowMinBytes = 1;
-      auto ctx = Context::create(store, rank, size, o);
+    auto body = [&](int rank, Context* ctx) {
       shm::Arena* arena = shm::arenaOf(*ctx);
       LOOM_CHECK(arena != nullptr, "no arena across processes");
       LOOM_CHECK(arena->windows(), "windows off: ", arena->windowsFailure());
@@ -168,22 +187,15 @@ TEST(ShmWindowProcesses, EveryCollectiveMatchesAndPeersMapTheWindows) {
       const int foreign = foreignWindowMappings(own);
       LOOM_CHECK(foreign >= size - 1, "rank ", rank, " maps ", foreign,
                  " windows of its peers; expected at least ", size - 1);
-    });
-    EXPECT_EQ(children.waitAllOk(120s), "") << "world size " << size;
+    };
+    EXPECT_EQ(runProcessRanks(size, windowsFrom(1), body, 120s), "") << "world size " << size;
   }
 }
 
 // A new window per collective, far more than the mapping cache holds: results stay right
 // and each rank keeps at most kPeerMappings mappings per peer.
 TEST(ShmWindowProcesses, MoreWindowsThanTheCacheStayCorrectAndBounded) {
-  const int size = 2;
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
-    ContextOptions o = options();
-    o.shmWindowMinBytes = 1;
-    auto ctx = Context::create(store, rank, size, o);
+  auto body = [&](int rank, Context* ctx) {
     CollectiveOptions opts;
     const size_t count = 64 << 10;
     for (int k = 0; k < 40; ++k) {
@@ -197,19 +209,14 @@ TEST(ShmWindowProcesses, MoreWindowsThanTheCacheStayCorrectAndBounded) {
     const int foreign = foreignWindowMappings({});
     LOOM_CHECK(foreign >= 1 && foreign <= static_cast<int>(shm::Arena::kPeerMappings), "rank ",
                rank, " maps ", foreign, " peer windows; expected 1 to ", shm::Arena::kPeerMappings);
-  });
-  EXPECT_EQ(children.waitAllOk(120s), "");
+  };
+  EXPECT_EQ(runProcessRanks(2, windowsFrom(1), body, 120s), "");
 }
 
 // The measured defaults: an all-reduce of window buffers below 1 MiB stays staged (no peer
 // window is mapped); from 1 MiB it takes the window path.
 TEST(ShmWindowProcesses, DefaultSizesKeepSmallAllReducesStaged) {
-  const int size = 2;
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, options());
+  auto body = [&](int, Context* ctx) {
     CollectiveOptions opts;
     auto win = Window::allocate(1 << 20);
     auto* f = static_cast<float*>(win->data());
@@ -222,18 +229,13 @@ TEST(ShmWindowProcesses, DefaultSizesKeepSmallAllReducesStaged) {
       LOOM_CHECK_EQ(foreign, count < (size_t{1} << 18) ? 0 : 1, "after an all-reduce of ",
                     count * 4, " bytes");
     }
-  });
-  EXPECT_EQ(children.waitAllOk(60s), "");
+  };
+  EXPECT_EQ(runProcessRanks(2, windowsFrom(0), body), "");
 }
 
 // Rank 0 passes a window, rank 1 ordinary memory: both fail at once with the two paths named.
 TEST(ShmWindowProcesses, RanksThatDisagreeFailOnEveryRankNamingBothPaths) {
-  const int size = 2;
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, options());
+  auto body = [&](int rank, Context* ctx) {
     const size_t count = 256 << 10;
     std::shared_ptr<Window> win;
     std::vector<float> ordinary;
@@ -260,21 +262,19 @@ TEST(ShmWindowProcesses, RanksThatDisagreeFailOnEveryRankNamingBothPaths) {
       return;
     }
     LOOM_THROW(Error, "rank ", rank, ": a window rank and a staged rank completed an all-reduce");
-  });
-  EXPECT_EQ(children.waitAllOk(60s), "");
+  };
+  EXPECT_EQ(runProcessRanks(2, windowsFrom(0), body), "");
 }
 
 // LOOM_SHM_WINDOWS=0 on one rank: no rank takes the window path, window buffers are reduced
 // through the slots, and the results are the same.
 TEST(ShmWindowProcesses, OneRankWithWindowsOffKeepsEveryRankStaged) {
-  const int size = 3;
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
+  auto withRank1Off = [](int rank) {
     ContextOptions o = options();
     o.shmWindows = rank != 1;
-    auto ctx = Context::create(store, rank, size, o);
+    return o;
+  };
+  auto body = [&](int rank, Context* ctx) {
     shm::Arena* arena = shm::arenaOf(*ctx);
     LOOM_CHECK(arena != nullptr, "no arena across processes");
     LOOM_CHECK(!arena->windows(), "rank ", rank, " kept windows on");
@@ -289,8 +289,8 @@ TEST(ShmWindowProcesses, OneRankWithWindowsOffKeepsEveryRankStaged) {
     allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
     for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], 3.0f);
     LOOM_CHECK_EQ(foreignWindowMappings({win}), 0, "a peer window was mapped with windows off");
-  });
-  EXPECT_EQ(children.waitAllOk(60s), "");
+  };
+  EXPECT_EQ(runProcessRanks(3, withRank1Off, body), "");
 }
 
 // Threads as ranks (one process; each rank still maps its peers' windows, as it maps the arena,

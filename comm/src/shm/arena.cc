@@ -458,6 +458,23 @@ std::string readRemote(pid_t pid, uint64_t remote, void* local, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// A setup probe's agreement: publishes this rank's answer ("ok", or why not) under its key of
+// `answerKeys`, waits for every rank's, and returns the first answer that is not "ok" ("" when
+// every rank said ok), so that every rank decides alike.
+std::string agreeOnProbe(Store& store, const std::vector<std::string>& answerKeys, int rank,
+                         const std::string& failure, std::chrono::milliseconds timeout) {
+  store.set(answerKeys[static_cast<size_t>(rank)], failure.empty() ? std::string("ok") : failure);
+  store.wait(answerKeys, timeout);
+  for (const Bytes& answer : store.multiGet(answerKeys)) {
+    if (toString(answer) != "ok") return toString(answer);
+  }
+  return "";
+}
+
+}  // namespace
+
 void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   const bool off = options.singleCopy == ShmSingleCopy::kOff;
   // Yama's ptrace_scope 1 lets only ancestors read a process; the ranks are siblings. EINVAL
@@ -507,15 +524,8 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
                             "'s probe word, expected ", word);
     }
   }
-  store.set(answerKeys[rank_], failure.empty() ? std::string("ok") : failure);
-  store.wait(answerKeys, options.timeout);
-  singleCopy_ = true;
-  for (const Bytes& answer : store.multiGet(answerKeys)) {
-    if (toString(answer) != "ok") {
-      singleCopy_ = false;
-      if (singleCopyFailure_.empty()) singleCopyFailure_ = toString(answer);
-    }
-  }
+  singleCopyFailure_ = agreeOnProbe(store, answerKeys, rank_, failure, options.timeout);
+  singleCopy_ = singleCopyFailure_.empty();
   singleCopyForced_ = singleCopy_ && allForced;
   if (!singleCopy_ && rank_ == 0 && !off) {
     if (forced) {
@@ -658,15 +668,8 @@ void Arena::probeWindows(Store& store, const ArenaOptions& options) {
                             "'s probe window, expected ", expected);
     }
   }
-  store.set(answerKeys[rank_], failure.empty() ? std::string("ok") : failure);
-  store.wait(answerKeys, options.timeout);
-  windows_ = true;
-  for (const Bytes& answer : store.multiGet(answerKeys)) {
-    if (toString(answer) != "ok") {
-      windows_ = false;
-      if (windowsFailure_.empty()) windowsFailure_ = toString(answer);
-    }
-  }
+  windowsFailure_ = agreeOnProbe(store, answerKeys, rank_, failure, options.timeout);
+  windows_ = windowsFailure_.empty();
   if (!windows_ && rank_ == 0 && options.windows) {
     LOOM_LOG_INFO("shared memory: zero-copy windows off (", windowsFailure_,
                   "); window buffers take the staged path on every rank");
