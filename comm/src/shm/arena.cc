@@ -460,14 +460,24 @@ std::string readRemote(pid_t pid, uint64_t remote, void* local, size_t bytes) {
 
 namespace {
 
-// A setup probe's agreement: publishes this rank's answer ("ok", or why not) under its key of
-// `answerKeys`, waits for every rank's, and returns the first answer that is not "ok" ("" when
-// every rank said ok), so that every rank decides alike.
-std::string agreeOnProbe(Store& store, const std::vector<std::string>& answerKeys, int rank,
+// A setup probe's exchange: publishes this rank's value under `prefix`<rank>, waits for every
+// rank's and returns them in rank order.
+std::vector<Bytes> publishProbe(Store& store, const std::string& prefix, int rank, int size,
+                                const std::string& mine, std::chrono::milliseconds timeout) {
+  store.set(detail::str(prefix, rank), mine);
+  std::vector<std::string> keys;
+  for (int q = 0; q < size; ++q) keys.push_back(detail::str(prefix, q));
+  store.wait(keys, timeout);
+  return store.multiGet(keys);
+}
+
+// A setup probe's agreement: publishes this rank's answer ("ok", or why not) under
+// `prefix`ok/<rank>, waits for every rank's, and returns the first answer that is not "ok" (""
+// when every rank said ok), so that every rank decides alike.
+std::string agreeOnProbe(Store& store, const std::string& prefix, int rank, int size,
                          const std::string& failure, std::chrono::milliseconds timeout) {
-  store.set(answerKeys[static_cast<size_t>(rank)], failure.empty() ? std::string("ok") : failure);
-  store.wait(answerKeys, timeout);
-  for (const Bytes& answer : store.multiGet(answerKeys)) {
+  for (const Bytes& answer : publishProbe(store, prefix + "ok/", rank, size,
+                                          failure.empty() ? std::string("ok") : failure, timeout)) {
     if (toString(answer) != "ok") return toString(answer);
   }
   return "";
@@ -488,17 +498,12 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   // "ok", and forced to every size when every rank asked for that.
   const std::string prefix = options.keyPrefix + "/single-copy/";
   const bool forced = options.singleCopy == ShmSingleCopy::kOn;
-  store.set(detail::str(prefix, rank_),
-            off ? std::string("off")
-                : detail::str(::getpid(), " ", reinterpret_cast<uintptr_t>(&probeWord_), " ",
-                              probeWord_, forced ? " on" : " auto"));
-  std::vector<std::string> keys, answerKeys;
-  for (int q = 0; q < size_; ++q) {
-    keys.push_back(detail::str(prefix, q));
-    answerKeys.push_back(detail::str(prefix, "ok/", q));
-  }
-  store.wait(keys, options.timeout);
-  const std::vector<Bytes> peers = store.multiGet(keys);
+  const std::vector<Bytes> peers =
+      publishProbe(store, prefix, rank_, size_,
+                   off ? std::string("off")
+                       : detail::str(::getpid(), " ", reinterpret_cast<uintptr_t>(&probeWord_), " ",
+                                     probeWord_, forced ? " on" : " auto"),
+                   options.timeout);
   std::string failure = off ? detail::str("rank ", rank_, " has LOOM_SHM_SINGLE_COPY=off") : "";
   bool allForced = true;
   for (int q = 0; q < size_ && failure.empty(); ++q) {
@@ -524,7 +529,7 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
                             "'s probe word, expected ", word);
     }
   }
-  singleCopyFailure_ = agreeOnProbe(store, answerKeys, rank_, failure, options.timeout);
+  singleCopyFailure_ = agreeOnProbe(store, prefix, rank_, size_, failure, options.timeout);
   singleCopy_ = singleCopyFailure_.empty();
   singleCopyForced_ = singleCopy_ && allForced;
   if (!singleCopy_ && rank_ == 0 && !off) {
@@ -629,17 +634,12 @@ void Arena::probeWindows(Store& store, const ArenaOptions& options) {
       failure = detail::str("rank ", rank_, " cannot allocate a window: ", e.what());
     }
   }
-  store.set(detail::str(prefix, rank_),
-            !failure.empty()
-                ? std::string("off")
-                : detail::str(::getpid(), " ", ref->fd, " ", ref->id, " ", ref->bytes, " ", word));
-  std::vector<std::string> keys, answerKeys;
-  for (int q = 0; q < size_; ++q) {
-    keys.push_back(detail::str(prefix, q));
-    answerKeys.push_back(detail::str(prefix, "ok/", q));
-  }
-  store.wait(keys, options.timeout);
-  const std::vector<Bytes> peers = store.multiGet(keys);
+  const std::vector<Bytes> peers = publishProbe(
+      store, prefix, rank_, size_,
+      !failure.empty()
+          ? std::string("off")
+          : detail::str(::getpid(), " ", ref->fd, " ", ref->id, " ", ref->bytes, " ", word),
+      options.timeout);
   for (int q = 0; q < size_ && failure.empty(); ++q) {
     long long pid = 0;
     WindowRef theirs;
@@ -668,7 +668,7 @@ void Arena::probeWindows(Store& store, const ArenaOptions& options) {
                             "'s probe window, expected ", expected);
     }
   }
-  windowsFailure_ = agreeOnProbe(store, answerKeys, rank_, failure, options.timeout);
+  windowsFailure_ = agreeOnProbe(store, prefix, rank_, size_, failure, options.timeout);
   windows_ = windowsFailure_.empty();
   if (!windows_ && rank_ == 0 && options.windows) {
     LOOM_LOG_INFO("shared memory: zero-copy windows off (", windowsFailure_,
