@@ -119,7 +119,7 @@ RequestPtr ShmTransport::isend(int peer, const void* data, size_t bytes, uint64_
   LOOM_CHECK(i >= 0 && i != me_, "shm isend: rank ", peer, " is not another rank on this host");
   auto req = std::make_shared<ShmRequest>(this, peer, true, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.load()) {
+  if (failed_.load() || failedByAbortLocked()) {
     req->fail(failure_);
   } else if (control(i).closed.load(std::memory_order_acquire) != 0) {
     req->fail(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ", peer,
@@ -160,9 +160,11 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       return req;
     case TagMatcher::Match::kNone:
       if (control(i).closed.load(std::memory_order_acquire) != 0 && !p.matcher.incoming().active) {
-        req->fail(detail::str("rank ", rank_, ": rank ", peer,
-                              " closed its shared-memory transport before sending ",
-                              describeTag(tag)));
+        req->fail(failedByAbortLocked()
+                      ? failure_
+                      : detail::str("rank ", rank_, ": rank ", peer,
+                                    " closed its shared-memory transport before sending ",
+                                    describeTag(tag)));
         return req;
       }
       p.matcher.post(req);
@@ -232,6 +234,9 @@ bool ShmTransport::busyLocked() const {
 }
 
 void ShmTransport::failClosedPeerLocked(int i) {
+  // A peer that aborted the transport before it closed: the abort's reason is the cause, not
+  // the close (checkHealthLocked fails everything with it).
+  if (failedByAbortLocked()) return;
   Peer& p = *peers_[i];
   const std::string why = detail::str("rank ", rank_, ": rank ", p.rank,
                                       " closed its shared-memory transport while this rank ");
@@ -242,6 +247,12 @@ void ShmTransport::failClosedPeerLocked(int i) {
   // What it sent before closing was drained just before this; what is still missing never comes.
   p.matcher.failAll(why + "waits for ", true);
   notifyCompletion();
+}
+
+bool ShmTransport::failedByAbortLocked() {
+  if (header_->aborted.load(std::memory_order_acquire) == 0) return false;
+  checkHealthLocked();
+  return failed_.load();
 }
 
 void ShmTransport::checkHealthLocked() {

@@ -136,6 +136,9 @@ class ShmTransport final : public Transport {
   void matchHeaderLocked(int index, uint64_t tag, size_t bytes, uint64_t signature);
   void completeIncomingLocked(int index);
   void failLocked(const std::string& reason, bool propagate);
+  // Whether the transport was aborted (by any rank): then fails it with the abort's reason
+  // (checkHealthLocked) and returns true.
+  bool failedByAbortLocked();
   void checkHealthLocked();
   void failClosedPeerLocked(int index);
   bool busyLocked() const;
