@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "killed_peer_case.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
@@ -131,33 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Heal, HealReset,
 // Healing on: a SIGKILLed rank still fails the others within seconds, naming it (its listener
 // refuses the redial, or the accepting side's probe).
 TEST(Heal, KilledPeerStillFailsOthersWithinSeconds) {
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  const int size = 3;
-  const int victim = 2;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, healOptions());
-    CollectiveOptions opts;
-    opts.timeout = 60s;
-    std::vector<float> buf(4096, 1.0f);
-    for (uint64_t seq = 1;; ++seq) {
-      if (rank == victim && seq == 20) ::kill(::getpid(), SIGKILL);
-      opts.seq = seq;
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kMax, opts);
-      } catch (const IoError& e) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::chrono::steady_clock::now() - start);
-        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
-        loom::testing::checkDeadPeerError(e, waited, 5s, "rank 2");
-        return;
-      }
-      LOOM_CHECK(seq < 1000000, "never saw the failure");
-    }
-  });
-  loom::testing::expectOnlyVictimKilled(children.waitAll(60s), victim);
+  runKilledPeerCase(healOptions());
 }
 
 // A live peer that cannot answer (rank 0 stops itself) while rank 1's connection to it is

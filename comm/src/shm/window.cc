@@ -22,6 +22,9 @@ constexpr size_t kPage = 4096;
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, shm::WindowRef> byBase;  // keyed by base address
+  // byBase.size(), readable without the lock: a process with no window (most) skips the lock
+  // on every large collective.
+  std::atomic<size_t> live{0};
 };
 
 Registry& registry() {
@@ -65,6 +68,7 @@ std::shared_ptr<Window> Window::allocate(size_t bytes) {
     std::lock_guard<std::mutex> lock(r.mu);
     r.byBase[reinterpret_cast<uintptr_t>(data)] =
         shm::WindowRef{id, fd, reinterpret_cast<uintptr_t>(data), size};
+    r.live.store(r.byBase.size(), std::memory_order_release);
   }
   return std::shared_ptr<Window>(new Window(data, size, fd, id));
 }
@@ -74,6 +78,7 @@ Window::~Window() {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.byBase.erase(reinterpret_cast<uintptr_t>(data_));
+    r.live.store(r.byBase.size(), std::memory_order_release);
   }
   ::munmap(data_, size_);
   ::close(fd_);
@@ -84,8 +89,8 @@ namespace shm {
 std::optional<WindowRef> findWindow(const void* p, size_t bytes) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   Registry& r = registry();
+  if (r.live.load(std::memory_order_acquire) == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.byBase.empty()) return std::nullopt;
   auto it = r.byBase.upper_bound(address);
   if (it == r.byBase.begin()) return std::nullopt;
   --it;
