@@ -28,8 +28,6 @@ netns_setup elastic_netns_test "lne$$"
 STEPS=1200
 SUBNET=10.213.9
 
-ip netns add "${P}-sw" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
-NAMESPACES+=("${P}-sw")
 
 show_logs() {
   local f
@@ -53,24 +51,7 @@ run() {
 # The switch: a bridge with the store's address. Hosts h0..h2: eth0 = $SUBNET.(10+i)/24.
 STORE_ADDR="$SUBNET.1"
 STORE_PORT=29400
-run ip -n "${P}-sw" link set lo up
-run ip -n "${P}-sw" link add br0 type bridge
-run ip -n "${P}-sw" addr add "$STORE_ADDR/24" dev br0
-run ip -n "${P}-sw" link set br0 up
-for h in 0 1 2; do
-  ns="${P}-h$h"
-  run ip netns add "$ns"
-  NAMESPACES+=("$ns")
-  run ip link add "${P}a$h" type veth peer name "${P}b$h"
-  run ip link set "${P}a$h" netns "$ns"
-  run ip link set "${P}b$h" netns "${P}-sw"
-  run ip -n "$ns" link set "${P}a$h" name eth0
-  run ip -n "$ns" addr add "$SUBNET.$((10 + h))/24" dev eth0
-  run ip -n "$ns" link set eth0 up
-  run ip -n "$ns" link set lo up
-  run ip -n "${P}-sw" link set "${P}b$h" master br0
-  run ip -n "${P}-sw" link set "${P}b$h" up
-done
+netns_switch_hosts 3 "$STORE_ADDR"
 
 ip netns exec "${P}-sw" "$STORE" --host "$STORE_ADDR" --port "$STORE_PORT" \
   --data-dir "$TMP/store" >"$TMP/store.log" 2>&1 &

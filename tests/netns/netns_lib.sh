@@ -6,6 +6,7 @@
 #   netns_setup NAME PREFIX [TOOL...]   # root, ip, timeout and each TOOL, else exit 77 with why;
 #                                       # sets P=PREFIX, TMP (a fresh directory), NAMESPACES=()
 #                                       # and BG_PIDS=() and installs the cleanup traps
+#   netns_switch_hosts N [ADDR]         # after the test defines run (fail on error): see below
 # Then append every namespace made to NAMESPACES and every background pid to BG_PIDS.
 
 SKIP=77
@@ -56,4 +57,32 @@ netns_setup() {
   trap netns_cleanup EXIT
   # shellcheck disable=SC2064  # the name is fixed now, on purpose
   trap "echo '$name: interrupted'; exit 1" INT TERM HUP
+}
+
+# netns_switch_hosts N [ADDR]: a switch namespace ${P}-sw holding a bridge br0 (with ADDR/24 on
+# it when given) and hosts ${P}-h0 .. ${P}-h<N-1>, each with eth0 = $SUBNET.(10+h)/24 plugged
+# into the bridge. Skips when no namespace can be made at all; any later step that fails goes
+# through the test's run (its fail).
+netns_switch_hosts() {
+  local n=$1 addr=${2:-} h ns
+  ip netns add "${P}-sw" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
+  NAMESPACES+=("${P}-sw")
+  run ip -n "${P}-sw" link set lo up
+  run ip -n "${P}-sw" link add br0 type bridge
+  if [[ -n $addr ]]; then run ip -n "${P}-sw" addr add "$addr/24" dev br0; fi
+  run ip -n "${P}-sw" link set br0 up
+  for ((h = 0; h < n; h++)); do
+    ns="${P}-h$h"
+    run ip netns add "$ns"
+    NAMESPACES+=("$ns")
+    run ip link add "${P}a$h" type veth peer name "${P}b$h"
+    run ip link set "${P}a$h" netns "$ns"
+    run ip link set "${P}b$h" netns "${P}-sw"
+    run ip -n "$ns" link set "${P}a$h" name eth0
+    run ip -n "$ns" addr add "$SUBNET.$((10 + h))/24" dev eth0
+    run ip -n "$ns" link set eth0 up
+    run ip -n "$ns" link set lo up
+    run ip -n "${P}-sw" link set "${P}b$h" master br0
+    run ip -n "${P}-sw" link set "${P}b$h" up
+  done
 }

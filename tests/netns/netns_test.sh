@@ -26,9 +26,6 @@ netns_setup netns_test "lnt$$" tc
 SUBNET=10.213.7
 PROXY_PIDS=()
 
-ip netns add "${P}-sw" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
-NAMESPACES+=("${P}-sw")
-
 fail() {
   echo "FAIL: $*"
   exit 1
@@ -39,23 +36,7 @@ run() {
 }
 
 # Switch namespace with a bridge; hosts h0..h2 each with eth0 = $SUBNET.(10+i)/24.
-run ip -n "${P}-sw" link set lo up
-run ip -n "${P}-sw" link add br0 type bridge
-run ip -n "${P}-sw" link set br0 up
-for h in 0 1 2; do
-  ns="${P}-h$h"
-  run ip netns add "$ns"
-  NAMESPACES+=("$ns")
-  run ip link add "${P}a$h" type veth peer name "${P}b$h"
-  run ip link set "${P}a$h" netns "$ns"
-  run ip link set "${P}b$h" netns "${P}-sw"
-  run ip -n "$ns" link set "${P}a$h" name eth0
-  run ip -n "$ns" addr add "$SUBNET.$((10 + h))/24" dev eth0
-  run ip -n "$ns" link set eth0 up
-  run ip -n "$ns" link set lo up
-  run ip -n "${P}-sw" link set "${P}b$h" master br0
-  run ip -n "${P}-sw" link set "${P}b$h" up
-done
+netns_switch_hosts 3
 
 # h1's link: 200 Mbit/s each way.
 run ip netns exec "${P}-h1" tc qdisc add dev eth0 root tbf rate 200mbit burst 256kb latency 100ms
