@@ -8,6 +8,7 @@
 // both paths, within the deadline; one rank with windows off turns them off for all, and
 // window buffers then take the staged path with the same results.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -103,6 +104,32 @@ TEST(Window, AllocatesWholeZeroedPagesAndRegistersTheRange) {
   w.reset();
   auto gone = shm::findWindow(p, 1);
   EXPECT_TRUE(!gone || gone->id != id) << "a freed window is still registered";
+}
+
+// How a peer opens a window: through /proc/<pid>/fd after checking the link names the
+// window's memfd. A wrong id (a reused descriptor number) and a closed descriptor are refused
+// with the path and the reason; the right one maps the owner's bytes.
+TEST(Window, PeersMapOnlyTheWindowTheyWereTold) {
+  auto w = Window::allocate(4096);
+  static_cast<uint64_t*>(w->data())[0] = 0x1234abcd;
+  const auto ref = shm::findWindow(w->data(), 8);
+  ASSERT_TRUE(ref);
+  std::string why;
+  uint8_t* local = shm::mapPeerWindow(::getpid(), *ref, why);
+  ASSERT_NE(local, nullptr) << why;
+  EXPECT_EQ(*reinterpret_cast<const uint64_t*>(local), 0x1234abcdu);
+  ::munmap(local, ref->bytes);
+
+  shm::WindowRef wrongId = *ref;
+  wrongId.id += 1000;
+  EXPECT_EQ(shm::mapPeerWindow(::getpid(), wrongId, why), nullptr);
+  EXPECT_NE(why.find("expected the memfd " + shm::windowMemfdName(wrongId.id)), std::string::npos)
+      << why;
+
+  shm::WindowRef closed = *ref;
+  closed.fd = 1 << 20;  // no such descriptor
+  EXPECT_EQ(shm::mapPeerWindow(::getpid(), closed, why), nullptr);
+  EXPECT_NE(why.find("/fd/" + std::to_string(closed.fd)), std::string::npos) << why;
 }
 
 TEST(Window, ZeroBytesIsAnInvalidArgument) {

@@ -167,42 +167,6 @@ void Arena::readPeer(const Call& call, int peer, uint64_t remote, void* local, s
        false);
 }
 
-namespace {
-
-// Maps window `ref` of process `pid` read-only; nullptr and `why` when it cannot.
-uint8_t* mapPeerWindow(pid_t pid, const WindowRef& ref, std::string& why) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), ref.fd);
-  char link[256] = {};
-  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
-  const std::string expected = "/memfd:" + windowMemfdName(ref.id) + " ";
-  if (n < 0) {
-    why = detail::str("readlink ", path, ": ", std::strerror(errno));
-    return nullptr;
-  }
-  if (std::string(link, static_cast<size_t>(n)).rfind(expected, 0) != 0) {
-    why = detail::str(path, " is '", link, "', expected the memfd ", windowMemfdName(ref.id),
-                      " (was the window freed during the collective?)");
-    return nullptr;
-  }
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    why = detail::str("open ", path, ": ", std::strerror(errno));
-    return nullptr;
-  }
-  void* local = ::mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (local == MAP_FAILED) {
-    why = detail::str("mmap of ", ref.bytes, " bytes of ", path, ": ", std::strerror(err));
-    return nullptr;
-  }
-  (void)::madvise(local, ref.bytes, MADV_DONTFORK);
-  return static_cast<uint8_t*>(local);
-}
-
-}  // namespace
-
 void Arena::probeWindows(Store& store, const ArenaOptions& options) {
   // Every rank publishes "pid fd id bytes word" of a one-page probe Window (or "off"), maps
   // every peer's and reads its word, and answers "ok" or why not; on when every answer is ok.

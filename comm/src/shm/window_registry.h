@@ -2,6 +2,8 @@
 // window memory, and how a peer opens them.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -24,5 +26,10 @@ std::optional<WindowRef> findWindow(const void* p, size_t bytes);
 // The memfd name of window `id` ("loom-window-<id>"): a peer checks it through /proc before it
 // maps the descriptor, so that a reused descriptor number is never mistaken for the window.
 std::string windowMemfdName(uint64_t id);
+
+// Maps window `ref` of process `pid` (this process too) read-only, after checking that
+// /proc/<pid>/fd/<fd> names that window's memfd; nullptr and `why` (the path and the reason)
+// when it cannot. The caller munmaps ref.bytes.
+uint8_t* mapPeerWindow(pid_t pid, const WindowRef& ref, std::string& why);
 
 }  // namespace loom::comm::shm
