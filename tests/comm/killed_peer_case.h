@@ -1,7 +1,7 @@
-// The killed-peer case shared by the process tests of plain and healing connections: three
-// process ranks all-reduce until rank 2 SIGKILLs itself at sequence number 20; ranks 0 and 1
-// must each get an IoError naming rank 2 within 5 s (checkDeadPeerError), and only rank 2 may
-// have died (expectOnlyVictimKilled).
+// The killed-peer case shared by the process tests of tcp, healing connections and shared
+// memory: `size` process ranks all-reduce until rank 2 SIGKILLs itself at sequence number
+// `killAt`; every other rank must get an IoError naming rank 2 within 5 s
+// (checkDeadPeerError), and only rank 2 may have died (expectOnlyVictimKilled).
 #pragma once
 
 #include <signal.h>
@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include "loom/comm/collectives.h"
@@ -19,23 +20,33 @@
 
 namespace loom::comm::testing {
 
-inline void runKilledPeerCase(const ContextOptions& options) {
+struct KilledPeerCase {
+  int size = 3;
+  uint64_t killAt = 20;
+  // Elements of the all-reduce at each sequence number.
+  std::function<size_t(uint64_t seq)> count = [](uint64_t) { return size_t{4096}; };
+  // Run in every rank once its Context exists (e.g. to check which path it has).
+  std::function<void(Context&)> check = [](Context&) {};
+};
+
+inline void runKilledPeerCase(const ContextOptions& options, const KilledPeerCase& c = {}) {
   using namespace std::chrono_literals;
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;
-  const int size = 3;
   const int victim = 2;
-  children.spawnRanks(size, [&](int rank) {
+  children.spawnRanks(c.size, [&](int rank) {
     FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, options);
+    auto ctx = Context::create(store, rank, c.size, options);
+    c.check(*ctx);
     CollectiveOptions opts;
     opts.timeout = 60s;
-    std::vector<float> buf(4096, 1.0f);
+    std::vector<float> buf;
     for (uint64_t seq = 1;; ++seq) {
-      if (rank == victim && seq == 20) ::kill(::getpid(), SIGKILL);
+      if (rank == victim && seq == c.killAt) ::kill(::getpid(), SIGKILL);
       opts.seq = seq;
       const auto start = std::chrono::steady_clock::now();
       try {
+        buf.assign(c.count(seq), 1.0f);
         allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kMax, opts);
       } catch (const IoError& e) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "killed_peer_case.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
@@ -178,36 +179,12 @@ TEST(ShmProcesses, SigkilledJobLeavesNothingInDevShm) {
 }
 
 TEST(ShmProcesses, KilledPeerIsAnIoErrorNamingItWithinSeconds) {
-  loom::testing::TempDir dir;
-  loom::testing::ChildProcesses children;
-  const int size = 4;
-  const int victim = 2;
-  children.spawnRanks(size, [&](int rank) {
-    FileStore store(dir.file("store"));
-    auto ctx = Context::create(store, rank, size, options());
-    LOOM_CHECK(shm::arenaOf(*ctx) != nullptr, "no arena");
-    CollectiveOptions opts;
-    opts.timeout = 60s;
-    std::vector<float> buf(rank % 2 == 0 ? 2 : 50000, 1.0f);  // small and split paths
-    for (uint64_t seq = 1;; ++seq) {
-      if (rank == victim && seq == 30) ::kill(::getpid(), SIGKILL);
-      opts.seq = seq;
-      const auto start = Clock::now();
-      try {
-        const size_t count = seq % 2 == 0 ? 2 : 50000;
-        buf.resize(count);
-        allreduce(*ctx, buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kMax, opts);
-      } catch (const IoError& e) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::chrono::steady_clock::now() - start);
-        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
-        loom::testing::checkDeadPeerError(e, waited, 5s, "rank 2");
-        return;
-      }
-      LOOM_CHECK(seq < 1000000, "never saw the failure");
-    }
-  });
-  loom::testing::expectOnlyVictimKilled(children.waitAll(60s), victim);
+  KilledPeerCase c;
+  c.size = 4;
+  c.killAt = 30;
+  c.count = [](uint64_t seq) { return seq % 2 == 0 ? size_t{2} : size_t{50000}; };  // small, split
+  c.check = [](Context& ctx) { LOOM_CHECK(shm::arenaOf(ctx) != nullptr, "no arena"); };
+  runKilledPeerCase(options(), c);
 }
 
 TEST(ShmProcesses, StoppedPeerIsATimeoutNamingIt) {
