@@ -44,6 +44,10 @@ namespace {
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
 constexpr uint32_t kVersion = 1;
 constexpr int64_t kSameCpuSpinNs = 2000;
+// Pauses spent looking at a counter before the first clock read of a wait: a peer that is
+// about to post (a small collective between running ranks) usually arrives within them (a
+// pause is 10-65 cycles, so this is well under a microsecond).
+constexpr int kPreSpinPauses = 32;
 constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
 const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
 
@@ -258,7 +262,7 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
                      " waited for it to ", what, " (mismatched collectives?)"),
          false);
   }
-  if (call.deadline.expired()) {
+  if (armDeadline(call, nowNs()) <= 0) {
     fail(call, peer,
          detail::str("timed out after ", call.timeout.count(), " ms waiting for rank ", peer,
                      " to ", what, " (", call.bytes - std::min(call.done, call.bytes), " of ",
@@ -268,6 +272,14 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
   return true;
 }
 
+int64_t Arena::armDeadline(const Call& call, int64_t now) {
+  if (call.deadlineNs == 0) {
+    call.deadlineNs =
+        now + std::chrono::duration_cast<std::chrono::nanoseconds>(call.timeout).count();
+  }
+  return call.deadlineNs - now;
+}
+
 void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target,
                         const char* what) {
   Control& ctl = control(peer);
@@ -275,9 +287,16 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
   if (value.load(std::memory_order_acquire) >= target) return;
   // Spinning is futile while the awaited rank last ran on our own CPU (a loaded machine put
   // both ranks on one core): then give the core away almost at once.
-  const int64_t spinNs =
-      ctl.cpu.load(std::memory_order_relaxed) == ::sched_getcpu() ? kSameCpuSpinNs : spinNs_;
+  const bool sameCpu = ctl.cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+  if (!sameCpu) {
+    for (int i = 0; i < kPreSpinPauses; ++i) {
+      LOOM_SHM_PAUSE();
+      if (value.load(std::memory_order_acquire) >= target) return;
+    }
+  }
+  const int64_t spinNs = sameCpu ? kSameCpuSpinNs : spinNs_;
   const int64_t start = nowNs();
+  armDeadline(call, start);
   for (int64_t now = start; now - start < spinNs; now = nowNs()) {
     for (int i = 0; i < 64; ++i) {
       LOOM_SHM_PAUSE();

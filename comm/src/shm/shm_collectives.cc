@@ -29,9 +29,12 @@ uint64_t signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
 // Starts a collective: fails at once when the group already failed.
 Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, size_t count,
                      DType dtype, int op = -1, int root = -1) {
-  Arena::Call call{Deadline(opts.timeout),     opts.timeout,
-                   count * dtypeSize(dtype),   signatureOf(kind, count, dtype, op, root),
-                   static_cast<uint8_t>(kind), opts.seq};
+  Arena::Call call{0,
+                   opts.timeout,
+                   count * dtypeSize(dtype),
+                   signatureOf(kind, count, dtype, op, root),
+                   static_cast<uint8_t>(kind),
+                   opts.seq};
   arena.checkUsable(call);
   return call;
 }
