@@ -60,7 +60,6 @@
 #include <vector>
 
 #include "loom/comm/context.h"
-#include "loom/common/deadline.h"
 #include "shm/os.h"
 
 namespace loom {
