@@ -140,51 +140,51 @@ void ProcessGroupComm::execute(Item& item) {
     cause = brokenCause_;
   }
   if (!cause.empty()) {
-    recordEnd(item.op, true);
-    item.work->markFailed(std::make_exception_ptr(IoError(
-        who() + ": " + item.op.describe() + " was not run: the group failed earlier: " + cause)));
+    recordEnd(item->op, true);
+    item->markFailed(std::make_exception_ptr(IoError(
+        who() + ": " + item->op.describe() + " was not run: the group failed earlier: " + cause)));
     return;
   }
-  if (isCollective(item.op.type) && debugLevel() == DebugLevel::kDetail) {
+  if (isCollective(item->op.type) && debugLevel() == DebugLevel::kDetail) {
     try {
-      checkSignature(item.op);
+      checkSignature(item->op);
     } catch (const InvalidArgumentError&) {
       // A signature mismatch is seen alike by every rank: the op is skipped everywhere and
       // the group stays consistent.
-      recordEnd(item.op, true);
-      item.work->markFailed(std::current_exception());
+      recordEnd(item->op, true);
+      item->markFailed(std::current_exception());
       return;
     } catch (...) {
-      recordEnd(item.op, true);
-      item.work->markFailed(handleFailure(item.op, std::current_exception()));
+      recordEnd(item->op, true);
+      item->markFailed(handleFailure(item->op, std::current_exception()));
       return;
     }
   }
-  if (isAnySource(item.op)) {
-    recordStart(item.op);
+  if (isAnySource(item->op)) {
+    recordStart(item->op);
     try {
-      item.work->setSourceRank(comm::recvAny(*ctx_, item.op.out.data, item.op.count, item.op.dtype,
-                                             item.op.tag, collectiveOptions(item.op)));
-      recordEnd(item.op, false);
-      item.work->markCompleted();
+      item->setSourceRank(comm::recvAny(*ctx_, item->op.out.data, item->op.count, item->op.dtype,
+                                             item->op.tag, collectiveOptions(item->op)));
+      recordEnd(item->op, false);
+      item->markCompleted();
     } catch (...) {
-      recordEnd(item.op, true);
-      item.work->markFailed(handleFailure(item.op, std::current_exception()));
+      recordEnd(item->op, true);
+      item->markFailed(handleFailure(item->op, std::current_exception()));
     }
     return;
   }
-  if (!isCollective(item.op.type)) {
+  if (!isCollective(item->op.type)) {
     runPointToPoint(item);
     return;
   }
-  recordStart(item.op);
+  recordStart(item->op);
   try {
-    run(item.op);
-    recordEnd(item.op, false);
-    item.work->markCompleted();
+    run(item->op);
+    recordEnd(item->op, false);
+    item->markCompleted();
   } catch (...) {
-    recordEnd(item.op, true, failedPeer(std::current_exception()));
-    item.work->markFailed(handleFailure(item.op, std::current_exception()));
+    recordEnd(item->op, true, failedPeer(std::current_exception()));
+    item->markFailed(handleFailure(item->op, std::current_exception()));
   }
 }
 
@@ -204,7 +204,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
   comm::Transport& transport = ctx_->transport();
   std::vector<Pending> batch;
   const auto post = [&](Item item) {
-    const OpDesc& op = item.op;
+    const OpDesc& op = item->op;
     // The same wire tag as comm::send / comm::recv, so a group's send matches a comm::recv.
     const uint64_t tag = comm::pointToPointTag(op.tag);
     const size_t bytes = op.count * dtypeSize(op.dtype);
@@ -219,8 +219,8 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     std::vector<Item> more;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (!queue_.empty() && !isCollective(queue_.front().op.type) &&
-             !isAnySource(queue_.front().op) && !broken_) {
+      while (!queue_.empty() && !isCollective(queue_.front()->op.type) &&
+             !isAnySource(queue_.front()->op) && !broken_) {
         more.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -230,8 +230,8 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
 
   size_t current = 0;  // the operation an error is attributed to
   milliseconds slice = kP2PSliceMin;
-  const OpDesc firstOp = first.op;
-  const std::shared_ptr<Work> firstWork = first.work;
+  const OpDesc firstOp = first->op;
+  const std::shared_ptr<Work> firstWork = first;
   try {
     post(std::move(first));
     absorb();
@@ -243,11 +243,11 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
         current = i;
         if (batch[i].request->test()) {
           batch[i].done = true;
-          if (batch[i].item.op.type == OpType::kRecv) {
-            batch[i].item.work->setSourceRank(batch[i].item.op.root);
+          if (batch[i].item->op.type == OpType::kRecv) {
+            batch[i].item->setSourceRank(batch[i].item->op.root);
           }
-          recordEnd(batch[i].item.op, false);
-          batch[i].item.work->markCompleted();
+          recordEnd(batch[i].item->op, false);
+          batch[i].item->markCompleted();
           progress = true;
         } else {
           allDone = false;
@@ -263,7 +263,7 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
       current = next;
       Pending& p = batch[next];
       if (p.deadline.expired()) {
-        const OpDesc& op = p.item.op;
+        const OpDesc& op = p.item->op;
         throw TimeoutError(who() + ": " + op.describe() + " timed out after " +
                            std::to_string(op.timeout.count()) + " ms waiting to " +
                            (op.type == OpType::kSend ? "send to" : "receive from") + " rank " +
@@ -281,11 +281,11 @@ void ProcessGroupComm::runPointToPoint(Item& first) {
     }
     const int peer = failedPeer(std::current_exception());
     for (auto& p : batch) {
-      if (!p.done) recordEnd(p.item.op, true, &p == &batch[current] ? peer : p.item.op.root);
+      if (!p.done) recordEnd(p.item->op, true, &p == &batch[current] ? peer : p.item->op.root);
     }
-    auto error = handleFailure(batch[current].item.op, std::current_exception());
+    auto error = handleFailure(batch[current].item->op, std::current_exception());
     for (auto& p : batch) {
-      if (!p.done) p.item.work->markFailed(error);
+      if (!p.done) p.item->markFailed(error);
     }
   }
 }

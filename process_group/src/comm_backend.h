@@ -83,20 +83,15 @@ class ProcessGroupComm final : public ProcessGroup {
   void wakeForWaiter(const Work* work);
 
  protected:
-  std::shared_ptr<Work> post(OpDesc op) override;
+  std::shared_ptr<Work> post(OpDesc&& op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
 
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
-  struct Item {
-    OpDesc op;
-    std::shared_ptr<Work> work;
-    // Set when it was queued with nothing queued or running ahead of it: only such an
-    // operation is left to its waiter for the grace, counted from `seen`, when the worker
-    // first found it at the head (issuing reads no clock).
-    bool lone = false;
-    TimePoint seen{};
-  };
+  // A queued operation is its Work, which carries the OpDesc (moved in once at issue): the
+  // queue, the worker and the waiters pass pointers, never copies of the OpDesc.
+  class CommWork;
+  using Item = std::shared_ptr<CommWork>;
   // What the worker is doing, so that post() knows whether it must be woken.
   enum class WorkerState : uint8_t {
     kBusy,      // running, or about to look at the queue (it will see what is there)

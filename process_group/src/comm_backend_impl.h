@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm_backend.h"
 #include "diagnostics/group_diagnostics.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
@@ -35,3 +36,39 @@ constexpr milliseconds kP2PSliceMax{10};
 inline constexpr milliseconds kHotWindow{5};
 
 }  // namespace loom::comm_pg
+
+namespace loom {
+
+// A queued operation of ProcessGroupComm (comm_backend.h): its Work, carrying its OpDesc. The
+// waiter's part of the hand-off: the unbounded wait() runs the queue up to this operation
+// inline when nothing runs, and a wait that is about to sleep tells the worker to start the
+// queue at once.
+class ProcessGroupComm::CommWork final : public Work {
+ public:
+  CommWork(OpDesc&& desc, int rank, std::weak_ptr<ProcessGroup> group)
+      : Work(opTypeName(desc.type), desc.seq, rank), op(std::move(desc)), group_(std::move(group)) {}
+
+  bool wait() override;
+  // A bounded wait never runs the operation itself, so that its deadline holds.
+  bool wait(std::chrono::milliseconds timeout) override;
+
+  OpDesc op;
+  // Guarded by the group's mu_: set when it was queued with nothing queued or running ahead
+  // of it; only such an operation is left to its waiter for the grace, counted from `seen`,
+  // when the worker first found it at the head (issuing reads no clock).
+  bool lone = false;
+  TimePoint seen{};
+
+ protected:
+  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
+  void onWaitTimeout(const std::string& reason) override;
+
+ private:
+  std::shared_ptr<ProcessGroupComm> lockGroup() const {
+    return std::static_pointer_cast<ProcessGroupComm>(group_.lock());
+  }
+
+  std::weak_ptr<ProcessGroup> group_;
+};
+
+}  // namespace loom

@@ -12,53 +12,30 @@ namespace loom {
 
 using namespace comm_pg;
 
-namespace {
-
-// A Work that lets its waiter run the operation (see the hand-off in comm_backend.h): the
-// unbounded wait() runs the queue up to this operation inline when nothing runs, and a wait
-// that is about to sleep tells the worker to start the queue at once.
-class CommWork final : public Work {
- public:
-  CommWork(const OpDesc& op, int rank, std::weak_ptr<ProcessGroup> group)
-      : Work(opTypeName(op.type), op.seq, rank), group_(std::move(group)) {}
-
-  bool wait() override {
-    if (!isCompleted()) {
-      if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
-        group->wakeForWaiter(this);
-      }
+bool ProcessGroupComm::CommWork::wait() {
+  if (!isCompleted()) {
+    if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
+      group->wakeForWaiter(this);
     }
-    return Work::wait();
   }
+  return Work::wait();
+}
 
-  // A bounded wait never runs the operation itself, so that its deadline holds.
-  bool wait(std::chrono::milliseconds timeout) override {
-    if (!isCompleted()) {
-      if (auto group = lockGroup()) group->wakeForWaiter(this);
-    }
-    return Work::wait(timeout);
+bool ProcessGroupComm::CommWork::wait(std::chrono::milliseconds timeout) {
+  if (!isCompleted()) {
+    if (auto group = lockGroup()) group->wakeForWaiter(this);
   }
+  return Work::wait(timeout);
+}
 
- protected:
-  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
-  void onWaitTimeout(const std::string& reason) override {
-    if (auto group = group_.lock()) group->abort(reason);
-  }
+void ProcessGroupComm::CommWork::onWaitTimeout(const std::string& reason) {
+  if (auto group = group_.lock()) group->abort(reason);
+}
 
- private:
-  std::shared_ptr<ProcessGroupComm> lockGroup() const {
-    return std::static_pointer_cast<ProcessGroupComm>(group_.lock());
-  }
-
-  std::weak_ptr<ProcessGroup> group_;
-};
-
-}  // namespace
-
-std::shared_ptr<Work> ProcessGroupComm::post(OpDesc op) {
+std::shared_ptr<Work> ProcessGroupComm::post(OpDesc&& op) {
   // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
   // runs (and a bounded wait that expires cannot abort the group).
-  auto work = std::make_shared<CommWork>(op, rank(), weak_from_this());
+  auto work = std::make_shared<CommWork>(std::move(op), rank(), weak_from_this());
   bool queued = false;
   bool wake = false;
   std::string cause;
@@ -67,7 +44,8 @@ std::shared_ptr<Work> ProcessGroupComm::post(OpDesc op) {
     if (broken_) {
       cause = brokenCause_;
     } else {
-      queue_.push_back(Item{op, work, queue_.empty() && !running_, TimePoint{}});
+      work->lone = queue_.empty() && !running_;
+      queue_.push_back(work);
       queued = true;
       wake = workerNeedsWakeLocked();
       stats_.issueWakes += wake;
@@ -78,9 +56,9 @@ std::shared_ptr<Work> ProcessGroupComm::post(OpDesc op) {
     return work;
   }
   // A broken group fails at once, without touching the queue.
-  recordEnd(op, true);
-  work->markFailed(std::make_exception_ptr(
-      IoError(who() + ": " + op.describe() + " was not run: the group failed earlier: " + cause)));
+  recordEnd(work->op, true);
+  work->markFailed(std::make_exception_ptr(IoError(
+      who() + ": " + work->op.describe() + " was not run: the group failed earlier: " + cause)));
   return work;
 }
 
@@ -152,9 +130,9 @@ void ProcessGroupComm::workerLoop() {
       idle(hot);
       continue;
     }
-    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front().lone && !urgent_ && !stopping_ &&
+    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front()->lone && !urgent_ && !stopping_ &&
         !broken_) {
-      TimePoint& seen = queue_.front().seen;
+      TimePoint& seen = queue_.front()->seen;
       if (seen == TimePoint{}) seen = now;
       const TimePoint due = seen + grace_;
       if (now < due) {
@@ -172,7 +150,7 @@ void ProcessGroupComm::workerLoop() {
     ++stats_.workerRuns;
     lock.unlock();
     execute(item);
-    item = Item{};  // drop the buffers' Work outside the lock
+    item.reset();  // drop the buffers' Work outside the lock
     lock.lock();
     running_ = false;
   }
@@ -186,9 +164,9 @@ bool ProcessGroupComm::runInline(const Work* work) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (running_ || broken_ || queue_.empty()) return false;
-      mine = queue_.front().work.get() == work;
+      mine = queue_.front().get() == work;
       if (!mine && std::none_of(queue_.begin(), queue_.end(),
-                                [&](const Item& i) { return i.work.get() == work; })) {
+                                [&](const Item& i) { return i.get() == work; })) {
         return false;  // not queued: running on the worker, or done
       }
       item = std::move(queue_.front());
@@ -197,7 +175,7 @@ bool ProcessGroupComm::runInline(const Work* work) {
       ++stats_.inlineRuns;
     }
     execute(item);
-    item = Item{};
+    item.reset();
     bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -216,7 +194,7 @@ void ProcessGroupComm::wakeForWaiter(const Work* work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (std::any_of(queue_.begin(), queue_.end(),
-                    [&](const Item& i) { return i.work.get() == work; })) {
+                    [&](const Item& i) { return i.get() == work; })) {
       urgent_ = true;
       wake = !running_ && workerState_ != WorkerState::kBusy;
       stats_.waiterWakes += wake;

@@ -246,7 +246,7 @@ void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {
 
 using namespace pg_checks;
 
-std::shared_ptr<Work> ProcessGroup::issue(OpDesc op, const OptionalTimeout& timeout) {
+std::shared_ptr<Work> ProcessGroup::issue(OpDesc&& op, const OptionalTimeout& timeout) {
   prepare(op, timeout);
   std::lock_guard<std::mutex> lock(issueMu_);
   return postLocked(std::move(op));
@@ -261,7 +261,7 @@ void ProcessGroup::prepare(OpDesc& op, const OptionalTimeout& timeout) const {
   checkOp(op);
 }
 
-std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc op) {
+std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc&& op) {
   if (op.type == OpType::kSend) {
     op.seq = ++sendSeq_[op.root];
   } else if (op.type == OpType::kRecv) {

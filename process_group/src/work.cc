@@ -58,8 +58,9 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 }
 
 bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded) {
+  if (done()) return finished();  // no clock read: a waiter that ran it inline lands here
   const auto start = std::chrono::steady_clock::now();
-  if (!done()) {
+  {
     std::unique_lock<std::mutex> lock(mu_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     // Sequentially consistent, to pair with complete()'s store of kDone and load of sleepers_.

@@ -292,7 +292,7 @@ void ProcessGroupMpi::abort(const std::string& reason) {
   }
 }
 
-std::shared_ptr<Work> ProcessGroupMpi::post(OpDesc op) {
+std::shared_ptr<Work> ProcessGroupMpi::post(OpDesc&& op) {
   auto work = std::make_shared<MpiWork>(op, rank(), weak_from_this());
   if (isBroken()) {
     recordEnd(op, true);

@@ -53,7 +53,7 @@ class ProcessGroupMpi final : public ProcessGroup {
   };
 
  protected:
-  std::shared_ptr<Work> post(OpDesc op) override;
+  std::shared_ptr<Work> post(OpDesc&& op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
   void checkOp(const OpDesc& op) const override;
 

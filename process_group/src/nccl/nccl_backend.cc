@@ -445,7 +445,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
   }
 
-  std::shared_ptr<Work> post(OpDesc op) override {
+  std::shared_ptr<Work> post(OpDesc&& op) override {
     const Deadline deadline(op.timeout);
     DeviceGuard guard(state_->device);
     cudaCheck(guard.status(), who(), "cudaSetDevice");

@@ -355,7 +355,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // Queues `op` (arguments checked, sequence number set) and returns its Work. Called with
   // the issue lock held, so the queue order is the sequence order.
-  virtual std::shared_ptr<Work> post(OpDesc op) = 0;
+  virtual std::shared_ptr<Work> post(OpDesc&& op) = 0;
   // Throws InvalidArgumentError when the backend cannot use a buffer on `buf.device`.
   virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
   // Backend-specific argument checks, before the operation takes a sequence number.
@@ -369,11 +369,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   diag::GroupDiagnostics* diagnostics() const { return diagnostics_.get(); }
 
  private:
-  std::shared_ptr<Work> issue(OpDesc op, const OptionalTimeout& timeout);
+  std::shared_ptr<Work> issue(OpDesc&& op, const OptionalTimeout& timeout);
   // issue's two halves: the timeout and the backend's checks (no lock), then, with issueMu_
   // held, the sequence number and post().
   void prepare(OpDesc& op, const OptionalTimeout& timeout) const;
-  std::shared_ptr<Work> postLocked(OpDesc op);
+  std::shared_ptr<Work> postLocked(OpDesc&& op);
   void checkBuffer(const BufferView& buf, const char* opName, const char* what) const;
   void checkRoot(int root, const char* opName, const char* what) const;
   // An operation's input and output: one check when they are the same view, else both, with
