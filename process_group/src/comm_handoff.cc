@@ -95,6 +95,10 @@ void ProcessGroupComm::workerLoop() {
       inlineSeenAt_ = now;
     }
     const bool hot = nap_.count() > 0 && now - inlineSeenAt_ < kHotWindow;
+    // While it naps, the worker's wake-ups are the flight recorder's tick (an operation run
+    // inline then reads no clock for its record); it is withdrawn before the worker sleeps
+    // or runs an operation itself.
+    publishRecorderTick(hot ? now : TimePoint{});
     if (running_) {
       // A waiter runs an operation inline; it wakes the worker when it is done and work is
       // left. Napping (not sleeping) while waiters run operations keeps the next issue from
@@ -104,6 +108,7 @@ void ProcessGroupComm::workerLoop() {
     }
     // ctx_ is still set while broken only after abort() with no failed operation.
     if (broken_ && ctx_) {
+      publishRecorderTick(TimePoint{});
       const std::string cause = brokenCause_;
       running_ = true;
       lock.unlock();
@@ -149,12 +154,14 @@ void ProcessGroupComm::workerLoop() {
     running_ = true;
     ++stats_.workerRuns;
     lock.unlock();
+    publishRecorderTick(TimePoint{});
     execute(item);
     item.reset();  // drop the buffers' Work outside the lock
     lock.lock();
     running_ = false;
   }
   workerState_ = WorkerState::kBusy;
+  publishRecorderTick(TimePoint{});
 }
 
 bool ProcessGroupComm::runInline(const Work* work) {

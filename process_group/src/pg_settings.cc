@@ -16,6 +16,8 @@ ProcessGroupOptions withEnvironment(ProcessGroupOptions options) {
   const ProcessGroupOptions defaults;
   settings::fillDefault(options.flightRecorderEntries, defaults.flightRecorderEntries,
                         settings::integer("LOOM_FLIGHT_RECORDER_ENTRIES"));
+  settings::fillDefault(options.flightRecorderPreciseEvery, defaults.flightRecorderPreciseEvery,
+                        settings::integer("LOOM_FLIGHT_RECORDER_PRECISE_EVERY"));
   settings::fillDefault(options.dumpDir, defaults.dumpDir, settings::text("LOOM_DUMP_DIR"));
   settings::fillDefault(options.traceDir, defaults.traceDir, settings::text("LOOM_TRACE"));
   if (options.heartbeatInterval == defaults.heartbeatInterval) {
@@ -87,6 +89,8 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
                   detail::str(o.failureReportWindow.count(), "ms"));
   appendIfChanged(out, "flightRecorderEntries", o.flightRecorderEntries, d.flightRecorderEntries,
                   std::to_string(o.flightRecorderEntries));
+  appendIfChanged(out, "flightRecorderPreciseEvery", o.flightRecorderPreciseEvery,
+                  d.flightRecorderPreciseEvery, std::to_string(o.flightRecorderPreciseEvery));
   appendIfChanged(out, "dumpDir", o.dumpDir, d.dumpDir, o.dumpDir);
   appendIfChanged(out, "heartbeatInterval", o.heartbeatInterval, d.heartbeatInterval,
                   detail::str(o.heartbeatInterval.count(), "ms"));

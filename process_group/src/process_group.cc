@@ -101,12 +101,18 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
   recvSeq_.assign(size_, 0);
   LOOM_CHECK(options_.flightRecorderEntries >= 0, "flightRecorderEntries must be >= 0, got ",
              options_.flightRecorderEntries);
+  if (options_.flightRecorderPreciseEvery < 1) {
+    LOOM_THROW(InvalidArgumentError, who(), ": flightRecorderPreciseEvery must be at least 1, got ",
+               options_.flightRecorderPreciseEvery,
+               " (LOOM_FLIGHT_RECORDER_PRECISE_EVERY; 1 times every operation precisely)");
+  }
   if (options_.flightRecorderEntries > 0) {
     diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
         diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
         static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
         options_.dumpDir, options_.heartbeatInterval);
     recorder_ = &diagnostics_->recorder();
+    recorder_->setPreciseEvery(static_cast<uint64_t>(options_.flightRecorderPreciseEvery));
   }
   if (!options_.traceDir.empty()) {
     // The group's operations are traced from their flight record ids.
@@ -126,6 +132,14 @@ ProcessGroup::~ProcessGroup() {
 void ProcessGroup::recordStart(const OpDesc& op) {
   if (recorder_ != nullptr) recorder_->recordStart(op.recordId);
   if (traceLane_ >= 0) traceStarts_[op.recordId % kTraceSlots] = trace::nowUs();
+}
+
+void ProcessGroup::publishRecorderTick(std::chrono::steady_clock::time_point now) {
+  if (recorder_ == nullptr) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
+  recorder_->publishTick(now == std::chrono::steady_clock::time_point{}
+                             ? 0
+                             : static_cast<uint64_t>(std::max<int64_t>(ns.count(), 1)));
 }
 
 void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {

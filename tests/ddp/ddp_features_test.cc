@@ -413,6 +413,7 @@ TEST(Overlap, BucketAllreducesRunWhileBackwardComputesEarlierLayers) {
     po.timeout = std::chrono::seconds(30);
     po.debug = DebugLevel::kOff;
     po.flightRecorderEntries = 4096;
+    po.flightRecorderPreciseEvery = 1;  // the end times below are read to the microsecond
     auto pg = createProcessGroup("tcp", store, rank, world, po);
     auto model = makeMlp({1024, 512, 64, 10});
     // Registered before DDP's own hooks, so each time is taken before DDP reacts to it.

@@ -126,6 +126,72 @@ TEST(FlightRecorder, TimesAreUnixMicrosecondsFromTheRightClock) {
   EXPECT_GT(r.issueUs, before - 100000);  // the coarse clock: a few ms of resolution
 }
 
+// With a tick published (the comm backend's worker napping while waiters run operations), an
+// operation whose sequence number is not a multiple of preciseEvery reads no clock: its issue,
+// start and end are the tick, marked not precise, and convert to the tick's Unix time. The
+// multiples are timed precisely on the TSC as before, and so is every operation once the tick
+// is withdrawn. stragglers() skips the tick-stamped ones.
+TEST(FlightRecorder, TickStampsAllButEveryNthOperationWhilePublished) {
+  FlightRecorder rec(64, comm::Algorithm::kAuto);
+  rec.setPreciseEvery(5);  // rounded up to 8
+  EXPECT_EQ(rec.preciseEvery(), 8u);
+  const auto steadyNs = [] {
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch() /
+                                 std::chrono::nanoseconds(1));
+  };
+  const auto unixUs = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  // The tick is 30 ms old by the time the operations run: their times show that age.
+  const int64_t tickUnixUs = unixUs();
+  rec.publishTick(steadyNs());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (uint64_t seq = 1; seq <= 16; ++seq) {
+    const uint64_t id = rec.recordIssue(allreduceOp(seq, 1));
+    rec.recordStart(id);
+    rec.recordEnd(id, false);
+  }
+  rec.publishTick(0);
+  const int64_t untickedFrom = unixUs();
+  const uint64_t id = rec.recordIssue(allreduceOp(17, 1));
+  rec.recordStart(id);
+  rec.recordEnd(id, false);
+  const std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 17u);
+  for (const OpRecord& r : got) {
+    SCOPED_TRACE(r.describe());
+    EXPECT_EQ(r.state, OpState::kDone);
+    const bool sampled = r.seq % 8 == 0;
+    EXPECT_EQ(r.precise, sampled || r.seq == 17);
+    if (r.seq == 17) {
+      EXPECT_GE(r.startUs, untickedFrom - 1000);
+    } else if (sampled) {
+      EXPECT_GE(r.startUs, tickUnixUs + 30000 - 1000);  // read after the sleep
+      // Issued while the tick was published: the issue time is the tick.
+      EXPECT_NEAR(static_cast<double>(r.issueUs), static_cast<double>(tickUnixUs), 1000.0);
+    } else {
+      // All three are the tick: 30 ms before the operations ran, to well under a millisecond.
+      EXPECT_NEAR(static_cast<double>(r.startUs), static_cast<double>(tickUnixUs), 1000.0);
+      EXPECT_EQ(r.endUs, r.startUs);
+      EXPECT_EQ(r.issueUs, r.startUs);
+    }
+    EXPECT_LE(r.issueUs, r.startUs);
+    EXPECT_LE(r.startUs, r.endUs);
+  }
+  // The JSON form keeps the flag.
+  RankDump d;
+  d.rank = 0;
+  d.size = 1;
+  d.entries = got;
+  const RankDump back = parseDump(toJson(d), "test");
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(back.entries[i].precise, got[i].precise);
+  // Only the precise ones count as arrivals.
+  std::vector<std::optional<RankDump>> dumps{d};
+  EXPECT_EQ(stragglers(dumps).ranks[0].collectives, 3u);  // seqs 8, 16, 17
+}
+
 // A reader snapshots while a writer records as fast as it can: every entry it returns is whole
 // (count and bytes agree with its seq), ids are consecutive, and the reader never blocks the
 // writer for long.

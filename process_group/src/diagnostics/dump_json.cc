@@ -116,7 +116,8 @@ std::string toJson(const RankDump& d) {
                     {"peer", r.peer},
                     {"issue_us", r.issueUs},
                     {"start_us", r.startUs},
-                    {"end_us", r.endUs}};
+                    {"end_us", r.endUs},
+                    {"precise", r.precise}};
     out += (i ? ",\n  " : "\n  ") + compact(e);
   }
   out += d.entries.empty() ? "]\n}\n" : "\n ]\n}\n";
@@ -189,6 +190,8 @@ RankDump parseDump(const std::string& text, const std::string& source) {
     r.issueUs = field<int64_t>(e, "issue_us", where);
     r.startUs = field<int64_t>(e, "start_us", where);
     r.endUs = field<int64_t>(e, "end_us", where);
+    // Optional (dumps before it was added timed every operation precisely).
+    if (e.contains("precise")) r.precise = field<bool>(e, "precise", where);
     d.entries.push_back(r);
   }
   return d;

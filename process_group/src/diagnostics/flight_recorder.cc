@@ -45,6 +45,10 @@ FlightRecorder::FlightRecorder(size_t capacity, comm::Algorithm algorithm)
       steadyOriginNs_(static_cast<int64_t>(steadyNs())),
       ticksOrigin_(ticks()) {}
 
+void FlightRecorder::setPreciseEvery(uint64_t every) {
+  preciseMask_ = slotsFor(every == 0 ? 1 : every) - 1;
+}
+
 std::vector<OpRecord> FlightRecorder::snapshot() const {
   // Raw times -> Unix microseconds, anchored now: a time's distance from now on the monotonic
   // clock, subtracted from the system clock now. The TSC's rate is measured over the group's
@@ -67,9 +71,9 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
   const auto coarseToUs = [&](uint64_t ns) -> int64_t {
     return ns == 0 ? 0 : monotonicToUs(static_cast<double>(ns));
   };
-  const auto ticksToUs = [&](uint64_t t) -> int64_t {
+  const auto ticksToUs = [&](uint64_t t, bool tick) -> int64_t {
     if (t == 0) return 0;
-    if (!useTsc_) return monotonicToUs(static_cast<double>(t));
+    if (tick || !useTsc_) return monotonicToUs(static_cast<double>(t));
     // Signed: another thread may have stamped after ticksNow was read.
     const double ago = (static_cast<double>(ticksNow) - static_cast<double>(t)) * nsPerTick;
     return monotonicToUs(static_cast<double>(steadyNow) - ago);
@@ -94,22 +98,26 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
       std::atomic_thread_fence(std::memory_order_acquire);
       ok = slot.words[kStamp].load(r) == v1;
     }
-    if (!ok || (w[kStamp] >> 8) != id) continue;  // kept changing, or already overwritten
+    if (!ok || (w[kStamp] >> kIdShift) != id) continue;  // kept changing, or already overwritten
     OpRecord rec;
     rec.id = id;
     rec.seq = w[kSeq];
     rec.type = static_cast<OpType>(w[kKind] & 0xff);
     rec.dtype = static_cast<DType>((w[kKind] >> 8) & 0xff);
     rec.reduceOp = static_cast<ReduceOp>((w[kKind] >> 16) & 0xff);
-    rec.state = static_cast<OpState>((w[kKind] >> 24) & 0xff);
+    rec.state = static_cast<OpState>((w[kStamp] & kStateMask) >> kStateShift);
     rec.algorithm = static_cast<comm::Algorithm>((w[kKind] >> 32) & 0xff);
     rec.root = static_cast<int32_t>(w[kRoot] & 0xffffffffu);
     rec.peer = static_cast<int32_t>(w[kRoot] >> 32);
     rec.count = w[kCount];
     rec.bytes = w[kCount] * dtypeSize(rec.dtype);
     rec.issueUs = coarseToUs(w[kIssue]);
-    rec.startUs = ticksToUs(w[kStart]);
-    rec.endUs = ticksToUs(w[kEnd]);
+    rec.startUs = ticksToUs(w[kStart], (w[kStamp] & kStartTick) != 0);
+    rec.endUs = ticksToUs(w[kEnd], (w[kStamp] & kEndTick) != 0);
+    rec.precise = (w[kStamp] & (kStartTick | kEndTick)) == 0;
+    // A tick is late by up to a nap: it cannot put the end before the start, nor the start
+    // before the issue (clamped below).
+    if (rec.endUs != 0 && rec.endUs < rec.startUs) rec.endUs = rec.startUs;
     // The coarse clock lags by up to one tick: an issue time after the start is that lag.
     if (rec.startUs != 0 && rec.issueUs > rec.startUs) rec.issueUs = rec.startUs;
     out.push_back(rec);

@@ -15,17 +15,33 @@
 //   first word (its stamp: the id and a write count) is odd while the entry is written (a
 //   seqlock); a reader that sees it change retries that entry a few times and skips it if it
 //   keeps changing.
-// - Cost (docs/diagnostics.md has the measurement): one clock read and one cache line of
-//   stores per call, inlined into the caller. An entry is one 64-byte line; the ring has a
-//   power-of-two number of slots (capacity rounded up; only the newest `capacity` are
-//   reported) so that finding an entry is a mask, not a division. Times are raw clock values:
-//   the issue time the coarse monotonic clock (one kernel tick of resolution, a few ms: enough
-//   for the age of a queued or hung operation), start and end the CPU's time-stamp counter
-//   when it is invariant (CPUID: constant rate, runs in every C-state; the steady clock
-//   otherwise). snapshot() converts them to microseconds since the Unix epoch, anchored at
-//   the snapshot (the system clock now, minus the time's distance from now on the monotonic
-//   clock), so dumps of different hosts line up as well as their clocks do, and ranks of one
-//   host that read their rings together agree to well under a microsecond.
+// - Cost (docs/diagnostics.md has the measurement): a few stores into one 64-byte line per
+//   call, inlined into the caller, and on most operations no clock read: an 8-byte all-reduce
+//   over shared memory takes well under a microsecond, and reading a clock three times per
+//   operation (issue, start, end) was 4% of it. The ring has a power-of-two number of slots
+//   (capacity rounded up; only the newest `capacity` are reported) so that finding an entry
+//   is a mask, not a division.
+// - Times. Every entry has an issue, start and end time (0 until it happens), each either
+//   precise or a tick:
+//   - precise: start and end read from the CPU's time-stamp counter when it is invariant
+//     (CPUID: constant rate, runs in every C-state; the steady clock otherwise). Every
+//     collective and point-to-point operation whose sequence number is a multiple of
+//     preciseEvery() (LOOM_FLIGHT_RECORDER_PRECISE_EVERY, a power of two; 1: every
+//     operation) is timed so on every rank, so that stragglers() compares the same operations
+//     on every rank; and every operation is whenever no tick is published.
+//   - tick: the backend's thread that naps while waiters run operations (the comm backend's
+//     worker, docs/handoff.md) publishes the monotonic time it read on each wake-up
+//     (publishTick), and withdraws it (0) before it sleeps or runs an operation itself. An
+//     operation stamped from the tick is late by at most about one nap (1 ms by default, more
+//     when the machine does not run the worker in time): the age of a queued or hung
+//     operation, what the failure analysis reports, to the millisecond; not the duration of a
+//     microsecond operation. OpRecord::precise tells them apart.
+//   - issue times are the tick when one is published, else the coarse monotonic clock (one
+//     kernel tick of resolution, a few ms).
+//   snapshot() converts them to microseconds since the Unix epoch, anchored at the snapshot
+//   (the system clock now, minus the time's distance from now on the monotonic clock), so
+//   dumps of different hosts line up as well as their clocks do, and ranks of one host that
+//   read their rings together agree to well under a microsecond.
 #pragma once
 
 #include <time.h>
@@ -52,6 +68,13 @@ class FlightRecorder {
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
   size_t capacity() const { return capacity_; }
+  // Operations whose sequence number is a multiple of `every` (rounded up to a power of two,
+  // >= 1) get precise start and end times. Set before the first recordIssue.
+  void setPreciseEvery(uint64_t every);
+  uint64_t preciseEvery() const { return preciseMask_ + 1; }
+  // The tick (see Times above): `steadyNs`, the steady clock's nanoseconds, read by a thread
+  // that reads it again within about a nap; 0 withdraws it.
+  void publishTick(uint64_t steadyNs) { tick_.word.store(steadyNs, std::memory_order_relaxed); }
 
   // Returns the entry's id (1, 2, ...), which OpDesc::recordId carries to the running thread.
   // Forced inline: GCC at -O2 kept recordIssue out of line (a call per operation in the
@@ -74,12 +97,20 @@ class FlightRecorder {
 
  private:
   // One entry: eight words, each a relaxed atomic so that a torn read is a retry, never
-  // undefined behaviour. kStamp = id << 8 | writes << 1 | busy. kKind packs type | dtype << 8 |
-  // reduce op << 16 | state << 24 | algorithm << 32; kRoot packs root (low 32 bits) and peer
-  // (high 32 bits). Bytes are count * dtype size, computed when read.
+  // undefined behaviour. kStamp = id << 16 | the timing bits (kSampled, kStartTick, kEndTick)
+  // | state << 8 | writes << 1 | busy: what start and end change lives in the word they load
+  // and store anyway. kKind packs type | dtype << 8 | reduce op << 16 | algorithm << 32, kRoot
+  // root (low 32 bits) and peer (high 32 bits). Bytes are count * dtype size, computed when
+  // read.
   enum Word : size_t { kStamp, kSeq, kKind, kRoot, kCount, kIssue, kStart, kEnd, kWords };
   static constexpr uint64_t kBusy = 1;
   static constexpr uint64_t kWriteMask = 0xfe;  // the write count, bits 1-7 (wraps)
+  static constexpr int kStateShift = 8;              // bits 8-9: the OpState
+  static constexpr uint64_t kStateMask = uint64_t{3} << kStateShift;
+  static constexpr uint64_t kSampled = 1u << 10;    // start and end are read precisely
+  static constexpr uint64_t kStartTick = 1u << 11;  // kStart holds the tick
+  static constexpr uint64_t kEndTick = 1u << 12;    // kEnd holds the tick
+  static constexpr int kIdShift = 16;
   struct alignas(64) Slot {
     std::atomic<uint64_t> words[kWords] = {};
   };
@@ -113,15 +144,21 @@ class FlightRecorder {
   static void endWrite(Slot& slot, uint64_t next) {
     slot.words[kStamp].store(next, std::memory_order_release);
   }
-  [[gnu::always_inline]] inline void setState(uint64_t id, OpState state, Word timeWord, int peer);
+  [[gnu::always_inline]] inline void setState(uint64_t id, OpState state, Word timeWord,
+                                              uint64_t tickBit, int peer);
 
   const size_t capacity_;
+  uint64_t preciseMask_ = 15;  // preciseEvery() - 1
   const uint64_t mask_;  // slots - 1 (slots: capacity rounded up to a power of two)
   const comm::Algorithm algorithm_;
   const bool useTsc_;
   const std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> lastSeq_{0};
+  // Written by another thread than next_ (once per nap): a line of its own.
+  struct alignas(64) Tick {
+    std::atomic<uint64_t> word{0};
+  } tick_;
   // The steady clock and the ticks read together at construction: snapshot() measures the
   // ticks' rate from them.
   const int64_t steadyOriginNs_;
@@ -134,17 +171,19 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   const uint64_t id = next_.load(std::memory_order_relaxed) + 1;
   next_.store(id, std::memory_order_relaxed);
   Slot& slot = slotOf(id);
-  const uint64_t next = beginWrite(slot, id << 8);
+  const uint64_t next =
+      beginWrite(slot, id << kIdShift | ((op.seq & preciseMask_) == 0 ? kSampled : 0) |
+                           static_cast<uint64_t>(OpState::kQueued) << kStateShift);
   constexpr auto r = std::memory_order_relaxed;
   slot.words[kSeq].store(op.seq, r);
+  const uint64_t tick = tick_.word.load(r);
   slot.words[kKind].store(static_cast<uint64_t>(op.type) | static_cast<uint64_t>(op.dtype) << 8 |
                               static_cast<uint64_t>(op.reduceOp) << 16 |
-                              static_cast<uint64_t>(OpState::kQueued) << 24 |
                               static_cast<uint64_t>(algorithm_) << 32,
                           r);
   slot.words[kRoot].store(static_cast<uint32_t>(op.root) | uint64_t{0xffffffffu} << 32, r);
   slot.words[kCount].store(op.count, r);
-  slot.words[kIssue].store(coarseNs(), r);
+  slot.words[kIssue].store(tick != 0 ? tick : coarseNs(), r);
   slot.words[kStart].store(0, r);
   slot.words[kEnd].store(0, r);
   endWrite(slot, next);
@@ -155,32 +194,33 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   return id;
 }
 
-inline void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord, int peer) {
+inline void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord,
+                                     uint64_t tickBit, int peer) {
   if (id == 0) return;  // not recorded
-  const uint64_t now = ticks();
   Slot& slot = slotOf(id);
   constexpr auto r = std::memory_order_relaxed;
   const uint64_t stamp = slot.words[kStamp].load(r);
   // The ring wrapped onto this operation (more than the ring's slots issued while it waited):
   // its entry belongs to a newer one now, and the update is dropped.
-  if ((stamp >> 8) != id) return;
+  if ((stamp >> kIdShift) != id) return;
+  const uint64_t tick = (stamp & kSampled) != 0 ? 0 : tick_.word.load(r);
+  const uint64_t now = tick != 0 ? tick : ticks();
   const uint64_t next = beginWrite(slot, stamp);
-  const uint64_t kind = slot.words[kKind].load(r);
-  slot.words[kKind].store((kind & ~(uint64_t{0xff} << 24)) | static_cast<uint64_t>(state) << 24, r);
   slot.words[timeWord].store(now, r);
   if (peer >= 0) {
     const uint64_t root = slot.words[kRoot].load(r) & 0xffffffffu;
     slot.words[kRoot].store(root | static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32, r);
   }
-  endWrite(slot, next);
+  endWrite(slot, (next & ~kStateMask & ~tickBit) | static_cast<uint64_t>(state) << kStateShift |
+                    (tick != 0 ? tickBit : 0));
 }
 
 inline void FlightRecorder::recordStart(uint64_t id) {
-  setState(id, OpState::kRunning, kStart, -1);
+  setState(id, OpState::kRunning, kStart, kStartTick, -1);
 }
 
 inline void FlightRecorder::recordEnd(uint64_t id, bool failed, int peer) {
-  setState(id, failed ? OpState::kFailed : OpState::kDone, kEnd, peer);
+  setState(id, failed ? OpState::kFailed : OpState::kDone, kEnd, kEndTick, peer);
 }
 
 }  // namespace loom::diag

@@ -33,7 +33,9 @@ StragglerTable stragglers(const std::vector<std::optional<RankDump>>& dumps) {
   std::map<uint64_t, std::vector<int64_t>> starts;
   for (size_t i = 0; i < present.size(); ++i) {
     for (const OpRecord& r : dumps[present[i]]->entries) {
-      if (!isCollective(r.type) || r.state != OpState::kDone || r.startUs == 0) continue;
+      if (!isCollective(r.type) || r.state != OpState::kDone || r.startUs == 0 || !r.precise) {
+        continue;
+      }
       auto& row = starts[r.seq];
       if (row.empty()) row.assign(present.size(), 0);
       row[i] = r.startUs;

@@ -47,6 +47,10 @@ struct OpRecord {
   int64_t issueUs = 0;
   int64_t startUs = 0;
   int64_t endUs = 0;
+  // Whether startUs and endUs (those set) are precise (the time-stamp counter: to the
+  // microsecond) rather than the recorder's tick (up to about a millisecond late; see
+  // docs/diagnostics.md, "Times"). stragglers() uses precise entries only.
+  bool precise = true;
 
   // "allreduce#5", "send#3 to rank 1" (OpDesc::describe).
   std::string describe() const;

@@ -121,6 +121,12 @@ struct ProcessGroupOptions {
   // Operations the flight recorder keeps (LOOM_FLIGHT_RECORDER_ENTRIES); 0 turns it off, and
   // with it the dumps and the failure analysis.
   int flightRecorderEntries = 2000;
+  // Every how many operations (by sequence number; rounded up to a power of two) the
+  // recorder reads the time-stamp counter for their start and end
+  // (LOOM_FLIGHT_RECORDER_PRECISE_EVERY; docs/diagnostics.md, "Times"): the others take the
+  // backend's millisecond tick while it has one. 1: every operation (4% of an 8-byte shm
+  // all-reduce).
+  int flightRecorderPreciseEvery = 16;
   // Where dumps are written as JSON, one file per rank and group (LOOM_DUMP_DIR); empty: the
   // store only.
   std::string dumpDir{};
@@ -365,6 +371,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void recordStart(const OpDesc& op);
   // `peer`: the rank the operation waited on when it failed, -1 when unknown.
   void recordEnd(const OpDesc& op, bool failed, int peer = -1);
+  // For a backend thread that wakes at least every millisecond or so while operations run on
+  // other threads (the comm backend's worker while it naps): `now` is the steady clock it just
+  // read, which the recorder then uses instead of reading a clock for most operations
+  // (docs/diagnostics.md, "Times"). A default time_point withdraws it: call that before the
+  // thread sleeps longer or runs an operation itself.
+  void publishRecorderTick(std::chrono::steady_clock::time_point now);
   // Null when the recorder is off.
   diag::GroupDiagnostics* diagnostics() const { return diagnostics_.get(); }
 
