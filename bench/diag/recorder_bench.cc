@@ -50,7 +50,7 @@ void BM_RecordOperation(benchmark::State& state) {
   state.SetLabel(std::string(rec.usesTsc() ? "precise: tsc" : "precise: steady clock") +
                  (state.range(1) != 0 ? ", tick published" : ", no tick"));
 }
-BENCHMARK(BM_RecordOperation)->Args({16, 1})->Args({1, 1})->Args({16, 0});
+BENCHMARK(BM_RecordOperation)->Args({16, 1})->Args({64, 1})->Args({1, 1})->Args({16, 0});
 
 void BM_RecordIssue(benchmark::State& state) {
   FlightRecorder rec(2000, loom::comm::Algorithm::kAuto);

@@ -85,7 +85,7 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
   constexpr auto r = std::memory_order_relaxed;
   for (uint64_t id = first; id <= last; ++id) {
     const Slot& slot = slotOf(id);
-    uint64_t w[kWords];
+    uint64_t w[kWords] = {};
     bool ok = false;
     for (int attempt = 0; attempt < 16 && !ok; ++attempt) {
       const uint64_t v1 = slot.words[kStamp].load(std::memory_order_acquire);
@@ -106,14 +106,16 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
     rec.dtype = static_cast<DType>((w[kKind] >> 8) & 0xff);
     rec.reduceOp = static_cast<ReduceOp>((w[kKind] >> 16) & 0xff);
     rec.state = static_cast<OpState>((w[kStamp] & kStateMask) >> kStateShift);
-    rec.algorithm = static_cast<comm::Algorithm>((w[kKind] >> 32) & 0xff);
-    rec.root = static_cast<int32_t>(w[kRoot] & 0xffffffffu);
-    rec.peer = static_cast<int32_t>(w[kRoot] >> 32);
+    rec.algorithm = static_cast<comm::Algorithm>((w[kKind] >> 24) & 0xff);
+    rec.root = static_cast<int32_t>(static_cast<uint32_t>(w[kKind] >> 32));
+    rec.peer = (w[kStamp] & kPeerSet) != 0 ? static_cast<int32_t>(w[kPeer] & 0xffffffffu) : -1;
     rec.count = w[kCount];
     rec.bytes = w[kCount] * dtypeSize(rec.dtype);
     rec.issueUs = coarseToUs(w[kIssue]);
-    rec.startUs = ticksToUs(w[kStart], (w[kStamp] & kStartTick) != 0);
-    rec.endUs = ticksToUs(w[kEnd], (w[kStamp] & kEndTick) != 0);
+    const bool ended = rec.state == OpState::kDone || rec.state == OpState::kFailed;
+    rec.startUs =
+        (w[kStamp] & kStartSet) != 0 ? ticksToUs(w[kStart], (w[kStamp] & kStartTick) != 0) : 0;
+    rec.endUs = ended ? ticksToUs(w[kEnd], (w[kStamp] & kEndTick) != 0) : 0;
     rec.precise = (w[kStamp] & (kStartTick | kEndTick)) == 0;
     // A tick is late by up to a nap: it cannot put the end before the start, nor the start
     // before the issue (clamped below).

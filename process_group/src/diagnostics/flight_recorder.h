@@ -97,12 +97,18 @@ class FlightRecorder {
 
  private:
   // One entry: eight words, each a relaxed atomic so that a torn read is a retry, never
-  // undefined behaviour. kStamp = id << 16 | the timing bits (kSampled, kStartTick, kEndTick)
-  // | state << 8 | writes << 1 | busy: what start and end change lives in the word they load
-  // and store anyway. kKind packs type | dtype << 8 | reduce op << 16 | algorithm << 32, kRoot
-  // root (low 32 bits) and peer (high 32 bits). Bytes are count * dtype size, computed when
-  // read.
-  enum Word : size_t { kStamp, kSeq, kKind, kRoot, kCount, kIssue, kStart, kEnd, kWords };
+  // undefined behaviour. kStamp = id << 16 | the flag bits (kSampled, kStartSet, kStartTick,
+  // kEndTick, kPeerSet) | state << 8 | writes << 1 | busy: what start and end change lives in
+  // the word they load and store anyway, and which of the other words hold this operation's
+  // values (a reused slot's kStart, kEnd and kPeer are not cleared at issue). kKind packs type
+  // | dtype << 8 | reduce op << 16 | algorithm << 24 | root << 32. Bytes are count * dtype
+  // size, computed when read.
+  //
+  // recordIssue rewrites the entry under the busy bit. recordStart and recordEnd change one
+  // time word (and the peer) and then the stamp, without the busy bit: a reader that read the
+  // old stamp around a new time word still sees the old state, under which that word is not
+  // this operation's and is ignored.
+  enum Word : size_t { kStamp, kSeq, kKind, kPeer, kCount, kIssue, kStart, kEnd, kWords };
   static constexpr uint64_t kBusy = 1;
   static constexpr uint64_t kWriteMask = 0xfe;  // the write count, bits 1-7 (wraps)
   static constexpr int kStateShift = 8;              // bits 8-9: the OpState
@@ -110,6 +116,8 @@ class FlightRecorder {
   static constexpr uint64_t kSampled = 1u << 10;    // start and end are read precisely
   static constexpr uint64_t kStartTick = 1u << 11;  // kStart holds the tick
   static constexpr uint64_t kEndTick = 1u << 12;    // kEnd holds the tick
+  static constexpr uint64_t kStartSet = 1u << 13;   // kStart is this operation's
+  static constexpr uint64_t kPeerSet = 1u << 14;    // kPeer is this operation's
   static constexpr int kIdShift = 16;
   struct alignas(64) Slot {
     std::atomic<uint64_t> words[kWords] = {};
@@ -179,13 +187,11 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   const uint64_t tick = tick_.word.load(r);
   slot.words[kKind].store(static_cast<uint64_t>(op.type) | static_cast<uint64_t>(op.dtype) << 8 |
                               static_cast<uint64_t>(op.reduceOp) << 16 |
-                              static_cast<uint64_t>(algorithm_) << 32,
+                              static_cast<uint64_t>(algorithm_) << 24 |
+                              static_cast<uint64_t>(static_cast<uint32_t>(op.root)) << 32,
                           r);
-  slot.words[kRoot].store(static_cast<uint32_t>(op.root) | uint64_t{0xffffffffu} << 32, r);
   slot.words[kCount].store(op.count, r);
   slot.words[kIssue].store(tick != 0 ? tick : coarseNs(), r);
-  slot.words[kStart].store(0, r);
-  slot.words[kEnd].store(0, r);
   endWrite(slot, next);
   // isCollective (comm/src/types.cc, another library: a call) spelled out.
   if (op.type != OpType::kSend && op.type != OpType::kRecv) {
@@ -204,15 +210,16 @@ inline void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord,
   // its entry belongs to a newer one now, and the update is dropped.
   if ((stamp >> kIdShift) != id) return;
   const uint64_t tick = (stamp & kSampled) != 0 ? 0 : tick_.word.load(r);
-  const uint64_t now = tick != 0 ? tick : ticks();
-  const uint64_t next = beginWrite(slot, stamp);
-  slot.words[timeWord].store(now, r);
+  slot.words[timeWord].store(tick != 0 ? tick : ticks(), r);
+  uint64_t flags = tick != 0 ? tickBit : 0;
+  if (timeWord == kStart) flags |= kStartSet;
   if (peer >= 0) {
-    const uint64_t root = slot.words[kRoot].load(r) & 0xffffffffu;
-    slot.words[kRoot].store(root | static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32, r);
+    slot.words[kPeer].store(static_cast<uint32_t>(peer), r);
+    flags |= kPeerSet;
   }
-  endWrite(slot, (next & ~kStateMask & ~tickBit) | static_cast<uint64_t>(state) << kStateShift |
-                    (tick != 0 ? tickBit : 0));
+  // Release: a reader that sees the new stamp sees the words written before it.
+  endWrite(slot, (stamp & ~kWriteMask & ~kStateMask & ~tickBit) | ((stamp + 2) & kWriteMask) |
+                     static_cast<uint64_t>(state) << kStateShift | flags);
 }
 
 inline void FlightRecorder::recordStart(uint64_t id) {
