@@ -115,7 +115,7 @@ void BM_GroupAllreduceWorld1(benchmark::State& state) {
                  : state.range(1) == 1 ? "recorder on, every operation precise"
                                        : "recorder on");
 }
-BENCHMARK(BM_GroupAllreduceWorld1)->Args({0, 16})->Args({2000, 16})->Args({2000, 1});
+BENCHMARK(BM_GroupAllreduceWorld1)->Args({0, 16})->Args({2000, 16})->Args({2000, 1})->Args({256, 16});
 
 }  // namespace
 

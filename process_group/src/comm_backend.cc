@@ -15,6 +15,7 @@
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
 #include "monitored_barrier.h"
+#include "record_hooks.h"
 
 namespace loom {
 

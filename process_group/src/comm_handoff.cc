@@ -7,6 +7,7 @@
 #include "comm_backend_impl.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "record_hooks.h"
 
 namespace loom {
 

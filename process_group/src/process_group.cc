@@ -9,6 +9,7 @@
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "pg_checks.h"
+#include "record_hooks.h"
 
 namespace loom {
 
@@ -129,9 +130,8 @@ ProcessGroup::~ProcessGroup() {
   if (traceOwner_) trace::close();
 }
 
-void ProcessGroup::recordStart(const OpDesc& op) {
-  if (recorder_ != nullptr) recorder_->recordStart(op.recordId);
-  if (traceLane_ >= 0) traceStarts_[op.recordId % kTraceSlots] = trace::nowUs();
+void ProcessGroup::traceStart(const OpDesc& op) {
+  traceStarts_[op.recordId % kTraceSlots] = trace::nowUs();
 }
 
 void ProcessGroup::publishRecorderTick(std::chrono::steady_clock::time_point now) {
@@ -142,9 +142,8 @@ void ProcessGroup::publishRecorderTick(std::chrono::steady_clock::time_point now
                              : static_cast<uint64_t>(std::max<int64_t>(ns.count(), 1)));
 }
 
-void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {
-  if (recorder_ != nullptr) recorder_->recordEnd(op.recordId, failed, peer);
-  if (traceLane_ >= 0 && op.recordId != 0) {
+void ProcessGroup::traceEnd(const OpDesc& op, bool failed) {
+  if (op.recordId != 0) {
     int64_t& start = traceStarts_[op.recordId % kTraceSlots];
     const int64_t end = trace::nowUs();
     // An operation that failed before it started has no start: a point at its end.

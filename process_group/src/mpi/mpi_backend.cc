@@ -14,6 +14,7 @@
 #include "mpi/mpi_runtime.h"
 #include "pg_failure.h"
 #include "pg_settings.h"
+#include "record_hooks.h"
 
 namespace loom {
 

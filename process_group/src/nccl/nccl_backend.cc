@@ -17,6 +17,7 @@
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
 #include "nccl/nccl_watchdog.h"
+#include "record_hooks.h"
 
 namespace loom {
 

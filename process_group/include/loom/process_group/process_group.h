@@ -368,9 +368,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void checkOp(const OpDesc& op) const { (void)op; }
 
   // The flight recorder's hooks for the thread that runs an operation (no-ops when it is off).
-  void recordStart(const OpDesc& op);
+  // Inline (an 8-byte shm all-reduce pays for two calls otherwise): defined in the library's
+  // private record_hooks.h, which every backend that calls them includes.
+  inline void recordStart(const OpDesc& op);
   // `peer`: the rank the operation waited on when it failed, -1 when unknown.
-  void recordEnd(const OpDesc& op, bool failed, int peer = -1);
+  inline void recordEnd(const OpDesc& op, bool failed, int peer = -1);
   // For a backend thread that wakes at least every millisecond or so while operations run on
   // other threads (the comm backend's worker while it naps): `now` is the steady clock it just
   // read, which the recorder then uses instead of reading a clock for most operations
@@ -418,6 +420,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // trace, and its operations' start times by flight recorder id (recordStart -> recordEnd).
   static constexpr size_t kTraceSlots = 4096;
   int traceLane_ = -1;
+  // The trace's halves of recordStart and recordEnd (out of line: only with LOOM_TRACE).
+  void traceStart(const OpDesc& op);
+  void traceEnd(const OpDesc& op, bool failed);
   bool traceOwner_ = false;
   std::unique_ptr<int64_t[]> traceStarts_;
 
