@@ -281,17 +281,22 @@ int64_t Arena::armDeadline(const Call& call, int64_t now) {
 }
 
 void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target,
-                        const char* what) {
+                        const char* what, int alt, uint64_t altTarget) {
   Control& ctl = control(peer);
   std::atomic<uint64_t>& value = ctl.counters[counter];
-  if (value.load(std::memory_order_acquire) >= target) return;
+  const std::atomic<uint64_t>* other = alt >= 0 ? &ctl.counters[alt] : nullptr;
+  const auto ready = [&] {
+    return value.load(std::memory_order_acquire) >= target ||
+           (other != nullptr && other->load(std::memory_order_acquire) >= altTarget);
+  };
+  if (ready()) return;
   // Spinning is futile while the awaited rank last ran on our own CPU (a loaded machine put
   // both ranks on one core): then give the core away almost at once.
   const bool sameCpu = ctl.cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
   if (!sameCpu) {
     for (int i = 0; i < kPreSpinPauses; ++i) {
       LOOM_SHM_PAUSE();
-      if (value.load(std::memory_order_acquire) >= target) return;
+      if (ready()) return;
     }
   }
   const int64_t spinNs = sameCpu ? kSameCpuSpinNs : spinNs_;
@@ -300,24 +305,24 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
   for (int64_t now = start; now - start < spinNs; now = nowNs()) {
     for (int i = 0; i < 64; ++i) {
       LOOM_SHM_PAUSE();
-      if (value.load(std::memory_order_acquire) >= target) return;
+      if (ready()) return;
     }
   }
   for (int64_t now = nowNs(); now - start < spinNs + yieldNs_; now = nowNs()) {
     ::sched_yield();
-    if (value.load(std::memory_order_acquire) >= target) return;
+    if (ready()) return;
   }
   for (;;) {
     if (!checkHealth(call, peer, what, &value, target)) return;
     header_->sleepers.fetch_add(1);
     const uint32_t seen = ctl.wake.load();
-    if (value.load(std::memory_order_acquire) >= target) {
+    if (ready()) {
       header_->sleepers.fetch_sub(1);
       return;
     }
     futexWait(&ctl.wake, seen, 20 * 1000 * 1000);  // 20 ms: the health checks' period
     header_->sleepers.fetch_sub(1);
-    if (value.load(std::memory_order_acquire) >= target) return;
+    if (ready()) return;
   }
 }
 
@@ -333,7 +338,9 @@ void Arena::acquireSlot(const Call& call) {
   if (step_ < kSlots) return;
   const uint64_t target = step_ - kSlots + 1;
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) waitCounter(call, q, kConsumed, target, kCounterNames[kConsumed]);
+    if (q != rank_) {
+      waitCounter(call, q, kConsumed, target, kCounterNames[kConsumed], kPosted, target + 1);
+    }
   }
 }
 
@@ -391,8 +398,8 @@ void Arena::waitReducedAll(const Call& call) {
   for (int q = 0; q < size_; ++q) waitReduced(call, q);
 }
 
-void Arena::finishStep() {
-  publish(kConsumed, step_ + 1);
+void Arena::finishStep(bool announce) {
+  if (announce) publish(kConsumed, step_ + 1);
   ++step_;
 }
 

@@ -178,7 +178,9 @@ class Arena {
   uint8_t* slot(int rank, uint64_t step);
 
   // Before writing this rank's slot for the current step: waits until every rank consumed the
-  // step that last used the slot.
+  // step that last used the slot: its consumed counter says so, or it posted the step after
+  // that one (a rank posts step N only after finishStep of N - 1, and every collective posts
+  // before it waits on another rank's progress in the same step, so that post always comes).
   void acquireSlot(const Call& call);
   // Publishes this rank's slot (and the call's signature) for the current step.
   void post(const Call& call);
@@ -189,7 +191,11 @@ class Arena {
   void waitReduced(const Call& call, int peer);
   void waitReducedAll(const Call& call);
   // Ends the current step on this rank (it no longer reads other slots) and moves on.
-  void finishStep();
+  // `announce` false skips publishing the consumed counter (a store to the line the peers
+  // poll, and a locked add): for a step that no rank waits on with waitFinishedAll and whose
+  // slot acquireSlot then sees free through this rank's next post. The small all-reduce and
+  // the barrier, where every rank waits for every post of the step anyway.
+  void finishStep(bool announce = true);
   // After finishStep: waits until every peer finished the step just ended (it no longer reads
   // this rank's buffers).
   void waitFinishedAll(const Call& call);
@@ -237,7 +243,9 @@ class Arena {
 
   Control& control(int rank) const;
   // Waits until counter(peer) >= target; `what` names the phase for messages.
-  void waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what);
+  // `alt` >= 0: also done once counter `alt` of `peer` reaches `altTarget`.
+  void waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what,
+                   int alt = -1, uint64_t altTarget = 0);
   void publish(int counter, uint64_t value);
   // Throws when the group failed, `peer` died or closed its context, or the deadline passed.
   // When `counter` is given, a peer that is gone but had already published `target` is not a

@@ -181,7 +181,9 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
     fn(out, arena.slot(0, arena.step()), arena.slot(1, arena.step()), count);
     for (int q = 2; q < size; ++q) fn(out, out, arena.slot(q, arena.step()), count);
     if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size);
-    arena.finishStep();
+    // Every rank waited for every post of this step: the slot's reuse is seen through the
+    // next posts (Arena::acquireSlot), so no consumed counter is published.
+    arena.finishStep(false);
     return;
   }
   const size_t chunk = chunkElements(arena, es, 1, count * es);
@@ -404,7 +406,7 @@ void barrier(Arena& arena, const CollectiveOptions& opts) {
   arena.acquireSlot(call);
   arena.post(call);
   arena.waitPostedAll(call);
-  arena.finishStep();
+  arena.finishStep(false);  // as the small all-reduce
 }
 
 }  // namespace loom::comm::shm
