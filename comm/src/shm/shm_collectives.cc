@@ -182,7 +182,9 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
     for (int q = 2; q < size; ++q) fn(out, out, arena.slot(q, arena.step()), count);
     if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size);
     // Every rank waited for every post of this step: the slot's reuse is seen through the
-    // next posts (Arena::acquireSlot), so no consumed counter is published.
+    // next posts (Arena::acquireSlot), so no consumed counter is published. The same holds
+    // for every step of all-reduce, reduce-scatter, all-gather, all-to-all and barrier; the
+    // rooted collectives, where some ranks wait for one rank only, still publish it.
     arena.finishStep(false);
     return;
   }
@@ -202,7 +204,7 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
       copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
               segmentCount(c, size, q) * es, stream);
     }
-    arena.finishStep();
+    arena.finishStep(false);  // every rank waited for every post: see the small path
   }
   if (stream) fenceStreams();
 }
@@ -263,7 +265,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
     void* dst = at(out, offset * es);
     reduceSlots(arena, fn, dst, 0, me * c * es, c);
     if (op == ReduceOp::kAvg) divideBy(dst, c, dtype, size);
-    arena.finishStep();
+    arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
   }
 }
 
@@ -322,7 +324,7 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
       copyOut(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es, stream);
     }
     copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
-    arena.finishStep();
+    arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
   }
   if (stream) fenceStreams();
 }
@@ -397,7 +399,7 @@ void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void*
       std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()) + me * c * es,
                   c * es);
     }
-    arena.finishStep();
+    arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
   }
 }
 
