@@ -9,11 +9,11 @@ bool ShmRequest::wait(const Deadline& deadline) {
   // Spin, moving data ourselves, while that is cheaper than sleeping; then yield the core
   // for a while; then sleep (the arena's policy, arena.h; budgets from waitBudget, os.h).
   // Spinning is futile while the peer last ran on our own CPU (a loaded machine put both on
-  // one core): then yield almost at once.
+  // one core): then yield at once (as the arena's waits, arena.cc's kSameCpuSpinNs).
   const int peerIndex = t_->indexOf(peer());
   const bool sameCpu =
       t_->control(peerIndex).cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
-  const int64_t spin = sameCpu ? 2000 : t_->budget_.spinNs;
+  const int64_t spin = sameCpu ? 0 : t_->budget_.spinNs;
   const int64_t yield = t_->budget_.yieldNs;
   {
     struct Polling {
