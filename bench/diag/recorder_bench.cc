@@ -36,8 +36,8 @@ void BM_RecordOperation(benchmark::State& state) {
   FlightRecorder rec(2000, loom::comm::Algorithm::kAuto);
   rec.setPreciseEvery(static_cast<uint64_t>(state.range(0)));
   if (state.range(1) != 0) {
-    rec.publishTick(static_cast<uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1)));
+    rec.publishTick(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch() /
+                                          std::chrono::nanoseconds(1)));
   }
   OpDesc op = allreduce();
   for (auto _ : state) {
@@ -111,11 +111,15 @@ void BM_GroupAllreduceWorld1(benchmark::State& state) {
   float x[2] = {1, 2};
   const loom::BufferView v{x, 2, loom::DType::kFloat32, loom::Device::cpu()};
   for (auto _ : state) pg->allreduce(v)->wait();
-  state.SetLabel(state.range(0) == 0      ? "recorder off"
+  state.SetLabel(state.range(0) == 0   ? "recorder off"
                  : state.range(1) == 1 ? "recorder on, every operation precise"
                                        : "recorder on");
 }
-BENCHMARK(BM_GroupAllreduceWorld1)->Args({0, 16})->Args({2000, 16})->Args({2000, 1})->Args({256, 16});
+BENCHMARK(BM_GroupAllreduceWorld1)
+    ->Args({0, 16})
+    ->Args({2000, 16})
+    ->Args({2000, 1})
+    ->Args({256, 16});
 
 }  // namespace
 

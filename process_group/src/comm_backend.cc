@@ -165,7 +165,7 @@ void ProcessGroupComm::execute(Item& item) {
     recordStart(item->op);
     try {
       item->setSourceRank(comm::recvAny(*ctx_, item->op.out.data, item->op.count, item->op.dtype,
-                                             item->op.tag, collectiveOptions(item->op)));
+                                        item->op.tag, collectiveOptions(item->op)));
       recordEnd(item->op, false);
       item->markCompleted();
     } catch (...) {

@@ -46,7 +46,9 @@ namespace loom {
 class ProcessGroupComm::CommWork final : public Work {
  public:
   CommWork(OpDesc&& desc, int rank, std::weak_ptr<ProcessGroup> group)
-      : Work(opTypeName(desc.type), desc.seq, rank), op(std::move(desc)), group_(std::move(group)) {}
+      : Work(opTypeName(desc.type), desc.seq, rank),
+        op(std::move(desc)),
+        group_(std::move(group)) {}
 
   bool wait() override;
   // A bounded wait never runs the operation itself, so that its deadline holds.

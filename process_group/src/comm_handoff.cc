@@ -136,8 +136,8 @@ void ProcessGroupComm::workerLoop() {
       idle(hot);
       continue;
     }
-    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front()->lone && !urgent_ && !stopping_ &&
-        !broken_) {
+    if (grace_.count() > 0 && queue_.size() == 1 && queue_.front()->lone && !urgent_ &&
+        !stopping_ && !broken_) {
       TimePoint& seen = queue_.front()->seen;
       if (seen == TimePoint{}) seen = now;
       const TimePoint due = seen + grace_;
@@ -201,8 +201,7 @@ void ProcessGroupComm::wakeForWaiter(const Work* work) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (std::any_of(queue_.begin(), queue_.end(),
-                    [&](const Item& i) { return i.get() == work; })) {
+    if (std::any_of(queue_.begin(), queue_.end(), [&](const Item& i) { return i.get() == work; })) {
       urgent_ = true;
       wake = !running_ && workerState_ != WorkerState::kBusy;
       stats_.waiterWakes += wake;

@@ -284,8 +284,8 @@ int64_t Arena::armDeadline(const Call& call, int64_t now) {
   return call.deadlineNs - now;
 }
 
-void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target,
-                        const char* what, int alt, uint64_t altTarget) {
+void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what,
+                        int alt, uint64_t altTarget) {
   Control& ctl = control(peer);
   std::atomic<uint64_t>& value = ctl.counters[counter];
   const std::atomic<uint64_t>* other = alt >= 0 ? &ctl.counters[alt] : nullptr;

@@ -111,7 +111,7 @@ class FlightRecorder {
   enum Word : size_t { kStamp, kSeq, kKind, kPeer, kCount, kIssue, kStart, kEnd, kWords };
   static constexpr uint64_t kBusy = 1;
   static constexpr uint64_t kWriteMask = 0xfe;  // the write count, bits 1-7 (wraps)
-  static constexpr int kStateShift = 8;              // bits 8-9: the OpState
+  static constexpr int kStateShift = 8;         // bits 8-9: the OpState
   static constexpr uint64_t kStateMask = uint64_t{3} << kStateShift;
   static constexpr uint64_t kSampled = 1u << 10;    // start and end are read precisely
   static constexpr uint64_t kStartTick = 1u << 11;  // kStart holds the tick
@@ -157,7 +157,7 @@ class FlightRecorder {
 
   const size_t capacity_;
   uint64_t preciseMask_ = 15;  // preciseEvery() - 1
-  const uint64_t mask_;  // slots - 1 (slots: capacity rounded up to a power of two)
+  const uint64_t mask_;        // slots - 1 (slots: capacity rounded up to a power of two)
   const comm::Algorithm algorithm_;
   const bool useTsc_;
   const std::unique_ptr<Slot[]> slots_;
@@ -200,8 +200,8 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   return id;
 }
 
-inline void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord,
-                                     uint64_t tickBit, int peer) {
+inline void FlightRecorder::setState(uint64_t id, OpState state, Word timeWord, uint64_t tickBit,
+                                     int peer) {
   if (id == 0) return;  // not recorded
   Slot& slot = slotOf(id);
   constexpr auto r = std::memory_order_relaxed;
