@@ -9,7 +9,6 @@
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "pg_checks.h"
-#include "record_hooks.h"
 
 namespace loom {
 

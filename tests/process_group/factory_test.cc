@@ -96,6 +96,14 @@ TEST(Factory, RankAndSizeAreChecked) {
               HasSubstr("the store is null"));
 }
 
+TEST(Factory, FlightRecorderPreciseEveryIsChecked) {
+  auto store = std::make_shared<HashStore>();
+  ProcessGroupOptions o;
+  o.flightRecorderPreciseEvery = 0;
+  EXPECT_THAT(messageOf<InvalidArgumentError>([&] { createProcessGroup("tcp", store, 0, 1, o); }),
+              HasSubstr("flightRecorderPreciseEvery must be at least 1, got 0"));
+}
+
 // The one place process_group reads the environment: createProcessGroup fills the fields left
 // at their defaults; a bad value fails the creation naming it. (The other tests set options.)
 TEST(Factory, ReadsTheEnvironmentIntoDefaultOptionsOnly) {
