@@ -66,21 +66,26 @@ void checkBuffer(const void* p, size_t count, const char* what, const char* name
   LOOM_CHECK(p != nullptr || count == 0, what, ": ", name, " is null but count is ", count);
 }
 
+// As above, naming the operation only when the check fails (the collectives' hot path).
+void checkBuffer(const void* p, size_t count, OpType type, const char* name) {
+  if (p == nullptr && count != 0) [[unlikely]]
+    checkBuffer(p, count, opTypeName(type), name);
+}
+
 void validate(const CollectiveCall& c, const Shape& shape) {
   const Context& ctx = c.ctx;
-  const char* what = opTypeName(c.type);
   (void)dtypeSize(c.dtype);  // throws on an unknown dtype
   if (shape.reduces) checkReduceOp(c.op, c.dtype);
   if (shape.rooted) {
-    LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), what, ": root ", c.root,
+    LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), opTypeName(c.type), ": root ", c.root,
                " is out of range for world size ", ctx.size());
   }
-  const bool isRoot = ctx.rank() == c.root;
+  const bool isRoot = shape.rooted && ctx.rank() == c.root;
   if (shape.in == Needs::kAll || (shape.in == Needs::kRoot && isRoot)) {
-    checkBuffer(c.in, c.count, what, shape.inName);
+    checkBuffer(c.in, c.count, c.type, shape.inName);
   }
   if (shape.out == Needs::kAll || (shape.out == Needs::kRoot && isRoot)) {
-    checkBuffer(c.out, c.count, what, shape.outName);
+    checkBuffer(c.out, c.count, c.type, shape.outName);
   }
   checkAlgorithm(c.type, c.opts.algorithm);
 }

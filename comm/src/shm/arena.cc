@@ -42,7 +42,7 @@ namespace loom::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;                    // 2: the boxes
 // Spinning while the awaited rank last ran on this very CPU: none. It cannot run while we spin
 // (unless it migrated since its last publish, which the yield loop's checks catch as fast), so
 // a wait yields at once. It was 2 us: with 3 or 4 ranks on 2 CPUs that was most of a small
@@ -52,8 +52,9 @@ constexpr int64_t kSameCpuSpinNs = 0;
 // about to post (a small collective between running ranks) usually arrives within them (a
 // pause is 10-65 cycles, so this is well under a microsecond).
 constexpr int kPreSpinPauses = 32;
-constexpr int kPosted = 0, kReduced = 1, kConsumed = 2;
-const char* const kCounterNames[] = {"post its data", "finish its reduction", "finish reading"};
+constexpr int kReduced = 0, kConsumed = 1;
+constexpr const char* kPostWhat = "post its data";
+const char* const kCounterNames[] = {"finish its reduction", "finish reading"};
 
 std::string namespaceId(const char* path) {
   char buf[128];
@@ -144,7 +145,20 @@ Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
       header_(static_cast<Header*>(base_)),
       spinNs_(budget.spinNs),
       yieldNs_(budget.yieldNs),
-      mappings_(static_cast<size_t>(size)) {}
+      mappings_(static_cast<size_t>(size)) {
+  // Every rank's control block, slots and boxes, computed once (they are looked up several
+  // times per operation).
+  auto* first = static_cast<uint8_t*>(base_) + kPage;
+  const size_t perRank = header_->perRankBytes;
+  for (int r = 0; r < size; ++r) {
+    uint8_t* block = first + r * perRank;
+    controls_.push_back(reinterpret_cast<Control*>(block));
+    slots_.push_back(block + kPage);
+  }
+  for (int s = 0; s < kSlots; ++s) {
+    for (int r = 0; r < size; ++r) boxes_.push_back(controls_[r]->box[s].data);
+  }
+}
 
 Arena::~Arena() {
   for (auto& peer : mappings_) {
@@ -157,16 +171,6 @@ Arena::~Arena() {
 
 const std::string& Arena::segmentName() const {
   return segment_->name();
-}
-
-Arena::Control& Arena::control(int rank) const {
-  return *reinterpret_cast<Control*>(static_cast<uint8_t*>(base_) + kPage +
-                                     rank * header_->perRankBytes);
-}
-
-uint8_t* Arena::slot(int rank, uint64_t step) {
-  return static_cast<uint8_t*>(base_) + kPage + rank * header_->perRankBytes + kPage +
-         slotOf(step) * slotBytes_;
 }
 
 void Arena::abort(int blamedRank, const std::string& reason) {
@@ -284,11 +288,9 @@ int64_t Arena::armDeadline(const Call& call, int64_t now) {
   return call.deadlineNs - now;
 }
 
-void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what,
-                        int alt, uint64_t altTarget) {
+void Arena::waitFor(const Call& call, int peer, const std::atomic<uint64_t>& value, uint64_t target,
+                    const char* what, const std::atomic<uint64_t>* other, uint64_t altTarget) {
   Control& ctl = control(peer);
-  std::atomic<uint64_t>& value = ctl.counters[counter];
-  const std::atomic<uint64_t>* other = alt >= 0 ? &ctl.counters[alt] : nullptr;
   const auto ready = [&] {
     return value.load(std::memory_order_acquire) >= target ||
            (other != nullptr && other->load(std::memory_order_acquire) >= altTarget);
@@ -331,19 +333,30 @@ void Arena::waitCounter(const Call& call, int peer, int counter, uint64_t target
 }
 
 void Arena::publish(int counter, uint64_t value) {
+  control(rank_).counters[counter].store(value, std::memory_order_release);
+  announce();
+}
+
+void Arena::announce() {
   Control& ctl = control(rank_);
-  ctl.cpu.store(::sched_getcpu(), std::memory_order_relaxed);
-  ctl.counters[counter].store(value, std::memory_order_release);
+  // Stored only when it changed: the line stays shared in the waiters' caches.
+  const int cpu = ::sched_getcpu();
+  if (ctl.cpu.load(std::memory_order_relaxed) != cpu) ctl.cpu.store(cpu, std::memory_order_relaxed);
   ctl.wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&ctl.wake);
 }
 
 void Arena::acquireSlot(const Call& call) {
   if (step_ < kSlots) return;
-  const uint64_t target = step_ - kSlots + 1;
+  // Done with step_ - kSlots: posted step_ - 1 (its previous box says step_), or consumed
+  // step_ - kSlots. The box comes first: this rank read that line in the previous step and
+  // the peer has not written it since, so the check is a cache hit.
+  const int previous = slotOf(step_ - 1);
   for (int q = 0; q < size_; ++q) {
     if (q != rank_) {
-      waitCounter(call, q, kConsumed, target, kCounterNames[kConsumed], kPosted, target + 1);
+      const Control& ctl = control(q);
+      waitFor(call, q, ctl.box[previous].posted, step_, kCounterNames[kConsumed],
+              &ctl.counters[kConsumed], step_ - kSlots + 1);
     }
   }
 }
@@ -351,34 +364,37 @@ void Arena::acquireSlot(const Call& call) {
 void Arena::post(const Call& call) {
   Control& mine = control(rank_);
   const int s = slotOf(step_);
-  mine.signature[s] = call.signature;
   mine.postedSeq[s] = call.seq;
   mine.postedBytes[s] = call.bytes;
   mine.postedKind[s] = call.kind;
-  mine.postedAccess[s] = static_cast<uint32_t>(call.access);
-  publish(kPosted, step_ + 1);
+  Box& box = mine.box[s];
+  box.signature = call.signature;
+  box.access = static_cast<uint32_t>(call.access);
+  box.posted.store(step_ + 1, std::memory_order_release);
+  announce();
 }
 
 void Arena::waitPosted(const Call& call, int peer) {
-  waitCounter(call, peer, kPosted, step_ + 1, kCounterNames[kPosted]);
   const Control& theirs = control(peer);
   const int s = slotOf(step_);
-  if (theirs.signature[s] != call.signature) {
+  const Box& box = theirs.box[s];
+  waitFor(call, peer, box.posted, step_ + 1, kPostWhat);
+  if (box.signature != call.signature) {
     const std::string other = detail::str(opTypeName(static_cast<OpType>(theirs.postedKind[s])),
                                           "#", theirs.postedSeq[s]);
     failMismatch(call, peer,
                  detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
                              call.bytes, " bytes): ", describeSignature(call.signature), ", rank ",
                              peer, " in ", other, " (", theirs.postedBytes[s],
-                             " bytes): ", describeSignature(theirs.signature[s]),
+                             " bytes): ", describeSignature(box.signature),
                              "; the ranks called different collectives or passed different "
                              "arguments (count, dtype, op or root)"));
   }
-  if (theirs.postedAccess[s] != static_cast<uint32_t>(call.access)) {
+  if (box.access != static_cast<uint32_t>(call.access)) {
     failMismatch(
         call, peer,
         detail::str("rank ", rank_, " takes the ", peerAccessName(call.access), " path and rank ",
-                    peer, " the ", peerAccessName(static_cast<PeerAccess>(theirs.postedAccess[s])),
+                    peer, " the ", peerAccessName(static_cast<PeerAccess>(box.access)),
                     " path for the same collective; every rank must pass buffers inside Loom "
                     "Windows (loom/comm/window.h), or none"));
   }
@@ -395,7 +411,9 @@ void Arena::markReduced() {
 }
 
 void Arena::waitReduced(const Call& call, int peer) {
-  if (peer != rank_) waitCounter(call, peer, kReduced, step_ + 1, kCounterNames[kReduced]);
+  if (peer != rank_) {
+    waitFor(call, peer, control(peer).counters[kReduced], step_ + 1, kCounterNames[kReduced]);
+  }
 }
 
 void Arena::waitReducedAll(const Call& call) {
@@ -409,7 +427,9 @@ void Arena::finishStep(bool announce) {
 
 void Arena::waitFinishedAll(const Call& call) {
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) waitCounter(call, q, kConsumed, step_, kCounterNames[kConsumed]);
+    if (q != rank_) {
+      waitFor(call, q, control(q).counters[kConsumed], step_, kCounterNames[kConsumed]);
+    }
   }
 }
 

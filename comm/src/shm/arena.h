@@ -11,8 +11,9 @@
 //   its futex word, its pid) and `kSlots` staging slots of `slotBytes` each.
 // - A collective is a sequence of *steps*; every rank runs the same steps in the same order
 //   (that is the collectives' contract), so a step number k means the same thing on every rank.
-//   Step k uses slot k % kSlots of each rank. Three monotonic counters per rank say how far
-//   it got: `posted` (its slot holds its data for step k: posted = k + 1), `reduced` (it
+//   Step k uses slot k % kSlots of each rank. Three monotonic stamps per rank say how far
+//   it got: `posted` (its slot holds its data for step k: posted = k + 1; kept in the slot's
+//   box, one cache line with the signature and up to kBoxBytes of data), `reduced` (it
 //   finished the reduction phase of step k) and `consumed` (it no longer reads anybody's slot
 //   for step k). A rank writes its slot for step k only once every rank consumed step
 //   k - kSlots, so nobody reads a slot while it is overwritten.
@@ -110,6 +111,10 @@ std::string hostIdentity(const std::string& overrideId = {});
 class Arena {
  public:
   static constexpr int kSlots = 2;
+  // Bytes per rank that a step can carry in its announcement's cache line (Box) instead of
+  // the slot: small steps then cost a waiter one cache-line transfer.
+  static constexpr size_t kBoxBytes = 40;
+  struct Box;  // arena_layout.h
 
   // Collective over the ranks: creates (rank 0) or maps the segment. Throws IoError when the
   // segment cannot be created or mapped and TimeoutError when a rank never arrives.
@@ -175,14 +180,23 @@ class Arena {
 
   uint64_t step() const { return step_; }
   int slotOf(uint64_t step) const { return static_cast<int>(step % kSlots); }
-  uint8_t* slot(int rank, uint64_t step);
+  uint8_t* slot(int rank, uint64_t step) { return slots_[rank] + slotOf(step) * slotBytes_; }
+  // `rank`'s box for the current step (kBoxBytes, 8-byte aligned): written before post(),
+  // read by peers after waitPosted(), under the same rules as the slot.
+  uint8_t* box(int rank) { return boxes_[slotOf(step_) * size_ + rank]; }
+  // Where `rank` stages `bytes` for the current step: its box when they fit, its slot
+  // otherwise. Every rank of a step passes the same `bytes` (the signature guarantees it).
+  uint8_t* staging(int rank, size_t bytes) {
+    return bytes <= kBoxBytes ? box(rank) : slot(rank, step_);
+  }
 
-  // Before writing this rank's slot for the current step: waits until every rank consumed the
-  // step that last used the slot: its consumed counter says so, or it posted the step after
-  // that one (a rank posts step N only after finishStep of N - 1, and every collective posts
-  // before it waits on another rank's progress in the same step, so that post always comes).
+  // Before writing this rank's slot or box for the current step: waits until every rank
+  // consumed the step that last used them: it posted the step after that one (a rank posts
+  // step N only after finishStep of N - 1, and every collective posts before it waits on
+  // another rank's progress in the same step, so that post always comes), or its consumed
+  // counter says so (ranks that do not post in every step: the rooted collectives).
   void acquireSlot(const Call& call);
-  // Publishes this rank's slot (and the call's signature) for the current step.
+  // Publishes this rank's slot and box (and the call's signature) for the current step.
   void post(const Call& call);
   // Waits until `peer` posted the current step and checks its signature.
   void waitPosted(const Call& call, int peer);
@@ -241,12 +255,17 @@ class Arena {
   // The setup probe of the window path; sets windows_.
   void probeWindows(Store& store, const ArenaOptions& options);
 
-  Control& control(int rank) const;
-  // Waits until counter(peer) >= target; `what` names the phase for messages.
-  // `alt` >= 0: also done once counter `alt` of `peer` reaches `altTarget`.
-  void waitCounter(const Call& call, int peer, int counter, uint64_t target, const char* what,
-                   int alt = -1, uint64_t altTarget = 0);
+  Control& control(int rank) const { return *controls_[rank]; }
+  // Waits until `value` (one of `peer`'s counters or box stamps) >= target; `what` names the
+  // phase for messages. `alt` non-null: also done once *alt reaches `altTarget`.
+  void waitFor(const Call& call, int peer, const std::atomic<uint64_t>& value, uint64_t target,
+               const char* what, const std::atomic<uint64_t>* alt = nullptr,
+               uint64_t altTarget = 0);
+  // Stores this rank's counter and announces it (announce()).
   void publish(int counter, uint64_t value);
+  // After a store that peers may wait for: records this CPU, bumps the futex word and wakes
+  // sleepers, if any.
+  void announce();
   // Throws when the group failed, `peer` died or closed its context, or the deadline passed.
   // When `counter` is given, a peer that is gone but had already published `target` is not a
   // failure: returns false ("the data is there") instead; true means keep waiting.
@@ -260,6 +279,9 @@ class Arena {
   std::unique_ptr<Segment> segment_;
   void* base_;
   Header* header_;
+  std::vector<Control*> controls_;  // per rank
+  std::vector<uint8_t*> slots_;     // per rank: its first slot
+  std::vector<uint8_t*> boxes_;     // per slot, per rank: the box's data
   uint64_t step_ = 0;
   const int64_t spinNs_;   // waitBudget (os.h), or ArenaOptions::spinUs
   const int64_t yieldNs_;  // or ArenaOptions::yieldUs

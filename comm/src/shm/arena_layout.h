@@ -35,29 +35,47 @@ struct Arena::Header {
   alignas(64) std::atomic<uint32_t> sleepers;
 };
 
+// One slot's announcement, in one cache line: the stamp that says the slot is posted, what a
+// peer checks before it reads (signature, access mode) and, for steps of at most kBoxBytes
+// per rank, the data itself. A waiter that sees the stamp has everything in the same line
+// (one cache-line transfer, as Open MPI's fast box), instead of the counter's line, then the
+// signature's, then the slot's.
+struct Arena::Box {
+  // (the last step posted in this slot) + 1, written only by the owning rank, last.
+  std::atomic<uint64_t> posted;
+  uint64_t signature;
+  uint32_t access;  // PeerAccess
+  uint32_t reserved;
+  uint8_t data[kBoxBytes];
+};
+static_assert(sizeof(Arena::Box) == 64, "a box is one cache line");
+
 struct Arena::Control {
-  // posted / reduced / consumed: (last step done) + 1, written only by the owning rank.
-  alignas(64) std::atomic<uint64_t> counters[3];
+  // reduced / consumed: (last step done) + 1, written only by the owning rank. Posting is
+  // the box's stamp (Box::posted).
+  alignas(64) std::atomic<uint64_t> counters[2];
   // Bumped on every publish; sleepers FUTEX_WAIT on it.
   std::atomic<uint32_t> wake;
+  // Read by every waiter that does not find its peer ready, written rarely: a line of their
+  // own, so that those reads do not pull the line that every publish writes away from its
+  // owner (a cache-line ping-pong per operation: ~20% of an 8-byte all-reduce).
+  alignas(64) std::atomic<int32_t> cpu;  // where the rank last published (sched_getcpu)
   std::atomic<int32_t> pid;
-  std::atomic<int32_t> cpu;  // where the rank last published (sched_getcpu)
   std::atomic<uint32_t> closed;
-  uint64_t signature[kSlots];
-  // What the rank posted in each slot, for mismatch messages.
-  uint64_t postedSeq[kSlots];
+  // What the rank posted in each slot, for mismatch messages only (the check reads the box).
+  alignas(64) uint64_t postedSeq[kSlots];
   uint64_t postedBytes[kSlots];
   uint32_t postedKind[kSlots];
   // The user buffers (in, out) of the single-copy step in each slot, as addresses in the
   // owner's process.
   uint64_t buffers[kSlots][2];
-  // The access mode posted for each slot (PeerAccess), checked like the signature.
-  uint32_t postedAccess[kSlots];
   // On the window path: the Windows holding those buffers (window.h), in the owner's process.
   uint64_t windowId[kSlots][2];
   int32_t windowFd[kSlots][2];
   uint64_t windowBase[kSlots][2];
   uint64_t windowBytes[kSlots][2];
+  // Each slot's announcement (its own cache lines: they are what peers poll).
+  alignas(64) Box box[kSlots];
 };
 
 }  // namespace loom::comm::shm

@@ -100,15 +100,16 @@ void copy(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-// dst = reduction of `n` elements at byte offset `offset` of every rank's slot for the
-// current step, starting with `first`'s (dst may be that slot's range exactly).
-void reduceSlots(Arena& arena, ReduceFn fn, void* dst, int first, size_t offset, size_t n) {
-  const uint64_t step = arena.step();
-  const void* a = arena.slot(first, step) + offset;
+// dst = reduction of `n` elements at byte offset `offset` of every rank's staging for the
+// current step (`staged` bytes per rank: Arena::staging), starting with `first`'s (dst may be
+// that range exactly).
+void reduceSlots(Arena& arena, ReduceFn fn, void* dst, int first, size_t staged, size_t offset,
+                 size_t n) {
+  const void* a = arena.staging(first, staged) + offset;
   bool started = false;
   for (int q = 0; q < arena.size(); ++q) {
     if (q == first) continue;
-    fn(dst, started ? dst : a, arena.slot(q, step) + offset, n);
+    fn(dst, started ? dst : a, arena.staging(q, staged) + offset, n);
     started = true;
   }
 }
@@ -173,13 +174,15 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
     return singleCopyAllreduce(arena, call, windows, in, out, count, dtype, op);
   }
   if (count * es <= std::min(kSmallBytes, arena.slotBytes())) {
+    // Up to Arena::kBoxBytes the data travels in the post's own cache line (the box).
+    const size_t bytes = count * es;
     arena.acquireSlot(call);
-    std::memcpy(arena.slot(me, arena.step()), in, count * es);
+    std::memcpy(arena.staging(me, bytes), in, bytes);
     arena.post(call);
     arena.waitPostedAll(call);
     // Every rank reduces in rank order, so every rank computes bit-identical results.
-    fn(out, arena.slot(0, arena.step()), arena.slot(1, arena.step()), count);
-    for (int q = 2; q < size; ++q) fn(out, out, arena.slot(q, arena.step()), count);
+    fn(out, arena.staging(0, bytes), arena.staging(1, bytes), count);
+    for (int q = 2; q < size; ++q) fn(out, out, arena.staging(q, bytes), count);
     if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size);
     // Every rank waited for every post of this step: the slot's reuse is seen through the
     // next posts (Arena::acquireSlot), so no consumed counter is published. The same holds
@@ -257,13 +260,13 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
+    const size_t staged = c * es * static_cast<size_t>(size);
     arena.acquireSlot(call);
-    uint8_t* mine = arena.slot(me, arena.step());
-    stageSlices(mine, in, count, offset, c, es, size);
+    stageSlices(arena.staging(me, staged), in, count, offset, c, es, size);
     arena.post(call);
     arena.waitPostedAll(call);
     void* dst = at(out, offset * es);
-    reduceSlots(arena, fn, dst, 0, me * c * es, c);
+    reduceSlots(arena, fn, dst, 0, staged, me * c * es, c);
     if (op == ReduceOp::kAvg) divideBy(dst, c, dtype, size);
     arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
   }
@@ -287,11 +290,11 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
     call.done = offset * es;
     if (isRoot) {
       arena.acquireSlot(call);
-      std::memcpy(arena.slot(root, arena.step()), at(buf, offset * es), c * es);
+      std::memcpy(arena.staging(root, c * es), at(buf, offset * es), c * es);
       arena.post(call);
     } else {
       arena.waitPosted(call, root);
-      copyOut(at(buf, offset * es), arena.slot(root, arena.step()), c * es, stream);
+      copyOut(at(buf, offset * es), arena.staging(root, c * es), c * es, stream);
     }
     arena.finishStep();
   }
@@ -316,12 +319,12 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
     arena.acquireSlot(call);
-    std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+    std::memcpy(arena.staging(me, c * es), at(in, offset * es), c * es);
     arena.post(call);
     for (int k = 1; k < size; ++k) {
       const int q = (me + k) % size;
       arena.waitPosted(call, q);
-      copyOut(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es, stream);
+      copyOut(at(out, (q * count + offset) * es), arena.staging(q, c * es), c * es, stream);
     }
     copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
     arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
@@ -341,13 +344,13 @@ void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
     call.done = offset * es;
     if (me != root) {
       arena.acquireSlot(call);
-      std::memcpy(arena.slot(me, arena.step()), at(in, offset * es), c * es);
+      std::memcpy(arena.staging(me, c * es), at(in, offset * es), c * es);
       arena.post(call);
     } else {
       for (int q = 0; q < size; ++q) {
         if (q == me) continue;
         arena.waitPosted(call, q);
-        std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()), c * es);
+        std::memcpy(at(out, (q * count + offset) * es), arena.staging(q, c * es), c * es);
       }
       copy(at(out, (me * count + offset) * es), at(in, offset * es), c * es);
     }
@@ -364,16 +367,16 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
   const size_t chunk = chunkElements(arena, es, size, count * es * size);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
+    const size_t staged = c * es * static_cast<size_t>(size);
     call.done = offset * es;
     if (me == root) {
       arena.acquireSlot(call);
-      uint8_t* mine = arena.slot(me, arena.step());
-      stageSlices(mine, in, count, offset, c, es, size, /*skip=*/me);
+      stageSlices(arena.staging(me, staged), in, count, offset, c, es, size, /*skip=*/me);
       arena.post(call);
       copy(at(out, offset * es), at(in, (me * count + offset) * es), c * es);
     } else {
       arena.waitPosted(call, root);
-      std::memcpy(at(out, offset * es), arena.slot(root, arena.step()) + me * c * es, c * es);
+      std::memcpy(at(out, offset * es), arena.staging(root, staged) + me * c * es, c * es);
     }
     arena.finishStep();
   }
@@ -389,14 +392,14 @@ void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void*
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
+    const size_t staged = c * es * static_cast<size_t>(size);
     arena.acquireSlot(call);
-    uint8_t* mine = arena.slot(me, arena.step());
-    stageSlices(mine, in, count, offset, c, es, size);
+    stageSlices(arena.staging(me, staged), in, count, offset, c, es, size);
     arena.post(call);
     for (int k = 0; k < size; ++k) {
       const int q = (me + k) % size;
       if (q != me) arena.waitPosted(call, q);
-      std::memcpy(at(out, (q * count + offset) * es), arena.slot(q, arena.step()) + me * c * es,
+      std::memcpy(at(out, (q * count + offset) * es), arena.staging(q, staged) + me * c * es,
                   c * es);
     }
     arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)

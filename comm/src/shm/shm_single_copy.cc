@@ -107,9 +107,11 @@ PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const
                             WindowRef windows[2]) {
   const bool spread = kind == OpType::kAllgather || kind == OpType::kReduceScatter;
   const size_t total = spread ? bytes * static_cast<size_t>(arena.size()) : bytes;
-  const size_t min = arena.windowMinBytes() != 0 ? arena.windowMinBytes()
-                                                 : defaultWindowMin(kind, arena.oversubscribed());
-  if (arena.windows() && bytes > 0 && total >= min) {
+  const auto min = [&] {
+    return arena.windowMinBytes() != 0 ? arena.windowMinBytes()
+                                       : defaultWindowMin(kind, arena.oversubscribed());
+  };
+  if (arena.windows() && bytes > 0 && total >= min()) {
     const auto first = findWindow(read, readBytes);
     const auto second = readToo != nullptr ? findWindow(readToo, readTooBytes) : first;
     if (first && second) {

@@ -22,7 +22,15 @@ enum class DType : uint8_t {
   kBool,
 };
 
-size_t dtypeSize(DType dtype);
+[[noreturn]] void throwUnknownDType(DType dtype);  // InvalidArgumentError naming the value
+// Bytes per element; throws InvalidArgumentError for a value outside the enum.
+inline size_t dtypeSize(DType dtype) {
+  constexpr uint8_t kSizes[] = {4, 8, 2, 2, 1, 1, 4, 8, 1};  // in DType's order
+  const auto index = static_cast<size_t>(dtype);
+  if (index < sizeof(kSizes)) return kSizes[index];
+  throwUnknownDType(dtype);
+}
+static_assert(static_cast<int>(DType::kBool) == 8, "dtypeSize's table follows DType's order");
 // Canonical names as nccl-tests prints them: float, double, half, bfloat16, int8, uint8,
 // int32, int64, bool.
 const char* dtypeName(DType dtype);
