@@ -1,10 +1,36 @@
 #include "loom/process_group/work.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <ctime>
 #include <utility>
 
 #include "loom/common/error.h"
 
 namespace loom {
+
+namespace {
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "the futex word is a plain 32-bit word");
+
+// Sleeps while *word == expected, for at most `timeout` (null: no bound). Returns on a wake,
+// a changed word, a signal or the timeout; the caller re-checks.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, const timespec* timeout) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, timeout,
+            nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+
+}  // namespace
 
 Work::Work(std::string opName, uint64_t seq, int rank)
     : opName_(std::move(opName)), seq_(seq), rank_(rank) {}
@@ -26,18 +52,13 @@ std::exception_ptr Work::exception() const {
 }
 
 bool Work::complete(std::exception_ptr error) {
-  uint8_t expected = kPending;
+  uint32_t expected = kPending;
   if (!state_.compare_exchange_strong(expected, kSetting, std::memory_order_acq_rel)) {
     return false;  // completion is final: the first call won
   }
   error_ = std::move(error);
   state_.store(kDone, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-    // Taking mu_ orders this notify after the sleeper's check of state_ (it holds mu_ from
-    // that check until the condition variable releases it).
-    { std::lock_guard<std::mutex> lock(mu_); }
-    done_.notify_all();
-  }
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) futexWakeAll(&state_);
   return true;
 }
 
@@ -60,20 +81,23 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded) {
   if (done()) return finished();  // no clock read: a waiter that ran it inline lands here
   const auto start = std::chrono::steady_clock::now();
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  for (;;) {
     // Sequentially consistent, to pair with complete()'s store of kDone and load of sleepers_.
-    const auto finished = [&] { return state_.load(std::memory_order_seq_cst) == kDone; };
-    while (!finished()) {
-      if (!bounded) {
-        done_.wait(lock);
-      } else if (done_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        break;
-      }
+    const uint32_t state = state_.load(std::memory_order_seq_cst);
+    if (state == kDone) break;
+    if (!bounded) {
+      futexWait(&state_, state, nullptr);
+      continue;
     }
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) break;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec timeout{static_cast<time_t>(ns / 1'000'000'000),
+                           static_cast<long>(ns % 1'000'000'000)};
+    futexWait(&state_, state, &timeout);
   }
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
   if (!done()) timedOut(start);
   return finished();
 }

@@ -29,10 +29,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <string>
 
 namespace loom {
@@ -89,19 +87,19 @@ class Work {
   // Completion: the first mark* call moves state_ from kPending to kSetting (so exactly one
   // wins), stores error_, then publishes kDone (release). error_ is never written again, so a
   // reader that saw kDone (acquire) reads it without a lock. A waiter that sleeps counts
-  // itself in sleepers_ first, then re-checks state_ under mu_; the completer stores kDone,
-  // then looks at sleepers_ (both sequentially consistent) and only then takes mu_ and
-  // notifies: either the waiter sees kDone or the completer sees the sleeper.
-  enum : uint8_t { kPending, kSetting, kDone };
+  // itself in sleepers_ first, then reads state_ and sleeps on it with FUTEX_WAIT (which
+  // returns at once if state_ changed since); the completer stores kDone, then looks at
+  // sleepers_ (both sequentially consistent) and wakes the word only when someone sleeps:
+  // either the waiter sees kDone or the completer sees the sleeper. No mutex and no condition
+  // variable: a Work is created and destroyed per operation, and completing one that nobody
+  // sleeps on costs one compare-and-swap and two stores.
+  enum : uint32_t { kPending, kSetting, kDone };
   bool done() const { return state_.load(std::memory_order_acquire) == kDone; }
   bool complete(std::exception_ptr error);
 
-  std::atomic<uint8_t> state_{kPending};
+  std::atomic<uint32_t> state_{kPending};  // the futex word
   std::atomic<int> sleepers_{0};
   std::exception_ptr error_;
-
-  mutable std::mutex mu_;  // guards the condition variable's sleep
-  std::condition_variable done_;
 };
 
 }  // namespace loom
