@@ -61,7 +61,8 @@ ProcessGroupComm::ProcessGroupComm(std::string backend, std::shared_ptr<Store> s
                                    const ContextFactory& makeContext)
     : ProcessGroup(std::move(backend), std::move(store), rank, size, options),
       grace_(handoffMicros(*this, "options.comm.graceUs", options.comm.graceUs)),
-      nap_(handoffMicros(*this, "options.comm.napUs", options.comm.napUs)) {
+      nap_(handoffMicros(*this, "options.comm.napUs", options.comm.napUs)),
+      mu_(issueMutex()) {
   // The group's timeout is the Context's: a different one set there would be ignored.
   const comm::ContextOptions defaults;
   if (options.comm.context.timeout != defaults.timeout &&
@@ -91,10 +92,12 @@ ProcessGroupComm::~ProcessGroupComm() {
   if (worker_.joinable()) worker_.join();
   if (debugLevel() != DebugLevel::kOff) {
     const HandoffStats& st = stats_;
-    LOOM_LOG_INFO(who(), ": hand-off: ", st.inlineRuns, " operations run by their waiters, ",
-                  st.workerRuns, " by the worker; the worker was woken by ", st.issueWakes,
-                  " issues and ", st.waiterWakes, " waiters, waited ", st.workerWaits, " times (",
-                  st.graceWaits, " holding a fresh operation for its waiter)");
+    LOOM_LOG_INFO(
+        who(), ": hand-off: ", st.inlineRuns + directRuns_.load(std::memory_order_relaxed),
+        " operations run by their waiters (", directRuns_.load(std::memory_order_relaxed),
+        " directly), ", st.workerRuns, " by the worker; the worker was woken by ", st.issueWakes,
+        " issues and ", st.waiterWakes, " waiters, waited ", st.workerWaits, " times (",
+        st.graceWaits, " holding a fresh operation for its waiter)");
   }
 }
 
@@ -134,58 +137,58 @@ void ProcessGroupComm::abort(const std::string& reason) {
   if (ctx) ctx->abort(reason);
 }
 
-void ProcessGroupComm::execute(Item& item) {
+void ProcessGroupComm::execute(CommWork& work, Item* owner) {
   std::string cause;
   if (brokenFlag_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     cause = brokenCause_;
   }
   if (!cause.empty()) {
-    recordEnd(item->op, true);
-    item->markFailed(std::make_exception_ptr(IoError(
-        who() + ": " + item->op.describe() + " was not run: the group failed earlier: " + cause)));
+    recordEnd(work.op, true);
+    work.markFailed(std::make_exception_ptr(IoError(
+        who() + ": " + work.op.describe() + " was not run: the group failed earlier: " + cause)));
     return;
   }
-  if (isCollective(item->op.type) && debugLevel() == DebugLevel::kDetail) {
+  if (isCollective(work.op.type) && debugLevel() == DebugLevel::kDetail) {
     try {
-      checkSignature(item->op);
+      checkSignature(work.op);
     } catch (const InvalidArgumentError&) {
       // A signature mismatch is seen alike by every rank: the op is skipped everywhere and
       // the group stays consistent.
-      recordEnd(item->op, true);
-      item->markFailed(std::current_exception());
+      recordEnd(work.op, true);
+      work.markFailed(std::current_exception());
       return;
     } catch (...) {
-      recordEnd(item->op, true);
-      item->markFailed(handleFailure(item->op, std::current_exception()));
+      recordEnd(work.op, true);
+      work.markFailed(handleFailure(work.op, std::current_exception()));
       return;
     }
   }
-  if (isAnySource(item->op)) {
-    recordStart(item->op);
+  if (isAnySource(work.op)) {
+    recordStart(work.op);
     try {
-      item->setSourceRank(comm::recvAny(*ctx_, item->op.out.data, item->op.count, item->op.dtype,
-                                        item->op.tag, collectiveOptions(item->op)));
-      recordEnd(item->op, false);
-      item->markCompleted();
+      work.setSourceRank(comm::recvAny(*ctx_, work.op.out.data, work.op.count, work.op.dtype,
+                                       work.op.tag, collectiveOptions(work.op)));
+      recordEnd(work.op, false);
+      work.markCompleted();
     } catch (...) {
-      recordEnd(item->op, true);
-      item->markFailed(handleFailure(item->op, std::current_exception()));
+      recordEnd(work.op, true);
+      work.markFailed(handleFailure(work.op, std::current_exception()));
     }
     return;
   }
-  if (!isCollective(item->op.type)) {
-    runPointToPoint(item);
+  if (!isCollective(work.op.type)) {
+    runPointToPoint(*owner);
     return;
   }
-  recordStart(item->op);
+  recordStart(work.op);
   try {
-    run(item->op);
-    recordEnd(item->op, false);
-    item->markCompleted();
+    run(work.op);
+    recordEnd(work.op, false);
+    work.markCompleted();
   } catch (...) {
-    recordEnd(item->op, true, failedPeer(std::current_exception()));
-    item->markFailed(handleFailure(item->op, std::current_exception()));
+    recordEnd(work.op, true, failedPeer(std::current_exception()));
+    work.markFailed(handleFailure(work.op, std::current_exception()));
   }
 }
 

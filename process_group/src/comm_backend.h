@@ -19,6 +19,13 @@
 //   of sleeping, and issuing a lone operation does not wake it: an operation nobody waits on
 //   then starts within a nap at the latest. 0 turns the grace, or the napping, off: every
 //   issue then wakes the worker.
+// - Direct operations: a collective issued with nothing queued or running ahead of it (the
+//   issue-then-wait pattern) is claimed by its waiter with one compare-and-swap on the Work,
+//   without the queue lock, and runs while it stays at the head of the queue; nobody else runs
+//   anything meanwhile (a claimed head counts as running), and whoever holds the lock next
+//   (the next issue, the worker) pops it once it completed. The worker, and a waiter of a later
+//   operation, sleep on its completion. If the worker claims it first (after the grace), the
+//   waiter sleeps as for any other operation.
 // - send / recv at the head of the queue are posted on the transport as they reach it (with
 //   the tag layout of comm::send / comm::recv) and waited for as one batch that keeps taking
 //   the send / recv operations queued behind it, so a ring exchange cannot deadlock.
@@ -102,9 +109,14 @@ class ProcessGroupComm final : public ProcessGroup {
   void workerLoop();
   // Whether the worker must be notified for the queue as it is now (mu_ held).
   bool workerNeedsWakeLocked() const;
-  // Runs one dequeued item (fails it at once when the group is broken). The caller set
-  // running_.
-  void execute(Item& item);
+  // Runs one claimed operation (fails it at once when the group is broken). The caller set
+  // running_, or claimed a direct operation. `owner` is the queue's pointer to it (the
+  // send / recv batch keeps it; null only for a direct collective). Completing the Work is
+  // its last access to the group.
+  void execute(CommWork& work, Item* owner);
+  // mu_ held: pops the completed operations that waiters ran directly from the head of the
+  // queue and returns the head when a waiter still runs it (else null).
+  CommWork* directHeadLocked();
   void run(const OpDesc& op);
   // allreduceCoalesced: packs the buffers, one comm::allreduce, unpacks.
   void runAllreduceCoalesced(comm::Context& ctx, const OpDesc& op,
@@ -124,11 +136,15 @@ class ProcessGroupComm final : public ProcessGroup {
   const std::chrono::microseconds grace_;  // options.comm.graceUs
   const std::chrono::microseconds nap_;    // options.comm.napUs
 
-  mutable std::mutex mu_;  // guards everything below
+  // The group's issue lock (ProcessGroup::issueMutex), which post() is called with: issuing
+  // an operation takes one lock. Guards everything below.
+  std::mutex& mu_;
   std::condition_variable wake_;
   std::deque<Item> queue_;
   bool stopping_ = false;
-  bool running_ = false;  // an operation runs (on the worker or inline in a waiter)
+  // An operation taken from the queue runs (on the worker or inline in a waiter). A direct
+  // operation (CommWork::runDirect) running at the head of the queue counts as running too.
+  bool running_ = false;
   WorkerState workerState_ = WorkerState::kBusy;
   bool urgent_ = false;  // a waiter sleeps on a queued operation: no grace until it drains
   // The worker's view of inline runs: the count it last saw and when it saw it change (so
@@ -149,6 +165,9 @@ class ProcessGroupComm final : public ProcessGroup {
   std::atomic<bool> brokenFlag_{false};  // broken_, for a lock-free look before each operation
   std::string brokenCause_;
   uint64_t lastSignatureSeq_ = 0;  // worker only
+  // Direct operations run by their waiters (no lock: one runs at a time, and each run
+  // happens after the previous one completed); the worker's view of inline runs adds it.
+  std::atomic<uint64_t> directRuns_{0};
 
   std::thread worker_;
 };

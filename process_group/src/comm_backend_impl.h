@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +35,9 @@ constexpr milliseconds kP2PSliceMax{10};
 // The hand-off (see comm_backend.h): for how long after the last inline run the worker keeps
 // napping (options.comm.graceUs and napUs hold the grace and the nap).
 inline constexpr milliseconds kHotWindow{5};
+// How long a thread sleeps on a direct operation's completion before it looks again (the
+// worker uses its nap when napping is on).
+inline constexpr milliseconds kDirectWaitSlice{1};
 
 }  // namespace loom::comm_pg
 
@@ -60,6 +64,27 @@ class ProcessGroupComm::CommWork final : public Work {
   // when the worker first found it at the head (issuing reads no clock).
   bool lone = false;
   TimePoint seen{};
+  // Set by post() (before the Work is returned) for a lone collective of a group owned by a
+  // shared_ptr: its waiter may claim and run it without the queue lock (runDirect).
+  ProcessGroupComm* direct = nullptr;
+
+  // Exactly one thread runs the operation: the first to claim it. The worker and the waiters
+  // of the lock path claim it under mu_ as they take it from the queue; the waiter of a
+  // direct operation claims it without the lock, and the operation then stays at the head of
+  // the queue while it runs, as running_ does for the others (comm_backend.h).
+  bool claim() {
+    bool expected = false;
+    return claimed_.compare_exchange_strong(expected, true, std::memory_order_acq_rel);
+  }
+  bool isClaimed() const { return claimed_.load(std::memory_order_acquire); }
+  // The waiter's part of a direct operation: claims it and runs it on the calling thread;
+  // false when another thread claimed it first (the worker, after the grace). Static in
+  // spirit: it touches the group only once the claim succeeded, which keeps the group alive
+  // (the worker drains a claimed head before the group can be destroyed), and not after the
+  // operation completed.
+  bool runDirect();
+  // Whether the group is owned by a shared_ptr (no inline runs otherwise).
+  bool ownedGroup() const { return !group_.expired(); }
 
  protected:
   // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
@@ -71,6 +96,7 @@ class ProcessGroupComm::CommWork final : public Work {
   }
 
   std::weak_ptr<ProcessGroup> group_;
+  std::atomic<bool> claimed_{false};
 };
 
 }  // namespace loom

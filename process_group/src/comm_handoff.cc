@@ -14,12 +14,34 @@ namespace loom {
 using namespace comm_pg;
 
 bool ProcessGroupComm::CommWork::wait() {
-  if (!isCompleted()) {
+  if (!isCompleted() && (direct == nullptr || !runDirect())) {
     if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
       group->wakeForWaiter(this);
     }
   }
   return Work::wait();
+}
+
+bool ProcessGroupComm::CommWork::runDirect() {
+  // Until the claim succeeds the group may be gone (then the worker claimed this operation
+  // while it drained the queue, and the claim fails).
+  if (!claim()) return false;
+  ProcessGroupComm& group = *direct;
+  // One direct run at a time (see directRuns_): a plain increment.
+  group.directRuns_.store(group.directRuns_.load(std::memory_order_relaxed) + 1,
+                          std::memory_order_relaxed);
+  group.execute(*this, nullptr);
+  return true;
+}
+
+ProcessGroupComm::CommWork* ProcessGroupComm::directHeadLocked() {
+  while (!queue_.empty() && queue_.front()->isClaimed()) {
+    // Only a direct operation is claimed while still queued (the others leave the queue as
+    // they are claimed).
+    if (!queue_.front()->isCompleted()) return queue_.front().get();
+    queue_.pop_front();
+  }
+  return nullptr;
 }
 
 bool ProcessGroupComm::CommWork::wait(std::chrono::milliseconds timeout) {
@@ -36,30 +58,29 @@ void ProcessGroupComm::CommWork::onWaitTimeout(const std::string& reason) {
 std::shared_ptr<Work> ProcessGroupComm::post(OpDesc&& op) {
   // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
   // runs (and a bounded wait that expires cannot abort the group).
+  // Called with mu_ held: it is the group's issue lock.
   auto work = std::make_shared<CommWork>(std::move(op), rank(), weak_from_this());
-  bool queued = false;
-  bool wake = false;
-  std::string cause;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) {
-      cause = brokenCause_;
-    } else {
-      work->lone = queue_.empty() && !running_;
-      queue_.push_back(work);
-      queued = true;
-      wake = workerNeedsWakeLocked();
-      stats_.issueWakes += wake;
-    }
-  }
-  if (queued) {
-    if (wake) wake_.notify_all();
+  if (broken_) {
+    // A broken group fails it at once, without touching the queue.
+    recordEnd(work->op, true);
+    work->markFailed(std::make_exception_ptr(
+        IoError(who() + ": " + work->op.describe() +
+                " was not run: the group failed earlier: " + brokenCause_)));
     return work;
   }
-  // A broken group fails at once, without touching the queue.
-  recordEnd(work->op, true);
-  work->markFailed(std::make_exception_ptr(IoError(
-      who() + ": " + work->op.describe() + " was not run: the group failed earlier: " + cause)));
+  directHeadLocked();  // drops the last direct operation once it completed
+  work->lone = queue_.empty() && !running_;
+  // A collective (send / recv run as batches taken from the queue, comm_backend.cc).
+  if (work->lone && work->op.type != OpType::kSend && work->op.type != OpType::kRecv &&
+      work->ownedGroup()) {
+    work->direct = this;
+  }
+  queue_.push_back(work);
+  const bool wake = workerNeedsWakeLocked();
+  stats_.issueWakes += wake;
+  // Under the lock (the caller's): the worker sleeps only once it released it, so the notify
+  // cannot be lost, and it costs nothing unless the worker must be woken.
+  if (wake) wake_.notify_all();
   return work;
 }
 
@@ -91,8 +112,9 @@ void ProcessGroupComm::workerLoop() {
   for (;;) {
     workerState_ = WorkerState::kBusy;
     const TimePoint now = Clock::now();
-    if (stats_.inlineRuns != inlineSeen_) {
-      inlineSeen_ = stats_.inlineRuns;
+    const uint64_t inlineRuns = stats_.inlineRuns + directRuns_.load(std::memory_order_relaxed);
+    if (inlineRuns != inlineSeen_) {
+      inlineSeen_ = inlineRuns;
       inlineSeenAt_ = now;
     }
     const bool hot = nap_.count() > 0 && now - inlineSeenAt_ < kHotWindow;
@@ -105,6 +127,25 @@ void ProcessGroupComm::workerLoop() {
       // left. Napping (not sleeping) while waiters run operations keeps the next issue from
       // having to wake the worker.
       idle(hot);
+      continue;
+    }
+    if (directHeadLocked() != nullptr) {
+      // Its waiter runs the operation at the head (CommWork::runDirect). Alone, it is the
+      // issue-then-wait pattern: nap as while running_ (waking on each completion would
+      // cost a futex wake per operation and a context switch). With operations queued
+      // behind it, or the group stopping or broken, sleep on its completion instead (bounded
+      // slices: the nap's wake-ups are the recorder's tick), then pop it and go on.
+      if (queue_.size() == 1 && !urgent_ && !stopping_ && !broken_) {
+        idle(hot);
+        continue;
+      }
+      Item head = queue_.front();
+      ++stats_.workerWaits;
+      workerState_ = WorkerState::kNapping;
+      lock.unlock();
+      head->awaitCompletion(now + (nap_.count() > 0 ? nap_ : kDirectWaitSlice));
+      head.reset();
+      lock.lock();
       continue;
     }
     // ctx_ is still set while broken only after abort() with no failed operation.
@@ -150,13 +191,15 @@ void ProcessGroupComm::workerLoop() {
         continue;
       }
     }
+    // Fails only when the head's waiter claimed it directly just now: then wait for it.
+    if (!queue_.front()->claim()) continue;
     Item item = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;
     ++stats_.workerRuns;
     lock.unlock();
     publishRecorderTick(TimePoint{});
-    execute(item);
+    execute(*item, &item);
     item.reset();  // drop the buffers' Work outside the lock
     lock.lock();
     running_ = false;
@@ -168,21 +211,36 @@ void ProcessGroupComm::workerLoop() {
 bool ProcessGroupComm::runInline(const Work* work) {
   for (;;) {
     Item item;
+    Item ahead;  // a direct operation running at the head, ahead of `work`
     bool mine = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_ || broken_ || queue_.empty()) return false;
+      if (running_ || broken_) return false;
+      const CommWork* head = directHeadLocked();
+      if (queue_.empty() || head == work) return false;
       mine = queue_.front().get() == work;
       if (!mine && std::none_of(queue_.begin(), queue_.end(),
                                 [&](const Item& i) { return i.get() == work; })) {
         return false;  // not queued: running on the worker, or done
       }
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = true;
-      ++stats_.inlineRuns;
+      if (head != nullptr) {
+        ahead = queue_.front();
+      } else if (queue_.front()->claim()) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+        ++stats_.inlineRuns;
+      } else {
+        continue;  // its own waiter claimed the head directly just now: look again
+      }
     }
-    execute(item);
+    if (ahead != nullptr) {
+      // Another thread runs the operation ahead of ours: wait for it, then look again
+      // (bounded slices: the operation is bounded by its own timeout).
+      ahead->awaitCompletion(Clock::now() + kDirectWaitSlice);
+      continue;
+    }
+    execute(*item, &item);
     item.reset();
     bool wake = false;
     {

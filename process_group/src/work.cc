@@ -53,11 +53,19 @@ std::exception_ptr Work::exception() const {
 
 bool Work::complete(std::exception_ptr error) {
   uint32_t expected = kPending;
-  if (!state_.compare_exchange_strong(expected, kSetting, std::memory_order_acq_rel)) {
-    return false;  // completion is final: the first call won
+  if (!error) {
+    // Success writes no error_: one compare-and-swap claims and publishes it (sequentially
+    // consistent, to pair with a sleeper's count and load below).
+    if (!state_.compare_exchange_strong(expected, kDone, std::memory_order_seq_cst)) {
+      return false;  // completion is final: the first call won
+    }
+  } else {
+    if (!state_.compare_exchange_strong(expected, kSetting, std::memory_order_acq_rel)) {
+      return false;
+    }
+    error_ = std::move(error);
+    state_.store(kDone, std::memory_order_seq_cst);
   }
-  error_ = std::move(error);
-  state_.store(kDone, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) futexWakeAll(&state_);
   return true;
 }
@@ -81,6 +89,17 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded) {
   if (done()) return finished();  // no clock read: a waiter that ran it inline lands here
   const auto start = std::chrono::steady_clock::now();
+  sleepUntilDone(deadline, bounded);
+  if (!done()) timedOut(start);
+  return finished();
+}
+
+bool Work::awaitCompletion(std::chrono::steady_clock::time_point deadline) {
+  if (!done()) sleepUntilDone(deadline, true);
+  return done();
+}
+
+void Work::sleepUntilDone(std::chrono::steady_clock::time_point deadline, bool bounded) {
   sleepers_.fetch_add(1, std::memory_order_seq_cst);
   for (;;) {
     // Sequentially consistent, to pair with complete()'s store of kDone and load of sleepers_.
@@ -98,8 +117,6 @@ bool Work::waitUntil(std::chrono::steady_clock::time_point deadline, bool bounde
     futexWait(&state_, state, &timeout);
   }
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
-  if (!done()) timedOut(start);
-  return finished();
 }
 
 bool Work::finished() const {

@@ -439,6 +439,102 @@ TEST(ProcessGroupHandoff, WorkerAndWaitersRacingRunEachOperationOnceInOrder) {
   EXPECT_EQ(failure, "");
 }
 
+// A lone collective is claimed by its waiter without the queue lock and stays at the head of
+// the queue while it runs (comm_backend.h, "Direct operations"): nothing issued behind it may
+// start before it completes, whoever waits for what.
+TEST(ProcessGroupHandoff, AnOperationBehindADirectOneWaitsForIt) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto recorder = std::make_shared<Recorder>();
+    auto pg = makeGroup(store, rank, 2, options(), recorder);
+    std::vector<int64_t> a(5), b(3);
+    fill(a, rank, 0);
+    fill(b, rank, 1);
+    recorder->closeGate();
+    auto workA = pg->allreduce(view(a.data(), a.size()));  // lone: its waiter runs it
+    std::thread waiterA([&] { EXPECT_TRUE(workA->wait()); });
+    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{})
+        << "the first all-reduce never started";
+    auto workB = pg->allreduce(view(b.data(), b.size()));  // queued behind the running one
+    std::atomic<bool> bDone{false};
+    std::thread waiterB([&] {
+      EXPECT_TRUE(workB->wait());
+      bDone = true;
+    });
+    std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_FALSE(bDone.load()) << "the second all-reduce finished while the first was held";
+    EXPECT_FALSE(workA->isCompleted());
+    EXPECT_EQ(recorder->threads().size(), 1u) << "the second all-reduce started too early";
+    recorder->openGate();
+    waiterA.join();
+    waiterB.join();
+    expectSum(a, 0, "direct op");
+    expectSum(b, 1, "op behind it");
+  });
+}
+
+TEST(ProcessGroupHandoff, OperationsQueuedBehindADirectOneRunOnTheWorker) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto recorder = std::make_shared<Recorder>();
+    auto pg = makeGroup(store, rank, 2, options(), recorder);
+    std::vector<int64_t> a(4);
+    fill(a, rank, 0);
+    recorder->closeGate();
+    auto workA = pg->allreduce(view(a.data(), a.size()));
+    std::thread waiterA([&] { EXPECT_TRUE(workA->wait()); });
+    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{});
+    const std::thread::id runnerA = *recorder->threads().begin();
+    // A burst behind it that nobody waits for: the worker must run it once A completed.
+    std::vector<std::vector<int64_t>> bufs(3, std::vector<int64_t>(6));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 3; ++i) {
+      fill(bufs[i], rank, i + 1);
+      works.push_back(pg->allreduce(view(bufs[i].data(), bufs[i].size())));
+    }
+    recorder->openGate();
+    waiterA.join();
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!works.back()->isCompleted() && Clock::now() < deadline) std::this_thread::yield();
+    ASSERT_TRUE(works.back()->isCompleted()) << "the burst behind a direct operation never ran";
+    expectSum(a, 0, "direct op");
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(works[i]->isSuccess());
+      expectSum(bufs[i], i + 1, "burst op " + std::to_string(i));
+    }
+    const auto threads = recorder->threads();
+    EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u) << "the issuing thread ran the burst";
+    EXPECT_EQ(threads.size(), 2u) << "the burst did not run on the worker alone";
+    EXPECT_EQ(threads.count(runnerA), 1u);
+  });
+}
+
+TEST(ProcessGroupHandoff, DestroyingTheGroupWaitsForADirectOperationRunningElsewhere) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto recorder = std::make_shared<Recorder>();
+    auto pg = makeGroup(store, rank, 2, options(), recorder);
+    std::vector<int64_t> a(9);
+    fill(a, rank, 0);
+    recorder->closeGate();
+    auto work = pg->allreduce(view(a.data(), a.size()));
+    std::thread waiter([&] { EXPECT_TRUE(work->wait()); });
+    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{});
+    std::thread opener([&] {
+      std::this_thread::sleep_for(milliseconds(200));
+      recorder->openGate();
+    });
+    // The last reference goes while the waiter runs the operation without holding the group:
+    // the destructor must wait for it (and the waiter must not touch the group afterwards).
+    pg.reset();
+    EXPECT_TRUE(work->isCompleted()) << "the group was destroyed under a running operation";
+    opener.join();
+    waiter.join();
+    EXPECT_TRUE(work->isSuccess());
+    expectSum(a, 0, "direct op");
+  });
+}
+
 TEST(ProcessGroupHandoff, AHandoffSettingOutOfRangeIsNamed) {
   auto store = std::make_shared<HashStore>();
   ProcessGroupOptions o = options();

@@ -362,6 +362,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Queues `op` (arguments checked, sequence number set) and returns its Work. Called with
   // the issue lock held, so the queue order is the sequence order.
   virtual std::shared_ptr<Work> post(OpDesc&& op) = 0;
+  // The issue lock, held around post(). A backend may use it as its queue's lock too, so that
+  // issuing an operation takes one lock, not two (the comm backend does); it must then never
+  // hold it while calling back into this class.
+  std::mutex& issueMutex() const { return issueMu_; }
   // Throws InvalidArgumentError when the backend cannot use a buffer on `buf.device`.
   virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
   // Backend-specific argument checks, before the operation takes a sequence number.

@@ -65,6 +65,10 @@ class Work {
   // Backend side. The first call wins; later calls are ignored.
   void markCompleted();
   void markFailed(std::exception_ptr error);
+  // Backend side: sleeps until the Work completed or `deadline` passed, whichever comes
+  // first, and returns isCompleted(). Raises nothing and does nothing on the deadline (for a
+  // backend thread that waits for an operation another thread runs).
+  bool awaitCompletion(std::chrono::steady_clock::time_point deadline);
 
  protected:
   // Called (once, with no lock held) when wait(timeout) expires, before it throws: the
@@ -78,21 +82,24 @@ class Work {
 
  private:
   bool waitUntil(std::chrono::steady_clock::time_point deadline, bool bounded);
+  // Sleeps on state_ until kDone (or the deadline, when bounded).
+  void sleepUntilDone(std::chrono::steady_clock::time_point deadline, bool bounded);
 
   const std::string opName_;
   const uint64_t seq_;
   const int rank_;
   std::atomic<int> sourceRank_{-1};
 
-  // Completion: the first mark* call moves state_ from kPending to kSetting (so exactly one
-  // wins), stores error_, then publishes kDone (release). error_ is never written again, so a
+  // Completion: the first mark* call wins: markCompleted moves state_ from kPending to kDone
+  // in one compare-and-swap; markFailed moves it to kSetting, stores error_, then publishes
+  // kDone (release). error_ is never written again, so a
   // reader that saw kDone (acquire) reads it without a lock. A waiter that sleeps counts
   // itself in sleepers_ first, then reads state_ and sleeps on it with FUTEX_WAIT (which
   // returns at once if state_ changed since); the completer stores kDone, then looks at
   // sleepers_ (both sequentially consistent) and wakes the word only when someone sleeps:
   // either the waiter sees kDone or the completer sees the sleeper. No mutex and no condition
   // variable: a Work is created and destroyed per operation, and completing one that nobody
-  // sleeps on costs one compare-and-swap and two stores.
+  // sleeps on costs one compare-and-swap.
   enum : uint32_t { kPending, kSetting, kDone };
   bool done() const { return state_.load(std::memory_order_acquire) == kDone; }
   bool complete(std::exception_ptr error);
