@@ -5,6 +5,13 @@
 // every size measured (0 when it lost at the smallest): recursive doubling before the others
 // for all-reduce, then halving-doubling before ring (power-of-two worlds from 4), tree before
 // chain for broadcast, direct before ring for all-gather (reduce-scatter shares it).
+//
+// Shared memory (every rank on this host, cross-memory attach usable): all-reduce, broadcast,
+// all-gather and reduce-scatter are also timed through two more Contexts, one that always
+// stages (LOOM_SHM_SINGLE_COPY=off) and one that always reads peers with process_vm_readv
+// (=on), at per-rank sizes from 64 KiB to 64 MiB (x4), alternating, the better of two
+// measurements each. The single copy's range (OP.cma_min / OP.cma_max) is the longest run of
+// consecutive sizes at which it beat staging by kCrossMemoryMargin; none when it never did.
 #include "tune.h"
 
 #include <algorithm>
@@ -28,6 +35,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMinBytes = size_t{4} << 10;
 constexpr size_t kMaxBytes = size_t{64} << 20;
+constexpr size_t kCrossMemoryMinBytes = size_t{64} << 10;
+// The single copy must be this much faster (time ratio) to be chosen: a tie stays staged.
+constexpr double kCrossMemoryMargin = 1.05;
 
 class Tuner {
  public:
@@ -39,7 +49,7 @@ class Tuner {
   double time(OpType op, Algorithm algorithm, size_t bytes) {
     const size_t count = bytes / sizeof(float);
     const int size = ctx_.size();
-    in_.assign(count, 1.0f);
+    in_.assign(op == OpType::kReduceScatter ? count * size : count, 1.0f);
     out_.assign(op == OpType::kAllgather ? count * size : count, 0.0f);
     const int iters = static_cast<int>(std::clamp<size_t>(kMaxBytes / bytes, 3, 40));
     for (int i = -2; i < iters; ++i) {
@@ -80,6 +90,9 @@ class Tuner {
                                o);
       case OpType::kBroadcast:
         return comm::broadcast(ctx_, in_.data(), count, DType::kFloat32, 0, o);
+      case OpType::kReduceScatter:
+        return comm::reduceScatter(ctx_, in_.data(), out_.data(), count, DType::kFloat32,
+                                   ReduceOp::kSum, o);
       default:
         return comm::allgather(ctx_, in_.data(), out_.data(), count, DType::kFloat32, o);
     }
@@ -91,6 +104,52 @@ class Tuner {
   std::vector<float> in_, out_;
   Clock::time_point start_;
 };
+
+// The shared-memory single copy's range for `op`: staged and cross-memory timed alternately at
+// each size, the better of two each; the longest run of sizes where it won by the margin.
+comm::CrossMemoryRange crossMemoryRange(Tuner& staged, Tuner& single, OpType op) {
+  comm::CrossMemoryRange best, run;
+  for (size_t bytes = kCrossMemoryMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+    double s = 1e30, c = 1e30;
+    for (int i = 0; i < 2; ++i) {
+      s = std::min(s, staged.time(op, Algorithm::kAuto, bytes));
+      c = std::min(c, single.time(op, Algorithm::kAuto, bytes));
+    }
+    if (c * kCrossMemoryMargin <= s) {
+      if (run.max == 0) run.min = bytes;
+      run.max = bytes;
+      if (best.max == 0 || run.max / run.min > best.max / best.min) best = run;
+    } else {
+      run = {};
+    }
+  }
+  return best;
+}
+
+// Fills x's cross-memory ranges when every rank is on this host and the single copy is usable.
+void tuneCrossMemory(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                     const comm::Context& ctx, comm::Crossovers& x) {
+  const std::string suffix = " transport=shm";  // every rank on this host (not shm+tcp)
+  const std::string& topology = ctx.topology();
+  const bool singleHost =
+      topology.size() >= suffix.size() &&
+      topology.compare(topology.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (size < 2 || !singleHost || !ctx.crossMemory()) return;
+  comm::ContextOptions options;
+  options.timeout = timeout;
+  options.shmWindows = false;  // user buffers here are ordinary memory
+  options.storePrefix = "loom-tune-staged";
+  options.shmSingleCopy = comm::ShmSingleCopy::kOff;
+  auto stagedCtx = comm::Context::create(store, rank, size, options);
+  options.storePrefix = "loom-tune-cma";
+  options.shmSingleCopy = comm::ShmSingleCopy::kOn;
+  auto singleCtx = comm::Context::create(store, rank, size, options);
+  Tuner staged(*stagedCtx, timeout), single(*singleCtx, timeout);
+  x.allreduceCma = crossMemoryRange(staged, single, OpType::kAllreduce);
+  x.broadcastCma = crossMemoryRange(staged, single, OpType::kBroadcast);
+  x.allgatherCma = crossMemoryRange(staged, single, OpType::kAllgather);
+  x.reduceScatterCma = crossMemoryRange(staged, single, OpType::kReduceScatter);
+}
 
 // `path` with the section `key` replaced by `section` (other topologies kept when the file is
 // a tuning file of this version).
@@ -129,6 +188,7 @@ int runTune(Store& store, int rank, int size, const std::string& path,
         size <= 2 ? x.broadcastTreeMax
                   : tuner.crossover(OpType::kBroadcast, Algorithm::kTree, {Algorithm::kChain});
     x.gatherDirectMax = tuner.crossover(OpType::kAllgather, Algorithm::kDirect, {Algorithm::kRing});
+    tuneCrossMemory(store, rank, size, timeout, *ctx, x);
   }
   if (rank == 0) {
     const std::string section = comm::formatTuning(ctx->topology(), x, true);

@@ -263,9 +263,12 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   SharedMemory shared = setupSharedMemory(store, rank, size, options);
   const std::string topology = topologyOf(store, rank, size, options, shared);
   generic.crossovers = loadCrossovers(rank, options, topology);
+  if (generic.crossovers && shared.arena) shared.arena->setCrossMemoryRanges(*generic.crossovers);
+  const bool crossMemory = shared.arena && shared.arena->singleCopy();
   auto ctx =
       std::make_shared<ContextImpl>(rank, size, std::move(transport), std::move(shared), generic);
   static_cast<Context&>(*ctx).topology_ = topology;
+  static_cast<Context&>(*ctx).crossMemory_ = crossMemory;
   return ctx;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "loom/common/error.h"
 
@@ -16,6 +17,25 @@ std::string trim(const std::string& s) {
   if (b == std::string::npos) return {};
   const size_t e = s.find_last_not_of(" \t\r");
   return s.substr(b, e - b + 1);
+}
+
+// The range of operation `op` ("allgather"), or null.
+CrossMemoryRange* crossMemoryRange(Crossovers& c, const std::string& op) {
+  return op == "allreduce"        ? &c.allreduceCma
+         : op == "broadcast"      ? &c.broadcastCma
+         : op == "allgather"      ? &c.allgatherCma
+         : op == "reduce_scatter" ? &c.reduceScatterCma
+                                  : nullptr;
+}
+
+// The field that "OP.cma_min" or "OP.cma_max" names, or null.
+size_t* crossMemoryField(Crossovers& c, const std::string& name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) return nullptr;
+  CrossMemoryRange* range = crossMemoryRange(c, name.substr(0, dot));
+  if (range == nullptr) return nullptr;
+  const std::string bound = name.substr(dot + 1);
+  return bound == "cma_min" ? &range->min : bound == "cma_max" ? &range->max : nullptr;
 }
 
 }  // namespace
@@ -64,6 +84,8 @@ std::optional<Crossovers> loadTuning(const std::string& path, const std::string&
                     : name == "broadcast.tree_max" ? &found.broadcastTreeMax
                     : name == "gather.direct_max"  ? &found.gatherDirectMax
                                                    : nullptr;
+    const bool required = field != nullptr;
+    if (field == nullptr) field = crossMemoryField(found, name);
     size_t bytes = 0;
     bool numberOk = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
     if (numberOk) {
@@ -76,12 +98,14 @@ std::optional<Crossovers> loadTuning(const std::string& path, const std::string&
     if (section.empty() || field == nullptr || !numberOk) {
       why = detail::str("tuning file ", path, " line ", number, ": '", line,
                         "'; expected 'NAME = BYTES' (allreduce.rd_max, allreduce.hd_max, "
-                        "broadcast.tree_max, gather.direct_max) inside a [topology] section");
+                        "broadcast.tree_max, gather.direct_max, or OP.cma_min / OP.cma_max for "
+                        "OP allreduce, broadcast, allgather, reduce_scatter) inside a [topology] "
+                        "section");
       return std::nullopt;
     }
     if (inKey) {
       *field = bytes;
-      ++fields;
+      fields += required;
     }
   }
   if (!seen) {
@@ -96,6 +120,15 @@ std::optional<Crossovers> loadTuning(const std::string& path, const std::string&
                       "broadcast.tree_max and gather.direct_max");
     return std::nullopt;
   }
+  for (const char* op : {"allreduce", "broadcast", "allgather", "reduce_scatter"}) {
+    const CrossMemoryRange& range = *crossMemoryRange(found, op);
+    if (range.max != 0 && range.min > range.max) {
+      why = detail::str("tuning file ", path, " section [", key, "]: ", op, ".cma_min (", range.min,
+                        ") is above ", op, ".cma_max (", range.max,
+                        "); expected min <= max, or max = 0 for never");
+      return std::nullopt;
+    }
+  }
   return found;
 }
 
@@ -107,6 +140,15 @@ std::string formatTuning(const std::string& key, const Crossovers& c, bool heade
       << "allreduce.hd_max = " << c.allreduceHdMax << "\n"
       << "broadcast.tree_max = " << c.broadcastTreeMax << "\n"
       << "gather.direct_max = " << c.gatherDirectMax << "\n";
+  const std::pair<const char*, const CrossMemoryRange*> ranges[] = {
+      {"allreduce", &c.allreduceCma},
+      {"broadcast", &c.broadcastCma},
+      {"allgather", &c.allgatherCma},
+      {"reduce_scatter", &c.reduceScatterCma}};
+  for (const auto& [op, range] : ranges) {
+    if (range->max == 0) continue;  // never: the default
+    out << op << ".cma_min = " << range->min << "\n" << op << ".cma_max = " << range->max << "\n";
+  }
   return out.str();
 }
 

@@ -108,7 +108,8 @@ constexpr Setting kTable[] = {
      "comm::ContextOptions::shmWindowMinBytes", "Context setup"},
     {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "a tuning file written by loom-bench --tune: the automatic algorithm choice takes its "
-     "crossovers for the group's topology (world size, ranks per host, transport); a missing, "
+     "crossovers for the group's topology (world size, ranks per host, transport), and shared "
+     "memory its single-copy sizes (OP.cma_min / OP.cma_max); a missing, "
      "stale or malformed file, or one without this topology, gives one warning and the built-in "
      "table",
      "comm::ContextOptions::tuningFile", "Context setup"},

@@ -15,8 +15,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "killed_peer_case.h"
@@ -147,8 +149,23 @@ TEST(Heal, ReconnectBoundPassedFailsSayingSo) {
     auto ctx = Context::create(store, rank, size, healOptions(1, 1500));
     allreduceChecked(*ctx, 1000, 1, 1);
     if (rank == 0) {
+      store.set("heal/stopping", std::to_string(::getpid()));
       ::raise(SIGSTOP);  // the parent kills it once rank 1 is done
       return;
+    }
+    // Reset only once rank 0 is stopped: a reset it can still answer heals at once, and then
+    // the all-reduce waits for the stopped rank until its own timeout.
+    store.wait({"heal/stopping"}, 30s);
+    const std::string stat = "/proc/" + toString(store.get("heal/stopping")) + "/stat";
+    const auto stopBy = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+      std::ifstream in(stat);
+      std::string line;
+      std::getline(in, line);
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') break;
+      LOOM_CHECK(std::chrono::steady_clock::now() < stopBy, "rank 0 did not stop: ", line);
+      std::this_thread::sleep_for(1ms);  // polling the peer's state, bounded above
     }
     tcpOf(*ctx).testResetAfter(0, 0, 1);
     std::vector<int32_t> buf(1000, 1);

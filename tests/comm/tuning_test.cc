@@ -101,6 +101,47 @@ TEST(Tuning, IncompleteSectionIsRefused) {
   EXPECT_TRUE(contains(why, "sets 1 of the 4 crossovers")) << why;
 }
 
+TEST(Tuning, CrossMemoryRangesRoundTripAndAreOptional) {
+  loom::testing::TempDir dir;
+  Crossovers x = builtinCrossovers(2);
+  x.allgatherCma = {65536, 16 << 20};
+  x.broadcastCma = {65536, 1 << 20};
+  const std::string key = topologyKey(2, 2, "shm");
+  const std::string text = formatTuning(key, x, true);
+  EXPECT_TRUE(contains(text, "allgather.cma_min = 65536\nallgather.cma_max = 16777216\n")) << text;
+  EXPECT_FALSE(contains(text, "allreduce.cma")) << "a range that is never on is not written";
+  std::string why;
+  const auto loaded = loadTuning(write(dir, text), key, why);
+  ASSERT_TRUE(loaded.has_value()) << why;
+  EXPECT_TRUE(loaded->allgatherCma == x.allgatherCma);
+  EXPECT_TRUE(loaded->broadcastCma == x.broadcastCma);
+  EXPECT_EQ(loaded->allreduceCma.max, 0u);
+  EXPECT_TRUE(loaded->allgatherCma.contains(65536));
+  EXPECT_TRUE(loaded->allgatherCma.contains(16 << 20));
+  EXPECT_FALSE(loaded->allgatherCma.contains(65535));
+  EXPECT_FALSE(loaded->allgatherCma.contains((16 << 20) + 1));
+  EXPECT_FALSE(loaded->reduceScatterCma.contains(1 << 20));
+  // A file without them (tuned before they existed) still loads: never.
+  const auto old = loadTuning(write(dir, formatTuning(key, builtinCrossovers(2), true)), key, why);
+  ASSERT_TRUE(old.has_value()) << why;
+  EXPECT_FALSE(old->allgatherCma.contains(1 << 20));
+}
+
+TEST(Tuning, BadCrossMemoryRangesAreRefusedNamingThem) {
+  loom::testing::TempDir dir;
+  const std::string head = formatTuning(kKey, builtinCrossovers(2), true);
+  std::string why;
+  EXPECT_FALSE(loadTuning(write(dir, head + "allgather.cma_min = 2048\nallgather.cma_max = 1024\n"),
+                          kKey, why)
+                   .has_value());
+  EXPECT_TRUE(contains(why, "allgather.cma_min (2048) is above allgather.cma_max (1024)")) << why;
+  EXPECT_FALSE(loadTuning(write(dir, head + "gather.cma_min = 1\n"), kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "'gather.cma_min = 1'")) << why;
+  EXPECT_TRUE(contains(why, "OP.cma_min / OP.cma_max")) << why;
+  EXPECT_FALSE(loadTuning(write(dir, head + "broadcast.cma_max = -1\n"), kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "line 7")) << why;
+}
+
 // A Context with a good file or an unusable one is created and computes the same results.
 TEST(Tuning, ContextsWithGoodAndBadFilesWork) {
   loom::testing::TempDir dir;

@@ -26,6 +26,7 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
+#include "loom/comm/tuning.h"
 #include "loom/common/error.h"
 #include "loom/store/file_store.h"
 #include "loom/testing/ranks.h"
@@ -144,6 +145,70 @@ TEST(ShmProcesses, OneRankWithSingleCopyOffTurnsItOffForAll) {
     for (float v : buf) LOOM_CHECK_EQ(v, 6.0f);
   });
   EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// A tuning file's OP.cma_min / OP.cma_max (loom/comm/tuning.h) turn the single copy on for
+// those sizes only; the results are those of the staged path. A rank whose file says
+// otherwise takes the other path, and both fail naming both paths.
+TEST(ShmProcesses, ATuningFileChoosesTheSingleCopyForItsSizes) {
+  const int size = 2;
+  loom::testing::TempDir dir;
+  comm::Crossovers x = comm::builtinCrossovers(size);
+  x.allgatherCma = {4096, 65536};
+  const std::string tuned = dir.file("tuned.txt");
+  std::ofstream(tuned) << comm::formatTuning(comm::topologyKey(size, size, "shm"), x, true);
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.tuningFile = tuned;
+    auto ctx = Context::create(store, rank, size, o);
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr, "no arena across processes");
+    LOOM_CHECK(arena->singleCopy() && !arena->singleCopyForced(), arena->singleCopyFailure());
+    LOOM_CHECK(ctx->crossMemory(), "Context::crossMemory() is false");
+    LOOM_CHECK(arena->crossMemoryFor(OpType::kAllgather, 4096), "4 KiB all-gather stays staged");
+    LOOM_CHECK(arena->crossMemoryFor(OpType::kAllgather, 65536), "64 KiB all-gather stays staged");
+    LOOM_CHECK(!arena->crossMemoryFor(OpType::kAllgather, 65540), "all-gather above the range");
+    LOOM_CHECK(!arena->crossMemoryFor(OpType::kAllgather, 4092), "all-gather below the range");
+    LOOM_CHECK(!arena->crossMemoryFor(OpType::kAllreduce, 8192), "all-reduce is not tuned");
+    CollectiveOptions opts;
+    for (size_t count : {size_t{100}, size_t{4096}, size_t{50000}}) {  // 400 B, 16 KiB, 200 KB
+      std::vector<int32_t> in(count), all(count * size, -1);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(rank * 1000003 + i);
+      ++opts.seq;
+      allgather(*ctx, in.data(), all.data(), count, DType::kInt32, opts);
+      for (size_t i = 0; i < all.size(); ++i) {
+        LOOM_CHECK_EQ(all[i], static_cast<int32_t>((i / count) * 1000003 + i % count));
+      }
+    }
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+
+  // Rank 1 without the file: at 16 KiB per rank rank 0 reads with the single copy, rank 1
+  // stages, and both fail at once naming both paths.
+  loom::testing::TempDir dir2;
+  loom::testing::ChildProcesses disagree;
+  disagree.spawnRanks(size, [&](int rank) {
+    FileStore store(dir2.file("store"));
+    ContextOptions o = options();
+    if (rank == 0) o.tuningFile = tuned;
+    auto ctx = Context::create(store, rank, size, o);
+    std::vector<int32_t> in(4096, rank), all(4096 * size);
+    CollectiveOptions opts;
+    opts.seq = 1;
+    try {
+      allgather(*ctx, in.data(), all.data(), in.size(), DType::kInt32, opts);
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(what.find("cross-memory") != std::string::npos &&
+                     what.find("staged") != std::string::npos,
+                 "the mismatch names both paths: ", what);
+      return;
+    }
+    LOOM_CHECK(false, "ranks on different paths did not fail");
+  });
+  EXPECT_EQ(disagree.waitAllOk(60s), "");
 }
 
 TEST(ShmProcesses, SigkilledJobLeavesNothingInDevShm) {

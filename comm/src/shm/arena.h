@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "loom/comm/context.h"
+#include "loom/comm/tuning.h"
 #include "shm/os.h"
 
 namespace loom {
@@ -136,6 +137,28 @@ class Arena {
   bool singleCopyForced() const { return singleCopyForced_; }
   // Why the single-copy path is off ("" when on).
   const std::string& singleCopyFailure() const { return singleCopyFailure_; }
+  // The per-operation sizes that take the single copy when it is usable but not forced (a
+  // tuning file's OP.cma_min / OP.cma_max, loom/comm/tuning.h; none by default). Set once by
+  // the Context before its first collective, alike on every rank (every rank reads the same
+  // file; a rank that disagrees fails the collective naming both paths).
+  void setCrossMemoryRanges(const Crossovers& crossovers) { crossMemory_ = crossovers; }
+  // Whether a collective of `kind` moving `bytes` per rank takes the single copy.
+  bool crossMemoryFor(OpType kind, size_t bytes) const {
+    if (!singleCopy_) return false;
+    if (singleCopyForced_) return true;
+    switch (kind) {
+      case OpType::kAllreduce:
+        return crossMemory_.allreduceCma.contains(bytes);
+      case OpType::kBroadcast:
+        return crossMemory_.broadcastCma.contains(bytes);
+      case OpType::kAllgather:
+        return crossMemory_.allgatherCma.contains(bytes);
+      case OpType::kReduceScatter:
+        return crossMemory_.reduceScatterCma.contains(bytes);
+      default:
+        return false;
+    }
+  }
 
   // Whether peers' Windows can be mapped (the probe agreed on every rank; equal on every rank),
   // and why not ("" when they can).
@@ -288,6 +311,7 @@ class Arena {
   Transport* transport_ = nullptr;
   bool singleCopy_ = false;
   bool singleCopyForced_ = false;
+  Crossovers crossMemory_;  // only its *Cma ranges are used
   std::string singleCopyFailure_;
   uint64_t probeWord_ = 0;  // read by the peers' probes
   bool windows_ = false;

@@ -120,9 +120,9 @@ PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const
       return PeerAccess::kWindow;
     }
   }
-  // No crossover on the measured machine (shm_single_copy.h): only a forced path runs it.
-  return arena.singleCopy() && arena.singleCopyForced() ? PeerAccess::kCrossMemory
-                                                        : PeerAccess::kStaged;
+  // Built in, staging won everywhere on the machine it was measured on (docs/shm.md); a
+  // tuning file can name the sizes where the single copy wins on this one.
+  return arena.crossMemoryFor(kind, bytes) ? PeerAccess::kCrossMemory : PeerAccess::kStaged;
 }
 
 void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef windows[2],

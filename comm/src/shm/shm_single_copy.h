@@ -54,7 +54,8 @@ namespace loom::comm::shm {
 // `readToo` unless null) lie in Windows, the group's window probe passed and the collective's
 // size (bytes, times the world size for all-gather and reduce-scatter) reaches the arena's
 // windowMinBytes or, when that is 0, the measured default for `kind` (shm_single_copy.cc);
-// kCrossMemory when single copy was forced on; kStaged otherwise. `windows` receives the
+// kCrossMemory when single copy is usable and was forced on, or `bytes` lies in the tuning
+// file's range for `kind` (Arena::crossMemoryFor); kStaged otherwise. `windows` receives the
 // Windows that hold `read` and `readToo` on the window path.
 PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const void* read,
                             size_t readBytes, const void* readToo, size_t readTooBytes,

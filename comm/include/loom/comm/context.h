@@ -181,6 +181,10 @@ class Context {
   // The topology a tuning file keys its crossovers by (loom/comm/tuning.h: "world=2
   // per_host=2 transport=tcp"); empty for Contexts that take no tuning file (verbs).
   const std::string& topology() const { return topology_; }
+  // Whether shared memory can read peers' buffers with one cross-memory copy (the setup probe
+  // passed on every rank of this host; LOOM_SHM_SINGLE_COPY). Whether a collective does so
+  // is the choice of LOOM_SHM_SINGLE_COPY=on or the tuning file (tuning.h).
+  bool crossMemory() const { return crossMemory_; }
 
  protected:
   Context();
@@ -193,6 +197,7 @@ class Context {
  private:
   std::unique_ptr<EngineSet> engines_;
   std::string topology_;
+  bool crossMemory_ = false;
 };
 
 }  // namespace loom::comm

@@ -18,6 +18,17 @@
 // reduce-scatter). A Context loads the section of its own topology (ContextOptions::tuningFile);
 // a missing or unreadable file, a malformed line, another version or no section for the
 // topology gives one warning (rank 0) and the built-in table.
+//
+// Optional, for shared memory (a section whose transport is shm or shm+tcp):
+//
+//   allgather.cma_min = 65536
+//   allgather.cma_max = 67108864
+//
+// (likewise allreduce., broadcast. and reduce_scatter.): the per-rank byte counts, both
+// inclusive, at which the operation reads its peers' buffers with one cross-memory copy
+// (process_vm_readv) instead of staging them through the arena, when the setup probe found
+// cross-memory attach usable on every rank. Absent, or both 0: never (the built-in choice).
+// The tuner writes them where the single copy was measured faster than staging by a margin.
 #pragma once
 
 #include <cstddef>
@@ -26,11 +37,24 @@
 
 namespace loom::comm {
 
+// The per-rank byte counts [min, max] of one operation's cross-memory path (see above).
+struct CrossMemoryRange {
+  size_t min = 0;
+  size_t max = 0;  // 0: never
+  bool contains(size_t bytes) const { return max != 0 && bytes >= min && bytes <= max; }
+  bool operator==(const CrossMemoryRange& o) const { return min == o.min && max == o.max; }
+};
+
 struct Crossovers {
   size_t allreduceRdMax = 0;
   size_t allreduceHdMax = 0;
   size_t broadcastTreeMax = 0;
   size_t gatherDirectMax = 0;
+  // Shared memory's cross-memory single copy (optional in a file; empty: never).
+  CrossMemoryRange allreduceCma;
+  CrossMemoryRange broadcastCma;
+  CrossMemoryRange allgatherCma;
+  CrossMemoryRange reduceScatterCma;
 };
 
 // The built-in table for `worldSize` ranks (measured on the 2-core dev VM; select.cc).
