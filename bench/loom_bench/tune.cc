@@ -9,7 +9,7 @@
 // Shared memory (every rank on this host, cross-memory attach usable): all-reduce, broadcast,
 // all-gather and reduce-scatter are also timed through two more Contexts, one that always
 // stages (LOOM_SHM_SINGLE_COPY=off) and one that always reads peers with process_vm_readv
-// (=on), at per-rank sizes from 64 KiB to 64 MiB (x4), alternating, the better of two
+// (=on), at per-rank sizes from 16 KiB to 64 MiB (x4), alternating, the better of two
 // measurements each. The single copy's range (OP.cma_min / OP.cma_max) is the longest run of
 // consecutive sizes at which it beat staging by kCrossMemoryMargin; none when it never did.
 #include "tune.h"
@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMinBytes = size_t{4} << 10;
 constexpr size_t kMaxBytes = size_t{64} << 20;
-constexpr size_t kCrossMemoryMinBytes = size_t{64} << 10;
+constexpr size_t kCrossMemoryMinBytes = size_t{16} << 10;
 // The single copy must be this much faster (time ratio) to be chosen: a tie stays staged.
 constexpr double kCrossMemoryMargin = 1.05;
 
