@@ -6,8 +6,9 @@
 //   allocates, takes no lock and makes no system call beyond reading the clock.
 // - Writers: recordIssue is called by the issuing thread (ProcessGroup::issue, under the
 //   group's issue lock, so ids follow the issue order); recordStart / recordEnd by the thread
-//   that runs the operation, which got it through the backend's queue (a lock), so the writes
-//   of one entry are ordered. Writers use plain stores (no read-modify-write, no lock): the
+//   that runs the operation, which got it through the backend's queue (a lock) or, for the
+//   comm backend's direct operations, as the Work that issue returned (claimed with an
+//   acquire-release compare-and-swap), so the writes of one entry are ordered. Writers use plain stores (no read-modify-write, no lock): the
 //   one case where two could write one entry at once is the ring wrapping onto an operation
 //   still running (more than `capacity` operations outstanding); then its start or end is
 //   dropped (its id no longer matches), or at worst an entry mixes two operations' fields.
