@@ -9,8 +9,15 @@
 // and TSan, which cannot see ordering through a TCP connection (each end is a different fd),
 // reports these pairs. Nothing else is suppressed: races on the transport's own state have no
 // sendmsg frame.
+//
+// race:std::__exception_ptr::exception_ptr::_M_release — a failed Work's error (an
+// exception_ptr) destroyed on the thread that drops the Work's last reference (the worker
+// popping a completed operation), after the waiter rethrew it, caught it and read what(). The
+// exception object's reference count lives in libstdc++ (uninstrumented), so TSan sees the
+// destructor's writes but not the count that orders them after the catch. Only reports whose
+// writer is that release match.
 extern "C" const char* __tsan_default_suppressions() {
-  return "race:sendmsg\n";
+  return "race:sendmsg\nrace:std::__exception_ptr::exception_ptr::_M_release\n";
 }
 
 // The largest history TSan keeps per thread: a suppression matches only a report whose earlier
