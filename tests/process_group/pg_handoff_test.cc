@@ -440,21 +440,45 @@ TEST(ProcessGroupHandoff, WorkerAndWaitersRacingRunEachOperationOnceInOrder) {
 }
 
 // A lone collective is claimed by its waiter without the queue lock and stays at the head of
-// the queue while it runs (comm_backend.h, "Direct operations"): nothing issued behind it may
-// start before it completes, whoever waits for what.
+// the queue while it runs (comm_backend.h, "Direct operations"). HeldDirect issues one (an
+// all-reduce of `n` elements, filled as operation 0), has it waited for on a thread of its own
+// and holds it inside the transport (the recorder's gate) until the test opens the gate.
+class HeldDirect {
+ public:
+  HeldDirect(ProcessGroup& pg, Recorder& recorder, int rank, size_t n)
+      : buf(n), recorder_(recorder) {
+    fill(buf, rank, 0);
+    recorder_.closeGate();
+    work = pg.allreduce(view(buf.data(), buf.size()));
+    waiter_ = std::thread([this] { EXPECT_TRUE(work->wait()); });
+    runner = recorder_.waitForEntry(milliseconds(20000));
+  }
+  ~HeldDirect() { release(); }
+  // Opens the gate and joins the waiting thread.
+  void release() {
+    recorder_.openGate();
+    if (waiter_.joinable()) waiter_.join();
+  }
+
+  std::vector<int64_t> buf;
+  std::shared_ptr<Work> work;
+  std::thread::id runner;  // the thread that entered the transport (default: none did)
+
+ private:
+  Recorder& recorder_;
+  std::thread waiter_;
+};
+
+// Nothing issued behind a running direct operation may start before it completes.
 TEST(ProcessGroupHandoff, AnOperationBehindADirectOneWaitsForIt) {
   auto store = std::make_shared<HashStore>();
   testing::runThreadRanks(2, [&](int rank) {
     auto recorder = std::make_shared<Recorder>();
     auto pg = makeGroup(store, rank, 2, options(), recorder);
-    std::vector<int64_t> a(5), b(3);
-    fill(a, rank, 0);
+    HeldDirect held(*pg, *recorder, rank, 5);
+    ASSERT_NE(held.runner, std::thread::id{}) << "the first all-reduce never started";
+    std::vector<int64_t> b(3);
     fill(b, rank, 1);
-    recorder->closeGate();
-    auto workA = pg->allreduce(view(a.data(), a.size()));  // lone: its waiter runs it
-    std::thread waiterA([&] { EXPECT_TRUE(workA->wait()); });
-    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{})
-        << "the first all-reduce never started";
     auto workB = pg->allreduce(view(b.data(), b.size()));  // queued behind the running one
     std::atomic<bool> bDone{false};
     std::thread waiterB([&] {
@@ -463,12 +487,11 @@ TEST(ProcessGroupHandoff, AnOperationBehindADirectOneWaitsForIt) {
     });
     std::this_thread::sleep_for(milliseconds(200));
     EXPECT_FALSE(bDone.load()) << "the second all-reduce finished while the first was held";
-    EXPECT_FALSE(workA->isCompleted());
+    EXPECT_FALSE(held.work->isCompleted());
     EXPECT_EQ(recorder->threads().size(), 1u) << "the second all-reduce started too early";
-    recorder->openGate();
-    waiterA.join();
+    held.release();
     waiterB.join();
-    expectSum(a, 0, "direct op");
+    expectSum(held.buf, 0, "direct op");
     expectSum(b, 1, "op behind it");
   });
 }
@@ -478,13 +501,8 @@ TEST(ProcessGroupHandoff, OperationsQueuedBehindADirectOneRunOnTheWorker) {
   testing::runThreadRanks(2, [&](int rank) {
     auto recorder = std::make_shared<Recorder>();
     auto pg = makeGroup(store, rank, 2, options(), recorder);
-    std::vector<int64_t> a(4);
-    fill(a, rank, 0);
-    recorder->closeGate();
-    auto workA = pg->allreduce(view(a.data(), a.size()));
-    std::thread waiterA([&] { EXPECT_TRUE(workA->wait()); });
-    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{});
-    const std::thread::id runnerA = *recorder->threads().begin();
+    HeldDirect held(*pg, *recorder, rank, 4);
+    ASSERT_NE(held.runner, std::thread::id{}) << "the first all-reduce never started";
     // A burst behind it that nobody waits for: the worker must run it once A completed.
     std::vector<std::vector<int64_t>> bufs(3, std::vector<int64_t>(6));
     std::vector<std::shared_ptr<Work>> works;
@@ -492,12 +510,11 @@ TEST(ProcessGroupHandoff, OperationsQueuedBehindADirectOneRunOnTheWorker) {
       fill(bufs[i], rank, i + 1);
       works.push_back(pg->allreduce(view(bufs[i].data(), bufs[i].size())));
     }
-    recorder->openGate();
-    waiterA.join();
+    held.release();
     const auto deadline = Clock::now() + std::chrono::seconds(20);
     while (!works.back()->isCompleted() && Clock::now() < deadline) std::this_thread::yield();
     ASSERT_TRUE(works.back()->isCompleted()) << "the burst behind a direct operation never ran";
-    expectSum(a, 0, "direct op");
+    expectSum(held.buf, 0, "direct op");
     for (int i = 0; i < 3; ++i) {
       EXPECT_TRUE(works[i]->isSuccess());
       expectSum(bufs[i], i + 1, "burst op " + std::to_string(i));
@@ -505,33 +522,29 @@ TEST(ProcessGroupHandoff, OperationsQueuedBehindADirectOneRunOnTheWorker) {
     const auto threads = recorder->threads();
     EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u) << "the issuing thread ran the burst";
     EXPECT_EQ(threads.size(), 2u) << "the burst did not run on the worker alone";
-    EXPECT_EQ(threads.count(runnerA), 1u);
+    EXPECT_EQ(threads.count(held.runner), 1u);
   });
 }
 
+// The last group reference goes while another thread runs a direct operation without holding
+// the group: the destructor must wait for it (and the runner must not touch the group after).
 TEST(ProcessGroupHandoff, DestroyingTheGroupWaitsForADirectOperationRunningElsewhere) {
   auto store = std::make_shared<HashStore>();
   testing::runThreadRanks(2, [&](int rank) {
     auto recorder = std::make_shared<Recorder>();
     auto pg = makeGroup(store, rank, 2, options(), recorder);
-    std::vector<int64_t> a(9);
-    fill(a, rank, 0);
-    recorder->closeGate();
-    auto work = pg->allreduce(view(a.data(), a.size()));
-    std::thread waiter([&] { EXPECT_TRUE(work->wait()); });
-    ASSERT_NE(recorder->waitForEntry(milliseconds(20000)), std::thread::id{});
+    HeldDirect held(*pg, *recorder, rank, 9);
+    ASSERT_NE(held.runner, std::thread::id{}) << "the all-reduce never started";
     std::thread opener([&] {
       std::this_thread::sleep_for(milliseconds(200));
       recorder->openGate();
     });
-    // The last reference goes while the waiter runs the operation without holding the group:
-    // the destructor must wait for it (and the waiter must not touch the group afterwards).
     pg.reset();
-    EXPECT_TRUE(work->isCompleted()) << "the group was destroyed under a running operation";
+    EXPECT_TRUE(held.work->isCompleted()) << "the group was destroyed under a running operation";
     opener.join();
-    waiter.join();
-    EXPECT_TRUE(work->isSuccess());
-    expectSum(a, 0, "direct op");
+    held.release();
+    EXPECT_TRUE(held.work->isSuccess());
+    expectSum(held.buf, 0, "direct op");
   });
 }
 
