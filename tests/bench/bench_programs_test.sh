@@ -97,6 +97,26 @@ for n in 2 3; do
       fail "loom-bench -R 1 --op $op: the device lines do not say window over shm: $(grep device "$tmp/out")"
   done
 done
+# --tune over shared memory writes this topology's section (with the single copy's sizes where
+# it won here), and a sweep that loads the file gives no warning and no wrong element, on
+# whichever path each size took.
+tuning="$tmp/tuning.txt"
+ranks 2 env LOOM_SHM=1 "$bin/loom-bench" --tune "$tuning" ||
+  fail "loom-bench --tune exited non-zero: $(tail -n 3 "$tmp"/out*)"
+grep -q "^\[world=2 per_host=2 transport=shm\]$" "$tuning" ||
+  fail "loom-bench --tune wrote no shm section: $(cat "$tuning" 2>&1)"
+grep -q "^allreduce.rd_max = " "$tuning" || fail "loom-bench --tune wrote no crossovers"
+for op in all_reduce broadcast all_gather reduce_scatter; do
+  if ! ranks 2 env LOOM_SHM=1 LOOM_TUNING_FILE="$tuning" "$bin/loom-bench" --op "$op" \
+    -b 8K -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all; then
+    fail "loom-bench --op $op with the tuned file exited non-zero"; tail -n 5 "$tmp"/out*
+  fi
+  grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
+    fail "loom-bench --op $op with the tuned file: wrong elements"
+  ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
+    fail "loom-bench --op $op: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
+done
+
 ranks 2 "$bin/loom-bench" --backend nccl -R 1 -b 8 -e 8 >/dev/null 2>&1
 [[ $? -eq 2 ]] || fail "loom-bench -R 1 --backend nccl did not exit 2"
 
