@@ -4,8 +4,10 @@
 #include <benchmark/benchmark.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -51,6 +53,31 @@ void BM_RecordOperation(benchmark::State& state) {
                  (state.range(1) != 0 ? ", tick published" : ", no tick"));
 }
 BENCHMARK(BM_RecordOperation)->Args({16, 1})->Args({64, 1})->Args({1, 1})->Args({16, 0});
+
+// The same for a group that runs its collectives in issue order (the comm backend): start and
+// end go to the progress words while the tick is published. Arg: preciseEvery.
+void BM_RecordOperationInOrder(benchmark::State& state) {
+  FlightRecorder rec(2000, loom::comm::Algorithm::kAuto);
+  rec.setPreciseEvery(static_cast<uint64_t>(state.range(0)));
+  rec.setCollectivesInOrder(true);
+  rec.publishTick(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch() /
+                                        std::chrono::nanoseconds(1)));
+  OpDesc op = allreduce();
+  for (auto _ : state) {
+    ++op.seq;
+    bool inOrder = false;
+    const uint64_t id = rec.recordIssue(op, &inOrder);
+    if (inOrder) {
+      rec.recordStartInOrder(id);
+      rec.recordEndInOrder(id, false);
+    } else {
+      rec.recordStart(id);
+      rec.recordEnd(id, false);
+    }
+    benchmark::DoNotOptimize(id);
+  }
+}
+BENCHMARK(BM_RecordOperationInOrder)->Arg(16)->Arg(64);
 
 void BM_RecordIssue(benchmark::State& state) {
   FlightRecorder rec(2000, loom::comm::Algorithm::kAuto);
@@ -120,6 +147,75 @@ BENCHMARK(BM_GroupAllreduceWorld1)
     ->Args({2000, 16})
     ->Args({2000, 1})
     ->Args({256, 16});
+
+// The recorder's cost per operation as a paired difference: two groups in one process, the
+// recorder off in one and on in the other, timed in alternating blocks of `kBlock`
+// all-reduces. This machine's speed drifts by 10% between runs of a few seconds (a VM on a
+// shared host), far more than the few nanoseconds measured, and BM_GroupAllreduceWorld1's
+// separate runs see that drift; blocks a few hundred microseconds apart see the same machine.
+// Reported: the median over blocks of (on - off) per operation, and its 10th and 90th
+// percentiles, in nanoseconds (counters), and the median "off" time per operation. Arg:
+// preciseEvery of the "on" group; 0: the control, both groups off.
+void BM_RecorderCostPaired(benchmark::State& state) {
+  constexpr int kBlock = 2000;
+  auto storeOff = std::make_shared<loom::HashStore>();
+  auto storeOn = std::make_shared<loom::HashStore>();
+  loom::ProcessGroupOptions off;
+  off.flightRecorderEntries = 0;
+  loom::ProcessGroupOptions on;
+  // 0: the recorder off in both, the control (what the pairing itself measures).
+  if (state.range(0) == 0) {
+    on.flightRecorderEntries = 0;
+  } else {
+    on.flightRecorderPreciseEvery = static_cast<int>(state.range(0));
+  }
+  auto pgOff = loom::createProcessGroup("tcp", storeOff, 0, 1, off);
+  auto pgOn = loom::createProcessGroup("tcp", storeOn, 0, 1, on);
+  float x[2] = {1, 2};
+  const loom::BufferView v{x, 2, loom::DType::kFloat32, loom::Device::cpu()};
+  const auto block = [&](loom::ProcessGroup& pg) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBlock; ++i) pg.allreduce(v)->wait();
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+           kBlock;
+  };
+  std::vector<double> diffs;
+  std::vector<double> offs;
+  bool onFirst = false;
+  for (auto _ : state) {
+    // Alternate which goes first, so that a block's position in the pair cancels too.
+    double tOff = 0;
+    double tOn = 0;
+    if (onFirst) {
+      tOn = block(*pgOn);
+      tOff = block(*pgOff);
+    } else {
+      tOff = block(*pgOff);
+      tOn = block(*pgOn);
+    }
+    onFirst = !onFirst;
+    diffs.push_back(tOn - tOff);
+    offs.push_back(tOff);
+  }
+  const auto quantile = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  state.counters["diff_ns_p10"] = quantile(diffs, 0.1);
+  state.counters["diff_ns_median"] = quantile(diffs, 0.5);
+  state.counters["diff_ns_p90"] = quantile(diffs, 0.9);
+  state.counters["off_ns_median"] = quantile(offs, 0.5);
+  state.SetLabel("per operation; pairs of " + std::to_string(kBlock) + "-operation blocks");
+}
+BENCHMARK(BM_RecorderCostPaired)
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1048576)
+    ->Arg(1)
+    ->Arg(0)
+    ->Iterations(2000)
+    ->UseRealTime();
 
 }  // namespace
 

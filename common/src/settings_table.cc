@@ -141,11 +141,12 @@ constexpr Setting kTable[] = {
      "how many of its last operations each process group keeps in its flight recorder for "
      "dumps and failure analysis (docs/diagnostics.md); 0 turns the recorder off",
      "ProcessGroupOptions::flightRecorderEntries", "ProcessGroup setup"},
-    {"LOOM_FLIGHT_RECORDER_PRECISE_EVERY", K::kInteger, S::kRuntime, "16", 1, 1'048'576, "",
+    {"LOOM_FLIGHT_RECORDER_PRECISE_EVERY", K::kInteger, S::kRuntime, "256", 1, 1'048'576, "",
      "operations",
      "every how many operations (by sequence number, rounded up to a power of two) the flight "
-     "recorder reads the time-stamp counter for start and end; the others take the worker's "
-     "millisecond tick when it runs (docs/diagnostics.md); 1: every operation",
+     "recorder reads the time-stamp counter for start and end, besides every operation of 64 "
+     "KiB or more; the others take the worker's millisecond tick when it runs "
+     "(docs/diagnostics.md); 1: every operation",
      "ProcessGroupOptions::flightRecorderPreciseEvery", "ProcessGroup setup"},
     {"LOOM_DUMP_DIR", K::kText, S::kRuntime, "", 0, 0, "", "",
      "directory where flight record dumps (on failure, abort, SIGUSR1, dumpFlightRecord) are "

@@ -76,6 +76,9 @@ ProcessGroupComm::ProcessGroupComm(std::string backend, std::shared_ptr<Store> s
   comm::ContextOptions ctxOptions = options.comm.context;
   ctxOptions.timeout = options.timeout;
   ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
+  // One at a time, from the queue's head: direct operations, the worker and the lock path
+  // alike (comm_handoff.cc).
+  recordCollectivesInIssueOrder();
   worker_ = std::thread([this] { workerLoop(); });
 }
 

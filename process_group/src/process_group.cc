@@ -141,6 +141,10 @@ void ProcessGroup::publishRecorderTick(std::chrono::steady_clock::time_point now
                              : static_cast<uint64_t>(std::max<int64_t>(ns.count(), 1)));
 }
 
+void ProcessGroup::recordCollectivesInIssueOrder() {
+  if (recorder_ != nullptr) recorder_->setCollectivesInOrder(true);
+}
+
 void ProcessGroup::traceEnd(const OpDesc& op, bool failed) {
   if (op.recordId != 0) {
     int64_t& start = traceStarts_[op.recordId % kTraceSlots];
@@ -281,7 +285,7 @@ std::shared_ptr<Work> ProcessGroup::postLocked(OpDesc&& op) {
   } else {
     op.seq = ++collectiveSeq_;
   }
-  if (recorder_ != nullptr) op.recordId = recorder_->recordIssue(op);
+  if (recorder_ != nullptr) op.recordId = recorder_->recordIssue(op, &op.recordInOrder);
   if (debug_ == DebugLevel::kDetail) LOOM_LOG_INFO(who(), ": issue ", op.signature());
   return post(std::move(op));
 }

@@ -192,6 +192,185 @@ TEST(FlightRecorder, TickStampsAllButEveryNthOperationWhilePublished) {
   EXPECT_EQ(stragglers(dumps).ranks[0].collectives, 3u);  // seqs 8, 16, 17
 }
 
+int64_t unixNowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t steadyNowNs() {
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch() /
+                               std::chrono::nanoseconds(1));
+}
+
+// A group that runs its collectives one at a time in issue order (the comm backend): while
+// the tick is published, an unsampled collective's start and end go to the progress words,
+// and the snapshot derives its state from them; its end is the first progress mark that saw
+// it ended. Sampled operations, large ones, point-to-point ones and everything run without a
+// tick are written to their entries as before.
+TEST(FlightRecorder, InOrderCollectivesAreToldByTheProgressWords) {
+  FlightRecorder rec(64, comm::Algorithm::kAuto);
+  rec.setPreciseEvery(8);
+  rec.setCollectivesInOrder(true);
+  const int64_t t0 = unixNowUs();
+  rec.publishTick(steadyNowNs());
+  std::vector<uint64_t> ids;
+  std::vector<bool> inOrder;
+  for (uint64_t seq = 1; seq <= 9; ++seq) {
+    bool fast = true;
+    // seq 3 moves 64 KiB: always precise.
+    ids.push_back(rec.recordIssue(allreduceOp(seq, seq == 3 ? 16384 : 2), &fast));
+    inOrder.push_back(fast);
+  }
+  OpDesc send;
+  send.type = OpType::kSend;
+  send.dtype = DType::kFloat32;
+  send.count = 2;
+  send.seq = 1;
+  bool sendInOrder = true;
+  const uint64_t sendId = rec.recordIssue(send, &sendInOrder);
+  EXPECT_FALSE(sendInOrder);
+  for (size_t i = 0; i < inOrder.size(); ++i) {
+    const uint64_t seq = i + 1;
+    EXPECT_EQ(inOrder[i], seq != 3 && seq != 8) << "seq " << seq;
+  }
+  const auto start = [&](size_t i) {
+    if (inOrder[i]) {
+      rec.recordStartInOrder(ids[i]);
+    } else {
+      rec.recordStart(ids[i]);
+    }
+  };
+  const auto end = [&](size_t i, bool failed, int peer = -1) {
+    if (inOrder[i]) {
+      rec.recordEndInOrder(ids[i], failed, peer);
+    } else {
+      rec.recordEnd(ids[i], failed, peer);
+    }
+  };
+  // #1-#5 run (#3 precisely); then 20 ms pass and the tick thread marks their ends.
+  for (size_t i = 0; i < 5; ++i) {
+    start(i);
+    end(i, false);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int64_t t1 = unixNowUs();
+  rec.publishTick(steadyNowNs());
+  // #6 starts and is still running; #7 fails after starting on the progress words; #8, #9
+  // and the send are queued.
+  start(5);
+  std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE(got[i].describe());
+    EXPECT_EQ(got[i].state, OpState::kDone);
+    EXPECT_EQ(got[i].precise, i == 2);
+    EXPECT_LE(got[i].issueUs, got[i].startUs);
+    EXPECT_LE(got[i].startUs, got[i].endUs);
+    if (i != 2) {
+      // Ended before the mark 20 ms later, which is what it reports (late by up to a nap).
+      EXPECT_NEAR(static_cast<double>(got[i].endUs), static_cast<double>(t1), 1000.0);
+      EXPECT_GE(got[i].startUs, t0 - 1000);
+    }
+  }
+  // #4 started once #3 (precise) ended.
+  EXPECT_GE(got[3].startUs, got[2].endUs);
+  EXPECT_EQ(got[5].state, OpState::kRunning);
+  EXPECT_FALSE(got[5].precise);
+  EXPECT_NEAR(static_cast<double>(got[5].startUs), static_cast<double>(t1), 1000.0);
+  for (size_t i = 6; i < 10; ++i) EXPECT_EQ(got[i].state, OpState::kQueued) << got[i].describe();
+
+  end(5, false);  // after the last mark: its end is "before now"
+  start(6);
+  end(6, true, 3);
+  // #8 is sampled: its entry; then the tick is withdrawn, and #9 runs on its entry, precisely.
+  start(7);
+  end(7, false);
+  rec.publishTick(0);
+  start(8);
+  const int64_t beforeNine = unixNowUs();
+  end(8, false);
+  rec.recordStart(sendId);
+  rec.recordEnd(sendId, false);
+  got = rec.snapshot();
+  ASSERT_EQ(got.size(), 10u);
+  EXPECT_EQ(got[5].state, OpState::kDone);
+  // Withdrawing the tick marked #6's end with the clock.
+  EXPECT_GE(got[5].endUs, t1 - 1000);
+  EXPECT_LE(got[5].endUs, unixNowUs() + 1000);
+  EXPECT_EQ(got[6].state, OpState::kFailed);
+  EXPECT_EQ(got[6].peer, 3);
+  EXPECT_NEAR(static_cast<double>(got[6].startUs), static_cast<double>(t1), 1000.0)
+      << "the failed operation keeps the start it had on the progress words";
+  EXPECT_GE(got[6].endUs, got[6].startUs);
+  EXPECT_EQ(got[7].state, OpState::kDone);
+  EXPECT_TRUE(got[7].precise);
+  EXPECT_EQ(got[8].state, OpState::kDone);
+  EXPECT_TRUE(got[8].precise) << "no tick: timed on its entry";
+  EXPECT_GE(got[8].endUs, beforeNine - 1000);
+  EXPECT_EQ(got[9].type, OpType::kSend);
+  EXPECT_EQ(got[9].state, OpState::kDone);
+}
+
+// An in-order writer (issue, start, end on the progress words) with a tick thread publishing
+// every 100 us and a reader snapshotting: every entry is whole, done entries have times in
+// order, and in-order collectives complete in order (no queued or running entry before a
+// done one).
+TEST(FlightRecorder, ConcurrentReaderSeesInOrderProgressConsistently) {
+  FlightRecorder rec(64, comm::Algorithm::kAuto);
+  rec.setPreciseEvery(16);
+  rec.setCollectivesInOrder(true);
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    while (!stop) {
+      rec.publishTick(steadyNowNs());
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    rec.publishTick(0);
+  });
+  std::thread writer([&] {
+    for (uint64_t seq = 1; seq <= 200000; ++seq) {
+      bool fast = false;
+      const uint64_t id = rec.recordIssue(allreduceOp(seq, seq % 1000 + 1), &fast);
+      if (fast) {
+        rec.recordStartInOrder(id);
+        rec.recordEndInOrder(id, false);
+      } else {
+        rec.recordStart(id);
+        rec.recordEnd(id, false);
+      }
+    }
+    stop = true;
+  });
+  size_t snapshots = 0;
+  std::string problem;
+  while (!stop && problem.empty()) {
+    const std::vector<OpRecord> got = rec.snapshot();
+    ++snapshots;
+    bool pending = false;  // a queued or running entry seen
+    for (size_t i = 0; i < got.size() && problem.empty(); ++i) {
+      const OpRecord& r = got[i];
+      if (r.seq != r.id || r.count != r.seq % 1000 + 1) {
+        problem = "torn entry id " + std::to_string(r.id);
+      } else if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs < r.startUs)) {
+        problem = "done without times in order at id " + std::to_string(r.id);
+      } else if (r.state == OpState::kDone && pending) {
+        problem = "id " + std::to_string(r.id) + " done after an unfinished one";
+      } else if (i > 0 && r.id <= got[i - 1].id) {
+        problem = "ids out of order";
+      }
+      if (r.state != OpState::kDone) pending = true;
+    }
+  }
+  writer.join();
+  ticker.join();
+  EXPECT_EQ(problem, "");
+  EXPECT_GT(snapshots, 0u);
+  const std::vector<OpRecord> got = rec.snapshot();
+  ASSERT_EQ(got.size(), 64u);
+  for (const OpRecord& r : got) EXPECT_EQ(r.state, OpState::kDone) << r.describe();
+}
+
 // A reader snapshots while a writer records as fast as it can: every entry it returns is whole
 // (count and bytes agree with its seq), ids are consecutive, and the reader never blocks the
 // writer for long.

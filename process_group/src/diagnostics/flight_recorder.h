@@ -8,28 +8,44 @@
 //   group's issue lock, so ids follow the issue order); recordStart / recordEnd by the thread
 //   that runs the operation, which got it through the backend's queue (a lock) or, for the
 //   comm backend's direct operations, as the Work that issue returned (claimed with an
-//   acquire-release compare-and-swap), so the writes of one entry are ordered. Writers use plain stores (no read-modify-write, no lock): the
-//   one case where two could write one entry at once is the ring wrapping onto an operation
-//   still running (more than `capacity` operations outstanding); then its start or end is
-//   dropped (its id no longer matches), or at worst an entry mixes two operations' fields.
+//   acquire-release compare-and-swap), so the writes of one entry are ordered. Writers use plain
+//   stores (no read-modify-write, no lock): the one case where two could write one entry at once is
+//   the ring wrapping onto an operation still running (more than `capacity` operations
+//   outstanding); then its start or end is dropped (its id no longer matches), or at worst an entry
+//   mixes two operations' fields.
 // - Readers (snapshot) run on any thread at any time and never block writers: each entry's
 //   first word (its stamp: the id and a write count) is odd while the entry is written (a
 //   seqlock); a reader that sees it change retries that entry a few times and skips it if it
 //   keeps changing.
-// - Cost (docs/diagnostics.md has the measurement): a few stores into one 64-byte line per
-//   call, inlined into the caller, and on most operations no clock read: an 8-byte all-reduce
-//   over shared memory takes well under a microsecond, and reading a clock three times per
-//   operation (issue, start, end) was 4% of it. The ring has a power-of-two number of slots
-//   (capacity rounded up; only the newest `capacity` are reported) so that finding an entry
-//   is a mask, not a division.
+// - In-order collectives (setCollectivesInOrder: the comm backend, which runs its collectives
+//   one at a time in issue order). Their start and end, when the tick is published and the
+//   operation is not sampled, do not touch the entry: start stores the entry's id and the
+//   tick in two per-group words (last started), end stores its id in a third (last ended), all
+//   on one cache line the running thread keeps. snapshot() derives such an entry's state from
+//   them (id <= last ended: done; id == last started: running; else queued). Its end time is
+//   bracketed by the tick thread's progress marks: each publishTick notes the last ended id
+//   with the time, when it changed, in a ring of marks as long as the entry ring; the entry's
+//   end is the first mark at or past its id (late by at most about one nap, as a tick is), its
+//   start the later of its issue and the previous in-order entry's end. A failure, a sampled
+//   operation, or one run while no tick is published writes the entry as below.
+// - Cost (docs/diagnostics.md has the measurement): a few stores into one 64-byte line at
+//   issue, inlined into the caller, two stores at start and one at end for in-order
+//   collectives, and on most operations no clock read: an 8-byte all-reduce over shared memory
+//   takes well under a microsecond, and reading a clock three times per operation (issue,
+//   start, end) was 4% of it. The ring has a power-of-two number of slots (capacity rounded
+//   up; only the newest `capacity` are reported) so that finding an entry is a mask, not a
+//   division. Each issue prefetches the next entry's line: the ring does not stay in the L1
+//   cache, and a store that misses it stalls the issue lock's release (~4 ns in place).
 // - Times. Every entry has an issue, start and end time (0 until it happens), each either
 //   precise or a tick:
 //   - precise: start and end read from the CPU's time-stamp counter when it is invariant
 //     (CPUID: constant rate, runs in every C-state; the steady clock otherwise). Every
 //     collective and point-to-point operation whose sequence number is a multiple of
-//     preciseEvery() (LOOM_FLIGHT_RECORDER_PRECISE_EVERY, a power of two; 1: every
-//     operation) is timed so on every rank, so that stragglers() compares the same operations
-//     on every rank; and every operation is whenever no tick is published.
+//     preciseEvery() (LOOM_FLIGHT_RECORDER_PRECISE_EVERY, a power of two, 256 by default; 1:
+//     every operation) or that moves kAlwaysPreciseBytes or more is timed so on every rank,
+//     so that stragglers() compares the same operations on every rank; and every operation
+//     is whenever no tick is published. (Reading the counter takes 16-20 ns under the Intel
+//     VM's hypervisor: two reads in every 16th operation were ~2 ns of an 8-byte all-reduce.)
 //   - tick: the backend's thread that naps while waiters run operations (the comm backend's
 //     worker, docs/handoff.md) publishes the monotonic time it read on each wake-up
 //     (publishTick), and withdraws it (0) before it sleeps or runs an operation itself. An
@@ -73,17 +89,34 @@ class FlightRecorder {
   // >= 1) get precise start and end times. Set before the first recordIssue.
   void setPreciseEvery(uint64_t every);
   uint64_t preciseEvery() const { return preciseMask_ + 1; }
+  // Operations of at least this many bytes are always timed precisely (two time-stamp counter
+  // reads are nothing next to moving 64 KiB), whatever their sequence number.
+  static constexpr size_t kAlwaysPreciseBytes = 64 * 1024;
+  // The group runs its collectives one at a time, in issue order (see In-order collectives
+  // above). Set before the first recordIssue.
+  void setCollectivesInOrder(bool inOrder) { inOrder_ = inOrder; }
   // The tick (see Times above): `steadyNs`, the steady clock's nanoseconds, read by a thread
-  // that reads it again within about a nap; 0 withdraws it.
-  void publishTick(uint64_t steadyNs) { tick_.word.store(steadyNs, std::memory_order_relaxed); }
+  // that reads it again within about a nap; 0 withdraws it. One thread publishes (it also
+  // writes the progress marks of in-order collectives).
+  void publishTick(uint64_t steadyNs) {
+    tick_.word.store(steadyNs, std::memory_order_relaxed);
+    if (inOrder_ && progress_.ended.load(std::memory_order_relaxed) != lastMarked_) {
+      markProgress(steadyNs);
+    }
+  }
 
   // Returns the entry's id (1, 2, ...), which OpDesc::recordId carries to the running thread.
-  // Forced inline: GCC at -O2 kept recordIssue out of line (a call per operation in the
-  // profile).
-  [[gnu::always_inline]] inline uint64_t recordIssue(const OpDesc& op);
+  // `inOrder` (may be null) is set to whether the running thread must use the InOrder calls
+  // below (OpDesc::recordInOrder). Forced inline: GCC at -O2 kept recordIssue out of line (a
+  // call per operation in the profile).
+  [[gnu::always_inline]] inline uint64_t recordIssue(const OpDesc& op, bool* inOrder = nullptr);
   [[gnu::always_inline]] inline void recordStart(uint64_t id);
   // `peer`: the rank the operation waited on when it failed (-1: none named).
   [[gnu::always_inline]] inline void recordEnd(uint64_t id, bool failed, int peer = -1);
+  // For the entries recordIssue said are in order: the progress words while the tick is
+  // published, else recordStart / recordEnd.
+  [[gnu::always_inline]] inline void recordStartInOrder(uint64_t id);
+  [[gnu::always_inline]] inline void recordEndInOrder(uint64_t id, bool failed, int peer = -1);
 
   // The entries still in the ring, oldest first.
   std::vector<OpRecord> snapshot() const;
@@ -119,6 +152,9 @@ class FlightRecorder {
   static constexpr uint64_t kEndTick = 1u << 12;    // kEnd holds the tick
   static constexpr uint64_t kStartSet = 1u << 13;   // kStart is this operation's
   static constexpr uint64_t kPeerSet = 1u << 14;    // kPeer is this operation's
+  // An in-order collective: while its state is still kQueued, the progress words say whether
+  // it started or ended.
+  static constexpr uint64_t kInOrder = 1u << 15;
   static constexpr int kIdShift = 16;
   struct alignas(64) Slot {
     std::atomic<uint64_t> words[kWords] = {};
@@ -155,10 +191,18 @@ class FlightRecorder {
   }
   [[gnu::always_inline]] inline void setState(uint64_t id, OpState state, Word timeWord,
                                               uint64_t tickBit, int peer);
+  // One entry's words, read under its seqlock; false when it kept changing or holds another
+  // id now.
+  bool readEntry(uint64_t id, uint64_t (&w)[kWords]) const;
+  // publishTick's half for in-order collectives (out of line: once per nap at most).
+  void markProgress(uint64_t steadyNs);
+  // recordEndInOrder's rare path: an in-order entry that started on the progress words fails;
+  // its start (the tick then) is copied into the entry with the failure.
+  void failInOrder(uint64_t id, int peer);
 
   const size_t capacity_;
-  uint64_t preciseMask_ = 15;  // preciseEvery() - 1
-  const uint64_t mask_;        // slots - 1 (slots: capacity rounded up to a power of two)
+  uint64_t preciseMask_ = 255;  // preciseEvery() - 1
+  const uint64_t mask_;         // slots - 1 (slots: capacity rounded up to a power of two)
   const comm::Algorithm algorithm_;
   const bool useTsc_;
   const std::unique_ptr<Slot[]> slots_;
@@ -168,20 +212,49 @@ class FlightRecorder {
   struct alignas(64) Tick {
     std::atomic<uint64_t> word{0};
   } tick_;
+  // In-order collectives' progress, written by the thread that runs them: the last started
+  // (its id, then the tick it started at) and the last ended. A line of its own.
+  bool inOrder_ = false;
+  struct alignas(64) Progress {
+    std::atomic<uint64_t> started{0};
+    std::atomic<uint64_t> startTick{0};
+    std::atomic<uint64_t> ended{0};
+  } progress_;
+  // The progress marks: (last ended id, steady ns) pairs, a ring as long as the entries',
+  // written by the tick's thread only, each when the last ended id changed. `marked_` counts
+  // the marks begun, `markedWhole_` those written: a reader keeps the whole ones it read that
+  // no mark begun since could have overwritten (snapshot()).
+  struct Mark {
+    std::atomic<uint64_t> ended{0};
+    std::atomic<uint64_t> ns{0};
+  };
+  const std::unique_ptr<Mark[]> marks_;
+  std::atomic<uint64_t> marked_{0};
+  std::atomic<uint64_t> markedWhole_{0};
+  uint64_t lastMarked_ = 0;  // the tick's thread's: the id of the last mark
   // The steady clock and the ticks read together at construction: snapshot() measures the
   // ticks' rate from them.
   const int64_t steadyOriginNs_;
   const uint64_t ticksOrigin_;
 };
 
-inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
+inline uint64_t FlightRecorder::recordIssue(const OpDesc& op, bool* inOrder) {
   // One writer (the issuing thread, under the group's issue lock): a plain store, not a locked
   // read-modify-write; readers only load it.
   const uint64_t id = next_.load(std::memory_order_relaxed) + 1;
   next_.store(id, std::memory_order_relaxed);
   Slot& slot = slotOf(id);
+  // The next operation's entry, fetched now (see Cost): an operation ahead, the line is
+  // there, exclusive, when it is written.
+  __builtin_prefetch(&slotOf(id + 1), 1, 3);
+  // isCollective (comm/src/types.cc, another library: a call) spelled out.
+  const bool collective = op.type != OpType::kSend && op.type != OpType::kRecv;
+  const bool sampled =
+      (op.seq & preciseMask_) == 0 || op.count * dtypeSize(op.dtype) >= kAlwaysPreciseBytes;
+  const bool fast = inOrder_ && collective && !sampled;
+  if (inOrder != nullptr) *inOrder = fast;
   const uint64_t next =
-      beginWrite(slot, id << kIdShift | ((op.seq & preciseMask_) == 0 ? kSampled : 0) |
+      beginWrite(slot, id << kIdShift | (sampled ? kSampled : 0) | (fast ? kInOrder : 0) |
                            static_cast<uint64_t>(OpState::kQueued) << kStateShift);
   constexpr auto r = std::memory_order_relaxed;
   slot.words[kSeq].store(op.seq, r);
@@ -194,10 +267,7 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op) {
   slot.words[kCount].store(op.count, r);
   slot.words[kIssue].store(tick != 0 ? tick : coarseNs(), r);
   endWrite(slot, next);
-  // isCollective (comm/src/types.cc, another library: a call) spelled out.
-  if (op.type != OpType::kSend && op.type != OpType::kRecv) {
-    lastSeq_.store(op.seq, std::memory_order_relaxed);
-  }
+  if (collective) lastSeq_.store(op.seq, std::memory_order_relaxed);
   return id;
 }
 
@@ -229,6 +299,27 @@ inline void FlightRecorder::recordStart(uint64_t id) {
 
 inline void FlightRecorder::recordEnd(uint64_t id, bool failed, int peer) {
   setState(id, failed ? OpState::kFailed : OpState::kDone, kEnd, kEndTick, peer);
+}
+
+inline void FlightRecorder::recordStartInOrder(uint64_t id) {
+  const uint64_t tick = tick_.word.load(std::memory_order_relaxed);
+  if (tick == 0) {
+    recordStart(id);
+    return;
+  }
+  progress_.startTick.store(tick, std::memory_order_relaxed);
+  // Release: a reader that sees the id sees its start tick (or a later one's).
+  progress_.started.store(id, std::memory_order_release);
+}
+
+inline void FlightRecorder::recordEndInOrder(uint64_t id, bool failed, int peer) {
+  if (progress_.started.load(std::memory_order_relaxed) != id) {
+    recordEnd(id, failed, peer);  // started on the entry (no tick then), or never started
+  } else if (!failed) {
+    progress_.ended.store(id, std::memory_order_release);
+  } else {
+    failInOrder(id, peer);
+  }
 }
 
 }  // namespace loom::diag

@@ -123,10 +123,11 @@ struct ProcessGroupOptions {
   int flightRecorderEntries = 2000;
   // Every how many operations (by sequence number; rounded up to a power of two) the
   // recorder reads the time-stamp counter for their start and end
-  // (LOOM_FLIGHT_RECORDER_PRECISE_EVERY; docs/diagnostics.md, "Times"): the others take the
-  // backend's millisecond tick while it has one. 1: every operation (4% of an 8-byte shm
-  // all-reduce).
-  int flightRecorderPreciseEvery = 16;
+  // (LOOM_FLIGHT_RECORDER_PRECISE_EVERY; docs/diagnostics.md, "Times"), besides every
+  // operation of 64 KiB or more: the others take the backend's millisecond tick while it has
+  // one. 1: every operation (~10% of an 8-byte shm all-reduce where reading the counter is
+  // slow, as under some hypervisors).
+  int flightRecorderPreciseEvery = 256;
   // Where dumps are written as JSON, one file per rank and group (LOOM_DUMP_DIR); empty: the
   // store only.
   std::string dumpDir{};
@@ -229,6 +230,9 @@ struct OpDesc {
   std::vector<BufferView> buffers{};
   bool waitAllRanks = false;  // monitoredBarrier
   uint64_t recordId = 0;      // its flight recorder entry (0: not recorded)
+  // Its start and end go to the recorder's in-order progress words (FlightRecorder::
+  // recordIssue says so; the comm backend's collectives).
+  bool recordInOrder = false;
 
   // "allreduce#17", "send#3 to rank 1", "recv#2 from rank 0"
   std::string describe() const;
@@ -383,6 +387,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // (docs/diagnostics.md, "Times"). A default time_point withdraws it: call that before the
   // thread sleeps longer or runs an operation itself.
   void publishRecorderTick(std::chrono::steady_clock::time_point now);
+  // For a backend that runs its collectives one at a time in issue order (the comm backend),
+  // from its constructor: the recorder then keeps their start and end in per-group progress
+  // words instead of their entries (docs/diagnostics.md, "Cost").
+  void recordCollectivesInIssueOrder();
   // Null when the recorder is off.
   diag::GroupDiagnostics* diagnostics() const { return diagnostics_.get(); }
 
