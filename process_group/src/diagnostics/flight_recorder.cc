@@ -155,7 +155,7 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
   const uint64_t startTick = progress_.startTick.load(std::memory_order_relaxed);
   const uint64_t lastEnded = progress_.ended.load(std::memory_order_acquire);
   std::vector<std::pair<uint64_t, uint64_t>> marks;  // (last ended id, steady ns)
-  if (inOrder_) {
+  if (inOrder_.load(std::memory_order_relaxed)) {
     const uint64_t slots = mask_ + 1;
     const uint64_t whole = markedWhole_.load(std::memory_order_acquire);
     const uint64_t from = whole > slots ? whole - slots : 0;

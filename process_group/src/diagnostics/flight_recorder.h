@@ -94,13 +94,16 @@ class FlightRecorder {
   static constexpr size_t kAlwaysPreciseBytes = 64 * 1024;
   // The group runs its collectives one at a time, in issue order (see In-order collectives
   // above). Set before the first recordIssue.
-  void setCollectivesInOrder(bool inOrder) { inOrder_ = inOrder; }
+  void setCollectivesInOrder(bool inOrder) {
+    inOrder_.store(inOrder, std::memory_order_relaxed);
+  }
   // The tick (see Times above): `steadyNs`, the steady clock's nanoseconds, read by a thread
   // that reads it again within about a nap; 0 withdraws it. One thread publishes (it also
   // writes the progress marks of in-order collectives).
   void publishTick(uint64_t steadyNs) {
     tick_.word.store(steadyNs, std::memory_order_relaxed);
-    if (inOrder_ && progress_.ended.load(std::memory_order_relaxed) != lastMarked_) {
+    if (inOrder_.load(std::memory_order_relaxed) &&
+        progress_.ended.load(std::memory_order_relaxed) != lastMarked_) {
       markProgress(steadyNs);
     }
   }
@@ -213,8 +216,10 @@ class FlightRecorder {
     std::atomic<uint64_t> word{0};
   } tick_;
   // In-order collectives' progress, written by the thread that runs them: the last started
-  // (its id, then the tick it started at) and the last ended. A line of its own.
-  bool inOrder_ = false;
+  // (its id, then the tick it started at) and the last ended. A line of its own. inOrder_ is
+  // set by the backend's constructor, which may run after the group's diagnostics thread (a
+  // reader) started: an atomic, loaded relaxed (a plain load).
+  std::atomic<bool> inOrder_{false};
   struct alignas(64) Progress {
     std::atomic<uint64_t> started{0};
     std::atomic<uint64_t> startTick{0};
@@ -251,7 +256,7 @@ inline uint64_t FlightRecorder::recordIssue(const OpDesc& op, bool* inOrder) {
   const bool collective = op.type != OpType::kSend && op.type != OpType::kRecv;
   const bool sampled =
       (op.seq & preciseMask_) == 0 || op.count * dtypeSize(op.dtype) >= kAlwaysPreciseBytes;
-  const bool fast = inOrder_ && collective && !sampled;
+  const bool fast = inOrder_.load(std::memory_order_relaxed) && collective && !sampled;
   if (inOrder != nullptr) *inOrder = fast;
   const uint64_t next =
       beginWrite(slot, id << kIdShift | (sampled ? kSampled : 0) | (fast ? kInOrder : 0) |
