@@ -21,7 +21,11 @@
 #   --no-setup                                skip scripts/setup.sh --peers
 #   --only "loom loom-shm gloo mpi"           which families to run (add loom-win: loom-bench -R 1
 #                                             over shared memory, buffers in Loom windows, series
-#                                             "loom shm window", in compare_shm.md; docs/shm.md)
+#                                             "loom shm window"; loom-tuned: shared memory with
+#                                             the tuning file that `loom-bench --tune` measures
+#                                             first, once per world size (DIR/tuning_n<N>.txt),
+#                                             series "loom shm tuned"; both in compare_shm.md and
+#                                             median.md; docs/shm.md, docs/bench.md)
 #   --rounds R                                run everything R times (default 1); round r starts
 #                                             each cell at another family, and DIR/median.md holds
 #                                             the median over rounds (bench/peers/median_of_runs.py)
@@ -122,7 +126,7 @@ spawn() {
 
 # The families of one (world size, operation) cell; run_family FAMILY N OP DIR runs one of them.
 families=()
-for f in loom loom-shm loom-win gloo mpi; do
+for f in loom loom-shm loom-win loom-tuned gloo mpi; do
   if [[ " $only " == *" $f "* ]]; then families+=("$f"); fi
 done
 run_family() {
@@ -147,6 +151,11 @@ run_family() {
       run "$dir" "loom-shm_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
         "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
         --series "loom shm" --csv "$dir/csv/loom-shm_$tag.csv" ;;
+    loom-tuned)
+      [[ -f $out/tuning_n$n.txt ]] || return 0
+      run "$dir" "loom-tuned_$tag" env LOOM_SHM=1 LOOM_TUNING_FILE="$out/tuning_n$n.txt" \
+        "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" --backend tcp --op "$op" \
+        "${sweep[@]}" --series "loom shm tuned" --csv "$dir/csv/loom-tuned_$tag.csv" ;;
     loom-win)
       [[ -x $bin/loom-bench && -x $bin/loom-run ]] || return 0
       run "$dir" "loom-win_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
@@ -198,6 +207,21 @@ compare() {
       "$dir"/csv/*.csv
   } >"$dir/compare.md"
 }
+
+# The tuned series' files: this machine's crossovers and single-copy ranges per world size,
+# measured once before the rounds (loom-bench --tune over shared memory).
+if [[ " ${families[*]} " == *" loom-tuned "* && -x $bin/loom-bench && -x $bin/loom-run ]]; then
+  for n in $ranks; do
+    mkdir -p "$out/logs"
+    echo "== loom-bench --tune, $n ranks over shared memory"
+    if ! timeout 900 env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" \
+      --tune "$out/tuning_n$n.txt" >"$out/logs/tune_n$n.log" 2>&1; then
+      echo "   FAILED, see $out/logs/tune_n$n.log: no loom-tuned series at $n ranks"
+      rm -f "$out/tuning_n$n.txt"
+      failures=$((failures + 1))
+    fi
+  done
+fi
 
 # Round r runs every cell's families starting at family r (mod their number), so that no family
 # always runs first or last in a cell when the machine drifts between minutes.

@@ -10,7 +10,9 @@ reads every run's compare_p50.md (or compare.md for --stat mean) and prints, per
 median busbw over the runs (with min-max) of loom tcp, the best Gloo algorithm, Open MPI tcp,
 loom shm and Open MPI shm, and the median over runs of each run's own ratios: loom tcp / best
 Gloo, loom tcp / Open MPI tcp, loom shm / Open MPI shm and loom shm / loom tcp. Ratios are of
-busbw, so >1 means Loom is faster. A column whose series is missing prints "-".
+busbw, so >1 means Loom is faster. A column whose series is missing prints "-". The optional
+shared-memory series (peers.sh --only ... loom-win loom-tuned: "loom shm window", "loom shm
+tuned") get a column and a ratio to Open MPI shm each when some run has them.
 
 The two "of limit" columns put each Loom cell against its physical limit, read from the same
 runs' tcp_baseline.md and shm_baseline.md (medians over runs): from 64 KiB, busbw / one loopback
@@ -151,6 +153,8 @@ def main():
         return f"{statistics.median(fs):.2f}" if fs else "-"
 
     tables = sorted({(o, w) for r in runs for (o, w, _, _) in r})
+    optional = [name for name in ("loom shm window", "loom shm tuned")
+                if any(series == name for r in runs for (_, _, _, series) in r)]
     if limit:
         print("\nlimits (median over runs): " +
               ", ".join(f"{k} {v:.3g}" for k, v in sorted(limit.items())))
@@ -159,9 +163,11 @@ def main():
                        key=size_bytes)
         print(f"\n### {op}, world size {world}: time us below 64 KiB, busbw GB/s from 64 KiB; "
               f"median of {len(runs)} runs ({args.stat} times; min-max)\n")
+        extra_head = "".join(f" {name} | {name} / mpi shm |" for name in optional)
         print("| size | loom tcp | best gloo | mpi tcp | tcp / best gloo | tcp / mpi tcp | "
-              "tcp of limit | loom shm | mpi shm | shm / mpi shm | shm / tcp | shm of limit |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "tcp of limit | loom shm | mpi shm | shm / mpi shm | shm / tcp | shm of limit |" +
+              extra_head)
+        print("|---:" * (12 + 2 * len(optional)) + "|")
         for size in sizes:
             key = (op, world, size)
             gloo = [shown(g, size) for g in (best_gloo_cell(r, *key) for r in runs) if g]
@@ -176,7 +182,10 @@ def main():
                   f"{of_limit(*key, 'loom tcp', 'stream GB/s', 'tcp rtt us')} | "
                   f"{cell(values(*key, 'loom shm'))} | {cell(values(*key, 'mpi shm'))} | "
                   f"{ratio(zip(shm, mpi))} | {ratio(zip(shm, tcp))} | "
-                  f"{of_limit(*key, 'loom shm', 'memcpy GB/s', 'flag rtt us')} |")
+                  f"{of_limit(*key, 'loom shm', 'memcpy GB/s', 'flag rtt us')} |" +
+                  "".join(f" {cell(values(*key, name))} | "
+                          f"{ratio(zip([busbw(r, key + (name,)) for r in runs], mpi))} |"
+                          for name in optional))
 
 
 if __name__ == "__main__":
