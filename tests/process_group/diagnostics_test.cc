@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -312,6 +313,21 @@ TEST(FlightRecorder, InOrderCollectivesAreToldByTheProgressWords) {
   EXPECT_EQ(got[9].state, OpState::kDone);
 }
 
+// Snapshots `rec` until `writerDone` is set, passing each snapshot to `check`, which returns
+// a problem ("" for none); returns the first problem and expects at least one snapshot.
+std::string snapshotWhileWriting(
+    const FlightRecorder& rec, const std::atomic<bool>& writerDone,
+    const std::function<std::string(const std::vector<OpRecord>&)>& check) {
+  size_t snapshots = 0;
+  std::string problem;
+  while (!writerDone && problem.empty()) {
+    problem = check(rec.snapshot());
+    ++snapshots;
+  }
+  EXPECT_GT(snapshots, 0u);
+  return problem;
+}
+
 // An in-order writer (issue, start, end on the progress words) with a tick thread publishing
 // every 100 us and a reader snapshotting: every entry is whole, done entries have times in
 // order, and in-order collectives complete in order (no queued or running entry before a
@@ -342,30 +358,28 @@ TEST(FlightRecorder, ConcurrentReaderSeesInOrderProgressConsistently) {
     }
     stop = true;
   });
-  size_t snapshots = 0;
-  std::string problem;
-  while (!stop && problem.empty()) {
-    const std::vector<OpRecord> got = rec.snapshot();
-    ++snapshots;
-    bool pending = false;  // a queued or running entry seen
-    for (size_t i = 0; i < got.size() && problem.empty(); ++i) {
-      const OpRecord& r = got[i];
-      if (r.seq != r.id || r.count != r.seq % 1000 + 1) {
-        problem = "torn entry id " + std::to_string(r.id);
-      } else if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs < r.startUs)) {
-        problem = "done without times in order at id " + std::to_string(r.id);
-      } else if (r.state == OpState::kDone && pending) {
-        problem = "id " + std::to_string(r.id) + " done after an unfinished one";
-      } else if (i > 0 && r.id <= got[i - 1].id) {
-        problem = "ids out of order";
-      }
-      if (r.state != OpState::kDone) pending = true;
-    }
-  }
+  const std::string problem =
+      snapshotWhileWriting(rec, stop, [](const std::vector<OpRecord>& got) -> std::string {
+        bool pending = false;  // a queued or running entry seen
+        for (size_t i = 0; i < got.size(); ++i) {
+          const OpRecord& r = got[i];
+          if (r.seq != r.id || r.count != r.seq % 1000 + 1) {
+            return "torn entry id " + std::to_string(r.id);
+          }
+          if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs < r.startUs)) {
+            return "done without times in order at id " + std::to_string(r.id);
+          }
+          if (r.state == OpState::kDone && pending) {
+            return "id " + std::to_string(r.id) + " done after an unfinished one";
+          }
+          if (i > 0 && r.id <= got[i - 1].id) return "ids out of order";
+          if (r.state != OpState::kDone) pending = true;
+        }
+        return "";
+      });
   writer.join();
   ticker.join();
   EXPECT_EQ(problem, "");
-  EXPECT_GT(snapshots, 0u);
   const std::vector<OpRecord> got = rec.snapshot();
   ASSERT_EQ(got.size(), 64u);
   for (const OpRecord& r : got) EXPECT_EQ(r.state, OpState::kDone) << r.describe();
@@ -385,25 +399,22 @@ TEST(FlightRecorder, ConcurrentReaderSeesNoTornEntry) {
     }
     stop = true;
   });
-  size_t snapshots = 0;
-  std::string problem;
-  while (!stop && problem.empty()) {
-    const std::vector<OpRecord> got = rec.snapshot();
-    ++snapshots;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const OpRecord& r = got[i];
-      if (r.seq != r.id || r.count != r.seq * 3 || r.bytes != r.count * 4) {
-        problem = "torn entry id " + std::to_string(r.id);
-      }
-      if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs == 0)) {
-        problem = "done without times at id " + std::to_string(r.id);
-      }
-      if (i > 0 && r.id <= got[i - 1].id) problem = "ids out of order";
-    }
-  }
+  const std::string problem =
+      snapshotWhileWriting(rec, stop, [](const std::vector<OpRecord>& got) -> std::string {
+        for (size_t i = 0; i < got.size(); ++i) {
+          const OpRecord& r = got[i];
+          if (r.seq != r.id || r.count != r.seq * 3 || r.bytes != r.count * 4) {
+            return "torn entry id " + std::to_string(r.id);
+          }
+          if (r.state == OpState::kDone && (r.startUs == 0 || r.endUs == 0)) {
+            return "done without times at id " + std::to_string(r.id);
+          }
+          if (i > 0 && r.id <= got[i - 1].id) return "ids out of order";
+        }
+        return "";
+      });
   writer.join();
   EXPECT_EQ(problem, "");
-  EXPECT_GT(snapshots, 0u);
 }
 
 TEST(FlightRecorder, PeerNamedInAFailure) {
