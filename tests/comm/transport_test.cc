@@ -363,6 +363,7 @@ TEST(Transport, MismatchedCollectivesAreNamed) {
         expectContains(e.what(), "broadcast#7");
         expectContains(e.what(), "allreduce#7");
       }
+      store.set("rank0_checked", Bytes{1});
     } else {
       try {
         broadcast(*ctx, buf.data(), 4, DType::kFloat32, 1, opts);
@@ -370,6 +371,12 @@ TEST(Transport, MismatchedCollectivesAreNamed) {
         // Rank 0 aborted (or, over shared memory, this rank saw the mismatch too); the
         // broadcast may or may not have finished first.
       }
+      // When the broadcast finished here, closing this rank's connections at once (the
+      // Context's destructor) can reset them before rank 0 read the broadcast's first message,
+      // which names the mismatch: rank 0 then fails on the reset, as it would if this process
+      // had died (seen once under load). A job's ranks stay up; so does this one, until rank 0
+      // has looked.
+      store.wait({"rank0_checked"}, 30s);
     }
   });
 }
