@@ -65,16 +65,10 @@ void BM_RecordOperationInOrder(benchmark::State& state) {
   OpDesc op = allreduce();
   for (auto _ : state) {
     ++op.seq;
-    bool inOrder = false;
-    const uint64_t id = rec.recordIssue(op, &inOrder);
-    if (inOrder) {
-      rec.recordStartInOrder(id);
-      rec.recordEndInOrder(id, false);
-    } else {
-      rec.recordStart(id);
-      rec.recordEnd(id, false);
-    }
-    benchmark::DoNotOptimize(id);
+    op.recordId = rec.recordIssue(op, &op.recordInOrder);  // as ProcessGroup::postLocked
+    rec.recordStart(op);
+    rec.recordEnd(op, false);
+    benchmark::DoNotOptimize(op.recordId);
   }
 }
 BENCHMARK(BM_RecordOperationInOrder)->Arg(16)->Arg(64);

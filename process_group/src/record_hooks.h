@@ -9,24 +9,12 @@
 namespace loom {
 
 inline void ProcessGroup::recordStart(const OpDesc& op) {
-  if (recorder_ != nullptr) {
-    if (op.recordInOrder) {
-      recorder_->recordStartInOrder(op.recordId);
-    } else {
-      recorder_->recordStart(op.recordId);
-    }
-  }
+  if (recorder_ != nullptr) recorder_->recordStart(op);
   if (traceLane_ >= 0) traceStart(op);
 }
 
 inline void ProcessGroup::recordEnd(const OpDesc& op, bool failed, int peer) {
-  if (recorder_ != nullptr) {
-    if (op.recordInOrder) {
-      recorder_->recordEndInOrder(op.recordId, failed, peer);
-    } else {
-      recorder_->recordEnd(op.recordId, failed, peer);
-    }
-  }
+  if (recorder_ != nullptr) recorder_->recordEnd(op, failed, peer);
   if (traceLane_ >= 0) traceEnd(op, failed);
 }
 

@@ -215,39 +215,27 @@ TEST(FlightRecorder, InOrderCollectivesAreToldByTheProgressWords) {
   rec.setCollectivesInOrder(true);
   const int64_t t0 = unixNowUs();
   rec.publishTick(steadyNowNs());
-  std::vector<uint64_t> ids;
-  std::vector<bool> inOrder;
-  for (uint64_t seq = 1; seq <= 9; ++seq) {
-    bool fast = true;
-    // seq 3 moves 64 KiB: always precise.
-    ids.push_back(rec.recordIssue(allreduceOp(seq, seq == 3 ? 16384 : 2), &fast));
-    inOrder.push_back(fast);
-  }
+  // Issued as ProcessGroup::postLocked does: the id and whether it is in order, in the OpDesc.
+  const auto issue = [&](OpDesc op) {
+    op.recordInOrder = true;  // recordIssue sets it either way
+    op.recordId = rec.recordIssue(op, &op.recordInOrder);
+    return op;
+  };
+  std::vector<OpDesc> ops;
+  // seq 3 moves 64 KiB: always precise.
+  for (uint64_t seq = 1; seq <= 9; ++seq)
+    ops.push_back(issue(allreduceOp(seq, seq == 3 ? 16384 : 2)));
   OpDesc send;
   send.type = OpType::kSend;
   send.dtype = DType::kFloat32;
   send.count = 2;
   send.seq = 1;
-  bool sendInOrder = true;
-  const uint64_t sendId = rec.recordIssue(send, &sendInOrder);
-  EXPECT_FALSE(sendInOrder);
-  for (size_t i = 0; i < inOrder.size(); ++i) {
-    const uint64_t seq = i + 1;
-    EXPECT_EQ(inOrder[i], seq != 3 && seq != 8) << "seq " << seq;
-  }
-  const auto start = [&](size_t i) {
-    if (inOrder[i]) {
-      rec.recordStartInOrder(ids[i]);
-    } else {
-      rec.recordStart(ids[i]);
-    }
-  };
+  send = issue(send);
+  EXPECT_FALSE(send.recordInOrder);
+  for (const OpDesc& op : ops) EXPECT_EQ(op.recordInOrder, op.seq != 3 && op.seq != 8) << op.seq;
+  const auto start = [&](size_t i) { rec.recordStart(ops[i]); };
   const auto end = [&](size_t i, bool failed, int peer = -1) {
-    if (inOrder[i]) {
-      rec.recordEndInOrder(ids[i], failed, peer);
-    } else {
-      rec.recordEnd(ids[i], failed, peer);
-    }
+    rec.recordEnd(ops[i], failed, peer);
   };
   // #1-#5 run (#3 precisely); then 20 ms pass and the tick thread marks their ends.
   for (size_t i = 0; i < 5; ++i) {
@@ -291,8 +279,8 @@ TEST(FlightRecorder, InOrderCollectivesAreToldByTheProgressWords) {
   start(8);
   const int64_t beforeNine = unixNowUs();
   end(8, false);
-  rec.recordStart(sendId);
-  rec.recordEnd(sendId, false);
+  rec.recordStart(send);
+  rec.recordEnd(send, false);
   got = rec.snapshot();
   ASSERT_EQ(got.size(), 10u);
   EXPECT_EQ(got[5].state, OpState::kDone);
@@ -346,15 +334,10 @@ TEST(FlightRecorder, ConcurrentReaderSeesInOrderProgressConsistently) {
   });
   std::thread writer([&] {
     for (uint64_t seq = 1; seq <= 200000; ++seq) {
-      bool fast = false;
-      const uint64_t id = rec.recordIssue(allreduceOp(seq, seq % 1000 + 1), &fast);
-      if (fast) {
-        rec.recordStartInOrder(id);
-        rec.recordEndInOrder(id, false);
-      } else {
-        rec.recordStart(id);
-        rec.recordEnd(id, false);
-      }
+      OpDesc op = allreduceOp(seq, seq % 1000 + 1);
+      op.recordId = rec.recordIssue(op, &op.recordInOrder);
+      rec.recordStart(op);
+      rec.recordEnd(op, false);
     }
     stop = true;
   });

@@ -94,9 +94,7 @@ class FlightRecorder {
   static constexpr size_t kAlwaysPreciseBytes = 64 * 1024;
   // The group runs its collectives one at a time, in issue order (see In-order collectives
   // above). Set before the first recordIssue.
-  void setCollectivesInOrder(bool inOrder) {
-    inOrder_.store(inOrder, std::memory_order_relaxed);
-  }
+  void setCollectivesInOrder(bool inOrder) { inOrder_.store(inOrder, std::memory_order_relaxed); }
   // The tick (see Times above): `steadyNs`, the steady clock's nanoseconds, read by a thread
   // that reads it again within about a nap; 0 withdraws it. One thread publishes (it also
   // writes the progress marks of in-order collectives).
@@ -120,6 +118,22 @@ class FlightRecorder {
   // published, else recordStart / recordEnd.
   [[gnu::always_inline]] inline void recordStartInOrder(uint64_t id);
   [[gnu::always_inline]] inline void recordEndInOrder(uint64_t id, bool failed, int peer = -1);
+  // The running thread's calls for an issued operation (op.recordId from recordIssue, and
+  // op.recordInOrder as it set it): the in-order ones or the entry's.
+  [[gnu::always_inline]] inline void recordStart(const OpDesc& op) {
+    if (op.recordInOrder) {
+      recordStartInOrder(op.recordId);
+    } else {
+      recordStart(op.recordId);
+    }
+  }
+  [[gnu::always_inline]] inline void recordEnd(const OpDesc& op, bool failed, int peer = -1) {
+    if (op.recordInOrder) {
+      recordEndInOrder(op.recordId, failed, peer);
+    } else {
+      recordEnd(op.recordId, failed, peer);
+    }
+  }
 
   // The entries still in the ring, oldest first.
   std::vector<OpRecord> snapshot() const;
