@@ -62,7 +62,8 @@ ProcessGroupComm::ProcessGroupComm(std::string backend, std::shared_ptr<Store> s
     : ProcessGroup(std::move(backend), std::move(store), rank, size, options),
       grace_(handoffMicros(*this, "options.comm.graceUs", options.comm.graceUs)),
       nap_(handoffMicros(*this, "options.comm.napUs", options.comm.napUs)),
-      mu_(issueMutex()) {
+      mu_(issueMutex()),
+      registryKey_(comm_pg::newRegistryKey()) {
   // The group's timeout is the Context's: a different one set there would be ignored.
   const comm::ContextOptions defaults;
   if (options.comm.context.timeout != defaults.timeout &&
@@ -93,6 +94,8 @@ ProcessGroupComm::~ProcessGroupComm() {
   }
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
+  // Lookups already fail (the group's use count is 0); this frees the entry.
+  if (registered_) comm_pg::unregisterGroup(registryKey_);
   if (debugLevel() != DebugLevel::kOff) {
     const HandoffStats& st = stats_;
     LOOM_LOG_INFO(

@@ -168,6 +168,12 @@ class ProcessGroupComm final : public ProcessGroup {
   // Direct operations run by their waiters (no lock: one runs at a time, and each run
   // happens after the previous one completed); the worker's view of inline runs adds it.
   std::atomic<uint64_t> directRuns_{0};
+  // This group's key in the registry of groups owned by a shared_ptr (comm_handoff.cc),
+  // through which a direct operation's Work finds its group on its rare paths (a bounded
+  // wait, its timeout) without holding a weak pointer to it. Registered by the first post()
+  // that finds the group owned (registered_, under mu_); removed by the destructor.
+  const uint64_t registryKey_;
+  bool registered_ = false;
 
   std::thread worker_;
 };

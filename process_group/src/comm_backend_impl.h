@@ -39,6 +39,15 @@ inline constexpr milliseconds kHotWindow{5};
 // worker uses its nap when napping is on).
 inline constexpr milliseconds kDirectWaitSlice{1};
 
+// The groups owned by a shared_ptr, by a key unique in the process (never reused): what a
+// direct operation's Work holds instead of a weak pointer (ProcessGroupComm::CommWork). Only
+// the rare paths look a group up, under one process-wide lock.
+uint64_t newRegistryKey();
+void registerGroup(uint64_t key, std::weak_ptr<ProcessGroup> group);
+void unregisterGroup(uint64_t key);
+// The group while it lives (null once its destructor started, or when never registered).
+std::shared_ptr<ProcessGroup> registeredGroup(uint64_t key);
+
 }  // namespace loom::comm_pg
 
 namespace loom {
@@ -49,10 +58,13 @@ namespace loom {
 // queue at once.
 class ProcessGroupComm::CommWork final : public Work {
  public:
-  CommWork(OpDesc&& desc, int rank, std::weak_ptr<ProcessGroup> group)
+  // `group` is null for a direct operation (and for any operation of a group not owned by a
+  // shared_ptr); `registryKey` finds its group in the registry then (0: none).
+  CommWork(OpDesc&& desc, int rank, std::weak_ptr<ProcessGroup> group, uint64_t registryKey)
       : Work(opTypeName(desc.type), desc.seq, rank),
         op(std::move(desc)),
-        group_(std::move(group)) {}
+        group_(std::move(group)),
+        registryKey_(registryKey) {}
 
   bool wait() override;
   // A bounded wait never runs the operation itself, so that its deadline holds.
@@ -65,7 +77,11 @@ class ProcessGroupComm::CommWork final : public Work {
   bool lone = false;
   TimePoint seen{};
   // Set by post() (before the Work is returned) for a lone collective of a group owned by a
-  // shared_ptr: its waiter may claim and run it without the queue lock (runDirect).
+  // shared_ptr: its waiter may claim and run it without the queue lock (runDirect). Such a
+  // Work holds no weak pointer to its group (one atomic increment at issue and one decrement
+  // when the Work dies, ~10% of a world-size-1 all-reduce through the group): the unbounded
+  // wait never needs the group unless it wins the claim, which keeps the group alive; the
+  // rare paths (a bounded wait, its timeout) find it in the registry by registryKey_.
   ProcessGroupComm* direct = nullptr;
 
   // Exactly one thread runs the operation: the first to claim it. The worker and the waiters
@@ -83,19 +99,18 @@ class ProcessGroupComm::CommWork final : public Work {
   // (the worker drains a claimed head before the group can be destroyed), and not after the
   // operation completed.
   bool runDirect();
-  // Whether the group is owned by a shared_ptr (no inline runs otherwise).
-  bool ownedGroup() const { return !group_.expired(); }
 
  protected:
   // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
   void onWaitTimeout(const std::string& reason) override;
 
  private:
-  std::shared_ptr<ProcessGroupComm> lockGroup() const {
-    return std::static_pointer_cast<ProcessGroupComm>(group_.lock());
-  }
+  // The group, while it lives: through the weak pointer, or for a direct operation through
+  // the registry. Null once it is being destroyed, and for a group not owned by a shared_ptr.
+  std::shared_ptr<ProcessGroupComm> lockGroup() const;
 
   std::weak_ptr<ProcessGroup> group_;
+  const uint64_t registryKey_;
   std::atomic<bool> claimed_{false};
 };
 

@@ -1,6 +1,9 @@
 // ProcessGroupComm's hand-off: how an operation gets from the thread that issues it to the
 // thread that runs it (the worker, or the waiter itself; comm_backend.h and docs/handoff.md).
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "comm_backend.h"
@@ -11,11 +14,67 @@
 
 namespace loom {
 
+namespace comm_pg {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::weak_ptr<ProcessGroup>> groups;
+};
+
+Registry& registry() {
+  // Never destroyed: a group (or a Work) may outlive static destruction's order.
+  static auto* r = new Registry;
+  return *r;
+}
+
+std::atomic<uint64_t> nextRegistryKey{1};
+
+}  // namespace
+
+uint64_t newRegistryKey() {
+  return nextRegistryKey.fetch_add(1, std::memory_order_relaxed);
+}
+
+void registerGroup(uint64_t key, std::weak_ptr<ProcessGroup> group) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.groups[key] = std::move(group);
+}
+
+void unregisterGroup(uint64_t key) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.groups.erase(key);
+}
+
+std::shared_ptr<ProcessGroup> registeredGroup(uint64_t key) {
+  if (key == 0) return nullptr;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const auto it = r.groups.find(key);
+  return it == r.groups.end() ? nullptr : it->second.lock();
+}
+
+}  // namespace comm_pg
+
 using namespace comm_pg;
 
+std::shared_ptr<ProcessGroupComm> ProcessGroupComm::CommWork::lockGroup() const {
+  auto group = group_.lock();
+  if (!group) group = registeredGroup(registryKey_);
+  return std::static_pointer_cast<ProcessGroupComm>(group);
+}
+
 bool ProcessGroupComm::CommWork::wait() {
-  if (!isCompleted() && (direct == nullptr || !runDirect())) {
-    if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
+  if (!isCompleted()) {
+    if (direct != nullptr) {
+      // When the claim fails, another thread claimed the operation (the worker after the
+      // grace, or the waiter of a later operation running the queue up to its own): it runs
+      // and completes it, and there is nothing to hurry. So this path never needs the group.
+      runDirect();
+    } else if (auto group = lockGroup(); group && !group->runInline(this) && !isCompleted()) {
       group->wakeForWaiter(this);
     }
   }
@@ -52,14 +111,29 @@ bool ProcessGroupComm::CommWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void ProcessGroupComm::CommWork::onWaitTimeout(const std::string& reason) {
-  if (auto group = group_.lock()) group->abort(reason);
+  if (auto group = lockGroup()) group->abort(reason);
 }
 
 std::shared_ptr<Work> ProcessGroupComm::post(OpDesc&& op) {
-  // The weak pointer is null when this group is not owned by a shared_ptr: then no inline
-  // runs (and a bounded wait that expires cannot abort the group).
   // Called with mu_ held: it is the group's issue lock.
-  auto work = std::make_shared<CommWork>(std::move(op), rank(), weak_from_this());
+  if (!registered_) {
+    // Until the group is owned by a shared_ptr its weak pointer is null: then no inline or
+    // direct runs (and a bounded wait that expires cannot abort the group).
+    if (auto self = weak_from_this(); !self.expired()) {
+      registerGroup(registryKey_, std::move(self));
+      registered_ = true;
+    }
+  }
+  directHeadLocked();  // drops the last direct operation once it completed
+  // A collective (send / recv run as batches taken from the queue, comm_backend.cc) issued
+  // with nothing queued or running ahead of it.
+  const bool lone = queue_.empty() && !running_;
+  const bool direct =
+      lone && registered_ && !broken_ && op.type != OpType::kSend && op.type != OpType::kRecv;
+  auto work = std::make_shared<CommWork>(
+      std::move(op), rank(),
+      direct || !registered_ ? std::weak_ptr<ProcessGroup>() : weak_from_this(),
+      registered_ ? registryKey_ : 0);
   if (broken_) {
     // A broken group fails it at once, without touching the queue.
     recordEnd(work->op, true);
@@ -68,13 +142,8 @@ std::shared_ptr<Work> ProcessGroupComm::post(OpDesc&& op) {
                 " was not run: the group failed earlier: " + brokenCause_)));
     return work;
   }
-  directHeadLocked();  // drops the last direct operation once it completed
-  work->lone = queue_.empty() && !running_;
-  // A collective (send / recv run as batches taken from the queue, comm_backend.cc).
-  if (work->lone && work->op.type != OpType::kSend && work->op.type != OpType::kRecv &&
-      work->ownedGroup()) {
-    work->direct = this;
-  }
+  work->lone = lone;
+  if (direct) work->direct = this;
   queue_.push_back(work);
   const bool wake = workerNeedsWakeLocked();
   stats_.issueWakes += wake;

@@ -548,6 +548,48 @@ TEST(ProcessGroupHandoff, DestroyingTheGroupWaitsForADirectOperationRunningElsew
   });
 }
 
+// A direct operation's Work holds no reference to its group: a bounded wait finds the group
+// through the registry (to wake the worker), and may still be waiting when the last group
+// reference goes. The destructor runs the operation to completion on the worker and the
+// waiter returns with the result, never touching the destroyed group.
+TEST(ProcessGroupHandoff, ABoundedWaiterOfADirectOperationMayOutliveTheGroup) {
+  auto store = std::make_shared<HashStore>();
+  testing::runThreadRanks(2, [&](int rank) {
+    auto recorder = std::make_shared<Recorder>();
+    auto pg = makeGroup(store, rank, 2, options(), recorder);
+    std::vector<int64_t> buf(7);
+    fill(buf, rank, 0);
+    recorder->closeGate();
+    auto work = pg->allreduce(view(buf.data(), buf.size()));  // lone: direct
+    std::thread::id waiterId;
+    std::thread waiter([&] {
+      waiterId = std::this_thread::get_id();
+      EXPECT_TRUE(work->wait(milliseconds(20000)));
+    });
+    // The bounded wait woke the worker at once (the grace is 1 s in these options).
+    const std::thread::id runner = recorder->waitForEntry(milliseconds(900));
+    ASSERT_NE(runner, std::thread::id{}) << "the bounded wait did not start the worker";
+    std::thread opener([&] {
+      std::this_thread::sleep_for(milliseconds(200));
+      recorder->openGate();
+    });
+    std::weak_ptr<ProcessGroup> alive = pg;
+    // The last reference, unless the waiter still holds the one its look-up returned for a
+    // moment (then the group goes when the waiter drops it).
+    pg.reset();
+    waiter.join();
+    EXPECT_TRUE(alive.expired()) << "a Work kept its group alive";
+    EXPECT_TRUE(work->isCompleted());
+    opener.join();
+    EXPECT_NE(runner, waiterId) << "a bounded wait ran the operation inline";
+    EXPECT_TRUE(work->isSuccess());
+    expectSum(buf, 0, "direct op");
+    // A finished Work answers any wait without its group.
+    EXPECT_TRUE(work->wait(milliseconds(1)));
+    EXPECT_TRUE(work->wait());
+  });
+}
+
 TEST(ProcessGroupHandoff, AHandoffSettingOutOfRangeIsNamed) {
   auto store = std::make_shared<HashStore>();
   ProcessGroupOptions o = options();
