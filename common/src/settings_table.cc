@@ -80,7 +80,7 @@ constexpr Setting kTable[] = {
      "to 4 local ranks, else 256 KiB); must be equal on all ranks",
      "comm::ContextOptions::shmRingBytes", "Context setup"},
     {"LOOM_SHM_SPIN_US", K::kInteger, S::kRuntime, "", 0, kMicros10s, "", "µs",
-     "how long a shared-memory waiter spins before yielding (default: 1000; 3 when local ranks "
+     "how long a shared-memory waiter spins before yielding (default: 1000; 0 when local ranks "
      "outnumber CPUs)",
      "comm::ContextOptions::shmSpinUs", "Context setup"},
     {"LOOM_SHM_YIELD_US", K::kInteger, S::kRuntime, "", 0, kMicros10s, "", "µs",
