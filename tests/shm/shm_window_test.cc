@@ -8,6 +8,7 @@
 // both paths, within the deadline; one rank with windows off turns them off for all, and
 // window buffers then take the staged path with the same results.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "loom/testing/ranks.h"
 #include "shm/arena.h"
 #include "shm/shm.h"
+#include "shm/shm_single_copy.h"
 #include "shm/window_registry.h"
 
 namespace loom::comm::testing {
@@ -318,6 +320,64 @@ TEST(ShmWindowProcesses, OneRankWithWindowsOffKeepsEveryRankStaged) {
     LOOM_CHECK_EQ(foreignWindowMappings({win}), 0, "a peer window was mapped with windows off");
   };
   EXPECT_EQ(runProcessRanks(3, withRank1Off, body), "");
+}
+
+// The root helps copy a window broadcast exactly when that lowers the busiest core's share.
+TEST(ShmWindow, BroadcastRootAssistsWhenItSpreadsTheCopying) {
+  EXPECT_TRUE(shm::broadcastRootAssists(2, 2));   // 1/2 a buffer per core instead of 1
+  EXPECT_FALSE(shm::broadcastRootAssists(3, 2));  // 4/3 instead of 1
+  EXPECT_TRUE(shm::broadcastRootAssists(4, 2));   // 3/2 instead of 2
+  EXPECT_FALSE(shm::broadcastRootAssists(5, 2));  // 12/5 instead of 2
+  EXPECT_TRUE(shm::broadcastRootAssists(8, 2));   // 7/2 instead of 4
+  EXPECT_TRUE(shm::broadcastRootAssists(3, 4));
+  EXPECT_TRUE(shm::broadcastRootAssists(8, 8));
+  EXPECT_FALSE(shm::broadcastRootAssists(2, 1));  // one core: the same work either way
+  EXPECT_FALSE(shm::broadcastRootAssists(1, 2));
+}
+
+// A window broadcast from either root, whether the root helps copy (a core per rank) or not
+// (the root pinned to one CPU before its Context starts: it decides alone, the receivers follow
+// what it posts): every receiver gets every byte, whatever it held before, and buffers that do
+// not start their window or divide evenly included.
+TEST(ShmWindowProcesses, BroadcastIsRightWithAndWithoutTheRootsHelp) {
+  if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "one CPU: the root never helps";
+  for (bool pinRoot : {false, true}) {
+    for (int root : {0, 1}) {
+      auto optionsOf = [&](int rank) {
+        if (pinRoot && rank == root) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(static_cast<int>(::sched_getcpu()), &one);
+          LOOM_CHECK(::sched_setaffinity(0, sizeof(one), &one) == 0, "sched_setaffinity failed");
+        }
+        return windowsFrom(1)(rank);
+      };
+      auto body = [&](int rank, Context* ctx) {
+        shm::Arena* arena = shm::arenaOf(*ctx);
+        LOOM_CHECK(arena != nullptr && arena->windows(), "no window path");
+        if (rank == root) {
+          LOOM_CHECK_EQ(shm::broadcastRootAssists(2, arena->cpus()), !pinRoot,
+                        "the root's choice (", arena->cpus(), " CPUs)");
+        }
+        CollectiveOptions opts;
+        for (size_t count : {size_t{1}, size_t{5}, size_t{4099}, size_t{1000003}}) {
+          auto win = Window::allocate(128 + count * sizeof(int64_t));
+          auto* b = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(win->data()) + 128);
+          for (size_t i = 0; i < count; ++i) {
+            b[i] = rank == root ? static_cast<int64_t>(i * 2654435761u) : -7 - rank;
+          }
+          ++opts.seq;
+          broadcast(*ctx, b, count, DType::kInt64, root, opts);
+          for (size_t i = 0; i < count; ++i) {
+            LOOM_CHECK_EQ(b[i], static_cast<int64_t>(i * 2654435761u), "element ", i, " of ", count,
+                          " from root ", root);
+          }
+        }
+      };
+      EXPECT_EQ(runProcessRanks(2, optionsOf, body), "")
+          << "root " << root << (pinRoot ? ", pinned to one CPU" : "");
+    }
+  }
 }
 
 // Threads as ranks (one process; each rank still maps its peers' windows, as it maps the arena,

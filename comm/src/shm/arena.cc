@@ -370,6 +370,7 @@ void Arena::post(const Call& call) {
   Box& box = mine.box[s];
   box.signature = call.signature;
   box.access = static_cast<uint32_t>(call.access);
+  box.variant = call.variant;
   box.posted.store(step_ + 1, std::memory_order_release);
   announce();
 }
@@ -404,6 +405,10 @@ void Arena::waitPostedAll(const Call& call) {
   for (int q = 0; q < size_; ++q) {
     if (q != rank_) waitPosted(call, q);
   }
+}
+
+uint32_t Arena::postedVariant(int peer) const {
+  return control(peer).box[slotOf(step_)].variant;
 }
 
 void Arena::markReduced() {

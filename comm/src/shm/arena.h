@@ -168,6 +168,8 @@ class Arena {
   // outnumber the CPUs this process may run on (the defaults differ).
   size_t windowMinBytes() const { return windowMinBytes_; }
   bool oversubscribed() const { return oversubscribed_; }
+  // The CPUs this process may run on (sched_getaffinity), seen at setup.
+  int cpus() const { return cpus_; }
 
   // The transport to poll for local failure (Context::abort) while waiting; may be null.
   void setTransport(Transport* transport) { transport_ = transport; }
@@ -192,6 +194,9 @@ class Arena {
     mutable size_t done = 0;  // bytes of this rank's part finished, for timeout messages
     // How peers reach this step's data: the same on every rank (checked by waitPosted).
     PeerAccess access = PeerAccess::kStaged;
+    // An algorithm variant the rank that posts chooses alone and its peers follow (read with
+    // postedVariant after waitPosted): 1 = the root helps copy a window broadcast.
+    mutable uint32_t variant = 0;
     std::string name() const;  // "allreduce#17", built only for messages
   };
 
@@ -224,6 +229,8 @@ class Arena {
   // Waits until `peer` posted the current step and checks its signature.
   void waitPosted(const Call& call, int peer);
   void waitPostedAll(const Call& call);
+  // The Call::variant `peer` posted the current step with (after waitPosted).
+  uint32_t postedVariant(int peer) const;
   void markReduced();
   void waitReduced(const Call& call, int peer);
   void waitReducedAll(const Call& call);
@@ -252,7 +259,12 @@ class Arena {
   // On the window path (after waitPosted): `peer`'s published buffer `which` as a pointer in
   // this process, its Window mapped on first use. A window that cannot be mapped fails the
   // group with an IoError naming the peer and why.
-  const uint8_t* peerWindow(const Call& call, int peer, int which);
+  const uint8_t* peerWindow(const Call& call, int peer, int which) {
+    return peerWindowForWrite(call, peer, which);
+  }
+  // The same, writable: only where the collective's steps give this rank that part of the
+  // peer's output (the assisted broadcast's root).
+  uint8_t* peerWindowForWrite(const Call& call, int peer, int which);
   // Copies `bytes` at byte `offset` of `peer`'s published buffer `which` into `local`: plain
   // memcpy on the window path, readPeer otherwise.
   void copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local,
@@ -317,6 +329,7 @@ class Arena {
   bool windows_ = false;
   size_t windowMinBytes_ = 0;
   bool oversubscribed_ = false;
+  int cpus_ = 1;
   std::string windowsFailure_;
   // Peers' Windows mapped here (window path), per peer.
   struct Mapping {

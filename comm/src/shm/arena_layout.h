@@ -44,8 +44,8 @@ struct Arena::Box {
   // (the last step posted in this slot) + 1, written only by the owning rank, last.
   std::atomic<uint64_t> posted;
   uint64_t signature;
-  uint32_t access;  // PeerAccess
-  uint32_t reserved;
+  uint32_t access;   // PeerAccess
+  uint32_t variant;  // Call::variant: how the poster runs this step
   uint8_t data[kBoxBytes];
 };
 static_assert(sizeof(Arena::Box) == 64, "a box is one cache line");

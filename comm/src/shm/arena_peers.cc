@@ -172,7 +172,8 @@ void Arena::probeWindows(Store& store, const ArenaOptions& options) {
   // every peer's and reads its word, and answers "ok" or why not; on when every answer is ok.
   const std::string prefix = options.keyPrefix + "/windows/";
   windowMinBytes_ = options.windowMinBytes;
-  oversubscribed_ = size_ > usableCpus();
+  cpus_ = usableCpus();
+  oversubscribed_ = size_ > cpus_;
   std::shared_ptr<Window> probe;
   std::optional<WindowRef> ref;
   std::string failure =
@@ -229,7 +230,7 @@ void Arena::probeWindows(Store& store, const ArenaOptions& options) {
   }
 }
 
-const uint8_t* Arena::peerWindow(const Call& call, int peer, int which) {
+uint8_t* Arena::peerWindowForWrite(const Call& call, int peer, int which) {
   const Control& theirs = control(peer);
   const int s = slotOf(step_);
   const uint64_t address = theirs.buffers[s][which];

@@ -61,6 +61,12 @@ PeerAccess choosePeerAccess(const Arena& arena, OpType kind, size_t bytes, const
                             size_t readBytes, const void* readToo, size_t readTooBytes,
                             WindowRef windows[2]);
 
+// Whether the root of a window broadcast over `size` ranks, running on `cpus` CPUs, writes a
+// segment of every receiver's buffer itself, so that every rank copies (size-1)/size of it
+// (instead of each receiver copying it all while the root waits): when that lowers the
+// busiest core's share. The root decides alone and posts its choice; receivers follow.
+bool broadcastRootAssists(int size, int cpus);
+
 // The single-copy collectives, for call.access kCrossMemory or kWindow (`windows` as
 // choosePeerAccess filled it; unused for kCrossMemory).
 void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef windows[2],

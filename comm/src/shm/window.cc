@@ -117,12 +117,12 @@ uint8_t* mapPeerWindow(pid_t pid, const WindowRef& ref, std::string& why) {
                       " (was the window freed during the collective?)");
     return nullptr;
   }
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     why = detail::str("open ", path, ": ", std::strerror(errno));
     return nullptr;
   }
-  void* local = ::mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+  void* local = ::mmap(nullptr, ref.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
   if (local == MAP_FAILED) {

@@ -27,7 +27,8 @@ std::optional<WindowRef> findWindow(const void* p, size_t bytes);
 // maps the descriptor, so that a reused descriptor number is never mistaken for the window.
 std::string windowMemfdName(uint64_t id);
 
-// Maps window `ref` of process `pid` (this process too) read-only, after checking that
+// Maps window `ref` of process `pid` (this process too) for reading and writing (a broadcast's
+// root writes part of each receiver's buffer, shm_single_copy.cc), after checking that
 // /proc/<pid>/fd/<fd> names that window's memfd; nullptr and `why` (the path and the reason)
 // when it cannot. The caller munmaps ref.bytes.
 uint8_t* mapPeerWindow(pid_t pid, const WindowRef& ref, std::string& why);
