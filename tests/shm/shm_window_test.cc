@@ -338,7 +338,8 @@ TEST(ShmWindow, BroadcastRootAssistsWhenItSpreadsTheCopying) {
 // A window broadcast from either root, whether the root helps copy (a core per rank) or not
 // (the root pinned to one CPU before its Context starts: it decides alone, the receivers follow
 // what it posts): every receiver gets every byte, whatever it held before, and buffers that do
-// not start their window or divide evenly included.
+// not start their window or divide evenly included; up to outputs that are streamed, as is a
+// large in-place all-gather's.
 TEST(ShmWindowProcesses, BroadcastIsRightWithAndWithoutTheRootsHelp) {
   if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "one CPU: the root never helps";
   for (bool pinRoot : {false, true}) {
@@ -360,7 +361,8 @@ TEST(ShmWindowProcesses, BroadcastIsRightWithAndWithoutTheRootsHelp) {
                         "the root's choice (", arena->cpus(), " CPUs)");
         }
         CollectiveOptions opts;
-        for (size_t count : {size_t{1}, size_t{5}, size_t{4099}, size_t{1000003}}) {
+        // The largest goes around the cache (non-temporal stores from 8 MiB, stream_copy.h).
+        for (size_t count : {size_t{1}, size_t{5}, size_t{4099}, size_t{1100007}}) {
           auto win = Window::allocate(128 + count * sizeof(int64_t));
           auto* b = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(win->data()) + 128);
           for (size_t i = 0; i < count; ++i) {
@@ -372,6 +374,19 @@ TEST(ShmWindowProcesses, BroadcastIsRightWithAndWithoutTheRootsHelp) {
             LOOM_CHECK_EQ(b[i], static_cast<int64_t>(i * 2654435761u), "element ", i, " of ", count,
                           " from root ", root);
           }
+        }
+        // An all-gather whose output (9 MiB) is streamed too, in place.
+        const size_t count = 1179649;
+        auto win = Window::allocate(count * 2 * sizeof(int32_t));
+        auto* all = static_cast<int32_t*>(win->data());
+        for (size_t i = 0; i < 2 * count; ++i) all[i] = -1;
+        for (size_t i = 0; i < count; ++i)
+          all[rank * count + i] = rank * 7 + static_cast<int>(i % 977);
+        ++opts.seq;
+        allgather(*ctx, all + rank * count, all, count, DType::kInt32, opts);
+        for (size_t i = 0; i < 2 * count; ++i) {
+          LOOM_CHECK_EQ(all[i], static_cast<int>(i / count) * 7 + static_cast<int>(i % count % 977),
+                        "all-gather at ", i);
         }
       };
       EXPECT_EQ(runProcessRanks(2, optionsOf, body), "")

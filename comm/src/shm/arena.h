@@ -266,9 +266,10 @@ class Arena {
   // peer's output (the assisted broadcast's root).
   uint8_t* peerWindowForWrite(const Call& call, int peer, int which);
   // Copies `bytes` at byte `offset` of `peer`'s published buffer `which` into `local`: plain
-  // memcpy on the window path, readPeer otherwise.
-  void copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local,
-                    size_t bytes);
+  // memcpy on the window path (non-temporal stores with `stream`: then fenceStreams() before
+  // the data is announced, stream_copy.h), readPeer otherwise.
+  void copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local, size_t bytes,
+                    bool stream = false);
   // Mapped peer Windows kept per peer (least recently used unmapped beyond).
   static constexpr size_t kPeerMappings = 16;
   // Scratch of kBounceBytes, 64-byte aligned, for reductions of peers' data.

@@ -24,6 +24,7 @@
 #include "shm/arena.h"
 #include "shm/arena_layout.h"
 #include "shm/os.h"
+#include "shm/stream_copy.h"
 #include "shm/window_registry.h"
 
 namespace loom::comm::shm {
@@ -280,10 +281,10 @@ uint8_t* Arena::peerWindowForWrite(const Call& call, int peer, int which) {
 }
 
 void Arena::copyFromPeer(const Call& call, int peer, int which, size_t offset, void* local,
-                         size_t bytes) {
+                         size_t bytes, bool stream) {
   if (bytes == 0) return;
   if (call.access == PeerAccess::kWindow) {
-    std::memcpy(local, peerWindow(call, peer, which) + offset, bytes);
+    copyOut(local, peerWindow(call, peer, which) + offset, bytes, stream);
   } else {
     readPeer(call, peer, peerBuffer(peer, which) + offset, local, bytes);
   }

@@ -8,12 +8,9 @@
 #include "loom/comm/reduce.h"
 #include "shm/arena.h"
 #include "shm/shm_single_copy.h"
+#include "shm/stream_copy.h"
 #include "signature.h"
 #include "tag.h"
-
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 namespace loom::comm::shm {
 
@@ -48,52 +45,6 @@ size_t chunkElements(const Arena& arena, size_t elementSize, int pieces, size_t 
                             ? arena.slotBytes()
                             : std::min(arena.slotBytes(), kCacheChunkBytes);
   return std::max<size_t>(1, budget / (elementSize * static_cast<size_t>(pieces)));
-}
-
-// Outputs at least this large go around the cache (non-temporal stores): they cannot stay in
-// cache anyway, and streaming saves the read-for-ownership of every output line.
-constexpr size_t kStreamOutputBytes = 8 << 20;
-
-// memcpy with non-temporal stores (SSE2, part of x86-64); call fenceStreams() after the last.
-void streamCopy(void* dst, const void* src, size_t bytes) {
-#if defined(__x86_64__)
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  std::memcpy(d + i, s + i, bytes - i);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
-
-void fenceStreams() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-}
-
-// Copies a piece of a collective's output: streamed when the whole output is large.
-void copyOut(void* dst, const void* src, size_t bytes, bool stream) {
-  if (stream) {
-    streamCopy(dst, src, bytes);
-  } else {
-    std::memcpy(dst, src, bytes);
-  }
 }
 
 void copy(void* dst, const void* src, size_t bytes) {
