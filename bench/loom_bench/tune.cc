@@ -1,21 +1,26 @@
 // How the tuner works: for each operation whose automatic choice has a size crossover, every
-// candidate algorithm is timed at per-rank sizes from 4 KiB to 64 MiB (x4): a few warm-up
-// calls, then a loop whose time is the slowest rank's (an all-reduce of the elapsed times). A
-// crossover is the largest size up to which the small-message algorithm was the faster at
-// every size measured (0 when it lost at the smallest): recursive doubling before the others
-// for all-reduce, then halving-doubling before ring (power-of-two worlds from 4), tree before
-// chain for broadcast, direct before ring for all-gather (reduce-scatter shares it).
+// candidate algorithm is timed at per-rank sizes from 4 KiB to 64 MiB (x4). A sample is a few
+// warm-up calls, then a loop whose time is the slowest rank's (an all-reduce of the elapsed
+// times, so every rank takes the same decisions); at each size the candidates are sampled in
+// turn, kSamples times (the order reversed every other time), and compared by their medians,
+// so that a slow moment of the machine hits every candidate alike and one stray sample decides
+// nothing. A crossover is the largest size up to which the small-message algorithm was the
+// faster at every size measured (0 when it lost at the smallest): recursive doubling before
+// the others for all-reduce, then halving-doubling before ring (power-of-two worlds from 4),
+// tree before chain for broadcast, direct before ring for all-gather (reduce-scatter shares
+// it).
 //
 // Shared memory (every rank on this host, cross-memory attach usable): all-reduce, broadcast,
 // all-gather and reduce-scatter are also timed through two more Contexts, one that always
 // stages (LOOM_SHM_SINGLE_COPY=off) and one that always reads peers with process_vm_readv
-// (=on), at per-rank sizes from 16 KiB to 64 MiB (x4), alternating, the better of two
-// measurements each. The single copy's range (OP.cma_min / OP.cma_max) is the longest run of
-// consecutive sizes at which it beat staging by kCrossMemoryMargin; none when it never did.
+// (=on), at per-rank sizes from 16 KiB to 64 MiB (x4), sampled in turn in the same way. The
+// single copy's range (OP.cma_min / OP.cma_max) is the longest run of consecutive sizes at
+// which its median beat staging's by kCrossMemoryMargin; none when it never did.
 #include "tune.h"
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -38,6 +43,29 @@ constexpr size_t kMaxBytes = size_t{64} << 20;
 constexpr size_t kCrossMemoryMinBytes = size_t{16} << 10;
 // The single copy must be this much faster (time ratio) to be chosen: a tie stays staged.
 constexpr double kCrossMemoryMargin = 1.05;
+// Samples of every candidate at every size (odd: the median is one of them). On the 2-vCPU VMs
+// two samples let a single slow moment decide a crossover (the 26 Nov 2026 Intel run chose
+// single-copy ranges that lost in the table measured right after).
+constexpr int kSamples = 5;
+
+// The median time of each candidate over kSamples rounds that sample every candidate once, in
+// turn (reversed in every other round).
+std::vector<double> sampledMedians(const std::vector<std::function<double()>>& candidates) {
+  const size_t n = candidates.size();
+  std::vector<std::vector<double>> samples(n);
+  for (int round = 0; round < kSamples; ++round) {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t c = round % 2 == 0 ? i : n - 1 - i;
+      samples[c].push_back(candidates[c]());
+    }
+  }
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::nth_element(s.begin(), s.begin() + kSamples / 2, s.end());
+    medians.push_back(s[kSamples / 2]);
+  }
+  return medians;
+}
 
 class Tuner {
  public:
@@ -51,7 +79,8 @@ class Tuner {
     const int size = ctx_.size();
     in_.assign(op == OpType::kReduceScatter ? count * size : count, 1.0f);
     out_.assign(op == OpType::kAllgather ? count * size : count, 0.0f);
-    const int iters = static_cast<int>(std::clamp<size_t>(kMaxBytes / bytes, 3, 40));
+    // About 16 MiB per rank per sample (kSamples of them per candidate and size).
+    const int iters = static_cast<int>(std::clamp<size_t>((kMaxBytes / 4) / bytes, 2, 20));
     for (int i = -2; i < iters; ++i) {
       if (i == 0) start_ = Clock::now();
       run(op, algorithm, count);
@@ -70,9 +99,12 @@ class Tuner {
     size_t best = from;
     for (size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
       if (bytes <= from) continue;
-      const double t = time(op, small, bytes);
+      std::vector<std::function<double()>> candidates;
+      candidates.push_back([&, bytes] { return time(op, small, bytes); });
+      for (Algorithm a : others) candidates.push_back([&, a, bytes] { return time(op, a, bytes); });
+      const std::vector<double> t = sampledMedians(candidates);
       bool wins = true;
-      for (Algorithm a : others) wins = wins && t <= time(op, a, bytes);
+      for (size_t i = 1; i < t.size(); ++i) wins = wins && t[0] <= t[i];
       if (!wins) break;
       best = bytes;
     }
@@ -105,16 +137,15 @@ class Tuner {
   Clock::time_point start_;
 };
 
-// The shared-memory single copy's range for `op`: staged and cross-memory timed alternately at
-// each size, the better of two each; the longest run of sizes where it won by the margin.
+// The shared-memory single copy's range for `op`: staged and cross-memory sampled in turn at
+// each size, their medians compared; the longest run of sizes where it won by the margin.
 comm::CrossMemoryRange crossMemoryRange(Tuner& staged, Tuner& single, OpType op) {
   comm::CrossMemoryRange best, run;
   for (size_t bytes = kCrossMemoryMinBytes; bytes <= kMaxBytes; bytes *= 4) {
-    double s = 1e30, c = 1e30;
-    for (int i = 0; i < 2; ++i) {
-      s = std::min(s, staged.time(op, Algorithm::kAuto, bytes));
-      c = std::min(c, single.time(op, Algorithm::kAuto, bytes));
-    }
+    const std::vector<double> t =
+        sampledMedians({[&] { return staged.time(op, Algorithm::kAuto, bytes); },
+                        [&] { return single.time(op, Algorithm::kAuto, bytes); }});
+    const double s = t[0], c = t[1];
     if (c * kCrossMemoryMargin <= s) {
       if (run.max == 0) run.min = bytes;
       run.max = bytes;
