@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Counts the cells of a peers table (scripts/peers.sh's DIR/median.md) that meet issue 19's
+targets from 64 KiB: tcp at least 1.5x Gloo's best and 1.2x Open MPI over tcp; shared memory at
+least 1.5x Open MPI's vader, with the default (staged) series and with the best of the staged,
+window and tuned series. Prints a Markdown table (cells met per operation and world size) and,
+per target, the cells below it with their ratio.
+
+Usage: bench/peers/targets.py DIR/median.md
+"""
+
+import re
+import sys
+
+MIN_BYTES = 64 << 10
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def size_bytes(text):
+    number, unit = text.split()
+    return int(float(number) * UNITS[unit])
+
+
+def ratio(text):
+    """'1.52x' -> 1.52; '' or '-' -> None (a series that did not run)."""
+    text = text.strip().rstrip("x")
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def sections(lines):
+    """Yields (title, header cells, rows of cells) for every '**op, N ranks**' table."""
+    title = None
+    header = None
+    rows = []
+    for line in lines + [""]:
+        m = re.match(r"\*\*(.+?, \d+ ranks)\*\*", line)
+        if m:
+            title, header, rows = m.group(1), None, []
+            continue
+        if title and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set("".join(cells)) <= set("-: "):
+                rows.append(cells)
+            continue
+        if title and header and rows:
+            yield title, header, rows
+            title, header, rows = None, None, []
+
+
+TARGETS = [
+    ("tcp ≥ 1.5x gloo", ["loom÷gloo"], 1.5),
+    ("tcp ≥ 1.2x mpi tcp", ["loom÷mpi tcp"], 1.2),
+    ("shm ≥ 1.5x vader (staged)", ["loom÷mpi shm"], 1.5),
+    ("shm ≥ 1.5x vader (best of staged, window, tuned)",
+     ["loom÷mpi shm", "window÷mpi shm", "tuned÷mpi shm"], 1.5),
+]
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        lines = f.read().splitlines()
+    counts = []
+    misses = {name: [] for name, _, _ in TARGETS}
+    for title, header, rows in sections(lines):
+        cells = [r for r in rows if size_bytes(r[0]) >= MIN_BYTES]
+        met = []
+        for name, columns, bound in TARGETS:
+            missing = [c for c in columns if c not in header]
+            if missing:
+                sys.exit(f"{sys.argv[1]}: table '{title}' has no column {missing[0]!r}")
+            n = 0
+            for r in cells:
+                values = [ratio(r[header.index(c)]) for c in columns]
+                values = [v for v in values if v is not None]
+                best = max(values) if values else None
+                if best is not None and best >= bound:
+                    n += 1
+                else:
+                    misses[name].append(f"{title} {r[0]}: {best if best is not None else '-'}")
+            met.append(n)
+        counts.append((title, len(cells), met))
+    if not counts:
+        sys.exit(f"{sys.argv[1]}: no '**op, N ranks**' tables found")
+    print("| op, ranks | cells from 64 KiB | " + " | ".join(n for n, _, _ in TARGETS) + " |")
+    print("|---|---:|" + "---:|" * len(TARGETS))
+    for title, n, met in sorted(counts):
+        print(f"| {title.replace(' ranks', '')} | {n} | " + " | ".join(map(str, met)) + " |")
+    total = sum(n for _, n, _ in counts)
+    sums = [sum(m[i] for _, _, m in counts) for i in range(len(TARGETS))]
+    print(f"| **all** | {total} | " + " | ".join(f"**{s}**" for s in sums) + " |")
+    for name, _, _ in TARGETS:
+        print(f"\nBelow '{name}':")
+        for m in misses[name]:
+            print(f"- {m}x" if m[-1] != "-" else f"- {m}")
+
+
+if __name__ == "__main__":
+    main()
