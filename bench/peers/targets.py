@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Counts the cells of a peers table (scripts/peers.sh's DIR/median.md) that meet issue 19's
+"""Counts the cells of a peers table (scripts/peers.sh's DIR/median.md, or a docs/results page
+made from one) that meet issue 19's
 targets from 64 KiB: tcp at least 1.5x Gloo's best and 1.2x Open MPI over tcp; shared memory at
 least 1.5x Open MPI's vader, with the default (staged) series and with the best of the staged,
 window and tuned series. Prints a Markdown table (cells met per operation and world size) and,
@@ -21,28 +22,38 @@ def size_bytes(text):
 
 
 def ratio(text):
-    """'1.52x' -> 1.52; '' or '-' -> None (a series that did not run)."""
-    text = text.strip().rstrip("x")
+    """'1.52x' or '1.52x (1.40-1.60)' -> 1.52; '' or '-' -> None (a series that did not run)."""
+    text = text.split("(")[0].strip().rstrip("x")
     try:
         return float(text)
     except ValueError:
         return None
 
 
+def section_title(line):
+    """'### all_gather, world size 2: ...' (median.md) or '**all-gather, 2 ranks** ...' (a
+    docs/results page) -> 'all-gather, 2 ranks'; None for other lines."""
+    m = re.match(r"### (\w+), world size (\d+)", line)
+    if m:
+        return f"{m.group(1).replace('_', '-')}, {m.group(2)} ranks"
+    m = re.match(r"\*\*(.+?, \d+ ranks)\*\*", line)
+    return m.group(1) if m else None
+
+
 def sections(lines):
-    """Yields (title, header cells, rows of cells) for every '**op, N ranks**' table."""
+    """Yields (title, header cells, rows of cells) for every table under a section title."""
     title = None
     header = None
     rows = []
     for line in lines + [""]:
-        m = re.match(r"\*\*(.+?, \d+ ranks)\*\*", line)
-        if m:
-            title, header, rows = m.group(1), None, []
+        t = section_title(line)
+        if t:
+            title, header, rows = t, None, []
             continue
         if title and line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if header is None:
-                header = cells
+                header = [ALIASES.get(c, c) for c in cells]
             elif not set("".join(cells)) <= set("-: "):
                 rows.append(cells)
             continue
@@ -58,6 +69,14 @@ TARGETS = [
     ("shm ≥ 1.5x vader (best of staged, window, tuned)",
      ["loom÷mpi shm", "window÷mpi shm", "tuned÷mpi shm"], 1.5),
 ]
+# median.md's names for the same columns (median_of_runs.py).
+ALIASES = {
+    "tcp / best gloo": "loom÷gloo",
+    "tcp / mpi tcp": "loom÷mpi tcp",
+    "shm / mpi shm": "loom÷mpi shm",
+    "loom shm window / mpi shm": "window÷mpi shm",
+    "loom shm tuned / mpi shm": "tuned÷mpi shm",
+}
 
 
 def main():
@@ -86,7 +105,7 @@ def main():
             met.append(n)
         counts.append((title, len(cells), met))
     if not counts:
-        sys.exit(f"{sys.argv[1]}: no '**op, N ranks**' tables found")
+        sys.exit(f"{sys.argv[1]}: no per-operation tables found")
     print("| op, ranks | cells from 64 KiB | " + " | ".join(n for n, _, _ in TARGETS) + " |")
     print("|---|---:|" + "---:|" * len(TARGETS))
     for title, n, met in sorted(counts):
