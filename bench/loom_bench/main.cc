@@ -311,7 +311,8 @@ int loomBenchMain(int argc, char** argv) {
   app.add_option("-R,--register", registerMode,
                  "0: the collectives' buffers are ordinary host memory; 1: they are Loom windows "
                  "(loom::comm::Window, zero-copy shared memory: same-host peers read them "
-                 "directly; tcp backend only), as nccl-tests -R registers its buffers")
+                 "directly, and a broadcast's root may write the receivers'; tcp backend only), "
+                 "as nccl-tests -R registers its buffers")
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
   comm::Algorithm algorithm = comm::Algorithm::kAuto;

@@ -9,9 +9,11 @@
 //   reduce-scatter, broadcast or all-gather (at least ShmWindowMinBytes per rank, see
 //   shm_single_copy.h), the group takes the window path: each rank publishes where its
 //   buffers lie in its window, and the peers map that window once (opening the owner's memfd
-//   through /proc/<pid>/fd, as the arena segment itself is shared) and then read, and reduce
-//   from, the owner's memory directly. The staged path copies every byte twice (into the
-//   arena, out of it); process_vm_readv copies once but pins every page per call.
+//   through /proc/<pid>/fd, as the arena segment itself is shared, readable and writable) and
+//   then read, and reduce from, the owner's memory directly; a broadcast's root also writes a
+//   segment of each receiver's buffer when that spreads the copying over more cores. The
+//   staged path copies every byte twice (into the arena, out of it); process_vm_readv copies
+//   once but pins every page per call.
 // - Symmetric use, as with NCCL's registered windows: for one collective, every rank passes
 //   window buffers, or none does. A rank that does not gets an InvalidArgumentError naming
 //   both ranks and what each passed, on every rank, instead of a hang or a wrong result.
