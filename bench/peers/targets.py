@@ -101,7 +101,8 @@ def main():
                 if best is not None and best >= bound:
                     n += 1
                 else:
-                    misses[name].append(f"{title} {r[0]}: {best if best is not None else '-'}")
+                    shown = f"{best:.2f}x" if best is not None else "no figure"
+                    misses[name].append(f"{title} {r[0]}: {shown}")
             met.append(n)
         counts.append((title, len(cells), met))
     if not counts:
@@ -116,7 +117,7 @@ def main():
     for name, _, _ in TARGETS:
         print(f"\nBelow '{name}':")
         for m in misses[name]:
-            print(f"- {m}x" if m[-1] != "-" else f"- {m}")
+            print(f"- {m}")
 
 
 if __name__ == "__main__":

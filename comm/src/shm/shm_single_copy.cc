@@ -181,34 +181,23 @@ namespace {
 constexpr uint32_t kRootAssists = 1;  // Arena::Call::variant of an assisted broadcast
 }  // namespace
 
-// The window path: every rank publishes its buffer. Unassisted, each receiver copies the
-// root's buffer and the root only waits until they are done. Assisted (the root's choice,
-// which it posts as the step's variant and the receivers follow), the buffer is cut into
-// `size` segments; the receiver `i` places after the root gets segment i written into its
-// buffer by the root and copies the other size-1 segments from the root's buffer itself, and
-// waits for the root's "reduced" mark (all its writes done) before it returns. At 2 ranks
-// with a core each, that is two cores copying at once instead of one (this VM: 2x the busbw
-// from 64 KiB).
+// Every rank publishes its buffer. Unassisted, each receiver copies the root's buffer (plain
+// loads from its window, or process_vm_readv) and the root only waits until they are done.
+// Assisted (window path only: the root writes into the receivers' windows; its choice, which
+// it posts as the step's variant and the receivers follow), the buffer is cut into `size`
+// segments; the receiver `i` places after the root gets segment i written into its buffer by
+// the root and copies the other size-1 segments from the root's buffer itself, and waits for
+// the root's "reduced" mark (all its writes done) before it returns. At 2 ranks with a core
+// each, that is two cores copying at once instead of one (this VM: 2x the busbw from 64 KiB).
 void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          void* buf, size_t count, DType dtype, int root) {
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
-  if (call.access != PeerAccess::kWindow) {
-    // Cross-memory attach: the receivers read the root's buffer with process_vm_readv.
-    if (me == root) {
-      postBuffers(arena, call, windows, buf, buf);
-      finish(arena, call);
-      return;
-    }
-    arena.waitPosted(call, root);
-    arena.copyFromPeer(call, root, kIn, 0, buf, count * es);
-    arena.finishStep();
-    return;
-  }
-  const bool stream = count * es >= kStreamOutputBytes;
+  const bool window = call.access == PeerAccess::kWindow;
+  const bool stream = window && count * es >= kStreamOutputBytes;
   if (me == root) {
-    const bool assist = broadcastRootAssists(size, arena.cpus());
+    const bool assist = window && broadcastRootAssists(size, arena.cpus());
     call.variant = assist ? kRootAssists : 0;
     postBuffers(arena, call, windows, buf, buf);
     if (assist) {
