@@ -218,6 +218,7 @@ class LoomDriver : public Driver {
 // directly over shared memory. The fills and checks copy in and out, as for a device.
 class WindowMemory final : public DeviceMemory {
  public:
+  bool hostWritable() const override { return true; }
   void* allocate(size_t bytes) override {
     auto window = comm::Window::allocate(std::max<size_t>(bytes, 1));
     void* p = window->data();

@@ -110,6 +110,7 @@ struct Shared {
   std::barrier<> sync;
   std::vector<const void*> sends;
   std::vector<const double*> doubles;
+  std::atomic<int> runs{0}, zeroInputRuns{0};  // collectives run; those whose input was all zero
 };
 
 // "Device" memory in separate host allocations that start as 0xab bytes: a sweep that ran the
@@ -195,8 +196,16 @@ class ThreadDriver : public Driver {
       }
     }
     s_.sends[rank_] = c.send;
-    barrier();
     const size_t k = c.count;
+    if (k > 0) {
+      const auto* b = static_cast<const std::byte*>(c.send);
+      const size_t inputBytes = (c.op == Op::kReduceScatter ? k * n_ : k) * elemSize(c.type);
+      ++s_.runs;
+      if (std::all_of(b, b + inputBytes, [](std::byte x) { return x == std::byte{0}; })) {
+        ++s_.zeroInputRuns;
+      }
+    }
+    barrier();
     auto in = [&](int q, size_t i) { return loadElem(c.type, s_.sends[q], i); };
     auto red = [&](size_t i) {
       double acc = in(0, i);
@@ -264,8 +273,10 @@ class ThreadDriver : public Driver {
 
 // Runs the sweep on n thread ranks; with `devices` (one per rank) on fake device memory.
 int runAll(int n, Op op, const std::vector<ElemType>& types, const std::vector<RedOp>& redops,
-           bool corrupt, std::vector<FakeDevice>* devices = nullptr) {
-  Shared shared(n);
+           bool corrupt, std::vector<FakeDevice>* devices = nullptr, bool touch = false,
+           Shared* counted = nullptr) {
+  Shared own(n);
+  Shared& shared = counted != nullptr ? *counted : own;
   std::mutex mu;
   std::vector<int> codes;
   testing::runThreadRanks(n, [&](int rank) {
@@ -280,6 +291,7 @@ int runAll(int n, Op op, const std::vector<ElemType>& types, const std::vector<R
     o.types = types;
     o.redops = redops;
     o.root = n - 1;
+    o.touch = touch;
     const int code = runSweep(driver, o, "loom-bench-test", {});
     std::lock_guard<std::mutex> lock(mu);
     codes.push_back(code);
@@ -327,6 +339,34 @@ TEST(Sweep, AWrongElementFailsTheRunOnEveryRank) {
   for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter, Op::kAllToAll, Op::kSendRecv}) {
     EXPECT_EQ(runAll(3, op, {ElemType::kFloat}, {RedOp::kSum}, true), 1) << opName(op);
   }
+}
+
+// --touch: every warm-up and timed run finds its input rewritten (zeros); the checked run
+// finds the check data. Without it, no run sees a zeroed input.
+TEST(Sweep, TouchRewritesTheInputBeforeEveryTimedRun) {
+  for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter}) {
+    for (bool touch : {false, true}) {
+      Shared shared(2);
+      EXPECT_EQ(runAll(2, op, {ElemType::kFloat}, {RedOp::kSum}, false, nullptr, touch, &shared),
+                0);
+      ASSERT_GT(shared.runs, 0);
+      // Per size and placement: 1 warm-up and 2 timed runs, then 1 checked run.
+      EXPECT_EQ(shared.zeroInputRuns, touch ? shared.runs * 3 / 4 : 0)
+          << opName(op) << " touch=" << touch << " runs=" << shared.runs;
+    }
+  }
+}
+
+TEST(Sweep, TouchIsRefusedOnMemoryThisProcessCannotWrite) {
+  std::vector<FakeDevice> devices(1);
+  try {
+    runAll(1, Op::kAllReduce, {ElemType::kFloat}, {RedOp::kSum}, false, &devices, /*touch=*/true);
+    ADD_FAILURE() << "--touch on device memory ran";
+  } catch (const std::exception& e) {  // the thread ranks rethrow it with the rank in front
+    EXPECT_NE(std::string(e.what()).find("--touch rewrites host buffers"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(devices[0].toDeviceCalls, 0) << "refused before any collective";
 }
 
 }  // namespace

@@ -70,7 +70,11 @@ struct Placement {
 class Sweep {
  public:
   Sweep(Driver& driver, const SweepOptions& options)
-      : driver_(driver), opts_(options), rank_(driver.rank()), n_(driver.worldSize()) {}
+      : driver_(driver), opts_(options), rank_(driver.rank()), n_(driver.worldSize()) {
+    LOOM_CHECK(!(opts_.touch && device_ && !device_->hostWritable()),
+               "--touch rewrites host buffers, but this driver's collectives run on device "
+               "memory; run without --touch");
+  }
 
   std::vector<std::string> rankLines();
   Row measureRow(ElemType type, RedOp redop, size_t bytes);
@@ -176,10 +180,19 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
 
   prepare(layout, type, redop, inPlace);
   driver_.barrier();
-  for (int i = 0; i < opts_.warmupIters; ++i) driver_.run(call);
+  // --touch: the input rewritten before each run (zeros: a valid value of every type).
+  const size_t inputBytes = layout.sendCount * elemSize(type);
+  const auto touch = [&] {
+    if (opts_.touch) std::memset(const_cast<void*>(p.send), 0, inputBytes);
+  };
+  for (int i = 0; i < opts_.warmupIters; ++i) {
+    touch();
+    driver_.run(call);
+  }
   driver_.barrier();
   std::vector<double> times(static_cast<size_t>(opts_.iters));
   for (int i = 0; i < opts_.iters; ++i) {
+    touch();
     const auto start = std::chrono::steady_clock::now();
     driver_.run(call);
     times[static_cast<size_t>(i)] =
@@ -281,6 +294,7 @@ SweepOptions SweepFlags::resolve() const {
   o.iters = iters;
   o.warmupIters = warmupIters;
   o.check = check;
+  o.touch = touch;
   o.types = dtype == "all" ? allElemTypes() : std::vector<ElemType>{parseElemType(dtype)};
   o.redops = redop == "all" ? allRedOps() : std::vector<RedOp>{parseRedOp(redop)};
   LOOM_CHECK(root >= 0, "-r/--root must be a rank (>= 0), got ", root);
@@ -309,6 +323,10 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
   app.add_option("-c,--check", f.check,
                  "check results this many times per size (0: no check, #wrong shows N/A)")
       ->capture_default_str();
+  app.add_flag("--touch", f.touch,
+               "rewrite each rank's input before every iteration (untimed), as a training step "
+               "rewrites its gradients; without it, in-place loops leave the data in the "
+               "caches of the ranks that read it last");
   app.add_option("-d,--datatype", f.dtype,
                  "float, double, half, bfloat16, int8, uint8, int32, int64, or all")
       ->capture_default_str();

@@ -5,7 +5,8 @@
 //
 // Timing, per size and placement (out-of-place, then in-place): barrier, `warmup` untimed
 // iterations, barrier, then `iters` iterations each timed alone on every rank (steady clock,
-// the call returns when the collective is complete on that rank). The per-rank times are
+// the call returns when the collective is complete on that rank; with `touch` every rank
+// first rewrites its input, untimed). The per-rank times are
 // gathered (untimed); see report.h for how time, p50, p99 and skew are derived. With
 // `check` > 0 the inputs are refilled with check data (data.h), the collective runs once more
 // and wrong output elements are counted on every rank and summed.
@@ -37,6 +38,10 @@ struct SweepOptions {
   int iters = 20;
   int warmupIters = 5;
   int check = 1;
+  // Rewrite each rank's input before every iteration (untimed), as a training step rewrites
+  // its gradients: the collective then finds the data in the writer's cache, not in the
+  // readers' caches where the previous iteration left it (in-place loops otherwise do).
+  bool touch = false;
   std::vector<ElemType> types = {ElemType::kFloat};
   std::vector<RedOp> redops = {RedOp::kSum};
   int root = 0;
@@ -55,6 +60,7 @@ struct SweepFlags {
   int iters = 20;
   int warmupIters = 5;
   int check = 1;
+  bool touch = false;
   std::string dtype = "float";
   std::string redop = "sum";
   int root = 0;
@@ -67,7 +73,7 @@ struct SweepFlags {
   SweepOptions resolve() const;
 };
 
-// Adds -b -e -f -n -w -c -d -o -r --op --json --csv --plot --series to `app`.
+// Adds -b -e -f -n -w -c -d -o -r --op --touch --json --csv --plot --series to `app`.
 void addSweepFlags(CLI::App& app, SweepFlags& flags);
 
 // Parses argv into `app`. Returns the exit status to leave with when parsing ended the
@@ -101,6 +107,9 @@ class DeviceMemory {
   virtual void release(void* p) noexcept = 0;
   virtual void toDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void toHost(void* dst, const void* src, size_t bytes) = 0;
+  // Whether this process may write the memory directly (host memory in another allocator,
+  // e.g. Loom windows): --touch rewrites it in place then.
+  virtual bool hostWritable() const { return false; }
 };
 
 class Driver {
