@@ -6,7 +6,9 @@
 # Usage: bench/peers/ab.sh [options] CONFIG...
 #   CONFIG   "NAME|VAR=VALUE ..."   loom-bench under loom-run with those environment variables
 #                                   (LOOM_SHM=0 unless the config sets LOOM_SHM); words that
-#                                   start with '-' are loom-bench flags ("win|LOOM_SHM=1 -R 1")
+#                                   start with '-' are loom-bench flags ("win|LOOM_SHM=1 -R 1");
+#                                   LOOM_BUILD_DIR=DIR runs that build's loom-run and loom-bench
+#                                   (A/B against another worktree)
 #            "mpi-tcp" / "mpi-shm"  Open MPI's mpi_bench over TCP / shared memory, as peers.sh
 #            "gloo-ALGO"            Gloo's gloo_bench --algo ALGO over its TCP transport (ring,
 #                                   ring_chunked, halving_doubling, bcube; ring for other ops)
@@ -80,8 +82,10 @@ run() {
       for w in "${words[@]}"; do
         if [[ $w == -* || ${#flags[@]} -gt 0 ]]; then flags+=("$w"); else envs+=("$w"); fi
       done
-      out=$(env LOOM_SHM=0 "${envs[@]}" timeout 900 "$bin/loom-run" --nproc-per-node "$ranks" \
-        "$bin/loom-bench" --backend tcp "${sweep[@]}" "${flags[@]}" 2>&1) ;;
+      local cbin=$bin
+      for w in "${envs[@]}"; do [[ $w == LOOM_BUILD_DIR=* ]] && cbin=${w#LOOM_BUILD_DIR=}/bin; done
+      out=$(env LOOM_SHM=0 "${envs[@]}" timeout 900 "$cbin/loom-run" --nproc-per-node "$ranks" \
+        "$cbin/loom-bench" --backend tcp "${sweep[@]}" "${flags[@]}" 2>&1) ;;
   esac || { echo "ab.sh: $name failed:" >&2; tail -5 <<<"$out" >&2; exit 1; }
   if ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
     echo "ab.sh: $name reported wrong elements" >&2; exit 1

@@ -103,7 +103,7 @@ constexpr Setting kTable[] = {
     {"LOOM_SHM_WINDOW_MIN_BYTES", K::kBytes, S::kRuntime, "", 0, kGiB, "", "",
      "smallest collective (nccl-tests' size: all-gather and reduce-scatter count every rank's "
      "part) that takes the zero-copy window path, for every operation (default: measured per "
-     "operation, docs/shm.md: all-reduce 1 MiB, the others 16 KiB, or 64-256 KiB when local "
+     "operation, docs/shm.md: 16 KiB, or 64-256 KiB for all but all-reduce when local "
      "ranks outnumber CPUs); must be equal on all ranks",
      "comm::ContextOptions::shmWindowMinBytes", "Context setup"},
     {"LOOM_TUNING_FILE", K::kText, S::kRuntime, "", 0, 0, "", "",

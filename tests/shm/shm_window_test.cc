@@ -242,20 +242,20 @@ TEST(ShmWindowProcesses, MoreWindowsThanTheCacheStayCorrectAndBounded) {
   EXPECT_EQ(runProcessRanks(2, windowsFrom(1), body, 120s), "");
 }
 
-// The measured defaults: an all-reduce of window buffers below 1 MiB stays staged (no peer
-// window is mapped); from 1 MiB it takes the window path.
+// The measured defaults: an all-reduce of window buffers below 16 KiB stays staged (no peer
+// window is mapped); from 16 KiB it takes the window path.
 TEST(ShmWindowProcesses, DefaultSizesKeepSmallAllReducesStaged) {
   auto body = [&](int, Context* ctx) {
     CollectiveOptions opts;
     auto win = Window::allocate(1 << 20);
     auto* f = static_cast<float*>(win->data());
-    for (size_t count : {size_t{1} << 10, size_t{1} << 18}) {  // 4 KiB, then 1 MiB
+    for (size_t count : {size_t{1} << 10, size_t{1} << 12}) {  // 4 KiB, then 16 KiB
       for (size_t i = 0; i < count; ++i) f[i] = 1.0f;
       ++opts.seq;
       allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
       for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(f[i], 2.0f);
       const int foreign = foreignWindowMappings({win});
-      LOOM_CHECK_EQ(foreign, count < (size_t{1} << 18) ? 0 : 1, "after an all-reduce of ",
+      LOOM_CHECK_EQ(foreign, count < (size_t{1} << 12) ? 0 : 1, "after an all-reduce of ",
                     count * 4, " bytes");
     }
   };

@@ -263,7 +263,7 @@ class Arena {
     return peerWindowForWrite(call, peer, which);
   }
   // The same, writable: only where the collective's steps give this rank that part of the
-  // peer's output (the assisted broadcast's root).
+  // peer's output (the window all-reduce's owner of a segment, the assisted broadcast's root).
   uint8_t* peerWindowForWrite(const Call& call, int peer, int which);
   // Copies `bytes` at byte `offset` of `peer`'s published buffer `which` into `local`: plain
   // memcpy on the window path (non-temporal stores with `stream`: then fenceStreams() before

@@ -37,8 +37,11 @@ void finish(Arena& arena, const Arena::Call& call) {
 
 // dst[0, n) = own[0, n) (op) every peer's elements at byte offset `offset` of its input, read
 // through the bounce buffer a chunk at a time; peers in rank order. dst may equal own.
+// `toPeers` (window path only): each reduced chunk (divided by the size for AVG) is also
+// written at byte `offset` of every peer's output, the window all-reduce's second half.
 void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType dtype,
-                     const void* own, void* dst, size_t offset, size_t n) {
+                     const void* own, void* dst, size_t offset, size_t n, bool toPeers = false,
+                     ReduceOp op = ReduceOp::kSum) {
   const size_t es = dtypeSize(dtype);
   if (call.access == PeerAccess::kWindow) {
     // The peers' operands are mapped here: reduce them where they lie, a cache-sized chunk at
@@ -63,6 +66,14 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
       fn(acc, operand(0), operand(1), m);
       for (int q = 2; q < arena.size(); ++q) fn(acc, acc, operand(q), m);
       if (viaBounce) std::memcpy(at(dst, done * es), acc, m * es);
+      if (toPeers) {
+        if (op == ReduceOp::kAvg) divideBy(at(dst, done * es), m, dtype, arena.size());
+        for (int k = 1; k < arena.size(); ++k) {
+          const int q = (me + k) % arena.size();
+          std::memcpy(arena.peerWindowForWrite(call, q, kOut) + offset + done * es,
+                      at(dst, done * es), m * es);
+        }
+      }
       call.done += m * es;
     }
     return;
@@ -86,16 +97,18 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
 
 // The smallest collective (nccl-tests' size: the buffer of all-reduce and broadcast, the
 // gathered / scattered total of all-gather and reduce-scatter) that takes the window path by
-// default. Measured on the 2-vCPU EPYC VM (docs/shm.md, "Zero-copy windows"; in-place times,
-// window buffers on both sides of each A/B): all-reduce wins from 1 MiB at 2 and 4 ranks (its
-// in-place form reads every peer operand while the peer's cache still holds it modified, and
-// the staged path's one or two hand-overs win below); broadcast, all-gather and reduce-scatter
-// win from 16 KiB with a core per rank; with more ranks than cores the extra hand-overs cost a
-// context switch each, and the crossover moves to 64 KiB (broadcast) and 256 KiB.
+// default. Broadcast, all-gather and reduce-scatter were measured on the 2-vCPU EPYC VM
+// (docs/shm.md, "Zero-copy windows"; in-place times, window buffers on both sides of each
+// A/B): they win from 16 KiB with a core per rank; with more ranks than cores the extra
+// hand-overs cost a context switch each, and the crossover moves to 64 KiB (broadcast) and
+// 256 KiB. The all-reduce, since it writes each reduced segment straight into every peer's
+// output (one pass, no second hand-over), was measured on the 2-vCPU Xeon VM: it ties the
+// staged path at 4 KiB and wins from 16 KiB at 2 and 4 ranks, with inputs rewritten before
+// every iteration (loom-bench --touch) and without.
 size_t defaultWindowMin(OpType kind, bool oversubscribed) {
   switch (kind) {
     case OpType::kAllreduce:
-      return size_t{1} << 20;
+      return size_t{16} << 10;
     case OpType::kBroadcast:
       return oversubscribed ? size_t{64} << 10 : size_t{16} << 10;
     default:
@@ -136,6 +149,15 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
   arena.waitPostedAll(call);
   const size_t begin = segmentBegin(count, size, me);
   const size_t n = segmentCount(count, size, me);
+  if (call.access == PeerAccess::kWindow) {
+    // One pass: this rank's segment reduced and written into every rank's output at once.
+    reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), at(out, begin * es), begin * es,
+                    n, /*toPeers=*/true, op);
+    arena.markReduced();         // this rank's reads and writes of peers' buffers are done
+    arena.waitReducedAll(call);  // and so are theirs of this rank's: nothing left to wait for
+    arena.finishStep();
+    return;
+  }
   reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), at(out, begin * es), begin * es, n);
   if (op == ReduceOp::kAvg && n > 0) divideBy(at(out, begin * es), n, dtype, size);
   arena.markReduced();

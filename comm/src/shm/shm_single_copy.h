@@ -34,7 +34,12 @@
 //
 // Zero-copy windows (loom/comm/window.h) run the same algorithms with call.access kWindow:
 // a peer's buffer is then read by plain loads from its mapped Window (Arena::peerWindow), and
-// reductions read the peers' operands in place, with no bounce buffer. That path is taken
+// reductions read the peers' operands in place, with no bounce buffer. Two differ, because a
+// window may be written too (Arena::peerWindowForWrite): the all-reduce is one pass, rank r
+// writing each reduced chunk of segment r straight into segment r of every peer's output (no
+// rank reads or writes another's segment, so in place is safe), and then waiting for every
+// peer's "reduced" mark (all its writes into this rank's output done); and a broadcast's root
+// may write part of each receiver's buffer (broadcastRootAssists). That path is taken
 // whenever the buffers lie in Windows on every rank, from a measured size per operation (below
 // it one staged step, a single hand-over, is cheaper than publishing buffers and waiting for
 // every peer to finish reading).
