@@ -19,6 +19,18 @@ runs' tcp_baseline.md and shm_baseline.md (medians over runs): from 64 KiB, busb
 stream's rate (busy-polling) for tcp and busbw / memcpy's rate (1 thread) for shm; below, the
 limit's time / Loom's time, with the 8-byte busy-polling TCP round trip and the shared-memory
 flag round trip as the limits. 1.00 would be at the limit.
+
+"tcp of ring" (from 64 KiB) compares loom tcp with raw sockets moving the same bytes: the
+busbw a bandwidth-optimal algorithm would reach if every byte crossed the sockets at the rate
+of tcp_baseline's ring of `world` streams (every process sending and receiving at once, 1 MiB
+buffers, the better of blocking and busy-polling; the kernel copies each byte twice, on the
+CPUs that also reduce). An all-reduce over n ranks puts 2(n-1)/n S through the sockets per rank
+(S: nccl-tests' size) for a busbw of S 2(n-1)/n per second, an all-gather or reduce-scatter
+(n-1)/n S for S (n-1)/n, so their busbw is at most aggregate / n at that rate; a broadcast puts
+(n-1) S through them in all for a busbw of S, so aggregate / (n-1). The column is Loom's busbw
+over that figure (median over runs). It is a yardstick, not a strict bound (the ring's
+processes also wait on each other, and a collective can pass it slightly): near 1, moving the
+bytes better gains little, and a peer near it cannot be beaten by much.
 """
 import argparse
 import re
@@ -67,6 +79,13 @@ def limits(folder):
         "flag rtt us": (r"flag round trip between two processes \(median / p99\) \| ([\d.]+)",
                         1e-3),
     }
+    for n in range(2, 65):
+        rates = [float(m.group(1)) for m in re.finditer(
+            rf"ring of {n} streams, aggregate, (?:blocking|busy-polling), 1 MiB buffers \| "
+            r"([\d.]+) GB/s", (Path(folder) / "tcp_baseline.md").read_text()
+            if (Path(folder) / "tcp_baseline.md").is_file() else "")]
+        if rates:
+            found[f"ring{n} GB/s"] = max(rates)
     for name in ("tcp_baseline.md", "shm_baseline.md"):
         path = Path(folder) / name
         if not path.is_file():
@@ -152,6 +171,16 @@ def main():
                 fs.append(bw / limit[key])
         return f"{statistics.median(fs):.2f}" if fs else "-"
 
+    def of_ring(op, world, size, series):
+        """Median over runs of busbw / the ring-rate figure (see the module comment)."""
+        key = f"ring{world} GB/s"
+        if size_bytes(size) < 64 * 1024 or key not in limit or world < 2:
+            return "-"
+        figure = limit[key] / (world - 1 if op == "broadcast" else world)
+        fs = [r[(op, world, size, series)][0] / figure for r in runs
+              if (op, world, size, series) in r]
+        return f"{statistics.median(fs):.2f}" if fs else "-"
+
     tables = sorted({(o, w) for r in runs for (o, w, _, _) in r})
     optional = [name for name in ("loom shm window", "loom shm tuned")
                 if any(series == name for r in runs for (_, _, _, series) in r)]
@@ -165,9 +194,9 @@ def main():
               f"median of {len(runs)} runs ({args.stat} times; min-max)\n")
         extra_head = "".join(f" {name} | {name} / mpi shm |" for name in optional)
         print("| size | loom tcp | best gloo | mpi tcp | tcp / best gloo | tcp / mpi tcp | "
-              "tcp of limit | loom shm | mpi shm | shm / mpi shm | shm / tcp | shm of limit |" +
-              extra_head)
-        print("|---:" * (12 + 2 * len(optional)) + "|")
+              "tcp of limit | tcp of ring | loom shm | mpi shm | shm / mpi shm | "
+              "shm / tcp | shm of limit |" + extra_head)
+        print("|---:" * (13 + 2 * len(optional)) + "|")
         for size in sizes:
             key = (op, world, size)
             gloo = [shown(g, size) for g in (best_gloo_cell(r, *key) for r in runs) if g]
@@ -180,6 +209,7 @@ def main():
                   f"{cell(values(*key, 'mpi tcp'))} | {ratio(zip(tcp, bests))} | "
                   f"{ratio(zip(tcp, mpitcp))} | "
                   f"{of_limit(*key, 'loom tcp', 'stream GB/s', 'tcp rtt us')} | "
+                  f"{of_ring(*key, 'loom tcp')} | "
                   f"{cell(values(*key, 'loom shm'))} | {cell(values(*key, 'mpi shm'))} | "
                   f"{ratio(zip(shm, mpi))} | {ratio(zip(shm, tcp))} | "
                   f"{of_limit(*key, 'loom shm', 'memcpy GB/s', 'flag rtt us')} |" +

@@ -106,6 +106,10 @@ def main():
                     n += 1
                 else:
                     shown = f"{best:.2f}x" if best is not None else "no figure"
+                    # TCP: how close Loom already is to raw sockets moving its bytes
+                    # (median_of_runs.py's "tcp of ring"), where the table has it.
+                    if name.startswith("tcp") and "tcp of ring" in header:
+                        shown += f" (loom tcp at {r[header.index('tcp of ring')]} of the ring)"
                     misses[name].append(f"{title} {r[0]}: {shown}")
             met.append(n)
         counts.append((title, len(cells), met))
