@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench/peers/median_of_runs.py and targets.py on a hand-made run of known figures: medians
+# over rounds, the ratio columns, the "tcp of ring" yardstick (busbw over the ring's aggregate
+# / n, n - 1 for broadcast), the counts of cells that meet issue 19's targets, and a table
+# without the optional series.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# round R: loom tcp busbw at 1 MiB = 3.0 * R / 2 (1.5, 3.0, 4.5 -> median 3.0); the rest fixed.
+for r in 1 2 3; do
+  d=$tmp/round$r
+  mkdir -p "$d"
+  tcp=$(awk -v r=$r 'BEGIN { printf "%.3f", 1.5 * r }')
+  {
+    echo "### all_reduce, world size 2, float sum (in-place, p50 time; busbw GB/s / time us)"
+    echo
+    echo "| size | loom tcp | gloo ring | mpi tcp | loom shm | loom shm window | mpi shm |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| 8 B | 0.001 / 9.0 | 0.000 / 90.0 | 0.001 / 7.0 | 0.010 / 0.8 | 0.010 / 0.8 | 0.011 / 0.7 |"
+    echo "| 1 MiB | $tcp / 350.0 | 1.000 / 1000.0 | 2.000 / 500.0 | 4.000 / 250.0 | 9.000 / 100.0 | 5.000 / 200.0 |"
+    echo
+    echo "### broadcast, world size 4, float sum (in-place, p50 time; busbw GB/s / time us)"
+    echo
+    echo "| size | loom tcp | gloo ring | mpi tcp | loom shm | loom shm window | mpi shm |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| 4 MiB | 1.500 / 2800.0 | 0.500 / 8000.0 | 1.000 / 4000.0 | 3.000 / 1400.0 | 3.000 / 1400.0 | 1.000 / 4000.0 |"
+  } >"$d/compare_p50.md"
+  {
+    echo "| ring of 2 streams, aggregate, blocking, 1 MiB buffers | 6.00 GB/s |"
+    echo "| ring of 2 streams, aggregate, busy-polling, 1 MiB buffers | 5.00 GB/s |"
+    echo "| ring of 4 streams, aggregate, blocking, 1 MiB buffers | 4.50 GB/s |"
+    echo "| ring of 4 streams, aggregate, busy-polling, 1 MiB buffers | 4.00 GB/s |"
+    echo "| one stream, 1 MiB writes, busy-polling | 5.00 GB/s |"
+    echo "| 8-byte round trip, busy-polling reads (median / p99) | 9.0 / 12.0 us |"
+  } >"$d/tcp_baseline.md"
+done
+
+python3 "$root/bench/peers/median_of_runs.py" "$tmp"/round{1,2,3} >"$tmp/median.md"
+row() { grep -A6 "### $1" "$tmp/median.md" | grep "^| $2 |"; }
+col() {  # TABLE SIZE COLUMN-NAME: the cell under that header
+  local header line
+  header=$(grep -A3 "### $1" "$tmp/median.md" | grep "^| size")
+  line=$(row "$1" "$2")
+  python3 - "$header" "$line" "$3" <<'PY'
+import sys
+h = [c.strip() for c in sys.argv[1].strip("|").split("|")]
+v = [c.strip() for c in sys.argv[2].strip("|").split("|")]
+print(v[h.index(sys.argv[3])])
+PY
+}
+[[ $(col "all_reduce, world size 2" "1 MiB" "loom tcp") == "3.00 (1.50-4.50)" ]] ||
+  fail "median of loom tcp: $(col "all_reduce, world size 2" "1 MiB" "loom tcp")"
+# Ring of 2: the better of 6.00 and 5.00; all-reduce over 2 ranks: 3.0 / (6.0 / 2) = 1.00.
+[[ $(col "all_reduce, world size 2" "1 MiB" "tcp of ring") == "1.00" ]] ||
+  fail "tcp of ring, all-reduce: $(col "all_reduce, world size 2" "1 MiB" "tcp of ring")"
+# Broadcast over 4 ranks: 1.5 / (4.5 / 3) = 1.00.
+[[ $(col "broadcast, world size 4" "4 MiB" "tcp of ring") == "1.00" ]] ||
+  fail "tcp of ring, broadcast: $(col "broadcast, world size 4" "4 MiB" "tcp of ring")"
+[[ $(col "all_reduce, world size 2" "8 B" "tcp of ring") == "-" ]] || fail "tcp of ring below 64 KiB"
+[[ $(col "all_reduce, world size 2" "1 MiB" "tcp / mpi tcp") == 1.50x* ]] ||
+  fail "tcp / mpi tcp: $(col "all_reduce, world size 2" "1 MiB" "tcp / mpi tcp")"
+
+python3 "$root/bench/peers/targets.py" "$tmp/median.md" >"$tmp/targets.txt"
+# all-reduce 1 MiB: tcp 3.0 vs gloo 1.0 (met) and mpi 2.0 (1.50x, met); shm 4.0 vs 5.0 (staged
+# 0.80x, missed), window 9.0 (met). Broadcast 4 MiB: tcp 3.0x gloo, 1.5x mpi; shm 3.0x.
+grep -q "^| all-reduce, 2 | 1 | 1 | 1 | 0 | 1 |$" "$tmp/targets.txt" || fail "all-reduce counts: $(cat "$tmp/targets.txt")"
+grep -q "^| broadcast, 4 | 1 | 1 | 1 | 1 | 1 |$" "$tmp/targets.txt" || fail "broadcast counts"
+grep -q "^- all-reduce, 2 ranks 1 MiB: 0.80x$" "$tmp/targets.txt" || fail "the staged miss"
+grep -q "tuned÷mpi shm" "$tmp/targets.txt" || fail "the absent tuned series is not named"
+
+# A TCP miss carries its ring figure: the same run with mpi tcp at 3.0 GB/s.
+sed -i 's#| 2.000 / 500.0 |#| 3.000 / 350.0 |#' "$tmp"/round*/compare_p50.md
+python3 "$root/bench/peers/median_of_runs.py" "$tmp"/round{1,2,3} >"$tmp/median.md"
+python3 "$root/bench/peers/targets.py" "$tmp/median.md" >"$tmp/targets.txt"
+grep -q "^- all-reduce, 2 ranks 1 MiB: 1.00x (loom tcp at 1.00 of the ring)$" "$tmp/targets.txt" ||
+  fail "the tcp miss: $(grep "1 MiB" "$tmp/targets.txt")"
+echo "peers tables: ok"
