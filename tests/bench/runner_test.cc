@@ -43,7 +43,8 @@ TEST(Flags, ParsesNcclTestsStyleFlags) {
                    "--json",   "a.json",
                    "--csv",    "a.csv",
                    "--plot",   "a.svg",
-                   "--series", "x"},
+                   "--series", "x",
+                   "--touch"},
                   flags, o),
             std::nullopt);
   EXPECT_EQ(o.op, Op::kReduceScatter);
@@ -60,6 +61,7 @@ TEST(Flags, ParsesNcclTestsStyleFlags) {
   EXPECT_EQ(o.csvPath, "a.csv");
   EXPECT_EQ(o.plotPath, "a.svg");
   EXPECT_EQ(o.series, "x");
+  EXPECT_TRUE(o.touch);
 }
 
 TEST(Flags, AllExpandsTypesAndReductions) {
