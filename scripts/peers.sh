@@ -25,7 +25,10 @@
 #                                             the tuning file that `loom-bench --tune` measures
 #                                             first, once per world size (DIR/tuning_n<N>.txt),
 #                                             series "loom shm tuned"; both in compare_shm.md and
-#                                             median.md; docs/shm.md, docs/bench.md)
+#                                             median.md; docs/shm.md, docs/bench.md; and
+#                                             loom-tcp-tuned: LOOM_SHM=0 with the tuning file's
+#                                             tcp section, tuned the same way, series "loom tcp
+#                                             tuned", against Gloo and Open MPI tcp in median.md)
 #   --rounds R                                run everything R times (default 1); round r starts
 #                                             each cell at another family, and DIR/median.md holds
 #                                             the median over rounds (bench/peers/median_of_runs.py)
@@ -126,7 +129,7 @@ spawn() {
 
 # The families of one (world size, operation) cell; run_family FAMILY N OP DIR runs one of them.
 families=()
-for f in loom loom-shm loom-win loom-tuned gloo mpi; do
+for f in loom loom-shm loom-win loom-tuned loom-tcp-tuned gloo mpi; do
   if [[ " $only " == *" $f "* ]]; then families+=("$f"); fi
 done
 run_family() {
@@ -152,10 +155,15 @@ run_family() {
         "$bin/loom-bench" --backend tcp --op "$op" "${sweep[@]}" \
         --series "loom shm" --csv "$dir/csv/loom-shm_$tag.csv" ;;
     loom-tuned)
-      [[ -f $out/tuning_n$n.txt ]] || return 0
+      [[ -f $out/tuning_n$n.txt ]] && grep -q "transport=shm\]" "$out/tuning_n$n.txt" || return 0
       run "$dir" "loom-tuned_$tag" env LOOM_SHM=1 LOOM_TUNING_FILE="$out/tuning_n$n.txt" \
         "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" --backend tcp --op "$op" \
         "${sweep[@]}" --series "loom shm tuned" --csv "$dir/csv/loom-tuned_$tag.csv" ;;
+    loom-tcp-tuned)
+      [[ -f $out/tuning_n$n.txt ]] && grep -q "transport=tcp\]" "$out/tuning_n$n.txt" || return 0
+      run "$dir" "loom-tcp-tuned_$tag" env LOOM_SHM=0 LOOM_TUNING_FILE="$out/tuning_n$n.txt" \
+        "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" --backend tcp --op "$op" \
+        "${sweep[@]}" --series "loom tcp tuned" --csv "$dir/csv/loom-tcp-tuned_$tag.csv" ;;
     loom-win)
       [[ -x $bin/loom-bench && -x $bin/loom-run ]] || return 0
       run "$dir" "loom-win_$tag" env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" \
@@ -208,18 +216,24 @@ compare() {
   } >"$dir/compare.md"
 }
 
-# The tuned series' files: this machine's crossovers and single-copy ranges per world size,
-# measured once before the rounds (loom-bench --tune over shared memory).
-if [[ " ${families[*]} " == *" loom-tuned "* && -x $bin/loom-bench && -x $bin/loom-run ]]; then
+# The tuned series' file: this machine's algorithm choices (and, over shared memory, single-copy
+# ranges) per world size, measured once before the rounds with loom-bench --tune, one section
+# per transport (shm for loom-tuned, tcp for loom-tcp-tuned) in DIR/tuning_n<N>.txt.
+tune() {  # tune N SHM NAME
+  local n=$1 shm=$2 name=$3
+  mkdir -p "$out/logs"
+  echo "== loom-bench --tune, $n ranks over $name"
+  if ! timeout 900 env LOOM_SHM="$shm" "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" \
+    --tune "$out/tuning_n$n.txt" >"$out/logs/tune_${name}_n$n.log" 2>&1; then
+    echo "   FAILED, see $out/logs/tune_${name}_n$n.log: no tuned $name series at $n ranks"
+    failures=$((failures + 1))
+    return 1
+  fi
+}
+if [[ -x $bin/loom-bench && -x $bin/loom-run ]]; then
   for n in $ranks; do
-    mkdir -p "$out/logs"
-    echo "== loom-bench --tune, $n ranks over shared memory"
-    if ! timeout 900 env LOOM_SHM=1 "$bin/loom-run" --nproc-per-node "$n" "$bin/loom-bench" \
-      --tune "$out/tuning_n$n.txt" >"$out/logs/tune_n$n.log" 2>&1; then
-      echo "   FAILED, see $out/logs/tune_n$n.log: no loom-tuned series at $n ranks"
-      rm -f "$out/tuning_n$n.txt"
-      failures=$((failures + 1))
-    fi
+    if [[ " ${families[*]} " == *" loom-tuned "* ]]; then tune "$n" 1 shm || true; fi
+    if [[ " ${families[*]} " == *" loom-tcp-tuned "* ]]; then tune "$n" 0 tcp || true; fi
   done
 fi
 

@@ -27,8 +27,8 @@
 // sendrecv sends to rank+1 and receives from rank-1 (even ranks send first, see run()).
 //
 // Environment: LOOM_SHM=0 turns the shared-memory path of the tcp backend off (TCP only);
-// LOOM_ALGO forces a comm algorithm (or --algo). --tune FILE measures the algorithm crossovers
-// instead (tune.h) and writes the tuning file that LOOM_TUNING_FILE loads.
+// LOOM_ALGO forces a comm algorithm (or --algo). --tune FILE measures the algorithm choice per
+// size instead (tune.h) and writes the tuning file that LOOM_TUNING_FILE loads.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +38,7 @@
 
 #include "cuda_memory.h"
 #include "loom/bench/runner.h"
+#include "loom/bench/sizes.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
@@ -289,6 +290,8 @@ int loomBenchMain(int argc, char** argv) {
   std::string initMethod;
   std::string algo;
   std::string tuneFile;
+  std::string tuneMax = "64M";
+  size_t tuneMaxBytes = 0;
   int timeoutS = 300;
   int registerMode = 0;
   addSweepFlags(app, flags);
@@ -304,9 +307,14 @@ int loomBenchMain(int argc, char** argv) {
                  "force a comm algorithm for every collective (auto, ring, rd, hd, direct, tree, "
                  "chain); default: LOOM_ALGO or automatic");
   app.add_option("--tune", tuneFile,
-                 "instead of the sweep, measure this machine's algorithm crossovers (all-reduce, "
-                 "broadcast, all-gather) for the job's topology and write them to this tuning "
+                 "instead of the sweep, time every algorithm of all-reduce, broadcast, all-gather "
+                 "and reduce-scatter at per-rank sizes 4K, 16K, .. up to --tune-max for the job's "
+                 "topology and write the winners (per-size rules and crossovers) to this tuning "
                  "file (other topologies in it are kept); groups load it with LOOM_TUNING_FILE");
+  app.add_option("--tune-max", tuneMax,
+                 "largest per-rank size --tune times (bytes; K, M, G suffixes; 4K to 1G); the "
+                 "last rule holds above it")
+      ->capture_default_str();
   app.add_option("--timeout", timeoutS, "deadline of setup and of every operation, seconds")
       ->capture_default_str();
   app.add_option("-R,--register", registerMode,
@@ -324,6 +332,9 @@ int loomBenchMain(int argc, char** argv) {
                    "--backend: unknown backend '", backend, "': expected tcp, nccl, verbs or mpi");
         LOOM_CHECK(timeoutS > 0, "--timeout must be positive, got ", timeoutS);
         if (!algo.empty()) algorithm = comm::parseAlgorithm(algo);
+        tuneMaxBytes = parseSize(tuneMax);
+        LOOM_CHECK(tuneMaxBytes >= (size_t{4} << 10) && tuneMaxBytes <= (size_t{1} << 30),
+                   "--tune-max must be 4K to 1G per rank, got ", tuneMax);
         if (!initMethod.empty()) parseInitMethod(initMethod);
       })) {
     return *code;
@@ -340,7 +351,7 @@ int loomBenchMain(int argc, char** argv) {
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
     if (!tuneFile.empty()) {
-      return runTune(*group.store, rank, group.pg->size(), tuneFile,
+      return runTune(*group.store, rank, group.pg->size(), tuneFile, tuneMaxBytes,
                      std::chrono::seconds(timeoutS));
     }
     LoomDriver driver(group.pg, std::move(memory));

@@ -13,8 +13,9 @@ class Store;
 namespace loom::bench {
 
 // Runs on every rank of the job over a comm Context of its own on `store`; rank 0 writes
-// `path` (replacing the section of this topology, keeping the others). Returns the exit status.
-int runTune(Store& store, int rank, int size, const std::string& path,
+// `path` (replacing the section of this topology, keeping the others). `maxBytes`: the largest
+// per-rank size timed (from 4 KiB, x4). Returns the exit status.
+int runTune(Store& store, int rank, int size, const std::string& path, size_t maxBytes,
             std::chrono::milliseconds timeout);
 
 }  // namespace loom::bench

@@ -12,7 +12,9 @@ loom shm and Open MPI shm, and the median over runs of each run's own ratios: lo
 Gloo, loom tcp / Open MPI tcp, loom shm / Open MPI shm and loom shm / loom tcp. Ratios are of
 busbw, so >1 means Loom is faster. A column whose series is missing prints "-". The optional
 shared-memory series (peers.sh --only ... loom-win loom-tuned: "loom shm window", "loom shm
-tuned") get a column and a ratio to Open MPI shm each when some run has them.
+tuned") get a column and a ratio to Open MPI shm each when some run has them; the optional
+tcp series ("loom tcp tuned", peers.sh --only ... loom-tcp-tuned) gets a column and its ratios
+to the best Gloo algorithm and to Open MPI tcp.
 
 The two "of limit" columns put each Loom cell against its physical limit, read from the same
 runs' tcp_baseline.md and shm_baseline.md (medians over runs): from 64 KiB, busbw / one loopback
@@ -182,8 +184,11 @@ def main():
         return f"{statistics.median(fs):.2f}" if fs else "-"
 
     tables = sorted({(o, w) for r in runs for (o, w, _, _) in r})
-    optional = [name for name in ("loom shm window", "loom shm tuned")
-                if any(series == name for r in runs for (_, _, _, series) in r)]
+    def present(name):
+        return any(series == name for r in runs for (_, _, _, series) in r)
+
+    optional = [name for name in ("loom shm window", "loom shm tuned") if present(name)]
+    tcp_tuned = ["loom tcp tuned"] if present("loom tcp tuned") else []
     if limit:
         print("\nlimits (median over runs): " +
               ", ".join(f"{k} {v:.3g}" for k, v in sorted(limit.items())))
@@ -193,10 +198,12 @@ def main():
         print(f"\n### {op}, world size {world}: time us below 64 KiB, busbw GB/s from 64 KiB; "
               f"median of {len(runs)} runs ({args.stat} times; min-max)\n")
         extra_head = "".join(f" {name} | {name} / mpi shm |" for name in optional)
+        extra_head += "".join(f" {name} | {name} / best gloo | {name} / mpi tcp |"
+                              for name in tcp_tuned)
         print("| size | loom tcp | best gloo | mpi tcp | tcp / best gloo | tcp / mpi tcp | "
               "tcp of limit | tcp of ring | loom shm | mpi shm | shm / mpi shm | "
               "shm / tcp | shm of limit |" + extra_head)
-        print("|---:" * (13 + 2 * len(optional)) + "|")
+        print("|---:" * (13 + 2 * len(optional) + 3 * len(tcp_tuned)) + "|")
         for size in sizes:
             key = (op, world, size)
             gloo = [shown(g, size) for g in (best_gloo_cell(r, *key) for r in runs) if g]
@@ -215,7 +222,11 @@ def main():
                   f"{of_limit(*key, 'loom shm', 'memcpy GB/s', 'flag rtt us')} |" +
                   "".join(f" {cell(values(*key, name))} | "
                           f"{ratio(zip([busbw(r, key + (name,)) for r in runs], mpi))} |"
-                          for name in optional))
+                          for name in optional) +
+                  "".join(f" {cell(values(*key, name))} | "
+                          f"{ratio(zip([busbw(r, key + (name,)) for r in runs], bests))} | "
+                          f"{ratio(zip([busbw(r, key + (name,)) for r in runs], mpitcp))} |"
+                          for name in tcp_tuned))
 
 
 if __name__ == "__main__":

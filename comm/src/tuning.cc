@@ -38,6 +38,53 @@ size_t* crossMemoryField(Crossovers& c, const std::string& name) {
   return bound == "cma_min" ? &range->min : bound == "cma_max" ? &range->max : nullptr;
 }
 
+// The rules of operation `op` ("broadcast"), or null; `kind` gets its OpType.
+SizeRules* sizeRules(Crossovers& c, const std::string& op, OpType& kind) {
+  if (op == "allreduce") return kind = OpType::kAllreduce, &c.allreduceRules;
+  if (op == "broadcast") return kind = OpType::kBroadcast, &c.broadcastRules;
+  if (op == "allgather") return kind = OpType::kAllgather, &c.allgatherRules;
+  if (op == "reduce_scatter") return kind = OpType::kReduceScatter, &c.reduceScatterRules;
+  return nullptr;
+}
+
+// Parses "0:tree 131072:chain" for `kind`; an empty string with `rules` set, or what was wrong.
+std::string parseRules(const std::string& text, OpType kind, SizeRules& rules) {
+  std::istringstream in(text);
+  std::string entry;
+  rules.clear();
+  while (in >> entry) {
+    const size_t colon = entry.find(':');
+    const std::string from = colon == std::string::npos ? "" : entry.substr(0, colon);
+    const std::string name = colon == std::string::npos ? "" : entry.substr(colon + 1);
+    SizeRule rule;
+    if (from.empty() || from.find_first_not_of("0123456789") != std::string::npos ||
+        from.size() > 19) {
+      return detail::str("entry '", entry, "' is not BYTES:ALGORITHM");
+    }
+    rule.from = std::stoull(from);
+    try {
+      rule.algorithm = parseAlgorithm(name);
+    } catch (const Error&) {
+      rule.algorithm = Algorithm::kAuto;
+    }
+    if (!implementsAlgorithm(kind, rule.algorithm)) {
+      return detail::str("entry '", entry, "': '", name, "' is not an algorithm ", opTypeName(kind),
+                         " implements");
+    }
+    if (rules.empty() && rule.from != 0) {
+      return detail::str("the first entry '", entry, "' starts at ", rule.from,
+                         "; expected 0 (every size needs a choice)");
+    }
+    if (!rules.empty() && rule.from <= rules.back().from) {
+      return detail::str("entry '", entry, "' does not start above the previous one (",
+                         rules.back().from, ")");
+    }
+    rules.push_back(rule);
+  }
+  if (rules.empty()) return "no entries";
+  return {};
+}
+
 }  // namespace
 
 std::string topologyKey(int worldSize, int ranksPerHost, const std::string& transport) {
@@ -86,6 +133,23 @@ std::optional<Crossovers> loadTuning(const std::string& path, const std::string&
                                                    : nullptr;
     const bool required = field != nullptr;
     if (field == nullptr) field = crossMemoryField(found, name);
+    const size_t dot = name.find('.');
+    OpType kind = OpType::kAllreduce;
+    SizeRules* rules = dot != std::string::npos && name.substr(dot + 1) == "rules"
+                           ? sizeRules(found, name.substr(0, dot), kind)
+                           : nullptr;
+    if (rules != nullptr && !section.empty()) {
+      SizeRules parsed;
+      const std::string wrong = parseRules(value, kind, parsed);
+      if (!wrong.empty()) {
+        why = detail::str("tuning file ", path, " line ", number, ": '", line, "': ", wrong,
+                          "; expected 'OP.rules = 0:ALGORITHM BYTES:ALGORITHM ...' with rising "
+                          "byte counts");
+        return std::nullopt;
+      }
+      if (inKey) *rules = std::move(parsed);
+      continue;
+    }
     size_t bytes = 0;
     bool numberOk = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
     if (numberOk) {
@@ -98,9 +162,9 @@ std::optional<Crossovers> loadTuning(const std::string& path, const std::string&
     if (section.empty() || field == nullptr || !numberOk) {
       why = detail::str("tuning file ", path, " line ", number, ": '", line,
                         "'; expected 'NAME = BYTES' (allreduce.rd_max, allreduce.hd_max, "
-                        "broadcast.tree_max, gather.direct_max, or OP.cma_min / OP.cma_max for "
-                        "OP allreduce, broadcast, allgather, reduce_scatter) inside a [topology] "
-                        "section");
+                        "broadcast.tree_max, gather.direct_max, or OP.cma_min / OP.cma_max / "
+                        "OP.rules for OP allreduce, broadcast, allgather, reduce_scatter) inside a "
+                        "[topology] section");
       return std::nullopt;
     }
     if (inKey) {
@@ -148,6 +212,17 @@ std::string formatTuning(const std::string& key, const Crossovers& c, bool heade
   for (const auto& [op, range] : ranges) {
     if (range->max == 0) continue;  // never: the default
     out << op << ".cma_min = " << range->min << "\n" << op << ".cma_max = " << range->max << "\n";
+  }
+  const std::pair<const char*, const SizeRules*> rules[] = {
+      {"allreduce", &c.allreduceRules},
+      {"broadcast", &c.broadcastRules},
+      {"allgather", &c.allgatherRules},
+      {"reduce_scatter", &c.reduceScatterRules}};
+  for (const auto& [op, list] : rules) {
+    if (list->empty()) continue;
+    out << op << ".rules =";
+    for (const SizeRule& r : *list) out << " " << r.from << ":" << algorithmName(r.algorithm);
+    out << "\n";
   }
   return out.str();
 }

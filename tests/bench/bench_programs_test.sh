@@ -13,13 +13,15 @@ trap 'rm -rf "$tmp"' EXIT
 "$bin/loom-bench" --help >"$tmp/help" 2>&1 || fail "--help exited $?"
 grep -q -- "--op" "$tmp/help" || fail "--help does not list --op"
 for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bogus" \
-  "--backend nope" "--algo nope" "-n 0" "-R 2"; do
+  "--backend nope" "--algo nope" "-n 0" "-R 2" "--tune-max 1K" "--tune-max 2G"; do
   # shellcheck disable=SC2086
   "$bin/loom-bench" $bad >"$tmp/bad" 2>&1
   rc=$?
   [[ $rc -eq 2 ]] || fail "loom-bench $bad exited $rc, expected 2"
   grep -q "Usage" "$tmp/bad" || fail "loom-bench $bad printed no usage"
 done
+grep -q "tune-max must be 4K to 1G per rank, got 2G" "$tmp/bad" ||
+  fail "loom-bench --tune-max 2G: $(cat "$tmp/bad")"
 
 # ranks N PROGRAM ARGS...: N ranks with torchrun's variables; rank 0's output in $tmp/out.
 port=$((20000 + RANDOM % 10000))  # below the kernel's ephemeral range (32768-)
@@ -101,7 +103,7 @@ done
 # it won here), and a sweep that loads the file gives no warning and no wrong element, on
 # whichever path each size took.
 tuning="$tmp/tuning.txt"
-ranks 2 env LOOM_SHM=1 "$bin/loom-bench" --tune "$tuning" ||
+ranks 2 env LOOM_SHM=1 "$bin/loom-bench" --tune "$tuning" --tune-max 1M ||
   fail "loom-bench --tune exited non-zero: $(tail -n 3 "$tmp"/out*)"
 grep -q "^\[world=2 per_host=2 transport=shm\]$" "$tuning" ||
   fail "loom-bench --tune wrote no shm section: $(cat "$tuning" 2>&1)"
@@ -115,6 +117,35 @@ for op in all_reduce broadcast all_gather reduce_scatter; do
     fail "loom-bench --op $op with the tuned file: wrong elements"
   ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
     fail "loom-bench --op $op: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
+done
+
+# --tune over tcp at 3 ranks (where every operation has several algorithms) adds a tcp section
+# to the same file, with a per-size rule for each of the four operations, and keeps the shm
+# section; sweeps that load it take every size's rule without a wrong element.
+ranks 3 env LOOM_SHM=0 "$bin/loom-bench" --tune "$tuning" --tune-max 256K ||
+  fail "loom-bench --tune over tcp exited non-zero: $(tail -n 3 "$tmp"/out*)"
+grep -q "^\[world=3 per_host=3 transport=tcp\]$" "$tuning" ||
+  fail "loom-bench --tune wrote no tcp section: $(cat "$tuning")"
+grep -q "^\[world=2 per_host=2 transport=shm\]$" "$tuning" ||
+  fail "loom-bench --tune over tcp dropped the shm section: $(cat "$tuning")"
+for op in allreduce broadcast allgather reduce_scatter; do
+  grep -Eq "^$op\.rules = 0:[a-z]+( [0-9]+:[a-z]+)*$" "$tuning" ||
+    fail "loom-bench --tune wrote no $op.rules: $(cat "$tuning")"
+done
+grep -q "^# broadcast: median us per call  tree  chain  direct  -> chosen$" "$tmp/out" ||
+  fail "loom-bench --tune printed no broadcast sweep: $(head -n 20 "$tmp/out")"
+grep -q "^#   262144 " "$tmp/out" && ! grep -q "^#   1048576 " "$tmp/out" ||
+  fail "loom-bench --tune-max 256K did not stop at 256 KiB: $(head -n 20 "$tmp/out")"
+
+for op in all_reduce broadcast all_gather reduce_scatter; do
+  if ! ranks 3 env LOOM_SHM=0 LOOM_TUNING_FILE="$tuning" "$bin/loom-bench" --op "$op" \
+    -b 4K -e 64M -f 16 -n 1 -w 1 -c 1 -d float -o sum; then
+    fail "loom-bench --op $op over tcp with the tuned file exited non-zero"; tail -n 5 "$tmp"/out*
+  fi
+  grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
+    fail "loom-bench --op $op over tcp with the tuned file: wrong elements"
+  ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
+    fail "loom-bench --op $op over tcp: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
 done
 
 ranks 2 "$bin/loom-bench" --backend nccl -R 1 -b 8 -e 8 >/dev/null 2>&1

@@ -142,6 +142,71 @@ TEST(Tuning, BadCrossMemoryRangesAreRefusedNamingThem) {
   EXPECT_TRUE(contains(why, "line 7")) << why;
 }
 
+// Per-size rules decide before the crossovers, round-trip through the file, and are optional.
+TEST(Tuning, SizeRulesRoundTripAndDecide) {
+  loom::testing::TempDir dir;
+  Crossovers x = builtinCrossovers(4);
+  x.broadcastTreeMax = 0;  // the crossover alone would chain from the first byte
+  x.broadcastRules = {
+      {0, Algorithm::kTree}, {131072, Algorithm::kChain}, {1 << 20, Algorithm::kTree}};
+  x.allreduceRules = {{0, Algorithm::kHalvingDoubling}};
+  const std::string key = topologyKey(4, 4, "tcp");
+  const std::string text = formatTuning(key, x, true);
+  EXPECT_TRUE(contains(text, "\nbroadcast.rules = 0:tree 131072:chain 1048576:tree\n")) << text;
+  EXPECT_TRUE(contains(text, "\nallreduce.rules = 0:hd\n")) << text;
+  EXPECT_FALSE(contains(text, "allgather.rules")) << "empty rules are not written";
+  std::string why;
+  const auto loaded = loadTuning(write(dir, text), key, why);
+  ASSERT_TRUE(loaded.has_value()) << why;
+  EXPECT_TRUE(loaded->broadcastRules == x.broadcastRules);
+  EXPECT_TRUE(loaded->allreduceRules == x.allreduceRules);
+  EXPECT_TRUE(loaded->allgatherRules.empty());
+  auto pick = [&](OpType op, size_t bytes) {
+    return selectAlgorithm(op, Algorithm::kAuto, Algorithm::kAuto, bytes, 4, &*loaded);
+  };
+  EXPECT_EQ(pick(OpType::kBroadcast, 8), Algorithm::kTree);
+  EXPECT_EQ(pick(OpType::kBroadcast, 131071), Algorithm::kTree);
+  EXPECT_EQ(pick(OpType::kBroadcast, 131072), Algorithm::kChain);
+  EXPECT_EQ(pick(OpType::kBroadcast, (1 << 20) - 1), Algorithm::kChain);
+  EXPECT_EQ(pick(OpType::kBroadcast, 1 << 20), Algorithm::kTree);
+  EXPECT_EQ(pick(OpType::kBroadcast, size_t{1} << 30), Algorithm::kTree);
+  EXPECT_EQ(pick(OpType::kAllreduce, 8), Algorithm::kHalvingDoubling);
+  // No rules for all-gather: its crossover decides, as without rules.
+  EXPECT_EQ(pick(OpType::kAllgather, 8), automaticAlgorithm(OpType::kAllgather, 8, 4, x));
+  EXPECT_EQ(pick(OpType::kAllgather, 64 << 20), Algorithm::kRing);
+  // A forced algorithm still wins over the rules.
+  EXPECT_EQ(
+      selectAlgorithm(OpType::kBroadcast, Algorithm::kDirect, Algorithm::kAuto, 8, 4, &*loaded),
+      Algorithm::kDirect);
+  EXPECT_EQ(ruleFor({}, 8), Algorithm::kAuto);
+}
+
+TEST(Tuning, BadSizeRulesAreRefusedNamingThem) {
+  loom::testing::TempDir dir;
+  const std::string head = formatTuning(kKey, builtinCrossovers(2), true);
+  const struct {
+    std::string line, expected;
+  } cases[] = {
+      {"broadcast.rules = 1024:tree", "starts at 1024; expected 0"},
+      {"broadcast.rules = 0:ring", "'ring' is not an algorithm broadcast implements"},
+      {"allreduce.rules = 0:rd 4096:ring 4096:hd", "does not start above the previous one (4096)"},
+      {"allgather.rules = 0:ring x", "entry 'x' is not BYTES:ALGORITHM"},
+      {"reduce_scatter.rules = 0:fastest", "'fastest' is not an algorithm reduce_scatter"},
+      {"allgather.rules =", "no entries"},
+      {"allgather.rules = 99999999999999999999:ring", "is not BYTES:ALGORITHM"},
+  };
+  for (const auto& c : cases) {
+    std::string why;
+    EXPECT_FALSE(loadTuning(write(dir, head + c.line + "\n"), kKey, why).has_value()) << c.line;
+    EXPECT_TRUE(contains(why, "line 7")) << why;
+    EXPECT_TRUE(contains(why, c.expected)) << c.line << ": " << why;
+    EXPECT_TRUE(contains(why, "OP.rules = 0:ALGORITHM")) << why;
+  }
+  std::string why;
+  EXPECT_FALSE(loadTuning(write(dir, head + "gather.rules = 0:direct\n"), kKey, why).has_value());
+  EXPECT_TRUE(contains(why, "OP.rules for OP allreduce")) << why;
+}
+
 // A Context with a good file or an unusable one is created and computes the same results.
 TEST(Tuning, ContextsWithGoodAndBadFilesWork) {
   loom::testing::TempDir dir;

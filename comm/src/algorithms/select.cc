@@ -74,7 +74,41 @@ std::string supportedList(OpType kind) {
   return list;
 }
 
-Algorithm automatic(OpType kind, size_t bytes, int size, const Crossovers& x) {
+const SizeRules* rulesOf(OpType kind, const Crossovers& x) {
+  switch (kind) {
+    case OpType::kAllreduce:
+      return &x.allreduceRules;
+    case OpType::kBroadcast:
+      return &x.broadcastRules;
+    case OpType::kAllgather:
+      return &x.allgatherRules;
+    case OpType::kReduceScatter:
+      return &x.reduceScatterRules;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+Algorithm ruleFor(const SizeRules& rules, size_t bytes) {
+  Algorithm chosen = Algorithm::kAuto;
+  for (const SizeRule& r : rules) {
+    if (r.from > bytes) break;
+    chosen = r.algorithm;
+  }
+  return chosen;
+}
+
+bool implementsAlgorithm(OpType kind, Algorithm algorithm) {
+  return algorithm != Algorithm::kAuto && supports(kind, algorithm);
+}
+
+Algorithm automaticAlgorithm(OpType kind, size_t bytes, int size, const Crossovers& x) {
+  if (const SizeRules* rules = rulesOf(kind, x); rules != nullptr) {
+    const Algorithm a = ruleFor(*rules, bytes);
+    if (a != Algorithm::kAuto) return a;
+  }
   switch (kind) {
     case OpType::kAllreduce:
       if (bytes <= x.allreduceRdMax) return Algorithm::kRecursiveDoubling;
@@ -101,8 +135,6 @@ Algorithm automatic(OpType kind, size_t bytes, int size, const Crossovers& x) {
       return Algorithm::kAuto;
   }
 }
-
-}  // namespace
 
 Crossovers builtinCrossovers(int worldSize) {
   Crossovers x;
@@ -165,8 +197,8 @@ Algorithm selectAlgorithm(OpType kind, Algorithm requested, Algorithm forced, si
                           int size, const Crossovers* crossovers) {
   if (requested != Algorithm::kAuto) return requested;
   if (forced != Algorithm::kAuto && supports(kind, forced)) return forced;
-  return automatic(kind, bytes, size,
-                   crossovers != nullptr ? *crossovers : builtinCrossovers(size));
+  return automaticAlgorithm(kind, bytes, size,
+                            crossovers != nullptr ? *crossovers : builtinCrossovers(size));
 }
 
 }  // namespace loom::comm

@@ -29,13 +29,40 @@
 // (process_vm_readv) instead of staging them through the arena, when the setup probe found
 // cross-memory attach usable on every rank. Absent, or both 0: never (the built-in choice).
 // The tuner writes them where the single copy was measured faster than staging by a margin.
+//
+// Optional, for any transport: a per-size choice, which decides the operation's algorithm when
+// present (the crossovers above then only describe the same measurements):
+//
+//   broadcast.rules = 0:tree 131072:chain 1048576:tree
+//
+// (likewise allreduce., allgather. and reduce_scatter.): from each byte count per rank
+// (inclusive) up to the next one, that algorithm. The first entry is at 0 and the counts rise;
+// each algorithm is one the operation implements (allreduce: ring, rd, hd, direct; broadcast:
+// tree, chain, direct; allgather and reduce_scatter: ring, direct). One crossover cannot say
+// "the chain between 128 KiB and 1 MiB, the tree on both sides", which 4 ranks over loopback
+// TCP on a 2-core VM measured; the tuner writes the winner of every size it measured.
 #pragma once
 
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "loom/comm/collectives.h"
 
 namespace loom::comm {
+
+// One entry of an operation's per-size choice: from `from` bytes per rank up to the next
+// entry's `from`, run `algorithm`.
+struct SizeRule {
+  size_t from = 0;
+  Algorithm algorithm = Algorithm::kAuto;
+  bool operator==(const SizeRule& o) const { return from == o.from && algorithm == o.algorithm; }
+};
+using SizeRules = std::vector<SizeRule>;
+
+// The algorithm `rules` give `bytes`; kAuto when there are none.
+Algorithm ruleFor(const SizeRules& rules, size_t bytes);
 
 // The per-rank byte counts [min, max] of one operation's cross-memory path (see above).
 struct CrossMemoryRange {
@@ -55,10 +82,24 @@ struct Crossovers {
   CrossMemoryRange broadcastCma;
   CrossMemoryRange allgatherCma;
   CrossMemoryRange reduceScatterCma;
+  // Per-size choices (optional in a file; empty: the crossovers decide).
+  SizeRules allreduceRules;
+  SizeRules broadcastRules;
+  SizeRules allgatherRules;
+  SizeRules reduceScatterRules;
 };
 
 // The built-in table for `worldSize` ranks (measured on the 2-core dev VM; select.cc).
 Crossovers builtinCrossovers(int worldSize);
+
+// The automatic choice for collective `kind` with `bytes` per rank in a world of `worldSize`
+// under `crossovers` (its rules first, then its crossovers), as a group makes it when no
+// algorithm is forced.
+Algorithm automaticAlgorithm(OpType kind, size_t bytes, int worldSize,
+                             const Crossovers& crossovers);
+
+// Whether `algorithm` is one collective `kind` implements (kAuto: no).
+bool implementsAlgorithm(OpType kind, Algorithm algorithm);
 
 // "world=2 per_host=2 transport=tcp"
 std::string topologyKey(int worldSize, int ranksPerHost, const std::string& transport);
