@@ -6,11 +6,16 @@
 // the mapping cache holds stay correct and bounded; ranks that disagree (window buffers on one
 // rank, ordinary memory on the other) fail on every rank with an InvalidArgumentError naming
 // both paths, within the deadline; one rank with windows off turns them off for all, and
-// window buffers then take the staged path with the same results.
+// window buffers then take the staged path with the same results; a peer stopped or killed in the
+// middle of a window all-reduce fails the others naming it.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <thread>
 
 #include <chrono>
 #include <cstring>
@@ -260,6 +265,72 @@ TEST(ShmWindowProcesses, DefaultSizesKeepSmallAllReducesStaged) {
     }
   };
   EXPECT_EQ(runProcessRanks(2, windowsFrom(0), body), "");
+}
+
+// A peer stopped (SIGSTOP) or killed (SIGKILL) at a moment of its own choosing inside a loop
+// of one-pass window all-reduces, so mostly in the middle of one (while it reduces its segment
+// into every peer's window, or waits for their "reduced" marks): the others fail with an
+// IoError naming it, within seconds of the collective's timeout for the stopped one, and for
+// the killed one within seconds and not as a timeout; no call the victim did not finish
+// returns.
+TEST(ShmWindowProcesses, PeerStoppedOrKilledMidAllReduceFailsTheOthersNamingIt) {
+  for (int sig : {SIGSTOP, SIGKILL}) {
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    const int size = 3;
+    const int victim = 2;
+    children.spawnRanks(size, [&](int rank) {
+      FileStore store(dir.file("store"));
+      ContextOptions o = options();
+      o.shmWindowMinBytes = 1;
+      auto ctx = Context::create(store, rank, size, o);
+      const size_t count = size_t{2} << 20;  // 8 MiB: a few ms per call
+      auto win = Window::allocate(count * sizeof(float));
+      auto* f = static_cast<float*>(win->data());
+      std::thread stopper;
+      if (rank == victim) {
+        stopper = std::thread([sig] {
+          std::this_thread::sleep_for(300ms);
+          ::raise(sig);
+        });
+        stopper.detach();
+      }
+      CollectiveOptions opts;
+      opts.timeout = 1s;
+      const auto began = std::chrono::steady_clock::now();
+      for (uint64_t seq = 1;; ++seq) {
+        for (size_t i = 0; i < count; i += 4096) f[i] = 1.0f;
+        opts.seq = seq;
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          allreduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, opts);
+        } catch (const IoError& e) {
+          const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::steady_clock::now() - start);
+          std::fprintf(stderr, "rank %d, %s: %s\n", rank, ::strsignal(sig), e.what());
+          LOOM_CHECK(rank != victim, "the victim itself failed: ", e.what());
+          if (sig == SIGKILL) {
+            loom::testing::checkDeadPeerError(e, waited, 10s, "rank 2");
+          } else {
+            LOOM_CHECK(waited < 5s, "the error took ", waited.count(), " ms: ", e.what());
+            LOOM_CHECK(std::string(e.what()).find("rank 2") != std::string::npos,
+                       "the error does not name rank 2: ", e.what());
+          }
+          return;
+        }
+        for (size_t i = 0; i < count; i += 4096) LOOM_CHECK_EQ(f[i], 3.0f, "call #", seq);
+        LOOM_CHECK(std::chrono::steady_clock::now() - began < 60s, "rank ", rank,
+                   " never saw the failure");
+      }
+    });
+    for (int rank = 0; rank < size; ++rank) {
+      if (rank == victim) continue;
+      const auto e = children.wait(rank, 60s);
+      EXPECT_TRUE(e.ok()) << strsignal(sig) << ", rank " << rank << ": " << e.describe();
+    }
+    if (sig == SIGSTOP) children.kill(victim, SIGKILL);
+    EXPECT_EQ(children.wait(victim, 10s).signal, SIGKILL) << strsignal(sig);
+  }
 }
 
 // Rank 0 passes a window, rank 1 ordinary memory: both fail at once with the two paths named.
