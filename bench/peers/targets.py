@@ -102,6 +102,11 @@ def main():
                 sys.exit(f"{sys.argv[1]}: table '{title}' has no column {wanted[0]!r}")
             columns = [c for c in wanted if c in header]
             absent.update(c for c in wanted if c not in header)
+            if all(ratio(r[header.index(wanted[0])]) is None for r in cells):
+                # The series did not run (peers.sh --only without it): no count, no misses.
+                absent.add(wanted[0])
+                met.append(None)
+                continue
             n = 0
             for r in cells:
                 values = [ratio(r[header.index(c)]) for c in columns]
@@ -123,13 +128,17 @@ def main():
     print("| op, ranks | cells from 64 KiB | " + " | ".join(n for n, _, _ in TARGETS) + " |")
     print("|---|---:|" + "---:|" * len(TARGETS))
     for title, n, met in sorted(counts):
-        print(f"| {title.replace(' ranks', '')} | {n} | " + " | ".join(map(str, met)) + " |")
+        print(f"| {title.replace(' ranks', '')} | {n} | " +
+              " | ".join("-" if m is None else str(m) for m in met) + " |")
     total = sum(n for _, n, _ in counts)
-    sums = [sum(m[i] for _, _, m in counts) for i in range(len(TARGETS))]
-    print(f"| **all** | {total} | " + " | ".join(f"**{s}**" for s in sums) + " |")
+    sums = []
+    for i in range(len(TARGETS)):
+        known = [m[i] for _, _, m in counts if m[i] is not None]
+        sums.append(f"**{sum(known)}**" if known else "-")
+    print(f"| **all** | {total} | " + " | ".join(sums) + " |")
     if absent:
-        print(f"\n(Series not in this table, left out of the best-of counts: "
-              f"{', '.join(sorted(absent))}.)")
+        print(f"\n(Series not in this table or without figures, left out of the counts ('-' "
+              f"where a target's own series is missing): {', '.join(sorted(absent))}.)")
     for name, _, _ in TARGETS:
         print(f"\nBelow '{name}':")
         for m in misses[name]:

@@ -86,4 +86,23 @@ grep -q "^- all-reduce, 2 ranks 1 MiB: 1.00x (loom tcp at 1.00 of the ring)$" "$
   fail "tuned / mpi tcp: $(col "all_reduce, world size 2" "1 MiB" "loom tcp tuned / mpi tcp")"
 grep -q "^| all-reduce, 2 | 1 | 1 | 1 | 0 | 1 | 0 | 1 |$" "$tmp/targets.txt" ||
   fail "all-reduce counts with the tuned series: $(cat "$tmp/targets.txt")"
+# A run without Loom's shared-memory series (peers.sh --only "loom gloo mpi"): the shm targets
+# print "-", not 0, and are named as missing.
+mkdir -p "$tmp/tcponly"
+{
+  echo "### all_reduce, world size 2, float sum (in-place, p50 time; busbw GB/s / time us)"
+  echo
+  echo "| size | loom tcp | gloo ring | mpi tcp | mpi shm |"
+  echo "|---:|---:|---:|---:|---:|"
+  echo "| 1 MiB | 3.000 / 350.0 | 1.000 / 1000.0 | 2.000 / 500.0 | 5.000 / 200.0 |"
+} >"$tmp/tcponly/compare_p50.md"
+python3 "$root/bench/peers/median_of_runs.py" "$tmp/tcponly" >"$tmp/median.md"
+python3 "$root/bench/peers/targets.py" "$tmp/median.md" >"$tmp/targets.txt"
+grep -q "^| all-reduce, 2 | 1 | 1 | 1 | 1 | 1 | - | - |$" "$tmp/targets.txt" ||
+  fail "counts without the shm series: $(cat "$tmp/targets.txt")"
+grep -q "^| \*\*all\*\* | 1 | \*\*1\*\* | \*\*1\*\* | \*\*1\*\* | \*\*1\*\* | - | - |$" "$tmp/targets.txt" ||
+  fail "totals without the shm series: $(cat "$tmp/targets.txt")"
+grep -q "loom÷mpi shm" "$tmp/targets.txt" || fail "the missing shm series is not named"
+shm_misses=$(awk "/^Below 'shm/ { f = 1; next } /^Below/ { f = 0 } f && /^- /" "$tmp/targets.txt")
+[[ -z $shm_misses ]] || fail "misses listed for a series that did not run: $shm_misses"
 echo "peers tables: ok"
