@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A/B comparison of loom-bench configurations on a noisy machine: runs every configuration once
-# per round, rounds interleaved (so a slow minute of the machine hits all of them alike), and
-# prints per size the median in-place busbw over the rounds with every round's value.
+# per round, rounds interleaved (so a slow minute of the machine hits all of them alike; each
+# round starts at the next configuration), and prints per size the median in-place busbw over
+# the rounds with every round's value (in the order the rounds ran). Give one configuration
+# twice under two names (an A/A pair) to see how far apart the same code lands: on the 2-vCPU
+# VMs 7 rounds of one configuration have differed by 10-20% at a size.
 #
 # Usage: bench/peers/ab.sh [options] CONFIG...
 #   CONFIG   "NAME|VAR=VALUE ..."   loom-bench under loom-run with those environment variables
@@ -94,8 +97,10 @@ run() {
   awk -v n="$name" -v c="$column" '/^ +[0-9]/ {print n, $1, $c}' <<<"$out" >>"$results"
 }
 
-for ((r = 1; r <= rounds; r++)); do
-  for cfg in "${configs[@]}"; do run "$cfg"; done
+# Round r starts at configuration r (mod their number): no configuration always runs first (after
+# the previous round's last) or last, where the machine's state would favour it every round.
+for ((r = 0; r < rounds; r++)); do
+  for ((i = 0; i < ${#configs[@]}; i++)); do run "${configs[(i + r) % ${#configs[@]}]}"; done
 done
 
 what="busbw GB/s"
