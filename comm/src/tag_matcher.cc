@@ -84,6 +84,7 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, uint64_t signature, std::str
 }
 
 void TagMatcher::bufferIncoming() {
+  buffered_.fetch_add(in_.bytes, std::memory_order_relaxed);
   auto u = std::make_unique<UnexpectedMessage>();
   u->tag = in_.tag;
   u->bytes = in_.bytes;

@@ -26,6 +26,8 @@
 // Not thread-safe: every call under the lock that guards this peer's receive side.
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -116,6 +118,9 @@ class TagMatcher {
   // Whether a message with `tag` arrived (or is arriving) that no receive took yet
   // (Transport::probe).
   bool hasUnexpected(uint64_t tag) const;
+  // Payload bytes that were copied through a buffer of their own because no receive was
+  // posted when they arrived, since creation (Transport::unexpectedBytes). Any thread.
+  uint64_t bufferedBytes() const { return buffered_.load(std::memory_order_relaxed); }
   static constexpr size_t kShown = 4;
 
  private:
@@ -130,6 +135,7 @@ class TagMatcher {
   std::deque<ReceivePtr> posted_;                              // oldest first
   std::deque<std::unique_ptr<UnexpectedMessage>> unexpected_;  // oldest first
   Incoming in_;
+  std::atomic<uint64_t> buffered_{0};
 };
 
 }  // namespace loom::comm

@@ -473,6 +473,14 @@ std::string TcpTransport::describeUnexpected(int peer) const {
   return text;
 }
 
+uint64_t TcpTransport::unexpectedBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& p : conns_) {
+    if (p) bytes += p->matcher.bufferedBytes();
+  }
+  return bytes;
+}
+
 // A striped message's first part travels on lane 0, as every unstriped message does.
 bool TcpTransport::probe(int peer, uint64_t tag) const {
   if (peer < 0 || peer >= size_ || !conns_[peer * lanes_]) return false;

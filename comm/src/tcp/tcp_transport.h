@@ -132,6 +132,7 @@ class TcpTransport : public Transport {
   bool failed() const override { return failed_.load(std::memory_order_acquire); }
   std::string peerAddress(int peer) const override;
   std::string describeUnexpected(int peer) const override;
+  uint64_t unexpectedBytes() const override;
   bool probe(int peer, uint64_t tag) const override;
 
   // Connections per peer.

@@ -102,6 +102,10 @@ class Transport {
   // Whether a message with `tag` from `peer` arrived (or is arriving) that no receive took
   // yet: an irecv posted now would match it. Never blocks; for receives from any source.
   virtual bool probe(int peer, uint64_t tag) const = 0;
+  // Payload bytes that arrived before their receive was posted and were copied through a
+  // buffer of their own (an allocation and a second copy each), since creation: a counter
+  // for algorithms that mean to post their receives in time. 0 where not counted.
+  virtual uint64_t unexpectedBytes() const { return 0; }
 };
 
 }  // namespace loom::comm
