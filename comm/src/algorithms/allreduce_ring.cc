@@ -19,8 +19,9 @@
 // - All-gather, steps k = 0 .. size-2: rank r sends segment (r - k) and receives segment
 //   (r - k - 1) straight into out. Chunk c of the final segment r is sent (step 0) right
 //   after its last reduction, so the two phases overlap too. All all-gather receives are
-//   posted at the start: by causality a chunk of segment s can only arrive after this rank
-//   sent its own contribution to it, so nothing still being read is overwritten.
+//   posted together, after the reduce-scatter ones (roughly in the order their data arrives;
+//   by causality a chunk of segment s can only arrive after this rank sent its own
+//   contribution to it, so nothing still being read is overwritten).
 // - avg: the final segment is divided by size once, before it is sent around.
 // - Tags: step field k for reduce-scatter step k, (size - 1 + k) for all-gather step k;
 //   chunks of one step share the tag and rely on in-order matching.
@@ -64,14 +65,21 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
 
   std::vector<RequestPtr> sends;
   std::vector<RequestPtr> gatherRecvs(steps * chunks);
-  for (size_t k = 0; k < steps; ++k) {
-    for (size_t c = 0; c < chunks; ++c) {
-      size_t begin, n;
-      chunkOf(segment(rank - static_cast<int>(k) - 1), c, begin, n);
-      gatherRecvs[k * chunks + c] =
-          op.recv(prev, at(out, begin * esize), n * esize, static_cast<uint32_t>(size - 1 + k));
+  // Posted after the reduce-scatter receives (after the last of them, except when paced), in
+  // the order their data comes: a reduce-scatter chunk that arrives while only all-gather
+  // receives are posted finds this rank "waiting" on its peer and is copied through an
+  // unexpected-message buffer instead of waiting in the socket for its own receive (at the
+  // start of a call, one that came before this rank entered it).
+  auto postGatherRecvs = [&] {
+    for (size_t k = 0; k < steps; ++k) {
+      for (size_t c = 0; c < chunks; ++c) {
+        size_t begin, n;
+        chunkOf(segment(rank - static_cast<int>(k) - 1), c, begin, n);
+        gatherRecvs[k * chunks + c] =
+            op.recv(prev, at(out, begin * esize), n * esize, static_cast<uint32_t>(size - 1 + k));
+      }
     }
-  }
+  };
   auto postFirstSend = [&](size_t c) {
     size_t begin, n;
     chunkOf(segment(rank - 1), c, begin, n);
@@ -112,6 +120,9 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
     scatterRecvs[i % ahead] = op.recv(prev, dst, n * esize, static_cast<uint32_t>(i / chunks));
   };
   for (size_t i = 0; i < ahead; ++i) postScatterRecv(i);
+  // Paced (2 ranks in place), the peer's all-gather chunks come interleaved with its later
+  // reduce-scatter chunks, so they are posted now, behind the first window.
+  if (ahead == totalRecvs || paced) postGatherRecvs();
   // Step 0 sends come straight from the input (segment rank - 1, which no reduce-scatter
   // receive writes; its all-gather data arrives only after these bytes have left).
   const size_t firstSends = paced ? std::min<size_t>(kWindow, chunks) : chunks;
@@ -125,7 +136,10 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
     uint8_t* dst = at(out, begin * esize);
     if (inPlace) {
       reduce(dst, dst, window + (i % slots) * slotBytes, n);
-      if (i + slots < totalRecvs) postScatterRecv(i + slots);
+      if (i + slots < totalRecvs) {
+        postScatterRecv(i + slots);
+        if (i + slots + 1 == totalRecvs && !paced) postGatherRecvs();
+      }
       if (paced && i + kWindow < chunks) postFirstSend(i + kWindow);
     } else {
       reduce(dst, dst, at(in, begin * esize), n);
