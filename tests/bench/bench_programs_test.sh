@@ -108,16 +108,24 @@ ranks 2 env LOOM_SHM=1 "$bin/loom-bench" --tune "$tuning" --tune-max 1M ||
 grep -q "^\[world=2 per_host=2 transport=shm\]$" "$tuning" ||
   fail "loom-bench --tune wrote no shm section: $(cat "$tuning" 2>&1)"
 grep -q "^allreduce.rd_max = " "$tuning" || fail "loom-bench --tune wrote no crossovers"
-for op in all_reduce broadcast all_gather reduce_scatter; do
-  if ! ranks 2 env LOOM_SHM=1 LOOM_TUNING_FILE="$tuning" "$bin/loom-bench" --op "$op" \
-    -b 8K -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all; then
-    fail "loom-bench --op $op with the tuned file exited non-zero"; tail -n 5 "$tmp"/out*
-  fi
-  grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
-    fail "loom-bench --op $op with the tuned file: wrong elements"
-  ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
-    fail "loom-bench --op $op: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
-done
+# tunedSweeps N SHM SWEEP...: every op at N ranks with LOOM_SHM=SHM and the tuned file: no
+# wrong element, and no warning that the file was not taken.
+tunedSweeps() {
+  local n=$1 shm=$2 op
+  shift 2
+  for op in all_reduce broadcast all_gather reduce_scatter; do
+    if ! ranks "$n" env LOOM_SHM="$shm" LOOM_TUNING_FILE="$tuning" "$bin/loom-bench" --op "$op" \
+      "$@"; then
+      fail "loom-bench --op $op (LOOM_SHM=$shm) with the tuned file exited non-zero"
+      tail -n 5 "$tmp"/out*
+    fi
+    grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
+      fail "loom-bench --op $op (LOOM_SHM=$shm) with the tuned file: wrong elements"
+    ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
+      fail "loom-bench --op $op: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
+  done
+}
+tunedSweeps 2 1 -b 8K -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all
 
 # --tune over tcp at 3 ranks (where every operation has several algorithms) adds a tcp section
 # to the same file, with a per-size rule for each of the four operations, and keeps the shm
@@ -136,17 +144,7 @@ grep -q "^# broadcast: median us per call  tree  chain  direct  -> chosen$" "$tm
   fail "loom-bench --tune printed no broadcast sweep: $(head -n 20 "$tmp/out")"
 grep -q "^#   262144 " "$tmp/out" && ! grep -q "^#   1048576 " "$tmp/out" ||
   fail "loom-bench --tune-max 256K did not stop at 256 KiB: $(head -n 20 "$tmp/out")"
-
-for op in all_reduce broadcast all_gather reduce_scatter; do
-  if ! ranks 3 env LOOM_SHM=0 LOOM_TUNING_FILE="$tuning" "$bin/loom-bench" --op "$op" \
-    -b 4K -e 64M -f 16 -n 1 -w 1 -c 1 -d float -o sum; then
-    fail "loom-bench --op $op over tcp with the tuned file exited non-zero"; tail -n 5 "$tmp"/out*
-  fi
-  grep -q "Out of bounds values : 0 OK" "$tmp/out" ||
-    fail "loom-bench --op $op over tcp with the tuned file: wrong elements"
-  ! grep -q "LOOM_TUNING_FILE" "$tmp/out" ||
-    fail "loom-bench --op $op over tcp: the tuned file was not taken: $(grep LOOM_TUNING_FILE "$tmp/out")"
-done
+tunedSweeps 3 0 -b 4K -e 64M -f 16 -n 1 -w 1 -c 1 -d float -o sum
 
 ranks 2 "$bin/loom-bench" --backend nccl -R 1 -b 8 -e 8 >/dev/null 2>&1
 [[ $? -eq 2 ]] || fail "loom-bench -R 1 --backend nccl did not exit 2"
