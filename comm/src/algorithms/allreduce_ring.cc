@@ -70,7 +70,12 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
   // receives are posted finds this rank "waiting" on its peer and is copied through an
   // unexpected-message buffer instead of waiting in the socket for its own receive (at the
   // start of a call, one that came before this rank entered it).
+  // Posted once; the call before the all-gather loop below only matters if a change to the
+  // posting points above it ever missed a case (then they are late, never absent).
+  bool gatherPosted = false;
   auto postGatherRecvs = [&] {
+    if (gatherPosted) return;
+    gatherPosted = true;
     for (size_t k = 0; k < steps; ++k) {
       for (size_t c = 0; c < chunks; ++c) {
         size_t begin, n;
@@ -151,6 +156,7 @@ void allreduceRing(Op& op, const void* in, void* out, size_t count, DType dtype,
       sends.push_back(op.send(next, dst, n * esize, static_cast<uint32_t>(size - 1)));
     }
   }
+  postGatherRecvs();
   for (size_t k = 0; k < steps; ++k) {
     for (size_t c = 0; c < chunks; ++c) {
       op.wait(gatherRecvs[k * chunks + c]);

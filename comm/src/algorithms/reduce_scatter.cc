@@ -56,8 +56,12 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
   const size_t windowBytes = perChunk * esize;
   auto* window =
       paced ? static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0)) : nullptr;
+  // Paced means 2 ranks: one step, every receive is reduced straight into out, so there is
+  // no intermediate result and no partial buffer.
   auto* partial =
       paced ? nullptr : static_cast<uint8_t*>(op.context().scratch(count * esize * size, 1));
+  LOOM_CHECK_T(Error, partial != nullptr || steps == 1, "reduce-scatter ring: ", steps,
+               " steps need a partial-result buffer");
   // Where receive i lands.
   auto landing = [&](size_t i) {
     return paced ? window + (i % kWindow) * windowBytes : partial + offsetOf(i);
