@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "loom/common/error.h"
 
 namespace loom::comm {
 
@@ -60,7 +61,7 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
   // no intermediate result and no partial buffer.
   auto* partial =
       paced ? nullptr : static_cast<uint8_t*>(op.context().scratch(count * esize * size, 1));
-  LOOM_CHECK_T(Error, partial != nullptr || steps == 1, "reduce-scatter ring: ", steps,
+  LOOM_CHECK_T(::loom::Error, partial != nullptr || steps == 1, "reduce-scatter ring: ", steps,
                " steps need a partial-result buffer");
   // Where receive i lands.
   auto landing = [&](size_t i) {
