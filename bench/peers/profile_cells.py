@@ -4,25 +4,29 @@ of Loom's series in that cell goes.
 
 For each cell below target (targets.py's evaluate(): tcp below 1.5x Gloo or 1.2x Open MPI,
 shared memory below 1.5x vader, the 8-byte all-reduce slower than Open MPI) it runs Loom's
-series of that cell alone (loom-run + loom-bench at that one size, about --seconds long,
-results not checked) under `perf record -a` (cpu-clock samples of both CPUs, kernel included),
+series of that cell alone (loom-run + loom-bench at that one size, out of place then in place,
+about --seconds of calls in all, as many as the table's figure says fit; results not checked) under `perf record -a` (cpu-clock samples of both CPUs, kernel included),
 and sorts the samples into classes by symbol:
 
   socket copies   the kernel's copies between user memory and socket buffers
   tcp/ip          the rest of the TCP/IP stack, loopback delivery, socket locks and accounting
-  syscalls, poll  syscall entry and exit, poll/epoll/futex, the file table
-  scheduler       context switches, wake-ups, yields, timers
+  syscalls, poll  syscall entry and exit, poll/epoll/futex, the file table, libc's wrappers
+  scheduler       context switches, wake-ups, yields, timers and clocks
   page faults     faults and the zeroing of fresh pages
-  user copies     memcpy/memmove in user space (Loom's staging, Open MPI's and Gloo's own)
+  user copies     memcpy/memmove and Loom's streaming copy in user space
   reduction       Loom's reduction kernels
   waiting         Loom's spin and wait loops (shared-memory flags, the progress loop)
-  loom other      everything else in Loom (the issue path, bookkeeping)
+  bench harness   loom-bench's own work outside the timed loop (filling buffers, sorting the
+                  samples for percentiles, parsing settings)
+  loom other      everything else in Loom (the issue path, bookkeeping, malloc, clock reads)
   kernel other    kernel code in none of the classes above
   idle            no task ran on the CPU (every rank blocked)
   other           the rest (listed by the top symbol column)
 
 The shared-memory cells profile the series that came closest (staged, window or tuned); the
-tcp cells the built-in series. Prints a Markdown table: one row per cell, the per-call time
+tcp cells the built-in series. Each cell runs twice, the second run with more calls, and the
+profile is the difference of the two (per symbol): the cost of the extra calls alone, without
+loom-bench's setup. Prints a Markdown table: one row per cell, the per-call time
 measured under the profiler, the classes as shares of all samples of both CPUs, and the three
 heaviest symbols.
 
@@ -67,9 +71,10 @@ CLASSES = [
                   r"__sysvec_\w+|native_sched_clock|sched_clock\w*|psi_\w+|"
                   r"raw_spin_rq\w*|_raw_spin_lock_irq\w*|update_rq_clock\w*|"
                   r"reweight_entity|newidle_balance|load_balance|rcu_\w+|"
-                  r"native_write_msr|native_apic\w*|x2apic\w*|kvm_\w+|pvclock\w*)$"),
+                  r"native_write_msr|native_apic\w*|x2apic\w*|kvm_\w+|pvclock\w*|read_tsc|"
+                  r"ktime_get\w*)$"),
     ("syscalls, poll", r"\[kernel\] (entry_SYSCALL\w*|\w*syscall\w*|__x64_sys_\w+|"
-                       r"do_syscall_64|__fget\w*|fget\w*|__fdget\w*|fput\w*|do_poll\w*|"
+                       r"do_syscall_64|__fget\w*|fget\w*|__fdget\w*|fdget\w*|fput\w*|do_poll\w*|"
                        r"do_sys_poll|\w*poll\w*|ep_\w+|futex_\w+|__futex\w*|do_futex|"
                        r"__x64_sys_futex|restore_fpregs\w*|switch_fpu\w*|"
                        r"fpregs_\w+|exit_to_user_mode\w*|syscall_exit\w*|"
@@ -89,16 +94,25 @@ CLASSES = [
                r"\w*validate_xmit\w*|\w*qdisc\w*|\w*pfifo\w*|\w*dev_hard_start_xmit\w*|"
                r"eth_\w+|\w*gro\w*|\w*rps\w*|__netdev\w*|netdev\w*)$"),
     ("kernel other", r"^\[kernel\] "),
-    ("user copies", r"^\S+ (__)?(memmove|memcpy|mempcpy)\w*"),
+    # User space from here.
+    ("scheduler", r"^\S+ (__)?sched_yield$"),
+    ("syscalls, poll", r"^libc\S* (__poll|__libc_(recv|send)\w*|(__)?(recv|send)(msg|from|to)?|"
+                       r"__GI___pthread_\w*cancel\w*|syscall|epoll_wait|__GI___poll|"
+                       r"__futex\w*|__lll_lock_wait\w*|__lll_lock_wake\w*)$"),
+    ("bench harness", r"(loom::bench::|std::__introsort|std::__insertion_sort|std::__sort|"
+                      r"nlohmann::|__memcmp\w*|__strcmp\w*|std::nth_element)"),
+    ("user copies", r"(^\S+ (__)?(memmove|memcpy|mempcpy)\w*|loom::comm::shm::streamCopy)"),
     ("reduction", r"(plainKernel|halfKernel|bf16\w*Kernel|divideLoop|divideHalf|"
                   r"loom::comm::\w+::\w*[Kk]ernel\b)"),
     ("waiting", r"(waitFor|waitCounter|spinWait|Backoff|backoff|cpuRelax|_mm_pause|"
                 r"Request::wait|"
                 r"loom::comm::\w*Engine::poll|waitAny|waitUntil|Event::wait)"),
-    ("loom other", r"^(loom-bench|libloom\S*) "),
+    ("loom other", r"(^(loom-bench|libloom\S*) |^libc\S* (malloc|free|cfree|_int_\w+|"
+                   r"__vdso_clock_gettime|clock_gettime)|^\[vdso\] )"),
 ]
 COMPILED = [(name, re.compile(pattern)) for name, pattern in CLASSES]
-CLASS_NAMES = [name for name, _ in CLASSES] + ["other"]
+# In order of first appearance (the user-space rules reuse kernel-side class names).
+CLASS_NAMES = list(dict.fromkeys([name for name, _ in CLASSES] + ["other"]))
 
 SHM_SERIES = {
     # targets.py's column -> (environment, extra loom-bench flags, name in the output)
@@ -111,17 +125,22 @@ OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "broadcast": "bro
 
 
 def classify(line):
-    """'12.5%  [kernel.kallsyms]  [k] _copy_from_iter' -> (12.5, class, symbol), or None."""
-    m = re.match(r"^\s*([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.*?)\s*$", line)
+    """A line of `perf report --stdio -n --sort dso,sym`, '12.5%  1234  [kernel.kallsyms]  [k]
+    _copy_from_iter' (the sample count optional) -> (value, class, symbol), value being the
+    sample count where the line has one, else the percentage; None for other lines."""
+    m = re.match(r"^\s*([\d.]+)%\s+(?:(\d+)\s+)?(\S+)\s+\[(.)\]\s+(.*?)\s*$", line)
     if not m:
         return None
-    share, dso, kind, sym = float(m.group(1)), m.group(2), m.group(3), m.group(4)
+    value = float(m.group(2)) if m.group(2) else float(m.group(1))
+    dso, kind, sym = m.group(3), m.group(4), m.group(5)
     dso = "[kernel]" if kind == "k" or dso.startswith("[kernel") else os.path.basename(dso)
+    # Compiler clones: "finish_task_switch.isra.0" is finish_task_switch.
+    sym = re.sub(r"(\.(isra|part|constprop|cold|lto_priv)\.?\d*)+$", "", sym)
     key = f"{dso} {sym}"
     for name, pattern in COMPILED:
         if pattern.search(key):
-            return share, name, sym
-    return share, "other", sym
+            return value, name, sym
+    return value, "other", sym
 
 
 def short(symbol):
@@ -146,14 +165,39 @@ def cells_to_profile(median_md):
             series = m["series"] if shm else "tcp"
             key = (m["op"], m["ranks"], m["bytes"], m["size"], series)
             shown = f"{m['best']:.2f}x" if m["best"] is not None else "no figure"
-            cells.setdefault(key, []).append(f"{target}: {shown}")
+            entry = cells.setdefault(key, {"below": [], "per_call": seconds_per_call(
+                m["op"], m["ranks"], m["bytes"], m["cells"].get(SERIES_COLUMN.get(series)))})
+            entry["below"].append(f"{target}: {shown}")
     return cells
 
 
-def iterations(nbytes, seconds):
-    """About `seconds` of calls at a pessimistic 0.5 GB/s (or 50 us per call when small)."""
-    per_call = max(50e-6, nbytes / 0.5e9)
-    return max(5, min(100000, int(seconds / per_call)))
+# The table's column of each profiled series.
+SERIES_COLUMN = {"tcp": "loom tcp", "loom÷mpi shm": "loom shm",
+                 "window÷mpi shm": "loom shm window", "tuned÷mpi shm": "loom shm tuned"}
+
+
+def seconds_per_call(op, ranks, nbytes, figure):
+    """A call's time from the table's figure: µs below 64 KiB, busbw GB/s from 64 KiB
+    (nccl-tests' bus factors). None when there is no figure."""
+    try:
+        value = float(figure.split()[0])
+    except (AttributeError, ValueError, IndexError):
+        return None
+    if value <= 0:
+        return None
+    if nbytes < targets.MIN_BYTES:
+        return value * 1e-6
+    factor = {"all-reduce": 2 * (ranks - 1) / ranks, "broadcast": 1.0}.get(
+        op, (ranks - 1) / ranks)
+    return nbytes * factor / (value * 1e9)
+
+
+def iterations(per_call, nbytes, seconds):
+    """About `seconds` of timed calls, so that loom-bench's setup (allocating and filling the
+    buffers) stays a small share; without a figure, a pessimistic 0.5 GB/s."""
+    if per_call is None:
+        per_call = max(50e-6, nbytes / 0.5e9)
+    return max(10, min(200000, int(seconds / per_call)))
 
 
 def per_call_us(output, nbytes):
@@ -168,7 +212,7 @@ def per_call_us(output, nbytes):
     return None
 
 
-def profile(cell, args, tmp):
+def profile(cell, per_call, args, tmp):
     op, ranks, nbytes, _, series = cell
     env = dict(os.environ)
     flags = []
@@ -182,33 +226,48 @@ def profile(cell, args, tmp):
                                   f"tuning_n{ranks}.txt")
             if os.path.exists(tuning):
                 env["LOOM_TUNING_FILE"] = tuning
-    n = iterations(nbytes, args.seconds)
-    data = os.path.join(tmp, "perf.data")
-    cmd = ["perf", "record", "-a", "-e", "cpu-clock", "-F", "999", "-q", "-o", data, "--",
-           os.path.join(args.build, "bin", "loom-run"), "--nproc-per-node", str(ranks),
-           os.path.join(args.build, "bin", "loom-bench"), "--op", OPS[op], "-b", str(nbytes),
-           "-e", str(nbytes), "-n", str(n), "-w", str(max(2, n // 20)), "-c", "0"] + flags
+    # loom-bench times the size out of place, then in place: half the time each. Two runs, the
+    # second with n calls more than the first: the difference of their samples, symbol by
+    # symbol, is what those n calls cost, with the setup (starting the ranks, allocating,
+    # first-touching and filling the buffers) cancelled out.
+    n = iterations(per_call, nbytes, args.seconds / 2)
+    short_n = max(2, n // 4)
+    samples = []
+    output = ""
+    for calls in (short_n, short_n + n):
+        data = os.path.join(tmp, "perf.data")
+        cmd = ["perf", "record", "-a", "-e", "cpu-clock", "-F", "999", "-q", "-o", data, "--",
+               os.path.join(args.build, "bin", "loom-run"), "--nproc-per-node", str(ranks),
+               os.path.join(args.build, "bin", "loom-bench"), "--op", OPS[op], "-b",
+               str(nbytes), "-e", str(nbytes), "-n", str(calls), "-w", "2", "-c", "0"] + flags
+        if args.dry_run:
+            settings = [f"{k}={env[k]}" for k in ("LOOM_SHM", "LOOM_TUNING_FILE") if k in env]
+            print(" ".join(settings + cmd))
+            continue
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if run.returncode != 0:
+            return {"error": f"exit {run.returncode}: {(run.stderr or run.stdout)[-300:]}"}
+        output = run.stdout
+        report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "-n",
+                                 "--sort", "dso,sym"], capture_output=True, text=True,
+                                timeout=900)
+        counts = {}
+        for line in report.stdout.splitlines():
+            c = classify(line)
+            if c:
+                counts[(c[2], c[1])] = counts.get((c[2], c[1]), 0.0) + c[0]
+        samples.append(counts)
     if args.dry_run:
-        settings = [f"{k}={env[k]}" for k in ("LOOM_SHM", "LOOM_TUNING_FILE") if k in env]
-        print(" ".join(settings + cmd))
         return None
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if run.returncode != 0:
-        return {"error": f"exit {run.returncode}: {(run.stderr or run.stdout)[-300:]}"}
-    report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                             "--sort", "dso,sym", "--percent-limit", "0.05"],
-                            capture_output=True, text=True, timeout=600)
+    diff = {k: max(0.0, v - samples[0].get(k, 0.0)) for k, v in samples[1].items()}
+    total = sum(diff.values()) or 1.0
     shares = {name: 0.0 for name in CLASS_NAMES}
-    symbols = []
-    for line in report.stdout.splitlines():
-        c = classify(line)
-        if c:
-            shares[c[1]] += c[0]
-            symbols.append((c[0], c[2], c[1]))
-    symbols = [(p, short(sym), c) for p, sym, c in symbols]
-    symbols.sort(reverse=True)
-    busy = [s for s in symbols if s[2] != "idle"]
-    return {"us": per_call_us(run.stdout, nbytes), "shares": shares, "top": busy[:3]}
+    for (sym, name), v in diff.items():
+        shares[name] += 100.0 * v / total
+    symbols = sorted(((100.0 * v / total, short(sym), name) for (sym, name), v in diff.items()),
+                     reverse=True)
+    busy = [x for x in symbols if x[2] != "idle"]
+    return {"us": per_call_us(output, nbytes), "shares": shares, "top": busy[:3]}
 
 
 def main():
@@ -233,8 +292,9 @@ def main():
         return
     shown = list(CLASS_NAMES)
     if not args.dry_run:
-        print("Shares of all cpu-clock samples of both CPUs while the cell ran alone under "
-              "`perf record -a`.\n")
+        print("Shares of both CPUs' cpu-clock samples (`perf record -a`) that the cell's extra "
+              "calls cost: a run with n more calls minus a shorter one, symbol by symbol, so "
+              "that the setup cancels out. Out-of-place and in-place calls together.\n")
         print("| cell | series | below | us per call | " + " | ".join(shown) +
               " | heaviest symbols |")
         print("|---|---|---|---:|" + "---:|" * len(shown) + "---|")
@@ -243,10 +303,10 @@ def main():
         for cell in order:
             op, ranks, _, size, series = cell
             name = "tcp" if series == "tcp" else SHM_SERIES.get(series, (0, 0, series))[2]
-            result = profile(cell, args, tmp)
+            result = profile(cell, cells[cell]["per_call"], args, tmp)
             if result is None:
                 continue
-            head = f"| {op}, {ranks} ranks {size} | {name} | {'; '.join(cells[cell])} |"
+            head = f"| {op}, {ranks} ranks {size} | {name} | {'; '.join(cells[cell]['below'])} |"
             if "error" in result:
                 print(f"{head} failed: {result['error']} |" + " |" * len(shown))
                 continue

@@ -109,7 +109,8 @@ def evaluate(lines):
     """Counts the targets over a table's lines. Returns (counts, misses, absent): counts is
     [(title, cells, [met or None per target])]; misses maps a target's name to the cells below
     it, each a dict with title, op, ranks, size (as printed), bytes, best (the best ratio or
-    None), series (the column that gave it) and ring (the "tcp of ring" yardstick or None);
+    None), series (the column that gave it), ring (the "tcp of ring" yardstick or None) and
+    cells (the row, by column name);
     absent is the set of series the table lacks."""
     counts = []
     misses = {name: [] for name, _, _ in TARGETS}
@@ -125,7 +126,7 @@ def evaluate(lines):
                 ring = r[header.index("tcp of ring")]
             misses[name].append({"title": title, "op": op, "ranks": ranks, "size": r[0],
                                  "bytes": size_bytes(r[0]), "best": best, "series": series,
-                                 "ring": ring})
+                                 "ring": ring, "cells": dict(zip(header, r))})
 
         for name, value, r in latency_rows(title, header, rows):
             if value is not None and value < 1.0:

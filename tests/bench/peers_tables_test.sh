@@ -80,12 +80,13 @@ grep -A1 "^Below '8 B shm ≤ mpi shm':" "$tmp/targets.txt" | grep -q "^- all-re
   fail "the 8 B shm miss: $(cat "$tmp/targets.txt")"
 
 # profile_cells.py takes the same misses: the 8 B cells (tcp and shm) and the staged 1 MiB
-# cell, each one loom-bench run at that size with its transport (commands only: no perf here).
+# cell, each two loom-bench runs at that size with its transport, the second with more calls
+# (commands only: no perf here).
 mkdir -p "$tmp/build/bin" && touch "$tmp/build/bin/loom-run" "$tmp/build/bin/loom-bench" &&
   chmod +x "$tmp/build/bin/"*
 python3 "$root/bench/peers/profile_cells.py" "$tmp/median.md" --build "$tmp/build" --dry-run \
   >"$tmp/profile.txt"
-[[ $(wc -l <"$tmp/profile.txt") == 3 ]] || fail "profile cells: $(cat "$tmp/profile.txt")"
+[[ $(wc -l <"$tmp/profile.txt") == 6 ]] || fail "profile cells: $(cat "$tmp/profile.txt")"
 grep -q "^LOOM_SHM=0 perf record .* --nproc-per-node 2 .* --op all_reduce -b 8 -e 8 " \
   "$tmp/profile.txt" || fail "the 8 B tcp profile: $(cat "$tmp/profile.txt")"
 grep -q "^LOOM_SHM=1 perf record .* --op all_reduce -b 8 -e 8 " "$tmp/profile.txt" ||
