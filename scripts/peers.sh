@@ -15,8 +15,11 @@
 #   --ranks "2 4"                             world sizes
 #   -b SIZE -e SIZE -f FACTOR                 sweep (default 8 .. 256M, factor 4)
 #   -n ITERS -w WARMUP                        iterations per size (default 20, 5)
+#   --small-iters N                           timed iterations per size below 64 KiB, where the
+#                                             table prints p50 times (default 100: a p50 of 20
+#                                             calls moved by up to 3x between rounds)
 #   -d TYPE                                   data type (default float)
-#   --quick                                   -e 16M -f 8 -n 5 -w 2 (a smoke run)
+#   --quick                                   -e 16M -f 8 -n 5 --small-iters 20 -w 2 (a smoke run)
 #   --out DIR                                 results folder (default bench-results/<date>)
 #   --no-setup                                skip scripts/setup.sh --peers
 #   --only "loom loom-shm gloo mpi"           which families to run (add loom-win: loom-bench -R 1
@@ -48,7 +51,7 @@ root_dir=$(pwd)
 
 ops="all_reduce broadcast all_gather reduce_scatter"
 ranks="2 4"
-minb=8 maxb=256M factor=4 iters=20 warmup=5 dtype=float
+minb=8 maxb=256M factor=4 iters=20 small_iters=100 warmup=5 dtype=float
 out="" setup=1 only="loom loom-shm gloo mpi" rounds=1
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -59,9 +62,10 @@ while (($#)); do
     -e) maxb=$2; shift 2 ;;
     -f) factor=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
+    --small-iters) small_iters=$2; shift 2 ;;
     -w) warmup=$2; shift 2 ;;
     -d) dtype=$2; shift 2 ;;
-    --quick) maxb=16M factor=8 iters=5 warmup=2; shift ;;
+    --quick) maxb=16M factor=8 iters=5 small_iters=20 warmup=2; shift ;;
     --out) out=$2; shift 2 ;;
     --no-setup) setup=0; shift ;;
     --only) only=$2; shift 2 ;;
@@ -89,7 +93,8 @@ done
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 bin=$root_dir/$build/bin
 
-sweep=(-b "$minb" -e "$maxb" -f "$factor" -n "$iters" -w "$warmup" -d "$dtype" -c 1)
+sweep=(-b "$minb" -e "$maxb" -f "$factor" -n "$iters" --small-iters "$small_iters" -w "$warmup"
+  -d "$dtype" -c 1)
 mpi_root=()
 if [[ $(id -u) -eq 0 ]]; then mpi_root=(--allow-run-as-root); fi
 failures=0

@@ -193,6 +193,9 @@ TEST(Report, HeaderAndFooterLookLikeNcclTests) {
   EXPECT_NE(header.find("# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup "
                         "iters: 5 iters: 20"),
             std::string::npos);
+  EXPECT_EQ(header.find("iters below"), std::string::npos);  // only with --small-iters
+  info.smallIters = 200;
+  EXPECT_NE(headerText(info).find("# iters below 65536 bytes: 200\n"), std::string::npos);
   EXPECT_NE(header.find("#  Rank  1 Pid 2 on h"), std::string::npos);
   EXPECT_NE(header.find("#wrong"), std::string::npos);
   EXPECT_NE(header.find("algbw"), std::string::npos);
@@ -234,6 +237,23 @@ TEST(Report, JsonUsesNcclTestsKeys) {
   EXPECT_EQ(j["out_of_bounds"]["count"], 0);
   EXPECT_EQ(j["out_of_bounds"]["okay"], true);
   EXPECT_EQ(j["config"]["minimum_bytes"], 0);
+  EXPECT_EQ(r["actual_iterations"], 0);  // info.iters
+}
+
+// With --small-iters, a row below 64 KiB reports those iterations, a larger one -n's.
+TEST(Report, JsonActualIterationsFollowSmallIters) {
+  RunInfo info;
+  info.op = "all_reduce";
+  info.worldSize = 2;
+  info.iters = 20;
+  info.smallIters = 500;
+  Row small = sampleRow();
+  small.bytes = 8;
+  small.count = 2;
+  const std::vector<Row> rows = {small, sampleRow()};
+  const nlohmann::json j = toJson(info, rows, summarize(rows));
+  EXPECT_EQ(j["results"][0]["actual_iterations"], 500);
+  EXPECT_EQ(j["results"][1]["actual_iterations"], 20);
 }
 
 TEST(Report, CsvRoundTrips) {

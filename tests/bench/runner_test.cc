@@ -30,20 +30,36 @@ std::optional<int> parse(std::vector<std::string> args, SweepFlags& flags, Sweep
 TEST(Flags, ParsesNcclTestsStyleFlags) {
   SweepFlags flags;
   SweepOptions o;
-  EXPECT_EQ(parse({"--op",     "reduce_scatter",
-                   "-b",       "1K",
-                   "-e",       "16M",
-                   "-f",       "4",
-                   "-n",       "7",
-                   "-w",       "1",
-                   "-c",       "0",
-                   "-d",       "bf16",
-                   "-o",       "max",
-                   "-r",       "1",
-                   "--json",   "a.json",
-                   "--csv",    "a.csv",
-                   "--plot",   "a.svg",
-                   "--series", "x",
+  EXPECT_EQ(parse({"--op",
+                   "reduce_scatter",
+                   "-b",
+                   "1K",
+                   "-e",
+                   "16M",
+                   "-f",
+                   "4",
+                   "-n",
+                   "7",
+                   "--small-iters",
+                   "300",
+                   "-w",
+                   "1",
+                   "-c",
+                   "0",
+                   "-d",
+                   "bf16",
+                   "-o",
+                   "max",
+                   "-r",
+                   "1",
+                   "--json",
+                   "a.json",
+                   "--csv",
+                   "a.csv",
+                   "--plot",
+                   "a.svg",
+                   "--series",
+                   "x",
                    "--touch"},
                   flags, o),
             std::nullopt);
@@ -52,6 +68,7 @@ TEST(Flags, ParsesNcclTestsStyleFlags) {
   EXPECT_EQ(o.maxBytes, 16u << 20);
   EXPECT_EQ(o.stepFactor, 4u);
   EXPECT_EQ(o.iters, 7);
+  EXPECT_EQ(o.smallIters, 300);
   EXPECT_EQ(o.warmupIters, 1);
   EXPECT_EQ(o.check, 0);
   EXPECT_EQ(o.types, std::vector<ElemType>{ElemType::kBFloat16});
@@ -82,6 +99,7 @@ TEST(Flags, BadFlagsExitWithTwo) {
                                        {"-o", "xor"},
                                        {"--bogus"},
                                        {"-n", "x"},
+                                       {"--small-iters", "-1"},
                                        {"-r", "-1"}}) {
     SweepFlags flags;
     SweepOptions o;
@@ -356,6 +374,36 @@ TEST(Sweep, TouchRewritesTheInputBeforeEveryTimedRun) {
       EXPECT_EQ(shared.zeroInputRuns, touch ? shared.runs * 3 / 4 : 0)
           << opName(op) << " touch=" << touch << " runs=" << shared.runs;
     }
+  }
+}
+
+// --small-iters: sizes below 64 KiB run that many timed iterations, the others -n.
+TEST(Sweep, SmallSizesRunSmallItersTimedIterations) {
+  for (int smallIters : {0, 5}) {
+    const int n = 2;
+    Shared shared(n);
+    std::mutex mu;
+    std::vector<int> codes;
+    testing::runThreadRanks(n, [&](int rank) {
+      ThreadDriver driver(shared, rank, n, false);
+      SweepOptions o;
+      o.op = Op::kAllReduce;
+      o.minBytes = 4096;  // 4 KiB and 32 KiB are small, 256 KiB is not
+      o.maxBytes = 256 << 10;
+      o.stepFactor = 8;
+      o.iters = 2;
+      o.smallIters = smallIters;
+      o.warmupIters = 1;
+      o.check = 1;
+      const int code = runSweep(driver, o, "loom-bench-test", {});
+      std::lock_guard<std::mutex> lock(mu);
+      codes.push_back(code);
+    });
+    EXPECT_EQ(codes, std::vector<int>(n, 0));
+    // Per rank, size and placement: 1 warm-up, the timed runs, 1 checked run.
+    const int small = smallIters > 0 ? smallIters : 2;
+    EXPECT_EQ(shared.runs, n * 2 * (2 * (1 + small + 1) + (1 + 2 + 1)))
+        << "smallIters=" << smallIters;
   }
 }
 

@@ -110,6 +110,9 @@ std::string headerText(const RunInfo& info) {
       "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
       "iters: %d agg iters: 1 validation: %d graph: 0\n",
       info.minBytes, info.maxBytes, info.stepFactor, info.warmupIters, info.iters, info.check);
+  if (info.smallIters > 0 && info.smallIters != info.iters) {
+    out += printf1("# iters below %zu bytes: %d\n", kSmallIterBytes, info.smallIters);
+  }
   out += "#\n# Using devices\n";
   for (const std::string& line : info.rankLines) out += "#  " + line + "\n";
   out += "#\n";
@@ -181,7 +184,8 @@ nlohmann::json toJson(const RunInfo& info, const std::vector<Row>& rows, const S
     r["root"] = std::to_string(row.root);
     r["out_of_place"] = measureJson(row.outOfPlace, row.outOfPlace.wrong >= 0);
     r["in_place"] = measureJson(row.inPlace, row.inPlace.wrong >= 0);
-    r["actual_iterations"] = info.iters;
+    r["actual_iterations"] =
+        row.bytes < kSmallIterBytes && info.smallIters > 0 ? info.smallIters : info.iters;
     r["experiment_name"] = info.op;
     results.push_back(r);
   }

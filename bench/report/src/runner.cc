@@ -190,8 +190,10 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
     driver_.run(call);
   }
   driver_.barrier();
-  std::vector<double> times(static_cast<size_t>(opts_.iters));
-  for (int i = 0; i < opts_.iters; ++i) {
+  const int iters =
+      layout.bytes < kSmallIterBytes && opts_.smallIters > 0 ? opts_.smallIters : opts_.iters;
+  std::vector<double> times(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
     touch();
     const auto start = std::chrono::steady_clock::now();
     driver_.run(call);
@@ -200,7 +202,7 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
   }
   std::vector<double> all(times.size() * static_cast<size_t>(n_));
   driver_.allgatherDoubles(times.data(), times.size(), all.data());
-  const TimeStats stats = timeStats(all, n_, opts_.iters);
+  const TimeStats stats = timeStats(all, n_, iters);
   m.timeUs = stats.meanUs;
   m.p50Us = stats.p50Us;
   m.p99Us = stats.p99Us;
@@ -289,9 +291,11 @@ SweepOptions SweepFlags::resolve() const {
   o.stepFactor = stepFactor;
   if (o.op != Op::kBarrier) sweepSizes(o.minBytes, o.maxBytes, o.stepFactor);  // validates
   LOOM_CHECK(iters >= 1, "-n/--iters must be at least 1, got ", iters);
+  LOOM_CHECK(smallIters >= 0, "--small-iters must be at least 0 (0: as -n), got ", smallIters);
   LOOM_CHECK(warmupIters >= 0, "-w/--warmup_iters must be at least 0, got ", warmupIters);
   LOOM_CHECK(check >= 0, "-c/--check must be at least 0, got ", check);
   o.iters = iters;
+  o.smallIters = smallIters;
   o.warmupIters = warmupIters;
   o.check = check;
   o.touch = touch;
@@ -318,6 +322,10 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
   app.add_option("-f,--stepfactor", f.stepFactor, "multiply the size by this between rows (>= 2)")
       ->capture_default_str();
   app.add_option("-n,--iters", f.iters, "timed iterations per size")->capture_default_str();
+  app.add_option("--small-iters", f.smallIters,
+                 "timed iterations per size below 64 KiB (0: as -n); small sizes take "
+                 "microseconds and need more samples for a steady p50")
+      ->capture_default_str();
   app.add_option("-w,--warmup_iters", f.warmupIters, "untimed iterations before timing")
       ->capture_default_str();
   app.add_option("-c,--check", f.check,
@@ -392,6 +400,7 @@ int runSweep(Driver& driver, const SweepOptions& options, const std::string& pro
   info.stepFactor = options.stepFactor;
   info.warmupIters = options.warmupIters;
   info.iters = options.iters;
+  info.smallIters = options.smallIters;
   info.check = options.check;
   info.args = args;
   info.rankLines = sweep.rankLines();

@@ -22,6 +22,10 @@
 
 namespace loom::bench {
 
+// Sizes below this get RunInfo::smallIters / SweepOptions::smallIters timed iterations (the
+// tables' latency rows: they print time below 64 KiB and busbw from it).
+constexpr size_t kSmallIterBytes = size_t{64} << 10;
+
 struct Measure {
   double timeUs = 0;
   double algBw = 0;    // GB/s
@@ -54,6 +58,7 @@ struct RunInfo {
   size_t stepFactor = 2;
   int warmupIters = 0;
   int iters = 0;
+  int smallIters = 0;  // timed iterations below kSmallIterBytes (0: iters)
   int check = 0;
   std::vector<std::string> args;       // argv
   std::vector<std::string> rankLines;  // one per rank: "Rank  0 Pid  1234 on host ..."

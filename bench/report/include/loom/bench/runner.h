@@ -36,6 +36,10 @@ struct SweepOptions {
   size_t maxBytes = size_t{64} << 20;
   size_t stepFactor = 2;
   int iters = 20;
+  // Timed iterations per size below kSmallIterBytes; 0: `iters`. Small sizes take
+  // microseconds, and a p50 of 20 of them moves by 2-3x between runs on a shared machine; OSU's
+  // microbenchmarks likewise time small messages more often than large ones.
+  int smallIters = 0;
   int warmupIters = 5;
   int check = 1;
   // Rewrite each rank's input before every iteration (untimed), as a training step rewrites
@@ -58,6 +62,7 @@ struct SweepFlags {
   std::string maxBytes = "64M";
   size_t stepFactor = 2;
   int iters = 20;
+  int smallIters = 0;
   int warmupIters = 5;
   int check = 1;
   bool touch = false;
@@ -73,7 +78,8 @@ struct SweepFlags {
   SweepOptions resolve() const;
 };
 
-// Adds -b -e -f -n -w -c -d -o -r --op --touch --json --csv --plot --series to `app`.
+// Adds -b -e -f -n --small-iters -w -c -d -o -r --op --touch --json --csv --plot --series to
+// `app`.
 void addSweepFlags(CLI::App& app, SweepFlags& flags);
 
 // Parses argv into `app`. Returns the exit status to leave with when parsing ended the
