@@ -184,8 +184,7 @@ nlohmann::json toJson(const RunInfo& info, const std::vector<Row>& rows, const S
     r["root"] = std::to_string(row.root);
     r["out_of_place"] = measureJson(row.outOfPlace, row.outOfPlace.wrong >= 0);
     r["in_place"] = measureJson(row.inPlace, row.inPlace.wrong >= 0);
-    r["actual_iterations"] =
-        row.bytes < kSmallIterBytes && info.smallIters > 0 ? info.smallIters : info.iters;
+    r["actual_iterations"] = timedIters(row.bytes, info.iters, info.smallIters);
     r["experiment_name"] = info.op;
     results.push_back(r);
   }

@@ -190,8 +190,7 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
     driver_.run(call);
   }
   driver_.barrier();
-  const int iters =
-      layout.bytes < kSmallIterBytes && opts_.smallIters > 0 ? opts_.smallIters : opts_.iters;
+  const int iters = timedIters(layout.bytes, opts_.iters, opts_.smallIters);
   std::vector<double> times(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) {
     touch();

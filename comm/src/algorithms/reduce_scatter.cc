@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
-#include "loom/common/error.h"
 
 namespace loom::comm {
 
@@ -52,17 +51,15 @@ void reduceScatterRing(Op& op, const void* in, void* out, size_t count, DType dt
 
   const size_t steps = static_cast<size_t>(size - 1);
   const size_t total = steps * chunks;
-  const bool paced = size == 2;
+  const bool paced = steps == 1;  // 2 ranks
   const size_t ahead = paced ? std::min(kWindow, total) : total;
   const size_t windowBytes = perChunk * esize;
   auto* window =
       paced ? static_cast<uint8_t*>(op.context().scratch(windowBytes * kWindow, 0)) : nullptr;
-  // Paced means 2 ranks: one step, every receive is reduced straight into out, so there is
-  // no intermediate result and no partial buffer.
+  // With one step every receive is reduced straight into out: no intermediate result, no
+  // partial buffer (`last` below always holds when paced).
   auto* partial =
       paced ? nullptr : static_cast<uint8_t*>(op.context().scratch(count * esize * size, 1));
-  LOOM_CHECK_T(::loom::Error, partial != nullptr || steps == 1, "reduce-scatter ring: ", steps,
-               " steps need a partial-result buffer");
   // Where receive i lands.
   auto landing = [&](size_t i) {
     return paced ? window + (i % kWindow) * windowBytes : partial + offsetOf(i);

@@ -26,6 +26,12 @@ namespace loom::bench {
 // tables' latency rows: they print time below 64 KiB and busbw from it).
 constexpr size_t kSmallIterBytes = size_t{64} << 10;
 
+// The timed iterations of a size of `bytes`: smallIters below kSmallIterBytes when set, else
+// iters.
+inline int timedIters(size_t bytes, int iters, int smallIters) {
+  return bytes < kSmallIterBytes && smallIters > 0 ? smallIters : iters;
+}
+
 struct Measure {
   double timeUs = 0;
   double algBw = 0;    // GB/s
