@@ -20,9 +20,14 @@ ratio of the fastest rounds (both paths in the machine's fast state: with more r
 CPUs, whole rounds of every implementation run 2-4x slower in a slow state that a round hits
 or misses at random).
 
+With --layers, every round also times the loom group's all_reduce through fewer of torch's
+layers: the ProcessGroup's allreduce([t], opts).wait() called from Python (no dist.all_reduce
+wrapper), and a C++ loop over ProcessGroupLoom's allreduce and wait (no Python, no c10d
+dispatcher). With --loom-bench too, the gaps between them say which layer costs what.
+
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
-       [--loom-bench build/bin] [--window] [--per-round]
+       [--loom-bench build/bin] [--window] [--layers] [--per-round]
 """
 
 import argparse
@@ -90,6 +95,27 @@ def parse_size(text):
     return int(digits) * scale
 
 
+# --layers: the loom group's all_reduce through successively fewer of torch's layers.
+LAYERS = {
+    "loom-pg": "the ProcessGroup's allreduce([t], opts).wait() from Python (no dist.all_reduce)",
+    "loom-cpp": "ProcessGroupLoom's allreduce and wait from a C++ loop (no Python, no dispatcher)",
+}
+
+
+def caller(name, group, t):
+    """One all_reduce of `t` for series `name`, as a function of no arguments."""
+    import torch.distributed as dist
+
+    if name in ("loom", "gloo"):
+        return lambda: dist.all_reduce(t, group=group)
+    pg = dist.distributed_c10d._get_default_group()
+    opts = dist.AllreduceOptions()
+    if name == "loom-pg":
+        return lambda: pg.allreduce([t], opts).wait()
+    import loom_torch
+    return lambda: loom_torch._C._allreduce_loop(pg, t, 1)
+
+
 def rank_main(rank, world, tmp, args, queue, resume):
     import torch
     import torch.distributed as dist
@@ -100,27 +126,35 @@ def rank_main(rank, world, tmp, args, queue, resume):
     dist.init_process_group("loom", init_method=f"file://{tmp}/store", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    # The series: each backend through dist.all_reduce, and with --layers the loom group's
+    # lower layers (see LAYERS).
+    series = ["loom"] + (list(LAYERS) if args.layers else []) + ["gloo"]
     sizes = args.sizes
-    times = {(b, s): [] for b in groups for s in sizes}
+    times = {(b, s): [] for b in series for s in sizes}
     for rnd in range(args.rounds):
-        order = list(groups) if rnd % 2 == 0 else list(reversed(groups))
+        order = series if rnd % 2 == 0 else list(reversed(series))
         for size in sizes:
-            for backend in order:
+            for name in order:
+                backend = "gloo" if name == "gloo" else "loom"
                 group = groups[backend]
                 if backend == "loom" and args.window:
                     t = loom_torch.empty(max(1, size // 4), dtype=torch.float32).fill_(1)
                 else:
                     t = torch.ones(max(1, size // 4), dtype=torch.float32)
                 n = iterations(size)
+                call = caller(name, group, t)
                 for _ in range(warmups(size)):
-                    dist.all_reduce(t, group=group)
+                    call()
                 dist.barrier(group=group)
                 start = time.perf_counter()
-                for _ in range(n):
-                    dist.all_reduce(t, group=group)
+                if name == "loom-cpp":
+                    loom_torch._C._allreduce_loop(dist.distributed_c10d._get_default_group(), t, n)
+                else:
+                    for _ in range(n):
+                        call()
                 elapsed = torch.tensor([(time.perf_counter() - start) / n], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=groups["gloo"])
-                times[(backend, size)].append(elapsed.item())
+                times[(name, size)].append(elapsed.item())
         if args.loom_bench:
             # The parent runs loom-bench now, with this job idle; every rank waits for it.
             if rank == 0:
@@ -175,6 +209,9 @@ def main():
                         help="directory with loom-run and loom-bench: adds loom-bench's time")
     parser.add_argument("--window", action="store_true",
                         help="loom's tensors are Loom windows (loom_torch.empty; loom-bench -R 1)")
+    parser.add_argument("--layers", action="store_true",
+                        help="also time loom's all_reduce through fewer of torch's layers: "
+                             "pg.allreduce().wait() from Python, and a C++ loop")
     parser.add_argument("--per-round", action="store_true",
                         help="also print every round's time per size and backend (us)")
     args = parser.parse_args()
@@ -252,10 +289,30 @@ def main():
             line += (f" {b * 1e6:.1f} us | {row['loom'][0] / b:.2f} | {paired:.2f} |"
                      f" {fastest:.2f} |")
         print(line)
+    if args.layers:
+        print(f"\n# loom's all_reduce through fewer layers (median of {args.rounds} rounds; "
+              "each ratio: the median of the rounds' own ratios to loom-bench)"
+              if args.loom_bench else "")
+        for name in ("loom",) + tuple(LAYERS):
+            print(f"# {name}: " + (LAYERS[name] if name in LAYERS else "dist.all_reduce(t)"))
+        names = ("loom",) + tuple(LAYERS) + (("loom-bench",) if args.loom_bench else ())
+        print("| size | " + " | ".join(names) + " |")
+        print("|---:|" + "---:|" * len(names))
+        for size in sizes:
+            cells = []
+            for name in names:
+                series_times = bench[size] if name == "loom-bench" else times[(name, size)]
+                cell = f"{statistics.median(series_times) * 1e6:.1f} us"
+                if args.loom_bench and name != "loom-bench":
+                    ratio = statistics.median(
+                        t / b for t, b in zip(series_times, bench[size]))
+                    cell += f" ({ratio:.2f})"
+                cells.append(cell)
+            print(f"| {human(size)} | " + " | ".join(cells) + " |")
     if args.per_round:
         print("\n# every round's mean time per all_reduce (us), in round order")
         for size in sizes:
-            for backend in ("loom", "gloo"):
+            for backend in ("loom",) + (tuple(LAYERS) if args.layers else ()) + ("gloo",):
                 print(f"# {human(size)} {backend}: "
                       + " ".join(f"{t * 1e6:.1f}" for t in times[(backend, size)]))
             if args.loom_bench:

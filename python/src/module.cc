@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <vector>
 #include <string>
 
 #include "loom/comm/window.h"
@@ -44,6 +45,21 @@ at::Tensor windowTensor(int64_t bytes) {
       at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
+// Seconds for `iters` all-reduces (sum) of `tensor` over `group`, each issued and waited for
+// from C++: ProcessGroupLoom's own path without Python or c10d's dispatcher. The benchmark
+// (bench/torch/allreduce_vs_gloo.py --layers) sets it between loom-bench and dist.all_reduce.
+double allreduceLoop(const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor tensor,
+                     int64_t iters) {
+  LOOM_CHECK(iters >= 0, "_allreduce_loop: ", iters, " iterations; expected 0 or more");
+  LOOM_CHECK(dynamic_cast<loom::torch_backend::ProcessGroupLoom*>(group.get()) != nullptr,
+             "_allreduce_loop: not a loom process group (backend ", group->getBackendName(), ")");
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  const c10d::AllreduceOptions opts;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) group->allreduce(tensors, opts)->wait();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -55,6 +71,9 @@ PYBIND11_MODULE(_C, m) {
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   m.def("_transport_summary", &transportSummary, py::arg("group"),
         "What carries a loom group's data: 'shm (all 2 ranks on this host)', 'tcp', ...");
+  m.def("_allreduce_loop", &allreduceLoop, py::arg("group"), py::arg("tensor"),
+        py::arg("iters"), py::call_guard<py::gil_scoped_release>(),
+        "Seconds for `iters` sum all-reduces of `tensor`, issued and waited for from C++.");
   m.def("_window_tensor", &windowTensor, py::arg("bytes"),
         "A uint8 CPU tensor of `bytes` in a Loom window (zero-copy shared memory).");
 }

@@ -296,6 +296,15 @@ def _edge_cases(rank, world, tmp):
     t = torch.ones(3)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((3,), float(world)))
+
+    # The benchmark's C++ loop (bench/torch/allreduce_vs_gloo.py --layers) runs real sums.
+    group = dist.distributed_c10d._get_default_group()
+    t = torch.ones(5, dtype=torch.float64)
+    assert loom_torch._C._allreduce_loop(group, t, 3) > 0
+    assert torch.equal(t, torch.full((5,), float(world) ** 3, dtype=torch.float64))
+    raises(lambda: loom_torch._C._allreduce_loop(group, t, -1), "-1 iterations")
+    gloo = dist.new_group(backend="gloo")
+    raises(lambda: loom_torch._C._allreduce_loop(gloo, t, 1), "not a loom process group", "gloo")
     dist.barrier()
     return True
 
