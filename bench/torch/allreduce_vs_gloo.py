@@ -23,7 +23,9 @@ or misses at random).
 With --layers, every round also times the loom group's all_reduce through fewer of torch's
 layers: the ProcessGroup's allreduce([t], opts).wait() called from Python (no dist.all_reduce
 wrapper), and a C++ loop over ProcessGroupLoom's allreduce and wait (no Python, no c10d
-dispatcher). With --loom-bench too, the gaps between them say which layer costs what.
+dispatcher), and for each the time inside Loom's collective (start to end in the flight
+record: loom_torch.flight_record). With --loom-bench too, the gaps between them say which layer
+costs what.
 
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
@@ -116,6 +118,23 @@ def caller(name, group, t):
     return lambda: loom_torch._C._allreduce_loop(pg, t, 1)
 
 
+def inside_loom(name, size, n):
+    """Mean seconds from start to end of the last n all-reduces of `size` bytes in this rank's
+    flight record (the time inside Loom's collective, without the call path around it), over
+    those the recorder timed exactly; 0 for gloo or when none was (below 64 KiB only every
+    256th operation is, docs/diagnostics.md)."""
+    if name == "gloo":
+        return 0.0
+    import loom_torch
+
+    nbytes = max(4, size // 4 * 4)
+    entries = sorted((e for e in loom_torch.flight_record()["entries"] if e["op"] == "allreduce"),
+                     key=lambda e: e["seq"])[-n:]
+    spans = [e["end_us"] - e["start_us"] for e in entries
+             if e["bytes"] == nbytes and e.get("precise") and e.get("end_us")]
+    return statistics.mean(spans) * 1e-6 if spans else 0.0
+
+
 def rank_main(rank, world, tmp, args, queue, resume):
     import torch
     import torch.distributed as dist
@@ -131,6 +150,7 @@ def rank_main(rank, world, tmp, args, queue, resume):
     series = ["loom"] + (list(LAYERS) if args.layers else []) + ["gloo"]
     sizes = args.sizes
     times = {(b, s): [] for b in series for s in sizes}
+    inside = {(b, s): [] for b in series if b != "gloo" for s in sizes}
     for rnd in range(args.rounds):
         order = series if rnd % 2 == 0 else list(reversed(series))
         for size in sizes:
@@ -152,9 +172,15 @@ def rank_main(rank, world, tmp, args, queue, resume):
                 else:
                     for _ in range(n):
                         call()
-                elapsed = torch.tensor([(time.perf_counter() - start) / n], dtype=torch.float64)
+                # The slowest rank's time; the least time inside Loom of any rank (the others'
+                # include waiting for that rank to arrive).
+                elapsed = torch.tensor([(time.perf_counter() - start) / n,
+                                        -inside_loom(name, size, n) if args.layers else 0.0],
+                                       dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=groups["gloo"])
-                times[(name, size)].append(elapsed.item())
+                times[(name, size)].append(elapsed[0].item())
+                if args.layers and name != "gloo":
+                    inside[(name, size)].append(-elapsed[1].item())
         if args.loom_bench:
             # The parent runs loom-bench now, with this job idle; every rank waits for it.
             if rank == 0:
@@ -165,7 +191,7 @@ def rank_main(rank, world, tmp, args, queue, resume):
     if args.ddp_steps > 0:
         ddp = ddp_samples_per_second(rank, world, groups, args)
     if rank == 0:
-        queue.put(("done", (times, ddp, loom_torch.transport_summary())))
+        queue.put(("done", (times, inside, ddp, loom_torch.transport_summary())))
 
 
 def ddp_samples_per_second(rank, world, groups, args):
@@ -241,7 +267,7 @@ def main():
                         bench[size].append(t)
                     resume[payload].set()
                     continue
-                times, ddp, transport = payload
+                times, inside, ddp, transport = payload
                 break
             except queue_module.Empty:
                 failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
@@ -308,6 +334,18 @@ def main():
                         t / b for t, b in zip(series_times, bench[size]))
                     cell += f" ({ratio:.2f})"
                 cells.append(cell)
+            print(f"| {human(size)} | " + " | ".join(cells) + " |")
+        print("\n# the same calls' time inside Loom's collective (flight recorder: start to end, "
+              "mean per rank, the least of any rank: the others' include waiting for it to "
+              "arrive; loom-bench: its whole time)")
+        print("| size | " + " | ".join(names) + " |")
+        print("|---:|" + "---:|" * len(names))
+        for size in sizes:
+            cells = []
+            for name in names:
+                spans = bench[size] if name == "loom-bench" else inside[(name, size)]
+                cells.append(f"{statistics.median(spans) * 1e6:.1f} us"
+                             if spans and min(spans) > 0 else "-")
             print(f"| {human(size)} | " + " | ".join(cells) + " |")
     if args.per_round:
         print("\n# every round's mean time per all_reduce (us), in round order")

@@ -5,6 +5,7 @@
 through Loom (shared memory between ranks on one host, TCP between hosts). See docs/torch.md.
 """
 
+import json
 import math
 from datetime import timedelta
 
@@ -14,7 +15,7 @@ import torch.distributed as dist
 from . import _C
 from ._C import LoomError
 
-__all__ = ["LoomError", "BACKEND", "transport_summary", "empty"]
+__all__ = ["LoomError", "BACKEND", "transport_summary", "flight_record", "empty"]
 
 BACKEND = "loom"
 
@@ -40,6 +41,18 @@ def transport_summary(group=None):
     if group is None:
         group = dist.distributed_c10d._get_default_group()
     return _C._transport_summary(group)
+
+
+def flight_record(group=None):
+    """This rank's flight record of a loom group (default: the default group), as a dict: the
+    last operations (LOOM_FLIGHT_RECORDER_ENTRIES, default 2000) with their sequence numbers,
+    sizes, states and times (issue_us, start_us, end_us; start and end exact where "precise").
+    The record is also published in the group's store for the failure analysis. Its format is
+    in docs/diagnostics.md. LoomError when the recorder is off (LOOM_FLIGHT_RECORDER_ENTRIES=0).
+    """
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    return json.loads(_C._flight_record(group))
 
 
 def empty(*size, dtype=torch.float32):

@@ -25,11 +25,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroupLoom(
   return c10::make_intrusive<loom::torch_backend::ProcessGroupLoom>(store, rank, size, options);
 }
 
-std::string transportSummary(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+loom::torch_backend::ProcessGroupLoom& loomOf(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                              const char* what) {
   auto* loomGroup = dynamic_cast<loom::torch_backend::ProcessGroupLoom*>(group.get());
-  LOOM_CHECK(loomGroup != nullptr, "not a loom process group (backend ", group->getBackendName(),
-             ")");
-  return loomGroup->loomGroup().transportSummary();
+  LOOM_CHECK(loomGroup != nullptr, what, ": not a loom process group (backend ",
+             group->getBackendName(), ")");
+  return *loomGroup;
+}
+
+std::string transportSummary(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  return loomOf(group, "transport_summary").loomGroup().transportSummary();
+}
+
+// This rank's flight record as JSON (docs/diagnostics.md), also published in the group's store.
+std::string flightRecord(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  return loomOf(group, "flight_record").loomGroup().dumpFlightRecord();
 }
 
 // A uint8 CPU tensor of `bytes` whose storage is a Loom window (loom/comm/window.h); the
@@ -51,8 +61,7 @@ at::Tensor windowTensor(int64_t bytes) {
 double allreduceLoop(const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor tensor,
                      int64_t iters) {
   LOOM_CHECK(iters >= 0, "_allreduce_loop: ", iters, " iterations; expected 0 or more");
-  LOOM_CHECK(dynamic_cast<loom::torch_backend::ProcessGroupLoom*>(group.get()) != nullptr,
-             "_allreduce_loop: not a loom process group (backend ", group->getBackendName(), ")");
+  loomOf(group, "_allreduce_loop");
   std::vector<at::Tensor> tensors{std::move(tensor)};
   const c10d::AllreduceOptions opts;
   const auto start = std::chrono::steady_clock::now();
@@ -74,6 +83,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_allreduce_loop", &allreduceLoop, py::arg("group"), py::arg("tensor"),
         py::arg("iters"), py::call_guard<py::gil_scoped_release>(),
         "Seconds for `iters` sum all-reduces of `tensor`, issued and waited for from C++.");
+  m.def("_flight_record", &flightRecord, py::arg("group"), py::call_guard<py::gil_scoped_release>(),
+        "This rank's flight record of a loom group, as JSON (docs/diagnostics.md).");
   m.def("_window_tensor", &windowTensor, py::arg("bytes"),
         "A uint8 CPU tensor of `bytes` in a Loom window (zero-copy shared memory).");
 }

@@ -305,6 +305,15 @@ def _edge_cases(rank, world, tmp):
     raises(lambda: loom_torch._C._allreduce_loop(group, t, -1), "-1 iterations")
     gloo = dist.new_group(backend="gloo")
     raises(lambda: loom_torch._C._allreduce_loop(gloo, t, 1), "not a loom process group", "gloo")
+
+    # The flight record: the loop's three all-reduces are its newest operations, done, in order.
+    record = loom_torch.flight_record()
+    assert record["rank"] == rank and record["size"] == world, record
+    newest = sorted(record["entries"], key=lambda e: e["seq"])[-3:]
+    assert [e["op"] for e in newest] == ["allreduce"] * 3, newest
+    assert all(e["state"] == "done" and e["bytes"] == 40 for e in newest), newest
+    assert [e["seq"] for e in newest] == list(range(newest[0]["seq"], newest[0]["seq"] + 3))
+    raises(lambda: loom_torch.flight_record(gloo), "flight_record", "not a loom process group")
     dist.barrier()
     return True
 
