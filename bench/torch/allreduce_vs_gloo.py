@@ -86,14 +86,14 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def parse_size(text):
+def parse_size(text, flag="--sizes"):
     """'65536', '64K', '1M', '1G' (binary) -> bytes; anything else is an error naming it."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
     scale = units.get(t[-1:], 1)
     digits = t[:-1] if t[-1:] in units else t
     if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"--sizes: '{text}' is not a byte count (65536, 64K, 1M)")
+        raise argparse.ArgumentTypeError(f"{flag}: '{text}' is not a byte count (65536, 64K, 1M)")
     return int(digits) * scale
 
 
@@ -223,6 +223,39 @@ def ddp_samples_per_second(rank, world, groups, args):
     return result
 
 
+def print_layers(args, sizes, times, inside, bench):
+    """The --layers tables: each loom series' time per call (with --loom-bench, in brackets the
+    median of the rounds' own ratios to loom-bench), then its time inside Loom's collective."""
+    ratios = "; in brackets the median of the rounds' own ratios to loom-bench" \
+        if args.loom_bench else ""
+    names = ("loom",) + tuple(LAYERS) + (("loom-bench",) if args.loom_bench else ())
+
+    def table(title, cell):
+        print(f"\n# {title}")
+        print("| size | " + " | ".join(names) + " |")
+        print("|---:|" + "---:|" * len(names))
+        for size in sizes:
+            print(f"| {human(size)} | " + " | ".join(cell(n, size) for n in names) + " |")
+
+    def time_cell(name, size):
+        series = bench[size] if name == "loom-bench" else times[(name, size)]
+        cell = f"{statistics.median(series) * 1e6:.1f} us"
+        if args.loom_bench and name != "loom-bench":
+            cell += f" ({statistics.median(t / b for t, b in zip(series, bench[size])):.2f})"
+        return cell
+
+    def inside_cell(name, size):
+        spans = bench[size] if name == "loom-bench" else inside[(name, size)]
+        return f"{statistics.median(spans) * 1e6:.1f} us" if spans and min(spans) > 0 else "-"
+
+    table(f"loom's all_reduce through fewer layers (median of {args.rounds} rounds{ratios})\n"
+          + "\n".join(f"# {name}: {LAYERS.get(name, 'dist.all_reduce(t)')}"
+                      for name in ("loom",) + tuple(LAYERS)), time_cell)
+    table("the same calls' time inside Loom's collective (flight recorder: start to end, mean "
+          "per rank, the least of any rank: the others' include waiting for it to arrive; "
+          "loom-bench: its whole time)", inside_cell)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world", type=int, default=2)
@@ -316,37 +349,7 @@ def main():
                      f" {fastest:.2f} |")
         print(line)
     if args.layers:
-        print(f"\n# loom's all_reduce through fewer layers (median of {args.rounds} rounds; "
-              "each ratio: the median of the rounds' own ratios to loom-bench)"
-              if args.loom_bench else "")
-        for name in ("loom",) + tuple(LAYERS):
-            print(f"# {name}: " + (LAYERS[name] if name in LAYERS else "dist.all_reduce(t)"))
-        names = ("loom",) + tuple(LAYERS) + (("loom-bench",) if args.loom_bench else ())
-        print("| size | " + " | ".join(names) + " |")
-        print("|---:|" + "---:|" * len(names))
-        for size in sizes:
-            cells = []
-            for name in names:
-                series_times = bench[size] if name == "loom-bench" else times[(name, size)]
-                cell = f"{statistics.median(series_times) * 1e6:.1f} us"
-                if args.loom_bench and name != "loom-bench":
-                    ratio = statistics.median(
-                        t / b for t, b in zip(series_times, bench[size]))
-                    cell += f" ({ratio:.2f})"
-                cells.append(cell)
-            print(f"| {human(size)} | " + " | ".join(cells) + " |")
-        print("\n# the same calls' time inside Loom's collective (flight recorder: start to end, "
-              "mean per rank, the least of any rank: the others' include waiting for it to "
-              "arrive; loom-bench: its whole time)")
-        print("| size | " + " | ".join(names) + " |")
-        print("|---:|" + "---:|" * len(names))
-        for size in sizes:
-            cells = []
-            for name in names:
-                spans = bench[size] if name == "loom-bench" else inside[(name, size)]
-                cells.append(f"{statistics.median(spans) * 1e6:.1f} us"
-                             if spans and min(spans) > 0 else "-")
-            print(f"| {human(size)} | " + " | ".join(cells) + " |")
+        print_layers(args, sizes, times, inside, bench)
     if args.per_round:
         print("\n# every round's mean time per all_reduce (us), in round order")
         for size in sizes:

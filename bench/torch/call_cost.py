@@ -21,21 +21,13 @@ import sys
 import tempfile
 import time
 
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = units.get(t[-1:], 1)
-    digits = t[:-1] if t[-1:] in units else t
-    if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"--evict: '{text}' is not a byte count (256K, 4M)")
-    return int(digits) * scale
+from allreduce_vs_gloo import parse_size  # this directory is the script's: on sys.path
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--evict", default="256K,4M",
-                        type=lambda v: [parse_size(s) for s in v.split(",")],
+                        type=lambda v: [parse_size(s, "--evict") for s in v.split(",")],
                         help="comma-separated sizes of the copy between calls (256K, 4M)")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--calls", type=int, default=3000, help="calls per timed loop")
