@@ -46,9 +46,13 @@ from datetime import timedelta
 
 
 def iterations(nbytes):
-    # about 0.1-0.5 s per size and backend on 2 cores (gloo's 64 MiB: about 0.6 s)
+    # about 0.1-0.5 s per size and backend on 2 cores (gloo's 64 MiB: about 0.6 s; gloo's
+    # 64 KiB at 4 ranks: about 5 s). Loom's 64 KiB loop lasts ~10-50 ms: 200 calls were too few
+    # to time it steadily.
     if nbytes <= 4096:
         return 2000
+    if nbytes <= 64 << 10:
+        return 1000
     if nbytes <= 1 << 20:
         return 200
     if nbytes <= 16 << 20:
