@@ -189,8 +189,9 @@ void GradScaler::loadStateDict(const nn::NamedTensors& state) {
       throw std::invalid_argument("GradScaler::loadStateDict: entry '" + name + "' must be a 0-d " +
                                   dtypeName(dtype) + " tensor");
     }
+    const double value = t.item();  // before the erase: t refers into the map's node
     byName.erase(it);
-    return t.item();
+    return value;
   };
   GradScalerOptions o = options_;
   const double scale = get("scale", DType::kFloat64);
