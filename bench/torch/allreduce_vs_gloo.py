@@ -108,18 +108,25 @@ LAYERS = {
 }
 
 
-def caller(name, group, t):
-    """One all_reduce of `t` for series `name`, as a function of no arguments."""
+def runner(name, group, t):
+    """A function of k that runs k all_reduces of `t` the way series `name` calls them."""
     import torch.distributed as dist
 
     if name in ("loom", "gloo"):
-        return lambda: dist.all_reduce(t, group=group)
+        def through_dist(k):
+            for _ in range(k):
+                dist.all_reduce(t, group=group)
+        return through_dist
     pg = dist.distributed_c10d._get_default_group()
-    opts = dist.AllreduceOptions()
     if name == "loom-pg":
-        return lambda: pg.allreduce([t], opts).wait()
+        opts = dist.AllreduceOptions()
+
+        def through_pg(k):
+            for _ in range(k):
+                pg.allreduce([t], opts).wait()
+        return through_pg
     import loom_torch
-    return lambda: loom_torch._C._allreduce_loop(pg, t, 1)
+    return lambda k: loom_torch._C._allreduce_loop(pg, t, k)
 
 
 def inside_loom(name, size, n):
@@ -166,16 +173,11 @@ def rank_main(rank, world, tmp, args, queue, resume):
                 else:
                     t = torch.ones(max(1, size // 4), dtype=torch.float32)
                 n = iterations(size)
-                call = caller(name, group, t)
-                for _ in range(warmups(size)):
-                    call()
+                run = runner(name, group, t)
+                run(warmups(size))
                 dist.barrier(group=group)
                 start = time.perf_counter()
-                if name == "loom-cpp":
-                    loom_torch._C._allreduce_loop(dist.distributed_c10d._get_default_group(), t, n)
-                else:
-                    for _ in range(n):
-                        call()
+                run(n)
                 # The slowest rank's time; the least time inside Loom of any rank (the others'
                 # include waiting for that rank to arrive).
                 elapsed = torch.tensor([(time.perf_counter() - start) / n,

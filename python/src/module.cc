@@ -5,8 +5,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
@@ -50,8 +50,7 @@ at::Tensor windowTensor(int64_t bytes) {
       loom::comm::Window::allocate(static_cast<size_t>(bytes));
   auto* holder = new std::shared_ptr<loom::comm::Window>(window);
   return at::from_blob(
-      window->data(), {bytes},
-      [holder](void*) { delete holder; },
+      window->data(), {bytes}, [holder](void*) { delete holder; },
       at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
@@ -61,11 +60,11 @@ at::Tensor windowTensor(int64_t bytes) {
 double allreduceLoop(const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor tensor,
                      int64_t iters) {
   LOOM_CHECK(iters >= 0, "_allreduce_loop: ", iters, " iterations; expected 0 or more");
-  loomOf(group, "_allreduce_loop");
+  auto& loomGroup = loomOf(group, "_allreduce_loop");
   std::vector<at::Tensor> tensors{std::move(tensor)};
   const c10d::AllreduceOptions opts;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iters; ++i) group->allreduce(tensors, opts)->wait();
+  for (int64_t i = 0; i < iters; ++i) loomGroup.allreduce(tensors, opts)->wait();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -80,8 +79,8 @@ PYBIND11_MODULE(_C, m) {
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   m.def("_transport_summary", &transportSummary, py::arg("group"),
         "What carries a loom group's data: 'shm (all 2 ranks on this host)', 'tcp', ...");
-  m.def("_allreduce_loop", &allreduceLoop, py::arg("group"), py::arg("tensor"),
-        py::arg("iters"), py::call_guard<py::gil_scoped_release>(),
+  m.def("_allreduce_loop", &allreduceLoop, py::arg("group"), py::arg("tensor"), py::arg("iters"),
+        py::call_guard<py::gil_scoped_release>(),
         "Seconds for `iters` sum all-reduces of `tensor`, issued and waited for from C++.");
   m.def("_flight_record", &flightRecord, py::arg("group"), py::call_guard<py::gil_scoped_release>(),
         "This rank's flight record of a loom group, as JSON (docs/diagnostics.md).");
