@@ -10,7 +10,7 @@ find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 if(LOOM_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
-if(LOOM_BUILD_BENCH)
+if(LOOM_BUILD_BENCH AND LOOM_BUILD_BENCH_SUITES)
   find_package(benchmark REQUIRED)
 endif()
 

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # Installs, only when missing, the Debian packages Loom builds and tests with.
 # Safe to run repeatedly; runs `apt-get update` once before installing anything.
-# Usage: scripts/setup.sh [--peers]   (--peers adds Gloo for bench/peers)
+# Usage: scripts/setup.sh [--core | --peers]
+#   --core   only what the libraries, loom-run and loom-bench need (scripts/run.sh)
+#   --peers  everything, plus Gloo for bench/peers
 set -euo pipefail
 
-packages=(
+# What the libraries and programs need to build (the main job, scripts/run.sh).
+core=(
   cmake ninja-build g++ pkg-config
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libeigen3-dev libibverbs-dev
-  openmpi-bin libopenmpi-dev
+  libeigen3-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+)
+packages=(
+  "${core[@]}"
+  libgtest-dev libgmock-dev libbenchmark-dev libibverbs-dev
+  openmpi-bin libopenmpi-dev
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
   fortunes python3-sklearn  # loom-train --model gpt's default text, --model cnn's digits
 )
-if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(libgloo-dev)
-fi
+case "${1:-}" in
+  "") ;;
+  --core) packages=("${core[@]}") ;;
+  --peers) packages+=(libgloo-dev) ;;
+  *)
+    echo "setup: unknown option '$1' (expected --core, --peers or nothing)" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

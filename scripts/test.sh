@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh "$@"
+# Everything on, whatever an earlier scripts/run.sh chose for a fresh build directory.
+scripts/build.sh -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_BENCH_SUITES=ON \
+  -DLOOM_BUILD_EXAMPLES=ON "$@"
 cd "${LOOM_BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 ${LOOM_CTEST_ARGS:-}

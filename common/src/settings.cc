@@ -269,8 +269,9 @@ mpirun's. `loom-run` sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`
   writeTable(out, Section::kOther);
   out << R"(
 Scripts (not read by the libraries): `scripts/build.sh` reads `LOOM_BUILD_DIR` (default
-`build`) and `LOOM_BUILD_TYPE` (default `RelWithDebInfo`); `scripts/test.sh` reads
-`LOOM_BUILD_DIR` and `LOOM_CTEST_ARGS`; `scripts/run.sh` reads `LOOM_NPROC` (ranks, default 2).
+`build`), `LOOM_BUILD_TYPE` (default `RelWithDebInfo`) and `LOOM_BUILD_TARGETS` (default: all);
+`scripts/test.sh` reads `LOOM_BUILD_DIR` and `LOOM_CTEST_ARGS`; `scripts/run.sh` reads
+`LOOM_NPROC` (ranks, default 2).
 )";
   return out.str();
 }
