@@ -384,27 +384,33 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
       }
       continue;
     }
-    if (r == 0) {
-      if (p.goodbye && p.readingHeader && p.headerGot == 0) {
-        p.closed = true;
-        if (p.inEpoll.exchange(false)) {
-          ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
-        }
-        if (p.matcher.waiting()) {
-          return Fault{detail::str("rank ", p.rank, " (", p.addr,
-                                   ") closed its connection while this rank still waits for ",
-                                   describeTag(p.matcher.waitingTag())),
-                       false, p.gen};
-        }
-        return {};
+    const int err = r < 0 ? errno : 0;
+    if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return {};
+    if (r < 0 && err == EINTR) continue;
+    // A peer that said goodbye left cleanly, whether its close reaches us as an EOF or as a
+    // reset: its kernel resets a connection closed with our last bytes unread, or answers bytes
+    // that arrive after the close with a reset (a rank that finished its part of a collective
+    // this rank disagrees with, and exited). Everything it sent before the goodbye was read
+    // above, and may be what names the failure (a mismatch found when the receive is posted):
+    // the reset must not fail the transport first.
+    if ((r == 0 || connectionLost(err)) && p.goodbye && p.readingHeader && p.headerGot == 0) {
+      p.closed = true;
+      if (p.inEpoll.exchange(false)) {
+        ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
       }
+      if (p.matcher.waiting()) {
+        return Fault{detail::str("rank ", p.rank, " (", p.addr,
+                                 ") closed its connection while this rank still waits for ",
+                                 describeTag(p.matcher.waitingTag())),
+                     false, p.gen};
+      }
+      return {};
+    }
+    if (r == 0) {
       return lostFault(p, detail::str("connection to rank ", p.rank, " (", p.addr,
                                       ") closed by the peer (the process exited, crashed or "
                                       "aborted, or the connection was dropped)"));
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
-    if (errno == EINTR) continue;
-    const int err = errno;
     std::string text = detail::str("connection to rank ", p.rank, " (", p.addr,
                                    ") failed: ", detail::errnoText(err));
     if (connectionLost(err)) return lostFault(p, std::move(text));
