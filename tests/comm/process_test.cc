@@ -111,6 +111,43 @@ TEST(Processes, CountZeroAgainstNFailsEveryRankAtOnceNamingBoth) {
   EXPECT_EQ(children.waitAllOk(60s), "");
 }
 
+// The rooted case: a broadcast whose root passes count 0 while the other rank passes N. The
+// rank that receives fails at once with both signatures; the root's part may already be done
+// (over the arena it only posts; a root's broadcast never waits for the others there), else it
+// fails at once too. Nobody waits for the deadline.
+TEST(Processes, ABroadcastOfCountZeroAgainstNFailsTheReceiverAtOnce) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawnRanks(2, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.timeout = kMismatchTimeout;
+    auto ctx = Context::create(store, rank, 2, o);
+    std::vector<int32_t> buf(64, rank);
+    CollectiveOptions opts;
+    opts.seq = 5;
+    opts.timeout = kMismatchTimeout;
+    const std::vector<std::string> both = {"broadcast(dtype=int32, count=0, root=0)",
+                                           "broadcast(dtype=int32, count=64, root=0)"};
+    if (rank == 1) {
+      expectMismatch(
+          rank, [&] { broadcast(*ctx, buf.data(), buf.size(), DType::kInt32, 0, opts); }, both);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      broadcast(*ctx, buf.data(), 0, DType::kInt32, 0, opts);
+    } catch (const InvalidArgumentError& e) {
+      for (const std::string& part : both) {
+        LOOM_CHECK(contains(e.what(), part), "rank 0: '", part, "' not in: ", e.what());
+      }
+    }
+    LOOM_CHECK(std::chrono::steady_clock::now() - start < kMismatchBound,
+               "rank 0: the broadcast's root waited for its deadline");
+  });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
 // Issue 38: the uneven collectives carry the count of each message's block and a digest of the
 // whole count vector: ranks whose split sizes differ fail at their first message, both ranks
 // with both signatures, instead of a size error deep in a transport (or, for a block one rank
