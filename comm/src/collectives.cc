@@ -1,7 +1,9 @@
 // The public collectives: one path for all of them. A call is validated once (before the first
 // message, so an InvalidArgumentError leaves the Context usable; any later error has aborted
-// the transport, see algorithms/op.h), count 0 and world size 1 are answered here, and the rest
-// goes to the engine the Context chose at creation (engine/engine.h).
+// the transport, see algorithms/op.h), world size 1 is answered here, and the rest goes to the
+// engine the Context chose at creation (engine/engine.h). Count 0 goes there too: it moves
+// nothing, but its signature must meet the other ranks', or a rank that passed count 0 would
+// return while one that passed N waits out its deadline.
 #include "loom/comm/collectives.h"
 
 #include <chrono>
@@ -99,10 +101,9 @@ EngineSet& defaultEngines() {
 void run(const CollectiveCall& c) {
   const Shape shape = shapeOf(c.type);
   validate(c, shape);
-  if (c.type != OpType::kBarrier && c.count == 0) return;
   if (c.ctx.size() == 1) {
     // Every output is this rank's own input (avg over one rank is the value itself).
-    if (shape.in != Needs::kNone && c.out != c.in) {
+    if (shape.in != Needs::kNone && c.out != c.in && c.count > 0) {
       std::memmove(c.out, c.in, c.count * dtypeSize(c.dtype));
     }
     return;
@@ -117,8 +118,8 @@ void run(const CollectiveCall& c) {
 // The uneven collectives: counts checked against the world size (and, for alltoallv in place,
 // the totals against each other), buffers against the totals this rank reads and writes.
 // World size 1 is answered here; everything else goes to the generic engine (no other engine
-// implements them), with no count-0 shortcut: a rank that moves nothing may still have to
-// receive.
+// implements them), with no count-0 shortcut: every pair of ranks exchanges a message, empty
+// or not, that carries the signature.
 void runUneven(const CollectiveCall& c) {
   const Context& ctx = c.ctx;
   const char* what = opTypeName(c.type);
@@ -167,9 +168,12 @@ void runUneven(const CollectiveCall& c) {
     if (inCount > 0 && c.out != c.in) std::memmove(c.out, c.in, inCount * esize);
     return;
   }
-  // Counts differ between ranks by design: the signature holds op, dtype, reduce op and root.
+  // Message sizes differ by design: the signature holds op, dtype, reduce op, root and a digest
+  // of the counts every rank passes alike (alltoallv's differ per rank: none); each message
+  // adds its own block's count (algorithms/uneven.cc, signature.h).
+  const uint64_t digest = c.type == OpType::kAlltoallv ? 0 : countsDigest(c.counts);
   const SignatureScope signature(
-      packSignature(c.type, c.dtype, 0, shape.reduces, c.op, shape.rooted, c.root));
+      packUnevenSignature(c.type, c.dtype, shape.reduces, c.op, shape.rooted, c.root, digest));
   EngineSet* engines = c.ctx.engines();
   (engines != nullptr ? *engines : defaultEngines()).generic().run(c);
 }

@@ -53,8 +53,9 @@ class RequestCore : public Request {
   bool isSend() const final { return send_; }
   size_t bytes() const final { return bytes_; }
   uint64_t tag() const final { return tag_; }
-  // The collective's wire signature (signature.h), taken from the creating thread; 0: none.
-  uint64_t signature() const { return signature_; }
+  // The collective's wire signature (signature.h), taken from the creating thread; unknown:
+  // none.
+  const Signature& signature() const { return signature_; }
   size_t bytesOutstanding() const final { return bytes_ - std::min(bytes_, bytesDone()); }
 
   // The caller's buffer (sends read it, receives write it).
@@ -103,7 +104,7 @@ class RequestCore : public Request {
   uint8_t* const data_;
   const size_t bytes_;
   const uint64_t tag_;
-  const uint64_t signature_;
+  const Signature signature_;
   std::atomic<uint32_t> state_{kPending};
   std::atomic<size_t> done_{0};
   Failure failure_ = Failure::kIo;  // written before state_ becomes kFailed

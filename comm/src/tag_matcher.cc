@@ -11,11 +11,29 @@ namespace loom::comm {
 
 namespace {
 
-// Same sequence number, other collective: the ranks run different collectives. Step 0 of
-// sequence 0 and point-to-point tags carry no sequence to compare.
+// The collective a tag belongs to (its kind, without bit 63, which the tcp transport sets on the
+// parts of a striped message), and whether a tag can be compared by sequence number at all:
+// sequence 0 and point-to-point tags carry none.
+uint64_t kindOf(uint64_t tag) {
+  return (tag >> 56) & 0x7f;
+}
+bool hasSeq(uint64_t tag) {
+  return tagSeq(tag) != 0 && !isPointToPointTag(tag);
+}
+
+// Same sequence number, other collective: the ranks run different collectives.
 bool sameSeqOtherCollective(uint64_t a, uint64_t b) {
-  return tagKind(a) != tagKind(b) && tagSeq(a) == tagSeq(b) && tagSeq(a) != 0 &&
-         !isPointToPointTag(a) && !isPointToPointTag(b);
+  return kindOf(a) != kindOf(b) && tagSeq(a) == tagSeq(b) && hasSeq(a) && hasSeq(b);
+}
+
+// Same sequence number and collective, another signature: the ranks called it with different
+// arguments. Found for any two of its messages, not only those with the same step: the rank
+// that passed count 0 exchanges one empty message per peer at step 0 while the others run their
+// algorithm's steps, and a rank's algorithm may never post a receive with the other's tag.
+bool sameCollectiveOtherSignature(uint64_t a, const Signature& sa, uint64_t b,
+                                  const Signature& sb) {
+  return kindOf(a) == kindOf(b) && tagSeq(a) == tagSeq(b) && hasSeq(a) && hasSeq(b) && sa.known() &&
+         sb.known() && sa != sb;
 }
 
 }  // namespace
@@ -26,9 +44,9 @@ std::string TagMatcher::sizeMismatch(size_t sent, size_t received, uint64_t tag)
                      " bytes (ranks called the collective with different counts or dtypes)");
 }
 
-std::string TagMatcher::otherCollective(uint64_t sent, uint64_t sentSignature, uint64_t runs,
-                                        uint64_t runsSignature) const {
-  if (sentSignature != 0 && runsSignature != 0) {
+std::string TagMatcher::otherCollective(uint64_t sent, const Signature& sentSignature,
+                                        uint64_t runs, const Signature& runsSignature) const {
+  if (sentSignature.known() && runsSignature.known()) {
     return detail::str("mismatched collectives at #", tagSeq(runs), ": rank ", peer_, " called ",
                        describeSignature(sentSignature), " (its message ", describeTag(sent),
                        ") while rank ", rank_, " called ", describeSignature(runsSignature));
@@ -37,15 +55,28 @@ std::string TagMatcher::otherCollective(uint64_t sent, uint64_t sentSignature, u
                      " while rank ", rank_, " runs ", describeTag(runs));
 }
 
-std::string TagMatcher::signatureMismatch(uint64_t sent, uint64_t received, uint64_t tag) const {
-  if (sent == 0 || received == 0 || sent == received) return {};
+std::string TagMatcher::signatureMismatch(const Signature& sent, const Signature& received,
+                                          uint64_t tag) const {
+  if (!sent.known() || !received.known() || sent == received) return {};
   return detail::str("mismatched collective #", tagSeq(tag), ": rank ", peer_, " called ",
                      describeSignature(sent), " while rank ", rank_, " called ",
                      describeSignature(received), " (found in the first message, ",
                      describeTag(tag), "; the ranks passed different arguments)");
 }
 
-bool TagMatcher::arrive(uint64_t tag, size_t bytes, uint64_t signature, std::string& error) {
+std::string TagMatcher::disagreement(uint64_t sent, const Signature& sentSignature, uint64_t runs,
+                                     const Signature& runsSignature) const {
+  if (sameSeqOtherCollective(sent, runs)) {
+    return otherCollective(sent, sentSignature, runs, runsSignature);
+  }
+  if (sameCollectiveOtherSignature(sent, sentSignature, runs, runsSignature)) {
+    return signatureMismatch(sentSignature, runsSignature, sent);
+  }
+  return {};
+}
+
+bool TagMatcher::arrive(uint64_t tag, size_t bytes, const Signature& signature,
+                        std::string& error) {
   in_ = Incoming{};
   in_.active = true;
   in_.tag = tag;
@@ -71,10 +102,12 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, uint64_t signature, std::str
     return true;
   }
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-    if (sameSeqOtherCollective((*it)->tag(), tag)) {
-      // The ranks called different collectives: the receive that was waiting for this
-      // sequence fails as the callers' mistake; the caller fails the transport as a whole.
-      error = otherCollective(tag, signature, (*it)->tag(), (*it)->signature());
+    if (std::string m = disagreement(tag, signature, (*it)->tag(), (*it)->signature());
+        !m.empty()) {
+      // The ranks called different collectives, or the same one with different arguments: the
+      // receive that was waiting for this sequence fails as the callers' mistake; the caller
+      // fails the transport as a whole.
+      error = std::move(m);
       (*it)->fail(error, RequestCore::Failure::kInvalidArgument);
       posted_.erase(it);
       return false;
@@ -156,15 +189,16 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
       in_.target = request->data();
       return Match::kArriving;
     }
-    if (sameSeqOtherCollective(in_.tag, tag)) {
-      error = otherCollective(in_.tag, in_.signature, tag, request->signature());
+    if (std::string m = disagreement(in_.tag, in_.signature, tag, request->signature());
+        !m.empty()) {
+      error = std::move(m);
       request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
   }
   for (const auto& u : unexpected_) {
-    if (sameSeqOtherCollective(u->tag, tag)) {
-      error = otherCollective(u->tag, u->signature, tag, request->signature());
+    if (std::string m = disagreement(u->tag, u->signature, tag, request->signature()); !m.empty()) {
+      error = std::move(m);
       request->fail(error, RequestCore::Failure::kInvalidArgument);
       return Match::kError;
     }
@@ -172,8 +206,10 @@ TagMatcher::Match TagMatcher::receive(const ReceivePtr& request, std::string& er
   return Match::kNone;
 }
 
-void TagMatcher::failAll(const std::string& reason, bool nameTag) {
-  auto failOne = [&](RequestCore& r) { r.fail(nameTag ? reason + describeTag(r.tag()) : reason); };
+void TagMatcher::failAll(const std::string& reason, bool nameTag, RequestCore::Failure kind) {
+  auto failOne = [&](RequestCore& r) {
+    r.fail(nameTag ? reason + describeTag(r.tag()) : reason, kind);
+  };
   for (auto& r : posted_) failOne(*r);
   posted_.clear();
   if (in_.request) failOne(*in_.request);

@@ -19,9 +19,10 @@
 // longer agree on what they run):
 // - sizes differ: the receive fails with InvalidArgumentError naming both sizes;
 // - a message and a receive with the same sequence number but another collective (tag.h);
-// - a message and its receive whose collective signatures (signature.h) differ: the ranks
-//   called the collective with different arguments (dtype, count, reduce op, root). Checked
-//   when both carry one; the error prints both.
+// - a message and a receive of the same collective (same sequence number, any step) whose
+//   signatures (signature.h) differ: the ranks called the collective with different arguments
+//   (dtype, count, reduce op, root, split sizes). Checked when both carry one; the error prints
+//   both.
 //
 // Not thread-safe: every call under the lock that guards this peer's receive side.
 #pragma once
@@ -42,7 +43,7 @@ namespace loom::comm {
 struct UnexpectedMessage {
   uint64_t tag = 0;
   size_t bytes = 0;
-  uint64_t signature = 0;
+  Signature signature;
   bool complete = false;            // all of the payload is in `data`
   std::unique_ptr<uint8_t[]> data;  // `bytes` (at least 1), not zeroed
 };
@@ -56,7 +57,7 @@ class TagMatcher {
     bool active = false;
     uint64_t tag = 0;
     size_t bytes = 0;
-    uint64_t signature = 0;                   // the sender's (signature.h); 0: none
+    Signature signature;                      // the sender's (signature.h); unknown: none
     size_t got = 0;                           // payload bytes written to `target` so far
     uint8_t* target = nullptr;                // request's or unexpected's buffer; null while held
     ReceivePtr request;                       // the receive it lands in, or
@@ -79,8 +80,8 @@ class TagMatcher {
   // A data message's header was read: it becomes the incoming message and lands in the oldest
   // posted receive with its tag (true). False when none is posted, or on a mismatch (`error`
   // set): then the transport buffers it or holds it.
-  // `signature`: the one the header carried (0: none).
-  bool arrive(uint64_t tag, size_t bytes, uint64_t signature, std::string& error);
+  // `signature`: the one the header carried (unknown: none).
+  bool arrive(uint64_t tag, size_t bytes, const Signature& signature, std::string& error);
   // The incoming message (no receive posted for it) goes into a new unexpected buffer.
   void bufferIncoming();
   // `n` more payload bytes were written at incoming().target + incoming().got.
@@ -109,8 +110,10 @@ class TagMatcher {
   // `reason`, plus the receive's tag when `nameTag`; forgets the incoming message (and its
   // unexpected buffer, which would never complete). The complete unexpected messages stay,
   // for describeUnexpected() and for receives still posted (a peer that closed after
-  // sending them).
-  void failAll(const std::string& reason, bool nameTag = false);
+  // sending them). `kind`: kInvalidArgument when the transport fails because the ranks' calls
+  // disagree (here or on the rank that aborted it), so that every waiter's error says so.
+  void failAll(const std::string& reason, bool nameTag = false,
+               RequestCore::Failure kind = RequestCore::Failure::kIo);
 
   // What arrived from the peer and was never received, oldest first ("allreduce#5 step 2
   // (4096 bytes), ..."; at most kShown, then "..."); empty when nothing.
@@ -125,10 +128,16 @@ class TagMatcher {
 
  private:
   std::string sizeMismatch(size_t sent, size_t received, uint64_t tag) const;
-  std::string otherCollective(uint64_t sent, uint64_t sentSignature, uint64_t runs,
-                              uint64_t runsSignature) const;
+  std::string otherCollective(uint64_t sent, const Signature& sentSignature, uint64_t runs,
+                              const Signature& runsSignature) const;
   // Non-empty when both signatures are known and differ.
-  std::string signatureMismatch(uint64_t sent, uint64_t received, uint64_t tag) const;
+  std::string signatureMismatch(const Signature& sent, const Signature& received,
+                                uint64_t tag) const;
+  // Non-empty when a message (`sent`) and a receive (`runs`) of different tags belong to the
+  // same sequence number but another collective, or the same collective with another
+  // signature.
+  std::string disagreement(uint64_t sent, const Signature& sentSignature, uint64_t runs,
+                           const Signature& runsSignature) const;
 
   const int rank_;
   const int peer_;

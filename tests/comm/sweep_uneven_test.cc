@@ -211,8 +211,9 @@ TEST(UnevenErrors, WrongNumberOfCountsIsAnInvalidArgument) {
   });
 }
 
-// Rank 1 sends 4 elements where rank 0 expects 2: rank 0's IoError (the transport is aborted,
-// as for any collective whose ranks disagree) names the operation, both ranks and both sizes.
+// Rank 1 sends 4 elements where rank 0 expects 2: rank 0's InvalidArgumentError (the transport
+// is aborted, as for any collective whose ranks disagree) names the operation, both ranks and
+// both blocks, found in the signature of the first message (issue 38).
 TEST(UnevenErrors, CountsThatDisagreeNameTheOpAndBothRanks) {
   std::string error;
   runWorld(
@@ -241,8 +242,10 @@ TEST(UnevenErrors, CountsThatDisagreeNameTheOpAndBothRanks) {
       30s);
   EXPECT_TRUE(contains(error, "alltoallv#5")) << error;
   EXPECT_TRUE(contains(error, "rank 0: ")) << error;
-  EXPECT_TRUE(contains(error, "rank 1 sent 16 bytes")) << error;
-  EXPECT_TRUE(contains(error, "receives 8 bytes")) << error;
+  EXPECT_TRUE(contains(error, "rank 1 called alltoallv(dtype=float, block of 4 elements)"))
+      << error;
+  EXPECT_TRUE(contains(error, "rank 0 called alltoallv(dtype=float, block of 2 elements)"))
+      << error;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "signature.h"
 #include "tag.h"
 
 namespace loom::comm {
@@ -36,7 +37,7 @@ std::shared_ptr<TestRequest> receive(std::vector<uint8_t>& buf, uint64_t tag) {
 // no receive is posted), end.
 void deliver(TagMatcher& m, uint64_t tag, const std::vector<uint8_t>& payload) {
   std::string error;
-  if (!m.arrive(tag, payload.size(), 0, error)) {
+  if (!m.arrive(tag, payload.size(), Signature{}, error)) {
     ASSERT_EQ(error, "");
     m.bufferIncoming();
   }
@@ -106,9 +107,108 @@ TEST(TagMatcher, SameSequenceAnotherCollectiveIsAMismatchNamingBoth) {
   std::string error;
   ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
   m.post(r);
-  EXPECT_FALSE(m.arrive(makeTag(OpType::kBroadcast, 9, 0), 4, 0, error));
+  EXPECT_FALSE(m.arrive(makeTag(OpType::kBroadcast, 9, 0), 4, Signature{}, error));
   EXPECT_THAT(error, HasSubstr("broadcast#9"));
   EXPECT_THAT(error, HasSubstr("allreduce#9"));
+}
+
+// Issue 38: counts compare in 64 bits. Two counts with the same low 32 bits (5 and 2^32 + 5)
+// are another signature, and the error prints both counts whole.
+TEST(TagMatcher, CountsThatDifferAbove32BitsAreAMismatch) {
+  const uint64_t big = (uint64_t{1} << 32) + 5;
+  const Signature five =
+      packSignature(OpType::kAllreduce, DType::kUInt8, 5, true, ReduceOp::kSum, false, 0);
+  const Signature large =
+      packSignature(OpType::kAllreduce, DType::kUInt8, big, true, ReduceOp::kSum, false, 0);
+  EXPECT_NE(five, large);
+  EXPECT_EQ(five.word, large.word);  // what a 32-bit count field compared
+  EXPECT_EQ(describeSignature(large), "allreduce(dtype=uint8, count=4294967301, op=sum)");
+  TagMatcher m(0, 1);
+  std::vector<uint8_t> buf(4);
+  std::shared_ptr<TestRequest> r;
+  {
+    const SignatureScope scope(five);
+    r = receive(buf, kTagA);
+  }
+  std::string error;
+  ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
+  m.post(r);
+  EXPECT_FALSE(m.arrive(kTagA, 4, large, error));
+  EXPECT_THAT(error, HasSubstr("rank 1 called allreduce(dtype=uint8, count=4294967301, op=sum)"));
+  EXPECT_THAT(error, HasSubstr("rank 0 called allreduce(dtype=uint8, count=5, op=sum)"));
+  EXPECT_THROW(r->test(), InvalidArgumentError);
+}
+
+// Issue 38: a rank that passed count 0 exchanges one empty message per peer at step 0 while
+// the other runs its algorithm's steps: two messages of one collective (same sequence number)
+// with other steps and other signatures are a mismatch too, found by whichever side sees the
+// other's first, as a message arriving for a posted receive or a receive finding the message.
+TEST(TagMatcher, AnotherSignatureAtAnotherStepOfTheSameCollectiveIsAMismatch) {
+  const Signature zero =
+      packSignature(OpType::kAllreduce, DType::kFloat32, 0, true, ReduceOp::kSum, false, 0);
+  const Signature n =
+      packSignature(OpType::kAllreduce, DType::kFloat32, 1000, true, ReduceOp::kSum, false, 0);
+  std::vector<uint8_t> buf(4);
+  std::string error;
+  {
+    TagMatcher m(0, 1);
+    std::shared_ptr<TestRequest> r;
+    {
+      const SignatureScope scope(zero);
+      r = receive(buf, makeTag(OpType::kAllreduce, 7, 0));
+    }
+    ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
+    m.post(r);
+    EXPECT_FALSE(m.arrive(makeTag(OpType::kAllreduce, 7, 3), 4, n, error));
+    EXPECT_THAT(error, HasSubstr("count=1000"));
+    EXPECT_THAT(error, HasSubstr("count=0"));
+    EXPECT_THROW(r->test(), InvalidArgumentError);
+  }
+  {
+    TagMatcher m(0, 1);
+    error.clear();
+    ASSERT_FALSE(m.arrive(makeTag(OpType::kAllreduce, 7, 0), 0, zero, error));
+    ASSERT_EQ(error, "");
+    m.bufferIncoming();
+    m.finishIncoming();
+    std::shared_ptr<TestRequest> r;
+    {
+      const SignatureScope scope(n);
+      r = receive(buf, makeTag(OpType::kAllreduce, 7, 3));
+    }
+    EXPECT_EQ(m.receive(r, error), TagMatcher::Match::kError);
+    EXPECT_THAT(error, HasSubstr("rank 1 called allreduce(dtype=float, count=0, op=sum)"));
+    EXPECT_THAT(error, HasSubstr("rank 0 called allreduce(dtype=float, count=1000, op=sum)"));
+  }
+  {
+    // The same signature at another step is the next message of an agreeing collective.
+    TagMatcher m(0, 1);
+    error.clear();
+    std::shared_ptr<TestRequest> r;
+    {
+      const SignatureScope scope(n);
+      r = receive(buf, makeTag(OpType::kAllreduce, 7, 0));
+    }
+    ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
+    m.post(r);
+    EXPECT_FALSE(m.arrive(makeTag(OpType::kAllreduce, 7, 3), 4, n, error));
+    EXPECT_EQ(error, "");
+  }
+}
+
+// Issue 38: the uneven collectives' signature names the message's block and the digest of the
+// counts; the digest tells count vectors apart (order included).
+TEST(TagMatcher, UnevenSignaturesCarryTheBlockAndTheCountsDigest) {
+  const std::vector<size_t> a{3, 0, 2}, b{3, 2, 0}, c{3, 0, 2, 0};
+  EXPECT_NE(countsDigest(a), countsDigest(b));
+  EXPECT_NE(countsDigest(a), countsDigest(c));
+  EXPECT_EQ(countsDigest(a), countsDigest(std::vector<size_t>{3, 0, 2}));
+  const Signature s = withBlock(packUnevenSignature(OpType::kAllgatherv, DType::kFloat32, false,
+                                                    ReduceOp::kSum, false, 0, countsDigest(a)),
+                                2);
+  const std::string text = describeSignature(s);
+  EXPECT_THAT(text, HasSubstr("allgatherv(dtype=float, block of 2 elements, counts digest 0x"));
+  EXPECT_NE(s, withBlock(s, 3));
 }
 
 TEST(TagMatcher, PointToPointTagsAreNeverACollectiveMismatch) {
@@ -119,14 +219,14 @@ TEST(TagMatcher, PointToPointTagsAreNeverACollectiveMismatch) {
   ASSERT_EQ(m.receive(r, error), TagMatcher::Match::kNone);
   m.post(r);
   // A send/recv whose user tag happens to look like seq 5.
-  EXPECT_FALSE(m.arrive(makeP2PTag(uint64_t{5} << 16), 4, 0, error));
+  EXPECT_FALSE(m.arrive(makeP2PTag(uint64_t{5} << 16), 4, Signature{}, error));
   EXPECT_EQ(error, "");
 }
 
 TEST(TagMatcher, AReceivePostedWhileItsMessageArrivesTakesItOver) {
   TagMatcher m(0, 1);
   std::string error;
-  ASSERT_FALSE(m.arrive(kTagA, 6, 0, error));
+  ASSERT_FALSE(m.arrive(kTagA, 6, Signature{}, error));
   m.bufferIncoming();
   std::memcpy(m.incoming().target, "abc", 3);
   m.arrived(3);

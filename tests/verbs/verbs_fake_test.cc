@@ -429,7 +429,7 @@ class HeaderSpyOps : public FakeOps {
 TEST(VerbsFake, EveryFragmentCarriesTheSignature) {
   FakeWorld w;
   std::vector<SlotHeader> headers;
-  const uint64_t sig =
+  const Signature sig =
       packSignature(OpType::kAllreduce, DType::kFloat32, 250, true, ReduceOp::kMax, false, 0);
   loom::testing::runThreadRanks(2, [&](int rank) {
     ContextOptions o;
@@ -440,15 +440,15 @@ TEST(VerbsFake, EveryFragmentCarriesTheSignature) {
                                        : std::make_unique<FakeOps>(w.fabric, rank),
                              w.config);
     Transport& t = ctx->transport();
-    std::vector<uint8_t> buf(1000);  // 5 fragments of at most 216 bytes
+    std::vector<uint8_t> buf(1000);  // 5 fragments of at most 208 bytes
     SignatureScope scope(sig);
     if (rank == 0) {
       ASSERT_TRUE(t.isend(1, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
-      SignatureScope none(0);
+      SignatureScope none(Signature{});
       ASSERT_TRUE(t.isend(1, buf.data(), 8, 4)->wait(Deadline(10s)));
     } else {
       ASSERT_TRUE(t.irecv(0, buf.data(), buf.size(), 3)->wait(Deadline(10s)));
-      SignatureScope none(0);
+      SignatureScope none(Signature{});
       ASSERT_TRUE(t.irecv(0, buf.data(), 8, 4)->wait(Deadline(10s)));
     }
   });
@@ -456,7 +456,8 @@ TEST(VerbsFake, EveryFragmentCarriesTheSignature) {
   ASSERT_EQ(headers.size(), frags + 1);
   for (size_t i = 0; i < frags; ++i) {
     EXPECT_EQ(headers[i].tag, 3u);
-    EXPECT_EQ(headers[i].signature, sig) << "fragment " << i;
+    EXPECT_EQ(headers[i].signature, sig.word) << "fragment " << i;
+    EXPECT_EQ(headers[i].signatureExtra, sig.extra) << "fragment " << i;
   }
   EXPECT_EQ(headers.back().tag, 4u);
   EXPECT_EQ(headers.back().signature, 0u);
@@ -467,9 +468,9 @@ TEST(VerbsFake, EveryFragmentCarriesTheSignature) {
 // abort, whose text carries the same two signatures.
 TEST(VerbsFake, SignatureMismatchFailsBothSidesWithBothSignatures) {
   FakeWorld w;
-  const uint64_t sum =
+  const Signature sum =
       packSignature(OpType::kAllreduce, DType::kInt32, 64, true, ReduceOp::kSum, false, 0);
-  const uint64_t max =
+  const Signature max =
       packSignature(OpType::kAllreduce, DType::kInt32, 64, true, ReduceOp::kMax, false, 0);
   loom::testing::runThreadRanks(2, [&](int rank) {
     auto ctx = w.make(rank, 2);

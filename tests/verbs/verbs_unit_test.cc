@@ -89,17 +89,18 @@ TEST(Immediate, EncodesKindAndArgument) {
   EXPECT_EQ(immArg(encodeImm(ImmKind::kData, kImmArgMask + 5)), 4u);  // masked
 }
 
-// The slot header's wire layout (v2): the signature sits between the offset and the fragment
-// size, and a header written then read back keeps every field, the signature included.
+// The slot header's wire layout (v3): the signature's two words sit between the offset and the
+// fragment size, and a header written then read back keeps every field, the signature included.
 TEST(SlotHeaderLayout, CarriesTheSignature) {
-  EXPECT_EQ(sizeof(SlotHeader), 40u);
+  EXPECT_EQ(sizeof(SlotHeader), 48u);
   EXPECT_EQ(offsetof(SlotHeader, tag), 0u);
   EXPECT_EQ(offsetof(SlotHeader, totalBytes), 8u);
   EXPECT_EQ(offsetof(SlotHeader, offset), 16u);
   EXPECT_EQ(offsetof(SlotHeader, signature), 24u);
-  EXPECT_EQ(offsetof(SlotHeader, fragBytes), 32u);
-  EXPECT_EQ(offsetof(SlotHeader, magic), 36u);
-  const SlotHeader h{7, 1000, 216, 0x8123456789abcdefull, 216, kSlotMagic};
+  EXPECT_EQ(offsetof(SlotHeader, signatureExtra), 32u);
+  EXPECT_EQ(offsetof(SlotHeader, fragBytes), 40u);
+  EXPECT_EQ(offsetof(SlotHeader, magic), 44u);
+  const SlotHeader h{7, 1000, 216, 0x8123456789abcdefull, 0x1234, 216, kSlotMagic};
   uint8_t wire[sizeof(SlotHeader)];
   std::memcpy(wire, &h, sizeof(h));
   SlotHeader back;
@@ -108,6 +109,7 @@ TEST(SlotHeaderLayout, CarriesTheSignature) {
   EXPECT_EQ(back.totalBytes, 1000u);
   EXPECT_EQ(back.offset, 216u);
   EXPECT_EQ(back.signature, 0x8123456789abcdefull);
+  EXPECT_EQ(back.signatureExtra, 0x1234u);
   EXPECT_EQ(back.fragBytes, 216u);
   EXPECT_EQ(back.magic, kSlotMagic);
   // The abort's immediate carries the length of its text.

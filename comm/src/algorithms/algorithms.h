@@ -71,6 +71,11 @@ void gatherDirect(Op& op, const void* in, void* out, size_t count, DType dtype, 
 void scatterDirect(Op& op, const void* in, void* out, size_t count, DType dtype, int root);
 void alltoallDirect(Op& op, const void* in, void* out, size_t count, DType dtype);
 void barrierDissemination(Op& op);
+// An even collective of 0 elements (barrier.cc): one empty message to and from every other rank,
+// each carrying the collective's signature, so that a rank that passed another count finds the
+// mismatch at once, whichever messages its algorithm sends and receives (tag_matcher.h compares
+// the signatures of any two messages of one collective).
+void zeroCountExchange(Op& op);
 
 // The direct reductions' last step: out = the `size` inputs reduced in rank order (so every
 // rank computes the same bits), this rank's at `mine`, peer p's at slices + p * (its bytes)

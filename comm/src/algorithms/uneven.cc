@@ -6,10 +6,11 @@
 // order, so block j starts at `offsets[j]` = the sum of the counts before j (blockOffsets).
 // Every rank posts all its receives first (each lands in its own block of out, or of a
 // `slices` scratch buffer for the reduce-scatter), then its sends, then copies its own block
-// locally, then waits for everything. Only a block of 0 elements is skipped on both sides:
-// both ranks know its count, so nothing is left unmatched when the arguments agree. A block
-// of the wrong size is the transport's size mismatch (a receive error naming both ranks and
-// both sizes).
+// locally, then waits for everything. A block of 0 elements still travels, as an empty message:
+// every message carries the collective's signature with the count of its own block and the
+// digest of the counts (signature.h, sendBlock / recvBlock), so ranks whose split sizes differ
+// anywhere fail at their first message with both signatures, instead of one rank skipping a
+// block the other waits for until its deadline.
 //
 // In place: allgatherv's in is its own block of out (the copy is skipped); alltoallv's in ==
 // out is copied to scratch first, since blocks are overwritten while others are still being
@@ -20,8 +21,25 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "signature.h"
 
 namespace loom::comm {
+
+namespace {
+
+// A message of `count` elements whose signature names that count (the block's, as this rank's
+// counts give it: the sender's for what it sends, the receiver's for what it expects).
+RequestPtr sendBlock(Op& op, int peer, const void* data, size_t count, size_t esize) {
+  const SignatureScope block(withBlock(SignatureScope::current(), count));
+  return op.send(peer, data, count * esize, 0);
+}
+
+RequestPtr recvBlock(Op& op, int peer, void* data, size_t count, size_t esize) {
+  const SignatureScope block(withBlock(SignatureScope::current(), count));
+  return op.recv(peer, data, count * esize, 0);
+}
+
+}  // namespace
 
 std::vector<size_t> blockOffsets(std::span<const size_t> counts) {
   std::vector<size_t> offsets(counts.size() + 1, 0);
@@ -44,13 +62,11 @@ void alltoallvDirect(Op& op, const void* in, std::span<const size_t> inCounts, v
   std::vector<RequestPtr> reqs;
   for (int i = 1; i < size; ++i) {
     const int peer = (rank - i + size) % size;
-    if (outCounts[peer] == 0) continue;
-    reqs.push_back(op.recv(peer, at(out, outOffsets[peer] * esize), outCounts[peer] * esize, 0));
+    reqs.push_back(recvBlock(op, peer, at(out, outOffsets[peer] * esize), outCounts[peer], esize));
   }
   for (int i = 1; i < size; ++i) {
     const int peer = (rank + i) % size;
-    if (inCounts[peer] == 0) continue;
-    reqs.push_back(op.send(peer, at(in, inOffsets[peer] * esize), inCounts[peer] * esize, 0));
+    reqs.push_back(sendBlock(op, peer, at(in, inOffsets[peer] * esize), inCounts[peer], esize));
   }
   if (inCounts[rank] > 0) {
     std::memcpy(at(out, outOffsets[rank] * esize), at(in, inOffsets[rank] * esize),
@@ -68,16 +84,13 @@ void allgathervDirect(Op& op, const void* in, void* out, std::span<const size_t>
   std::vector<RequestPtr> reqs;
   for (int i = 1; i < size; ++i) {
     const int peer = (rank - i + size) % size;
-    if (counts[peer] == 0) continue;
-    reqs.push_back(op.recv(peer, at(out, offsets[peer] * esize), counts[peer] * esize, 0));
+    reqs.push_back(recvBlock(op, peer, at(out, offsets[peer] * esize), counts[peer], esize));
   }
-  if (counts[rank] > 0) {
-    for (int i = 1; i < size; ++i) {
-      reqs.push_back(op.send((rank + i) % size, in, counts[rank] * esize, 0));
-    }
-    void* mine = at(out, offsets[rank] * esize);
-    if (mine != in) std::memmove(mine, in, counts[rank] * esize);
+  for (int i = 1; i < size; ++i) {
+    reqs.push_back(sendBlock(op, (rank + i) % size, in, counts[rank], esize));
   }
+  void* mine = at(out, offsets[rank] * esize);
+  if (counts[rank] > 0 && mine != in) std::memmove(mine, in, counts[rank] * esize);
   op.waitAll(reqs);
 }
 
@@ -88,12 +101,12 @@ void gathervDirect(Op& op, const void* in, void* out, std::span<const size_t> co
   const size_t esize = dtypeSize(dtype);
   std::vector<RequestPtr> reqs;
   if (rank != root) {
-    if (counts[rank] > 0) reqs.push_back(op.send(root, in, counts[rank] * esize, 0));
+    reqs.push_back(sendBlock(op, root, in, counts[rank], esize));
   } else {
     const std::vector<size_t> offsets = blockOffsets(counts);
     for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank || counts[peer] == 0) continue;
-      reqs.push_back(op.recv(peer, at(out, offsets[peer] * esize), counts[peer] * esize, 0));
+      if (peer == rank) continue;
+      reqs.push_back(recvBlock(op, peer, at(out, offsets[peer] * esize), counts[peer], esize));
     }
     void* mine = at(out, offsets[rank] * esize);
     if (counts[rank] > 0 && mine != in) std::memmove(mine, in, counts[rank] * esize);
@@ -112,10 +125,15 @@ void reduceScattervDirect(Op& op, const void* in, void* out, std::span<const siz
   std::vector<RequestPtr> sends;
   for (int i = 1; i < size; ++i) {
     const int peer = (rank + i) % size;
-    if (counts[peer] == 0) continue;
-    sends.push_back(op.send(peer, at(in, offsets[peer] * esize), counts[peer] * esize, 0));
+    sends.push_back(sendBlock(op, peer, at(in, offsets[peer] * esize), counts[peer], esize));
   }
   if (count == 0) {
+    // Nothing to reduce, but every peer's (empty) block of ours still comes, with its signature.
+    std::vector<RequestPtr> recvs;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) recvs.push_back(recvBlock(op, peer, nullptr, 0, esize));
+    }
+    op.waitAll(recvs);
     op.waitAll(sends);
     return;
   }
@@ -128,7 +146,7 @@ void reduceScattervDirect(Op& op, const void* in, void* out, std::span<const siz
   }
   std::vector<RequestPtr> recvs(size);
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) recvs[peer] = op.recv(peer, slices + peer * bytes, bytes, 0);
+    if (peer != rank) recvs[peer] = recvBlock(op, peer, slices + peer * bytes, count, esize);
   }
   if (size == 1) {
     if (out != mine) std::memcpy(out, mine, bytes);

@@ -8,8 +8,10 @@
 // - The Context owns its EngineSet (Context::engines()); the EngineSet owns its engines, and an
 //   engine owns what it runs on (the arena engines their Arena). Engines never hold the
 //   Context: each call carries it.
-// - run() gets a validated call with count > 0 (barrier aside) and world size > 1, and blocks
-//   until this rank's part is done. Errors as in collectives.h.
+// - run() gets a validated call with world size > 1, and blocks until this rank's part is done.
+//   Errors as in collectives.h. A call of count 0 moves nothing but still meets the other ranks
+//   with its signature (the generic engine's zeroCountExchange, the arena's zeroCountStep), so
+//   that a rank that passed another count fails at once rather than at its deadline.
 // - Thread-safety: one thread runs collectives on a Context at a time (the Context's rule);
 //   abort() may be called from any thread.
 // - Dispatch cost: engineFor is inline and branch-only; run() is the one virtual call.

@@ -21,6 +21,9 @@ class GenericEngine final : public Engine {
         selectAlgorithm(c.type, c.opts.algorithm, options_.algorithm, bytes, c.ctx.size(),
                         options_.crossovers ? &*options_.crossovers : nullptr);
     Op o(c.ctx, c.type, c.opts, options_.chunkBytes);
+    if (c.count == 0 && (opBit(c.type) & kAllCollectives) != 0 && c.type != OpType::kBarrier) {
+      return zeroCountExchange(o);
+    }
     switch (c.type) {
       case OpType::kAllreduce:
         switch (algo) {

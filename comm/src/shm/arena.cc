@@ -42,7 +42,7 @@ namespace loom::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
-constexpr uint32_t kVersion = 2;                    // 2: the boxes
+constexpr uint32_t kVersion = 3;                    // 2: the boxes; 3: 64-bit counts
 // Spinning while the awaited rank last ran on this very CPU: none. It cannot run while we spin
 // (unless it migrated since its last publish, which the yield loop's checks catch as fast), so
 // a wait yields at once. It was 2 us: with 3 or 4 ranks on 2 CPUs that was most of a small
@@ -368,9 +368,10 @@ void Arena::post(const Call& call) {
   mine.postedBytes[s] = call.bytes;
   mine.postedKind[s] = call.kind;
   Box& box = mine.box[s];
-  box.signature = call.signature;
-  box.access = static_cast<uint32_t>(call.access);
-  box.variant = call.variant;
+  box.signature = call.signature.word;
+  box.signatureExtra = static_cast<uint32_t>(call.signature.extra);
+  box.access = static_cast<uint16_t>(call.access);
+  box.variant = static_cast<uint16_t>(call.variant);
   box.posted.store(step_ + 1, std::memory_order_release);
   announce();
 }
@@ -380,18 +381,20 @@ void Arena::waitPosted(const Call& call, int peer) {
   const int s = slotOf(step_);
   const Box& box = theirs.box[s];
   waitFor(call, peer, box.posted, step_ + 1, kPostWhat);
-  if (box.signature != call.signature) {
+  // Both words in the box's one line: counts compare in 64 bits for one more compare.
+  if (box.signature != call.signature.word ||
+      box.signatureExtra != static_cast<uint32_t>(call.signature.extra)) {
     const std::string other = detail::str(opTypeName(static_cast<OpType>(theirs.postedKind[s])),
                                           "#", theirs.postedSeq[s]);
     failMismatch(call, peer,
                  detail::str("mismatched collectives: rank ", rank_, " is in ", call.name(), " (",
                              call.bytes, " bytes): ", describeSignature(call.signature), ", rank ",
-                             peer, " in ", other, " (", theirs.postedBytes[s],
-                             " bytes): ", describeSignature(box.signature),
+                             peer, " in ", other, " (", theirs.postedBytes[s], " bytes): ",
+                             describeSignature(Signature{box.signature, box.signatureExtra}),
                              "; the ranks called different collectives or passed different "
                              "arguments (count, dtype, op or root)"));
   }
-  if (box.access != static_cast<uint32_t>(call.access)) {
+  if (box.access != static_cast<uint16_t>(call.access)) {
     failMismatch(
         call, peer,
         detail::str("rank ", rank_, " takes the ", peerAccessName(call.access), " path and rank ",

@@ -63,6 +63,7 @@
 #include "loom/comm/context.h"
 #include "loom/comm/tuning.h"
 #include "shm/os.h"
+#include "signature.h"
 
 namespace loom {
 class Store;
@@ -187,9 +188,9 @@ class Arena {
     // all-reduce). The time before that first wait is this rank's own work, never a wait.
     mutable int64_t deadlineNs = 0;  // nowNs() + timeout; 0: not armed
     std::chrono::milliseconds timeout;
-    size_t bytes;        // per rank, for messages
-    uint64_t signature;  // kind/count/dtype/op/root: must match on every rank
-    uint32_t kind;       // OpType, for mismatch messages
+    size_t bytes;         // per rank, for messages
+    Signature signature;  // kind/count/dtype/op/root: must match on every rank
+    uint32_t kind;        // OpType, for mismatch messages
     uint64_t seq;
     mutable size_t done = 0;  // bytes of this rank's part finished, for timeout messages
     // How peers reach this step's data: the same on every rank (checked by waitPosted).

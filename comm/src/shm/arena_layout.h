@@ -43,9 +43,11 @@ struct Arena::Header {
 struct Arena::Box {
   // (the last step posted in this slot) + 1, written only by the owning rank, last.
   std::atomic<uint64_t> posted;
-  uint64_t signature;
-  uint32_t access;   // PeerAccess
-  uint32_t variant;  // Call::variant: how the poster runs this step
+  uint64_t signature;       // Signature::word
+  uint32_t signatureExtra;  // Signature::extra: the count's high 32 bits (collectives here are
+                            // even, see signature.h)
+  uint16_t access;          // PeerAccess
+  uint16_t variant;         // Call::variant: how the poster runs this step
   uint8_t data[kBoxBytes];
 };
 static_assert(sizeof(Arena::Box) == 64, "a box is one cache line");

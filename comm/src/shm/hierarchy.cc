@@ -18,7 +18,7 @@ void hierarchicalAllreduce(Context& ctx, const Hierarchy& hierarchy, const Colle
   // 1. Within the host: reduce into the leader's `out`.
   if (hierarchy.arena != nullptr) {
     reduce(*hierarchy.arena, opts, in, out, count, dtype, partialOp, 0);
-  } else if (out != in) {
+  } else if (out != in && bytes > 0) {
     std::memcpy(out, in, bytes);
   }
   // 2. Across hosts: the leaders exchange their partials over tcp and reduce in leader order.
@@ -27,7 +27,8 @@ void hierarchicalAllreduce(Context& ctx, const Hierarchy& hierarchy, const Colle
     const int me = hierarchy.leaderIndex;
     Op o(ctx, OpType::kAllreduce, opts);
     auto* partials = static_cast<uint8_t*>(ctx.scratch(bytes * hosts, 0));
-    std::memcpy(partials + me * bytes, out, bytes);
+    // Count 0 still exchanges its empty messages: they carry the signature (signature.h).
+    if (bytes > 0) std::memcpy(partials + me * bytes, out, bytes);
     std::vector<RequestPtr> recvs(hosts), sends;
     for (int h = 0; h < hosts; ++h) {
       if (h != me) recvs[h] = o.recv(hierarchy.leaders[h], partials + h * bytes, bytes, 0);

@@ -15,8 +15,9 @@ RoutingTransport::~RoutingTransport() {
 Transport& RoutingTransport::route(int peer) const {
   // Once tcp failed (a shm failure aborts tcp too), every request goes to tcp and fails at
   // once with its first reason, also those for same-host peers (the shm transport may not
-  // have noticed yet).
-  if (shm_->reaches(peer) && !tcp_->failed()) return *shm_;
+  // have noticed yet); unless the shm transport failed itself: then its requests fail with its
+  // reason and its kind (InvalidArgumentError after a mismatch, which tcp's abort lost).
+  if (shm_->reaches(peer) && (!tcp_->failed() || shm_->failed())) return *shm_;
   return *tcp_;
 }
 

@@ -18,7 +18,7 @@ namespace {
 
 // What must agree between ranks for one collective: kind, count, dtype, op and root, packed
 // so that a mismatch message can print both (signature.h).
-uint64_t signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
+Signature signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
   return packSignature(kind, dtype, count, op >= 0, static_cast<ReduceOp>(op >= 0 ? op : 0),
                        root >= 0, root);
 }
@@ -34,6 +34,34 @@ Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, s
                    opts.seq};
   arena.checkUsable(call);
   return call;
+}
+
+// Who posts and who waits in a collective's first step (see zeroCountStep).
+enum class Meet : uint8_t {
+  kAll,         // every rank posts and waits for every post
+  kRootPosts,   // the root posts, the others wait for it (broadcast, scatter)
+  kOthersPost,  // the others post, the root waits for them (gather)
+};
+
+// A collective of 0 elements moves nothing, but its ranks still meet in one step, posted and
+// waited on as the collective's first step is, so that a rank that passed another count (or
+// called another collective) finds the mismatch in the posted signature at once, on whichever
+// side waits, instead of one rank returning while the others wait out their deadline.
+void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root = 0) {
+  const bool isRoot = arena.rank() == root;
+  const bool posts = meet == Meet::kAll || (meet == Meet::kRootPosts) == isRoot;
+  if (posts) {
+    arena.acquireSlot(call);
+    arena.post(call);
+  }
+  if (meet == Meet::kAll || (meet == Meet::kOthersPost && isRoot)) {
+    arena.waitPostedAll(call);
+  } else if (meet == Meet::kRootPosts && !isRoot) {
+    arena.waitPosted(call, root);
+  }
+  // Every rank waited for every post (the all-reduce's small path), or a rooted step: then
+  // the consumed counter says when the slot is free again, as in the rooted collectives.
+  arena.finishStep(meet != Meet::kAll);
 }
 
 // Elements per chunk when a slot holds `pieces` pieces of the chunk. Collectives that move
@@ -114,6 +142,7 @@ void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, siz
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype, ReduceOp op) {
   Arena::Call call = makeCall(arena, OpType::kAllreduce, opts, count, dtype, static_cast<int>(op));
+  if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
@@ -167,6 +196,7 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
             DType dtype, ReduceOp op, int root) {
   const Arena::Call call =
       makeCall(arena, OpType::kReduce, opts, count, dtype, static_cast<int>(op), root);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
@@ -196,6 +226,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
                    size_t count, DType dtype, ReduceOp op) {
   Arena::Call call =
       makeCall(arena, OpType::kReduceScatter, opts, count, dtype, static_cast<int>(op));
+  if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   WindowRef windows[2];
@@ -226,6 +257,7 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
 void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t count, DType dtype,
                int root) {
   Arena::Call call = makeCall(arena, OpType::kBroadcast, opts, count, dtype, -1, root);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kRootPosts, root);
   const size_t es = dtypeSize(dtype);
   WindowRef windows[2];
   call.access =
@@ -255,6 +287,7 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
 void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
                DType dtype) {
   Arena::Call call = makeCall(arena, OpType::kAllgather, opts, count, dtype);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const size_t es = dtypeSize(dtype);
   WindowRef windows[2];
   call.access =
@@ -286,6 +319,7 @@ void allgather(Arena& arena, const CollectiveOptions& opts, const void* in, void
 void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
             DType dtype, int root) {
   const Arena::Call call = makeCall(arena, OpType::kGather, opts, count, dtype, -1, root);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kOthersPost, root);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -312,6 +346,7 @@ void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
 void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
              DType dtype, int root) {
   const Arena::Call call = makeCall(arena, OpType::kScatter, opts, count, dtype, -1, root);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kRootPosts, root);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -336,6 +371,7 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
 void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
               DType dtype) {
   const Arena::Call call = makeCall(arena, OpType::kAlltoall, opts, count, dtype);
+  if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();

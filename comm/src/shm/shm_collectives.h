@@ -17,7 +17,10 @@
 // - barrier: a step without data (post, wait for every post).
 // Large allreduce, reduceScatter, broadcast and allgather take the single-copy path instead
 // when the arena's probe allowed it (shm_single_copy.h).
-// All functions assume validated arguments, count > 0 and size > 1 (as algorithms.h).
+// All functions assume validated arguments and size > 1 (as algorithms.h). Count 0 moves nothing
+// but still meets the other ranks in one step, so that a rank that passed another count finds
+// the mismatch in the signatures at once (the generic engine's zeroCountExchange, over the
+// arena).
 #pragma once
 
 #include <cstddef>

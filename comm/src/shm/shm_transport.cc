@@ -120,7 +120,7 @@ RequestPtr ShmTransport::isend(int peer, const void* data, size_t bytes, uint64_
   auto req = std::make_shared<ShmRequest>(this, peer, true, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load() || failedByAbortLocked()) {
-    req->fail(failure_);
+    req->fail(failure_, failureKind_);
   } else if (control(i).closed.load(std::memory_order_acquire) != 0) {
     req->fail(detail::str("rank ", rank_, ": cannot send ", describeTag(tag), " to rank ", peer,
                           ": it closed its shared-memory transport"));
@@ -139,12 +139,12 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
       std::make_shared<ShmRequest>(this, peer, false, data, bytes, tag);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load()) {
-    req->fail(failure_);
+    req->fail(failure_, failureKind_);
     return req;
   }
   drainLocked(i);  // take what already arrived, so that matching sees it
   if (failed_.load()) {
-    req->fail(failure_);
+    req->fail(failure_, failureKind_);
     return req;
   }
   Peer& p = *peers_[i];
@@ -155,16 +155,18 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
     case TagMatcher::Match::kArriving:
       break;  // the rest of it lands in the caller's buffer
     case TagMatcher::Match::kError:
-      failLocked(error, true);
-      req->fail(failure_);
+      failLocked(error, true, true);
+      req->fail(failure_, failureKind_);
       return req;
     case TagMatcher::Match::kNone:
       if (control(i).closed.load(std::memory_order_acquire) != 0 && !p.matcher.incoming().active) {
-        req->fail(failedByAbortLocked()
-                      ? failure_
-                      : detail::str("rank ", rank_, ": rank ", peer,
-                                    " closed its shared-memory transport before sending ",
-                                    describeTag(tag)));
+        if (failedByAbortLocked()) {
+          req->fail(failure_, failureKind_);
+        } else {
+          req->fail(detail::str("rank ", rank_, ": rank ", peer,
+                                " closed its shared-memory transport before sending ",
+                                describeTag(tag)));
+        }
         return req;
       }
       p.matcher.post(req);
@@ -200,20 +202,22 @@ bool ShmTransport::probe(int peer, uint64_t tag) const {
   return peers_[i]->matcher.hasUnexpected(tag);
 }
 
-void ShmTransport::failLocked(const std::string& reason, bool propagate) {
+void ShmTransport::failLocked(const std::string& reason, bool propagate, bool invalid) {
   if (failed_.load()) return;
   failure_ = reason;
+  failureKind_ = invalid ? RequestCore::Failure::kInvalidArgument : RequestCore::Failure::kIo;
   failed_.store(true, std::memory_order_release);
   for (auto& p : peers_) {
-    for (auto& r : p->sends) r->fail(reason);
+    for (auto& r : p->sends) r->fail(reason, failureKind_);
     p->sends.clear();
-    p->matcher.failAll(reason);
+    p->matcher.failAll(reason, false, failureKind_);
     p->sendsPending.store(false);
   }
   if (propagate) {
     uint32_t expected = 0;
     if (header_->aborted.compare_exchange_strong(expected, 1)) {
       header_->abortingRank = rank_;
+      header_->abortInvalid = invalid ? 1 : 0;
       std::snprintf(header_->reason, sizeof(header_->reason), "%s", reason.c_str());
       header_->aborted.store(2, std::memory_order_release);
     }
@@ -263,7 +267,7 @@ void ShmTransport::checkHealthLocked() {
     }
     failLocked(detail::str("rank ", rank_, ": the shared-memory transport failed (rank ",
                            header_->abortingRank, " reported): ", header_->reason),
-               false);
+               false, header_->abortInvalid != 0);
     return;
   }
   Transport* const sibling = sibling_.load(std::memory_order_acquire);

@@ -6,9 +6,9 @@
 // - For every ordered pair of local ranks (s -> d) the segment holds a single-producer,
 //   single-consumer byte ring: `head` (bytes s ever wrote, written only by s) and `tail`
 //   (bytes d ever consumed, written only by d), each in its own cache line, then `ringBytes`
-//   of data. A message is a 32-byte header (tag, bytes, the collective's signature, 0) followed
-//   by its payload padded to 16 bytes (a header may wrap: it is copied in two pieces then).
-//   Messages to one peer go out in isend order.
+//   of data. A message is a 32-byte header (tag, bytes, the collective's signature's two words)
+//   followed by its payload padded to 16 bytes (a header may wrap: it is copied in two pieces
+//   then). Messages to one peer go out in isend order.
 // - Sending copies as much of the oldest queued send as fits into the ring, publishes `head`
 //   and rings the receiver's doorbell; the send completes once its last byte is in the ring
 //   (the caller's buffer is free again, as with tcp once the kernel took the bytes).
@@ -133,9 +133,11 @@ class ShmTransport final : public Transport {
   bool progressLocked();
   bool pushSendsLocked(int index);
   bool drainLocked(int index);
-  void matchHeaderLocked(int index, uint64_t tag, size_t bytes, uint64_t signature);
+  void matchHeaderLocked(int index, uint64_t tag, size_t bytes, const Signature& signature);
   void completeIncomingLocked(int index);
-  void failLocked(const std::string& reason, bool propagate);
+  // `invalid`: the ranks' calls disagree (a mismatch): every request, here and on the ranks
+  // that learn it from the abort, fails with InvalidArgumentError.
+  void failLocked(const std::string& reason, bool propagate, bool invalid = false);
   // Whether the transport was aborted (by any rank): then fails it with the abort's reason
   // (checkHealthLocked) and returns true.
   bool failedByAbortLocked();
@@ -168,7 +170,8 @@ class ShmTransport final : public Transport {
 
   mutable std::mutex mu_;
   std::atomic<bool> failed_{false};
-  std::string failure_;  // under mu_
+  std::string failure_;                                           // under mu_
+  RequestCore::Failure failureKind_ = RequestCore::Failure::kIo;  // under mu_
   std::atomic<uint32_t> completions_{0};
   std::atomic<int> completionWaiters_{0};
   std::atomic<bool> stop_{false};

@@ -88,7 +88,7 @@ bool ShmTransport::pushSendsLocked(int i) {
           full = true;
           break;
         }
-        const uint64_t header[4] = {req.tag(), bytes, req.signature(), 0};
+        const uint64_t header[4] = {req.tag(), bytes, req.signature().word, req.signature().extra};
         p2p::copyToRing(data, ringBytes_, p.head, header, p2p::kHeaderBytes);
         p.head += p2p::kHeaderBytes;
         space -= p2p::kHeaderBytes;
@@ -150,7 +150,7 @@ bool ShmTransport::drainLocked(int i) {
       moved = true;
       p.inPadded = roundUp(header[1], 16);
       p.inConsumed = 0;
-      matchHeaderLocked(i, header[0], header[1], header[2]);
+      matchHeaderLocked(i, header[0], header[1], Signature{header[2], header[3]});
       if (failed_.load(std::memory_order_relaxed)) break;
       if (p.inPadded == 0) {
         completeIncomingLocked(i);
@@ -179,12 +179,13 @@ bool ShmTransport::drainLocked(int i) {
   return moved;
 }
 
-void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes, uint64_t signature) {
+void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes,
+                                     const Signature& signature) {
   Peer& p = *peers_[i];
   std::string error;
   if (p.matcher.arrive(tag, bytes, signature, error)) return;
   if (!error.empty()) {
-    failLocked(error, true);
+    failLocked(error, true, true);
     return;
   }
   p.matcher.bufferIncoming();

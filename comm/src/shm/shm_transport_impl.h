@@ -42,7 +42,7 @@ namespace p2p {
 
 inline constexpr uint64_t kMagic = 0x4c4f4f4d50325031ull;  // "LOOMP2P1"
 inline constexpr size_t kPage = 4096;
-inline constexpr size_t kHeaderBytes = 32;  // tag, bytes, signature, 0
+inline constexpr size_t kHeaderBytes = 32;  // tag, bytes, signature (2 words)
 inline constexpr int64_t kHealthPeriodNs = 20 * 1000 * 1000;
 
 // Ring copies: `pos` is a monotonic byte count; the ring holds `ringBytes` at `data`.
@@ -68,7 +68,8 @@ struct ShmTransport::Header {
   uint64_t ringBytes;
   // 0 = healthy, 1 = an abort is being written, 2 = aborted (reason valid).
   alignas(64) std::atomic<uint32_t> aborted;
-  int32_t abortingRank;  // Context rank
+  int32_t abortingRank;   // Context rank
+  uint32_t abortInvalid;  // 1: the ranks' calls disagree (InvalidArgumentError on every rank)
   char reason[512];
 };
 

@@ -24,17 +24,23 @@ namespace loom::comm::tcp {
 constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" little-endian
 // 3: the hello says whether the connection heals (TcpOptions::reconnectMs), and a
 // re-established connection opens with a Resume instead of a Hello.
-constexpr uint32_t kHelloVersion = 3;
+// 4: the header carries the signature's second word (the count's high bits, the split sizes'
+// digest).
+constexpr uint32_t kHelloVersion = 4;
 enum Kind : uint32_t { kData = 1, kGoodbye = 2, kAbort = 3 };
+// An abort's Header::tag: 1 when the ranks' calls disagree (a mismatch), so that the peers' errors
+// are InvalidArgumentError too; 0 otherwise.
+constexpr uint64_t kAbortInvalid = 1;
 
 struct Header {
   uint32_t magic;
   uint32_t kind;
   uint64_t tag;
   uint64_t bytes;
-  uint64_t signature;  // the collective's (signature.h), 0 for point-to-point and control
+  uint64_t signature;       // the collective's (signature.h) word, 0 for point-to-point and control
+  uint64_t signatureExtra;  // its second word
 };
-static_assert(sizeof(Header) == 32);
+static_assert(sizeof(Header) == 40);
 
 struct Hello {
   uint32_t magic;
@@ -139,7 +145,7 @@ class TcpRequest final : public RequestCore {
              uint64_t tag)
       : RequestCore(peer, send, data, bytes, tag),
         transport_(transport),
-        header_{kMagic, kData, tag, bytes, signature()} {}
+        header_{kMagic, kData, tag, bytes, signature().word, signature().extra} {}
 
   bool wait(const Deadline& deadline) override;
 
@@ -215,6 +221,7 @@ struct Fault {
   std::string text;
   bool lost = false;
   uint64_t gen = 0;
+  bool invalid = false;  // the ranks' calls disagree: InvalidArgumentError on every rank
   explicit operator bool() const { return !text.empty(); }
 };
 
@@ -276,7 +283,8 @@ struct Peer {
   uint8_t* target = nullptr;  // where the next payload byte goes (data or abort text)
   size_t remaining = 0;       // payload bytes still to read
   bool targetAbort = false;
-  bool stalled = false;  // header read, no receive posted yet, payload left in the socket
+  bool abortInvalid = false;  // the abort being read says the ranks' calls disagree
+  bool stalled = false;       // header read, no receive posted yet, payload left in the socket
   std::atomic<bool> readPaused{false};  // EPOLLIN off while stalled
   std::mutex epollMu;                   // serialises epoll_ctl(MOD) on this socket
   std::string abortText;

@@ -288,7 +288,7 @@ TcpTransport::~TcpTransport() {
       if (!p->sendQueue.empty() || p->sendClosed || p->reconnecting.load() || !p->replay.empty()) {
         continue;
       }
-      const Header bye{kMagic, kGoodbye, 0, 0, 0};
+      const Header bye{kMagic, kGoodbye, 0, 0, 0, 0};
       try {
         net::writeFull(p->sock.fd(), &bye, sizeof(bye), Deadline(milliseconds(1000)), p->addr);
       } catch (const std::exception&) {

@@ -27,7 +27,8 @@ std::shared_ptr<TcpRequest> TcpTransport::failedRequest(int peer, bool send, con
                                                         size_t bytes, uint64_t tag) {
   auto req = std::make_shared<TcpRequest>(this, peer, send, data, bytes, tag);
   std::lock_guard<std::mutex> lock(failMu_);
-  req->fail(failure_);
+  req->fail(failure_,
+            failureInvalid_ ? RequestCore::Failure::kInvalidArgument : RequestCore::Failure::kIo);
   return req;
 }
 
@@ -73,9 +74,10 @@ std::shared_ptr<TcpRequest> TcpTransport::sendOn(Peer& p, const void* data, size
     std::lock_guard<std::mutex> lock(p.sendMu);
     if (p.sendClosed) {
       std::lock_guard<std::mutex> flock(failMu_);
-      req->fail(failure_.empty()
-                    ? detail::str("connection to rank ", peer, " (", p.addr, ") is closed")
-                    : failure_);
+      req->fail(
+          failure_.empty() ? detail::str("connection to rank ", peer, " (", p.addr, ") is closed")
+                           : failure_,
+          failureInvalid_ ? RequestCore::Failure::kInvalidArgument : RequestCore::Failure::kIo);
       return req;
     }
     p.sendQueue.push_back(req);
@@ -93,6 +95,7 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
   // As the matcher's pointer type: passing it on costs no reference-count round trip.
   std::shared_ptr<RequestCore> req = tcpReq;
   std::string error;
+  bool invalid = false;
   Fault fault;
   {
     std::lock_guard<std::mutex> lock(p.recvMu);
@@ -110,6 +113,7 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
         break;
       }
       case TagMatcher::Match::kError:
+        invalid = true;  // a mismatch: the callers' mistake
         break;
       case TagMatcher::Match::kNone:
         if (p.stalled) {
@@ -132,7 +136,7 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
     onFault(p, fault);
     return tcpReq;
   }
-  fail(error, true);
+  fail(error, true, invalid);
   req->fail(error);
   return tcpReq;
 }
@@ -141,7 +145,7 @@ void TcpTransport::onFault(Peer& p, const Fault& fault) {
   if (fault.lost && p.heals) {
     lose(p, fault.gen, fault.text);
   } else {
-    fail(fault.text, true);
+    fail(fault.text, true, fault.invalid);
   }
 }
 
@@ -261,7 +265,7 @@ Fault TcpTransport::progressSendLocked(Peer& p) {
   return {};
 }
 
-void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
+void TcpTransport::onHeaderLocked(Peer& p, std::string& error, bool& invalid) {
   const Header& h = p.header;
   if (h.magic != kMagic) {
     error = detail::str("corrupt stream from rank ", p.rank, " (", p.addr, "): bad magic 0x",
@@ -286,10 +290,14 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error) {
       p.abortText.assign(h.bytes, '\0');
       p.target = reinterpret_cast<uint8_t*>(p.abortText.data());
       p.targetAbort = true;
+      p.abortInvalid = h.tag == kAbortInvalid;
       break;
     case kData: {
-      if (!p.matcher.arrive(h.tag, h.bytes, h.signature, error)) {
-        if (!error.empty()) return;
+      if (!p.matcher.arrive(h.tag, h.bytes, Signature{h.signature, h.signatureExtra}, error)) {
+        if (!error.empty()) {
+          invalid = true;
+          return;
+        }
         if (h.bytes > kEagerBytes && !p.matcher.waiting()) {
           // Nothing is waiting on this peer: leave the payload in the socket (the matcher
           // holds the message) until the matching receive is posted (irecv resumes reading).
@@ -340,8 +348,9 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
         p.headerGot += take;
         if (p.headerGot == sizeof(Header)) {
           p.headerGot = 0;
-          onHeaderLocked(p, error);
-          if (!error.empty()) return Fault{error, false, p.gen};
+          bool invalid = false;
+          onHeaderLocked(p, error, invalid);
+          if (!error.empty()) return Fault{error, false, p.gen, invalid};
           if (p.stalled) return {};  // staged payload bytes stay in the stage
         }
       } else {
@@ -353,7 +362,8 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
         if (!p.targetAbort) p.matcher.arrived(take);
         if (p.remaining == 0) {
           if (p.targetAbort) {
-            return Fault{detail::str("rank ", p.rank, " aborted: ", p.abortText), false, p.gen};
+            return Fault{detail::str("rank ", p.rank, " aborted: ", p.abortText), false, p.gen,
+                         p.abortInvalid};
           }
           onPayloadDoneLocked(p);
         }
@@ -384,27 +394,33 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
       }
       continue;
     }
-    if (r == 0) {
-      if (p.goodbye && p.readingHeader && p.headerGot == 0) {
-        p.closed = true;
-        if (p.inEpoll.exchange(false)) {
-          ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
-        }
-        if (p.matcher.waiting()) {
-          return Fault{detail::str("rank ", p.rank, " (", p.addr,
-                                   ") closed its connection while this rank still waits for ",
-                                   describeTag(p.matcher.waitingTag())),
-                       false, p.gen};
-        }
-        return {};
+    const int err = r < 0 ? errno : 0;
+    if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return {};
+    if (r < 0 && err == EINTR) continue;
+    // A peer that said goodbye left cleanly, whether its close reaches us as an EOF or as a
+    // reset: its kernel resets a connection closed with our last bytes unread, or answers bytes
+    // that arrive after the close with a reset (a rank that finished its part of a collective
+    // this rank disagrees with, and exited). Everything it sent before the goodbye was read
+    // above, and may be what names the failure (a mismatch found when the receive is posted):
+    // the reset must not fail the transport first.
+    if ((r == 0 || connectionLost(err)) && p.goodbye && p.readingHeader && p.headerGot == 0) {
+      p.closed = true;
+      if (p.inEpoll.exchange(false)) {
+        ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.sock.fd(), nullptr);
       }
+      if (p.matcher.waiting()) {
+        return Fault{detail::str("rank ", p.rank, " (", p.addr,
+                                 ") closed its connection while this rank still waits for ",
+                                 describeTag(p.matcher.waitingTag())),
+                     false, p.gen};
+      }
+      return {};
+    }
+    if (r == 0) {
       return lostFault(p, detail::str("connection to rank ", p.rank, " (", p.addr,
                                       ") closed by the peer (the process exited, crashed or "
                                       "aborted, or the connection was dropped)"));
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
-    if (errno == EINTR) continue;
-    const int err = errno;
     std::string text = detail::str("connection to rank ", p.rank, " (", p.addr,
                                    ") failed: ", detail::errnoText(err));
     if (connectionLost(err)) return lostFault(p, std::move(text));
@@ -412,11 +428,13 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
   }
 }
 
-void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
+void TcpTransport::fail(const std::string& reason, bool notifyPeers, bool invalid) {
+  const auto kind = invalid ? RequestCore::Failure::kInvalidArgument : RequestCore::Failure::kIo;
   {
     std::lock_guard<std::mutex> lock(failMu_);
     if (failed_.load()) return;
     failure_ = reason;
+    failureInvalid_ = invalid;
     failed_.store(true);
   }
   if (healWakeFd_ >= 0) {
@@ -430,20 +448,20 @@ void TcpTransport::fail(const std::string& reason, bool notifyPeers) {
     Peer& p = *pp;
     std::lock_guard<std::mutex> rlock(p.recvMu);
     std::lock_guard<std::mutex> slock(p.sendMu);
-    p.matcher.failAll(reason);
+    p.matcher.failAll(reason, false, kind);
     p.closed = true;
     // Tell the peer why, when its stream is at a message boundary (best effort).
     if (notifyPeers && p.sendOffset == 0 && p.replay.empty() && !p.sendClosed &&
         !p.reconnecting.load()) {
       const std::string text = reason.substr(0, kMaxAbortText);
-      Header h{kMagic, kAbort, 0, text.size(), 0};
+      Header h{kMagic, kAbort, invalid ? kAbortInvalid : 0, text.size(), 0, 0};
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = 2;
       [[maybe_unused]] ssize_t w = ::sendmsg(p.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    for (auto& r : p.sendQueue) r->fail(reason);
+    for (auto& r : p.sendQueue) r->fail(reason, kind);
     p.sendQueue.clear();
     p.sendOffset = 0;
     p.sendClosed = true;

@@ -11,7 +11,7 @@
 //   the same cut on both sides, since sends and receives must agree on the size) and each
 //   part travels as an ordinary message with the same tag on its lane; smaller messages take
 //   lane 0. So several cores (sender's and receiver's kernel work) can move one message.
-// - Wire format: each message is a 32-byte Header {magic, kind, tag, bytes, signature}
+// - Wire format: each message is a 40-byte Header {magic, kind, tag, bytes, signature (2 words)}
 //   followed by the payload. kind is data, goodbye (sent by the destructor: a later EOF is a clean
 //   close) or abort (payload: the reason, so that peers can name the original failure).
 // - Sending: isend writes header and payload (in sendmsg calls of at most kMaxSendBytes, so
@@ -173,12 +173,15 @@ class TcpTransport : public Transport {
   // Read what the socket has (bounded per call) / write what is queued; a fault on failure.
   Fault progressRecvLocked(Peer& p);
   Fault progressSendLocked(Peer& p);
-  void onHeaderLocked(Peer& p, std::string& error);
+  // `error` set: the stream cannot go on; `invalid` set with it: a mismatch (the callers').
+  void onHeaderLocked(Peer& p, std::string& error, bool& invalid);
   void onPayloadDoneLocked(Peer& p);
   void updateEpollLocked(Peer& p, bool wantOut);
   void setEpollMask(Peer& p);
   void resumeLocked(Peer& p);
-  void fail(const std::string& reason, bool notifyPeers);
+  // `invalid`: the ranks' calls disagree (a mismatch): every request, here and on the peers
+  // that learn it from the abort, fails with InvalidArgumentError.
+  void fail(const std::string& reason, bool notifyPeers, bool invalid = false);
   // A fault found while driving `p`: a lost connection that heals starts healing, anything else
   // fails the transport.
   void onFault(Peer& p, const Fault& fault);
@@ -220,7 +223,8 @@ class TcpTransport : public Transport {
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   mutable std::mutex failMu_;
-  std::string failure_;  // guarded by failMu_
+  std::string failure_;          // guarded by failMu_
+  bool failureInvalid_ = false;  // likewise
 
   // Healing (tcp_heal.cc): the listener stays open while connections heal; the healer thread
   // accepts and dials replacement connections.

@@ -61,14 +61,15 @@ inline uint32_t immArg(uint32_t imm) {
 // first message, both signatures in the error.
 struct SlotHeader {
   uint64_t tag;
-  uint64_t totalBytes;  // of the whole message
-  uint64_t offset;      // of this fragment in the message
-  uint64_t signature;   // the collective's (signature.h); 0: none
-  uint32_t fragBytes;   // payload bytes after the header
+  uint64_t totalBytes;      // of the whole message
+  uint64_t offset;          // of this fragment in the message
+  uint64_t signature;       // the collective's (signature.h) word; 0: none
+  uint64_t signatureExtra;  // its second word
+  uint32_t fragBytes;       // payload bytes after the header
   uint32_t magic;
 };
-static_assert(sizeof(SlotHeader) == 40);
-constexpr uint32_t kSlotMagic = 0x4c4d5632;  // "LMV2"
+static_assert(sizeof(SlotHeader) == 48);
+constexpr uint32_t kSlotMagic = 0x4c4d5633;  // "LMV3": the signature's two words
 
 // After the `slots` slots of a receive ring: where a peer that aborts writes why (at most
 // kAbortTextBytes of text; the abort's immediate carries the length), so that the receiver's

@@ -336,9 +336,13 @@ void VerbsTransport::pumpLocked(VerbsPeer& p) {
     const uint32_t slot = p.nextSendSlot;
     const size_t frag = std::min(req->bytes() - req->offset_, payloadPerSlot_);
     uint8_t* base = p.sendRing.get() + size_t{slot} * options_.slotBytes;
-    SlotHeader h{
-        req->tag(), req->bytes(), req->offset_, req->signature(), static_cast<uint32_t>(frag),
-        kSlotMagic};
+    SlotHeader h{req->tag(),
+                 req->bytes(),
+                 req->offset_,
+                 req->signature().word,
+                 req->signature().extra,
+                 static_cast<uint32_t>(frag),
+                 kSlotMagic};
     std::memcpy(base, &h, sizeof(h));
     std::vector<Sge> sges;
     const bool zeroCopy = req->mr_ != nullptr && frag > 0;
@@ -438,7 +442,7 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
   if (h.offset == 0) {
     if (in.active) return corrupt("a new message starts inside another");
     std::string error;
-    if (!p.matcher.arrive(h.tag, h.totalBytes, h.signature, error)) {
+    if (!p.matcher.arrive(h.tag, h.totalBytes, Signature{h.signature, h.signatureExtra}, error)) {
       if (!error.empty()) {
         failLocked(error, true);
         return;
@@ -449,7 +453,7 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
     return corrupt("a continuation fragment without a message");
   }
   if (h.tag != in.tag || h.totalBytes != in.bytes || h.offset != in.got ||
-      h.signature != in.signature) {
+      Signature{h.signature, h.signatureExtra} != in.signature) {
     return corrupt("fragment of another message");
   }
   if (h.fragBytes > 0) std::memcpy(in.target + h.offset, base + sizeof(h), h.fragBytes);
