@@ -10,6 +10,7 @@ packages=(
   libeigen3-dev libibverbs-dev
   openmpi-bin libopenmpi-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  libssl-dev  # libcrypto: HMAC-SHA256 of the peers' authentication
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
