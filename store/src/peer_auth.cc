@@ -98,7 +98,7 @@ void dial(int fd, const Key& key, std::string_view label, std::span<const uint8_
   Challenge challenge{};
   net::readFull(fd, &challenge, sizeof(challenge), deadline, what);
   if (!macEquals(challenge.mac, handshakeMac(key, label, true, opening, challenge.nonce))) {
-    LOOM_THROW(IoError, what,
+    LOOM_THROW(AuthenticationError, what,
                " answered the authentication challenge with a wrong MAC: it does not hold this "
                "job's key (a stranger on that port, or a process of another job)");
   }

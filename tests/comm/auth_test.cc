@@ -1,7 +1,8 @@
 // Peer authentication of the tcp transport (loom/store/peer_auth.h; comm/src/tcp/tcp_setup.cc
 // and tcp_heal.cc), with process ranks over a FileStore on loopback and a stranger process that
 // knows a rank's port (it reads the store) but not the group's key:
-// - strangers that reach rank 0 before its real peers (one silent, one with a forged hello:
+// - strangers that reach rank 0 before its real peers (silent ones, 80 of them; one with a forged
+// hello:
 //   right magic, rank and size, a wrong MAC; one with a hello and no MAC; one with garbage)
 //   neither take a peer's place nor stall or fail the setup: 2 and 4 ranks complete their
 //   all-reduces, the forged connections are closed, and the setup does not wait for the silent
@@ -117,6 +118,10 @@ TEST_P(Strangers, CannotJoinStallOrFailSetup) {
       [&] {
         FileStore store(dir.file("store"));
         net::Socket silent = connectToKey(store, addrKey);  // says nothing
+        // A flood of silent connections, more than rank 0 handshakes at once (64): the oldest
+        // are displaced, and the real peers, who come later, are not.
+        std::vector<net::Socket> flood;
+        for (int i = 0; i < 80; ++i) flood.push_back(connectToKey(store, addrKey));
         forgeHello(store, addrKey, tcp::kMagic, size - 1, 0, size, false);
         {
           // A hello and no MAC: the rank drops it when it closes.

@@ -68,6 +68,11 @@ namespace {
 // attempts (doubling from kFirstBackoff).
 constexpr milliseconds kAttemptTimeout{2000};
 constexpr milliseconds kProbeTimeout{1000};
+// How long a probe's handshake may take. The probed dialler's healer answers it from its poll
+// loop, so it may be busy in its own redial to this rank, which this rank's healer answers only
+// once the probe gave up: the probe must give up well before a redial does (kAttemptTimeout),
+// or the two could wait on each other until both time out, again and again.
+constexpr milliseconds kProbeHandshake{500};
 constexpr milliseconds kFirstBackoff{50};
 constexpr milliseconds kMaxBackoff{1000};
 // How long the accepting side of a lost connection waits for the dialler's redial before it
@@ -333,7 +338,7 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
   }
   const Hello hello = makeHello(kResumeMagic, rank_, p.rank, size_, p.lane, lanes_, true, consumed);
   try {
-    const Deadline deadline(std::min(left, kAttemptTimeout));
+    const Deadline deadline(std::min(left, p.dialer ? kAttemptTimeout : kProbeHandshake));
     auth::dial(s.fd(), key_, kAuthLabel, bytesOf(hello), deadline,
                detail::str("rank ", rank_, ": rank ", p.rank, " at ", peerAddrs_[p.rank]));
     // The accepting side only asked whether the dialler lives (and tells it to redial).

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
@@ -175,11 +176,26 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     }
     const int peerPort = std::stoi(addr.substr(colon + 1));
     for (int lane = 0; lane < lanes; ++lane) {
-      net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
-      const Hello hello = makeHello(kMagic, rank, peer, size, lane, lanes, heals(sock.fd()), 0);
-      auth::dial(sock.fd(), t->key_, kAuthLabel, bytesOf(hello), deadline,
-                 detail::str("rank ", rank, ": rank ", peer, " at ", addr));
-      setupSocket(std::move(sock), peer, lane);
+      // A connection the peer dropped before its handshake ended (a flood of strangers
+      // displaced it) is dialled again, within the setup deadline; a wrong MAC is no peer.
+      for (milliseconds pause{10};; pause = std::min(pause * 2, milliseconds(500))) {
+        net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
+        const Hello hello = makeHello(kMagic, rank, peer, size, lane, lanes, heals(sock.fd()), 0);
+        try {
+          auth::dial(sock.fd(), t->key_, kAuthLabel, bytesOf(hello), deadline,
+                     detail::str("rank ", rank, ": rank ", peer, " at ", addr));
+        } catch (const auth::AuthenticationError&) {
+          throw;
+        } catch (const IoError& e) {
+          if (deadline.expired() || dynamic_cast<const TimeoutError*>(&e) != nullptr) throw;
+          LOOM_LOG_WARNING("rank ", rank, ": the handshake with rank ", peer, " at ", addr,
+                           " failed (", e.what(), "); dialling again");
+          std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+          continue;
+        }
+        setupSocket(std::move(sock), peer, lane);
+        break;
+      }
     }
   }
   // Accept from every higher rank: each connection's handshake runs beside the others' in one

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "loom/common/deadline.h"
+#include "loom/common/error.h"
 #include "loom/common/socket.h"
 
 namespace loom {
@@ -77,10 +78,16 @@ static_assert(sizeof(Challenge) == kNonceBytes + kMacBytes && sizeof(Proof) == k
 Mac handshakeMac(const Key& key, std::string_view label, bool accept,
                  std::span<const uint8_t> opening, const Nonce& acceptorNonce);
 
+// The other side of a handshake does not hold the key (its MAC is wrong).
+class AuthenticationError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
 // The dialer's side on a connected blocking socket: writes `opening`, reads the Challenge,
-// checks the acceptor's MAC, writes the Proof. Throws IoError naming `what` when the acceptor's
-// MAC is wrong (it does not hold this job's key) or the connection fails, TimeoutError when the
-// deadline passes.
+// checks the acceptor's MAC, writes the Proof. Throws AuthenticationError naming `what` when the
+// acceptor's MAC is wrong (it does not hold this job's key), IoError when the connection fails,
+// TimeoutError when the deadline passes.
 void dial(int fd, const Key& key, std::string_view label, std::span<const uint8_t> opening,
           const Deadline& deadline, const std::string& what);
 
