@@ -174,8 +174,9 @@ void Server::acceptLoop() {
       return "not a Loom RPC worker of this version";
     }
     if (o.to != core_->self.rank) return loom::detail::str("it calls rank ", o.to);
-    if (o.rank < 0 || o.rank >= core_->worldSize)
+    if (o.rank < 0 || o.rank >= core_->worldSize) {
       return loom::detail::str("it says it is rank ", o.rank);
+    }
     return {};
   };
   while (!stop_) {
@@ -197,7 +198,15 @@ void Server::acceptLoop() {
         still.push_back(std::move(in));
         continue;
       }
-      const auto state = in.advance(core_->key, wire::kAuthLabel, check);
+      auth::Inbound::State state = auth::Inbound::State::kFailed;
+      try {
+        state = in.advance(core_->key, wire::kAuthLabel, check);
+      } catch (const std::exception& e) {
+        // The key's MAC or the nonce could not be made (OpenSSL, getrandom): drop this one.
+        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ",
+                         in.address(), ": its handshake failed here: ", e.what());
+        continue;
+      }
       if (state == auth::Inbound::State::kPending) {
         still.push_back(std::move(in));
       } else if (state == auth::Inbound::State::kFailed) {
