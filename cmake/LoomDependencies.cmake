@@ -3,6 +3,8 @@
 include(GNUInstallDirs)
 set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
+# libcrypto: HMAC-SHA256 of the peer authentication (store/include/loom/store/peer_auth.h).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 REQUIRED)

@@ -11,6 +11,7 @@ core=(
   cmake ninja-build g++ pkg-config
   libeigen3-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  libssl-dev  # libcrypto: HMAC-SHA256 of the peers' authentication
 )
 packages=(
   "${core[@]}"

@@ -206,9 +206,13 @@ constexpr Setting kTable[] = {
     {"LOOM_RPC_THREADS", K::kInteger, S::kRuntime, "8", 1, 1024, "", "",
      "threads that run incoming RPC requests on each worker", "rpc::RpcOptions::numThreads",
      "RpcAgent construction"},
+    {"LOOM_RPC_MAX_CONNECTIONS", K::kInteger, S::kRuntime, "1024", 1, 65536, "", "",
+     "inbound connections an RPC worker serves at once (each holds a reader thread); more are "
+     "refused and logged",
+     "rpc::RpcOptions::maxConnections", "RpcAgent construction"},
     {"LOOM_RPC_HOST", K::kText, S::kRuntime, "", 0, 0, "", "",
-     "the address an RPC worker publishes to its peers (default: the address on the route to "
-     "the store's host, else the host name)",
+     "the address an RPC worker publishes to its peers and listens on (default: the address "
+     "on the route to the store's host, else the host name)",
      "rpc::RpcOptions::host", "RpcAgent construction"},
 
     // ---- launch ----

@@ -13,6 +13,7 @@
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/store/barrier.h"
+#include "loom/store/peer_auth.h"
 #include "loom/store/tcp_store.h"
 #include "server.h"
 
@@ -157,6 +158,12 @@ RpcAgent::Impl::Impl(const std::string& name, int rank, int worldSize, std::shar
   settings::fillDefault(core.numThreads, 0, settings::integer("LOOM_RPC_THREADS"));
   if (core.numThreads == 0) core.numThreads = 8;
   core.maxMessageBytes = options.maxMessageBytes;
+  LOOM_CHECK(options.maxConnections >= 0, "RpcOptions::maxConnections must not be negative");
+  core.maxConnections = options.maxConnections;
+  settings::fillDefault(core.maxConnections, 0, settings::integer("LOOM_RPC_MAX_CONNECTIONS"));
+  if (core.maxConnections == 0) core.maxConnections = 1024;
+  // The job's key, before the server listens: every connection must prove it holds it.
+  core.key = auth::sharedKey(*store_, prefix_ + "/auth-key");
   core.functions = std::make_shared<const Registry>(functions);
   core.worldSize = worldSize;
   core.self = WorkerInfo{name, rank, publishedHost(options, *store_), 0};

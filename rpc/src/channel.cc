@@ -3,7 +3,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cstring>
+
 #include "loom/common/logging.h"
+#include "loom/store/peer_auth.h"
 
 namespace loom::rpc::detail {
 
@@ -28,6 +31,14 @@ void Channel::ensureConnected(const Deadline& deadline) {
   net::Socket s = net::connectTo(peer.host, peer.port, deadline.remaining());
   net::setNoDelay(s.fd());
   net::setKeepAlive(s.fd());
+  // Prove this worker holds the job's key, and check that the callee does (peer_auth.h).
+  wire::Opening opening;
+  opening.rank = core_.self.rank;
+  opening.to = peer_;
+  const auth::Nonce nonce = auth::randomNonce();
+  std::memcpy(opening.nonce, nonce.data(), sizeof(opening.nonce));
+  auth::dial(s.fd(), core_.key, wire::kAuthLabel,
+             {reinterpret_cast<const uint8_t*>(&opening), sizeof(opening)}, deadline, what_);
   wire::writeFrame(s.fd(), wire::Kind::kHello, static_cast<uint64_t>(core_.self.rank), 0, 0,
                    core_.self.name, {}, deadline, what_);
   sock_ = std::move(s);

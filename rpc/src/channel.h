@@ -1,12 +1,12 @@
 // Channel: this worker's connection to one callee, and the calls pending on it.
 //
-// How it works. The first call opens the connection (connectTo within the call's deadline) and
-// sends kHello; a reader thread then waits for answers (poll with a 100 ms tick) and completes
-// the pending call with the id each answer echoes. Every tick it also expires the calls whose
-// deadline passed, so a future nobody waits on still completes. Callers write their request
-// frames themselves, one at a time (writeMu_). Any read or write failure breaks the channel:
-// every pending call fails with an IoError naming the callee and the cause, and later calls
-// fail fast with the same cause (a dead callee does not come back).
+// How it works. The first call opens the connection (connectTo within the call's deadline), runs
+// the authentication handshake (wire.h) and sends kHello; a reader thread then waits for answers
+// (poll with a 100 ms tick) and completes the pending call with the id each answer echoes. Every
+// tick it also expires the calls whose deadline passed, so a future nobody waits on still
+// completes. Callers write their request frames themselves, one at a time (writeMu_). Any read or
+// write failure breaks the channel: every pending call fails with an IoError naming the callee and
+// the cause, and later calls fail fast with the same cause (a dead callee does not come back).
 //
 // Lock order: writeMu_, then mu_ (never writeMu_ while holding mu_). mu_ guards the socket,
 // pending_ and broken_; the socket is reset (its fd closed) only under both, so a writer that

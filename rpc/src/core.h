@@ -11,6 +11,7 @@
 
 #include "loom/rpc/agent.h"
 #include "loom/rpc/registry.h"
+#include "loom/store/peer_auth.h"
 
 namespace loom::rpc::detail {
 
@@ -20,6 +21,10 @@ struct Core {
   milliseconds timeout{60000};
   size_t maxMessageBytes = 0;
   int numThreads = 1;
+  // Inbound connections served at once (RpcOptions::maxConnections).
+  int maxConnections = 1024;
+  // The job's key: every connection proves it holds it (peer_auth.h).
+  auth::Key key{};
   std::shared_ptr<const Registry> functions;
   std::vector<WorkerInfo> workers;  // by rank
 

@@ -3,13 +3,23 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <span>
+
 #include "loom/common/logging.h"
+#include "loom/store/peer_auth.h"
 
 namespace loom::rpc::detail {
 
 namespace {
 constexpr int kTickMs = 100;
-}
+// Handshakes in progress at once, and how long one may take (at most the call timeout): a new
+// connection beyond the first drops the oldest, so silent connections cannot keep callers out.
+constexpr size_t kMaxHandshakes = 64;
+constexpr milliseconds kHandshakeTimeout{10000};
+}  // namespace
 
 // ---- the request pool ----
 
@@ -94,6 +104,7 @@ struct Connection {
   int callerRank = -1;
   std::mutex writeMu;
   std::atomic<bool> broken{false};
+  std::atomic<bool> finished{false};  // its reader thread ended (the acceptor joins it)
 
   void reply(wire::Kind kind, uint64_t id, const std::vector<uint8_t>& payload,
              milliseconds timeout) {
@@ -131,7 +142,13 @@ struct RRefTable {
 
 Server::Server(std::shared_ptr<Core> core)
     : core_(std::move(core)), rrefs_(std::make_shared<RRefTable>()) {
-  listen_ = net::listenOn("", 0);
+  try {
+    listen_ = net::listenOn(core_->self.host, 0);
+  } catch (const IoError& e) {
+    LOOM_THROW(IoError, "rpc: worker '", core_->self.name, "' cannot listen on ", core_->self.host,
+               ", the address it publishes (RpcOptions::host, LOOM_RPC_HOST): ", e.what());
+  }
+  net::setNonBlocking(listen_.fd(), true);
   port_ = net::localPort(listen_.fd());
 }
 
@@ -144,26 +161,126 @@ void Server::start() {
   acceptor_ = std::thread([this] { acceptLoop(); });
 }
 
+// Accepted connections first run the authentication handshake (wire.h), all of them side by
+// side in this one poll loop and bounded in number and time, so a stranger that says nothing
+// holds no thread and stalls nobody. A connection that passes gets its reader thread, unless
+// maxConnections are open: then it is refused (closed, logged).
 void Server::acceptLoop() {
-  while (!stop_) {
-    net::Socket s;
-    try {
-      s = net::acceptWithDeadline(listen_.fd(), Deadline(milliseconds(kTickMs)));
-    } catch (const std::exception& e) {
-      LOOM_LOG_WARNING("rpc: ", core_->self.name, ": accept failed: ", e.what());
-      // Out of descriptors, say: the connection stays queued; retry a tick later, not in a spin.
-      std::this_thread::sleep_for(milliseconds(kTickMs));
-      continue;
+  std::vector<auth::Inbound> pending;
+  auto check = [&](std::span<const uint8_t> bytes) -> std::string {
+    wire::Opening o;
+    std::memcpy(&o, bytes.data(), sizeof(o));
+    if (o.magic != wire::kAuthMagic || o.version != wire::kVersion) {
+      return "not a Loom RPC worker of this version";
     }
-    if (!s.valid() || stop_) continue;
-    net::setNoDelay(s.fd());
-    auto conn = std::make_shared<Connection>();
-    conn->what = "a caller at " + net::peerAddressOf(s.fd());
-    conn->sock = std::move(s);
-    std::lock_guard<std::mutex> lock(mu_);
-    connections_.push_back(conn);
-    threads_.emplace_back([this, conn] { connectionLoop(conn); });
+    if (o.to != core_->self.rank) return loom::detail::str("it calls rank ", o.to);
+    if (o.rank < 0 || o.rank >= core_->worldSize) {
+      return loom::detail::str("it says it is rank ", o.rank);
+    }
+    return {};
+  };
+  while (!stop_) {
+    reap();
+    std::vector<pollfd> fds{{listen_.fd(), POLLIN, 0}};
+    Clock::time_point wake = Clock::now() + milliseconds(kTickMs);
+    for (const auth::Inbound& in : pending) {
+      fds.push_back({in.fd(), POLLIN, 0});
+      wake = std::min(wake, in.deadline());
+    }
+    const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, kTickMs)));
+    if (stop_) break;
+    const Clock::time_point now = Clock::now();
+    std::vector<auth::Inbound> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      auth::Inbound& in = pending[i];
+      if (fds[i + 1].revents == 0 && now < in.deadline()) {
+        still.push_back(std::move(in));
+        continue;
+      }
+      auth::Inbound::State state = auth::Inbound::State::kFailed;
+      try {
+        state = in.advance(core_->key, wire::kAuthLabel, check);
+      } catch (const std::exception& e) {
+        // The key's MAC or the nonce could not be made (OpenSSL, getrandom): drop this one.
+        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ",
+                         in.address(), ": its handshake failed here: ", e.what());
+        continue;
+      }
+      if (state == auth::Inbound::State::kPending) {
+        still.push_back(std::move(in));
+      } else if (state == auth::Inbound::State::kFailed) {
+        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' refused a connection from ",
+                         in.address(), ": ", in.why());
+      } else {
+        serve(in.release());
+      }
+    }
+    pending = std::move(still);
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    for (;;) {
+      net::Socket s(::accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!s.valid()) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          // Out of descriptors, say: the connection stays queued; retry a tick later.
+          LOOM_LOG_WARNING("rpc: ", core_->self.name,
+                           ": accept failed: ", loom::detail::errnoText(errno));
+          std::this_thread::sleep_for(milliseconds(kTickMs));
+        }
+        break;
+      }
+      if (pending.size() >= kMaxHandshakes) {
+        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ",
+                         pending.front().address(), ": ", kMaxHandshakes,
+                         " handshakes were in progress (a flood of connections?)");
+        pending.erase(pending.begin());
+      }
+      pending.emplace_back(std::move(s), sizeof(wire::Opening),
+                           Clock::now() + std::min(core_->timeout, kHandshakeTimeout));
+    }
   }
+}
+
+void Server::serve(net::Socket s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int>(connections_.size()) >= core_->maxConnections) {
+    LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' refused a connection from ",
+                     net::peerAddressOf(s.fd()), ": ", connections_.size(),
+                     " connection(s) open, the most it serves (RpcOptions::maxConnections, "
+                     "LOOM_RPC_MAX_CONNECTIONS)");
+    return;
+  }
+  net::setNoDelay(s.fd());
+  auto conn = std::make_shared<Connection>();
+  conn->what = "a caller at " + net::peerAddressOf(s.fd());
+  conn->sock = std::move(s);
+  connections_.push_back(conn);
+  threads_.emplace_back([this, conn] {
+    connectionLoop(conn);
+    conn->finished = true;
+  });
+}
+
+void Server::reap() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < connections_.size();) {
+      if (connections_[i]->finished) {
+        done.push_back(std::move(threads_[i]));
+        connections_.erase(connections_.begin() + static_cast<std::ptrdiff_t>(i));
+        threads_.erase(threads_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (std::thread& t : done) t.join();
+}
+
+size_t Server::connections() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connections_.size();
 }
 
 void Server::connectionLoop(std::shared_ptr<Connection> conn) {

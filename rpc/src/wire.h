@@ -7,10 +7,16 @@
 // request with kResult (payload: the Value) or kError (payload: {"type", "message"}).
 // `timeoutMs` tells the callee how long the caller will wait, so a request that waited in the
 // callee's queue past it is dropped instead of run. `aux` carries an RRef id.
+//
+// Before any frame, the caller and the callee run the authentication handshake of
+// loom/store/peer_auth.h (the caller's opening is an Opening; the key is the one the first
+// worker put under "<prefix>/auth-key" in the store; docs/rpc.md): a connection without the key
+// never gets to send a frame.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/common/deadline.h"
@@ -18,7 +24,8 @@
 namespace loom::rpc::wire {
 
 constexpr uint32_t kMagic = 0x4350524cu;  // "LRPC"
-constexpr uint8_t kVersion = 1;
+// 2: connections open with the authentication handshake (Opening).
+constexpr uint8_t kVersion = 2;
 constexpr size_t kMaxNameBytes = 4096;
 
 enum class Kind : uint8_t {
@@ -32,6 +39,19 @@ enum class Kind : uint8_t {
 };
 
 const char* kindName(Kind kind);
+
+// The caller's opening of the authentication handshake (peer_auth.h): who calls whom, and the
+// caller's nonce. The MACs cover all of it.
+constexpr uint32_t kAuthMagic = 0x4150524cu;  // "LRPA"
+constexpr std::string_view kAuthLabel = "loom-rpc";
+struct Opening {
+  uint32_t magic = kAuthMagic;
+  uint32_t version = kVersion;
+  int32_t rank = -1;  // the caller
+  int32_t to = -1;    // the callee
+  uint8_t nonce[16] = {};
+};
+static_assert(sizeof(Opening) == 32, "the RPC opening is 32 bytes on the wire");
 
 struct Header {
   uint32_t magic = kMagic;

@@ -32,6 +32,7 @@
 #include "loom/testing/ranks.h"
 #include "shm/arena.h"
 #include "shm/hierarchy.h"
+#include "shm/ptrace.h"
 #include "shm/shm.h"
 
 namespace loom::comm::testing {
@@ -465,6 +466,35 @@ TEST(ShmProcesses, NamedSegmentFallbackWorksAndIsUnlinked) {
       for (int32_t v : p) LOOM_CHECK_EQ(v, 0);
     }
   });
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// The reader a rank names for the single copy under Yama's ptrace_scope 1 (shm/ptrace.h): the
+// one peer itself; for several peers their nearest common ancestor (here the test process,
+// which forked them), never "any process"; nobody for a rank alone in its process. (This
+// machine may have no Yama: only the choice is checked here, not the kernel's answer.)
+TEST(ShmProcesses, PtracerIsThePeerOrThePeersCommonAncestor) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  for (int i = 0; i < 2; ++i) {
+    children.spawn([&] {
+      FileStore store(dir.file("store"));
+      store.wait({"done"}, 60s);
+    });
+  }
+  const pid_t a = children.pid(0), b = children.pid(1), self = ::getpid();
+  std::string why;
+  EXPECT_EQ(shm::ptracerFor({self}, why), 0);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(shm::ptracerFor({a}, why), a);
+  EXPECT_EQ(shm::ptracerFor({self, a}, why), a);
+  EXPECT_EQ(shm::ptracerFor({a, b}, why), self) << why;
+  EXPECT_EQ(shm::ptracerFor({self, a, b}, why), self) << why;
+  // A process outside the tree (init's child only shares init): none, and why.
+  EXPECT_EQ(shm::ptracerFor({a, 1}, why), 0);
+  EXPECT_NE(why.find("PR_SET_PTRACER_ANY"), std::string::npos) << why;
+  std::fprintf(stderr, "Yama ptrace_scope here: %d\n", shm::yamaPtraceScope());
+  FileStore(dir.file("store")).set("done", "1");
   EXPECT_EQ(children.waitAllOk(60s), "");
 }
 

@@ -37,8 +37,11 @@
 //   collectives then publish
 //   their user buffers' addresses in the control block and peers read them straight out of
 //   the owner's memory (readPeer): one copy per byte instead of two (shm_single_copy.cc).
-//   Where yama restricts ptrace, a rank allows any same-user process to read it
-//   (PR_SET_PTRACER_ANY, as Open MPI's vader does) unless the path is forced off.
+//   Where Yama restricts ptrace (scope 1), each rank names its readers for the probe (ptrace.h:
+//   the one local peer, or the peers' nearest common ancestor; never any process of the user,
+//   as Open MPI's vader does), keeps the name when the path is forced on, and otherwise
+//   withdraws it after the probe and names them again the first time a collective publishes
+//   its buffers for a cross-memory read (allowPeerReads).
 // - Zero-copy windows (loom/comm/window.h): at create every rank also makes a one-page probe
 //   Window and every peer maps it through /proc/<pid>/fd and reads its word; the answers are
 //   agreed through the store as above. With the path on, a collective whose buffers lie in
@@ -251,6 +254,9 @@ class Arena {
   // with the Windows that hold them on the window path (null otherwise).
   void publishBuffers(const void* in, const void* out, const WindowRef* inWindow = nullptr,
                       const WindowRef* outWindow = nullptr);
+  // Under Yama scope 1, names this rank's readers again (ptrace.h) if the probe withdrew the
+  // name: called by publishBuffers before the first cross-memory step. Idempotent.
+  void allowPeerReads();
   // `peer`'s published buffer for the current step (after waitPosted): 0 = in, 1 = out.
   uint64_t peerBuffer(int peer, int which) const;
   // Copies `bytes` from address `remote` of `peer`'s process into `local` (process_vm_readv).
@@ -327,7 +333,10 @@ class Arena {
   bool singleCopyForced_ = false;
   Crossovers crossMemory_;  // only its *Cma ranges are used
   std::string singleCopyFailure_;
-  uint64_t probeWord_ = 0;  // read by the peers' probes
+  uint64_t probeWord_ = 0;         // read by the peers' probes
+  std::vector<pid_t> readerPids_;  // every rank's pid (the probe's), for allowPeerReads
+  bool ptracerNeeded_ = false;     // Yama's ptrace_scope is 1 (read once, by the probe)
+  bool readersNamed_ = false;      // PR_SET_PTRACER names them now
   bool windows_ = false;
   size_t windowMinBytes_ = 0;
   bool oversubscribed_ = false;

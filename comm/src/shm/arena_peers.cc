@@ -3,7 +3,6 @@
 // them (readPeer, peerWindow, copyFromPeer). The steps and counters are in arena.cc.
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 #include "shm/arena.h"
 #include "shm/arena_layout.h"
 #include "shm/os.h"
+#include "shm/ptrace.h"
 #include "shm/stream_copy.h"
 #include "shm/window_registry.h"
 
@@ -77,9 +77,6 @@ std::string agreeOnProbe(Store& store, const std::string& prefix, int rank, int 
 
 void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   const bool off = options.singleCopy == ShmSingleCopy::kOff;
-  // Yama's ptrace_scope 1 lets only ancestors read a process; the ranks are siblings. EINVAL
-  // (no yama) is fine.
-  if (!off) (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   probeWord_ = mix64(static_cast<uint64_t>(nowNs()) ^ (uint64_t(::getpid()) << 20) ^
                      uint64_t(rank_) ^ reinterpret_cast<uintptr_t>(this)) |
                1;
@@ -96,32 +93,65 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
                    options.timeout);
   std::string failure = off ? detail::str("rank ", rank_, " has LOOM_SHM_SINGLE_COPY=off") : "";
   bool allForced = true;
-  for (int q = 0; q < size_ && failure.empty(); ++q) {
+  struct Entry {
     long long pid = 0;
-    unsigned long long address = 0, word = 0, seen = 0;
+    unsigned long long address = 0, word = 0;
+  };
+  std::vector<Entry> entries(static_cast<size_t>(size_));
+  for (int q = 0; q < size_ && failure.empty(); ++q) {
+    Entry& e = entries[static_cast<size_t>(q)];
     std::string mode;
     std::istringstream in(toString(peers[q]));
     if (toString(peers[q]) == "off") {
       failure = detail::str("rank ", q, " has LOOM_SHM_SINGLE_COPY=off");
-    } else if (!(in >> pid >> address >> word >> mode)) {
+    } else if (!(in >> e.pid >> e.address >> e.word >> mode)) {
       failure = detail::str("rank ", q, " published '", toString(peers[q]),
                             "'; expected 'pid address word mode'");
     }
-    if (!failure.empty()) break;
     allForced = allForced && mode == "on";
+  }
+  // Where Yama (ptrace_scope 1) lets only ancestors read a process, every rank names its
+  // readers (ptrace.h: the one peer, or the peers' nearest common ancestor; never any process)
+  // and the ranks meet once more before anyone reads. Alike on every rank: one kernel, and the
+  // failure so far comes from what every rank read. The name stays only while the single copy
+  // is in use (allowPeerReads).
+  readerPids_.clear();
+  for (const Entry& e : entries) readerPids_.push_back(static_cast<pid_t>(e.pid));
+  ptracerNeeded_ = ptracerNeeded();
+  if (failure.empty() && ptracerNeeded_) {
+    pid_t named = 0;
+    const std::string why = allowReadsBy(readerPids_, named);
+    if (!why.empty()) failure = detail::str("rank ", rank_, ": ", why);
+    publishProbe(store, prefix + "ptracer/", rank_, size_, why.empty() ? "set" : "none",
+                 options.timeout);
+    readersNamed_ = named != 0;
+  }
+  for (int q = 0; q < size_ && failure.empty(); ++q) {
     if (q == rank_) continue;
-    const std::string why = readRemote(static_cast<pid_t>(pid), address, &seen, sizeof(seen));
+    const Entry& e = entries[static_cast<size_t>(q)];
+    unsigned long long seen = 0;
+    const std::string why = readRemote(static_cast<pid_t>(e.pid), e.address, &seen, sizeof(seen));
     if (!why.empty()) {
-      failure = detail::str("rank ", rank_, " could not read rank ", q, "'s memory (pid ", pid,
-                            ") with process_vm_readv: ", why);
-    } else if (seen != word) {
+      failure = detail::str("rank ", rank_, " could not read rank ", q, "'s memory (pid ", e.pid,
+                            ") with process_vm_readv: ", why,
+                            yamaPtraceScope() >= 2
+                                ? detail::str(" (Yama ptrace_scope ", yamaPtraceScope(),
+                                              " forbids it; naming a reader cannot help)")
+                                : std::string());
+    } else if (seen != e.word) {
       failure = detail::str("rank ", rank_, " read ", seen, " from rank ", q,
-                            "'s probe word, expected ", word);
+                            "'s probe word, expected ", e.word);
     }
   }
   singleCopyFailure_ = agreeOnProbe(store, prefix, rank_, size_, failure, options.timeout);
   singleCopy_ = singleCopyFailure_.empty();
   singleCopyForced_ = singleCopy_ && allForced;
+  // Forced on, the path is in use from the first collective: the name stays. Otherwise it is
+  // withdrawn now and given again only if a collective takes the single copy (allowPeerReads).
+  if (readersNamed_ && !singleCopyForced_) {
+    revokeReads();
+    readersNamed_ = false;
+  }
   if (!singleCopy_ && rank_ == 0 && !off) {
     if (forced) {
       LOOM_LOG_WARNING("shared memory: single copy was forced on (LOOM_SHM_SINGLE_COPY=on) but ",
@@ -133,8 +163,19 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   }
 }
 
+void Arena::allowPeerReads() {
+  if (readersNamed_ || !singleCopy_ || !ptracerNeeded_) return;
+  pid_t named = 0;
+  const std::string why = allowReadsBy(readerPids_, named);
+  // The probe named the same readers a moment ago; a failure now is reported by the reader.
+  if (!why.empty()) LOOM_LOG_WARNING("shared memory: rank ", rank_, ": ", why);
+  readersNamed_ = named != 0;
+}
+
 void Arena::publishBuffers(const void* in, const void* out, const WindowRef* inWindow,
                            const WindowRef* outWindow) {
+  // Peers read these buffers with process_vm_readv unless they map their Windows.
+  if (inWindow == nullptr) allowPeerReads();
   Control& mine = control(rank_);
   const int s = slotOf(step_);
   mine.buffers[s][0] = reinterpret_cast<uintptr_t>(in);

@@ -5,15 +5,19 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
+#include "loom/store/peer_auth.h"
 #include "request_core.h"
 #include "tag_matcher.h"
 #include "tcp/replay_ring.h"
@@ -26,7 +30,9 @@ constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" little-endian
 // re-established connection opens with a Resume instead of a Hello.
 // 4: the header carries the signature's second word (the count's high bits, the split sizes'
 // digest).
-constexpr uint32_t kHelloVersion = 4;
+// 5: every connection opens with the authentication handshake (loom/store/peer_auth.h): the
+// hello and the resume are one struct (Hello) holding the dialer's nonce and the acceptor's rank.
+constexpr uint32_t kHelloVersion = 5;
 enum Kind : uint32_t { kData = 1, kGoodbye = 2, kAbort = 3 };
 // An abort's Header::tag: 1 when the ranks' calls disagree (a mismatch), so that the peers' errors
 // are InvalidArgumentError too; 0 otherwise.
@@ -42,32 +48,52 @@ struct Header {
 };
 static_assert(sizeof(Header) == 40);
 
+// The first bytes on a connection re-established after a loss (tcp_heal.cc) carry this magic
+// instead of kMagic: the side that dialled the lost connection dials the peer's listener again
+// and says which connection it replaces and how much of the peer's stream it consumed; the peer
+// answers with a ResumeReply saying how much of the dialler's stream it consumed. Each side then
+// sends again from the other's count. A resume from the side that accepted the connection (the
+// lower rank) is its liveness check of the dialler, and asks it to redial that connection (no
+// reply).
+constexpr uint32_t kResumeMagic = 0x4d55534c;  // "LSUM"
+
+// The opening of every connection (the authentication handshake's opening: the acceptor answers
+// with a Challenge, the dialer with a Proof, peer_auth.h; the MACs cover all of it). magic:
+// kMagic at setup, kResumeMagic for a replacement.
 struct Hello {
   uint32_t magic;
-  uint32_t version;
-  int32_t rank;
-  int32_t size;
-  int32_t lane;   // which of the pair's connections this is
-  int32_t lanes;  // connections per pair on the connecting rank (must match)
-  int32_t heals;  // 1: the connecting rank keeps a replay ring for this connection (must match)
-};
-
-// The first bytes on a connection that replaces a lost one (tcp_heal.cc): the side that dialled
-// the lost connection dials the peer's listener again and says which connection it replaces and
-// how much of the peer's stream it consumed; the peer answers with a ResumeReply saying how much
-// of the dialler's stream it consumed. Each side then sends again from the other's count. A
-// Resume from the side that accepted the connection (the lower rank) is its liveness check of
-// the dialler, and asks it to redial that connection (no reply).
-constexpr uint32_t kResumeMagic = 0x4d55534c;  // "LSUM"
-struct Resume {
-  uint32_t magic;
   uint32_t version;  // kHelloVersion
-  int32_t rank;
+  int32_t rank;      // the dialer
+  int32_t to;        // the acceptor
   int32_t size;
-  int32_t lane;
-  int32_t lanes;
-  uint64_t consumed;  // bytes of the peer's stream on this connection this rank read
+  int32_t lane;       // which of the pair's connections this is
+  int32_t lanes;      // connections per pair on the connecting rank (must match)
+  int32_t heals;      // 1: the connecting rank keeps a replay ring for this connection (must match)
+  uint64_t consumed;  // resume: bytes of the peer's stream on this connection this rank read
+  uint8_t nonce[auth::kNonceBytes];
 };
+static_assert(sizeof(Hello) == 56 && sizeof(Hello) % alignof(Hello) == 0);
+// The handshake's protocol label (a MAC made for another protocol is refused).
+constexpr std::string_view kAuthLabel = "loom-tcp";
+// How long an accepted connection may take to complete its handshake (setup and healing);
+// a connection that says nothing is dropped then. The dialer answers within a round trip.
+constexpr milliseconds kHandshakeTimeout{10000};
+// Handshakes in progress at once on one listener; a new connection beyond it drops the oldest
+// (a flood of silent connections cannot keep a real peer out for long).
+constexpr size_t kMaxHandshakes = 64;
+
+inline Hello makeHello(uint32_t magic, int rank, int to, int size, int lane, int lanes, bool heals,
+                       uint64_t consumed) {
+  Hello h{magic, kHelloVersion, rank, to, size, lane, lanes, heals ? 1 : 0, consumed, {}};
+  const auth::Nonce nonce = auth::randomNonce();
+  std::memcpy(h.nonce, nonce.data(), sizeof(h.nonce));
+  return h;
+}
+
+inline std::span<const uint8_t> bytesOf(const Hello& h) {
+  return {reinterpret_cast<const uint8_t*>(&h), sizeof(h)};
+}
+
 struct ResumeReply {
   uint32_t magic;
   uint32_t status;  // 0: resumed; else refused (the payload of the connection is not known)

@@ -19,9 +19,13 @@
 //   stream, an abort, a mismatch) still fails the transport.
 // - Reconnect: the healer thread (one per transport, started when some connection heals) owns
 //   the listening socket, which stays open. The side that dialled the connection at setup (the
-//   higher rank) dials the peer's listener again with backoff and sends a Resume {rank, lane,
-//   how much of the peer's stream it read}; the peer answers with a ResumeReply {how much of the
-//   dialler's stream it read}. The accepting side meanwhile dials the dialler's listener too,
+//   higher rank) dials the peer's listener again with backoff and opens with a resume (a Hello
+//   with kResumeMagic: rank, lane, how much of the peer's stream it read); the two run the
+//   authentication handshake over it (peer_auth.h, the group's key), then the peer answers with
+//   a ResumeReply {how much of the dialler's stream it read}. The healer handshakes accepted
+//   connections side by side in its poll loop, each within kAttemptTimeout, and drops (and
+//   logs) one that fails: a stranger can neither replace a connection, nor make a rank drop
+//   one, nor hold up the healer. The accepting side meanwhile dials the dialler's listener too,
 //   but only to ask (a Resume from the lower rank): a refused connection means the process is
 //   gone, and a live dialler that had not noticed the loss (it sent nothing since) redials.
 // - Resume: each side rewinds its sending to the peer's count (installLocked): the bytes from
@@ -46,7 +50,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
@@ -61,6 +68,11 @@ namespace {
 // attempts (doubling from kFirstBackoff).
 constexpr milliseconds kAttemptTimeout{2000};
 constexpr milliseconds kProbeTimeout{1000};
+// How long a probe's handshake may take. The probed dialler's healer answers it from its poll
+// loop, so it may be busy in its own redial to this rank, which this rank's healer answers only
+// once the probe gave up: the probe must give up well before a redial does (kAttemptTimeout),
+// or the two could wait on each other until both time out, again and again.
+constexpr milliseconds kProbeHandshake{500};
 constexpr milliseconds kFirstBackoff{50};
 constexpr milliseconds kMaxBackoff{1000};
 // How long the accepting side of a lost connection waits for the dialler's redial before it
@@ -260,13 +272,20 @@ void TcpTransport::healLoop() {
         const auto wait = std::chrono::duration_cast<milliseconds>(p->nextTry - now).count();
         timeout = std::clamp(static_cast<int>(wait), 0, timeout);
       }
-      pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {healWakeFd_, POLLIN, 0}};
-      ::poll(fds, 2, timeout);
+      std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}, {healWakeFd_, POLLIN, 0}};
+      for (const auth::Inbound& in : resuming_) {
+        fds.push_back({in.fd(), POLLIN, 0});
+        const auto wait = std::chrono::ceil<milliseconds>(in.deadline() - now).count();
+        timeout = std::clamp(static_cast<int>(wait), 0, timeout);
+      }
+      ::poll(fds.data(), fds.size(), timeout);
       if (fds[1].revents & POLLIN) {
         uint64_t v;
         [[maybe_unused]] ssize_t r = ::read(healWakeFd_, &v, sizeof(v));
       }
       if (stop_.load() || failed()) break;
+      advanceResumes(fds, 2);
+      if (failed()) break;
       if (fds[0].revents & POLLIN) acceptResume();
       now = Clock::now();
       for (auto& p : conns_) {
@@ -279,6 +298,7 @@ void TcpTransport::healLoop() {
   }
   // Peers still healing towards this rank are refused from now on: they fail at once.
   listener_.reset();
+  resuming_.clear();
 }
 
 void TcpTransport::healStep(Peer& p, Clock::time_point now) {
@@ -316,10 +336,11 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
     std::lock_guard<std::mutex> lock(p.recvMu);
     consumed = p.received;
   }
-  const Resume hello{kResumeMagic, kHelloVersion, rank_, size_, p.lane, lanes_, consumed};
+  const Hello hello = makeHello(kResumeMagic, rank_, p.rank, size_, p.lane, lanes_, true, consumed);
   try {
-    const Deadline deadline(std::min(left, kAttemptTimeout));
-    net::writeFull(s.fd(), &hello, sizeof(hello), deadline, peerAddrs_[p.rank]);
+    const Deadline deadline(std::min(left, p.dialer ? kAttemptTimeout : kProbeHandshake));
+    auth::dial(s.fd(), key_, kAuthLabel, bytesOf(hello), deadline,
+               detail::str("rank ", rank_, ": rank ", p.rank, " at ", peerAddrs_[p.rank]));
     // The accepting side only asked whether the dialler lives (and tells it to redial).
     if (!p.dialer) return;
     ResumeReply reply{};
@@ -348,21 +369,64 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
 }
 
 void TcpTransport::acceptResume() {
-  net::Socket s(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-  if (!s.valid()) return;  // EAGAIN (a probe that went away), or out of descriptors: next time
-  Resume hello{};
-  try {
-    net::readFull(s.fd(), &hello, sizeof(hello), Deadline(kAttemptTimeout),
-                  "a peer re-establishing a connection");
-  } catch (const IoError&) {
-    // A probe that closed without a word, or a dialler whose network failed again: it retries.
-    return;
+  for (;;) {
+    net::Socket s(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    // EAGAIN (a probe that went away, or none left), or out of descriptors: next time.
+    if (!s.valid()) return;
+    if (resuming_.size() >= kMaxHandshakes) {
+      LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", resuming_.front().address(),
+                       ": ", kMaxHandshakes, " handshakes were in progress (a flood?)");
+      resuming_.erase(resuming_.begin());
+    }
+    resuming_.emplace_back(std::move(s), sizeof(Hello), Clock::now() + kAttemptTimeout);
   }
-  if (hello.magic != kResumeMagic || hello.version != kHelloVersion || hello.size != size_ ||
-      hello.lanes != lanes_ || hello.rank < 0 || hello.rank >= size_ || hello.rank == rank_ ||
-      hello.lane < 0 || hello.lane >= lanes_) {
+}
+
+void TcpTransport::advanceResumes(const std::vector<pollfd>& fds, size_t first) {
+  auto check = [&](std::span<const uint8_t> bytes) -> std::string {
+    Hello h;
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    if (h.magic != kResumeMagic || h.version != kHelloVersion || h.to != rank_) {
+      return "not a Loom tcp transport of this version re-establishing a connection to this rank";
+    }
+    return {};
+  };
+  const Clock::time_point now = Clock::now();
+  std::vector<auth::Inbound> still;
+  std::vector<std::pair<Hello, net::Socket>> done;
+  for (size_t i = 0; i < resuming_.size(); ++i) {
+    auth::Inbound& in = resuming_[i];
+    if (fds[first + i].revents == 0 && now < in.deadline()) {
+      still.push_back(std::move(in));
+      continue;
+    }
+    const auto state = in.advance(key_, kAuthLabel, check);
+    if (state == auth::Inbound::State::kPending) {
+      still.push_back(std::move(in));
+    } else if (state == auth::Inbound::State::kFailed) {
+      // A stranger, or a peer whose network failed again (it retries).
+      LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", in.address(), ": ",
+                       in.why());
+    } else {
+      Hello h;
+      std::memcpy(&h, in.opening().data(), sizeof(h));
+      done.emplace_back(h, in.release());
+    }
+  }
+  resuming_ = std::move(still);
+  for (auto& [hello, sock] : done) {
+    if (failed()) return;
+    resumeAccepted(hello, std::move(sock));
+  }
+}
+
+void TcpTransport::resumeAccepted(const Hello& hello, net::Socket s) {
+  // Authenticated: a peer of this group. What it says must still fit this transport.
+  if (hello.size != size_ || hello.lanes != lanes_ || hello.rank < 0 || hello.rank >= size_ ||
+      hello.rank == rank_ || hello.lane < 0 || hello.lane >= lanes_) {
     LOOM_LOG_WARNING("rank ", rank_, ": ignored a connection from ", net::peerAddressOf(s.fd()),
-                     " that is not a Loom tcp transport of this job re-establishing a connection");
+                     " re-establishing a connection this transport does not have (rank ",
+                     hello.rank, ", lane ", hello.lane, ", world size ", hello.size, ")");
     return;
   }
   Peer& p = conn(hello.rank, hello.lane);

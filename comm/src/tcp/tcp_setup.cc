@@ -1,6 +1,7 @@
 // TcpTransport setup and teardown: listen, publish the address in the Store, connect the
-// full mesh (lower ranks accept, higher ranks connect and say hello), start the progress
-// thread; the destructor stops it and says goodbye to every peer.
+// full mesh (lower ranks accept, higher ranks connect, and each pair runs the authentication
+// handshake of peer_auth.h), start the progress thread; the destructor stops it and says goodbye to
+// every peer.
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -8,9 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
@@ -132,6 +136,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     listener = net::listenOn(host, 0);
   }
   const int port = net::localPort(listener.fd());
+  // The group's key, before the address is published: whoever connects must prove it holds it.
+  t->key_ = auth::sharedKey(store, options.keyPrefix + "/auth-key");
   store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
 
   // Whether a connection heals (tcp_heal.cc): a bound is set, and the peer is on another host
@@ -156,7 +162,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     t->conns_[index] = std::move(p);
   };
 
-  // Connect to every lower rank (their listen backlog takes us before they accept).
+  // Connect to every lower rank (their listen backlog takes us before they accept) and prove
+  // this rank holds the group's key (peer_auth.h); each answers once it is accepting.
   for (int peer = 0; peer < rank; ++peer) {
     const std::string key = detail::str(options.keyPrefix, "/addr/", peer);
     store.wait({key}, deadline.remaining());
@@ -169,49 +176,127 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     }
     const int peerPort = std::stoi(addr.substr(colon + 1));
     for (int lane = 0; lane < lanes; ++lane) {
-      net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
-      const Hello hello{kMagic, kHelloVersion, rank, size, lane, lanes, heals(sock.fd()) ? 1 : 0};
-      net::writeFull(sock.fd(), &hello, sizeof(hello), deadline,
-                     detail::str("rank ", peer, " at ", addr));
-      setupSocket(std::move(sock), peer, lane);
+      // A connection the peer dropped before its handshake ended (a flood of strangers
+      // displaced it) is dialled again, within the setup deadline; a wrong MAC is no peer.
+      for (milliseconds pause{10};; pause = std::min(pause * 2, milliseconds(500))) {
+        net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
+        const Hello hello = makeHello(kMagic, rank, peer, size, lane, lanes, heals(sock.fd()), 0);
+        try {
+          auth::dial(sock.fd(), t->key_, kAuthLabel, bytesOf(hello), deadline,
+                     detail::str("rank ", rank, ": rank ", peer, " at ", addr));
+        } catch (const auth::AuthenticationError&) {
+          throw;
+        } catch (const IoError& e) {
+          if (deadline.expired() || dynamic_cast<const TimeoutError*>(&e) != nullptr) throw;
+          LOOM_LOG_WARNING("rank ", rank, ": the handshake with rank ", peer, " at ", addr,
+                           " failed (", e.what(), "); dialling again");
+          std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+          continue;
+        }
+        setupSocket(std::move(sock), peer, lane);
+        break;
+      }
     }
   }
-  // Accept from every higher rank; the hello says who it is.
-  for (int accepted = 0; accepted < (size - 1 - rank) * lanes; ++accepted) {
-    net::Socket sock = net::acceptWithDeadline(listener.fd(), deadline);
-    if (!sock.valid()) {
-      std::string missing;
-      for (int peer = rank + 1; peer < size; ++peer) {
-        bool all = true;
-        for (int lane = 0; lane < lanes; ++lane) all = all && t->conns_[peer * lanes + lane];
-        if (!all) missing += detail::str(missing.empty() ? "" : ", ", peer);
-      }
-      LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
-                 deadline.elapsed().count(), " ms waiting for rank(s) ", missing, " to connect to ",
-                 net::formatHostPort(host, port));
+  // Accept from every higher rank: each connection's handshake runs beside the others' in one
+  // poll loop (a connection that says nothing, or a stranger's, holds up no other), and one
+  // that fails it (no Loom hello for this rank, or a wrong MAC: a process without the group's
+  // key) is logged and dropped while the loop goes on waiting for the real peers.
+  const int expected = (size - 1 - rank) * lanes;
+  int accepted = 0;
+  std::vector<auth::Inbound> pending;
+  net::setNonBlocking(listener.fd(), true);
+  auto missingRanks = [&] {
+    std::string missing;
+    for (int peer = rank + 1; peer < size; ++peer) {
+      bool all = true;
+      for (int lane = 0; lane < lanes; ++lane) all = all && t->conns_[peer * lanes + lane];
+      if (!all) missing += detail::str(missing.empty() ? "" : ", ", peer);
     }
-    Hello hello{};
-    net::readFull(sock.fd(), &hello, sizeof(hello), deadline,
-                  detail::str("connecting peer ", net::peerAddressOf(sock.fd())));
-    LOOM_CHECK_T(IoError, hello.magic == kMagic && hello.version == kHelloVersion, "rank ", rank,
-                 ": unexpected hello from ", net::peerAddressOf(sock.fd()),
-                 " (not a Loom tcp transport of the same version)");
-    LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
-                 " has world size ", hello.size, " but this rank has ", size);
-    LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
-                 hello.lanes, " connections per peer but this rank ", lanes,
-                 " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
-    LOOM_CHECK_T(IoError, hello.heals == (heals(sock.fd()) ? 1 : 0), "rank ", rank, ": rank ",
-                 hello.rank, (hello.heals ? " heals" : " does not heal"), " its connections to ",
-                 "this rank but this rank", (hello.heals ? " does not" : " does"),
-                 " (LOOM_TCP_RECONNECT_MS, zero or not, and LOOM_TCP_HEAL_LOCAL must agree on "
-                 "all ranks)");
-    LOOM_CHECK_T(IoError,
-                 hello.rank > rank && hello.rank < size && hello.lane >= 0 && hello.lane < lanes &&
-                     !t->conns_[hello.rank * lanes + hello.lane],
-                 "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
-                 " (lane ", hello.lane, ")");
-    setupSocket(std::move(sock), hello.rank, hello.lane);
+    return missing;
+  };
+  auto checkOpening = [&](std::span<const uint8_t> bytes) -> std::string {
+    Hello h;
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    if (h.magic != kMagic || h.version != kHelloVersion) {
+      return "not the hello of a Loom tcp transport of this version";
+    }
+    if (h.to != rank) return detail::str("its hello is addressed to rank ", h.to);
+    return {};
+  };
+  while (accepted < expected) {
+    if (deadline.expired()) {
+      LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
+                 deadline.elapsed().count(), " ms waiting for rank(s) ", missingRanks(),
+                 " to connect to ", net::formatHostPort(host, port));
+    }
+    std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
+    Clock::time_point wake = deadline.end();
+    for (const auth::Inbound& in : pending) {
+      fds.push_back({in.fd(), POLLIN, 0});
+      wake = std::min(wake, in.deadline());
+    }
+    const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
+    const int ready =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 1000)));
+    LOOM_CHECK_T(IoError, ready >= 0 || errno == EINTR, "rank ", rank,
+                 ": poll during tcp setup: ", detail::errnoText(errno));
+    const Clock::time_point now = Clock::now();
+    std::vector<auth::Inbound> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      auth::Inbound& in = pending[i];
+      if (fds[i + 1].revents == 0 && now < in.deadline()) {
+        still.push_back(std::move(in));
+        continue;
+      }
+      const auto state = in.advance(t->key_, kAuthLabel, checkOpening);
+      if (state == auth::Inbound::State::kPending) {
+        still.push_back(std::move(in));
+        continue;
+      }
+      if (state == auth::Inbound::State::kFailed) {
+        LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", in.address(),
+                         ": ", in.why(), "; still waiting for rank(s) ", missingRanks());
+        continue;
+      }
+      Hello hello;
+      std::memcpy(&hello, in.opening().data(), sizeof(hello));
+      net::Socket sock = in.release();
+      // An authenticated peer: what it says now is a configuration to agree on.
+      LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
+                   " has world size ", hello.size, " but this rank has ", size);
+      LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
+                   hello.lanes, " connections per peer but this rank ", lanes,
+                   " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
+      LOOM_CHECK_T(IoError, hello.heals == (heals(sock.fd()) ? 1 : 0), "rank ", rank, ": rank ",
+                   hello.rank, (hello.heals ? " heals" : " does not heal"),
+                   " its connections to this rank but this rank",
+                   (hello.heals ? " does not" : " does"),
+                   " (LOOM_TCP_RECONNECT_MS, zero or not, and LOOM_TCP_HEAL_LOCAL must agree on "
+                   "all ranks)");
+      LOOM_CHECK_T(IoError,
+                   hello.rank > rank && hello.rank < size && hello.lane >= 0 &&
+                       hello.lane < lanes && !t->conns_[hello.rank * lanes + hello.lane],
+                   "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
+                   " (lane ", hello.lane, ")");
+      setupSocket(std::move(sock), hello.rank, hello.lane);
+      ++accepted;
+    }
+    pending = std::move(still);
+    if (fds[0].revents & POLLIN) {
+      for (;;) {
+        net::Socket sock(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!sock.valid()) break;  // EAGAIN: none left (or out of descriptors: next pass)
+        if (pending.size() >= kMaxHandshakes) {
+          LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ",
+                           pending.front().address(), ": ", kMaxHandshakes,
+                           " handshakes were in progress (a flood of connections?)");
+          pending.erase(pending.begin());
+        }
+        pending.emplace_back(std::move(sock), sizeof(Hello),
+                             std::min(Clock::now() + kHandshakeTimeout, deadline.end()));
+      }
+    }
   }
   if (anyHeals) {
     // The listener stays open for replacement connections, and every rank's address is known

@@ -4,8 +4,12 @@
 // - Setup (create): every rank listens on an ephemeral port and publishes "host:port" under
 //   `<keyPrefix>/addr/<rank>` in the Store; rank r connects to every lower rank and accepts
 //   from every higher one, TcpOptions::sockets connections (lanes) per pair; the connecting
-//   side sends a hello {magic, rank, size, lane, lanes, heals}. Sockets get TCP_NODELAY and
-//   are then non-blocking.
+//   side sends a hello {magic, rank, to, size, lane, lanes, heals, nonce} and the pair runs
+//   the authentication handshake (loom/store/peer_auth.h: each side proves it holds the key
+//   the first rank put under `<keyPrefix>/auth-key`; docs/heal.md says what that protects).
+//   The accepting side handshakes every connection at once in one poll loop and drops one
+//   that fails (logged with its address), so a stranger can neither take a peer's place nor
+//   stall or fail the setup. Sockets get TCP_NODELAY and are then non-blocking.
 // - Lanes: each lane is a connection with its own send queue, reader and tag matcher. A
 //   message of at least TcpOptions::stripeBytes is cut into one part per lane (stripePart:
 //   the same cut on both sides, since sends and receives must agree on the size) and each
@@ -72,6 +76,7 @@
 
 #include "loom/comm/transport.h"
 #include "loom/common/socket.h"
+#include "loom/store/peer_auth.h"
 
 namespace loom {
 class Store;
@@ -116,6 +121,7 @@ struct TcpOptions {
 class TcpRequest;
 struct Peer;
 struct Fault;
+struct Hello;
 
 class TcpTransport : public Transport {
  public:
@@ -191,6 +197,9 @@ class TcpTransport : public Transport {
   void healLoop();
   void healStep(Peer& p, Clock::time_point now);
   void acceptResume();
+  // Drives the resume handshakes in progress (resuming_) whose sockets poll found ready.
+  void advanceResumes(const std::vector<struct pollfd>& fds, size_t first);
+  void resumeAccepted(const Hello& hello, net::Socket s);
   // Installs `sock` as `p`'s socket and rewinds `p`'s stream to `peerConsumed`; "" or why not.
   std::string installLocked(Peer& p, net::Socket sock, uint64_t peerConsumed);
   void afterInstall(Peer& p);
@@ -231,8 +240,10 @@ class TcpTransport : public Transport {
   milliseconds reconnect_{0};
   int bufferBytes_ = 0;  // SO_SNDBUF/SO_RCVBUF of every socket (> 0), else autotuning
   net::Socket listener_;
-  std::vector<std::string> peerAddrs_;  // every rank's listening "host:port"
-  int healWakeFd_ = -1;                 // eventfd: a connection was lost, or stop
+  auth::Key key_{};                      // the group's key (setup and resume handshakes)
+  std::vector<auth::Inbound> resuming_;  // resume handshakes in progress (healer thread only)
+  std::vector<std::string> peerAddrs_;   // every rank's listening "host:port"
+  int healWakeFd_ = -1;                  // eventfd: a connection was lost, or stop
   std::thread healer_;
   std::atomic<int> reconnects_{0};
 };

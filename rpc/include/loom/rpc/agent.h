@@ -29,6 +29,12 @@
 // Transport: a small socket layer on common/'s sockets (docs/rpc.md says why not the comm
 // transports): one connection from each caller to each callee it talks to, opened on first
 // use; frames are a fixed header plus a MessagePack payload.
+//
+// Authentication: the first worker to start puts a random key under "<prefix>/auth-key" in the
+// store; every connection opens with a challenge-response in both directions over that key
+// (loom/store/peer_auth.h), so a process that can reach a worker's port but not read the store
+// cannot call its functions (docs/rpc.md: what that protects, with and without
+// LOOM_STORE_TOKEN).
 #pragma once
 
 #include <chrono>
@@ -53,9 +59,13 @@ struct RpcOptions {
   // Threads running incoming requests; 0 takes LOOM_RPC_THREADS (8). A handler that blocks
   // (waiting for other calls to arrive) holds one of them.
   int numThreads = 0;
-  // Address published to peers; "" takes LOOM_RPC_HOST, else the local address on the route to
-  // the store's host (TCPStore), else the host name. The server listens on all interfaces.
+  // Address published to peers, and the one the server listens on (only there); "" takes
+  // LOOM_RPC_HOST, else the local address on the route to the store's host (TCPStore), else
+  // the host name.
   std::string host;
+  // Inbound connections served at once (each holds a reader thread; one per calling worker is
+  // what a job uses); more are refused and logged. 0 takes LOOM_RPC_MAX_CONNECTIONS (1024).
+  int maxConnections = 0;
   // Frames larger than this are refused (sender: InvalidArgumentError; receiver: connection
   // closed).
   size_t maxMessageBytes = size_t{1} << 30;

@@ -1,0 +1,256 @@
+// Peer authentication of the tcp transport (loom/store/peer_auth.h; comm/src/tcp/tcp_setup.cc
+// and tcp_heal.cc), with process ranks over a FileStore on loopback and a stranger process that
+// knows a rank's port (it reads the store) but not the group's key:
+// - strangers that reach rank 0 before its real peers (silent ones, 80 of them; one with a forged
+// hello:
+//   right magic, rank and size, a wrong MAC; one with a hello and no MAC; one with garbage)
+//   neither take a peer's place nor stall or fail the setup: 2 and 4 ranks complete their
+//   all-reduces, the forged connections are closed, and the setup does not wait for the silent
+//   stranger's handshake deadline;
+// - with healing on, a forged resume (a stranger claiming to re-establish rank 1's connection)
+//   is dropped and no connection is lost, and a real reset still heals beside a silent stranger;
+// - the handshake itself: a dialer or an acceptor without the key is refused by the other side.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/common/error.h"
+#include "loom/common/socket.h"
+#include "loom/store/file_store.h"
+#include "loom/store/hash_store.h"
+#include "loom/store/peer_auth.h"
+#include "loom/testing/ranks.h"
+#include "tcp/peer.h"
+#include "tcp/tcp_transport.h"
+
+namespace loom::comm::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+ContextOptions tcpOptions(int reconnectMs = 0) {
+  ContextOptions o;
+  o.host = "127.0.0.1";
+  o.sharedMemory = false;
+  o.timeout = 60s;
+  o.tcpReconnectMs = reconnectMs;
+  o.tcpHealLocal = reconnectMs > 0;
+  return o;
+}
+
+tcp::TcpTransport& tcpOf(Context& ctx) {
+  auto* t = dynamic_cast<tcp::TcpTransport*>(&ctx.transport());
+  LOOM_CHECK(t != nullptr, "the Context's transport is not tcp");
+  return *t;
+}
+
+// `iters` all-reduces of 1000 int32 (sum), checked.
+void allreduceChecked(Context& ctx, int iters, uint64_t firstSeq, size_t count = 1000) {
+  std::vector<int32_t> buf(count);
+  for (int iter = 0; iter < iters; ++iter) {
+    for (size_t i = 0; i < count; ++i) buf[i] = ctx.rank() + static_cast<int32_t>(i % 101) + iter;
+    CollectiveOptions opts;
+    opts.seq = firstSeq + static_cast<uint64_t>(iter);
+    opts.timeout = 60s;
+    allreduce(ctx, buf.data(), buf.data(), count, DType::kInt32, ReduceOp::kSum, opts);
+    const int n = ctx.size();
+    for (size_t i = 0; i < count; ++i) {
+      const int32_t want = n * (n - 1) / 2 + n * (static_cast<int32_t>(i % 101) + iter);
+      LOOM_CHECK_EQ(buf[i], want, "rank ", ctx.rank(), ": element ", i);
+    }
+  }
+}
+
+net::Socket connectToKey(Store& store, const std::string& key) {
+  store.wait({key}, 30s);
+  const std::string addr = store.getString(key);
+  const auto colon = addr.rfind(':');
+  return net::connectTo(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), 10s);
+}
+
+// True when the peer closes the connection (EOF or reset) within `bound`.
+bool closedByPeer(int fd, std::chrono::milliseconds bound) {
+  char c;
+  try {
+    net::readFull(fd, &c, 1, Deadline(bound), "the rank");
+  } catch (const TimeoutError&) {
+    return false;
+  } catch (const IoError&) {
+    return true;
+  }
+  return false;
+}
+
+// A stranger's forged opening (right magic, rank, size): it reads the challenge and answers
+// with a MAC made with the wrong key; the rank must close the connection.
+void forgeHello(Store& store, const std::string& addrKey, uint32_t magic, int rank, int to,
+                int size, bool heals) {
+  net::Socket s = connectToKey(store, addrKey);
+  const tcp::Hello hello = tcp::makeHello(magic, rank, to, size, 0, 1, heals, 0);
+  net::writeFull(s.fd(), &hello, sizeof(hello), Deadline(5s), "the rank");
+  auth::Challenge challenge{};
+  net::readFull(s.fd(), &challenge, sizeof(challenge), Deadline(15s), "the rank");
+  auth::Key wrong{};
+  wrong[0] = 1;
+  const auth::Proof proof{
+      auth::handshakeMac(wrong, tcp::kAuthLabel, false, tcp::bytesOf(hello), challenge.nonce)};
+  net::writeFull(s.fd(), &proof, sizeof(proof), Deadline(5s), "the rank");
+  LOOM_CHECK(closedByPeer(s.fd(), 15s), "the rank kept a connection whose MAC was wrong");
+}
+
+class Strangers : public ::testing::TestWithParam<int> {};
+
+// Strangers reach rank 0 first; then the real ranks set up and all-reduce.
+TEST_P(Strangers, CannotJoinStallOrFailSetup) {
+  const int size = GetParam();
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const std::string addrKey = "comm/tcp/addr/0";
+  children.spawn(
+      [&] {
+        FileStore store(dir.file("store"));
+        net::Socket silent = connectToKey(store, addrKey);  // says nothing
+        // A flood of silent connections, more than rank 0 handshakes at once (64): the oldest
+        // are displaced, and the real peers, who come later, are not.
+        std::vector<net::Socket> flood;
+        for (int i = 0; i < 80; ++i) flood.push_back(connectToKey(store, addrKey));
+        forgeHello(store, addrKey, tcp::kMagic, size - 1, 0, size, false);
+        {
+          // A hello and no MAC: the rank drops it when it closes.
+          net::Socket s = connectToKey(store, addrKey);
+          const tcp::Hello hello = tcp::makeHello(tcp::kMagic, 1, 0, size, 0, 1, false, 0);
+          net::writeFull(s.fd(), &hello, sizeof(hello), Deadline(5s), "rank 0");
+        }
+        {
+          net::Socket s = connectToKey(store, addrKey);
+          const std::string garbage(sizeof(tcp::Hello), 'x');
+          net::writeFull(s.fd(), garbage.data(), garbage.size(), Deadline(5s), "rank 0");
+          LOOM_CHECK(closedByPeer(s.fd(), 15s), "rank 0 kept a connection that sent garbage");
+        }
+        store.set("strangers/ready", "1");
+        store.wait({"job/done"}, 60s);  // the silent connection stays open until then
+      },
+      "stranger");
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    if (rank > 0) store.wait({"strangers/ready"}, 30s);
+    const auto start = std::chrono::steady_clock::now();
+    auto ctx = Context::create(store, rank, size, tcpOptions());
+    const auto took = std::chrono::steady_clock::now() - start;
+    // Not held up until the silent stranger's handshake deadline (10 s).
+    LOOM_CHECK(took < 8s, "rank ", rank, ": setup took ",
+               std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms");
+    allreduceChecked(*ctx, 3, 1);
+    store.add("job/finished", 1);
+    if (store.add("job/finished", 0) == size) store.set("job/done", "1");
+    store.wait({"job/done"}, 30s);
+  });
+  EXPECT_EQ(children.waitAllOk(90s), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Auth, Strangers, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// Healing on: a stranger's forged resume is dropped (no connection is lost), and a real reset
+// still heals while a silent stranger holds a connection to each rank's listener.
+TEST(Auth, ForgedResumeIsDroppedAndRealResetStillHeals) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  children.spawn(
+      [&] {
+        FileStore store(dir.file("store"));
+        store.wait({"heal/ready"}, 60s);
+        net::Socket silent0 = connectToKey(store, "comm/tcp/addr/0");
+        net::Socket silent1 = connectToKey(store, "comm/tcp/addr/1");
+        // "Rank 1 lost connection 0 and re-establishes it", and "rank 0 asks rank 1 to redial".
+        forgeHello(store, "comm/tcp/addr/0", tcp::kResumeMagic, 1, 0, 2, true);
+        forgeHello(store, "comm/tcp/addr/1", tcp::kResumeMagic, 0, 1, 2, true);
+        store.set("strangers/ready", "1");
+        store.wait({"job/done"}, 60s);
+      },
+      "stranger");
+  children.spawnRanks(2, [&](int rank) {
+    FileStore store(dir.file("store"));
+    auto ctx = Context::create(store, rank, 2, tcpOptions(10000));
+    tcp::TcpTransport& t = tcpOf(*ctx);
+    LOOM_CHECK(t.heals(1 - rank, 0), "the connection does not heal");
+    allreduceChecked(*ctx, 1, 1);
+    store.add("heal/ranks", 1);
+    if (store.add("heal/ranks", 0) == 2) store.set("heal/ready", "1");
+    store.wait({"strangers/ready"}, 60s);
+    allreduceChecked(*ctx, 2, 2);
+    LOOM_CHECK_EQ(t.reconnects(), 0, "rank ", rank, ": a forged resume replaced a connection");
+    if (rank == 1) t.testResetAfter(0, 0, 1 << 20);
+    allreduceChecked(*ctx, 2, 4, size_t{1} << 20);
+    if (rank == 1) {
+      LOOM_CHECK(t.reconnects() >= 1, "the reset connection was not re-established");
+    }
+    LOOM_CHECK(!t.failed(), "the transport failed");
+    store.add("job/finished", 1);
+    if (store.add("job/finished", 0) == 2) store.set("job/done", "1");
+    store.wait({"job/done"}, 30s);
+  });
+  EXPECT_EQ(children.waitAllOk(90s), "");
+}
+
+// The handshake on a socket pair: both sides with the key succeed; an acceptor without it is
+// refused by the dialer, and a dialer without it by the acceptor.
+TEST(Auth, HandshakeNeedsTheKeyOnBothSides) {
+  HashStore store;
+  const auth::Key key = auth::sharedKey(store, "k");
+  EXPECT_EQ(auth::sharedKey(store, "k"), key);  // the first caller's key for everyone
+  auth::Key other = key;
+  other[5] ^= 1;
+  struct Outcome {
+    bool dialed;
+    auth::Inbound::State accepted;
+  };
+  auto run = [](const auth::Key& dialerKey, const auth::Key& acceptorKey) {
+    int fds[2];
+    LOOM_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0, "socketpair");
+    net::Socket a(fds[0]);
+    const std::vector<uint8_t> opening(24, 7);
+    bool dialed = false;
+    std::thread dialer([&, fd = fds[1]] {
+      net::Socket b(fd);
+      try {
+        auth::dial(b.fd(), dialerKey, "test", opening, Deadline(5s), "acceptor");
+        dialed = true;
+        char c;
+        net::readFull(b.fd(), &c, 1, Deadline(5s), "acceptor");  // until the acceptor closes
+      } catch (const IoError&) {
+      }
+    });
+    auth::Inbound in(std::move(a), opening.size(), Clock::now() + 5s);
+    auth::Inbound::State state = auth::Inbound::State::kPending;
+    while (state == auth::Inbound::State::kPending) {
+      state = in.advance(acceptorKey, "test", [](std::span<const uint8_t>) { return ""; });
+      std::this_thread::sleep_for(1ms);  // a poll loop in the real users; bounded by the deadline
+    }
+    if (state == auth::Inbound::State::kFailed)
+      std::fprintf(stderr, "refused: %s\n", in.why().c_str());
+    in.release();  // closes: the dialer's read ends
+    dialer.join();
+    return Outcome{dialed, state};
+  };
+  const Outcome good = run(key, key);
+  EXPECT_TRUE(good.dialed);
+  EXPECT_EQ(good.accepted, auth::Inbound::State::kDone);
+  const Outcome strangerAcceptor = run(key, other);
+  EXPECT_FALSE(strangerAcceptor.dialed);
+  EXPECT_EQ(strangerAcceptor.accepted, auth::Inbound::State::kFailed);
+  const Outcome strangerDialer = run(other, key);
+  EXPECT_FALSE(strangerDialer.dialed);  // it refused the acceptor's MAC first
+  EXPECT_EQ(strangerDialer.accepted, auth::Inbound::State::kFailed);
+}
+
+}  // namespace
+}  // namespace loom::comm::testing

@@ -1,0 +1,147 @@
+// RPC peer authentication and bounds (rpc/src/server.cc, docs/rpc.md), workers as threads over
+// a HashStore and a stranger that knows a worker's port but not the job's key:
+// - forged calls (a client that skips the handshake and sends a request frame; one whose MAC is
+//   made with a wrong key) are refused and never run, a silent connection stalls nobody, and
+//   the workers' own calls go on;
+// - the server listens on the address it publishes only;
+// - connections beyond RpcOptions::maxConnections are refused, and the calls on the others go on.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "loom/common/socket.h"
+#include "loom/rpc/agent.h"
+#include "loom/store/hash_store.h"
+#include "loom/store/peer_auth.h"
+#include "wire.h"
+
+namespace loom::rpc {
+namespace {
+
+using std::chrono::milliseconds;
+using namespace std::chrono_literals;
+
+std::vector<std::unique_ptr<RpcAgent>> startAgents(int n, const Registry& functions,
+                                                   RpcOptions options = {}) {
+  auto store = std::make_shared<HashStore>();
+  if (options.timeout.count() == 0) options.timeout = milliseconds(20000);
+  std::vector<std::unique_ptr<RpcAgent>> agents(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      agents[static_cast<size_t>(r)] =
+          std::make_unique<RpcAgent>("w" + std::to_string(r), r, n, store, functions, options);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& a : agents) LOOM_CHECK(a != nullptr, "an agent did not start");
+  return agents;
+}
+
+// True when the worker closes the connection (EOF or reset) within `bound`.
+bool closedByPeer(int fd, milliseconds bound) {
+  char c;
+  try {
+    net::readFull(fd, &c, 1, Deadline(bound), "the worker");
+  } catch (const TimeoutError&) {
+    return false;
+  } catch (const IoError&) {
+    return true;
+  }
+  return false;
+}
+
+TEST(RpcAuth, ForgedCallsAreRefusedAndNeverRun) {
+  std::atomic<int> touched{0};
+  Registry functions;
+  functions.addRaw("touch", [&](const Value&, const CallContext&) {
+    touched.fetch_add(1);
+    return Value(1);
+  });
+  auto agents = startAgents(2, functions);
+  const WorkerInfo& w0 = agents[0]->worker("w0");
+
+  net::Socket silent = net::connectTo(w0.host, w0.port, 5s);  // says nothing, stays open
+
+  // A request frame without the handshake: refused (the opening is garbage), never run.
+  {
+    net::Socket s = net::connectTo(w0.host, w0.port, 5s);
+    wire::writeFrame(s.fd(), wire::Kind::kHello, 1, 0, 0, "w1", {}, Deadline(5s), "w0");
+    wire::writeFrame(s.fd(), wire::Kind::kRequest, 7, 0, 5000, "touch", encode(Value::array()),
+                     Deadline(5s), "w0");
+    EXPECT_TRUE(closedByPeer(s.fd(), 15s));
+  }
+  // A right opening (magic, version, ranks) and a MAC made with a wrong key: refused.
+  {
+    net::Socket s = net::connectTo(w0.host, w0.port, 5s);
+    wire::Opening opening;
+    opening.rank = 1;
+    opening.to = 0;
+    const auth::Nonce nonce = auth::randomNonce();
+    std::memcpy(opening.nonce, nonce.data(), sizeof(opening.nonce));
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(&opening),
+                                         sizeof(opening));
+    net::writeFull(s.fd(), &opening, sizeof(opening), Deadline(5s), "w0");
+    auth::Challenge challenge{};
+    net::readFull(s.fd(), &challenge, sizeof(challenge), Deadline(5s), "w0");
+    auth::Key wrong{};
+    const auth::Proof proof{
+        auth::handshakeMac(wrong, wire::kAuthLabel, false, bytes, challenge.nonce)};
+    net::writeFull(s.fd(), &proof, sizeof(proof), Deadline(5s), "w0");
+    wire::writeFrame(s.fd(), wire::Kind::kHello, 1, 0, 0, "w1", {}, Deadline(5s), "w0");
+    wire::writeFrame(s.fd(), wire::Kind::kRequest, 8, 0, 5000, "touch", encode(Value::array()),
+                     Deadline(5s), "w0");
+    EXPECT_TRUE(closedByPeer(s.fd(), 15s));
+  }
+  EXPECT_EQ(touched.load(), 0);
+
+  // The job goes on, and fast, with the silent connection still open.
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(agents[1]->rpcSync("w0", "touch").get<int>(), 1);
+    EXPECT_EQ(agents[0]->rpcSync("w1", "touch").get<int>(), 1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(touched.load(), 6);
+  for (auto& a : agents) a->shutdown(false);
+}
+
+TEST(RpcAuth, ListensOnThePublishedAddressOnly) {
+  Registry functions;
+  functions.addRaw("one", [](const Value&, const CallContext&) { return Value(1); });
+  RpcOptions options;
+  options.host = "127.0.0.1";
+  auto agents = startAgents(1, functions, options);
+  const WorkerInfo& w0 = agents[0]->self();
+  EXPECT_EQ(w0.host, "127.0.0.1");
+  EXPECT_NO_THROW(net::connectTo("127.0.0.1", w0.port, 5s));
+  // Another loopback address of this host: nothing listens there.
+  EXPECT_THROW(net::connectTo("127.0.0.2", w0.port, 500ms), IoError);
+  EXPECT_EQ(agents[0]->rpcSync("w0", "one").get<int>(), 1);
+  agents[0]->shutdown(false);
+}
+
+TEST(RpcAuth, ConnectionsBeyondTheMaximumAreRefused) {
+  Registry functions;
+  functions.addRaw("one", [](const Value&, const CallContext&) { return Value(1); });
+  RpcOptions options;
+  options.maxConnections = 1;
+  options.timeout = milliseconds(10000);
+  auto agents = startAgents(3, functions, options);
+  EXPECT_EQ(agents[1]->rpcSync("w0", "one").get<int>(), 1);  // w0's one connection
+  try {
+    agents[2]->rpcSync("w0", "one");
+    ADD_FAILURE() << "a call over a connection beyond the maximum succeeded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(dynamic_cast<const TimeoutError*>(&e), nullptr) << e.what();
+  }
+  EXPECT_EQ(agents[1]->rpcSync("w0", "one").get<int>(), 1);  // the served one goes on
+  EXPECT_EQ(agents[2]->rpcSync("w1", "one").get<int>(), 1);
+  for (auto& a : agents) a->shutdown(false);
+}
+
+}  // namespace
+}  // namespace loom::rpc
