@@ -25,6 +25,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _wait_for_clock_estimates(group, world):
+    """Waits (at most 20 s) until every rank's heartbeat in `group`'s store carries its clock
+    estimate (docs/diagnostics.md, "Clocks"): the group's setup traffic is over. Read straight
+    from torch's store, so not counted."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    store = dist.PrefixStore(c10d._pg_names[group], c10d._get_default_store())
+    deadline = time.monotonic() + 20
+    for r in range(1, world):
+        while True:
+            fields = store.get(f"flight/heartbeat/{r}").decode().split()
+            if fields[1] == "2" and (fields[-2] != "0" or fields[-1] != "0"):
+                break
+            assert time.monotonic() < deadline, f"rank {r}: no clock estimate within 20 s"
+            time.sleep(0.05)  # poll interval of a deadline loop
+
+
 def _idle_rates(rank, world, tmp, port):
     """Requests per second that each of two idle loom groups sent to torch's store."""
     from datetime import timedelta
@@ -41,6 +59,9 @@ def _idle_rates(rank, world, tmp, port):
     dist.all_reduce(t)
     dist.all_reduce(t, group=sub)
     groups = [dist.distributed_c10d._get_default_group(), sub]
+    for g in groups:
+        _wait_for_clock_estimates(g, world)
+    dist.barrier()
     before = [_C._store_requests(g) for g in groups]
     start = time.monotonic()
     time.sleep(IDLE_S)  # the measured idle time, not a wait for anything
@@ -126,8 +147,10 @@ def _idle_python_store(rank, world, tmp):
                             timeout=timedelta(seconds=30))
     t = torch.ones(4)
     dist.all_reduce(t)
-    # The listener's wait polls fast during its first second: measure after it.
-    time.sleep(1.0)
+    # Setup over (its heartbeat comes a second after it: the listener's first, faster polled
+    # second is over too).
+    _wait_for_clock_estimates(dist.distributed_c10d._get_default_group(), world)
+    dist.barrier()
     before = store.calls
     start = time.monotonic()
     time.sleep(IDLE_S)  # the measured idle time

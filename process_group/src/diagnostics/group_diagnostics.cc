@@ -59,6 +59,8 @@ constexpr const char* kClockReason = "clock ";
 // Clock samples per round, and every how many heartbeats a round runs after the first.
 constexpr int kClockSamples = 3;
 constexpr uint64_t kClockRefreshBeats = 60;
+// A clock round's waits: for rank 0's listener to start, and for each answer.
+constexpr milliseconds kClockWait{5000};
 
 std::string pidNamespace() {
   char buf[128];
@@ -91,7 +93,10 @@ struct GroupDiagnostics::Core {
   // The estimate of this rank's clock minus rank 0's (GroupDiagnostics, "Clocks").
   std::atomic<int64_t> clockOffsetUs{0};
   std::atomic<int64_t> clockErrorUs{0};
-  uint64_t clockRequests = 0;  // heartbeat thread
+  uint64_t clockRequests = 0;                  // the clock round's thread (one at a time)
+  std::atomic<bool> clockReady{false};         // rank 0 answers clock requests
+  std::atomic<bool> clockEstimated{false};     // a round succeeded
+  std::atomic<bool> clockRoundRunning{false};  // a round's thread runs
 
   // The listener's end: set by its thread when it returns; the heartbeat's stop.
   std::mutex mu;
@@ -310,7 +315,11 @@ std::optional<ClockSample> sampleClock(GroupDiagnostics::Core& core, millisecond
   }
   const int64_t t3 = core.clockUs();
   std::istringstream in(store.getString(reply));
-  store.deleteKey(reply);
+  try {
+    store.deleteKey(reply);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a store that cannot
+    // delete (torch 1.13's Python stores) keeps the answer: a few bytes per sample
+  }
   int64_t t1 = 0;
   int64_t t2 = 0;
   if (!(in >> t1 >> t2)) return std::nullopt;
@@ -369,33 +378,37 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
   core->finished.notify_all();
 }
 
-// The heartbeat: one beat per interval until the group goes or the store is gone; on ranks
-// other than 0 also the clock estimate (at start, once rank 0 answers, then every
-// kClockRefreshBeats beats), each of its waits bounded by the interval so that beats keep coming
-// when rank 0 does not answer.
+// A round of the clock estimate, on a thread of its own (its waits may outlast a heartbeat
+// interval: on a store that polls, rank 0's listener answers up to a second late): waits for
+// rank 0's listener to answer clock requests, then estimateClock.
+void clockRound(std::shared_ptr<GroupDiagnostics::Core> core) {
+  try {
+    if (!core->clockReady.load()) {
+      core->store->wait({kClockReadyKey}, kClockWait);
+      core->clockReady.store(true);
+    }
+    if (estimateClock(*core, kClockWait)) core->clockEstimated.store(true);
+  } catch (const std::exception& e) {
+    LOOM_LOG_INFO("rank ", core->id.rank, ": clock estimate: ", e.what());
+  }
+  core->clockRoundRunning.store(false);
+}
+
+// The heartbeat: one beat per interval until the group goes or the store is gone. On ranks
+// other than 0 it also starts the clock estimate's rounds: at start, at every beat until one
+// succeeded, then every kClockRefreshBeats beats.
 void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
   const bool estimates = core->id.rank != 0 && core->id.size > 1;
-  bool estimated = false;
-  uint64_t sinceEstimate = 0;
+  uint64_t sinceRound = 0;
   for (;;) {
-    if (estimates && (!estimated || sinceEstimate >= kClockRefreshBeats)) {
+    if (estimates && (!core->clockEstimated.load() || sinceRound >= kClockRefreshBeats) &&
+        !core->clockRoundRunning.exchange(true)) {
+      sinceRound = 0;
       try {
-        bool ready = estimated;
-        if (!ready) {
-          try {
-            core->store->wait({kClockReadyKey}, core->heartbeatInterval);
-            ready = true;
-          } catch (const TimeoutError&) {  // NOLINT(bugprone-empty-catch): the next beat
-          }
-        }
-        if (ready && estimateClock(*core, core->heartbeatInterval)) {
-          estimated = true;
-          sinceEstimate = 0;
-        }
-      } catch (const TimeoutError&) {  // NOLINT(bugprone-empty-catch): a slow store
+        std::thread(clockRound, core).detach();
       } catch (const std::exception& e) {
-        LOOM_LOG_INFO("rank ", core->id.rank, ": heartbeat stops: ", e.what());
-        return;
+        core->clockRoundRunning.store(false);
+        LOOM_LOG_INFO("rank ", core->id.rank, ": no thread for the clock estimate: ", e.what());
       }
     }
     {
@@ -404,7 +417,7 @@ void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
         return;
       }
     }
-    ++sinceEstimate;
+    ++sinceRound;
     try {
       core->beat();
     } catch (const TimeoutError&) {

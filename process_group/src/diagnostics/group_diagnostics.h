@@ -25,10 +25,12 @@
 //   store: t0 (its clock) as it posts a dump request "clock <rank> <n>" to rank 0's listener,
 //   t1 as rank 0's listener wakes to it and t2 as it answers (rank 0's clock), t3 as the answer
 //   wakes the rank; rank 0's clock minus this one's is ((t1 - t0) + (t2 - t3)) / 2, within half
-//   the round trip (t3 - t0) - (t2 - t1). Three samples when the heartbeat thread starts (after
-//   flight/clock/ready), one every kClockRefreshBeats beats after; the sample with the smallest
-//   round trip of a round is kept. Heartbeats and dumps carry the estimate (clockOffsetUs), so
-//   that readers put their times on rank 0's clock. Without heartbeats there is no estimate.
+//   the round trip (t3 - t0) - (t2 - t1). A round of three samples runs on a thread of its own
+//   (started by the heartbeat thread as it starts, again at each beat until one round succeeded,
+//   then every kClockRefreshBeats beats; its waits, up to 5 s, never delay a beat), after
+//   flight/clock/ready; the sample with the smallest round trip of a round is kept. Heartbeats and
+//   dumps carry the estimate (clockOffsetUs), so that readers put their times on rank 0's clock.
+//   Without heartbeats there is no estimate.
 // - The listener is one thread per group blocked in Store::wait on its next request key (the
 //   TCPStore answers from the server, no polling; a FileStore polls). The destructor posts a
 //   stop request and waits for it at most kListenerStopWait; a listener stuck in a store that
