@@ -110,7 +110,7 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
     diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
         diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
         static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
-        options_.dumpDir, options_.heartbeatInterval);
+        options_.dumpDir, options_.heartbeatInterval, options_.diagnosticsClockSkewUs);
     recorder_ = &diagnostics_->recorder();
     recorder_->setPreciseEvery(static_cast<uint64_t>(options_.flightRecorderPreciseEvery));
   }

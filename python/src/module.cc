@@ -42,6 +42,11 @@ std::string flightRecord(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   return loomOf(group, "flight_record").loomGroup().dumpFlightRecord();
 }
 
+// How many requests the group sent to torch's store so far (docs/torch.md, "Store load").
+uint64_t storeRequests(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  return loomOf(group, "_store_requests").storeRequests();
+}
+
 // A uint8 CPU tensor of `bytes` whose storage is a Loom window (loom/comm/window.h); the
 // window lives until the storage is freed (the tensor and every view of it).
 at::Tensor windowTensor(int64_t bytes) {
@@ -84,6 +89,8 @@ PYBIND11_MODULE(_C, m) {
         "Seconds for `iters` sum all-reduces of `tensor`, issued and waited for from C++.");
   m.def("_flight_record", &flightRecord, py::arg("group"), py::call_guard<py::gil_scoped_release>(),
         "This rank's flight record of a loom group, as JSON (docs/diagnostics.md).");
+  m.def("_store_requests", &storeRequests, py::arg("group"),
+        "Requests a loom group has sent to torch's store so far (for tests).");
   m.def("_window_tensor", &windowTensor, py::arg("bytes"),
         "A uint8 CPU tensor of `bytes` in a Loom window (zero-copy shared memory).");
 }

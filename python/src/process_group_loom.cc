@@ -30,12 +30,16 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     : c10d::ProcessGroup(rank, size) {
   LOOM_CHECK(options.timeout.count() > 0, "loom backend: timeout must be positive, got ",
              options.timeout.count(), " ms");
-  auto loomStore = std::make_shared<TorchStore>(store);
-  loomStore->setTimeout(options.timeout);
-  pg_ = createProcessGroup("tcp", std::move(loomStore), rank, size, loomOptions(options));
+  store_ = std::make_shared<TorchStore>(store);
+  store_->setTimeout(options.timeout);
+  pg_ = createProcessGroup("tcp", store_, rank, size, loomOptions(options));
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() = default;
+
+uint64_t ProcessGroupLoom::storeRequests() const {
+  return store_->requests();
+}
 
 ReduceOp toLoomReduceOp(const c10d::ReduceOp& op, const char* opName) {
   switch (op.op_) {

@@ -36,6 +36,8 @@
 
 namespace loom::torch_backend {
 
+class TorchStore;
+
 struct BackendOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // The host of the store torch rendezvoused on (TCPStore's host), empty for a FileStore:
@@ -51,6 +53,8 @@ class ProcessGroupLoom : public c10d::ProcessGroup {
 
   const std::string getBackendName() const override { return "loom"; }
   loom::ProcessGroup& loomGroup() { return *pg_; }
+  // Requests the group has sent to torch's store (store_adapter.h), for tests.
+  uint64_t storeRequests() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -95,6 +99,7 @@ class ProcessGroupLoom : public c10d::ProcessGroup {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
  private:
+  std::shared_ptr<TorchStore> store_;
   std::shared_ptr<loom::ProcessGroup> pg_;
   // Completes the futures of this group's Works (work_loom.h). Declared after pg_ so that it
   // goes first: its last tasks wait on operations of a group that still exists.

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -381,6 +382,67 @@ TEST(DiagnosticsProcesses, TraceOfTwoRanksMergesIntoOneValidFile) {
   EXPECT_EQ(collectives[1], expected);
   EXPECT_EQ(spans[0], 1);
   EXPECT_EQ(spans[1], 1);
+}
+
+// A trace survives its process: of 3 ranks that trace 3 all-reduces, rank 0 is SIGKILLed once
+// the flusher (every second) has written them, rank 1 calls abort() and rank 2 segfaults (both
+// with the events still in the buffer: the fatal-signal handler writes them). loom-trace merge
+// reads the three unterminated files (exit 0) and finds every rank's all-reduces.
+TEST(DiagnosticsProcesses, TraceOfRanksThatCrashOrAreKilledStillMerges) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  const std::string traces = dir.file("traces");
+  ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
+  ChildProcesses children;
+  children.spawnRanks(3, [&](int rank) {
+    FileStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    auto store = std::make_shared<FileStore>(path, storeOptions);
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.traceDir = traces;
+    auto pg = createProcessGroup("tcp", store, rank, 3, options);
+    std::vector<float> buf(256, 1.0f);
+    for (int i = 0; i < 3; ++i) pg->allreduce(view(buf.data(), buf.size()))->wait();
+    // No rank dies while a peer may still read from it.
+    storeBarrier(*store, "traced", rank, 3, milliseconds(20000));
+    if (rank == 0) {
+      const std::string file = traces + "/loom-trace-rank0.json";
+      const auto deadline = Clock::now() + milliseconds(10000);
+      while (readFile(file).find("allreduce#3") == std::string::npos) {
+        require(Clock::now() < deadline, "the flusher wrote nothing within 10 s");
+        std::this_thread::sleep_for(milliseconds(20));
+      }
+      ::kill(::getpid(), SIGKILL);
+    }
+    if (rank == 1) std::abort();
+    ::raise(SIGSEGV);
+  });
+  const std::vector<testing::ChildExit> exits = children.waitAll(kChildDeadline);
+  ASSERT_EQ(exits.size(), 3u);
+  EXPECT_EQ(exits[0].signal, SIGKILL) << exits[0].describe();
+  EXPECT_EQ(exits[1].signal, SIGABRT) << exits[1].describe();
+  EXPECT_EQ(exits[2].signal, SIGSEGV) << exits[2].describe();
+
+  const std::string merged = dir.file("merged.json");
+  const std::string command =
+      std::string(LOOM_TRACE_PATH) + " merge -o " + merged + " " + traces + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, pipe)) > 0;) out.append(chunk, n);
+  const int status = ::pclose(pipe);
+  std::fprintf(stderr, "%s", out.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("unterminated"), std::string::npos) << out;
+  const nlohmann::json doc = nlohmann::json::parse(readFile(merged));
+  std::map<int, std::vector<std::string>> collectives;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "collective") collectives[e["pid"]].push_back(e["name"]);
+  }
+  const std::vector<std::string> expected = {"allreduce#1", "allreduce#2", "allreduce#3"};
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(collectives[r], expected) << "rank " << r;
 }
 
 // loom-doctor --attach asks a live job's ranks for their records through the store.

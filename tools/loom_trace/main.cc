@@ -2,6 +2,10 @@
 // (loom-trace-rank<r>.json, Chrome trace-event JSON, one process per rank) into one file that
 // ui.perfetto.dev and chrome://tracing open, ranks as processes in rank order.
 //
+// A trace is either one JSON object {"traceEvents": [...]} or, as LOOM_TRACE writes it, a JSON
+// array with one event per line; an array whose process died before closing it (no "]", a
+// last line cut short) is read up to its last whole line and said so on stderr, not an error.
+//
 // Every input is checked: it must be a JSON object with a "traceEvents" array whose events have
 // a name, a phase and integer pid / tid, and (except metadata) a numeric ts. A bad file is
 // reported with its name and what is wrong, and the exit status is 1 (the others are merged);
@@ -72,6 +76,46 @@ void check(const json& doc) {
   }
 }
 
+// An array trace read line by line: "[", then one event per line (each but the last ending in
+// ","), then "]". Sets `unterminated` when the array has no end (the process died); a last line
+// cut short is then dropped. Throws std::runtime_error naming the line that is not an event.
+json readLines(const std::string& text, bool& unterminated, size_t& cutShort) {
+  json events = json::array();
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);  // "["
+  size_t number = 1;
+  std::vector<std::pair<size_t, std::string>> lines;
+  bool closed = false;
+  while (std::getline(in, line)) {
+    ++number;
+    const size_t end = line.find_last_not_of(" \t\r");
+    if (end == std::string::npos) continue;
+    line.resize(end + 1);
+    if (line == "]") {
+      closed = true;
+      break;
+    }
+    lines.emplace_back(number, line);
+  }
+  unterminated = !closed;
+  cutShort = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string& l = lines[i].second;
+    if (l.back() == ',') l.pop_back();
+    try {
+      events.push_back(json::parse(l));
+    } catch (const json::parse_error&) {
+      if (unterminated && i + 1 == lines.size()) {
+        cutShort = 1;  // the write the process died in
+        break;
+      }
+      throw std::runtime_error("line " + std::to_string(lines[i].first) + " is not a JSON event");
+    }
+  }
+  return json{{"traceEvents", std::move(events)}};
+}
+
 int merge(const std::string& outPath, const std::vector<std::string>& paths) {
   json events = json::array();
   std::set<int64_t> pids;
@@ -86,15 +130,37 @@ int merge(const std::string& outPath, const std::vector<std::string>& paths) {
     try {
       std::ifstream in(file);
       if (!in) throw std::runtime_error("cannot be opened");
+      std::stringstream buffer;
+      buffer << in.rdbuf();
+      const std::string text = buffer.str();
+      const size_t first = text.find_first_not_of(" \t\r\n");
       json doc;
-      try {
-        doc = json::parse(in);
-      } catch (const json::parse_error& e) {
-        throw std::runtime_error(std::string("invalid JSON at byte ") + std::to_string(e.byte) +
-                                 " (truncated?)");
+      if (first != std::string::npos && text[first] == '[') {
+        bool unterminated = false;
+        size_t cutShort = 0;
+        doc = readLines(text.substr(first), unterminated, cutShort);
+        if (unterminated) {
+          std::cerr << "loom-trace: " << file << ": unterminated (its process ended without "
+                    << "closing the trace): read " << doc["traceEvents"].size() << " event(s)"
+                    << (cutShort ? ", dropped a last line cut short" : "") << "\n";
+        }
+      } else {
+        try {
+          doc = json::parse(text);
+        } catch (const json::parse_error& e) {
+          throw std::runtime_error(std::string("invalid JSON at byte ") + std::to_string(e.byte) +
+                                   " (truncated?)");
+        }
       }
       check(doc);
+      for (const json& e : doc["traceEvents"]) {
+        if (e["ph"] == "M" && e["name"] == "trace_end" && e.contains("args") &&
+            e["args"].contains("dropped") && e["args"]["dropped"].is_number_unsigned()) {
+          dropped += e["args"]["dropped"].get<uint64_t>();
+        }
+      }
       for (json& e : doc["traceEvents"]) {
+        if (e["ph"] == "M" && e["name"] == "trace_end") continue;  // its count is in "dropped"
         const int64_t pid = e["pid"].get<int64_t>();
         if (e["ph"] == "M" && e["name"] == "process_name" && pids.count(pid)) {
           throw std::runtime_error("a second trace of process " + std::to_string(pid) +

@@ -88,16 +88,25 @@ std::string toJson(const RankDump& d) {
   };
   // The header a field per line, then an entry per line: small in the store, readable in a
   // file, and still one JSON document.
-  const json header = {{"format", kFormat},      {"version", kDumpFormatVersion},
-                       {"rank", d.rank},         {"size", d.size},
-                       {"group", d.group},       {"backend", d.backend},
-                       {"host", d.host},         {"pid", d.pid},
-                       {"reason", d.reason},     {"time_us", d.timeUs},
-                       {"capacity", d.capacity}, {"recorded", d.recorded},
-                       {"last_seq", d.lastSeq}};
+  const json header = {{"format", kFormat},
+                       {"version", kDumpFormatVersion},
+                       {"rank", d.rank},
+                       {"size", d.size},
+                       {"group", d.group},
+                       {"backend", d.backend},
+                       {"host", d.host},
+                       {"pid", d.pid},
+                       {"reason", d.reason},
+                       {"time_us", d.timeUs},
+                       {"capacity", d.capacity},
+                       {"recorded", d.recorded},
+                       {"last_seq", d.lastSeq},
+                       {"clock_offset_us", d.clockOffsetUs},
+                       {"clock_error_us", d.clockErrorUs}};
   std::string out = "{\n";
-  for (const char* key : {"format", "version", "rank", "size", "group", "backend", "host", "pid",
-                          "reason", "time_us", "capacity", "recorded", "last_seq"}) {
+  for (const char* key :
+       {"format", "version", "rank", "size", "group", "backend", "host", "pid", "reason", "time_us",
+        "capacity", "recorded", "last_seq", "clock_offset_us", "clock_error_us"}) {
     out += " \"" + std::string(key) + "\": " + compact(header.at(key)) + ",\n";
   }
   out += " \"entries\": [";
@@ -162,6 +171,9 @@ RankDump parseDump(const std::string& text, const std::string& source) {
   d.capacity = field<uint64_t>(j, "capacity", source);
   d.recorded = field<uint64_t>(j, "recorded", source);
   d.lastSeq = field<uint64_t>(j, "last_seq", source);
+  // Optional (dumps before the clock offset was estimated: 0, no correction).
+  if (j.contains("clock_offset_us")) d.clockOffsetUs = field<int64_t>(j, "clock_offset_us", source);
+  if (j.contains("clock_error_us")) d.clockErrorUs = field<int64_t>(j, "clock_error_us", source);
   const auto it = j.find("entries");
   if (it == j.end() || !it->is_array()) {
     throw InvalidArgumentError(source + ": missing array 'entries'");

@@ -51,6 +51,16 @@ constexpr const char* kStopReason = "stop";
 std::string heartbeatKey(int rank) {
   return "flight/heartbeat/" + std::to_string(rank);
 }
+constexpr const char* kClockReadyKey = "flight/clock/ready";
+std::string clockReplyKey(int rank, uint64_t n) {
+  return "flight/clock/" + std::to_string(rank) + "/" + std::to_string(n);
+}
+constexpr const char* kClockReason = "clock ";
+// Clock samples per round, and every how many heartbeats a round runs after the first.
+constexpr int kClockSamples = 3;
+constexpr uint64_t kClockRefreshBeats = 60;
+// A clock round's waits: for rank 0's listener to start, and for each answer.
+constexpr milliseconds kClockWait{5000};
 
 std::string pidNamespace() {
   char buf[128];
@@ -79,6 +89,14 @@ struct GroupDiagnostics::Core {
   std::string dumpDir;
   std::string host = net::hostname();
   const milliseconds heartbeatInterval;
+  const int64_t clockSkewUs;  // tests only: this rank's clock reads that far off
+  // The estimate of this rank's clock minus rank 0's (GroupDiagnostics, "Clocks").
+  std::atomic<int64_t> clockOffsetUs{0};
+  std::atomic<int64_t> clockErrorUs{0};
+  uint64_t clockRequests = 0;                  // the clock round's thread (one at a time)
+  std::atomic<bool> clockReady{false};         // rank 0 answers clock requests
+  std::atomic<bool> clockEstimated{false};     // a round succeeded
+  std::atomic<bool> clockRoundRunning{false};  // a round's thread runs
 
   // The listener's end: set by its thread when it returns; the heartbeat's stop.
   std::mutex mu;
@@ -88,16 +106,22 @@ struct GroupDiagnostics::Core {
   uint64_t beats = 0;  // heartbeat thread (and the constructor, before it starts)
 
   Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
-       std::string dir, milliseconds heartbeat)
+       std::string dir, milliseconds heartbeat, int64_t skew)
       : id(std::move(i)),
         store(std::move(s)),
         recorder(entries, algorithm),
         dumpDir(std::move(dir)),
-        heartbeatInterval(heartbeat) {}
+        heartbeatInterval(heartbeat),
+        clockSkewUs(skew) {}
+
+  // The clock every time of this rank's diagnostics comes from (Unix microseconds).
+  int64_t clockUs() const { return unixMicros() + clockSkewUs; }
 
   void beat() {
     Heartbeat hb;
-    hb.timeUs = unixMicros();
+    hb.timeUs = clockUs();
+    hb.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
+    hb.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
     hb.pid = ::getpid();
     hb.beat = ++beats;
     hb.lastSeq = recorder.lastSeq();
@@ -118,7 +142,16 @@ struct GroupDiagnostics::Core {
     d.pid = ::getpid();
     d.reason = reason;
     d.entries = recorder.snapshot();
-    d.timeUs = unixMicros();
+    if (clockSkewUs != 0) {
+      for (OpRecord& r : d.entries) {
+        for (int64_t* t : {&r.issueUs, &r.startUs, &r.endUs}) {
+          if (*t != 0) *t += clockSkewUs;
+        }
+      }
+    }
+    d.timeUs = clockUs();
+    d.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
+    d.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
     d.capacity = recorder.capacity();
     d.recorded = recorder.recorded();
     d.lastSeq = recorder.lastSeq();
@@ -253,6 +286,65 @@ void registerForSignal(const std::shared_ptr<GroupDiagnostics::Core>& core) {
   }
 }
 
+// Rank 0's listener, to "clock <rank> <n>": when it woke to the request (t1) and now (t2).
+void answerClock(GroupDiagnostics::Core& core, const std::string& reason, int64_t t1) {
+  std::istringstream in(reason.substr(std::strlen(kClockReason)));
+  int rank = -1;
+  uint64_t n = 0;
+  if (!(in >> rank >> n) || rank < 0) return;
+  core.store->set(clockReplyKey(rank, n), detail::str(t1, " ", core.clockUs()));
+}
+
+// One NTP-style sample through rank 0's listener: this rank's clock minus rank 0's and the round
+// trip, or nullopt when rank 0 did not answer within `wait`.
+struct ClockSample {
+  int64_t offsetUs = 0;
+  int64_t roundTripUs = 0;
+};
+std::optional<ClockSample> sampleClock(GroupDiagnostics::Core& core, milliseconds wait) {
+  Store& store = *core.store;
+  const uint64_t n = ++core.clockRequests;
+  const std::string reply = clockReplyKey(core.id.rank, n);
+  const int64_t k = store.add(requestCountKey(0), 1);
+  const int64_t t0 = core.clockUs();
+  store.set(requestKey(0, k), detail::str(kClockReason, core.id.rank, " ", n));
+  try {
+    store.wait({reply}, wait);
+  } catch (const TimeoutError&) {
+    return std::nullopt;
+  }
+  const int64_t t3 = core.clockUs();
+  std::istringstream in(store.getString(reply));
+  try {
+    store.deleteKey(reply);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a store that cannot
+    // delete (torch 1.13's Python stores) keeps the answer: a few bytes per sample
+  }
+  int64_t t1 = 0;
+  int64_t t2 = 0;
+  if (!(in >> t1 >> t2)) return std::nullopt;
+  ClockSample sample;
+  // theta = ((t1 - t0) + (t2 - t3)) / 2 is rank 0's clock minus this one's.
+  sample.offsetUs = -((t1 - t0) + (t2 - t3)) / 2;
+  sample.roundTripUs = std::max<int64_t>((t3 - t0) - (t2 - t1), 0);
+  return sample;
+}
+
+// A round of kClockSamples samples; the one with the smallest round trip becomes the estimate
+// (its error bound: half that round trip). False when rank 0 answered none.
+bool estimateClock(GroupDiagnostics::Core& core, milliseconds wait) {
+  std::optional<ClockSample> best;
+  for (int i = 0; i < kClockSamples; ++i) {
+    const std::optional<ClockSample> s = sampleClock(core, wait);
+    if (!s) break;  // rank 0 does not answer (yet): the next round tries again
+    if (!best || s->roundTripUs < best->roundTripUs) best = s;
+  }
+  if (!best) return false;
+  core.clockOffsetUs.store(best->offsetUs, std::memory_order_relaxed);
+  core.clockErrorUs.store((best->roundTripUs + 1) / 2, std::memory_order_relaxed);
+  return true;
+}
+
 // The listener: answers dump requests until it reads the stop request.
 // `served`: the requests this rank's key counted before the listener started (an earlier group
 // on the same store), which are not its own.
@@ -265,9 +357,14 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
       } catch (const TimeoutError&) {
         continue;
       }
+      const int64_t woke = core->clockUs();  // t1 of a clock request
       ++served;
       const std::string reason = core->store->getString(key);
       if (reason == kStopReason) break;
+      if (reason.rfind(kClockReason, 0) == 0) {
+        answerClock(*core, reason, woke);
+        continue;
+      }
       core->dump(reason);
     }
   } catch (const std::exception& e) {
@@ -281,15 +378,46 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
   core->finished.notify_all();
 }
 
-// The heartbeat: one beat per interval until the group goes or the store is gone.
+// A round of the clock estimate, on a thread of its own (its waits may outlast a heartbeat
+// interval: on a store that polls, rank 0's listener answers up to a second late): waits for
+// rank 0's listener to answer clock requests, then estimateClock.
+void clockRound(std::shared_ptr<GroupDiagnostics::Core> core) {
+  try {
+    if (!core->clockReady.load()) {
+      core->store->wait({kClockReadyKey}, kClockWait);
+      core->clockReady.store(true);
+    }
+    if (estimateClock(*core, kClockWait)) core->clockEstimated.store(true);
+  } catch (const std::exception& e) {
+    LOOM_LOG_INFO("rank ", core->id.rank, ": clock estimate: ", e.what());
+  }
+  core->clockRoundRunning.store(false);
+}
+
+// The heartbeat: one beat per interval until the group goes or the store is gone. On ranks
+// other than 0 it also starts the clock estimate's rounds: at start, at every beat until one
+// succeeded, then every kClockRefreshBeats beats.
 void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
+  const bool estimates = core->id.rank != 0 && core->id.size > 1;
+  uint64_t sinceRound = 0;
   for (;;) {
+    if (estimates && (!core->clockEstimated.load() || sinceRound >= kClockRefreshBeats) &&
+        !core->clockRoundRunning.exchange(true)) {
+      sinceRound = 0;
+      try {
+        std::thread(clockRound, core).detach();
+      } catch (const std::exception& e) {
+        core->clockRoundRunning.store(false);
+        LOOM_LOG_INFO("rank ", core->id.rank, ": no thread for the clock estimate: ", e.what());
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(core->mu);
       if (core->finished.wait_for(lock, core->heartbeatInterval, [&] { return core->stopping; })) {
         return;
       }
     }
+    ++sinceRound;
     try {
       core->beat();
     } catch (const TimeoutError&) {
@@ -305,14 +433,19 @@ void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
 
 GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
                                    comm::Algorithm algorithm, std::string dumpDir,
-                                   milliseconds heartbeatInterval)
+                                   milliseconds heartbeatInterval, int64_t clockSkewUs)
     : core_(std::make_shared<Core>(std::move(identity), std::move(store), entries, algorithm,
-                                   std::move(dumpDir), heartbeatInterval)) {
+                                   std::move(dumpDir), heartbeatInterval, clockSkewUs)) {
   LOOM_CHECK(heartbeatInterval.count() >= 0, "heartbeatInterval must be >= 0 ms, got ",
              heartbeatInterval.count());
   registerForSignal(core_);
   const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
   std::thread(listen, core_, served).detach();
+  // Clock requests posted from now on are answered (posted before, they are an earlier group's
+  // to the listener, and time out: the rank asks again).
+  if (core_->id.rank == 0 && core_->id.size > 1 && heartbeatInterval.count() > 0) {
+    core_->store->set(kClockReadyKey, "1");
+  }
   // The first beat, even with heartbeats off: the analysis can then still look at this
   // rank's process when it is on the same host.
   core_->beat();
@@ -389,8 +522,9 @@ void publishFailureRecord(Store& store, int rank, int size, const std::string& r
 }
 
 std::string Heartbeat::text() const {
-  return detail::str("loom-heartbeat 1 ", timeUs, " ", pid, " ", beat, " ", lastSeq, " ", recorded,
-                     " ", intervalMs, " ", host, " ", pidNs.empty() ? "-" : pidNs);
+  return detail::str("loom-heartbeat 2 ", timeUs, " ", pid, " ", beat, " ", lastSeq, " ", recorded,
+                     " ", intervalMs, " ", host, " ", pidNs.empty() ? "-" : pidNs, " ",
+                     clockOffsetUs, " ", clockErrorUs);
 }
 
 std::optional<Heartbeat> Heartbeat::parse(const std::string& text) {
@@ -400,9 +534,11 @@ std::optional<Heartbeat> Heartbeat::parse(const std::string& text) {
   Heartbeat hb;
   if (!(in >> magic >> version >> hb.timeUs >> hb.pid >> hb.beat >> hb.lastSeq >> hb.recorded >>
         hb.intervalMs >> hb.host >> hb.pidNs) ||
-      magic != "loom-heartbeat" || version != 1) {
+      magic != "loom-heartbeat" || (version != 1 && version != 2)) {
     return std::nullopt;
   }
+  // Version 2 adds the clock estimate (version 1: none, 0).
+  if (version == 2 && !(in >> hb.clockOffsetUs >> hb.clockErrorUs)) return std::nullopt;
   if (hb.pidNs == "-") hb.pidNs.clear();
   return hb;
 }
@@ -431,7 +567,8 @@ std::string secondsText(int64_t us) {
 }  // namespace
 
 std::string livenessOf(const Heartbeat& hb, int64_t nowUs) {
-  const int64_t age = nowUs - hb.timeUs;
+  // Both on rank 0's clock.
+  const int64_t age = nowUs - (hb.timeUs - hb.clockOffsetUs);
   const std::string last = "last heartbeat #" + std::to_string(hb.beat) + " " + secondsText(age) +
                            " ago, at collective #" + std::to_string(hb.lastSeq);
   const std::string proc = "process " + std::to_string(hb.pid) + " on " + hb.host;
@@ -475,7 +612,8 @@ std::string livenessOf(const Heartbeat& hb, int64_t nowUs) {
 }
 
 std::vector<std::string> absentNotes(Store& store,
-                                     const std::vector<std::optional<RankDump>>& dumps) {
+                                     const std::vector<std::optional<RankDump>>& dumps,
+                                     std::optional<int64_t> nowUs) {
   std::vector<std::string> notes(dumps.size());
   for (size_t r = 0; r < dumps.size(); ++r) {
     if (dumps[r]) continue;
@@ -486,7 +624,7 @@ std::vector<std::string> absentNotes(Store& store,
         continue;
       }
       const std::optional<Heartbeat> hb = Heartbeat::parse(store.getString(key));
-      notes[r] = hb ? livenessOf(*hb, unixMicros()) : "its heartbeat is unreadable";
+      notes[r] = hb ? livenessOf(*hb, nowUs.value_or(unixMicros())) : "its heartbeat is unreadable";
     } catch (const std::exception&) {
       return notes;  // the store failed: the caller reports that
     }
@@ -594,6 +732,7 @@ void waitForRanks(Store& store, const std::vector<std::string>& keyOf, Clock::ti
 std::string explainFailure(Store& store, int rank, int size, Clock::time_point deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(failureRingKey(r));
+  const auto began = Clock::now();
   waitForRanks(store, keys, deadline);
   std::vector<std::optional<RankDump>> dumps(size);
   std::string problems;
@@ -605,8 +744,14 @@ std::string explainFailure(Store& store, int rank, int size, Clock::time_point d
       problems += std::string("; ") + e.what();
     }
   }
-  const std::string mine = explain(dumps, absentNotes(store, dumps)) + problems;
-  (void)rank;
+  // Now on rank 0's clock, from this rank's own record: its time (its clock) less its offset,
+  // plus the time since (its record was published just before this call).
+  std::optional<int64_t> now;
+  if (rank >= 0 && rank < size && dumps[rank]) {
+    now = dumps[rank]->timeUs - dumps[rank]->clockOffsetUs +
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - began).count();
+  }
+  const std::string mine = explain(dumps, absentNotes(store, dumps, now)) + problems;
   // One explanation for the group: the first rank to get here sets it.
   return toString(store.compareSet(kAnalysisKey, {}, toBytes(mine)));
 }

@@ -19,6 +19,18 @@
 //                                   every rank's error carries that one
 //     flight/heartbeat/<rank>       the rank's heartbeat (Heartbeat below), rewritten every
 //                                   heartbeat interval by a thread of its own
+//     flight/clock/ready            set by rank 0 once its listener answers clock requests
+//     flight/clock/<rank>/<n>       rank 0's answer to rank's n-th clock request ("t1 t2")
+// - Clocks: every rank but 0 estimates its clock's offset to rank 0's, NTP-style, through the
+//   store: t0 (its clock) as it posts a dump request "clock <rank> <n>" to rank 0's listener,
+//   t1 as rank 0's listener wakes to it and t2 as it answers (rank 0's clock), t3 as the answer
+//   wakes the rank; rank 0's clock minus this one's is ((t1 - t0) + (t2 - t3)) / 2, within half
+//   the round trip (t3 - t0) - (t2 - t1). A round of three samples runs on a thread of its own
+//   (started by the heartbeat thread as it starts, again at each beat until one round succeeded,
+//   then every kClockRefreshBeats beats; its waits, up to 5 s, never delay a beat), after
+//   flight/clock/ready; the sample with the smallest round trip of a round is kept. Heartbeats and
+//   dumps carry the estimate (clockOffsetUs), so that readers put their times on rank 0's clock.
+//   Without heartbeats there is no estimate.
 // - The listener is one thread per group blocked in Store::wait on its next request key (the
 //   TCPStore answers from the server, no polling; a FileStore polls). The destructor posts a
 //   stop request and waits for it at most kListenerStopWait; a listener stuck in a store that
@@ -59,10 +71,11 @@ struct Identity {
 
 class GroupDiagnostics {
  public:
-  // `heartbeat`: the interval between heartbeats; 0 = none.
+  // `heartbeat`: the interval between heartbeats; 0 = none. `clockSkewUs` (tests only): added
+  // to every time this rank's diagnostics read, as on a host whose clock is that far off.
   GroupDiagnostics(Identity identity, std::shared_ptr<Store> store, size_t entries,
                    comm::Algorithm algorithm, std::string dumpDir,
-                   std::chrono::milliseconds heartbeat);
+                   std::chrono::milliseconds heartbeat, int64_t clockSkewUs = 0);
   ~GroupDiagnostics();
   GroupDiagnostics(const GroupDiagnostics&) = delete;
   GroupDiagnostics& operator=(const GroupDiagnostics&) = delete;
@@ -98,6 +111,10 @@ struct Heartbeat {
   int64_t intervalMs = 0;
   std::string host;   // hostname
   std::string pidNs;  // the pid namespace ("pid:[4026531836]"): pids compare only within one
+  // The writer's clock minus rank 0's, and the estimate's bound (GroupDiagnostics, "Clocks");
+  // 0, 0 when not estimated.
+  int64_t clockOffsetUs = 0;
+  int64_t clockErrorUs = 0;
   std::string text() const;
   // Nullopt when `text` is not a heartbeat.
   static std::optional<Heartbeat> parse(const std::string& text);
@@ -105,7 +122,9 @@ struct Heartbeat {
 
 // This process's side of a liveness check: whether `hb`'s process can be looked at from here
 // (same host and pid namespace), and what it is: "dead: ...", "alive but not progressing: ...",
-// or, when it cannot be looked at, what the heartbeat's age says. `nowUs`: this host's time.
+// or, when it cannot be looked at, what the heartbeat's age says. `nowUs`: now on rank 0's
+// clock (the reader's clock minus its clockOffsetUs); the heartbeat's time is put on rank 0's
+// clock by its own clockOffsetUs, so that its age is right across hosts whose clocks disagree.
 std::string livenessOf(const Heartbeat& hb, int64_t nowUs);
 
 // ProcessGroup::stragglers: publishes `record` as round `round`'s, waits up to `timeout` for every

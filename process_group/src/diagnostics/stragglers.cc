@@ -3,7 +3,8 @@
 // How it works: a collective's `seq` is the same on every rank. For each seq that every record
 // holds as a completed collective, the earliest start among the ranks is the reference and each
 // rank's lateness is its start minus that; each rank's latenesses are then sorted for p50 / p99
-// and max, and the rank with the latest start counts one `lastArrival`.
+// and max, and the rank with the latest start counts one `lastArrival`. Each rank's starts are
+// first moved onto rank 0's clock by the offset its record carries (clockOffsetUs).
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -38,7 +39,8 @@ StragglerTable stragglers(const std::vector<std::optional<RankDump>>& dumps) {
       }
       auto& row = starts[r.seq];
       if (row.empty()) row.assign(present.size(), 0);
-      row[i] = r.startUs;
+      // On rank 0's clock: a host whose clock runs ahead would otherwise look late by as much.
+      row[i] = r.startUs - dumps[present[i]]->clockOffsetUs;
     }
   }
   std::vector<std::vector<double>> late(present.size());

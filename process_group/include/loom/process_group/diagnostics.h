@@ -66,11 +66,17 @@ struct RankDump {
   std::string backend;  // "tcp", "verbs", "nccl"
   std::string host;
   int64_t pid = 0;
-  std::string reason;             // why it was dumped: "SIGUSR1", "request", "failure", ...
-  int64_t timeUs = 0;             // when, in microseconds since the Unix epoch
-  uint64_t capacity = 0;          // ring entries
-  uint64_t recorded = 0;          // operations recorded in all (older ones were overwritten)
-  uint64_t lastSeq = 0;           // sequence number of the last collective issued
+  std::string reason;     // why it was dumped: "SIGUSR1", "request", "failure", ...
+  int64_t timeUs = 0;     // when, in microseconds since the Unix epoch
+  uint64_t capacity = 0;  // ring entries
+  uint64_t recorded = 0;  // operations recorded in all (older ones were overwritten)
+  uint64_t lastSeq = 0;   // sequence number of the last collective issued
+  // This rank's clock minus the group's rank 0's, as estimated (NTP-style, through the store;
+  // docs/diagnostics.md, "Clocks"), and the estimate's bound: the true offset lies within
+  // clockOffsetUs +- clockErrorUs. Every time in the dump is in this rank's clock; subtract
+  // clockOffsetUs for rank 0's. 0, 0: not estimated (rank 0, heartbeats off, an old dump).
+  int64_t clockOffsetUs = 0;
+  int64_t clockErrorUs = 0;
   std::vector<OpRecord> entries;  // oldest first
 };
 
@@ -105,9 +111,11 @@ namespace loom::diag {
 // (flight/heartbeat/<rank>): "dead: its process 4242 on node7 no longer exists (...)", "alive but
 // not progressing: its process ... is stopped ...", or what the heartbeat's age says when the
 // process is on another host. Empty for ranks with a record; a store that fails leaves the notes
-// it could not read empty. For explain()'s `absentWhy`.
+// it could not read empty. For explain()'s `absentWhy`. `nowUs`: now on the group's rank 0's
+// clock (heartbeat ages are measured on it); unset: this host's clock, uncorrected.
 std::vector<std::string> absentNotes(Store& store,
-                                     const std::vector<std::optional<RankDump>>& dumps);
+                                     const std::vector<std::optional<RankDump>>& dumps,
+                                     std::optional<int64_t> nowUs = std::nullopt);
 
 }  // namespace loom::diag
 
@@ -133,7 +141,8 @@ struct StragglerTable {
   // 87% of 1000 collectives)").
   std::string format() const;
 };
-// Times compare across hosts only as well as their clocks agree; on one host they share one.
+// Start times are put on rank 0's clock first (each record's clockOffsetUs subtracted), so that
+// ranks on hosts whose clocks disagree compare as well as the offsets were estimated.
 StragglerTable stragglers(const std::vector<std::optional<RankDump>>& dumps);
 
 }  // namespace loom::diag

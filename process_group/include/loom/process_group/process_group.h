@@ -136,6 +136,9 @@ struct ProcessGroupOptions {
   // tell a rank that is alive but not progressing (stopped, hung) from a dead one. 0: only the
   // first beat, at construction (host and pid: the same-host process check still works).
   std::chrono::milliseconds heartbeatInterval{1000};
+  // Tests only: microseconds added to every time this rank's diagnostics read (flight record,
+  // heartbeats, clock estimate), as on a host whose clock is that far off. 0 in real use.
+  int64_t diagnosticsClockSkewUs = 0;
   // The rank whose process hosts the store's server (initProcessGroup sets 0: rank 0 hosts the
   // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
   // finds the store gone then names that rank as the store host that died.

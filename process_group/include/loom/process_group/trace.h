@@ -8,9 +8,13 @@
 // Contract
 // - Process-wide, thread-safe. With no trace open, enabled() is one relaxed load and Span /
 //   complete() do nothing else: hooks may stay in hot code.
-// - Events are kept in memory (at most kMaxEvents; later ones are counted as dropped) and
-//   written to <dir>/loom-trace-rank<r>.json, whole (a temporary file renamed), by flush(), and
-//   when the group that opened the trace is destroyed.
+// - Events are appended to <dir>/loom-trace-rank<r>.json (Chrome's JSON Array Format, one
+//   event per line) from a buffer written out when full, every second, by flush(), when the
+//   group that opened the trace is destroyed, and on a fatal signal (SIGSEGV, SIGBUS, SIGFPE,
+//   SIGILL, SIGABRT: abort(); the previous handler is then restored and the signal raised
+//   again). The file is readable at every moment: a process killed (SIGKILL) leaves what was
+//   written before, an array without its end, which `loom-trace merge` reads. At most
+//   kMaxEvents events are kept; later ones are counted as dropped.
 // - Times are microseconds since the Unix epoch (system clock), so ranks on one host line up
 //   exactly and ranks on several hosts as well as their clocks agree.
 #pragma once
@@ -39,7 +43,8 @@ int lane(const std::string& name);
 // A complete event on `lane` (from lane()).
 void completeOn(int lane, std::string_view name, std::string_view category, int64_t startUs,
                 int64_t endUs, std::string_view argsJson = {});
-// Writes the file now (no-op without a trace). Returns its path, or "" when none is open.
+// Writes the pending events to the file now (no-op without a trace). Returns its path, or ""
+// when none is open.
 std::string flush();
 
 // A span from construction to destruction on the calling thread's lane:
