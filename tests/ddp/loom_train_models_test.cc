@@ -186,6 +186,15 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
                                   "/docs/ddp.md --width 30 --heads 4");
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("--width 30 must be a multiple of --heads 4"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp fp8");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--amp: fp8 not in {none,bf16,fp16}"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp bf16 --amp-init-scale 1024");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--amp-init-scale is for --amp fp16"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp fp16 --zero --steps 1");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--amp fp16 does not work with --zero"), std::string::npos) << out;
 }
 
 }  // namespace
