@@ -9,9 +9,10 @@
 // same shapes and pointers happen on one thread or on many, and C is bitwise the same: a BLAS
 // kernel's rounding of an element depends on the block shape it is given (its edge kernels and
 // blocking of k; OpenBLAS's Haswell kernels, for one, round differently when a block's width
-// changes), so blocks cut per thread made the result depend on the thread count. Each tile is
-// a multiple of kAlign long (vector lanes stay full) and at least kMinTile long (a tile repacks
-// the other operand, whose cost is amortized over the tile's length); at most kMaxTiles tiles.
+// changes), so blocks cut per thread made the result depend on the thread count. Tiles are
+// about kTile long (a tile repacks the other operand, a cost amortized over the tile's length),
+// of about equal length (so that threads sharing them stay balanced), a multiple of kAlign long
+// (vector lanes stay full), at most kMaxTiles of them.
 //
 // With LOOM_AUTOGRAD_OPENBLAS (CMake's LOOM_WITH_OPENBLAS, on when Debian's OpenBLAS is
 // installed) each tile is one cblas_?gemm call instead of Eigen's: on the AVX-512 dev VM
@@ -54,14 +55,16 @@ namespace {
 
 constexpr int64_t kAlign = 16;
 constexpr double kMinFlops = 2.0 * 64 * 64 * 64;
-constexpr int64_t kMinTile = 128;
+constexpr int64_t kTile = 256;
 constexpr int64_t kMaxTiles = 64;
 
-// The tile length along C's split dimension of length `len`: kMinTile or more, a multiple of
-// kAlign, at most kMaxTiles tiles. Depends on the shape only.
+// The tile length along C's split dimension of length `len`: len cut into ceil(len / kTile)
+// tiles (at most kMaxTiles) of about equal length, rounded up to a multiple of kAlign (the last
+// tile takes the rest). Depends on the shape only.
 int64_t tileLen(int64_t len) {
-  const int64_t even = (len + kMaxTiles - 1) / kMaxTiles;
-  return std::max(kMinTile, (even + kAlign - 1) / kAlign * kAlign);
+  const int64_t tiles = std::min(kMaxTiles, (len + kTile - 1) / kTile);
+  const int64_t even = (len + tiles - 1) / tiles;
+  return (even + kAlign - 1) / kAlign * kAlign;
 }
 
 template <class T>
