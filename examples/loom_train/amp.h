@@ -1,7 +1,7 @@
-// loom-train --amp: mixed precision. bf16 runs the forward pass (and the evaluation) under
-// autocast to bfloat16; fp16 under autocast to float16, with a GradScaler (dynamic loss
-// scaling) stepping the optimizer. Both keep float32 master weights, gradients and optimizer
-// state (loom/autograd/autocast.h, grad_scaler.h).
+// loom-train --amp: mixed precision. bf16 runs the training forward pass and loss under
+// autocast to bfloat16 (the evaluation stays float32); fp16 under autocast to float16, with a
+// GradScaler (dynamic loss scaling) stepping the optimizer. Both keep float32 master weights,
+// gradients and optimizer state (loom/autograd/autocast.h, grad_scaler.h).
 #pragma once
 
 #include <optional>

@@ -88,7 +88,7 @@ int parseArgs(int argc, char** argv, Args& a) {
                  "test acts on it)")
       ->group("Testing");
   app.add_option("--amp", a.amp,
-                 "mixed precision: none (float32), bf16 (the forward pass and the evaluation "
+                 "mixed precision: none (float32), bf16 (the training forward pass and loss "
                  "under autocast to bfloat16) or fp16 (autocast to float16, with dynamic loss "
                  "scaling: a GradScaler multiplies the loss before the backward pass, unscales "
                  "the gradients, skips a step whose gradients hold an inf or NaN and halves the "

@@ -369,9 +369,8 @@ int run(const Args& a) {
 
   ag::Tensor x = task ? task->makeInputs(a.batch) : ag::empty({a.batch, a.in});
   ag::Tensor y = task ? task->makeTargets(a.batch) : ag::empty({a.batch}, ag::DType::kInt64);
+  // The evaluation runs in float32 whatever --amp says (the tasks read float32 outputs).
   auto evaluate = [&](int64_t step) {
-    std::optional<ag::AutocastGuard> autocast;
-    if (autocastDType) autocast.emplace(*autocastDType);
     const train::EvalResult r = task->evaluate(*pg);
     if (leader) {
       std::printf("loom-train: step %lld %s\n", static_cast<long long>(step),

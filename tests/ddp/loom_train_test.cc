@@ -33,9 +33,9 @@ namespace {
 
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
-// 32 ports per test binary (it uses 26), below Linux's ephemeral range (32768 and up), so that
+// 40 ports per test binary (it uses 34), below Linux's ephemeral range (32768 and up), so that
 // neither concurrent binaries nor outgoing connections take a rank 0's port.
-int nextPort = 19000 + static_cast<int>(::getpid() % 400) * 32;
+int nextPort = 19000 + static_cast<int>(::getpid() % 300) * 40;
 
 // Runs loom-train on `world` process ranks, with `env` set in each and rank r's stdout in
 // `stdoutPrefix` + r when given; returns "" or a description of the failures.
