@@ -1,22 +1,33 @@
 // The threaded matrix-product kernel (gemm.h).
 //
 // How it works: Eigen maps the row-major operands in place (no copies) and runs its blocked,
-// vectorized single-threaded GEMM. To use more threads, C is cut into `parts` blocks along its
-// longer dimension (rows of C are rows of op(A); columns of C are columns of op(B)), each a
-// multiple of kAlign long so vector lanes stay full, and parallelFor gives each thread one
-// block: a thread computes C[rows] = op(A)[rows] op(B) or C[:, cols] = op(A) op(B)[:, cols].
-// Products under kMinFlops stay on the calling thread (waking workers costs more).
+// vectorized single-threaded GEMM. Products of kMinFlops or more are cut into tiles along C's
+// longer dimension (rows of C are rows of op(A); columns of C are columns of op(B)) and
+// parallelFor hands the tiles to the threads: a tile computes C[rows] = op(A)[rows] op(B) or
+// C[:, cols] = op(A) op(B)[:, cols] with one single-threaded call. The tiles' bounds are a
+// function of (m, n, k) alone (tileLen), never of the thread count, so the same calls with the
+// same shapes and pointers happen on one thread or on many, and C is bitwise the same: a BLAS
+// kernel's rounding of an element depends on the block shape it is given (its edge kernels and
+// blocking of k; OpenBLAS's Haswell kernels, for one, round differently when a block's width
+// changes), so blocks cut per thread made the result depend on the thread count. Tiles are
+// about kTile long (a tile repacks the other operand, a cost amortized over the tile's length),
+// of about equal length (so that threads sharing them stay balanced), a multiple of kAlign long
+// (vector lanes stay full), at most kMaxTiles of them.
 //
 // With LOOM_AUTOGRAD_OPENBLAS (CMake's LOOM_WITH_OPENBLAS, on when Debian's OpenBLAS is
-// installed) each block is one single-threaded cblas_?gemm call instead of Eigen's: on the
-// AVX-512 dev VM OpenBLAS's kernels run 5-35% more GFLOP per CPU-second on the MLP's and
-// transformer's shapes (bench/autograd/gemm_choice.sh, README there). OpenBLAS's own threads
-// stay off (openblas_set_num_threads(1)) so one pool, ours, decides the thread count and the
-// results stay independent of it.
+// installed) each tile is one cblas_?gemm call instead of Eigen's: on the AVX-512 dev VM
+// OpenBLAS's kernels run 5-35% more GFLOP per CPU-second on the MLP's and transformer's shapes
+// (bench/autograd/gemm_choice.sh, README there). OpenBLAS's own threads stay off
+// (openblas_set_num_threads(1), before the first call): its threaded GEMM would cut each call
+// into per-thread blocks again, by its own thread count (the CPUs it sees, or
+// OPENBLAS_NUM_THREADS), bringing back the dependence this file removes, and would run its pool
+// beside ours. Debian's pthread build is what is linked (libopenblas0-pthread; the serial build
+// would do as well), so the count is set at run time rather than by the choice of library.
 #include "gemm.h"
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "loom/autograd/parallel.h"
@@ -32,6 +43,8 @@ void cblas_sgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, in
 void cblas_dgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, int, int, double,
                  const double*, int, const double*, int, double, double*, int);
 void openblas_set_num_threads(int);
+char* openblas_get_config();
+char* openblas_get_corename();
 }
 #include <mutex>
 #endif
@@ -42,6 +55,17 @@ namespace {
 
 constexpr int64_t kAlign = 16;
 constexpr double kMinFlops = 2.0 * 64 * 64 * 64;
+constexpr int64_t kTile = 256;
+constexpr int64_t kMaxTiles = 64;
+
+// The tile length along C's split dimension of length `len`: len cut into ceil(len / kTile)
+// tiles (at most kMaxTiles) of about equal length, rounded up to a multiple of kAlign (the last
+// tile takes the rest). Depends on the shape only.
+int64_t tileLen(int64_t len) {
+  const int64_t tiles = std::min(kMaxTiles, (len + kTile - 1) / kTile);
+  const int64_t even = (len + tiles - 1) / tiles;
+  return (even + kAlign - 1) / kAlign * kAlign;
+}
 
 template <class T>
 using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -112,22 +136,20 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const T* a,
     return;
   }
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * k;
-  const int threads = numThreads();
   const bool splitRows = m >= n;
   const int64_t len = splitRows ? m : n;
-  if (threads <= 1 || flops < kMinFlops || len < 2 * kAlign) {
+  const int64_t tile = tileLen(len);
+  if (flops < kMinFlops || len <= tile) {
     gemmBlock(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 0, m, 0, n);
     return;
   }
-  // Blocks of whole kAlign-runs, one per thread.
-  const int64_t runs = (len + kAlign - 1) / kAlign;
-  const int64_t parts = std::min<int64_t>(threads, runs);
-  const int64_t runsPerPart = (runs + parts - 1) / parts;
-  parallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t lo = std::min(len, p * runsPerPart * kAlign);
-      const int64_t hi = std::min(len, (p + 1) * runsPerPart * kAlign);
-      if (lo >= hi) continue;
+  // One tile per range (grain = 1, and never more than 256 tiles: parallelFor's ranges are then
+  // single tiles whatever the thread count).
+  const int64_t tiles = (len + tile - 1) / tile;
+  parallelFor(tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t lo = t * tile;
+      const int64_t hi = std::min(len, lo + tile);
       if (splitRows) {
         gemmBlock(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate, lo, hi, 0, n);
       } else {
@@ -169,3 +191,16 @@ template void gemmBatched<double>(int64_t, bool, bool, int64_t, int64_t, int64_t
                                   int64_t, int64_t, bool);
 
 }  // namespace loom::ag::detail
+
+namespace loom::ag {
+
+std::string matmulBackend() {
+#ifdef LOOM_AUTOGRAD_OPENBLAS
+  return std::string(openblas_get_config()) + ", core " + openblas_get_corename();
+#else
+  return "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." +
+         std::to_string(EIGEN_MAJOR_VERSION) + "." + std::to_string(EIGEN_MINOR_VERSION);
+#endif
+}
+
+}  // namespace loom::ag

@@ -9,8 +9,9 @@ namespace loom::ag::detail {
 //   op(A): [m, k], stored as A [m, k] (lda >= k) or, with transA, as A [k, m] (lda >= m);
 //   op(B): [k, n], stored as B [k, n] (ldb >= n) or, with transB, as B [n, k] (ldb >= k);
 //   C: [m, n] (ldc >= n); accumulate adds into C, otherwise C is overwritten.
-// Eigen does the arithmetic; numThreads() threads split C into row or column blocks (whichever
-// dimension is longer), so every element is computed by one thread exactly as on one thread.
+// Eigen or OpenBLAS does the arithmetic; C is cut into row or column tiles (whichever
+// dimension is longer) whose bounds depend on m, n and k only, and numThreads() threads share
+// the tiles: every element is computed by one thread, by the same call as on one thread.
 template <class T>
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate);

@@ -1,11 +1,13 @@
 // The kernel thread pool (parallel.h).
 //
-// How it works: a parallel region splits [0, n) into `chunks` ranges (at most one per thread,
-// each at least `grain` long). The caller publishes the region as a Job and bumps `generation_`;
-// sleeping workers wake, and every participant (the caller included) claims chunk indices from
-// the job's atomic `next` until none is left. The caller then waits until `done` equals
-// `chunks`. One region runs at a time (regionMutex_); a second caller that finds the pool busy,
-// or a worker that starts a region of its own, runs its region inline.
+// How it works: a parallel region splits [0, n) into `chunks` ranges of chunkLen(n, grain)
+// elements (the last shorter): a function of n and grain only, never of the thread count, so
+// fn sees the same ranges however many threads run them (parallel.h says why). The caller
+// publishes the region as a Job and bumps `generation_`; sleeping workers wake, and every
+// participant (the caller included) claims chunk indices from the job's atomic `next` until none
+// is left. The caller then waits until `done` equals `chunks`. One region runs at a time
+// (regionMutex_); a second caller that finds the pool busy, a worker that starts a region of
+// its own, or a pool of one thread runs the same chunks inline, one after another.
 //
 // Lock order: regionMutex_ before mutex_.
 //
@@ -34,6 +36,14 @@ namespace loom::ag {
 namespace {
 
 thread_local bool tlsInsideRegion = false;
+
+// At most this many ranges per region, whatever the thread count: enough for the pool to balance
+// on a large machine, few enough that claiming them costs nothing next to the work.
+constexpr int64_t kMaxChunks = 256;
+
+int64_t chunkLen(int64_t n, int64_t grain) {
+  return std::max(grain, (n + kMaxChunks - 1) / kMaxChunks);
+}
 
 struct Job {
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
@@ -83,19 +93,19 @@ class Pool {
 
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return;
-    grain = std::max<int64_t>(grain, 1);
-    const int64_t maxChunks = std::min<int64_t>(threads(), (n + grain - 1) / grain);
+    const int64_t len = chunkLen(n, std::max<int64_t>(grain, 1));
+    const int64_t chunks = (n + len - 1) / len;
     std::unique_lock<std::mutex> region(regionMutex_, std::defer_lock);
-    if (maxChunks <= 1 || tlsInsideRegion || !region.try_lock()) {
-      fn(0, n);
+    if (chunks <= 1 || threads() <= 1 || tlsInsideRegion || !region.try_lock()) {
+      for (int64_t begin = 0; begin < n; begin += len) fn(begin, std::min(n, begin + len));
       return;
     }
     startWorkers();
     Job job;
     job.fn = &fn;
     job.n = n;
-    job.chunkLen = (n + maxChunks - 1) / maxChunks;
-    job.chunks = (n + job.chunkLen - 1) / job.chunkLen;
+    job.chunkLen = len;
+    job.chunks = chunks;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &job;

@@ -87,6 +87,23 @@ int parseArgs(int argc, char** argv, Args& a) {
                  "TEST ONLY: sleep this long after every step (keeps a short job running while a "
                  "test acts on it)")
       ->group("Testing");
+  app.add_option("--amp", a.amp,
+                 "mixed precision: none (float32), bf16 (the training forward pass and loss "
+                 "under autocast to bfloat16) or fp16 (autocast to float16, with dynamic loss "
+                 "scaling: a GradScaler multiplies the loss before the backward pass, unscales "
+                 "the gradients, skips a step whose gradients hold an inf or NaN and halves the "
+                 "scale, and doubles it after --amp-growth-interval clean steps; its state is in "
+                 "the checkpoints). Weights, gradients and optimizer state stay float32")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}))
+      ->capture_default_str()
+      ->group("Mixed precision");
+  app.add_option("--amp-init-scale", a.ampInitScale, "--amp fp16: the initial loss scale")
+      ->capture_default_str()
+      ->group("Mixed precision");
+  app.add_option("--amp-growth-interval", a.ampGrowthInterval,
+                 "--amp fp16: clean steps before the loss scale doubles")
+      ->capture_default_str()
+      ->group("Mixed precision");
   app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
   app.add_option("--model", a.model,
                  "mlp (synthetic or --data), gpt (a character-level transformer on --text) or cnn "
@@ -99,6 +116,12 @@ int parseArgs(int argc, char** argv, Args& a) {
   for (const char* flag : {"--min-ranks", "--shrink-window-s"}) {
     if (app.count(flag) > 0 && !a.shrinkOnFailure) {
       std::fprintf(stderr, "loom-train: error: %s is for --shrink-on-failure\n", flag);
+      return 1;
+    }
+  }
+  for (const char* flag : {"--amp-init-scale", "--amp-growth-interval"}) {
+    if (app.count(flag) > 0 && a.amp != "fp16") {
+      std::fprintf(stderr, "loom-train: error: %s is for --amp fp16 (the loss scaling)\n", flag);
       return 1;
     }
   }

@@ -40,6 +40,10 @@ struct Args {
   std::string model = "mlp";
   ModelArgs modelArgs;
   bool keepCheckpoints = false;
+  // --amp (amp.h)
+  std::string amp = "none";
+  double ampInitScale = 65536.0;
+  int64_t ampGrowthInterval = 2000;
   // --shrink-on-failure (shrink.h, docs/elastic.md)
   bool shrinkOnFailure = false;
   int minRanks = 1;

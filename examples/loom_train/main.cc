@@ -16,6 +16,7 @@
 // had not stopped (the shuffled order is a function of the seed and epoch). With
 // --shrink-on-failure (run under loom-run --on-worker-failure continue), the survivors of a dead
 // rank shrink the group and go on in place from the last step they all finished (shrink.h).
+// --amp bf16|fp16 trains in mixed precision (amp.h); fp16's loss scaler is in the checkpoints.
 #include <unistd.h>
 
 #include <chrono>
@@ -29,9 +30,12 @@
 #include <sstream>
 #include <thread>
 
+#include "amp.h"
 #include "args.h"
+#include "loom/autograd/autocast.h"
 #include "loom/autograd/autograd.h"
 #include "loom/autograd/engine.h"
+#include "loom/autograd/grad_scaler.h"
 #include "loom/autograd/npy.h"
 #include "loom/autograd/ops.h"
 #include "loom/autograd/optim.h"
@@ -190,6 +194,12 @@ int run(const Args& a) {
   LOOM_CHECK(!(a.shrinkOnFailure && a.zero),
              "--shrink-on-failure does not work with --zero: ZeRO-1 shards the optimizer state "
              "over the ranks, and a dead rank's shard is lost with it");
+  LOOM_CHECK(!(a.amp == "fp16" && a.zero),
+             "--amp fp16 does not work with --zero: the loss scaler must see every gradient "
+             "before the optimizer steps, and ZeRO-1 reduce-scatters them inside its step "
+             "(--amp bf16 needs no scaler and works with --zero)");
+  const std::optional<ag::DType> autocastDType = train::ampDType(a.amp);
+  LOOM_LOG_INFO("loom-train: autograd_lite matrix products on ", ag::matmulBackend());
   std::shared_ptr<ProcessGroup> pg;
   std::shared_ptr<Store> store;
   if (launchedByLauncher()) {
@@ -272,14 +282,27 @@ int run(const Args& a) {
   }
   ag::optim::Optimizer& optimizer = zero ? zero->localOptimizer() : *optimizerPtr;
   std::unique_ptr<ag::optim::LRScheduler> scheduler = makeScheduler(a.lrSchedule, optimizer);
+  // --amp fp16: the loss scaler, and the optimizer state as checkpoints and shrink snapshots
+  // hold it (the optimizer's and the scaler's, amp.h).
+  std::unique_ptr<ag::optim::GradScaler> scaler;
+  std::unique_ptr<train::ScaledOptimizerState> scaledState;
+  if (a.amp == "fp16") {
+    ag::optim::GradScalerOptions so;
+    so.initScale = a.ampInitScale;
+    so.growthInterval = a.ampGrowthInterval;
+    scaler = std::make_unique<ag::optim::GradScaler>(so);
+    scaledState = std::make_unique<train::ScaledOptimizerState>(optimizer, *scaler);
+  }
+  ag::optim::Optimizer& savedOptimizer = scaledState ? *scaledState : optimizer;
+  int64_t skippedSteps = 0;
   const std::string ckptPath = ckptPathOf(a);
   auto save = [&](int64_t step) {
     if (zero) {
       ddp::saveCheckpoint(*pg, ckptPath, *model, step, *zero, scheduler.get());
     } else if (scheduler) {
-      ddp::saveCheckpoint(*pg, ckptPath, *model, step, optimizer, *scheduler);
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step, savedOptimizer, *scheduler);
     } else {
-      ddp::saveCheckpoint(*pg, ckptPath, *model, step, optimizer);
+      ddp::saveCheckpoint(*pg, ckptPath, *model, step, savedOptimizer);
     }
     if (a.keepCheckpoints && leader) {
       // A copy beside the latest, under its step (written whole, then renamed into place).
@@ -292,8 +315,10 @@ int run(const Args& a) {
   };
   auto load = [&](const std::string& path) {
     if (zero) return ddp::loadCheckpoint(*pg, path, *model, *zero, scheduler.get()).step;
-    if (scheduler) return ddp::loadCheckpoint(*pg, path, *model, optimizer, *scheduler, true).step;
-    return ddp::loadCheckpoint(*pg, path, *model, optimizer, true).step;
+    if (scheduler) {
+      return ddp::loadCheckpoint(*pg, path, *model, savedOptimizer, *scheduler, true).step;
+    }
+    return ddp::loadCheckpoint(*pg, path, *model, savedOptimizer, true).step;
   };
 
   LOOM_CHECK(!a.keepCheckpoints || !ckptPath.empty(), "--keep-checkpoints needs --checkpoint-dir");
@@ -344,6 +369,7 @@ int run(const Args& a) {
 
   ag::Tensor x = task ? task->makeInputs(a.batch) : ag::empty({a.batch, a.in});
   ag::Tensor y = task ? task->makeTargets(a.batch) : ag::empty({a.batch}, ag::DType::kInt64);
+  // The evaluation runs in float32 whatever --amp says (the tasks read float32 outputs).
   auto evaluate = [&](int64_t step) {
     const train::EvalResult r = task->evaluate(*pg);
     if (leader) {
@@ -379,11 +405,18 @@ int run(const Args& a) {
         gatherRows(data.y, batchRows, y);
       }
       auto forwardBackward = [&] {
-        const ag::Tensor out = ddpModel->forward(x);
-        ag::Tensor loss = task ? task->loss(out, y) : ag::crossEntropy(out, y);
+        ag::Tensor loss;
+        {
+          // --amp: the forward pass and the loss under autocast, the backward outside it (as
+          // PyTorch's recipe has it: the backward runs each op in its forward's dtype).
+          std::optional<ag::AutocastGuard> autocast;
+          if (autocastDType) autocast.emplace(*autocastDType);
+          const ag::Tensor out = ddpModel->forward(x);
+          loss = task ? task->loss(out, y) : ag::crossEntropy(out, y);
+        }
         if (a.accumulate > 1) loss = loss / static_cast<double>(a.accumulate);
         trace::Span span("backward", "train", stepArgs(step));
-        loss.backward();
+        (scaler ? scaler->scale(loss) : loss).backward();
         lossSum += loss.item();
       };
       if (k + 1 < a.accumulate || zero) {
@@ -398,6 +431,11 @@ int run(const Args& a) {
       trace::Span span("optimizer step", "train", stepArgs(step));
       if (zero) {
         zero->step();
+      } else if (scaler) {
+        // The gradients are the same on every rank (all-reduced), so every rank skips the same
+        // steps and the scale stays the same everywhere.
+        if (!scaler->step(optimizer)) ++skippedSteps;
+        scaler->update();
       } else {
         optimizer.step();
       }
@@ -446,7 +484,7 @@ int run(const Args& a) {
     // new group's DDP, whose constructor broadcasts from the new rank 0 (the same values).
     ddpModel.reset();
     model->loadStateDict(snapshot->model);
-    optimizer.loadStateDict(snapshot->optimizer);
+    savedOptimizer.loadStateDict(snapshot->optimizer);
     if (scheduler) {
       // No setter for the epoch: a fresh scheduler from the base lr, stepped to the snapshot's
       // (lrAt is a closed form, so the lr is exactly the one the snapshot had).
@@ -495,7 +533,7 @@ int run(const Args& a) {
   int64_t firstStep = startStep;  // rates count from the step after this one
   int64_t finished = startStep;   // steps this rank completed, every collective included
   for (int64_t step = startStep; step < a.steps;) {
-    if (a.shrinkOnFailure) snapshots.take(step, *model, optimizer, scheduler.get());
+    if (a.shrinkOnFailure) snapshots.take(step, *model, savedOptimizer, scheduler.get());
     const auto stepStart = Clock::now();
     try {
       trainStep(step);
@@ -549,8 +587,20 @@ int run(const Args& a) {
   }
   printSlowestRank(*pg);
   if (leader) {
-    std::printf("loom-train: autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS)\n",
-                ag::numThreads());
+    std::printf(
+        "loom-train: autograd_lite kernels: %d threads (LOOM_AUTOGRAD_THREADS), matrix products "
+        "on %s\n",
+        ag::numThreads(), ag::matmulBackend().c_str());
+    if (autocastDType) {
+      std::printf("loom-train: mixed precision %s (autocast to %s)", a.amp.c_str(),
+                  ag::dtypeName(*autocastDType));
+      if (scaler) {
+        std::printf("; loss scale %g at the end, %lld of %lld steps skipped (inf/NaN gradients)",
+                    scaler->scaleValue(), static_cast<long long>(skippedSteps),
+                    static_cast<long long>(a.steps - startStep));
+      }
+      std::printf("\n");
+    }
     std::printf("loom-train: optimizer state %zu bytes on rank 0%s\n", stateBytes,
                 zero ? " (ZeRO-1: this rank's shard)" : "");
     if (a.shrinkOnFailure) {

@@ -140,18 +140,37 @@ void checkDecreasesAndResumesExactly(const std::vector<std::string>& model, int 
   EXPECT_EQ(line(tail), line(out));
 }
 
-TEST(LoomTrainModels, GptLearnsAndResumesExactly) {
+std::vector<std::string> smallGpt() {
   // A repository document as the corpus: any text does, and this one is always there.
+  return {"--model",        "gpt", "--text",       std::string(LOOM_SOURCE_DIR) + "/docs/ddp.md",
+          "--layers",       "2",   "--heads",      "2",
+          "--width",        "32",  "--context",    "32",
+          "--batch",        "8",   "--lr",         "1e-2",
+          "--sample-chars", "40",  "--eval-batch", "16"};
+}
+
+TEST(LoomTrainModels, GptLearnsAndResumesExactly) {
   checkDecreasesAndResumesExactly(
-      {"--model",        "gpt", "--text",       std::string(LOOM_SOURCE_DIR) + "/docs/ddp.md",
-       "--layers",       "2",   "--heads",      "2",
-       "--width",        "32",  "--context",    "32",
-       "--batch",        "8",   "--lr",         "1e-2",
-       "--sample-chars", "40",  "--eval-batch", "16"},
-      12, "loom-train: sample (temperature 0.80, 40 characters):",
+      smallGpt(), 12, "loom-train: sample (temperature 0.80, 40 characters):",
       {"model.wte.weight", "model.wpe.weight", "model.h.0.ln_1.weight", "model.h.1.attn.qkv.weight",
        "model.h.1.attn.proj.bias", "model.h.1.mlp.fc.weight", "model.h.1.mlp.proj.bias",
        "model.ln_f.bias", "model.lm_head.weight"});
+}
+
+// --amp: the gpt trains under autocast (fp16 with its loss scaler, bf16), evaluates in float32,
+// samples, and resumes exactly.
+TEST(LoomTrainModels, GptWithAmpLearnsAndResumesExactly) {
+  for (const char* amp : {"fp16", "bf16"}) {
+    SCOPED_TRACE(amp);
+    std::vector<std::string> args = smallGpt();
+    args.push_back("--amp");
+    args.push_back(amp);
+    checkDecreasesAndResumesExactly(args, 12,
+                                    std::string("loom-train: mixed precision ") + amp +
+                                        " (autocast to " +
+                                        (amp == std::string("fp16") ? "float16" : "bfloat16"),
+                                    {"model.lm_head.weight"});
+  }
 }
 
 TEST(LoomTrainModels, CnnLearnsAndResumesExactly) {
@@ -186,6 +205,15 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
                                   "/docs/ddp.md --width 30 --heads 4");
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("--width 30 must be a multiple of --heads 4"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp fp8");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--amp: fp8 not in {none,bf16,fp16}"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp bf16 --amp-init-scale 1024");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--amp-init-scale is for --amp fp16"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--amp fp16 --zero --steps 1");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--amp fp16 does not work with --zero"), std::string::npos) << out;
 }
 
 }  // namespace

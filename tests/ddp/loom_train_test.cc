@@ -33,9 +33,9 @@ namespace {
 
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
-// 32 ports per test binary (it uses 26), below Linux's ephemeral range (32768 and up), so that
+// 40 ports per test binary (it uses 34), below Linux's ephemeral range (32768 and up), so that
 // neither concurrent binaries nor outgoing connections take a rank 0's port.
-int nextPort = 19000 + static_cast<int>(::getpid() % 400) * 32;
+int nextPort = 19000 + static_cast<int>(::getpid() % 300) * 40;
 
 // Runs loom-train on `world` process ranks, with `env` set in each and rank r's stdout in
 // `stdoutPrefix` + r when given; returns "" or a description of the failures.
@@ -255,6 +255,38 @@ std::string readText(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// --amp bf16 and fp16 resume bitwise too. fp16 starts from a loss scale so high that the first
+// steps overflow float16 (skipped, the scale halved each time) and doubles it after every 2
+// clean steps, so the scaler's state at the resume (step 3) is neither its initial one nor
+// settled: the checkpoint carries it (optim.grad_scaler.*, PyTorch's keys), and the resumed run
+// ends bitwise where the uninterrupted one does, scale and growth tracker included.
+TEST(LoomTrain, ResumeIsExactWithAmp) {
+  expectExactResume({"--amp", "bf16", "--momentum", "0.9"});
+  const std::vector<std::string> fp16{
+      "--amp",       "fp16", "--amp-init-scale", "1048576", "--amp-growth-interval", "2",
+      "--optimizer", "adam"};
+  expectExactResume(fp16, true);
+  // What the scaler did in the uninterrupted run: steps skipped, the scale moved.
+  loom::testing::TempDir dir;
+  auto args = commonArgs(dir.path());
+  args.insert(args.end(), fp16.begin(), fp16.end());
+  for (std::string s : {"--steps", "8"}) args.push_back(s);
+  ASSERT_EQ(runLoomTrain(2, args, {}, dir.file("stdout")), "");
+  const std::string out0 = readText(dir.file("stdout0"));
+  EXPECT_NE(out0.find("loom-train: mixed precision fp16 (autocast to float16); loss scale "),
+            std::string::npos)
+      << out0;
+  std::map<std::string, double> scaler;
+  for (const auto& [name, t] : loom::ag::loadSafetensors(dir.file("checkpoint.safetensors"))) {
+    if (name.rfind("optim.grad_scaler.", 0) == 0) scaler[name.substr(18)] = t.item();
+  }
+  ASSERT_EQ(scaler.size(), 5u) << "the checkpoint lacks the scaler's state";
+  EXPECT_NE(scaler["scale"], 1048576);
+  EXPECT_EQ(scaler["growth_interval"], 2);
+  EXPECT_EQ(scaler["growth_factor"], 2);
+  EXPECT_EQ(scaler["backoff_factor"], 0.5);
 }
 
 // Issue 17, done-when 6: LOOM_TRACE=DIR on a 2-rank loom-train run writes a trace per rank,
