@@ -1,5 +1,5 @@
 """The calls newer torch asks of a CPU backend, on whichever torch runs the suite: PREMUL_SUM
-(both), batch_isend_irecv (both), the *_tensor_coalesced calls and _coalescing_manager
+(both), batch_isend_irecv (both), dist.monitored_barrier (2.15), the *_tensor_coalesced calls and _coalescing_manager
 (torch 2.x), split_group (torch 2.15), and the errors that name an unsupported call and the
 torch version."""
 
@@ -78,10 +78,13 @@ def _batch_p2p(rank, world, tmp):
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         assert torch.equal(got, torch.full((5,), float(left))), got
+    if TORCH >= (2, 15):  # its dist.monitored_barrier takes any group with a CPU backend
+        from datetime import timedelta
+        dist.monitored_barrier(timeout=timedelta(seconds=10), wait_all_ranks=True)
     return True
 
 
-def test_batch_isend_irecv_ring():
+def test_batch_isend_irecv_ring_and_monitored_barrier():
     ranks.spawn(_batch_p2p, 3, timeout=60)
 
 
