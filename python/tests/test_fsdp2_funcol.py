@@ -1,6 +1,6 @@
-"""torch 2.x users of the backend: FSDP2 (fully_shard) on a small transformer, and the
-functional collectives, each over "loom" and over gloo on the same ranks with the same inputs.
-Skipped on a torch that lacks them (1.13)."""
+"""torch 2.x users of the backend: FSDP2 (fully_shard) on a small transformer, the functional
+collectives and DTensor redistributions, each over "loom" and over gloo on the same ranks with
+the same inputs. Skipped on a torch that lacks them (1.13)."""
 
 import pytest
 
@@ -115,3 +115,38 @@ def _funcol(rank, world, tmp):
 @pytest.mark.skipif(TORCH < (2, 1), reason=f"torch {torch.__version__}: no functional collectives")
 def test_functional_collectives_same_as_gloo():
     ranks.spawn(_funcol, 3, timeout=120)
+
+
+def _dtensor(rank, world, tmp):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp)
+    loom = dist.distributed_c10d._get_default_group()
+    full = torch.arange(world * 4 * world * 2, dtype=torch.float64).view(world * 4, world * 2)
+    results = {}
+    for name, group in (("loom", loom), ("gloo", gloo)):
+        mesh = DeviceMesh.from_group(group, "cpu")
+        d = distribute_tensor(full, mesh, [Shard(0)])
+        out = [d.redistribute(mesh, [Replicate()]).to_local(),          # all_gather
+               d.redistribute(mesh, [Shard(1)]).to_local(),             # all_to_all
+               d.redistribute(mesh, [Shard(1)]).full_tensor()]
+        part = distribute_tensor(full, mesh, [Replicate()]).redistribute(mesh, [Replicate()])
+        p = part.to_local() * (rank + 1)
+        partial = DTensor.from_local(p, mesh, [Partial()])
+        out.append(partial.redistribute(mesh, [Replicate()]).to_local())  # all_reduce
+        out.append(partial.redistribute(mesh, [Shard(0)]).to_local())     # reduce_scatter
+        results[name] = out
+    for k, (a, b) in enumerate(zip(results["loom"], results["gloo"])):
+        assert torch.equal(a, b), (k, a, b)
+    assert torch.equal(results["loom"][0], full)
+    assert torch.equal(results["loom"][3], full * (world * (world + 1) // 2))
+    dist.barrier()
+    return True
+
+
+@pytest.mark.skipif(TORCH < (2, 4), reason=f"torch {torch.__version__}: torch.distributed.tensor "
+                    "is public from 2.4")
+def test_dtensor_redistribute_same_as_gloo():
+    ranks.spawn(_dtensor, 3, timeout=120)
