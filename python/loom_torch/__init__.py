@@ -5,6 +5,7 @@
 through Loom (shared memory between ranks on one host, TCP between hosts). See docs/torch.md.
 """
 
+import inspect
 import json
 import math
 from datetime import timedelta
@@ -12,12 +13,32 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C
+try:
+    from . import _C
+except ImportError as e:  # most often: built against another torch than this one
+    raise ImportError(
+        f"loom_torch: cannot load its C++ module under torch {torch.__version__} ({e}); "
+        "rebuild it against this torch (cmake -DLOOM_PYTHON=<this python>, docs/torch.md)"
+    ) from e
 from ._C import LoomError
 
 __all__ = ["LoomError", "BACKEND", "transport_summary", "flight_record", "empty"]
 
 BACKEND = "loom"
+# The torch the C++ module was compiled against ("1.13.0", "2.15.0").
+TORCH_BUILT_WITH = _C.TORCH_VERSION
+
+
+def _check_torch_version():
+    built = tuple(int(x) for x in TORCH_BUILT_WITH.split(".")[:2])
+    running = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if built != running:
+        raise ImportError(f"loom_torch was built against torch {TORCH_BUILT_WITH} but runs under "
+                          f"torch {torch.__version__}: rebuild it against this torch "
+                          "(cmake -DLOOM_PYTHON=<this python>, docs/torch.md)")
+
+
+_check_torch_version()
 
 
 def _store_host(store):
@@ -73,5 +94,15 @@ def empty(*size, dtype=torch.float32):
     return raw[: numel * itemsize].view(dtype).view(size)
 
 
+def _register():
+    # torch 2.x: "loom" is the backend of a group's CPU tensors; register_backend takes the
+    # devices from 2.1 on (without them, torch warns and assumes CPU plus the accelerator).
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    if "devices" in params:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
 if "LOOM" not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create)
+    _register()

@@ -1,5 +1,6 @@
 #include "process_group_loom.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "loom/common/error.h"
@@ -27,7 +28,7 @@ ProcessGroupOptions loomOptions(const BackendOptions& options) {
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    const BackendOptions& options)
-    : c10d::ProcessGroup(rank, size) {
+    : C10dBase(rank, size), options_(options) {
   LOOM_CHECK(options.timeout.count() > 0, "loom backend: timeout must be positive, got ",
              options.timeout.count(), " ms");
   store_ = std::make_shared<TorchStore>(store);
@@ -41,27 +42,54 @@ uint64_t ProcessGroupLoom::storeRequests() const {
   return store_->requests();
 }
 
-ReduceOp toLoomReduceOp(const c10d::ReduceOp& op, const char* opName) {
+namespace {
+
+// PREMUL_SUM's factor: the supplement holds a double or a one-element tensor (1.13: a list of
+// tensors, one per device; torch 2.x: one tensor). The name NCCLPreMulSumSupplement exists in
+// both (2.x keeps it as an alias of PreMulSumSupplement).
+template <typename Supplement>
+double factorOf(const Supplement& s) {
+  if constexpr (requires { s.tensor_factor; }) {
+    if (s.tensor_factor.defined()) return s.tensor_factor.template item<double>();
+  } else {
+    if (!s.tensor_factors.empty()) return s.tensor_factors.front().template item<double>();
+  }
+  return s.double_factor;
+}
+
+}  // namespace
+
+LoomReduce toLoomReduce(const c10d::ReduceOp& op, at::ScalarType dtype, const char* opName) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
-      return ReduceOp::kSum;
+      return {ReduceOp::kSum};
     case c10d::ReduceOp::AVG:
-      return ReduceOp::kAvg;
+      return {ReduceOp::kAvg};
     case c10d::ReduceOp::PRODUCT:
-      return ReduceOp::kProd;
+      return {ReduceOp::kProd};
     case c10d::ReduceOp::MIN:
-      return ReduceOp::kMin;
+      return {ReduceOp::kMin};
     case c10d::ReduceOp::MAX:
-      return ReduceOp::kMax;
+      return {ReduceOp::kMax};
     case c10d::ReduceOp::BAND:
-      return ReduceOp::kBand;
+      return {ReduceOp::kBand};
     case c10d::ReduceOp::BOR:
-      return ReduceOp::kBor;
+      return {ReduceOp::kBor};
     case c10d::ReduceOp::BXOR:
-      return ReduceOp::kBxor;
+      return {ReduceOp::kBxor};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (!at::isFloatingType(dtype)) {
+        LOOM_THROW(InvalidArgumentError, opName, ": PREMUL_SUM needs a floating-point dtype, got ",
+                   c10::toString(dtype));
+      }
+      const auto* supplement =
+          dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      LOOM_CHECK(supplement != nullptr, opName, ": PREMUL_SUM without its factor");
+      return {ReduceOp::kSum, factorOf(*supplement)};
+    }
     default:
       LOOM_THROW(InvalidArgumentError, opName, ": the loom backend does not support reduce op ",
-                 static_cast<int>(op.op_), " (PREMUL_SUM is NCCL's)");
+                 static_cast<int>(op.op_), " (torch ", kTorchVersion, ")");
   }
 }
 
@@ -69,5 +97,72 @@ OptionalTimeout toLoomTimeout(std::chrono::milliseconds timeout) {
   if (timeout == c10d::kUnsetTimeout || timeout.count() <= 0) return std::nullopt;
   return timeout;
 }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::workOf(c10d::OpType type,
+                                                        std::shared_ptr<loom::Work> work,
+                                                        std::vector<at::Tensor> outputs,
+                                                        std::function<void()> finish,
+                                                        int sourceRank) {
+  std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
+  return track(c10::make_intrusive<WorkLoom>(rank_, type, std::move(works), std::move(outputs),
+                                             std::move(finish), sourceRank, completer_));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::track(c10::intrusive_ptr<WorkLoom> work) {
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
+#if LOOM_TORCH_AT_LEAST(2, 1)
+void ProcessGroupLoom::startCoalescing() {
+  if (coalescing_) {
+    LOOM_THROW(InvalidArgumentError,
+               "startCoalescing: the loom group is coalescing already (endCoalescing first)");
+  }
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
+  if (!coalescing_) {
+    LOOM_THROW(InvalidArgumentError, "endCoalescing: without startCoalescing");
+  }
+  coalescing_ = false;
+  auto parts = std::move(coalesced_);
+  coalesced_.clear();
+  // One Work over every operation issued in between: it waits for their Loom Works, then
+  // runs each part's finish step (its wait); its future holds every part's outputs.
+  std::vector<std::shared_ptr<loom::Work>> works;
+  std::vector<at::Tensor> outputs;
+  for (const auto& part : parts) {
+    works.insert(works.end(), part->loomWorks().begin(), part->loomWorks().end());
+    const auto partOutputs = part->result();
+    outputs.insert(outputs.end(), partOutputs.begin(), partOutputs.end());
+  }
+  auto finish = [parts = std::move(parts)] {
+    for (const auto& part : parts) part->wait();
+  };
+  return c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, std::move(works),
+                                       std::move(outputs), std::move(finish), -1, completer_);
+}
+#endif
+
+#if LOOM_TORCH_AT_LEAST(2, 15)
+c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  // Called on every rank of the parent; the members build the child group together.
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  BackendOptions options = options_;
+  if (opts && opts->timeout.count() > 0) options.timeout = opts->timeout;
+  return c10::make_intrusive<ProcessGroupLoom>(store, static_cast<int>(it - ranks.begin()),
+                                               static_cast<int>(ranks.size()), options);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupLoom::getBackendOptions() {
+  return c10::make_intrusive<Options>("loom", options_.timeout);
+}
+#endif
 
 }  // namespace loom::torch_backend

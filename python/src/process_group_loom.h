@@ -1,8 +1,12 @@
-// ProcessGroupLoom: torch's c10d::ProcessGroup interface ("loom" in torch.distributed) adapted
-// onto loom::ProcessGroup. It reimplements no collective: each c10d call checks its tensors,
-// turns them into buffer views and issues the matching Loom operation.
+// ProcessGroupLoom: torch's c10d interface ("loom" in torch.distributed) adapted onto
+// loom::ProcessGroup. It reimplements no collective: each c10d call checks its tensors, turns
+// them into buffer views and issues the matching Loom operation.
 //
 // Contract
+// - One source for every supported torch (torch_compat.h): on 1.13 it is a c10d::ProcessGroup,
+//   from 2.1 on a c10d::Backend (the "cpu" backend of torch's ProcessGroup). What a version
+//   lacks is not compiled for it; what torch asks and Loom cannot do raises NotAvailableError
+//   naming the call and the torch version.
 // - Created collectively by torch (init_process_group, new_group) on every rank of the group
 //   with the group's store; Loom's "tcp" backend runs underneath (shared memory between ranks
 //   on one host, TCP between hosts). The timeout torch passes is the group's deadline: setup
@@ -16,22 +20,35 @@
 // - Uneven lists (allgather, reduce_scatter, alltoall) and alltoall_base split sizes go to
 //   Loom's uneven collectives; allreduce_coalesced is one Loom operation; monitoredBarrier and
 //   recvAnysource are Loom's. Rejected with an error that says so: an uneven gather (the other
-//   ranks cannot know the root's counts), allgather_coalesced, PREMUL_SUM.
+//   ranks cannot know the root's counts), allgather_coalesced.
+// - Reduce ops: SUM, PRODUCT, MIN, MAX, AVG and the bitwise ones are Loom's. PREMUL_SUM (the
+//   factor from its supplement: a double or a one-element tensor) scales a staging copy of the
+//   input, never the caller's input, then sums; floating-point dtypes only.
+// - torch 2.x: allgather_into_tensor_coalesced and reduce_scatter_tensor_coalesced pack their
+//   tensors into one staging buffer and run as one Loom operation (one per dtype when the
+//   dtypes differ). startCoalescing / endCoalescing (_coalescing_manager with a device,
+//   batch_isend_irecv): the calls in between are issued at once, in order (Loom runs
+//   back-to-back point-to-point operations as one batch); endCoalescing returns one Work over
+//   all of them, whose future holds all their outputs. From 2.15: supportsSplitting / split
+//   (split_group) make the child group a new Loom group over the members, on the store torch
+//   gives, with the parent's options and the timeout torch passes.
 // - Issue collectives from one thread at a time (torch does): the issue order is Loom's
 //   sequence order, the same on every rank.
 // - Failures: Loom's exceptions (loom::Error and kinds) reach Python with Loom's message
 //   (rank, op#seq, peer); after an IoError the group is unusable, as in Loom.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/process_group/process_group.h"
+#include "torch_compat.h"
 #include "work_loom.h"
 
 namespace loom::torch_backend {
@@ -45,7 +62,7 @@ struct BackendOptions {
   std::string storeHost{};
 };
 
-class ProcessGroupLoom : public c10d::ProcessGroup {
+class ProcessGroupLoom : public C10dBase {
  public:
   ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                    const BackendOptions& options = {});
@@ -98,16 +115,54 @@ class ProcessGroupLoom : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
+#if LOOM_TORCH_AT_LEAST(2, 1)
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#endif
+#if LOOM_TORCH_AT_LEAST(2, 15)
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  bool supportsSplitting() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+#endif
+
  private:
+  // The Work of one issued operation; between startCoalescing and endCoalescing also kept for
+  // the Work endCoalescing returns.
+  c10::intrusive_ptr<c10d::Work> workOf(c10d::OpType type, std::shared_ptr<loom::Work> work,
+                                        std::vector<at::Tensor> outputs,
+                                        std::function<void()> finish, int sourceRank = -1);
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<WorkLoom> work);
+
+  const BackendOptions options_;
   std::shared_ptr<TorchStore> store_;
   std::shared_ptr<loom::ProcessGroup> pg_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkLoom>> coalesced_;
   // Completes the futures of this group's Works (work_loom.h). Declared after pg_ so that it
   // goes first: its last tasks wait on operations of a group that still exists.
   std::shared_ptr<FutureCompleter> completer_ = std::make_shared<FutureCompleter>();
 };
 
-// c10d's reduce op as Loom's; PREMUL_SUM (NCCL only) is an InvalidArgumentError.
-ReduceOp toLoomReduceOp(const c10d::ReduceOp& op, const char* opName);
+// c10d's reduce op as Loom's: PREMUL_SUM is kSum with `premul` set to its factor (the caller
+// scales the input); a factor for a dtype that is not floating point is an InvalidArgumentError.
+struct LoomReduce {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<double> premul{};
+};
+LoomReduce toLoomReduce(const c10d::ReduceOp& op, at::ScalarType dtype, const char* opName);
 // c10d's timeout (kUnsetTimeout: the group's) as Loom's.
 OptionalTimeout toLoomTimeout(std::chrono::milliseconds timeout);
 

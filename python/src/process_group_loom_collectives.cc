@@ -6,6 +6,8 @@
 // staging buffer), copy staged inputs in, issue the Loom operation, and return a WorkLoom whose
 // finish step copies staged outputs back. The Staged values ride in the finish step, so every
 // tensor Loom reads or writes lives until the operation is over.
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,16 +38,6 @@ std::function<void()> finishing(StagedPtr in, StagedPtr out) {
   return [in = std::move(in), out = std::move(out)] {
     if (out) out->copyOut();
   };
-}
-
-c10::intrusive_ptr<c10d::Work> workOf(const std::shared_ptr<FutureCompleter>& completer, int rank,
-                                      c10d::OpType type, std::shared_ptr<loom::Work> work,
-                                      std::vector<at::Tensor> outputs, StagedPtr in, StagedPtr out,
-                                      int sourceRank = -1) {
-  std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
-  return c10::make_intrusive<WorkLoom>(rank, type, std::move(works), std::move(outputs),
-                                       finishing(std::move(in), std::move(out)), sourceRank,
-                                       completer);
 }
 
 void checkRootTensor(int64_t rootTensor, const char* opName) {
@@ -113,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   auto buf = stageIn({t}, name);
   auto work = pg_->broadcast(buf->view(), {.root = static_cast<int>(opts.rootRank),
                                            .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::BROADCAST, std::move(work), {t}, nullptr, buf);
+  return workOf(c10d::OpType::BROADCAST, std::move(work), {t}, finishing(nullptr, buf));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
@@ -121,9 +113,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   const char* name = "allreduce";
   at::Tensor& t = single(tensors, name);
   auto buf = stageIn({t}, name);
-  auto work = pg_->allreduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
-                                           .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::ALLREDUCE, std::move(work), {t}, nullptr, buf);
+  const LoomReduce reduce = toLoomReduce(opts.reduceOp, t.scalar_type(), name);
+  if (reduce.premul) buf->scale(*reduce.premul);
+  auto work =
+      pg_->allreduce(buf->view(), {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(c10d::OpType::ALLREDUCE, std::move(work), {t}, finishing(nullptr, buf));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
@@ -131,20 +125,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   // One Loom operation for every tensor (one sequence number, one pass on the wire).
   const char* name = "allreduce_coalesced";
   LOOM_CHECK(!tensors.empty(), name, ": empty tensor list");
+  const LoomReduce reduce = toLoomReduce(opts.reduceOp, tensors.front().scalar_type(), name);
   std::vector<StagedPtr> bufs;
   std::vector<BufferView> views;
   for (const at::Tensor& t : tensors) {
     bufs.push_back(stageIn({t}, name));
+    if (reduce.premul) bufs.back()->scale(*reduce.premul);
     views.push_back(bufs.back()->view());
   }
-  auto work = pg_->allreduceCoalesced(views, {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
-                                              .timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->allreduceCoalesced(
+      views, {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
   auto finish = [bufs] {
     for (const auto& buf : bufs) buf->copyOut();
   };
-  std::vector<std::shared_ptr<loom::Work>> works{std::move(work)};
-  return c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::ALLREDUCE_COALESCED, std::move(works),
-                                       tensors, std::move(finish), -1, completer_);
+  return workOf(c10d::OpType::ALLREDUCE_COALESCED, std::move(work), tensors, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
@@ -153,10 +147,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   checkRootTensor(opts.rootTensor, name);
   at::Tensor& t = single(tensors, name);
   auto buf = stageIn({t}, name);
-  auto work = pg_->reduce(buf->view(), {.reduceOp = toLoomReduceOp(opts.reduceOp, name),
-                                        .root = static_cast<int>(opts.rootRank),
-                                        .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::REDUCE, std::move(work), {t}, nullptr, buf);
+  const LoomReduce reduce = toLoomReduce(opts.reduceOp, t.scalar_type(), name);
+  const int root = static_cast<int>(opts.rootRank);
+  if (reduce.premul) buf->scale(*reduce.premul);
+  auto work = pg_->reduce(
+      buf->view(), {.reduceOp = reduce.op, .root = root, .timeout = toLoomTimeout(opts.timeout)});
+  // With PREMUL_SUM the other ranks' tensors keep their values (the scaled copy stays ours,
+  // alive until the operation is over).
+  const bool copyBack = !reduce.premul || rank_ == root;
+  return workOf(c10d::OpType::REDUCE, std::move(work), {t},
+                finishing(buf, copyBack ? buf : nullptr));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
@@ -174,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
       even ? pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)})
            : pg_->allgatherv(in->view(), out->view(), counts,
                              {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::ALLGATHER, std::move(work), outList, in, out);
+  return workOf(c10d::OpType::ALLGATHER, std::move(work), outList, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
@@ -183,16 +183,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
   auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, in,
-                out);
+  return workOf(c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& /*outputs*/, std::vector<at::Tensor>& /*inputs*/,
     const c10d::AllgatherOptions& /*opts*/) {
-  LOOM_THROW(NotAvailableError,
-             "allgather_coalesced is not supported by the loom backend (use all_gather per "
-             "tensor, or all_gather_into_tensor on one flat tensor)");
+  LOOM_THROW(NotAvailableError, "allgather_coalesced is not supported by the loom backend (torch ",
+             kTorchVersion,
+             "; use all_gather per tensor, or all_gather_into_tensor on one flat tensor)");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
@@ -215,7 +214,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   }
   auto work =
       pg_->gather(in->view(), outView, {.root = root, .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::GATHER, std::move(work), results, in, out);
+  return workOf(c10d::OpType::GATHER, std::move(work), results, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
@@ -236,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   auto out = stageOut({output}, name);
   auto work =
       pg_->scatter(inView, out->view(), {.root = root, .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::SCATTER, std::move(work), {output}, in, out);
+  return workOf(c10d::OpType::SCATTER, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
@@ -248,15 +247,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   auto& inList = listOf(inputs, size_, name, "input");
   auto in = stageIn(inList, name);
   auto out = stageOut({output}, name);
-  const ReduceScatterOptions loomOpts{.reduceOp = toLoomReduceOp(opts.reduceOp, name),
+  const LoomReduce reduce = toLoomReduce(opts.reduceOp, output.scalar_type(), name);
+  if (reduce.premul) in->scale(*reduce.premul);
+  const ReduceScatterOptions loomOpts{.reduceOp = reduce.op,
                                       .timeout = toLoomTimeout(opts.timeout)};
   const std::vector<size_t> counts = countsOf(inList);
   bool even = true;
   for (size_t c : counts) even = even && c == static_cast<size_t>(output.numel());
   auto work = even ? pg_->reduceScatter(in->view(), out->view(), loomOpts)
                    : pg_->reduceScatterv(in->view(), out->view(), counts, loomOpts);
-  return workOf(completer_, rank_, c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, in,
-                out);
+  return workOf(c10d::OpType::REDUCE_SCATTER, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
@@ -264,11 +264,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
   const char* name = "_reduce_scatter_base";
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
-  auto work = pg_->reduceScatter(
-      in->view(), out->view(),
-      {.reduceOp = toLoomReduceOp(opts.reduceOp, name), .timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output},
-                in, out);
+  const LoomReduce reduce = toLoomReduce(opts.reduceOp, input.scalar_type(), name);
+  if (reduce.premul) in->scale(*reduce.premul);
+  auto work = pg_->reduceScatter(in->view(), out->view(),
+                                 {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
+  return workOf(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 namespace {
@@ -305,7 +305,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   auto out = stageOut({output}, name);
   auto work = pg_->alltoallv(in->view(), inSplits, out->view(), outSplits,
                              {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, in, out);
+  return workOf(c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
@@ -320,7 +320,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   auto out = stageOut(outputs, name);
   auto work = pg_->alltoallv(in->view(), countsOf(inputs), out->view(), countsOf(outputs),
                              {.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::ALLTOALL, std::move(work), outputs, in, out);
+  return workOf(c10d::OpType::ALLTOALL, std::move(work), outputs, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
@@ -329,7 +329,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, name);
   auto in = stageIn({t}, name);
   auto work = pg_->send(in->view(), dstRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
-  return workOf(completer_, rank_, c10d::OpType::SEND, std::move(work), {t}, in, nullptr);
+  return workOf(c10d::OpType::SEND, std::move(work), {t}, finishing(in, nullptr));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -338,7 +338,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   at::Tensor& t = single(tensors, name);
   auto out = stageOut({t}, name);
   auto work = pg_->recv(out->view(), srcRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
-  return workOf(completer_, rank_, c10d::OpType::RECV, std::move(work), {t}, nullptr, out, srcRank);
+  return workOf(c10d::OpType::RECV, std::move(work), {t}, finishing(nullptr, out), srcRank);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -348,7 +348,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   auto out = stageOut({t}, name);
   auto work = pg_->recvAnySource(out->view(), static_cast<uint64_t>(static_cast<uint32_t>(tag)));
   // sourceRank -1: WorkLoom asks the Loom Work, which knows the sender once it completed.
-  return workOf(completer_, rank_, c10d::OpType::RECVANYSOURCE, std::move(work), {t}, nullptr, out);
+  return workOf(c10d::OpType::RECVANYSOURCE, std::move(work), {t}, finishing(nullptr, out));
 }
 
 void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -358,7 +358,138 @@ void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
   auto work = pg_->barrier({.timeout = toLoomTimeout(opts.timeout)});
-  return workOf(completer_, rank_, c10d::OpType::BARRIER, std::move(work), {}, nullptr, nullptr);
+  return workOf(c10d::OpType::BARRIER, std::move(work), {}, finishing(nullptr, nullptr));
 }
+
+#if LOOM_TORCH_AT_LEAST(2, 1)
+
+namespace {
+
+// The pairs of a *_tensor_coalesced call: as many outputs as inputs, of one dtype per pair,
+// output and input elements in the ratio outPerIn:inPerOut (all-gather size:1,
+// reduce-scatter 1:size).
+void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                int64_t outPerIn, int64_t inPerOut, const char* opName) {
+  if (inputs.empty() || inputs.size() != outputs.size()) {
+    LOOM_THROW(InvalidArgumentError, opName,
+               ": expected as many outputs as inputs (at least 1), got ", outputs.size(), " and ",
+               inputs.size());
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], opName);
+    checkTensor(outputs[i], opName);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type()) {
+      LOOM_THROW(InvalidArgumentError, opName, ": pair ", i, " has output dtype ",
+                 c10::toString(outputs[i].scalar_type()), " and input dtype ",
+                 c10::toString(inputs[i].scalar_type()));
+    }
+    if (outputs[i].numel() * inPerOut != inputs[i].numel() * outPerIn) {
+      LOOM_THROW(InvalidArgumentError, opName, ": pair ", i, " has ", outputs[i].numel(),
+                 " output and ", inputs[i].numel(), " input elements; expected a ratio of ",
+                 outPerIn, ":", inPerOut);
+    }
+  }
+}
+
+// The pairs' indices grouped by dtype, in order of first appearance: one Loom operation each.
+std::vector<std::vector<size_t>> byDtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<at::ScalarType> types;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto it = std::find(types.begin(), types.end(), tensors[i].scalar_type());
+    if (it == types.end()) {
+      types.push_back(tensors[i].scalar_type());
+      groups.push_back({i});
+    } else {
+      groups[static_cast<size_t>(it - types.begin())].push_back(i);
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  // Input i of every rank goes to output i, rank after rank. The inputs travel packed in one
+  // buffer (rank r's block of the gathered buffer holds its inputs end to end), and the
+  // gathered blocks are unpacked into the outputs: one Loom all-gather per dtype.
+  const char* name = "allgather_into_tensor_coalesced";
+  checkPairs(outputs, inputs, size_, 1, name);
+  std::vector<std::shared_ptr<loom::Work>> works;
+  std::vector<std::function<void()>> unpacks;
+  for (const auto& group : byDtype(inputs)) {
+    int64_t total = 0;
+    for (size_t i : group) total += inputs[i].numel();
+    at::Tensor packed = at::empty({total}, inputs[group.front()].options());
+    at::Tensor gathered = at::empty({size_, total}, inputs[group.front()].options());
+    int64_t offset = 0;
+    for (size_t i : group) {
+      packed.narrow(0, offset, inputs[i].numel()).copy_(inputs[i].reshape({-1}));
+      offset += inputs[i].numel();
+    }
+    works.push_back(pg_->allgather(bufferView(packed, name), bufferView(gathered, name),
+                                   {.timeout = toLoomTimeout(opts.timeout)}));
+    unpacks.push_back([packed, gathered, group, outputs, inputs]() mutable {
+      int64_t at = 0;
+      for (size_t i : group) {
+        const int64_t n = inputs[i].numel();
+        outputs[i].copy_(gathered.narrow(1, at, n).reshape(outputs[i].sizes()));
+        at += n;
+      }
+    });
+  }
+  auto finish = [unpacks = std::move(unpacks)] {
+    for (const auto& unpack : unpacks) unpack();
+  };
+  return track(c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, std::move(works),
+                                             outputs, std::move(finish), -1, completer_));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  // Block r of input i (size blocks of output i's size) goes to rank r. Packed so that block
+  // r of the packed buffer holds block r of every input end to end; one Loom reduce-scatter
+  // per dtype leaves this rank's block, whose pieces are the outputs.
+  const char* name = "reduce_scatter_tensor_coalesced";
+  checkPairs(outputs, inputs, 1, size_, name);
+  std::vector<std::shared_ptr<loom::Work>> works;
+  std::vector<std::function<void()>> unpacks;
+  for (const auto& group : byDtype(inputs)) {
+    const at::ScalarType dtype = inputs[group.front()].scalar_type();
+    const LoomReduce reduce = toLoomReduce(opts.reduceOp, dtype, name);
+    int64_t total = 0;
+    for (size_t i : group) total += outputs[i].numel();
+    at::Tensor packed = at::empty({size_, total}, inputs[group.front()].options());
+    at::Tensor reduced = at::empty({total}, inputs[group.front()].options());
+    int64_t offset = 0;
+    for (size_t i : group) {
+      const int64_t n = outputs[i].numel();
+      packed.narrow(1, offset, n).copy_(inputs[i].reshape({size_, n}));
+      offset += n;
+    }
+    if (reduce.premul) packed.mul_(*reduce.premul);
+    works.push_back(
+        pg_->reduceScatter(bufferView(packed, name), bufferView(reduced, name),
+                           {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)}));
+    unpacks.push_back([packed, reduced, group, outputs]() mutable {
+      int64_t at = 0;
+      for (size_t i : group) {
+        const int64_t n = outputs[i].numel();
+        outputs[i].copy_(reduced.narrow(0, at, n).view(outputs[i].sizes()));
+        at += n;
+      }
+    });
+  }
+  auto finish = [unpacks = std::move(unpacks)] {
+    for (const auto& unpack : unpacks) unpack();
+  };
+  return track(c10::make_intrusive<WorkLoom>(rank_, c10d::OpType::COALESCED, std::move(works),
+                                             outputs, std::move(finish), -1, completer_));
+}
+
+#endif  // LOOM_TORCH_AT_LEAST(2, 1)
 
 }  // namespace loom::torch_backend

@@ -112,6 +112,15 @@ void Staged::copyOut() {
   }
 }
 
+void Staged::scale(double factor) {
+  if (!staging_.defined()) {
+    staging_ = at::empty({static_cast<int64_t>(view_.count)}, tensors_.front().options());
+    copyIn();
+    view_.data = staging_.data_ptr();
+  }
+  staging_.mul_(factor);
+}
+
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* opName) {
   if (tensors.size() != 1) {
     LOOM_THROW(InvalidArgumentError, opName,

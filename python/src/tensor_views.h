@@ -40,6 +40,10 @@ class Staged {
   void copyIn();
   // Writes the staging buffer back into the tensors (outputs); a no-op when nothing is staged.
   void copyOut();
+  // Multiplies the staged values by `factor` (PREMUL_SUM), after copyIn: when the view was the
+  // tensors' own storage it becomes a staging copy first, so the caller's tensors keep their
+  // values until copyOut.
+  void scale(double factor);
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
 
  private:

@@ -70,6 +70,7 @@ class WorkLoom : public c10d::Work {
   void synchronize() override {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  const std::vector<std::shared_ptr<loom::Work>>& loomWorks() const { return works_; }
 
  private:
   // Runs finish_ once, after every Loom Work succeeded; rethrows its failure to every caller.
