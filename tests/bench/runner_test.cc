@@ -27,6 +27,19 @@ std::optional<int> parse(std::vector<std::string> args, SweepFlags& flags, Sweep
                           [&] { out = flags.resolve(); });
 }
 
+TEST(Flags, AFlagGivenTwiceTakesItsLastValue) {
+  // scripts/run.sh passes its defaults first and the user's flags after them.
+  SweepFlags flags;
+  SweepOptions o;
+  EXPECT_EQ(
+      parse({"-b", "16", "-e", "64M", "-n", "20", "--op", "all_gather", "-e", "16M"}, flags, o),
+      std::nullopt);
+  EXPECT_EQ(o.op, Op::kAllGather);
+  EXPECT_EQ(o.minBytes, 16u);
+  EXPECT_EQ(o.maxBytes, 16u << 20);
+  EXPECT_EQ(o.iters, 20);
+}
+
 TEST(Flags, ParsesNcclTestsStyleFlags) {
   SweepFlags flags;
   SweepOptions o;

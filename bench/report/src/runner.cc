@@ -310,6 +310,10 @@ SweepOptions SweepFlags::resolve() const {
 }
 
 void addSweepFlags(CLI::App& app, SweepFlags& f) {
+  // A flag given twice takes its last value, as with nccl-tests' getopt, so that a wrapper can
+  // put its defaults first and pass the user's flags after them (scripts/run.sh does). This holds
+  // for every option added to `app` from here on, the program's own included.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--op", f.op,
                  "collective: all_reduce, broadcast, all_gather, reduce_scatter, reduce, "
                  "gather, scatter, alltoall, barrier, sendrecv")
