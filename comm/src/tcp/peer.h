@@ -62,6 +62,14 @@ struct Resume {
   int32_t lanes;
   uint64_t consumed;  // bytes of the peer's stream on this connection this rank read
 };
+// Whether `r`, read from a connection to the listener of rank `rank` (of `size`, `lanes`
+// connections a pair), is a Resume of one of its connections: from a Loom tcp transport of the
+// same version and shape, naming another rank and a lane in range (tcp_heal.cc's acceptResume).
+inline bool isResumeFor(const Resume& r, int rank, int size, int lanes) {
+  return r.magic == kResumeMagic && r.version == kHelloVersion && r.size == size &&
+         r.lanes == lanes && r.rank >= 0 && r.rank < size && r.rank != rank && r.lane >= 0 &&
+         r.lane < lanes;
+}
 struct ResumeReply {
   uint32_t magic;
   uint32_t status;  // 0: resumed; else refused (the payload of the connection is not known)

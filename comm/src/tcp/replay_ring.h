@@ -71,4 +71,29 @@ class ReplayRing {
   size_t size_ = 0;
 };
 
+// Where sending resumes on a re-established connection (TcpTransport::installLocked): the ring
+// holds the stream up to the front message (ring.end()), of which `frontOffset` bytes (header
+// and payload) were written; the peer says it read `peerConsumed` bytes. kOk sets `replay` to the
+// bytes [peerConsumed, ring.end()) to send again from the ring (empty when the peer read into
+// the front message) and `resumeAt` to where the front message continues (0: from its start).
+// Apart from the transport so that it can be tested and fuzzed alone (tests/fuzz).
+enum class ResendPlan {
+  kOk,
+  kAheadOfWritten,  // the peer claims more than was written: the two ends disagree
+  kOlderThanRing,   // the peer needs bytes the ring no longer holds
+};
+inline ResendPlan planResend(const ReplayRing& ring, size_t frontOffset, uint64_t peerConsumed,
+                             std::vector<uint8_t>& replay, size_t& resumeAt) {
+  const uint64_t frontStart = ring.end();
+  if (peerConsumed > frontStart + frontOffset) return ResendPlan::kAheadOfWritten;
+  replay.clear();
+  resumeAt = 0;
+  if (peerConsumed >= frontStart) {
+    resumeAt = static_cast<size_t>(peerConsumed - frontStart);
+  } else if (!ring.copyFrom(peerConsumed, replay)) {
+    return ResendPlan::kOlderThanRing;
+  }
+  return ResendPlan::kOk;
+}
+
 }  // namespace loom::comm::tcp

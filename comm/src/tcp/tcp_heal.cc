@@ -199,9 +199,8 @@ std::string TcpTransport::installLocked(Peer& p, net::Socket sock, uint64_t peer
   }
   std::vector<uint8_t> replay;
   size_t sendOffset = 0;
-  if (peerConsumed >= frontStart) {
-    sendOffset = static_cast<size_t>(peerConsumed - frontStart);
-  } else if (!p.ring.copyFrom(peerConsumed, replay)) {
+  if (planResend(p.ring, p.sendOffset, peerConsumed, replay, sendOffset) ==
+      ResendPlan::kOlderThanRing) {
     return detail::str("rank ", p.rank, " read ", peerConsumed, " bytes of connection ", p.lane,
                        " from rank ", rank_, ", but this rank kept only bytes ", p.ring.begin(),
                        " to ", frontStart, " for a resend (a replay ring of ", p.ring.capacity(),
@@ -358,9 +357,7 @@ void TcpTransport::acceptResume() {
     // A probe that closed without a word, or a dialler whose network failed again: it retries.
     return;
   }
-  if (hello.magic != kResumeMagic || hello.version != kHelloVersion || hello.size != size_ ||
-      hello.lanes != lanes_ || hello.rank < 0 || hello.rank >= size_ || hello.rank == rank_ ||
-      hello.lane < 0 || hello.lane >= lanes_) {
+  if (!isResumeFor(hello, rank_, size_, lanes_)) {
     LOOM_LOG_WARNING("rank ", rank_, ": ignored a connection from ", net::peerAddressOf(s.fd()),
                      " that is not a Loom tcp transport of this job re-establishing a connection");
     return;
