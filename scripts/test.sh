@@ -5,5 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh "$@"
-cd "${LOOM_BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 600 ${LOOM_CTEST_ARGS:-}
+status=0
+(cd "${LOOM_BUILD_DIR:-build}" && ctest --output-on-failure --timeout 600 ${LOOM_CTEST_ARGS:-}) ||
+  status=$?
+# The fuzz targets, built with clang in build-fuzz, each run for a fixed number of inputs
+# (docs/fuzz.md); LOOM_SKIP_FUZZ=1 leaves them out.
+if [[ "${LOOM_SKIP_FUZZ:-0}" != 1 ]]; then
+  tests/fuzz/run.sh || status=1
+fi
+exit "$status"

@@ -19,14 +19,14 @@
 namespace loom::fuzz {
 
 // Fails the run when `cond` is false: the property the target asserts does not hold.
-#define LOOM_FUZZ_CHECK(cond, ...)                                                    \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define LOOM_FUZZ_CHECK(cond, ...)                                                     \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       std::fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, "  " __VA_ARGS__);                                        \
-      std::fprintf(stderr, "\n");                                                     \
-      std::abort();                                                                   \
-    }                                                                                 \
+      std::fprintf(stderr, "  " __VA_ARGS__);                                          \
+      std::fprintf(stderr, "\n");                                                      \
+      std::abort();                                                                    \
+    }                                                                                  \
   } while (0)
 
 // Runs `parse`; an exception of type `Allowed` (the parser's documented error) is a rejection

@@ -206,8 +206,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         LOOM_FUZZ_CHECK(!r && !rejected, "%s: unset but read", s.name);
         break;
       }
-      LOOM_FUZZ_CHECK(isWord(s, value) == !rejected, "%s='%s': accepted=%d", s.name,
-                      value.c_str(), int(!rejected));
+      LOOM_FUZZ_CHECK(isWord(s, value) == !rejected, "%s='%s': accepted=%d", s.name, value.c_str(),
+                      int(!rejected));
       if (rejected) break;
       LOOM_FUZZ_CHECK(r && isWord(s, *r) && r->size() == value.size(), "%s: read '%s'", s.name,
                       r ? r->c_str() : "(none)");

@@ -48,8 +48,8 @@ void checkWellFormed(const Crossovers& c) {
       LOOM_FUZZ_CHECK(i > 0 || r.from == 0, "%s rules start at %zu", opTypeName(kind), r.from);
       LOOM_FUZZ_CHECK(i == 0 || r.from > (*list)[i - 1].from, "%s rules do not rise",
                       opTypeName(kind));
-      LOOM_FUZZ_CHECK(implementsAlgorithm(kind, r.algorithm), "%s rule names %s",
-                      opTypeName(kind), algorithmName(r.algorithm));
+      LOOM_FUZZ_CHECK(implementsAlgorithm(kind, r.algorithm), "%s rule names %s", opTypeName(kind),
+                      algorithmName(r.algorithm));
       // The choice for the sizes a rule starts at is that rule's.
       LOOM_FUZZ_CHECK(ruleFor(*list, r.from) == r.algorithm, "%s: ruleFor(%zu) is not its rule",
                       opTypeName(kind), r.from);
@@ -61,14 +61,13 @@ void checkWellFormed(const Crossovers& c) {
   }
 }
 
-std::optional<Crossovers> load(const std::string& text, const std::string& key,
-                               std::string& why) {
+std::optional<Crossovers> load(const std::string& text, const std::string& key, std::string& why) {
   const std::string path = loom::fuzz::writeScratch(
       "tuning", reinterpret_cast<const uint8_t*>(text.data()), text.size());
   try {
     auto c = loadTuning(path, key, why);
-    LOOM_FUZZ_CHECK(c || why.find(path) != std::string::npos, "rejected without naming the file: %s",
-                    why.c_str());
+    LOOM_FUZZ_CHECK(c || why.find(path) != std::string::npos,
+                    "rejected without naming the file: %s", why.c_str());
     return c;
   } catch (const std::exception& e) {
     LOOM_FUZZ_CHECK(false, "loadTuning threw: %s", e.what());
@@ -106,8 +105,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   formatted.c_str());
   LOOM_FUZZ_CHECK(formatTuning(key, *again, true) == formatted, "formatting is not stable");
   // The choice a group makes from them is defined for every size.
-  for (OpType kind : {OpType::kAllreduce, OpType::kBroadcast, OpType::kAllgather,
-                      OpType::kReduceScatter}) {
+  for (OpType kind :
+       {OpType::kAllreduce, OpType::kBroadcast, OpType::kAllgather, OpType::kReduceScatter}) {
     for (size_t bytes : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, ~size_t{0}}) {
       for (int world : {2, 3, 4, 8}) (void)automaticAlgorithm(kind, bytes, world, *c);
     }
