@@ -263,6 +263,40 @@ def doctor_dump():
     put(t, "float_rank", dump().replace('"rank": 0', '"rank": 1e300'))
 
 
+# ---- rendezvous: tools/loom_run/rendezvous.h, elastic_rendezvous.h ----
+# Byte 0: bit 0 elastic, (b >> 1) % 4 + 1 nodes, (b >> 3) % nodes this node; then one value a
+# line (static: node/0.., worker_port; elastic: closed, node/0.., worker_port).
+def shape(elastic, nnodes, me):
+    return bytes([(1 if elastic else 0) | ((nnodes - 1) << 1) | (me << 3)])
+
+
+def rendezvous():
+    t = "rendezvous"
+    put(t, "static_1", shape(False, 1, 0) + b"nproc=2;restarts=0;host=a\n29500")
+    put(t, "static_3", shape(False, 3, 1) + b"nproc=4;restarts=1;host=a\n"
+        b"nproc=4;restarts=1;host=b\nnproc=1;restarts=1;host=c\n29501")
+    put(t, "elastic_2", shape(True, 2, 1) + b"2\nnproc=2;host=a;addr=10.0.0.1\n"
+        b"nproc=3;host=b;addr=10.0.0.2\n29502")
+    put(t, "elastic_late", shape(True, 2, 1) + b"1\nnproc=2;host=a;addr=10.0.0.1")
+    # Edge cases: numbers that are not numbers, out of range, or too large.
+    put(t, "bad_nproc", shape(False, 2, 0) + b"nproc=x;restarts=0;host=a\nnproc=2;restarts=0")
+    put(t, "bad_port", shape(False, 1, 0) + b"nproc=2;restarts=0;host=a\n99999999999")
+    put(t, "bad_closed", shape(True, 2, 0) + b"two")
+    put(t, "huge_closed", shape(True, 2, 0) + b"1000000000")
+    put(t, "negative_nproc", shape(False, 2, 1) + b"nproc=-3;restarts=0;host=a")
+
+
+# ---- tcp_frame, tcp_heal: FuzzedDataProvider inputs (no readable structure): fixed
+# pseudo-random seeds of a few sizes, and two plain patterns ----
+def pseudo_random(target, sizes):
+    import random
+    rng = random.Random(target)
+    for n in sizes:
+        put(target, "random_%d" % n, bytes(rng.randrange(256) for _ in range(n)))
+    put(target, "zeros", bytes(64))
+    put(target, "ones", b"\xff" * 64)
+
+
 if __name__ == "__main__":
     store_protocol()
     settings()
@@ -271,3 +305,6 @@ if __name__ == "__main__":
     npy_corpus()
     safetensors_corpus()
     doctor_dump()
+    rendezvous()
+    pseudo_random("tcp_frame", [16, 64, 200, 600, 1500])
+    pseudo_random("tcp_heal", [16, 64, 200, 600])
