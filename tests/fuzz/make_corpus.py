@@ -279,8 +279,9 @@ def rendezvous():
         b"nproc=3;host=b;addr=10.0.0.2\n29502")
     put(t, "elastic_late", shape(True, 2, 1) + b"1\nnproc=2;host=a;addr=10.0.0.1")
     # Edge cases: numbers that are not numbers, out of range, or too large.
-    put(t, "bad_nproc", shape(False, 2, 0) + b"nproc=x;restarts=0;host=a\nnproc=2;restarts=0")
-    put(t, "bad_port", shape(False, 1, 0) + b"nproc=2;restarts=0;host=a\n99999999999")
+    # (This node writes its own node key, and node 0 the port: the others' are the input.)
+    put(t, "bad_nproc", shape(False, 2, 1) + b"nproc=x;restarts=0;host=a\nnproc=2;restarts=0")
+    put(t, "bad_port", shape(False, 2, 1) + b"nproc=2;restarts=0;host=a\n\n99999999999")
     put(t, "bad_closed", shape(True, 2, 0) + b"two")
     put(t, "huge_closed", shape(True, 2, 0) + b"1000000000")
     put(t, "negative_nproc", shape(False, 2, 1) + b"nproc=-3;restarts=0;host=a")
