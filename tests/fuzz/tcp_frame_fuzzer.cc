@@ -125,7 +125,7 @@ class Reader {
     const uint8_t shape = in_.ConsumeIntegral<uint8_t>();
     tcp::Header h{};
     const std::vector<uint8_t> raw = in_.ConsumeBytes<uint8_t>(sizeof(h));
-    std::memcpy(&h, raw.data(), raw.size());
+    if (!raw.empty()) std::memcpy(&h, raw.data(), raw.size());
     if (shape & 1) h.magic = tcp::kMagic;
     if (shape & 2) h.kind = tcp::kData;
     if (shape & 4) {

@@ -35,7 +35,7 @@ void checkResume(FuzzedDataProvider& in) {
   const int lanes = in.ConsumeIntegralInRange<int>(1, 4);
   Resume r{};
   const std::vector<uint8_t> raw = in.ConsumeBytes<uint8_t>(sizeof(Resume));
-  std::memcpy(&r, raw.data(), raw.size());
+  if (!raw.empty()) std::memcpy(&r, raw.data(), raw.size());
   // Often a well-formed one, so that the range checks are reached.
   if (in.ConsumeBool()) {
     r.magic = kResumeMagic;
