@@ -37,7 +37,8 @@ class ReplayRing {
   // The next `n` bytes of the stream; only the last capacity() of them are kept.
   void append(const void* src, size_t n) {
     end_ += n;
-    if (capacity_ == 0) return;
+    // (A zero-byte send may come with a null buffer: memcpy must not see it.)
+    if (capacity_ == 0 || n == 0) return;
     const auto* p = static_cast<const uint8_t*>(src);
     if (n >= capacity_) {
       p += n - capacity_;
