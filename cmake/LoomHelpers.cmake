@@ -17,8 +17,18 @@ elseif(LOOM_SANITIZE STREQUAL "thread")
 elseif(LOOM_SANITIZE STREQUAL "undefined")
   add_compile_options(-fsanitize=undefined -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=undefined)
+elseif(LOOM_SANITIZE STREQUAL "fuzzer")
+  # The libFuzzer build (tests/fuzz, docs/fuzz.md; tests/fuzz/run.sh makes it in build-fuzz):
+  # clang only; every object is instrumented for coverage, AddressSanitizer and
+  # UndefinedBehaviorSanitizer (any undefined behaviour aborts, so the fuzzer reports it).
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "LOOM_SANITIZE=fuzzer needs clang (-DCMAKE_CXX_COMPILER=clang++)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
 elseif(NOT LOOM_SANITIZE STREQUAL "")
-  message(FATAL_ERROR "LOOM_SANITIZE must be address, thread, undefined or empty, got '${LOOM_SANITIZE}'")
+  message(FATAL_ERROR "LOOM_SANITIZE must be address, thread, undefined, fuzzer or empty, got '${LOOM_SANITIZE}'")
 endif()
 
 # loom_add_library(NAME loom_store FOLDER store SOURCES ... DEPS ... [PRIVATE_DEPS ...])

@@ -21,6 +21,7 @@ packages=(
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
   fortunes python3-sklearn  # loom-train --model gpt's default text, --model cnn's digits
+  clang libclang-rt-14-dev  # the fuzz targets (tests/fuzz): -fsanitize=fuzzer's runtime
 )
 case "${1:-}" in
   "") ;;

@@ -1,7 +1,9 @@
 #include "loom/autograd/npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -48,11 +50,31 @@ std::string headerField(const std::string& header, const std::string& key,
   return v;
 }
 
+// The bytes a C-order array of `shape` and `elementBytes`-byte elements holds; false when the
+// count does not fit in 64 bits.
+bool arrayBytes(const Shape& shape, size_t elementBytes, uint64_t& out) {
+  uint64_t n = elementBytes;
+  for (int64_t d : shape) {
+    const auto u = static_cast<uint64_t>(d);
+    if (u != 0 && n > UINT64_MAX / u) return false;
+    n *= u;
+  }
+  out = n;
+  return true;
+}
+
 }  // namespace
 
 Tensor loadNpy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open for reading: " + std::strerror(errno));
+  // Lengths are checked against what the file holds before anything is allocated for them.
+  in.seekg(0, std::ios::end);
+  const auto fileBytes = static_cast<uint64_t>(std::max<std::streamoff>(in.tellg(), 0));
+  in.seekg(0);
+  const auto left = [&] {
+    return fileBytes - std::min<uint64_t>(fileBytes, static_cast<uint64_t>(in.tellg()));
+  };
   char magic[8];
   if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 6) != 0) {
     throw std::runtime_error(path + ": not a .npy file (missing the \\x93NUMPY magic)");
@@ -73,6 +95,10 @@ Tensor loadNpy(const std::string& path) {
     throw std::runtime_error(path + ": unsupported .npy format version " + std::to_string(major) +
                              "." + std::to_string(static_cast<unsigned char>(magic[7])) +
                              " (supported: 1.0, 2.0, 3.0)");
+  }
+  if (headerLen > left()) {
+    throw std::runtime_error(path + ": truncated .npy header (" + std::to_string(headerLen) +
+                             " bytes declared, " + std::to_string(left()) + " in the file)");
   }
   std::string header(headerLen, '\0');
   if (!in.read(header.data(), headerLen))
@@ -123,6 +149,12 @@ Tensor loadNpy(const std::string& path) {
     if (d < 0) throw std::runtime_error(path + ": negative dimension in .npy shape " + shapeText);
     shape.push_back(d);
     pos += used;
+  }
+  uint64_t bytes = 0;
+  if (!arrayBytes(shape, dtypeSize(dtype), bytes) || bytes > left()) {
+    throw std::runtime_error(path + ": truncated .npy data: " + shapeToString(shape) + " " +
+                             dtypeName(dtype) + " needs more than the file's " +
+                             std::to_string(left()) + " bytes after the header");
   }
   Tensor t = empty(shape, dtype);
   if (t.nbytes() > 0 &&

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -37,6 +38,19 @@ std::string readFile(const std::string& path) {
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw std::runtime_error(path + ": read failed");
   return data;
+}
+
+// The bytes a tensor of `shape` and `elementBytes`-byte elements holds; false when the count
+// does not fit in 64 bits.
+bool tensorBytes(const Shape& shape, size_t elementBytes, uint64_t& out) {
+  uint64_t n = elementBytes;
+  for (int64_t d : shape) {
+    const auto u = static_cast<uint64_t>(d);
+    if (u != 0 && n > UINT64_MAX / u) return false;
+    n *= u;
+  }
+  out = n;
+  return true;
 }
 
 void writeFileAtomically(const std::string& path, const std::string& head, const NamedTensors& ts) {
@@ -154,16 +168,22 @@ NamedTensors loadSafetensors(const std::string& path,
       throw bad("data_offsets must be two non-negative integers");
     }
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    Tensor t = empty(shape, dtype);
-    if (end < begin || end - begin != t.nbytes()) {
+    // Checked before anything is allocated: the shape's size must be what the offsets hold,
+    // inside the file.
+    uint64_t bytes = 0;
+    if (!tensorBytes(shape, dtypeSize(dtype), bytes)) {
+      throw bad(dt + " " + shapeToString(shape) + " has more bytes than 64 bits count");
+    }
+    if (end < begin || end - begin != bytes) {
       throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] hold " +
                 std::to_string(end >= begin ? end - begin : 0) + " bytes, but " + dt + " " +
-                shapeToString(shape) + " needs " + std::to_string(t.nbytes()));
+                shapeToString(shape) + " needs " + std::to_string(bytes));
     }
     if (end > bodySize) {
       throw bad("data ends at " + std::to_string(end) + ", past the file's " +
                 std::to_string(bodySize) + " data bytes (truncated file?)");
     }
+    Tensor t = empty(shape, dtype);
     if (t.nbytes() > 0) std::memcpy(t.rawData(), body + begin, t.nbytes());
     found.push_back({begin, {name, t}});
   }

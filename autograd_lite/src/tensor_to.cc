@@ -66,6 +66,25 @@ void halfToFloat(const Float16* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = toFloat(src[i]);
 }
 
+// n elements of type S at src to type D at dst. (A function template, not a branch inside
+// to()'s nested generic lambdas: clang 14 instantiates the discarded `if constexpr` branches
+// there, which do not compile for every pair of types.)
+template <class S, class D>
+void convertArray(const S* src, D* dst, int64_t n) {
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = toBFloat16(src[i]);
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Float16>) {
+    floatToHalf(src, dst, n);
+  } else if constexpr (std::is_same_v<S, Float16> && std::is_same_v<D, float>) {
+    halfToFloat(src, dst, n);
+  } else if constexpr ((std::is_same_v<S, BFloat16> ||
+                        std::is_same_v<S, Float16>)&&std::is_same_v<D, float>) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = toFloat(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convertElement<D>(elementValue(src[i]));
+  }
+}
+
 // Calls f.template operator()<T>() with T the element type of dtype.
 template <class F>
 void forEachDType(DType dtype, F&& f) {
@@ -99,21 +118,7 @@ Tensor Tensor::to(DType target) const {
   }
   forEachDType(dtype(), [&]<class S>() {
     const S* src = data<S>();
-    forEachDType(target, [&]<class D>() {
-      D* dst = out.data<D>();
-      if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
-        for (int64_t i = 0; i < n; ++i) dst[i] = toBFloat16(src[i]);
-      } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Float16>) {
-        floatToHalf(src, dst, n);
-      } else if constexpr (std::is_same_v<S, Float16> && std::is_same_v<D, float>) {
-        halfToFloat(src, dst, n);
-      } else if constexpr ((std::is_same_v<S, BFloat16> ||
-                            std::is_same_v<S, Float16>)&&std::is_same_v<D, float>) {
-        for (int64_t i = 0; i < n; ++i) dst[i] = toFloat(src[i]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = convertElement<D>(elementValue(src[i]));
-      }
-    });
+    forEachDType(target, [&]<class D>() { convertArray(src, out.data<D>(), n); });
   });
   return out;
 }

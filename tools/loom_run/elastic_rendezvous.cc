@@ -42,12 +42,13 @@ std::string ElasticRendezvous::key(int gen, const std::string& name) const {
 
 int64_t ElasticRendezvous::readInt(const std::string& k) {
   if (!store_.check({k})) return 0;
-  return std::stoll(store_.getString(k));
+  return storedNumber(k, store_.getString(k), 0, INT32_MAX);
 }
 
 int ElasticRendezvous::currentRound() {
   const std::string k = "loom-run/" + options_.runId + "/round";
-  return static_cast<int>(std::stoll(toString(store_.compareSet(k, {}, toBytes("0")))));
+  return static_cast<int>(
+      storedNumber(k, toString(store_.compareSet(k, {}, toBytes("0"))), 0, INT32_MAX));
 }
 
 void ElasticRendezvous::advance(int gen) {
@@ -61,7 +62,10 @@ int64_t ElasticRendezvous::awaitClose(int gen, const Deadline& deadline) {
   int64_t seen = -1;
   auto lastChange = Clock::now();
   for (;;) {
-    if (store_.check({closedKey})) return std::stoll(store_.getString(closedKey));
+    // The round admits at most MAX agents (every agent runs with the same --nnodes).
+    if (store_.check({closedKey})) {
+      return storedNumber(closedKey, store_.getString(closedKey), 0, options_.maxNodes);
+    }
     const int64_t arrived = readInt(arrivalsKey);
     if (arrived != seen) {
       seen = arrived;
@@ -72,7 +76,9 @@ int64_t ElasticRendezvous::awaitClose(int gen, const Deadline& deadline) {
         arrived >= options_.minNodes && Clock::now() - lastChange >= options_.lastCall;
     if (full || quiet) {
       const int64_t admit = std::min<int64_t>(arrived, options_.maxNodes);
-      return std::stoll(toString(store_.compareSet(closedKey, {}, toBytes(std::to_string(admit)))));
+      return storedNumber(
+          closedKey, toString(store_.compareSet(closedKey, {}, toBytes(std::to_string(admit)))), 0,
+          options_.maxNodes);
     }
     if (interrupted_()) throw RendezvousInterrupted{};
     if (deadline.expired()) {
@@ -118,14 +124,20 @@ ElasticWorld ElasticRendezvous::join(int gen, const std::function<int()>& pickWo
         continue;
       }
       for (int64_t n = 0; n < closed; ++n) {
-        auto fields = parseFields(store_.getString(keys[static_cast<size_t>(n)]));
-        const int nproc = std::stoi(fields["nproc"]);
+        const std::string& k = keys[static_cast<size_t>(n)];
+        auto fields = parseFields(store_.getString(k));
+        const int nproc =
+            static_cast<int>(storedNumber(k + " nproc", fields["nproc"], 1, kMaxStoredNproc));
         if (n < me) world.rankOffset += nproc;
         world.worldSize += nproc;
+        LOOM_CHECK(world.worldSize <= kMaxWorldSize, "elastic rendezvous of run '", options_.runId,
+                   "': the nodes' processes add up to more than ", kMaxWorldSize);
         world.hosts.push_back(fields["host"]);
         if (n == 0) world.masterAddr = fields["addr"];
       }
-      world.workerPort = std::stoi(store_.getString(key(gen, "worker_port")));
+      const std::string portKey = key(gen, "worker_port");
+      world.workerPort =
+          static_cast<int>(storedNumber(portKey, store_.getString(portKey), 1, 65535));
       return world;
     }
     // Late for round `gen`: its nodes see this arrival and start the next round when there is

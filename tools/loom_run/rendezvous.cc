@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "loom/common/env.h"
 #include "loom/common/error.h"
 
 namespace loom::run {
@@ -29,6 +30,10 @@ std::string joinInts(const std::vector<int>& v) {
 }
 
 }  // namespace
+
+int64_t storedNumber(const std::string& key, const std::string& text, int64_t lo, int64_t hi) {
+  return env::parseInteger(("rendezvous value " + key).c_str(), text, lo, hi);
+}
 
 Rendezvous::Rendezvous(Store& store, RendezvousOptions options, std::function<bool()> interrupted)
     : store_(store), options_(std::move(options)), interrupted_(std::move(interrupted)) {
@@ -117,18 +122,24 @@ World Rendezvous::join(int gen, const std::function<int()>& pickWorkerPort) {
   World world;
   world.generation = gen;
   for (int n = 0; n < options_.nnodes; ++n) {
-    auto fields = parseFields(store_.getString(nodeKey("node", n)));
-    const int nproc = std::stoi(fields["nproc"]);
-    const int restarts = std::stoi(fields["restarts"]);
+    const std::string k = nodeKey("node", n);
+    auto fields = parseFields(store_.getString(k));
+    const int nproc =
+        static_cast<int>(storedNumber(k + " nproc", fields["nproc"], 1, kMaxStoredNproc));
+    const int restarts =
+        static_cast<int>(storedNumber(k + " restarts", fields["restarts"], 0, INT32_MAX));
     LOOM_CHECK(restarts == options_.maxRestarts, "node ", n, " (", fields["host"],
                ") runs with --max-restarts ", restarts, " but node ", me, " with ",
                options_.maxRestarts, ": every node must pass the same value");
     if (n < me) world.rankOffset += nproc;
     world.worldSize += nproc;
+    LOOM_CHECK(world.worldSize <= kMaxWorldSize, "rendezvous of run '", options_.runId,
+               "': the nodes' processes add up to more than ", kMaxWorldSize);
     world.nprocs.push_back(nproc);
     world.hosts.push_back(fields["host"]);
   }
-  world.workerPort = std::stoi(store_.getString(key("worker_port")));
+  world.workerPort = static_cast<int>(
+      storedNumber(key("worker_port"), store_.getString(key("worker_port")), 1, 65535));
   const auto now = Clock::now();
   for (int n = 0; n < options_.nnodes; ++n) {
     if (n != me) beats_[n] = Beat{-1, now};

@@ -111,4 +111,13 @@ class Rendezvous {
 // Thrown when loom-run is signalled during a rendezvous wait.
 struct RendezvousInterrupted {};
 
+// A number another node (or the store itself) wrote under `key`: an InvalidArgumentError naming
+// the key and quoting the value when it is not a whole base-10 integer in [lo, hi] (a corrupt
+// store, or another program's keys under the run's prefix).
+int64_t storedNumber(const std::string& key, const std::string& text, int64_t lo, int64_t hi);
+
+// What a node may say about itself (--nproc-per-node's range) and the largest world.
+constexpr int64_t kMaxStoredNproc = 4096;
+constexpr int64_t kMaxWorldSize = 1 << 24;
+
 }  // namespace loom::run

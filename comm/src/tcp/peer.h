@@ -94,6 +94,16 @@ inline std::span<const uint8_t> bytesOf(const Hello& h) {
   return {reinterpret_cast<const uint8_t*>(&h), sizeof(h)};
 }
 
+// Whether `h`, the opening of a connection to the listener of rank `rank` (of `size`, `lanes`
+// connections a pair), re-establishes one of its connections: from a Loom tcp transport of the
+// same version and shape, addressed to this rank, naming another rank and a lane in range.
+// tcp_heal.cc checks the magic, version and addressee before the handshake and all of it after.
+inline bool isResumeFor(const Hello& h, int rank, int size, int lanes) {
+  return h.magic == kResumeMagic && h.version == kHelloVersion && h.to == rank && h.size == size &&
+         h.lanes == lanes && h.rank >= 0 && h.rank < size && h.rank != rank && h.lane >= 0 &&
+         h.lane < lanes;
+}
+
 struct ResumeReply {
   uint32_t magic;
   uint32_t status;  // 0: resumed; else refused (the payload of the connection is not known)

@@ -37,7 +37,8 @@ class ReplayRing {
   // The next `n` bytes of the stream; only the last capacity() of them are kept.
   void append(const void* src, size_t n) {
     end_ += n;
-    if (capacity_ == 0) return;
+    // (A zero-byte send may come with a null buffer: memcpy must not see it.)
+    if (capacity_ == 0 || n == 0) return;
     const auto* p = static_cast<const uint8_t*>(src);
     if (n >= capacity_) {
       p += n - capacity_;
@@ -70,5 +71,30 @@ class ReplayRing {
   uint64_t end_ = 0;
   size_t size_ = 0;
 };
+
+// Where sending resumes on a re-established connection (TcpTransport::installLocked): the ring
+// holds the stream up to the front message (ring.end()), of which `frontOffset` bytes (header
+// and payload) were written; the peer says it read `peerConsumed` bytes. kOk sets `replay` to the
+// bytes [peerConsumed, ring.end()) to send again from the ring (empty when the peer read into
+// the front message) and `resumeAt` to where the front message continues (0: from its start).
+// Apart from the transport so that it can be tested and fuzzed alone (tests/fuzz).
+enum class ResendPlan {
+  kOk,
+  kAheadOfWritten,  // the peer claims more than was written: the two ends disagree
+  kOlderThanRing,   // the peer needs bytes the ring no longer holds
+};
+inline ResendPlan planResend(const ReplayRing& ring, size_t frontOffset, uint64_t peerConsumed,
+                             std::vector<uint8_t>& replay, size_t& resumeAt) {
+  const uint64_t frontStart = ring.end();
+  if (peerConsumed > frontStart + frontOffset) return ResendPlan::kAheadOfWritten;
+  replay.clear();
+  resumeAt = 0;
+  if (peerConsumed >= frontStart) {
+    resumeAt = static_cast<size_t>(peerConsumed - frontStart);
+  } else if (!ring.copyFrom(peerConsumed, replay)) {
+    return ResendPlan::kOlderThanRing;
+  }
+  return ResendPlan::kOk;
+}
 
 }  // namespace loom::comm::tcp

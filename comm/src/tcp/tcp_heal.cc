@@ -211,9 +211,8 @@ std::string TcpTransport::installLocked(Peer& p, net::Socket sock, uint64_t peer
   }
   std::vector<uint8_t> replay;
   size_t sendOffset = 0;
-  if (peerConsumed >= frontStart) {
-    sendOffset = static_cast<size_t>(peerConsumed - frontStart);
-  } else if (!p.ring.copyFrom(peerConsumed, replay)) {
+  if (planResend(p.ring, p.sendOffset, peerConsumed, replay, sendOffset) ==
+      ResendPlan::kOlderThanRing) {
     return detail::str("rank ", p.rank, " read ", peerConsumed, " bytes of connection ", p.lane,
                        " from rank ", rank_, ", but this rank kept only bytes ", p.ring.begin(),
                        " to ", frontStart, " for a resend (a replay ring of ", p.ring.capacity(),
@@ -422,8 +421,7 @@ void TcpTransport::advanceResumes(const std::vector<pollfd>& fds, size_t first) 
 
 void TcpTransport::resumeAccepted(const Hello& hello, net::Socket s) {
   // Authenticated: a peer of this group. What it says must still fit this transport.
-  if (hello.size != size_ || hello.lanes != lanes_ || hello.rank < 0 || hello.rank >= size_ ||
-      hello.rank == rank_ || hello.lane < 0 || hello.lane >= lanes_) {
+  if (!isResumeFor(hello, rank_, size_, lanes_)) {
     LOOM_LOG_WARNING("rank ", rank_, ": ignored a connection from ", net::peerAddressOf(s.fd()),
                      " re-establishing a connection this transport does not have (rank ",
                      hello.rank, ", lane ", hello.lane, ", world size ", hello.size, ")");

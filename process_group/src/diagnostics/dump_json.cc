@@ -1,7 +1,10 @@
 // The flight record's JSON form (docs/diagnostics.md) and the OpRecord helpers.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <type_traits>
 
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
@@ -37,6 +40,23 @@ template <class T>
 T field(const json& j, const char* key, const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end()) throw InvalidArgumentError(where + ": missing field '" + key + "'");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann converts a float to an integer with a cast (undefined behaviour when out of
+    // range) and wraps an integer that does not fit: only integers in T's range are taken.
+    bool fits = it->is_number_integer();
+    if (fits && it->is_number_unsigned()) {
+      fits = it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    } else if (fits) {
+      const auto v = it->get<int64_t>();
+      fits = std::is_signed_v<T> ? v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                       v <= static_cast<int64_t>(std::numeric_limits<T>::max())
+                                 : v >= 0;
+    }
+    if (!fits) {
+      throw InvalidArgumentError(where + "." + key + ": " + it->dump() +
+                                 " is not an integer in the field's range");
+    }
+  }
   try {
     return it->get<T>();
   } catch (const json::exception& e) {
@@ -143,6 +163,9 @@ RankDump parseDump(const std::string& text, const std::string& source) {
     throw InvalidArgumentError(
         source + ": not a valid flight record: corrupt or truncated JSON at byte " +
         std::to_string(offset) + " of " + std::to_string(text.size()) + " (" + e.what() + ")");
+  } catch (const json::exception& e) {
+    // A number the JSON parser cannot hold (1e705) is an out_of_range, not a parse_error.
+    throw InvalidArgumentError(source + ": not a valid flight record: " + e.what());
   }
   if (!j.is_object()) throw InvalidArgumentError(source + ": not a flight record (not an object)");
   const std::string format = field<std::string>(j, "format", source);

@@ -39,7 +39,8 @@ inline Value floats(std::span<const float> data) {
 // The inverse of floats(); throws Value's type_error when `v` is not a blob of whole floats.
 std::vector<float> toFloats(const Value& v);
 
-// MessagePack encoding of a Value, and back (InvalidArgumentError on malformed bytes).
+// MessagePack encoding of a Value, and back (InvalidArgumentError on malformed bytes, and on
+// arrays and maps nested deeper than 512 levels).
 std::vector<uint8_t> encode(const Value& v);
 Value decode(const uint8_t* data, size_t size);
 
