@@ -110,7 +110,8 @@ class CountingStore(torch.distributed.Store):
 
     def compare_set(self, key, expected, desired):
         self._count()
-        return self.inner.compare_set(key, expected, desired)
+        # torch hands a Python store the values as lists of ints; FileStore takes bytes.
+        return self.inner.compare_set(key, bytes(expected), bytes(desired))
 
     def check(self, keys):
         from datetime import timedelta
