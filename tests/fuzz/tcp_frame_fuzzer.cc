@@ -101,14 +101,30 @@ class Reader {
     return makeTag(ops[kind], seq, step);
   }
 
-  uint64_t pickSignature() {
-    if (in_.ConsumeBool()) return 0;
-    if (in_.ConsumeBool()) return in_.ConsumeIntegral<uint64_t>();
+  Signature pickSignature() {
+    if (in_.ConsumeBool()) return {};
+    if (in_.ConsumeBool()) {
+      const uint64_t word = in_.ConsumeIntegral<uint64_t>();
+      return {word, in_.ConsumeIntegral<uint64_t>()};
+    }
     const auto type = static_cast<OpType>(in_.ConsumeIntegralInRange<int>(1, 17));
     const auto dtype = static_cast<DType>(in_.ConsumeIntegralInRange<int>(0, 8));
     const auto op = static_cast<ReduceOp>(in_.ConsumeIntegralInRange<int>(0, 7));
-    return packSignature(type, dtype, in_.ConsumeIntegralInRange<uint64_t>(0, 3), in_.ConsumeBool(),
-                         op, in_.ConsumeBool(), in_.ConsumeIntegralInRange<int>(-1, 70000));
+    // Counts near 2^32 too: they differ from small ones only in the second word.
+    const uint64_t count = in_.ConsumeBool()
+                               ? in_.ConsumeIntegralInRange<uint64_t>(0, 3)
+                               : (uint64_t{1} << 32) + in_.ConsumeIntegralInRange<uint64_t>(0, 3);
+    const bool reduces = in_.ConsumeBool();
+    const bool rooted = in_.ConsumeBool();
+    const int root = in_.ConsumeIntegralInRange<int>(-1, 70000);
+    if (isUneven(type)) {
+      const size_t counts[] = {in_.ConsumeIntegralInRange<size_t>(0, 3),
+                               in_.ConsumeIntegralInRange<size_t>(0, 3)};
+      return withBlock(
+          packUnevenSignature(type, dtype, reduces, op, rooted, root, countsDigest(counts)),
+          in_.ConsumeIntegralInRange<uint64_t>(0, 3));
+    }
+    return packSignature(type, dtype, count, reduces, op, rooted, root);
   }
 
   size_t pickBytes() {
@@ -131,7 +147,9 @@ class Reader {
     if (shape & 4) {
       h.tag = pickTag();
       h.bytes = pickBytes();
-      h.signature = pickSignature();
+      const Signature signature = pickSignature();
+      h.signature = signature.word;
+      h.signatureExtra = signature.extra;
     }
     // onHeaderLocked's checks.
     if (h.magic != tcp::kMagic) return fail("bad magic");
@@ -154,7 +172,8 @@ class Reader {
       return;
     }
     std::string error;
-    const bool landed = matcher_.arrive(h.tag, h.bytes, h.signature, error);
+    const bool landed =
+        matcher_.arrive(h.tag, h.bytes, Signature{h.signature, h.signatureExtra}, error);
     if (!error.empty()) return fail(error);
     messages_[h.tag].push_back(Message{{}, h.bytes});
     current_ = &messages_[h.tag].back();
@@ -194,7 +213,7 @@ class Reader {
   void postReceive() {
     const uint64_t tag = pickTag();
     const size_t bytes = pickBytes();
-    const uint64_t signature = pickSignature();
+    const Signature signature = pickSignature();
     Receive r;
     r.buffer.assign(bytes, 0xcd);
     {
@@ -240,7 +259,8 @@ class Reader {
 
   void describe() {
     const uint64_t v = in_.ConsumeIntegral<uint64_t>();
-    LOOM_FUZZ_CHECK(!describeSignature(v).empty() && !describeTag(v).empty(), "empty text");
+    const Signature s{v, in_.ConsumeIntegral<uint64_t>()};
+    LOOM_FUZZ_CHECK(!describeSignature(s).empty() && !describeTag(v).empty(), "empty text");
     (void)matcher_.describeUnexpected();
     (void)matcher_.hasUnexpected(pickTag());
   }
