@@ -12,6 +12,7 @@
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "process_group_loom.h"
+#include "store_adapter.h"
 
 namespace py = pybind11;
 
@@ -61,6 +62,13 @@ std::string flightRecord(const c10::intrusive_ptr<C10dBase>& group) {
 // How many requests the group sent to torch's store so far (docs/torch.md, "Store load").
 uint64_t storeRequests(const c10::intrusive_ptr<C10dBase>& group) {
   return loomOf(group, "_store_requests").storeRequests();
+}
+
+// A key of the group's store as Loom reads it (under the group's prefixes, whatever the torch
+// version nests them as), waiting for it with the group's timeout; for tests.
+py::bytes storeGet(const c10::intrusive_ptr<C10dBase>& group, const std::string& key) {
+  const auto value = loomOf(group, "_store_get").store().get(key);
+  return py::bytes(reinterpret_cast<const char*>(value.data()), value.size());
 }
 
 // A uint8 CPU tensor of `bytes` whose storage is a Loom window (loom/comm/window.h); the
@@ -128,6 +136,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("group"),
       "This rank's flight record of a loom group, as JSON (docs/diagnostics.md).");
+  m.def(
+      "_store_get",
+      [](py::handle group, const std::string& key) { return storeGet(backendOf(group), key); },
+      py::arg("group"), py::arg("key"),
+      "A key of a loom group's store, read as Loom reads it (for tests).");
   m.def(
       "_store_requests", [](py::handle group) { return storeRequests(backendOf(group)); },
       py::arg("group"), "Requests a loom group has sent to torch's store so far (for tests).");

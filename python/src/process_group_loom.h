@@ -72,6 +72,8 @@ class ProcessGroupLoom : public C10dBase {
   loom::ProcessGroup& loomGroup() { return *pg_; }
   // Requests the group has sent to torch's store (store_adapter.h), for tests.
   uint64_t storeRequests() const;
+  // The group's own store, as Loom sees it (keys under the group's prefixes; for tests).
+  TorchStore& store() { return *store_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

@@ -27,16 +27,16 @@ def free_port():
 
 def _wait_for_clock_estimates(group, world):
     """Waits (at most 20 s) until every rank's heartbeat in `group`'s store carries its clock
-    estimate (docs/diagnostics.md, "Clocks"): the group's setup traffic is over. Read straight
-    from torch's store, so not counted."""
-    import torch.distributed as dist
+    estimate (docs/diagnostics.md, "Clocks"): the group's setup traffic is over. Read through
+    the group's store before the count is taken."""
+    from loom_torch import _C
 
-    c10d = dist.distributed_c10d
-    store = dist.PrefixStore(c10d._pg_names[group], c10d._get_default_store())
     deadline = time.monotonic() + 20
     for r in range(1, world):
         while True:
-            fields = store.get(f"flight/heartbeat/{r}").decode().split()
+            # Through the group's own store: torch 1.13 and 2.x nest a group's prefixes
+            # differently.
+            fields = _C._store_get(group, f"flight/heartbeat/{r}").decode().split()
             if fields[1] == "2" and (fields[-2] != "0" or fields[-1] != "0"):
                 break
             assert time.monotonic() < deadline, f"rank {r}: no clock estimate within 20 s"
