@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "shape_bytes.h"
+
 namespace loom::ag {
 
 namespace {
@@ -48,19 +50,6 @@ std::string headerField(const std::string& header, const std::string& key,
   std::string v = header.substr(pos, end - pos);
   while (!v.empty() && v.back() == ' ') v.pop_back();
   return v;
-}
-
-// The bytes a C-order array of `shape` and `elementBytes`-byte elements holds; false when the
-// count does not fit in 64 bits.
-bool arrayBytes(const Shape& shape, size_t elementBytes, uint64_t& out) {
-  uint64_t n = elementBytes;
-  for (int64_t d : shape) {
-    const auto u = static_cast<uint64_t>(d);
-    if (u != 0 && n > UINT64_MAX / u) return false;
-    n *= u;
-  }
-  out = n;
-  return true;
 }
 
 }  // namespace
@@ -151,7 +140,7 @@ Tensor loadNpy(const std::string& path) {
     pos += used;
   }
   uint64_t bytes = 0;
-  if (!arrayBytes(shape, dtypeSize(dtype), bytes) || bytes > left()) {
+  if (!shapeBytes(shape, dtypeSize(dtype), bytes) || bytes > left()) {
     throw std::runtime_error(path + ": truncated .npy data: " + shapeToString(shape) + " " +
                              dtypeName(dtype) + " needs more than the file's " +
                              std::to_string(left()) + " bytes after the header");

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "shape_bytes.h"
+
 namespace loom::ag {
 
 namespace {
@@ -38,19 +40,6 @@ std::string readFile(const std::string& path) {
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw std::runtime_error(path + ": read failed");
   return data;
-}
-
-// The bytes a tensor of `shape` and `elementBytes`-byte elements holds; false when the count
-// does not fit in 64 bits.
-bool tensorBytes(const Shape& shape, size_t elementBytes, uint64_t& out) {
-  uint64_t n = elementBytes;
-  for (int64_t d : shape) {
-    const auto u = static_cast<uint64_t>(d);
-    if (u != 0 && n > UINT64_MAX / u) return false;
-    n *= u;
-  }
-  out = n;
-  return true;
 }
 
 void writeFileAtomically(const std::string& path, const std::string& head, const NamedTensors& ts) {
@@ -171,7 +160,7 @@ NamedTensors loadSafetensors(const std::string& path,
     // Checked before anything is allocated: the shape's size must be what the offsets hold,
     // inside the file.
     uint64_t bytes = 0;
-    if (!tensorBytes(shape, dtypeSize(dtype), bytes)) {
+    if (!shapeBytes(shape, dtypeSize(dtype), bytes)) {
       throw bad(dt + " " + shapeToString(shape) + " has more bytes than 64 bits count");
     }
     if (end < begin || end - begin != bytes) {
