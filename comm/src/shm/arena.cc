@@ -42,7 +42,7 @@ namespace loom::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4f4f4d53484d31ull;  // "LOOMSHM1"
-constexpr uint32_t kVersion = 3;                    // 2: the boxes; 3: 64-bit counts
+constexpr uint32_t kVersion = 4;  // 2: the boxes; 3: 64-bit counts; 4: abortInvalid
 // Spinning while the awaited rank last ran on this very CPU: none. It cannot run while we spin
 // (unless it migrated since its last publish, which the yield loop's checks catch as fast), so
 // a wait yields at once. It was 2 us: with 3 or 4 ranks on 2 CPUs that was most of a small
@@ -173,11 +173,12 @@ const std::string& Arena::segmentName() const {
   return segment_->name();
 }
 
-void Arena::abort(int blamedRank, const std::string& reason) {
+void Arena::abort(int blamedRank, const std::string& reason, bool invalid) {
   uint32_t expected = 0;
   if (header_->aborted.compare_exchange_strong(expected, 1)) {
     header_->blamedRank = blamedRank;
     header_->abortingRank = rank_;
+    header_->abortInvalid = invalid ? 1 : 0;
     std::snprintf(header_->reason, sizeof(header_->reason), "%s", reason.c_str());
     header_->aborted.store(2, std::memory_order_release);
   }
@@ -199,7 +200,7 @@ void Arena::fail(const Call& call, int blamedRank, const std::string& what, bool
 void Arena::failMismatch(const Call& call, int peer, const std::string& what) {
   const std::string message = detail::str("rank ", rank_, ": ", call.name(),
                                           " over shared memory (", call.bytes, " bytes): ", what);
-  abort(peer, message);
+  abort(peer, message, true);
   if (transport_ != nullptr) transport_->abort(message);
   throw InvalidArgumentError(message);
 }
@@ -242,6 +243,9 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
         "rank ", rank_, ": ", call.name(), ": the shared-memory group failed (rank ",
         header_->abortingRank, " reported, blaming rank ", header_->blamedRank, "): ", reason);
     if (transport_ != nullptr) transport_->abort(message);
+    // A mismatch found by another rank is the same mistake here: every rank's error has the
+    // root cause's type, whichever rank saw it first.
+    if (header_->abortInvalid != 0) throw InvalidArgumentError(message);
     throw IoError(message);
   }
   if (transport_ != nullptr && transport_->failed()) {

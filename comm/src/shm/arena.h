@@ -179,7 +179,8 @@ class Arena {
   void setTransport(Transport* transport) { transport_ = transport; }
 
   // Marks the whole group failed (first reason wins) and wakes every waiter.
-  void abort(int blamedRank, const std::string& reason);
+  // `invalid`: the ranks' calls disagree, so every rank's error is InvalidArgumentError.
+  void abort(int blamedRank, const std::string& reason, bool invalid = false);
 
   // ---- used by the shm collectives (shm_collectives.cc) ----
 

@@ -31,6 +31,7 @@ struct Arena::Header {
   alignas(64) std::atomic<uint32_t> aborted;
   int32_t blamedRank;
   int32_t abortingRank;
+  uint32_t abortInvalid;  // 1: the ranks' calls disagree (InvalidArgumentError on every rank)
   char reason[512];
   alignas(64) std::atomic<uint32_t> sleepers;
 };
