@@ -16,6 +16,7 @@
 #include "loom/rpc/agent.h"
 #include "loom/store/hash_store.h"
 #include "loom/store/peer_auth.h"
+#include "start_agents.h"
 #include "wire.h"
 
 namespace loom::rpc {
@@ -24,22 +25,7 @@ namespace {
 using std::chrono::milliseconds;
 using namespace std::chrono_literals;
 
-std::vector<std::unique_ptr<RpcAgent>> startAgents(int n, const Registry& functions,
-                                                   RpcOptions options = {}) {
-  auto store = std::make_shared<HashStore>();
-  if (options.timeout.count() == 0) options.timeout = milliseconds(20000);
-  std::vector<std::unique_ptr<RpcAgent>> agents(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      agents[static_cast<size_t>(r)] =
-          std::make_unique<RpcAgent>("w" + std::to_string(r), r, n, store, functions, options);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& a : agents) LOOM_CHECK(a != nullptr, "an agent did not start");
-  return agents;
-}
+using test_support::startAgents;
 
 // True when the worker closes the connection (EOF or reset) within `bound`.
 bool closedByPeer(int fd, milliseconds bound) {

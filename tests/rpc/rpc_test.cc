@@ -13,6 +13,7 @@
 #include "loom/rpc/agent.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/errors.h"
+#include "start_agents.h"
 
 namespace loom::rpc {
 namespace {
@@ -41,30 +42,7 @@ class Gate {
   bool open_ = false;
 };
 
-// Starts `n` agents named w0..w{n-1} on threads (each constructor waits for the others).
-std::vector<std::unique_ptr<RpcAgent>> startAgents(int n, const Registry& functions,
-                                                   RpcOptions options = {}) {
-  auto store = std::make_shared<HashStore>();
-  if (options.timeout.count() == 0) options.timeout = milliseconds(20000);
-  std::vector<std::unique_ptr<RpcAgent>> agents(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        agents[static_cast<size_t>(r)] =
-            std::make_unique<RpcAgent>("w" + std::to_string(r), r, n, store, functions, options);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-  return agents;
-}
+using test_support::startAgents;
 
 Registry basicFunctions() {
   Registry f;
