@@ -1,8 +1,8 @@
 // The nccl backend (process_group/src/nccl/) on a fake device (nccl_fake.h), no GPU: the
 // (dtype, op) -> NCCL mapping and its refusals, point-to-point grouping, the caller's stream,
 // waits that block the stream or the host, the event pool, unique-id versioning, the watchdog's
-// abort and the cross-rank diagnosis, LOOM_DEBUG=DETAIL. Built with or without NCCL; about a
-// second in all.
+// abort and the cross-rank diagnosis, LOOM_DEBUG=DETAIL. Built with or without NCCL; about
+// 2.5 s in all (most of it the failure-diagnosis test).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -420,8 +420,9 @@ TEST(NcclFailure, TheErrorNamesTheRankThatNeverArrived) {
     auto pg = createProcessGroupNcclOn(fake, store, rank, 2, options);
     if (rank == 0) {
       AllreduceOptions quick;
-      quick.timeout = milliseconds(200);
-      // A host-blocking wait: the watchdog's abort at 200 ms ends it.
+      // The report window is min(failureReportWindow, timeout / 2): 1 s for rank 1's record.
+      quick.timeout = milliseconds(2000);
+      // A host-blocking wait: the watchdog's abort at 2 s ends it.
       error0 = messageOf<TimeoutError>(
           [&] { pg->allreduce(dev(DType::kFloat32, 4), quick)->wait(milliseconds(30000)); });
       store->set("test/done", toBytes("1"));
