@@ -34,10 +34,13 @@ void Watchdog::track(std::shared_ptr<void> handle, uint64_t recordId, std::strin
     failedHandles_.push_back(std::move(handle));
     return;
   }
+  // Only an idle watchdog sleeps until woken; a busy one comes back within its interval, and
+  // waking it per operation would cost a thread switch per operation.
+  const bool idle = entries_.empty();
   entries_.push_back(Entry{std::move(handle), recordId, std::move(description), timeout,
                            Deadline(timeout), std::move(op), false, std::nullopt,
                            std::chrono::milliseconds(0)});
-  wake_.notify_all();
+  if (idle) wake_.notify_all();
 }
 
 void Watchdog::tighten(const std::shared_ptr<void>& handle,
