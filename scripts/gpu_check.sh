@@ -107,10 +107,16 @@ dry_run() {
     done < <(LD_LIBRARY_PATH=$bundle/lib ldd "$f" | awk '/=> \//{print $1, $3}' |
       grep -Ev "$NOT_CARRIED")
   done
-  local kb
+  local kb tree_kb
   kb=$(du -sk "$bundle" | cut -f1)
   if [ "$kb" -gt "$MAX_BUNDLE_KB" ]; then
     echo "TOO BIG: $bundle is $kb KiB (a device call carries 64 MiB in all)"
+    bad=1
+  fi
+  # The working tree travels too: tree + bundle within the 64 MiB of a device call.
+  tree_kb=$(cd "$ROOT" && git ls-files -z | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  if [ $((kb + ${tree_kb:-0})) -gt $((64 * 1024)) ]; then
+    echo "TOO BIG: bundle $kb KiB + working tree ${tree_kb} KiB exceed the 64 MiB a device call carries"
     bad=1
   fi
   # The device-free tests from the bundle itself (the stripped binaries and carried libraries).
@@ -133,7 +139,7 @@ dry_run() {
   fi
   bash -n "$0" || bad=1
   python3 -m py_compile "$bundle/nccl_ref.py" || bad=1
-  echo "bundle: $bundle, $kb KiB, $(find "$bundle/bin" -type f | wc -l) binaries, $(find "$bundle/lib" -type f | wc -l) libraries"
+  echo "bundle: $bundle, $kb KiB (+ working tree ${tree_kb:-?} KiB), $(find "$bundle/bin" -type f | wc -l) binaries, $(find "$bundle/lib" -type f | wc -l) libraries"
   if [ "$bad" -ne 0 ]; then
     echo "dry-run: FAILED"
     return 1

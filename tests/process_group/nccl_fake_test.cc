@@ -360,6 +360,16 @@ TEST(NcclUniqueId, VersionedPerIncarnationAndNeverReadFromAnEarlierOne) {
   EXPECT_EQ(uniqueIdKey("", 3), "nccl/default/3/unique_id");
 }
 
+TEST(NcclUniqueId, AGroupRecreatedOnTheSameStoreUsesItsNextIncarnation) {
+  Fixture f;
+  f.options.groupName = "trainer";
+  f.group(1).reset();
+  f.group(1).reset();
+  EXPECT_TRUE(f.store->check({uniqueIdKey("trainer", 1), uniqueIdKey("trainer", 2)}));
+  EXPECT_FALSE(f.store->check({uniqueIdKey("trainer", 3)}));
+  EXPECT_THAT(f.fake->callsOf({"commInitRank"}), ::testing::SizeIs(2));
+}
+
 TEST(NcclUniqueId, DevicePicking) {
   EXPECT_EQ(pickDevice(-1, 3, 7, 2), 1);   // LOCAL_RANK modulo the count
   EXPECT_EQ(pickDevice(-1, -1, 7, 4), 3);  // the rank when LOCAL_RANK is unset
