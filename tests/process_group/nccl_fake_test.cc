@@ -2,7 +2,7 @@
 // (dtype, op) -> NCCL mapping and its refusals, point-to-point grouping, the caller's stream,
 // waits that block the stream or the host, the event pool, unique-id versioning, the watchdog's
 // abort and the cross-rank diagnosis, LOOM_DEBUG=DETAIL. Built with or without NCCL; about
-// 2.5 s in all (most of it the failure-diagnosis test).
+// 3.5 s in all (3 of them the failure-diagnosis test: a 2 s deadline, a 1 s report window).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -266,11 +266,24 @@ TEST(NcclStreams, OrderedAfterTheCallersStreamAndWaitBlocksThatStreamNotTheHost)
               ::testing::Contains(::testing::MatchesRegex("recordEvent\\(e[0-9]+, user20480\\)")));
   EXPECT_THAT(f.fake->callsOf({"streamWaitEvent(user"}),
               ElementsAre(::testing::MatchesRegex("streamWaitEvent\\(user20480, e[0-9]+\\)")));
-  // wait(timeout) blocks the host, sleeping in cudaEventSynchronize (no polling).
+  // wait(timeout) blocks the host: past its short spin it sleeps in cudaEventSynchronize until
+  // the operation completes (here: when another thread sees it sleep there and completes it).
   f.fake->clearCalls();
-  EXPECT_TRUE(pg->allreduce(dev(DType::kFloat32, 4))->wait(milliseconds(30000)));
+  f.fake->stall = true;
+  auto blocked = pg->allreduce(dev(DType::kFloat32, 4));
+  std::thread device([&] {
+    eventually([&] { return !f.fake->callsOf({"synchronizeEvent"}).empty(); });
+    f.fake->completeAll();
+  });
+  EXPECT_TRUE(blocked->wait(milliseconds(30000)));
+  device.join();
   EXPECT_THAT(f.fake->callsOf({"synchronizeEvent", "streamWaitEvent(legacy"}),
               ElementsAre(::testing::MatchesRegex("synchronizeEvent\\(e[0-9]+\\)")));
+  // A completed operation is not slept on: the spin sees it done.
+  f.fake->stall = false;
+  f.fake->clearCalls();
+  EXPECT_TRUE(pg->allreduce(dev(DType::kFloat32, 4))->wait(milliseconds(30000)));
+  EXPECT_TRUE(f.fake->callsOf({"synchronizeEvent"}).empty());
 }
 
 TEST(NcclStreams, PerThreadDefaultStreamAndTheGroupsStreamOption) {
@@ -290,8 +303,14 @@ TEST(NcclStreams, PerThreadDefaultStreamAndTheGroupsStreamOption) {
     Fixture f;
     f.options.nccl.stream = reinterpret_cast<void*>(uintptr_t{0x6000});
     f.options.nccl.blockingWait = true;
+    f.fake->stall = true;
     auto pg = f.group(1);
-    pg->barrier()->wait();
+    std::thread device([&] {
+      eventually([&] { return !f.fake->callsOf({"synchronizeEvent"}).empty(); });
+      f.fake->completeAll();
+    });
+    EXPECT_TRUE(pg->barrier()->wait());
+    device.join();
     EXPECT_THAT(
         f.fake->callsOf({"recordEvent(e"}),
         ::testing::Contains(::testing::MatchesRegex("recordEvent\\(e[0-9]+, user24576\\)")));

@@ -301,11 +301,27 @@ class NcclWork final : public Work {
     return issued_.load(std::memory_order_acquire);
   }
 
-  // Blocks the host until the operation completed: cudaEventSynchronize on a blocking-sync
-  // event, bounded by the watchdog (the operation's deadline, and `deadline` when set).
+  // How long a host wait queries the event back to back (no sleep) before it sleeps in
+  // cudaEventSynchronize: a small operation completes within it, and waking from a
+  // blocking-sync event would cost more than the operation.
+  static constexpr std::chrono::microseconds kHostSpin{50};
+
+  // Blocks the host until the operation completed: the event queried for up to kHostSpin, then
+  // cudaEventSynchronize on a blocking-sync event (the thread sleeps), bounded by the watchdog
+  // (the operation's deadline, and `deadline` when set).
   bool hostWait(std::optional<Clock::time_point> deadline,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
     if (!ensureIssued() || Work::isCompleted()) return finished();
+    std::string error;
+    const auto spinUntil = Clock::now() + kHostSpin;
+    NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
+    while (s == NcclApi::EventState::kPending && Clock::now() < spinUntil) {
+      s = state_->api->queryEvent(done_.get(), error);
+    }
+    if (s != NcclApi::EventState::kPending) {
+      poll(true);
+      if (Work::isCompleted()) return finished();
+    }
     if (deadline) {
       if (auto dog = state_->watchdog.lock()) dog->tighten(done_, *deadline, timeout);
     }

@@ -23,10 +23,11 @@
 // - Work::wait() makes the waiting thread's caller's stream wait for the operation
 //   (cudaStreamWaitEvent) and returns without blocking the host; it throws at once when the
 //   operation or the group already failed. Work::wait(timeout), and wait() with
-//   options.nccl.blockingWait, block the host in cudaEventSynchronize on a blocking-sync event
-//   (the thread sleeps; nothing polls), bounded by the operation's deadline and the timeout: the
-//   watchdog aborts the communicator when the earlier passes, which ends the kernels and the
-//   wait, and the Work fails with TimeoutError. isCompleted() queries the event and never
+//   options.nccl.blockingWait, block the host: the event is queried back to back for 50 us (a
+//   small operation ends within that), then the thread sleeps in cudaEventSynchronize on a
+//   blocking-sync event (nothing polls with sleeps), bounded by the operation's deadline and the
+//   timeout: the watchdog aborts the communicator when the earlier passes, which ends the
+//   kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the event and never
 //   blocks. Buffers stay valid until the Work completed (isCompleted, or a host-blocking wait).
 // - Point-to-point. Consecutive send / recv operations form one batch, issued as one NCCL group
 //   (ncclGroupStart / ncclGroupEnd) when it ends: at the next other operation, at the end of
