@@ -109,7 +109,7 @@ struct NcclOptions {
   // than the legacy default stream.
   bool perThreadDefaultStream = false;
   // c10d's blocking wait: Work::wait() also blocks the host until the operation completed
-  // (sleeping in cudaEventSynchronize, bounded by the operation's deadline).
+  // (after a 50 us spin, sleeping in cudaEventSynchronize; bounded by the operation's deadline).
   bool blockingWait = false;
   // Consecutive send / recv operations are issued to NCCL as one group when the batch ends: at
   // the next other operation, at the end of batchSendRecv, when one of them is waited on or
