@@ -27,8 +27,9 @@
 //   small operation ends within that), then the thread sleeps in cudaEventSynchronize on a
 //   blocking-sync event (nothing polls with sleeps), bounded by the operation's deadline and the
 //   timeout: the watchdog aborts the communicator when the earlier passes, which ends the
-//   kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the event and never
-//   blocks. Buffers stay valid until the Work completed (isCompleted, or a host-blocking wait).
+//   kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the event
+//   and never waits for the operation (it may issue an open point-to-point batch). Buffers stay
+//   valid until the Work completed (isCompleted, or a host-blocking wait).
 // - Point-to-point. Consecutive send / recv operations form one batch, issued as one NCCL group
 //   (ncclGroupStart / ncclGroupEnd) when it ends: at the next other operation, at the end of
 //   batchSendRecv (every batchSendRecv is one group), when one of its Works is waited on or
