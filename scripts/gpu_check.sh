@@ -23,8 +23,9 @@
 #   2. pg_nccl_test (one rank) and nccl_ranks_test (2, 3, 4 ranks on the GPU, NCCL_HOSTID per
 #      rank): every dtype and op against the closed form, ring exchanges, the caller's stream;
 #   3. the bench table, all-reduce float sum, out of place: per-operation time at world size 1 and
-#      2 of loom-bench --backend nccl, of NCCL called directly (loom-nccl-allreduce) and of torch's
-#      ProcessGroupNCCL (bench/torch/nccl_ref.py), side by side, with busbw from 1 MiB.
+#      2 of loom-bench --backend nccl, of NCCL called directly (loom-nccl-allreduce -s 1, each call
+#      synchronized as loom-bench's and torch's are) and of torch's ProcessGroupNCCL
+#      (bench/torch/nccl_ref.py), side by side, with the loom / direct busbw ratio from 1 MiB.
 # Exit status: 0 when every step passed or skipped for a stated reason, 1 otherwise.
 set -uo pipefail
 
@@ -213,7 +214,7 @@ run() {
   step nccl_fake_test 60 "$B/nccl_fake_test"
   step nccl_watchdog_test 60 "$B/nccl_watchdog_test"
   step pg_nccl_test 90 "$B/pg_nccl_test"
-  step nccl_ranks_test 200 "$B/nccl_ranks_test"
+  step nccl_ranks_test 150 "$B/nccl_ranks_test"
 
   # The bench table: float sum all-reduce, out of place.
   local sizes="8 64 512 4096 32768 262144 1048576 8388608 67108864"
@@ -224,11 +225,12 @@ EOF
   chmod +x "$LOGS/hostid.sh"
   step loom_bench_w1 60 "$B/loom-run" --nproc-per-node 1 "$B/loom-bench" --backend nccl \
     -b 8 -e 64M -f 8 -n 50 -w 5 -c 1
-  step direct_w1 45 "$B/loom-nccl-allreduce" -b 8 -e 64M -f 8 -n 50 -w 5 -c 1
+  step direct_w1 45 "$B/loom-nccl-allreduce" -b 8 -e 64M -f 8 -n 50 -w 5 -c 1 -s 1
+  step direct_w1_pipelined 45 "$B/loom-nccl-allreduce" -b 8 -e 64M -f 8 -n 50 -w 5 -c 0 -s 0
   step loom_bench_w2 60 "$B/loom-run" --nproc-per-node 2 "$LOGS/hostid.sh" "$B/loom-bench" \
     --backend nccl -b 8 -e 64M -f 8 -n 20 -w 3 -c 1
   step direct_w2 45 "$B/loom-run" --nproc-per-node 2 "$LOGS/hostid.sh" "$B/loom-nccl-allreduce" \
-    -b 8 -e 64M -f 8 -n 20 -w 3 -c 1
+    -b 8 -e 64M -f 8 -n 20 -w 3 -c 1 -s 1
   local csv="8,64,512,4K,32K,256K,1M,8M,64M"
   step torch_w1 90 python3 "$bundle/nccl_ref.py" 1 "$csv" --iters 50
   step torch_w2 90 python3 "$bundle/nccl_ref.py" 2 "$csv" --iters 20
@@ -243,16 +245,18 @@ EOF
   echo
   echo "### all-reduce float sum, out of place: time per operation (us), busbw (GB/s)"
   echo
-  echo "loom and direct: mean over the timed calls (loom-bench waits for each on the host, the direct"
-  echo "program issues them back to back, as nccl-tests); torch: p50 of all_reduce + synchronize."
+  echo "loom (loom-bench --backend nccl) and direct (loom-nccl-allreduce -s 1): mean over the timed"
+  echo "calls, each waited for on the host; torch: p50 of dist.all_reduce + torch.cuda.synchronize();"
+  echo "pipelined: NCCL direct with the calls back to back (nccl-tests' way), for reference."
   echo
-  echo "| bytes | loom w1 | direct w1 | torch w1 | loom w2 | direct w2 | torch w2 | loom/direct busbw w1 | w2 |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| bytes | loom w1 | direct w1 | torch w1 | pipelined w1 | loom w2 | direct w2 | torch w2 | loom/direct busbw w1 | w2 |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for s in $sizes; do
-    local lw1 dw1 tw1 lw2 dw2 tw2 r1="" r2=""
+    local lw1 dw1 tw1 pw1 lw2 dw2 tw2 r1="" r2=""
     lw1=$(col_of "$LOGS/loom_bench_w1.log" "$s" 6)
     dw1=$(col_of "$LOGS/direct_w1.log" "$s" 6)
     tw1=$(col_of "$LOGS/torch_w1.log" "$s" 2)
+    pw1=$(col_of "$LOGS/direct_w1_pipelined.log" "$s" 6)
     lw2=$(col_of "$LOGS/loom_bench_w2.log" "$s" 6)
     dw2=$(col_of "$LOGS/direct_w2.log" "$s" 6)
     tw2=$(col_of "$LOGS/torch_w2.log" "$s" 2)
@@ -262,7 +266,7 @@ EOF
       r2=$(awk -v a="$(col_of "$LOGS/loom_bench_w2.log" "$s" 8)" \
         -v b="$(col_of "$LOGS/direct_w2.log" "$s" 8)" 'BEGIN{if (b > 0) printf "%.2f", a / b}')
     fi
-    echo "| $s | ${lw1:--} | ${dw1:--} | ${tw1:--} | ${lw2:--} | ${dw2:--} | ${tw2:--} | ${r1:--} | ${r2:--} |"
+    echo "| $s | ${lw1:--} | ${dw1:--} | ${tw1:--} | ${pw1:--} | ${lw2:--} | ${dw2:--} | ${tw2:--} | ${r1:--} | ${r2:--} |"
   done
   echo
   echo "#wrong (loom-bench and direct, every size, both placements) must be 0:"

@@ -3,7 +3,9 @@
 // in small: the same sweep flags and columns
 //   size count type redop root | time algbw busbw #wrong (out of place) | the same (in place)
 // with time the mean microseconds per call over -n calls issued back to back on one stream and
-// then synchronized (as nccl-tests times), algbw = size / time, busbw = algbw x 2(n-1)/n.
+// then synchronized (as nccl-tests times; with -s 1 the stream is synchronized after every call,
+// the per-operation cost that loom-bench and torch's all_reduce + synchronize measure),
+// algbw = size / time, busbw = algbw x 2(n-1)/n.
 //
 // Ranks: one process each, from the launcher's environment (loom-run, torchrun: RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; one process alone needs none of them).
@@ -144,7 +146,7 @@ bool same(const TypeInfo& type, const std::vector<char>& got, const std::vector<
 int run(int argc, char** argv) {
   CLI::App app{"loom-nccl-allreduce: ncclAllReduce called directly, nccl-tests' columns"};
   std::string minText = "8", maxText = "128M", typeName = "float", opName = "sum";
-  int factor = 2, iters = 20, warmup = 5, check = 1;
+  int factor = 2, iters = 20, warmup = 5, check = 1, syncEach = 0;
   app.add_option("-b,--minbytes", minText, "smallest size (8, 64K, 16M)");
   app.add_option("-e,--maxbytes", maxText, "largest size");
   app.add_option("-f,--stepfactor", factor, "size factor between rows");
@@ -152,6 +154,9 @@ int run(int argc, char** argv) {
   app.add_option("-w,--warmup_iters", warmup, "untimed calls per size")
       ->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", check, "1: count wrong elements (#wrong)");
+  app.add_option("-s,--sync_each", syncEach,
+                 "1: synchronize the stream after every call (the per-operation cost, as "
+                 "loom-bench's and torch's timed waits); 0: back to back (nccl-tests)");
   app.add_option("-d,--datatype", typeName, "float, double, int8, uint8, int32, int64");
   app.add_option("-o,--op", opName, "sum, prod, min, max, avg");
   CLI11_PARSE(app, argc, argv);
@@ -225,8 +230,8 @@ int run(int argc, char** argv) {
     cudaGetDeviceProperties(&prop, device);
     int version = 0;
     ncclGetVersion(&version);
-    std::printf("# loom-nccl-allreduce: nranks %d, NCCL %d, device %d %s\n", size, version, device,
-                prop.name);
+    std::printf("# loom-nccl-allreduce: nranks %d, NCCL %d, device %d %s, %s\n", size, version,
+                device, prop.name, syncEach ? "synchronized after each call" : "back to back");
     std::printf("# %10s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count",
                 "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
                 "busbw", "#wrong");
@@ -260,6 +265,7 @@ int run(int argc, char** argv) {
       const auto start = Clock::now();
       for (int i = 0; i < iters; ++i) {
         ncclCheck(ncclAllReduce(in, dst, count, type->type, op->op, comm, stream), "ncclAllReduce");
+        if (syncEach) cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       }
       cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       timeUs[inPlace] =
