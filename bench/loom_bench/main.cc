@@ -16,8 +16,9 @@
 // allocates the collectives' buffers on the rank's CUDA device (LOCAL_RANK modulo the visible
 // devices, as the nccl backend picks it; the group is told the same device), fills and checks host
 // mirrors and copies between them outside the timed loop (runner.h). Each timed iteration ends when
-// Work::wait() returns, which for nccl is when the collective's CUDA event has completed: the
-// device work is in the time, as in nccl-tests.
+// Work::wait() returns, which for nccl (run with NcclOptions::blockingWait, so that wait()
+// blocks the host rather than only the caller's stream) is when the collective's CUDA event has
+// completed: the device work is in the time, as in nccl-tests.
 //
 // How each op maps onto the ProcessGroup API (whose all_reduce, broadcast and reduce are
 // in place only, like c10d's): out-of-place all_reduce, broadcast (root) and reduce copy the
@@ -348,6 +349,7 @@ int loomBenchMain(int argc, char** argv) {
   try {
     Memory memory = memoryFor(backend, registerMode == 1);
     if (memory.device.type == DeviceType::kCuda) init.pg.nccl.device = memory.device.index;
+    init.pg.nccl.blockingWait = true;  // the timed loop ends when the device work is done
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
     if (!tuneFile.empty()) {

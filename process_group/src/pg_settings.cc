@@ -104,6 +104,12 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
   appendIfChanged(out, "nccl.device", o.nccl.device, d.nccl.device, std::to_string(o.nccl.device));
   appendIfChanged(out, "nccl.localRank", o.nccl.localRank, d.nccl.localRank,
                   std::to_string(o.nccl.localRank));
+  appendIfChanged(out, "nccl.stream", o.nccl.stream, d.nccl.stream, detail::str(o.nccl.stream));
+  appendIfChanged(out, "nccl.perThreadDefaultStream", o.nccl.perThreadDefaultStream,
+                  d.nccl.perThreadDefaultStream, "true");
+  appendIfChanged(out, "nccl.blockingWait", o.nccl.blockingWait, d.nccl.blockingWait, "true");
+  appendIfChanged(out, "nccl.p2pBatchWindow", o.nccl.p2pBatchWindow, d.nccl.p2pBatchWindow,
+                  detail::str(o.nccl.p2pBatchWindow.count(), "ms"));
   return out;
 }
 

@@ -195,6 +195,7 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::batchSendRecv(
   std::vector<std::shared_ptr<Work>> works;
   std::lock_guard<std::mutex> lock(issueMu_);
   for (auto& d : descs) works.push_back(postLocked(std::move(d)));
+  endPointToPointBatch();
   return works;
 }
 

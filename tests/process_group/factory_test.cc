@@ -160,40 +160,7 @@ TEST(Nccl, WithoutADeviceTheBackendIsNotAvailable) {
   EXPECT_EQ(store->numKeys(), 0);
 }
 
-TEST(Nccl, UniqueIdTravelsThroughTheStore) {
-  auto store = std::make_shared<HashStore>();
-  const std::string id(128, '\x5a');
-  std::vector<std::string> got(4);
-  testing::runThreadRanks(4, [&](int rank) {
-    got[rank] = nccl_detail::exchangeUniqueId(*store, rank, rank == 0 ? id : std::string(), 128,
-                                              std::chrono::milliseconds(10000));
-  });
-  for (const auto& g : got) EXPECT_EQ(g, id);
-}
-
-TEST(Nccl, UniqueIdExchangeHasADeadlineAndChecksTheSize) {
-  HashStore store;
-  EXPECT_THROW(nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50)),
-               TimeoutError);
-  store.set(nccl_detail::kUniqueIdKey, toBytes("short"));
-  EXPECT_THAT(messageOf<IoError>([&] {
-                nccl_detail::exchangeUniqueId(store, 1, "", 128, std::chrono::milliseconds(50));
-              }),
-              HasSubstr("holds 5 bytes; expected an ncclUniqueId of 128 bytes"));
-}
-
-TEST(Nccl, DevicePickingAndOpChecks) {
-  EXPECT_EQ(nccl_detail::pickDevice(-1, 3, 7, 2), 1);   // LOCAL_RANK modulo the count
-  EXPECT_EQ(nccl_detail::pickDevice(-1, -1, 7, 4), 3);  // the rank when LOCAL_RANK is unset
-  EXPECT_EQ(nccl_detail::pickDevice(1, 0, 0, 2), 1);
-  EXPECT_THAT(messageOf<InvalidArgumentError>([] { nccl_detail::pickDevice(2, 0, 0, 2); }),
-              HasSubstr("device 2 requested but only 2 CUDA device(s) are visible"));
-  EXPECT_THROW(nccl_detail::pickDevice(-1, 0, 0, 0), NotAvailableError);
-  EXPECT_THAT(messageOf<InvalidArgumentError>(
-                  [] { nccl_detail::checkNcclReduceOp("rank 0", "allreduce", ReduceOp::kBxor); }),
-              HasSubstr("NCCL has no bitwise reductions (bxor)"));
-  EXPECT_NO_THROW(nccl_detail::checkNcclReduceOp("rank 0", "allreduce", ReduceOp::kAvg));
-}
+// The backend's other pieces without a device: tests/process_group/nccl_fake_test.cc.
 
 #else
 

@@ -87,7 +87,7 @@ struct Failures {
   std::condition_variable cv;
   std::vector<std::pair<std::string, bool>> seen;
   Watchdog::FailureHandler handler() {
-    return [this](const std::string& reason, bool timedOut) {
+    return [this](const std::string& reason, bool timedOut, const OpDesc*) {
       std::lock_guard<std::mutex> lock(mu);
       seen.emplace_back(reason, timedOut);
       cv.notify_all();

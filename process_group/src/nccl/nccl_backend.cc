@@ -1,10 +1,19 @@
+// ProcessGroupNccl (nccl_backend.h) over NcclApi: how an operation goes from the caller to
+// NCCL and back.
+//
+// How it works. post() runs on the issuing thread with the issue lock held. It records a pooled
+// event on the caller's stream and makes the group's internal `stream` wait for it (the
+// operation is ordered after the caller's work), then either enqueues the operation on `stream`
+// (a collective: first the open point-to-point `batch`, if any) or adds it to `batch` (send /
+// recv). After each enqueue a pooled `done` event is recorded on `stream`; the Work and the
+// watchdog hold it. Everything that touches the communicator holds NcclState::mu, because the
+// batch may be issued by the issuing thread, a waiting thread or the watchdog's timer.
+//
+// Lock order: the issue lock (ProcessGroup), then NcclState::mu, then the watchdog's own lock
+// (never held across a device call).
 #include "nccl/nccl_backend.h"
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
-#include <cstdlib>
-#include <cstring>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -15,138 +24,121 @@
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/process_group/nccl.h"
 #include "loom/store/store.h"
+#include "nccl/nccl_api.h"
+#include "nccl/nccl_event_pool.h"
 #include "nccl/nccl_watchdog.h"
+#include "pg_failure.h"
 #include "record_hooks.h"
 
 namespace loom {
 
-int ncclDeviceCount() noexcept {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return count;
-}
-
-namespace nccl_detail {
-
-std::string exchangeUniqueId(Store& store, int rank, const std::string& id, size_t idBytes,
-                             std::chrono::milliseconds timeout) {
-  if (rank == 0) {
-    store.set(kUniqueIdKey, id);
-    return id;
-  }
-  store.wait({kUniqueIdKey}, timeout);
-  const std::string got = store.getString(kUniqueIdKey);
-  if (got.size() != idBytes) {
-    LOOM_THROW(IoError, "rank ", rank, ": store key ", kUniqueIdKey, " holds ", got.size(),
-               " bytes; expected an ncclUniqueId of ", idBytes, " bytes");
-  }
-  return got;
-}
-
-int pickDevice(int requested, int localRank, int rank, int deviceCount) {
-  LOOM_CHECK_T(NotAvailableError, deviceCount > 0, "nccl backend: no CUDA device is visible");
-  if (requested >= 0) {
-    if (requested >= deviceCount) {
-      LOOM_THROW(InvalidArgumentError, "nccl backend: device ", requested, " requested but only ",
-                 deviceCount, " CUDA device(s) are visible");
-    }
-    return requested;
-  }
-  return (localRank >= 0 ? localRank : rank) % deviceCount;
-}
-
-void checkNcclReduceOp(const std::string& who, const char* opName, ReduceOp op) {
-  if (isBitwise(op)) {
-    LOOM_THROW(InvalidArgumentError, who, ": ", opName, ": NCCL has no bitwise reductions (",
-               reduceOpName(op), "); use the tcp backend for ", reduceOpName(op));
-  }
-}
-
-}  // namespace nccl_detail
-
 namespace {
 
-ncclDataType_t toNccl(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return ncclFloat32;
-    case DType::kFloat64:
-      return ncclFloat64;
-    case DType::kFloat16:
-      return ncclFloat16;
-    case DType::kBFloat16:
-      return ncclBfloat16;
-    case DType::kInt8:
-      return ncclInt8;
-    case DType::kUInt8:
-      return ncclUint8;
-    case DType::kInt32:
-      return ncclInt32;
-    case DType::kInt64:
-      return ncclInt64;
-    case DType::kBool:
-      return ncclUint8;
-  }
-  return ncclUint8;
+thread_local void* tlsStream = nullptr;
+thread_local bool tlsStreamSet = false;
+
+}  // namespace
+
+NcclStreamGuard::NcclStreamGuard(void* cudaStream)
+    : previous_(tlsStream), previousSet_(tlsStreamSet) {
+  tlsStream = cudaStream;
+  tlsStreamSet = true;
 }
 
-ncclRedOp_t toNccl(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return ncclSum;
-    case ReduceOp::kProd:
-      return ncclProd;
-    case ReduceOp::kMin:
-      return ncclMin;
-    case ReduceOp::kMax:
-      return ncclMax;
-    case ReduceOp::kAvg:
-      return ncclAvg;
-    default:
-      return ncclSum;  // bitwise ops are rejected before
-  }
+NcclStreamGuard::~NcclStreamGuard() {
+  tlsStream = previous_;
+  tlsStreamSet = previousSet_;
 }
 
-void cudaCheck(cudaError_t err, const std::string& who, const char* what) {
-  if (err != cudaSuccess) {
-    LOOM_THROW(IoError, who, ": ", what, " failed: ", cudaGetErrorString(err));
-  }
+void* NcclStreamGuard::current() {
+  return tlsStreamSet ? tlsStream : nullptr;
+}
+
+#ifndef LOOM_HAVE_NCCL
+int ncclDeviceCount() noexcept {
+  return 0;
+}
+#endif
+
+namespace nccl_detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using EventHandle = std::shared_ptr<void>;
+
+// The caller's stream on this thread (nccl_backend.h, "Streams").
+Stream callerStream(const NcclOptions& options) {
+  if (tlsStreamSet) return tlsStream;
+  if (options.stream != nullptr) return options.stream;
+  return options.perThreadDefaultStream ? perThreadDefaultStream() : legacyDefaultStream();
 }
 
 // Makes `device` current for a scope and restores the caller's device afterwards, so that
 // issuing an operation never changes the calling thread's CUDA device.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    ok_ = cudaSetDevice(device);
+  DeviceGuard(NcclApi& api, int device) : api_(api), previous_(api.currentDevice()) {
+    if (previous_ != device) api_.setDevice(device);
   }
   ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    try {
+      if (previous_ >= 0 && api_.currentDevice() != previous_) api_.setDevice(previous_);
+    } catch (...) {
+    }
   }
-  cudaError_t status() const { return ok_; }
 
  private:
-  int previous_ = -1;
-  cudaError_t ok_ = cudaSuccess;
+  NcclApi& api_;
+  const int previous_;
 };
 
-// State shared by the group and its Works (a Work may outlive its group).
-struct NcclState {
-  std::string who;
-  int device = 0;
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  void* scratch = nullptr;  // one int32 on the device for barrier()
+class NcclWork;
 
-  std::mutex mu;  // guards comm use (enqueue, abort), broken, cause
+// One send or recv waiting in the open batch.
+struct PendingP2P {
+  std::shared_ptr<const OpDesc> op;
+  std::shared_ptr<NcclWork> work;
+};
+
+// State shared by the group, its Works (a Work may outlive its group) and the watchdog's
+// device.
+struct NcclState {
+  NcclState(std::shared_ptr<NcclApi> a, std::string w, int r, int n, int dev, NcclOptions o)
+      : api(std::move(a)),
+        who(std::move(w)),
+        rank(r),
+        size(n),
+        device(dev),
+        options(o),
+        events(api) {}
+
+  const std::shared_ptr<NcclApi> api;
+  const std::string who;
+  const int rank;
+  const int size;
+  const int device;
+  const NcclOptions options;
+  Comm comm = nullptr;
+  Stream stream = nullptr;
+  void* scratch = nullptr;  // one int32 on the device for barrier()
+  EventPool events;
+  std::weak_ptr<Watchdog> watchdog;
+  diag::FlightRecorder* recorder = nullptr;  // valid while a batch is open (the group lives)
+
+  std::mutex mu;  // guards comm use (enqueue, abort), the batch and the failure fields
+  std::condition_variable settled;
   bool broken = false;
   bool aborted = false;
   std::string cause;
+  // The watchdog's failure: the cross-rank diagnosis runs (Works wait for it, bounded), then
+  // the failing operation's error is `failedError` (its describe() is `failedOp`).
+  bool diagnosing = false;
+  std::string failedOp;
+  std::exception_ptr failedError;
+  std::vector<PendingP2P> batch;
+  uint64_t batches = 0;  // batches issued (the timer knows whether its batch is still open)
 
   // Marks the group broken and aborts the communicator (first call wins). Requires mu held.
   void failLocked(const std::string& why) {
@@ -154,17 +146,17 @@ struct NcclState {
       broken = true;
       cause = why;
     }
-    if (comm && !aborted) {
+    if (comm != nullptr && !aborted) {
       aborted = true;
-      ncclCommAbort(comm);
+      api->commAbort(comm);
     }
   }
 
-  // Polls the non-blocking communicator until its pending call settles or `deadline`
-  // passes. Requires mu held.
-  void settleLocked(ncclResult_t first, const Deadline& deadline, const std::string& what) {
-    ncclResult_t state = first;
-    while (state == ncclInProgress) {
+  // Polls the non-blocking communicator until its pending call settles or `deadline` passes.
+  // Requires mu held.
+  void settleLocked(int first, const Deadline& deadline, const std::string& what) {
+    int state = first;
+    while (state == kNcclInProgress) {
       if (deadline.expired()) {
         const std::string why = who + ": " + what + " did not finish within " +
                                 std::to_string(deadline.elapsed().count()) +
@@ -172,50 +164,68 @@ struct NcclState {
         failLocked(why);
         throw TimeoutError(why);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (api->commGetAsyncError(comm, &state) != kNcclSuccess) break;
     }
-    if (state != ncclSuccess) {
-      const std::string why = who + ": " + what + " failed: " + ncclGetErrorString(state) + " (" +
-                              ncclGetLastError(comm) + ")";
+    if (state != kNcclSuccess) {
+      const std::string why = who + ": " + what + " failed: " + api->errorString(state) + " (" +
+                              api->lastError(comm) + ")";
       failLocked(why);
       throw IoError(why);
     }
   }
 
-  ~NcclState() {
-    DeviceGuard guard(device);
-    if (comm && !aborted) {
-      // A broken communicator is aborted (never waits); a healthy one is destroyed.
-      if (broken) {
-        ncclCommAbort(comm);
-      } else {
-        ncclCommDestroy(comm);
-      }
+  void checkResult(int r, const std::string& what, const Deadline& deadline) {
+    if (r != kNcclSuccess && r != kNcclInProgress) {
+      const std::string why = who + ": " + what + " could not be enqueued: " + api->errorString(r) +
+                              " (" + api->lastError(comm) + ")";
+      failLocked(why);
+      throw IoError(why);
     }
-    if (scratch) cudaFree(scratch);
-    if (stream) cudaStreamDestroy(stream);
+    settleLocked(r, deadline, what + " (enqueue)");
+  }
+
+  // Issues the open batch as one NCCL group. Requires mu held. Defined after NcclWork.
+  void flushLocked();
+  // flushLocked under mu, with the group's device current.
+  void flush() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (batch.empty()) return;
+    DeviceGuard guard(*api, device);
+    flushLocked();
+  }
+
+  ~NcclState() {
+    try {
+      DeviceGuard guard(*api, device);
+      if (comm != nullptr && !aborted) {
+        // A broken communicator is aborted (never waits); a healthy one is destroyed.
+        if (broken) {
+          api->commAbort(comm);
+        } else {
+          api->commDestroy(comm);
+        }
+      }
+      if (scratch != nullptr) api->deviceFree(scratch);
+      if (stream != nullptr) api->destroyStream(stream);
+    } catch (...) {
+    }
   }
 };
 
-// A CUDA event shared by its Work and the watchdog; destroyed with the last of them.
-using EventHandle = std::shared_ptr<void>;
-EventHandle makeEvent(const std::string& who) {
-  cudaEvent_t event = nullptr;
-  cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), who, "cudaEventCreate");
-  return EventHandle(event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
-}
-
-// The watchdog's view of the device (nccl_watchdog.h): the operations' events and the
-// communicator.
-class CudaWatchdogDevice final : public nccl_detail::WatchdogDevice {
+// The watchdog's view of the device: the operations' events and the communicator.
+class ApiWatchdogDevice final : public WatchdogDevice {
  public:
-  explicit CudaWatchdogDevice(std::shared_ptr<NcclState> state) : state_(std::move(state)) {}
+  explicit ApiWatchdogDevice(std::shared_ptr<NcclState> state) : state_(std::move(state)) {}
   Status query(const std::shared_ptr<void>& handle, std::string& error) override {
-    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(handle.get()));
-    if (r == cudaSuccess) return Status::kDone;
-    if (r == cudaErrorNotReady) return Status::kPending;
-    error = cudaGetErrorString(r);
+    switch (state_->api->queryEvent(handle.get(), error)) {
+      case NcclApi::EventState::kDone:
+        return Status::kDone;
+      case NcclApi::EventState::kPending:
+        return Status::kPending;
+      case NcclApi::EventState::kFailed:
+        break;
+    }
     return Status::kFailed;
   }
   std::string asyncError() override {
@@ -223,13 +233,16 @@ class CudaWatchdogDevice final : public nccl_detail::WatchdogDevice {
     // Failed through a Work's own poll or abort(): the watchdog stops with that cause.
     if (state_->broken) return "the group failed: " + state_->cause;
     if (state_->comm == nullptr || state_->aborted) return {};
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(state_->comm, &async) != ncclSuccess) return {};
-    if (async == ncclSuccess || async == ncclInProgress) return {};
-    return std::string(ncclGetErrorString(async)) + " (" + ncclGetLastError(state_->comm) + ")";
+    int async = kNcclSuccess;
+    if (state_->api->commGetAsyncError(state_->comm, &async) != kNcclSuccess) return {};
+    if (async == kNcclSuccess || async == kNcclInProgress) return {};
+    return state_->api->errorString(async) + " (" + state_->api->lastError(state_->comm) + ")";
   }
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(state_->mu);
+    // The watchdog found this failure: the failure handler's diagnosis settles it. A group that
+    // failed earlier (abort(), a failed enqueue) has its cause already.
+    if (!state_->broken) state_->diagnosing = true;
     state_->failLocked(reason);
   }
 
@@ -239,149 +252,247 @@ class CudaWatchdogDevice final : public nccl_detail::WatchdogDevice {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state, EventHandle event,
-           std::weak_ptr<ProcessGroup> group)
+  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state)
       : Work(opTypeName(op.type), op.seq, rank),
         description_(op.describe()),
         timeout_(op.timeout),
-        deadline_(op.timeout),
-        state_(std::move(state)),
-        event_(std::move(event)),
-        group_(std::move(group)) {}
+        state_(std::move(state)) {}
 
-  // Completion is observed, not pushed: the event and the communicator are polled.
-  bool isCompleted() override { return Work::isCompleted() || poll(); }
-  bool wait() override { return waitPolling(std::nullopt); }
-  bool wait(std::chrono::milliseconds timeout) override {
-    return waitPolling(std::chrono::steady_clock::now() + timeout);
+  // Set once by whoever enqueued the operation (state mu held), before anyone reads it.
+  void setIssued(EventHandle done) {
+    done_ = std::move(done);
+    issued_.store(true, std::memory_order_release);
   }
 
- protected:
-  // wait(timeout) expired: abort the group (a TimeoutError always means it is unusable).
-  void onWaitTimeout(const std::string& reason) override {
-    if (auto group = group_.lock()) group->abort(reason);
+  bool isCompleted() override {
+    if (Work::isCompleted()) return true;
+    if (!ensureIssued()) return Work::isCompleted();
+    poll(false);
+    return Work::isCompleted();
   }
 
- private:
-  static constexpr std::chrono::microseconds kPollInterval{50};
-
-  bool waitPolling(std::optional<std::chrono::steady_clock::time_point> deadline) {
-    const auto start = std::chrono::steady_clock::now();
-    while (!isCompleted()) {
-      if (deadline && std::chrono::steady_clock::now() >= *deadline) timedOut(start);
-      std::this_thread::sleep_for(kPollInterval);
+  bool wait() override {
+    if (state_->options.blockingWait) return hostWait(std::nullopt);
+    if (!ensureIssued() || Work::isCompleted()) return finished();
+    poll(false);
+    if (Work::isCompleted()) return finished();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->broken) {
+        DeviceGuard guard(*state_->api, state_->device);
+        state_->api->streamWaitEvent(callerStream(state_->options), done_.get());
+        return true;
+      }
     }
+    poll(true);  // broken: the Work's error (after the diagnosis)
     return finished();
   }
 
-  // Looks at the event, the communicator's error and the deadline once; true once complete.
-  bool poll() {
-    const cudaError_t done = cudaEventQuery(static_cast<cudaEvent_t>(event_.get()));
-    if (done == cudaSuccess) {
-      markCompleted();
-      return true;
+  bool wait(std::chrono::milliseconds timeout) override {
+    return hostWait(Clock::now() + timeout, timeout);
+  }
+
+ private:
+  // Issues the open batch when this Work is in it; false when that failed (the Work then holds
+  // the error).
+  bool ensureIssued() {
+    if (issued_.load(std::memory_order_acquire)) return true;
+    state_->flush();
+    return issued_.load(std::memory_order_acquire);
+  }
+
+  // How long a host wait queries the event back to back (no sleep) before it sleeps in
+  // cudaEventSynchronize: a small operation completes within it, and waking from a
+  // blocking-sync event would cost more than the operation.
+  static constexpr std::chrono::microseconds kHostSpin{50};
+
+  // Blocks the host until the operation completed: the event queried for up to kHostSpin, then
+  // cudaEventSynchronize on a blocking-sync event (the thread sleeps), bounded by the watchdog
+  // (the operation's deadline, and `deadline` when set).
+  bool hostWait(std::optional<Clock::time_point> deadline,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    if (!ensureIssued() || Work::isCompleted()) return finished();
+    std::string error;
+    const auto spinUntil = Clock::now() + kHostSpin;
+    NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
+    while (s == NcclApi::EventState::kPending && Clock::now() < spinUntil) {
+      s = state_->api->queryEvent(done_.get(), error);
     }
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (done != cudaErrorNotReady) {
-      const std::string why =
-          state_->who + ": " + description_ + " failed: " + cudaGetErrorString(done);
-      state_->failLocked(why);
-      markFailed(std::make_exception_ptr(IoError(why)));
-      return true;
+    if (s != NcclApi::EventState::kPending) {
+      poll(true);
+      if (Work::isCompleted()) return finished();
     }
-    if (state_->broken) {
-      markFailed(std::make_exception_ptr(IoError(state_->who + ": " + description_ +
-                                                 " failed: the group failed: " + state_->cause)));
-      return true;
+    if (deadline) {
+      if (auto dog = state_->watchdog.lock()) dog->tighten(done_, *deadline, timeout);
     }
-    ncclResult_t async = ncclSuccess;
-    if (!state_->aborted) ncclCommGetAsyncError(state_->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      const std::string why = state_->who + ": " + description_ +
-                              " failed: " + ncclGetErrorString(async) + " (" +
-                              ncclGetLastError(state_->comm) + ")";
-      state_->failLocked(why);
-      markFailed(std::make_exception_ptr(IoError(why)));
-      return true;
+    try {
+      state_->api->synchronizeEvent(done_.get());
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->failLocked(state_->who + ": " + description_ + ": " + e.what());
     }
-    if (deadline_.expired()) {
-      const std::string why = state_->who + ": " + description_ + " timed out after " +
-                              std::to_string(timeout_.count()) +
-                              " ms (NCCL; the communicator was aborted)";
-      state_->failLocked(why);
-      markFailed(std::make_exception_ptr(TimeoutError(why)));
-      return true;
+    poll(true);
+    if (!Work::isCompleted()) {
+      // The event completed but the group has not said why it failed: bounded by the same
+      // window as a failure's diagnosis.
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->failLocked(state_->who + ": " + description_ +
+                         ": cudaEventSynchronize returned before the operation completed");
     }
-    return false;
+    poll(true);
+    return finished();
+  }
+
+  // Looks at the event and the group once; marks the Work when it is done or failed. With
+  // `mayWait`, a failure whose cross-rank diagnosis runs is waited for (bounded by the report
+  // window and the store's slack); without, the Work stays pending meanwhile.
+  void poll(bool mayWait) {
+    std::string error;
+    const NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (s == NcclApi::EventState::kDone) {
+      // After an abort, an event also completes because the kernels were ended: the operation
+      // succeeded only when the watchdog saw it done before its failure.
+      bool ok = !state_->aborted;
+      if (!ok) {
+        auto dog = state_->watchdog.lock();
+        ok = dog && !dog->failure().empty() && !dog->failedPending(done_);
+      }
+      if (ok) {
+        lock.unlock();
+        markCompleted();
+        return;
+      }
+    }
+    if (s == NcclApi::EventState::kFailed) {
+      state_->failLocked(state_->who + ": " + description_ + " failed on the device: " + error);
+    }
+    if (!state_->broken) return;
+    if (state_->diagnosing) {
+      if (!mayWait) return;
+      const auto window = std::min(std::chrono::milliseconds(2000) + timeout_ / 2,
+                                   std::chrono::milliseconds(60000));
+      state_->settled.wait_for(lock, window + pg_failure::kStoreSlack,
+                               [&] { return !state_->diagnosing; });
+    }
+    std::exception_ptr error_ptr;
+    if (state_->failedError && state_->failedOp == description_) {
+      error_ptr = state_->failedError;
+    } else {
+      error_ptr = std::make_exception_ptr(IoError(state_->who + ": " + description_ +
+                                                  " failed: the group failed: " + state_->cause));
+    }
+    lock.unlock();
+    markFailed(error_ptr);
   }
 
   const std::string description_;
   const std::chrono::milliseconds timeout_;
-  const Deadline deadline_;
   std::shared_ptr<NcclState> state_;
-  EventHandle event_;
-  std::weak_ptr<ProcessGroup> group_;
+  std::atomic<bool> issued_{false};
+  EventHandle done_;
 };
+
+void NcclState::flushLocked() {
+  if (batch.empty()) return;
+  std::vector<PendingP2P> ops;
+  ops.swap(batch);
+  ++batches;
+  // The earliest deadline of the batch bounds its enqueue.
+  std::chrono::milliseconds timeout = ops.front().op->timeout;
+  for (const auto& p : ops) timeout = std::min(timeout, p.op->timeout);
+  const Deadline deadline(timeout);
+  const std::string what = ops.size() == 1 ? ops.front().op->describe()
+                                           : "a batch of " + std::to_string(ops.size()) +
+                                                 " send/recv from " + ops.front().op->describe();
+  try {
+    if (broken)
+      throw IoError(who + ": " + what + " was not run: the group failed earlier: " + cause);
+    int r = api->groupStart();
+    if (r != kNcclSuccess) checkResult(r, what + " (ncclGroupStart)", deadline);
+    for (const auto& p : ops) {
+      const OpDesc& op = *p.op;
+      if (op.type == OpType::kSend) {
+        r = api->send(op.in.data, op.count, ncclTypeOf(op.dtype), op.root, comm, stream);
+      } else {
+        r = api->recv(op.out.data, op.count, ncclTypeOf(op.dtype), op.root, comm, stream);
+      }
+      if (r != kNcclSuccess && r != kNcclInProgress) {
+        api->groupEnd();
+        checkResult(r, op.describe(), deadline);
+      }
+    }
+    checkResult(api->groupEnd(), what, deadline);
+    EventHandle done = events.acquire();
+    api->recordEvent(done.get(), stream);
+    auto dog = watchdog.lock();
+    for (const auto& p : ops) {
+      p.work->setIssued(done);
+      if (dog) {
+        dog->track(done, p.op->recordId,
+                   p.op->describe() + " (" + std::to_string(p.op->count * dtypeSize(p.op->dtype)) +
+                       " bytes)",
+                   p.op->timeout, p.op);
+      }
+    }
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    for (const auto& p : ops) {
+      if (recorder != nullptr) recorder->recordEnd(p.op->recordId, true);
+      p.work->markFailed(error);
+    }
+  }
+}
 
 class ProcessGroupNccl final : public ProcessGroup {
  public:
-  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size,
+  ProcessGroupNccl(std::shared_ptr<NcclApi> api, std::shared_ptr<Store> store, int rank, int size,
                    const ProcessGroupOptions& options, int device)
       : ProcessGroup("nccl", std::move(store), rank, size, options),
-        state_(std::make_shared<NcclState>()) {
-    state_->who = who();
-    state_->device = device;
+        state_(std::make_shared<NcclState>(api, who(), rank, size, device, options.nccl)) {
+    NcclApi& a = *state_->api;
     const Deadline deadline(options.timeout);
-    DeviceGuard guard(device);
-    cudaCheck(guard.status(), who(), "cudaSetDevice");
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof(id));
+    DeviceGuard guard(a, device);
+    std::string id(a.uniqueIdBytes(), '\0');
     if (rank == 0) {
-      const ncclResult_t r = ncclGetUniqueId(&id);
-      if (r != ncclSuccess) {
-        LOOM_THROW(IoError, who(), ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
+      const int r = a.getUniqueId(id);
+      if (r != kNcclSuccess) {
+        LOOM_THROW(IoError, who(), ": ncclGetUniqueId failed: ", a.errorString(r));
       }
     }
-    const std::string idBytes = nccl_detail::exchangeUniqueId(
-        *this->store(), rank, std::string(reinterpret_cast<const char*>(&id), sizeof(id)),
-        sizeof(id), options.timeout);
-    std::memcpy(&id, idBytes.data(), sizeof(id));
-
-    cudaCheck(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), who(),
-              "cudaStreamCreateWithFlags");
-    cudaCheck(cudaMalloc(&state_->scratch, sizeof(int32_t)), who(), "cudaMalloc");
-
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    std::lock_guard<std::mutex> lock(state_->mu);
-    const ncclResult_t r = ncclCommInitRankConfig(&state_->comm, size, id, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      LOOM_THROW(IoError, who(), ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r));
+    id = exchangeUniqueId(*this->store(), options.groupName, rank, id, a.uniqueIdBytes(),
+                          options.timeout);
+    state_->stream = a.createStream();
+    state_->scratch = a.deviceAlloc(sizeof(int32_t));
+    state_->recorder = diagnostics() != nullptr ? &diagnostics()->recorder() : nullptr;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      const int r = a.commInitRank(&state_->comm, size, id, rank);
+      if (r != kNcclSuccess && r != kNcclInProgress) {
+        LOOM_THROW(IoError, who(), ": ncclCommInitRankConfig failed: ", a.errorString(r));
+      }
+      state_->settleLocked(r, deadline,
+                           "ncclCommInitRankConfig (size " + std::to_string(size) + ")");
     }
-    state_->settleLocked(r, deadline, "ncclCommInitRankConfig (size " + std::to_string(size) + ")");
     // Watches the stream when nobody waits: flight record start / end, abort on a deadline or
-    // an asynchronous error, and the failure dump.
-    watchdog_ = std::make_unique<nccl_detail::Watchdog>(
-        std::make_shared<CudaWatchdogDevice>(state_),
-        diagnostics() != nullptr ? &diagnostics()->recorder() : nullptr, who(),
-        [this](const std::string&, bool) {
-          if (diagnostics() == nullptr) return;
-          try {
-            diagnostics()->dump("failure");
-          } catch (const std::exception& e) {
-            LOOM_LOG_WARNING(who(), ": could not publish the flight record: ", e.what());
-          }
+    // an asynchronous error, then the cross-rank diagnosis.
+    watchdog_ = std::make_shared<Watchdog>(
+        std::make_shared<ApiWatchdogDevice>(state_), state_->recorder, who(),
+        [this](const std::string& reason, bool timedOut, const OpDesc* op) {
+          diagnose(reason, timedOut, op);
         });
+    state_->watchdog = watchdog_;
   }
 
   ~ProcessGroupNccl() override {
-    // Wait for what is queued, bounded by the group's timeout; abort when it does not finish.
+    // Issue what is batched, then wait for what is queued, bounded by the group's timeout;
+    // abort when it does not finish.
     try {
+      state_->flush();
       const Deadline deadline(options().timeout);
-      DeviceGuard guard(state_->device);
+      DeviceGuard guard(*state_->api, state_->device);
       for (;;) {
-        const cudaError_t r = cudaStreamQuery(state_->stream);
-        if (r != cudaErrorNotReady) break;
+        if (state_->api->streamIdle(state_->stream)) break;
         std::lock_guard<std::mutex> lock(state_->mu);
         if (state_->broken) break;
         if (deadline.expired()) {
@@ -393,11 +504,27 @@ class ProcessGroupNccl final : public ProcessGroup {
       }
     } catch (...) {
     }
+    watchdog_.reset();  // joins its thread (and a diagnosis it runs) before the group goes
   }
 
   void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->failLocked(who() + ": aborted: " + reason);
+    const std::string cause = who() + ": aborted: " + reason;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      first = !state_->broken;
+      state_->failLocked(cause);
+    }
+    // As the comm backend: the abort's report and flight record go to the store (on the
+    // exchange's own thread: abort() never waits), for the ranks that fail later.
+    if (first) {
+      const auto window = std::min(options().failureReportWindow, options().timeout / 2);
+      pg_failure::FailureExchange::start(
+          store(), rank(), size(), "io\n" + cause,
+          diagnostics() ? diagnostics()->dumpLocal("abort", diag::GroupDiagnostics::kFailureEntries)
+                        : "",
+          window, false);
+    }
   }
 
   bool isBroken() const override {
@@ -416,129 +543,218 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   void checkOp(const OpDesc& op) const override {
-    if (op.type == OpType::kAllreduce || op.type == OpType::kReduce ||
-        op.type == OpType::kReduceScatter) {
-      nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
-    }
-    if (op.type == OpType::kAllreduceCoalesced) {
-      nccl_detail::checkNcclReduceOp(who(), opTypeName(op.type), op.reduceOp);
-    }
-    if (op.type == OpType::kReduceScatterv) {
-      LOOM_THROW(InvalidArgumentError, who(),
-                 ": reduce_scatterv: NCCL has no reduce-scatter with "
-                 "uneven counts; pad every rank's block to the largest count and use "
-                 "reduceScatter, or use a tcp group");
-    }
-    if (op.type == OpType::kMonitoredBarrier) {
-      LOOM_THROW(InvalidArgumentError, who(),
-                 ": monitored_barrier is not supported by the nccl "
-                 "backend (as in c10d); run it on a tcp group over the same store");
+    switch (op.type) {
+      case OpType::kAllreduce:
+      case OpType::kReduce:
+      case OpType::kReduceScatter:
+      case OpType::kAllreduceCoalesced:
+        (void)ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp);
+        break;
+      case OpType::kReduceScatterv:
+        LOOM_THROW(InvalidArgumentError, who(),
+                   ": reduce_scatterv: NCCL has no reduce-scatter with uneven counts; pad every "
+                   "rank's block to the largest count and use reduceScatter, or use a tcp group");
+      case OpType::kMonitoredBarrier:
+        LOOM_THROW(InvalidArgumentError, who(),
+                   ": monitored_barrier is not supported by the nccl backend (as in c10d); run it "
+                   "on a tcp group over the same store");
+      default:
+        break;
     }
     if (op.type == OpType::kRecv && op.root == kAnySource) {
       LOOM_THROW(InvalidArgumentError, who(),
-                 ": recv from any source: NCCL receives from one "
-                 "named rank only; use a tcp group");
+                 ": recv from any source: NCCL receives from one named rank only (ncclRecv takes "
+                 "its peer); name the source, or use a tcp group");
     }
     if ((op.type == OpType::kSend || op.type == OpType::kRecv) && op.tag != 0) {
       LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type),
                  ": NCCL has no message tags (got tag ", op.tag,
-                 "); use tag 0 and order the sends and receives");
+                 "); use tag 0: NCCL matches a rank's sends to a peer with the peer's receives "
+                 "in issue order");
     }
   }
 
-  std::shared_ptr<Work> post(OpDesc&& op) override {
-    const Deadline deadline(op.timeout);
-    DeviceGuard guard(state_->device);
-    cudaCheck(guard.status(), who(), "cudaSetDevice");
-    EventHandle event = makeEvent(who());
-    auto work = std::make_shared<NcclWork>(op, rank(), state_, event, weak_from_this());
-    if (op.type == OpType::kRecv) work->setSourceRank(op.root);  // NCCL names its peer
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->broken) {
-      work->markFailed(std::make_exception_ptr(
-          IoError(who() + ": " + op.describe() +
-                  " was not run: the group failed earlier: " + state_->cause)));
-      return work;
-    }
+  std::shared_ptr<Work> post(OpDesc&& desc) override {
+    auto op = std::make_shared<const OpDesc>(std::move(desc));
+    auto work = std::make_shared<NcclWork>(*op, rank(), state_);
+    if (op->type == OpType::kRecv) work->setSourceRank(op->root);  // NCCL names its peer
+    const bool p2p = op->type == OpType::kSend || op->type == OpType::kRecv;
     try {
-      enqueueLocked(op, deadline);
-      cudaCheck(cudaEventRecord(static_cast<cudaEvent_t>(event.get()), state_->stream), who(),
-                "cudaEventRecord");
+      // DETAIL: the signatures of every rank's collective, before anything is enqueued; a
+      // mismatch fails this Work and leaves the group usable.
+      if (debugLevel() == DebugLevel::kDetail && isCollective(op->type) && !isBroken()) {
+        try {
+          pg_failure::checkSignatureInStore(*this, *op, lastSignatureSeq_);
+        } catch (const InvalidArgumentError&) {
+          recordEnd(*op, true);
+          work->markFailed(std::current_exception());
+          return work;
+        } catch (const std::exception& e) {
+          // The ranks did not all reach the check (or the store failed): the group is unusable.
+          std::lock_guard<std::mutex> lock(state_->mu);
+          state_->failLocked(e.what());
+          throw;
+        }
+      }
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->broken) {
+        throw IoError(who() + ": " + op->describe() +
+                      " was not run: the group failed earlier: " + state_->cause);
+      }
+      NcclApi& a = *state_->api;
+      DeviceGuard guard(a, state_->device);
+      {
+        // Ordered after the work queued on the caller's stream (the event's latest record is
+        // what the wait captures, so it goes back to the pool at once).
+        EventHandle ready = state_->events.acquire();
+        a.recordEvent(ready.get(), callerStream(state_->options));
+        a.streamWaitEvent(state_->stream, ready.get());
+      }
+      if (p2p) {
+        state_->batch.push_back(PendingP2P{op, work});
+        if (state_->batch.size() == 1) armBatchTimer();
+        return work;
+      }
+      state_->flushLocked();
+      if (state_->broken) {
+        throw IoError(who() + ": " + op->describe() +
+                      " was not run: the group failed: " + state_->cause);
+      }
+      enqueueLocked(*op);
+      EventHandle done = state_->events.acquire();
+      a.recordEvent(done.get(), state_->stream);
+      work->setIssued(done);
       watchdog_->track(
-          std::move(event), op.recordId,
-          op.describe() + " (" + std::to_string(op.count * dtypeSize(op.dtype)) + " bytes)",
-          op.timeout);
+          std::move(done), op->recordId,
+          op->describe() + " (" + std::to_string(op->count * dtypeSize(op->dtype)) + " bytes)",
+          op->timeout, op);
     } catch (...) {
-      recordEnd(op, true);
+      recordEnd(*op, true);
       work->markFailed(std::current_exception());
     }
     return work;
   }
 
- private:
-  // Requires state_->mu held.
-  void enqueueLocked(const OpDesc& op, const Deadline& deadline) {
-    NcclState& s = *state_;
-    // Order after the work already queued on the legacy default stream.
-    cudaEvent_t ready = nullptr;
-    cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), who(), "cudaEventCreate");
-    cudaCheck(cudaEventRecord(ready, cudaStreamLegacy), who(), "cudaEventRecord");
-    cudaCheck(cudaStreamWaitEvent(s.stream, ready, 0), who(), "cudaStreamWaitEvent");
-    cudaEventDestroy(ready);
+  void endPointToPointBatch() override {
+    try {
+      state_->flush();
+    } catch (const std::exception& e) {
+      // flushLocked fails the batch's Works itself; a device error here is on them too.
+      LOOM_LOG_WARNING(who(), ": issuing the send/recv batch: ", e.what());
+    }
+  }
 
-    const ncclDataType_t dt = toNccl(op.dtype);
+ private:
+  // The watchdog issues a batch nobody ended after the window.
+  void armBatchTimer() {
+    const uint64_t open = state_->batches;
+    std::weak_ptr<NcclState> weak = state_;
+    watchdog_->setTimer(Clock::now() + state_->options.p2pBatchWindow, [weak, open] {
+      auto state = weak.lock();
+      if (!state) return;
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->batches != open || state->batch.empty()) return;
+      DeviceGuard guard(*state->api, state->device);
+      state->flushLocked();
+    });
+  }
+
+  // On the watchdog thread, after it aborted the communicator: the comm backend's cross-rank
+  // failure exchange (pg_failure.h), whose outcome becomes the failing operation's error.
+  void diagnose(const std::string& reason, bool timedOut, const OpDesc* op) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->diagnosing) return;  // the group had failed before the watchdog saw it
+    }
+    std::exception_ptr error;
+    std::string message = reason;
+    if (op != nullptr) {
+      try {
+        pg_failure::FailureCause cause;
+        cause.what = reason;
+        cause.timedOut = timedOut;
+        const pg_failure::FailureOutcome outcome = pg_failure::exchangeReports(
+            *this, *op, cause, pg_failure::ownMessage(*this, *op, reason),
+            diagnostics()
+                ? diagnostics()->dumpLocal("failure", diag::GroupDiagnostics::kFailureEntries)
+                : "",
+            {});
+        message = outcome.message;
+        error = outcome.error();
+      } catch (const std::exception& e) {
+        LOOM_LOG_WARNING(who(), ": the failure diagnosis failed: ", e.what());
+      }
+    }
+    if (!error) {
+      error = timedOut ? std::make_exception_ptr(TimeoutError(message))
+                       : std::make_exception_ptr(IoError(message));
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->cause == reason) state_->cause = message;
+      state_->failedOp = op != nullptr ? op->describe() : "";
+      state_->failedError = error;
+      state_->diagnosing = false;
+    }
+    state_->settled.notify_all();
+  }
+
+  // Requires state_->mu held.
+  void enqueueLocked(const OpDesc& op) {
+    NcclState& s = *state_;
+    NcclApi& a = *s.api;
+    const Deadline deadline(op.timeout);
+    const NcclType dt = ncclTypeOf(op.dtype);
+    const auto red = [&] {
+      return ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp).op;
+    };
     const size_t bytes = op.count * dtypeSize(op.dtype);
     const std::string what = op.describe();
-    ncclResult_t r = ncclSuccess;
+    int r = kNcclSuccess;
     switch (op.type) {
       case OpType::kAllreduce:
-        r = ncclAllReduce(op.in.data, op.out.data, op.count, dt, toNccl(op.reduceOp), s.comm,
-                          s.stream);
+        r = a.allReduce(op.in.data, op.out.data, op.count, dt, red(), s.comm, s.stream);
         break;
       case OpType::kBroadcast:
-        r = ncclBroadcast(op.in.data, op.out.data, op.count, dt, op.root, s.comm, s.stream);
+        r = a.broadcast(op.in.data, op.out.data, op.count, dt, op.root, s.comm, s.stream);
         break;
       case OpType::kReduce:
-        r = ncclReduce(op.in.data, op.out.data ? op.out.data : op.in.data, op.count, dt,
-                       toNccl(op.reduceOp), op.root, s.comm, s.stream);
+        r = a.reduce(op.in.data, op.out.data ? op.out.data : op.in.data, op.count, dt, red(),
+                     op.root, s.comm, s.stream);
         break;
       case OpType::kAllgather:
-        r = ncclAllGather(op.in.data, op.out.data, op.count, dt, s.comm, s.stream);
+        r = a.allGather(op.in.data, op.out.data, op.count, dt, s.comm, s.stream);
         break;
       case OpType::kReduceScatter:
-        r = ncclReduceScatter(op.in.data, op.out.data, op.count, dt, toNccl(op.reduceOp), s.comm,
-                              s.stream);
+        r = a.reduceScatter(op.in.data, op.out.data, op.count, dt, red(), s.comm, s.stream);
         break;
       case OpType::kBarrier:
-        r = ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm, s.stream);
+        r = a.allReduce(s.scratch, s.scratch, 1, NcclType::kInt32, NcclOp::kSum, s.comm, s.stream);
         break;
       case OpType::kSend:
-        r = ncclSend(op.in.data, op.count, dt, op.root, s.comm, s.stream);
-        break;
       case OpType::kRecv:
-        r = ncclRecv(op.out.data, op.count, dt, op.root, s.comm, s.stream);
-        break;
+        LOOM_THROW(InvalidArgumentError, who(), ": ", what, " goes through the batch");
       case OpType::kGather:
       case OpType::kScatter:
       case OpType::kAlltoall: {
         // Built from grouped point-to-point calls.
         char* in = static_cast<char*>(op.in.data);
         char* out = static_cast<char*>(op.out.data);
-        ncclGroupStart();
+        a.groupStart();
         for (int peer = 0; peer < size(); ++peer) {
           const size_t at = static_cast<size_t>(peer) * bytes;
           if (op.type == OpType::kGather) {
-            if (rank() == op.root) ncclRecv(out + at, op.count, dt, peer, s.comm, s.stream);
-            if (peer == op.root) ncclSend(in, op.count, dt, peer, s.comm, s.stream);
+            if (rank() == op.root) a.recv(out + at, op.count, dt, peer, s.comm, s.stream);
+            if (peer == op.root) a.send(in, op.count, dt, peer, s.comm, s.stream);
           } else if (op.type == OpType::kScatter) {
-            if (rank() == op.root) ncclSend(in + at, op.count, dt, peer, s.comm, s.stream);
-            if (peer == op.root) ncclRecv(out, op.count, dt, peer, s.comm, s.stream);
+            if (rank() == op.root) a.send(in + at, op.count, dt, peer, s.comm, s.stream);
+            if (peer == op.root) a.recv(out, op.count, dt, peer, s.comm, s.stream);
           } else {
-            ncclSend(in + at, op.count, dt, peer, s.comm, s.stream);
-            ncclRecv(out + at, op.count, dt, peer, s.comm, s.stream);
+            a.send(in + at, op.count, dt, peer, s.comm, s.stream);
+            a.recv(out + at, op.count, dt, peer, s.comm, s.stream);
           }
         }
-        r = ncclGroupEnd();
+        r = a.groupEnd();
         break;
       }
       case OpType::kAlltoallv:
@@ -552,7 +768,7 @@ class ProcessGroupNccl final : public ProcessGroup {
         char* in = static_cast<char*>(op.in.data);
         char* out = static_cast<char*>(op.out.data);
         size_t sendAt = 0, recvAt = 0;
-        ncclGroupStart();
+        a.groupStart();
         for (int peer = 0; peer < size(); ++peer) {
           const bool receives = op.type != OpType::kGatherv || rank() == op.root;
           const bool sends = op.type != OpType::kGatherv || peer == op.root;
@@ -560,60 +776,60 @@ class ProcessGroupNccl final : public ProcessGroup {
           const bool selfInPlace =
               !toAll && receives && peer == rank() && out + recvAt * esize == in;
           if (receives && recvCounts[peer] > 0 && !selfInPlace) {
-            ncclRecv(out + recvAt * esize, recvCounts[peer], dt, peer, s.comm, s.stream);
+            a.recv(out + recvAt * esize, recvCounts[peer], dt, peer, s.comm, s.stream);
           }
           if (toAll && sendCounts[peer] > 0) {
-            ncclSend(in + sendAt * esize, sendCounts[peer], dt, peer, s.comm, s.stream);
+            a.send(in + sendAt * esize, sendCounts[peer], dt, peer, s.comm, s.stream);
           } else if (!toAll && sends && sendCounts[rank()] > 0 && !selfInPlace) {
-            ncclSend(in, sendCounts[rank()], dt, peer, s.comm, s.stream);
+            a.send(in, sendCounts[rank()], dt, peer, s.comm, s.stream);
           }
           sendAt += sendCounts[peer];
           recvAt += recvCounts[peer];
         }
-        r = ncclGroupEnd();
+        r = a.groupEnd();
         break;
       }
-      case OpType::kAllreduceCoalesced:
+      case OpType::kAllreduceCoalesced: {
         // One grouped launch of an all-reduce per buffer, in place.
-        ncclGroupStart();
+        const NcclOp rop = red();
+        a.groupStart();
         for (const BufferView& b : op.buffers) {
           if (b.count == 0) continue;
-          ncclAllReduce(b.data, b.data, b.count, dt, toNccl(op.reduceOp), s.comm, s.stream);
+          a.allReduce(b.data, b.data, b.count, dt, rop, s.comm, s.stream);
         }
-        r = ncclGroupEnd();
+        r = a.groupEnd();
         break;
+      }
       case OpType::kReduceScatterv:
       case OpType::kMonitoredBarrier:
         LOOM_THROW(InvalidArgumentError, who(), ": ", what, " is not supported by nccl");
     }
-    if (r != ncclSuccess && r != ncclInProgress) {
-      const std::string why = who() + ": " + what +
-                              " could not be enqueued: " + ncclGetErrorString(r) + " (" +
-                              ncclGetLastError(s.comm) + ")";
-      s.failLocked(why);
-      throw IoError(why);
-    }
-    s.settleLocked(r, deadline, what + " (enqueue)");
+    s.checkResult(r, what, deadline);
   }
 
   std::shared_ptr<NcclState> state_;
-  // Declared after state_: destroyed (its thread joined) before the state goes.
-  std::unique_ptr<nccl_detail::Watchdog> watchdog_;
+  // Destroyed (its thread joined) in the destructor, before the state and the base go.
+  std::shared_ptr<Watchdog> watchdog_;
+  uint64_t lastSignatureSeq_ = 0;  // DETAIL, issuing thread (issue lock)
 };
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> createProcessGroupNccl(std::shared_ptr<Store> store, int rank,
-                                                     int size, const ProcessGroupOptions& options) {
-  const int count = ncclDeviceCount();
+std::shared_ptr<ProcessGroup> createProcessGroupNcclOn(std::shared_ptr<NcclApi> api,
+                                                       std::shared_ptr<Store> store, int rank,
+                                                       int size,
+                                                       const ProcessGroupOptions& options) {
+  const int count = api->deviceCount();
   if (count == 0) {
     LOOM_THROW(NotAvailableError, "rank ", rank,
                ": nccl backend: no CUDA device is visible to this process (cudaGetDeviceCount "
                "found none); use the tcp backend for CPU buffers");
   }
-  const int device =
-      nccl_detail::pickDevice(options.nccl.device, options.nccl.localRank, rank, count);
-  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, device);
+  const int device = pickDevice(options.nccl.device, options.nccl.localRank, rank, count);
+  return std::make_shared<ProcessGroupNccl>(std::move(api), std::move(store), rank, size, options,
+                                            device);
 }
+
+}  // namespace nccl_detail
 
 }  // namespace loom

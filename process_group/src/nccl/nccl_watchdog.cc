@@ -27,14 +27,40 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::track(std::shared_ptr<void> handle, uint64_t recordId, std::string description,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout, std::shared_ptr<const OpDesc> op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) {
     if (recorder_ != nullptr) recorder_->recordEnd(recordId, true);
+    failedHandles_.push_back(std::move(handle));
     return;
   }
-  entries_.push_back(
-      Entry{std::move(handle), recordId, std::move(description), timeout, Deadline(timeout)});
+  // Only an idle watchdog sleeps until woken; a busy one comes back within its interval, and
+  // waking it per operation would cost a thread switch per operation.
+  const bool idle = entries_.empty();
+  entries_.push_back(Entry{std::move(handle), recordId, std::move(description), timeout,
+                           Deadline(timeout), std::move(op), false, std::nullopt,
+                           std::chrono::milliseconds(0)});
+  if (idle) wake_.notify_all();
+}
+
+void Watchdog::tighten(const std::shared_ptr<void>& handle,
+                       std::chrono::steady_clock::time_point deadline,
+                       std::chrono::milliseconds waited) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Entry& e : entries_) {
+    if (e.handle != handle) continue;
+    if (!e.waitDeadline || deadline < *e.waitDeadline) {
+      e.waitDeadline = deadline;
+      e.waited = waited;
+    }
+  }
+  wake_.notify_all();
+}
+
+void Watchdog::setTimer(std::chrono::steady_clock::time_point when, std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timerAt_ = when;
+  timer_ = std::move(fn);
   wake_.notify_all();
 }
 
@@ -48,20 +74,46 @@ std::string Watchdog::failure() const {
   return failure_;
 }
 
+bool Watchdog::failedPending(const std::shared_ptr<void>& handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& h : failedHandles_) {
+    if (h == handle) return true;
+  }
+  return false;
+}
+
 void Watchdog::loop() {
   for (;;) {
+    std::function<void()> timer;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Nothing to watch: sleep until an operation is tracked.
-      wake_.wait(lock, [&] { return stopping_ || (!entries_.empty() && failure_.empty()); });
+      // Nothing to watch: sleep until an operation is tracked or the timer is due.
+      const auto ready = [&] {
+        return stopping_ || (!entries_.empty() && failure_.empty()) ||
+               (timerAt_ && std::chrono::steady_clock::now() >= *timerAt_);
+      };
+      while (!ready()) {
+        if (timerAt_) {
+          wake_.wait_until(lock, *timerAt_);
+        } else {
+          wake_.wait(lock);
+        }
+      }
       if (stopping_) return;
+      if (timerAt_ && std::chrono::steady_clock::now() >= *timerAt_) {
+        timer = std::move(timer_);
+        timer_ = nullptr;
+        timerAt_.reset();
+      }
     }
     try {
+      if (timer) timer();
       pass();
     } catch (const std::exception& e) {
-      fail(who_ + ": NCCL watchdog: " + e.what(), false);
+      fail(who_ + ": NCCL watchdog: " + e.what(), false, nullptr);
     }
     std::unique_lock<std::mutex> lock(mu_);
+    if (entries_.empty() || !failure_.empty()) continue;  // back to the sleep above
     if (wake_.wait_for(lock, interval_, [&] { return stopping_; })) return;
   }
 }
@@ -88,7 +140,12 @@ void Watchdog::pass() {
     const WatchdogDevice::Status s = device_->query(handle, error);
     if (s == WatchdogDevice::Status::kPending) break;
     if (s == WatchdogDevice::Status::kFailed) {
-      fail(who_ + ": " + description + " failed on the device: " + error, false);
+      std::shared_ptr<const OpDesc> op;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!entries_.empty()) op = entries_.front().op;
+      }
+      fail(who_ + ": " + description + " failed on the device: " + error, false, op);
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -97,37 +154,52 @@ void Watchdog::pass() {
   }
   const std::string async = device_->asyncError();
   if (!async.empty()) {
-    fail(who_ + ": the NCCL communicator failed: " + async, false);
+    std::shared_ptr<const OpDesc> op;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!entries_.empty()) op = entries_.front().op;
+    }
+    fail(who_ + ": the NCCL communicator failed: " + async, false, op);
     return;
   }
   std::string expired;
+  std::shared_ptr<const OpDesc> op;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
     for (const Entry& e : entries_) {
       if (e.deadline.expired()) {
         expired = who_ + ": " + e.description + " timed out after " +
                   std::to_string(e.timeout.count()) +
                   " ms (NCCL watchdog; the communicator was aborted)";
-        break;
+      } else if (e.waitDeadline && now >= *e.waitDeadline) {
+        expired = who_ + ": " + e.description + " timed out after " +
+                  std::to_string(e.waited.count()) +
+                  " ms in a bounded wait (NCCL watchdog; the communicator was aborted)";
+      } else {
+        continue;
       }
+      op = e.op;
+      break;
     }
   }
-  if (!expired.empty()) fail(expired, true);
+  if (!expired.empty()) fail(expired, true, op);
 }
 
-void Watchdog::fail(const std::string& reason, bool timedOut) {
+void Watchdog::fail(const std::string& reason, bool timedOut, std::shared_ptr<const OpDesc> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) return;
     failure_ = reason;
     for (const Entry& e : entries_) {
       if (recorder_ != nullptr) recorder_->recordEnd(e.recordId, true);
+      failedHandles_.push_back(e.handle);
     }
     entries_.clear();
   }
   LOOM_LOG_WARNING(reason);
   device_->abort(reason);
-  if (onFailure_) onFailure_(reason, timedOut);
+  if (onFailure_) onFailure_(reason, timedOut, op.get());
 }
 
 }  // namespace loom::nccl_detail

@@ -93,12 +93,28 @@ struct CommBackendOptions {
   int napUs = 1000;
 };
 
-// Options of the nccl backend.
+// Options of the nccl backend (its contract: process_group/src/nccl/nccl_backend.h; the per-call
+// stream: loom/process_group/nccl.h).
 struct NcclOptions {
   // CUDA device ordinal; -1 picks localRank modulo the visible devices.
   int device = -1;
   // This process's rank on its node (LOCAL_RANK); -1 = the group rank.
   int localRank = -1;
+  // The caller's stream (a cudaStream_t) for every operation of the group: each is ordered after
+  // the work queued on it, and Work::wait() makes it wait. nullptr: the issuing thread's default
+  // stream (an NcclStreamGuard on the thread overrides both).
+  void* stream = nullptr;
+  // Whether the issuing thread's default stream is its per-thread one (cudaStreamPerThread: code
+  // built with nvcc --default-stream per-thread or CUDA_API_PER_THREAD_DEFAULT_STREAM) rather
+  // than the legacy default stream.
+  bool perThreadDefaultStream = false;
+  // c10d's blocking wait: Work::wait() also blocks the host until the operation completed
+  // (after a 50 us spin, sleeping in cudaEventSynchronize; bounded by the operation's deadline).
+  bool blockingWait = false;
+  // Consecutive send / recv operations are issued to NCCL as one group when the batch ends: at
+  // the next other operation, at the end of batchSendRecv, when one of them is waited on or
+  // polled, or, when nothing of that happens, this long after the batch's first operation.
+  std::chrono::milliseconds p2pBatchWindow{5};
 };
 
 // Fields left at their defaults take the environment's values at the entry points
@@ -377,6 +393,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void checkDevice(const BufferView& buf, const char* opName) const = 0;
   // Backend-specific argument checks, before the operation takes a sequence number.
   virtual void checkOp(const OpDesc& op) const { (void)op; }
+  // Called (issue lock held) after batchSendRecv posted its last entry: a backend that batches
+  // point-to-point operations (nccl) issues the batch here.
+  virtual void endPointToPointBatch() {}
 
   // The flight recorder's hooks for the thread that runs an operation (no-ops when it is off).
   // Inline (an 8-byte shm all-reduce pays for two calls otherwise): defined in the library's
