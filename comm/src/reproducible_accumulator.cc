@@ -1,0 +1,386 @@
+// Conversions of the reproducible mode (reproducible_accumulator.h).
+//
+// Rounding works on a magnitude m (an unsigned integer) times 2^lsb, plus a `sticky` flag
+// saying that something nonzero but below 2^lsb was dropped (a division's remainder, low
+// bits). roundMagnitude finds the result's exponent, keeps precision bits, and rounds to
+// nearest even with the bits below (round bit, rest, sticky). Sums too long for 128 bits (the
+// full accumulators) go through BigInt, a fixed-width two's complement integer of 32-bit words
+// that the digits are added into exactly.
+#include "reproducible_accumulator.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+
+#include "loom/common/error.h"
+
+namespace loom::comm::repro {
+
+namespace {
+
+using u128 = unsigned __int128;
+using i128 = __int128;
+
+constexpr uint64_t kDigitMask = (uint64_t{1} << kDigitBits) - 1;
+
+constexpr Format kFloat32{4, 24, 8, 127, -149, 0, 1, 6};
+constexpr Format kFloat64{8, 53, 11, 1023, -1074, 4, 2, 41};
+constexpr Format kFloat16{2, 11, 5, 15, -24, 0, 1, 1};
+constexpr Format kBFloat16{2, 8, 8, 127, -133, 0, 1, 6};
+
+// Every finite value of a format fits its full accumulator.
+constexpr bool fullCovers(const Format& f) {
+  return f.minBit + kDigitBits * f.fullDigits >= f.bias + 1;
+}
+static_assert(fullCovers(kFloat32) && fullCovers(kFloat64) && fullCovers(kFloat16) &&
+              fullCovers(kBFloat16));
+
+uint64_t signBit(const Format& f) {
+  return uint64_t{1} << (f.exponentBits + f.precision - 1);
+}
+uint64_t exponentMask(const Format& f) {
+  return (uint64_t{1} << f.exponentBits) - 1;
+}
+uint64_t infinityBits(const Format& f) {
+  return exponentMask(f) << (f.precision - 1);
+}
+uint64_t nanBits(const Format& f) {
+  return infinityBits(f) | (uint64_t{1} << (f.precision - 2));
+}
+
+int bitLength(u128 m) {
+  const auto hi = static_cast<uint64_t>(m >> 64);
+  if (hi != 0) return 128 - std::countl_zero(hi);
+  return 64 - std::countl_zero(static_cast<uint64_t>(m));
+}
+
+// The bits (sign clear) of m * 2^lsb (+ something below 2^lsb when sticky) rounded to nearest
+// even. m != 0. When sticky, the caller guarantees that the rounding position lies at least two
+// bits above lsb (sticky must only add to the bits below the round bit).
+uint64_t roundMagnitude(const Format& f, u128 m, int lsb, bool sticky) {
+  const int p = f.precision;
+  const int emin = 1 - f.bias;
+  const int emax = f.bias;
+  const int etop = lsb + bitLength(m) - 1;
+  int ulp = std::max(etop, emin) - (p - 1);
+  const int shift = ulp - lsb;
+  u128 q;
+  if (shift <= 0) {
+    q = m << -shift;
+  } else if (shift >= 128) {
+    q = 0;  // m < 2^127 <= half an ulp
+  } else {
+    q = m >> shift;
+    const u128 rest = m & ((u128{1} << shift) - 1);
+    const u128 half = u128{1} << (shift - 1);
+    if (rest > half || (rest == half && (sticky || (q & 1) != 0))) ++q;
+  }
+  if (q >> p != 0) {  // rounded up to 2^p
+    q >>= 1;
+    ++ulp;
+  }
+  if (q == 0) return 0;
+  const auto hidden = uint64_t{1} << (p - 1);
+  if (q < hidden) return static_cast<uint64_t>(q);  // subnormal (ulp == minBit)
+  const int exponent = ulp + p - 1;
+  if (exponent > emax) return infinityBits(f);
+  return (static_cast<uint64_t>(exponent + f.bias) << (p - 1)) |
+         (static_cast<uint64_t>(q) - hidden);
+}
+
+// Fixed-width two's complement integer, little-endian 32-bit words; wide enough for float64's
+// full accumulator summed over the maximum world, shifted left by 64 bits for a division.
+class BigInt {
+ public:
+  static constexpr int kWords = (kDigitBits * 41 + 64 + 64 + 64) / 32 + 1;
+
+  // Adds v * 2^offset.
+  void add(int64_t v, int offset) {
+    int k = offset / 32;
+    i128 carry = i128{v} << (offset % 32);
+    for (; k < kWords && carry != 0; ++k) {
+      const i128 t = i128{words_[k]} + carry;
+      words_[k] = static_cast<uint32_t>(t);
+      carry = t >> 32;  // arithmetic: -1 propagates the sign to the top
+    }
+  }
+  bool negative() const { return (words_[kWords - 1] >> 31) != 0; }
+  void negate() {
+    uint64_t carry = 1;
+    for (auto& w : words_) {
+      const uint64_t t = uint64_t{static_cast<uint32_t>(~w)} + carry;
+      w = static_cast<uint32_t>(t);
+      carry = t >> 32;
+    }
+  }
+  bool zero() const {
+    return std::all_of(words_.begin(), words_.end(), [](uint32_t w) { return w == 0; });
+  }
+  // Multiplies by 2^64 (two words; the top two are free: see kWords), then divides by d;
+  // returns whether a remainder was left.
+  bool shiftAndDivide(uint32_t d) {
+    std::memmove(&words_[2], &words_[0], (kWords - 2) * sizeof(uint32_t));
+    words_[0] = words_[1] = 0;
+    uint64_t rem = 0;
+    for (int k = kWords - 1; k >= 0; --k) {
+      const uint64_t cur = (rem << 32) | words_[k];
+      words_[k] = static_cast<uint32_t>(cur / d);
+      rem = cur % d;
+    }
+    return rem != 0;
+  }
+  // Index of the highest set bit; -1 for zero.
+  int top() const {
+    for (int k = kWords - 1; k >= 0; --k) {
+      if (words_[k] != 0) return k * 32 + 31 - std::countl_zero(words_[k]);
+    }
+    return -1;
+  }
+  // 32 bits starting at bit `pos` (bits past the top read as 0).
+  uint32_t bitsAt(int pos) const {
+    const int k = pos / 32, s = pos % 32;
+    if (k >= kWords) return 0;
+    uint64_t w = words_[k];
+    if (s != 0 && k + 1 < kWords) w |= uint64_t{words_[k + 1]} << 32;
+    return static_cast<uint32_t>(w >> s);
+  }
+  // Whether any bit below `pos` is set.
+  bool anyBelow(int pos) const {
+    const int k = pos / 32, s = pos % 32;
+    for (int i = 0; i < k; ++i) {
+      if (words_[i] != 0) return true;
+    }
+    return s != 0 && (words_[k] & ((uint32_t{1} << s) - 1)) != 0;
+  }
+
+ private:
+  std::array<uint32_t, kWords> words_{};
+};
+
+// Rounds the nonnegative `big` * 2^lsb / divisor; big != 0.
+uint64_t roundBig(const Format& f, BigInt& big, int lsb, int divisor) {
+  bool sticky = false;
+  if (divisor > 1) {
+    sticky = big.shiftAndDivide(static_cast<uint32_t>(divisor));
+    lsb -= 64;
+  }
+  const int top = big.top();
+  // Keep at most 126 bits: enough above any rounding position, the rest goes to sticky.
+  const int start = std::max(0, top - 125);
+  u128 m = 0;
+  for (int i = 3; i >= 0; --i) m = (m << 32) | big.bitsAt(start + 32 * i);
+  if (top - start < 127) m &= (u128{1} << (top - start + 1)) - 1;
+  sticky = sticky || big.anyBelow(start);
+  return roundMagnitude(f, m, lsb + start, sticky);
+}
+
+// Signed magnitude m * 2^lsb / divisor rounded; zero gives a zero of the given sign.
+uint64_t roundSigned(const Format& f, bool negative, u128 m, int lsb, int divisor) {
+  const uint64_t sign = negative ? signBit(f) : 0;
+  if (m == 0) return sign;
+  if (divisor == 1) return sign | roundMagnitude(f, m, lsb, false);
+  if (std::has_single_bit(static_cast<unsigned>(divisor))) {
+    return sign |
+           roundMagnitude(f, m, lsb - std::countr_zero(static_cast<unsigned>(divisor)), false);
+  }
+  if ((m >> 64) == 0) {
+    const u128 scaled = m << 64;
+    const auto d = static_cast<uint64_t>(divisor);
+    return sign | roundMagnitude(f, scaled / d, lsb - 64, scaled % d != 0);
+  }
+  BigInt big;
+  big.add(static_cast<int64_t>(static_cast<uint64_t>(m) & ((uint64_t{1} << 62) - 1)), 0);
+  big.add(static_cast<int64_t>(static_cast<uint64_t>(m >> 62) & ((uint64_t{1} << 62) - 1)), 62);
+  big.add(static_cast<int64_t>(m >> 124), 124);
+  return sign | roundBig(f, big, lsb, divisor);
+}
+
+struct Parts {
+  bool negative;
+  uint64_t significand;  // integer
+  int exponent;          // of the significand's least significant bit
+};
+Parts decompose(const Format& f, uint64_t bits) {
+  const int p = f.precision;
+  const uint64_t field = (bits >> (p - 1)) & exponentMask(f);
+  const uint64_t fraction = bits & ((uint64_t{1} << (p - 1)) - 1);
+  const bool negative = (bits & signBit(f)) != 0;
+  if (field == 0) return {negative, fraction, f.minBit};
+  return {negative, fraction | (uint64_t{1} << (p - 1)),
+          static_cast<int>(field) - f.bias - (p - 1)};
+}
+
+// Adds significand * 2^offset (offset >= 0) into the digits, unsigned.
+void place(uint64_t significand, int offset, int64_t* digits, int count) {
+  int j = offset / kDigitBits;
+  u128 v = u128{significand} << (offset % kDigitBits);
+  for (; v != 0; ++j) {
+    LOOM_CHECK(j < count, "reproducible: a value does not fit its accumulator (digit ", j, " of ",
+               count, ")");
+    digits[j] = static_cast<int64_t>(static_cast<uint64_t>(v) & kDigitMask);
+    v >>= kDigitBits;
+  }
+}
+
+}  // namespace
+
+const Format& formatOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return kFloat32;
+    case DType::kFloat64:
+      return kFloat64;
+    case DType::kFloat16:
+      return kFloat16;
+    case DType::kBFloat16:
+      return kBFloat16;
+    default:
+      LOOM_THROW(InvalidArgumentError, "reproducible reduction: dtype ", dtypeName(dtype),
+                 " is not floating point (float, double, half, bfloat16)");
+  }
+}
+
+uint8_t exponentByte(const Format& f, uint64_t bits) {
+  const uint64_t field = (bits >> (f.precision - 1)) & exponentMask(f);
+  if (field == exponentMask(f)) return 255;
+  if (bits == signBit(f)) return 0;  // -0
+  return static_cast<uint8_t>(1 + ((std::max<uint64_t>(field, 1) - 1) >> f.shift));
+}
+
+int topOf(const Format& f, uint8_t byte) {
+  return (int{byte} << f.shift) - f.bias + 1;
+}
+
+uint64_t loadBits(const Format& f, const void* data, size_t i) {
+  const auto* p = static_cast<const unsigned char*>(data) + i * f.bytes;
+  switch (f.bytes) {
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    default: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+  }
+}
+
+void storeBits(const Format& f, void* data, size_t i, uint64_t bits) {
+  auto* p = static_cast<unsigned char*>(data) + i * f.bytes;
+  switch (f.bytes) {
+    case 2: {
+      const auto v = static_cast<uint16_t>(bits);
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case 4: {
+      const auto v = static_cast<uint32_t>(bits);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    default:
+      std::memcpy(p, &bits, 8);
+  }
+}
+
+void encodeWindow(const Format& f, uint64_t bits, int lsb, int64_t* digits) {
+  std::fill(digits, digits + f.windowDigits, 0);
+  Parts parts = decompose(f, bits);
+  if (parts.significand == 0) return;
+  int offset = parts.exponent - lsb;
+  int64_t inexact = 0;
+  if (offset < 0) {
+    const int drop = -offset;
+    inexact = drop >= 64 || (parts.significand & ((uint64_t{1} << drop) - 1)) != 0;
+    parts.significand = drop >= 64 ? 0 : parts.significand >> drop;  // toward zero
+    offset = 0;
+  }
+  const u128 v = u128{parts.significand} << offset;
+  constexpr int kLow = kDigitBits - kCountBits;
+  const auto low = static_cast<int64_t>(static_cast<uint64_t>(v) & ((uint64_t{1} << kLow) - 1));
+  const auto high = static_cast<int64_t>(v >> kLow);
+  LOOM_CHECK(f.windowDigits == 2 || high == 0,
+             "reproducible: a value does not fit its window (internal error)");
+  LOOM_CHECK(high >> kDigitBits == 0, "reproducible: a value does not fit its window");
+  const int64_t sign = parts.negative ? -1 : 1;
+  digits[0] = sign * (low << kCountBits) + inexact;
+  if (f.windowDigits == 2) digits[1] = sign * high;
+}
+
+void encodeFull(const Format& f, uint64_t bits, int64_t* words) {
+  std::fill(words, words + f.fullWords(), 0);
+  int64_t& special = words[f.fullDigits];
+  const uint64_t field = (bits >> (f.precision - 1)) & exponentMask(f);
+  const Parts parts = decompose(f, bits);
+  if (field == exponentMask(f)) {
+    if ((bits & ((uint64_t{1} << (f.precision - 1)) - 1)) != 0) {
+      special = 1;  // NaN
+    } else {
+      special = parts.negative ? int64_t{1} << 32 : int64_t{1} << 16;
+    }
+    return;
+  }
+  if (parts.significand == 0) {
+    if (parts.negative) special = int64_t{1} << 48;
+    return;
+  }
+  place(parts.significand, parts.exponent - f.minBit, words, f.fullDigits);
+  if (parts.negative) {
+    for (int j = 0; j < f.fullDigits; ++j) words[j] = -words[j];
+  }
+}
+
+bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int ranks, int divisor,
+                  uint64_t* bits) {
+  if (byte == 0) {  // every input was -0
+    *bits = signBit(f);
+    return true;
+  }
+  if (byte == 255) return false;
+  const int lsb = windowLsb(f, byte);
+  const int64_t inexact = digits[0] & ((int64_t{1} << kCountBits) - 1);
+  i128 value = digits[0] >> kCountBits;  // arithmetic: the count is below, nonnegative
+  if (f.windowDigits == 2) value += i128{digits[1]} << (kDigitBits - kCountBits);
+  const auto rounded = [&](i128 v) {
+    return roundSigned(f, v < 0, static_cast<u128>(v < 0 ? -v : v), lsb, divisor);
+  };
+  (void)ranks;
+  if (inexact == 0) {  // no rank dropped a bit: the sum is exact
+    *bits = value == 0 ? 0 : rounded(value);
+    return true;
+  }
+  // Each of the `inexact` ranks dropped less than one unit (2^lsb) toward zero, so the exact
+  // sum lies strictly between value - inexact and value + inexact units.
+  const uint64_t low = rounded(value - inexact);
+  const uint64_t high = rounded(value + inexact);
+  if (low != high) return false;
+  *bits = low;
+  return true;
+}
+
+uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor) {
+  const auto special = static_cast<uint64_t>(words[f.fullDigits]);
+  const uint64_t nans = special & 0xffff, plus = (special >> 16) & 0xffff,
+                 minus = (special >> 32) & 0xffff, negativeZeros = (special >> 48) & 0xffff;
+  if (nans != 0 || (plus != 0 && minus != 0)) return nanBits(f);
+  if (plus != 0) return infinityBits(f);
+  if (minus != 0) return signBit(f) | infinityBits(f);
+  BigInt big;
+  for (int j = 0; j < f.fullDigits; ++j) {
+    if (words[j] != 0) big.add(words[j], j * kDigitBits);
+  }
+  if (big.zero()) return negativeZeros == static_cast<uint64_t>(ranks) ? signBit(f) : 0;
+  const bool negative = big.negative();
+  if (negative) big.negate();
+  return (negative ? signBit(f) : 0) | roundBig(f, big, f.minBit, divisor);
+}
+
+}  // namespace loom::comm::repro
