@@ -131,36 +131,32 @@ void runOnePass(const Call& c) {
   reduceFull(c, indices, c.counts);
 }
 
+// Scratch kept between calls (per thread: a Context runs on one thread at a time), grown only,
+// never cleared: every call writes what it reads.
+template <typename T>
+T* scratch(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 void runWindowed(const Call& c) {
   const Format& f = c.f;
   const int words = f.windowDigits;
-  std::vector<uint8_t> bytes(c.total);
-  for (size_t i = 0; i < c.total; ++i)
-    bytes[i] = repro::exponentByte(f, repro::loadBits(f, c.in, i));
-  allreduce(c.ctx, bytes.data(), bytes.data(), c.total, DType::kUInt8, ReduceOp::kMax,
+  thread_local std::vector<uint8_t> byteBuffer;
+  thread_local std::vector<int64_t> digitBuffer, sumBuffer;
+  uint8_t* bytes = scratch(byteBuffer, c.total);
+  repro::exponentBytes(f, c.in, c.total, bytes);
+  allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax,
             c.kind == Kind::kAllreduce ? c.inner : c.helper);
-  std::vector<int64_t> digits(c.total * words);
-  for (size_t i = 0; i < c.total; ++i) {
-    if (bytes[i] == 0 || bytes[i] == 255) continue;  // all -0, or a special value: refined
-    repro::encodeWindow(f, repro::loadBits(f, c.in, i), repro::windowLsb(f, bytes[i]),
-                        &digits[i * words]);
-  }
+  int64_t* digits = scratch(digitBuffer, c.total * words);
+  repro::encodeWindows(f, c.in, c.total, bytes, digits);
   const size_t base = c.ownBegin(), own = c.ownCount();
-  std::vector<int64_t> sums(c.kind == Kind::kReduceScatter
-                                ? std::max<size_t>(own, 1) * words
-                                : (c.ownCount() > 0 ? digits.size() : 1));
-  c.addIntegers(digits.data(), sums.data(), c.total, c.counts, words);
+  int64_t* sums = scratch(
+      sumBuffer, std::max<size_t>(c.kind == Kind::kReduceScatter ? own : c.total, 1) * words);
+  c.addIntegers(digits, sums, c.total, c.counts, words);
   std::vector<size_t> undecided;
-  for (size_t k = 0; k < own; ++k) {
-    uint64_t bits;
-    const size_t i = base + k;
-    const size_t at = c.kind == Kind::kReduceScatter ? k : i;
-    if (repro::decodeWindow(f, &sums[at * words], bytes[i], c.ctx.size(), c.divisor, &bits)) {
-      repro::storeBits(f, c.out, k, bits);
-    } else {
-      undecided.push_back(i);
-    }
-  }
+  const int64_t* mine = c.kind == Kind::kReduceScatter ? sums : sums + base * words;
+  repro::decodeWindows(f, mine, bytes + base, own, c.ctx.size(), c.divisor, c.out, base, undecided);
   // Make the undecided elements known to every rank.
   std::vector<size_t> blocks;
   switch (c.kind) {
@@ -276,30 +272,27 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   };
   const bool single =
       path == ReproduciblePath::kOnePass || (path == ReproduciblePath::kAuto && onePass(f, count));
-  std::vector<int64_t> digits(f.windowDigits), total(f.windowDigits);
-  for (size_t i = 0; i < count; ++i) {
-    if (single) {
-      full(i);
-      continue;
-    }
-    uint8_t byte = 0;
-    for (const void* in : inputs)
-      byte = std::max(byte, repro::exponentByte(f, repro::loadBits(f, in, i)));
-    std::fill(total.begin(), total.end(), 0);
-    if (byte != 0 && byte != 255) {
-      for (const void* in : inputs) {
-        repro::encodeWindow(f, repro::loadBits(f, in, i), repro::windowLsb(f, byte), digits.data());
-        for (int w = 0; w < f.windowDigits; ++w) total[w] += digits[w];
-      }
-    }
-    uint64_t bits;
-    if (repro::decodeWindow(f, total.data(), byte, ranks, divisor, &bits)) {
-      repro::storeBits(f, out, i, bits);
-    } else {
-      if (refined != nullptr) ++*refined;
-      full(i);
-    }
+  if (single) {
+    for (size_t i = 0; i < count; ++i) full(i);
+    return;
   }
+  // The windowed path with the same bulk loops as the collectives, the ranks' reductions done
+  // here (max of the bytes, sum of the digits).
+  std::vector<uint8_t> bytes(count), rankBytes(count);
+  for (const void* in : inputs) {
+    repro::exponentBytes(f, in, count, rankBytes.data());
+    for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
+  }
+  const int words = f.windowDigits;
+  std::vector<int64_t> sums(count * words), digits(count * words);
+  for (const void* in : inputs) {
+    repro::encodeWindows(f, in, count, bytes.data(), digits.data());
+    for (size_t w = 0; w < sums.size(); ++w) sums[w] += digits[w];
+  }
+  std::vector<size_t> undecided;
+  repro::decodeWindows(f, sums.data(), bytes.data(), count, ranks, divisor, out, 0, undecided);
+  if (refined != nullptr) *refined = undecided.size();
+  for (size_t i : undecided) full(i);
 }
 
 }  // namespace loom::comm

@@ -12,6 +12,7 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 #include "loom/common/error.h"
 
@@ -58,7 +59,8 @@ int bitLength(u128 m) {
 // The bits (sign clear) of m * 2^lsb (+ something below 2^lsb when sticky) rounded to nearest
 // even. m != 0. When sticky, the caller guarantees that the rounding position lies at least two
 // bits above lsb (sticky must only add to the bits below the round bit).
-uint64_t roundMagnitude(const Format& f, u128 m, int lsb, bool sticky) {
+[[gnu::always_inline]] inline uint64_t roundMagnitude(const Format& f, u128 m, int lsb,
+                                                      bool sticky) {
   const int p = f.precision;
   const int emin = 1 - f.bias;
   const int emax = f.bias;
@@ -94,36 +96,39 @@ uint64_t roundMagnitude(const Format& f, u128 m, int lsb, bool sticky) {
 class BigInt {
  public:
   static constexpr int kWords = (kDigitBits * 41 + 64 + 64 + 64) / 32 + 1;
+  // Wide enough for `digits` digits summed over the maximum world, times 2^64.
+  explicit BigInt(int digits) : n_((kDigitBits * digits + 64 + 64 + 64) / 32 + 1) {}
 
   // Adds v * 2^offset.
   void add(int64_t v, int offset) {
     int k = offset / 32;
     i128 carry = i128{v} << (offset % 32);
-    for (; k < kWords && carry != 0; ++k) {
+    for (; k < n_ && carry != 0; ++k) {
       const i128 t = i128{words_[k]} + carry;
       words_[k] = static_cast<uint32_t>(t);
       carry = t >> 32;  // arithmetic: -1 propagates the sign to the top
     }
   }
-  bool negative() const { return (words_[kWords - 1] >> 31) != 0; }
+  bool negative() const { return (words_[n_ - 1] >> 31) != 0; }
   void negate() {
     uint64_t carry = 1;
-    for (auto& w : words_) {
+    for (int k = 0; k < n_; ++k) {
+      uint32_t& w = words_[k];
       const uint64_t t = uint64_t{static_cast<uint32_t>(~w)} + carry;
       w = static_cast<uint32_t>(t);
       carry = t >> 32;
     }
   }
   bool zero() const {
-    return std::all_of(words_.begin(), words_.end(), [](uint32_t w) { return w == 0; });
+    return std::all_of(words_.begin(), words_.begin() + n_, [](uint32_t w) { return w == 0; });
   }
   // Multiplies by 2^64 (two words; the top two are free: see kWords), then divides by d;
   // returns whether a remainder was left.
   bool shiftAndDivide(uint32_t d) {
-    std::memmove(&words_[2], &words_[0], (kWords - 2) * sizeof(uint32_t));
+    std::memmove(&words_[2], &words_[0], (n_ - 2) * sizeof(uint32_t));
     words_[0] = words_[1] = 0;
     uint64_t rem = 0;
-    for (int k = kWords - 1; k >= 0; --k) {
+    for (int k = n_ - 1; k >= 0; --k) {
       const uint64_t cur = (rem << 32) | words_[k];
       words_[k] = static_cast<uint32_t>(cur / d);
       rem = cur % d;
@@ -132,7 +137,7 @@ class BigInt {
   }
   // Index of the highest set bit; -1 for zero.
   int top() const {
-    for (int k = kWords - 1; k >= 0; --k) {
+    for (int k = n_ - 1; k >= 0; --k) {
       if (words_[k] != 0) return k * 32 + 31 - std::countl_zero(words_[k]);
     }
     return -1;
@@ -140,9 +145,9 @@ class BigInt {
   // 32 bits starting at bit `pos` (bits past the top read as 0).
   uint32_t bitsAt(int pos) const {
     const int k = pos / 32, s = pos % 32;
-    if (k >= kWords) return 0;
+    if (k >= n_) return 0;
     uint64_t w = words_[k];
-    if (s != 0 && k + 1 < kWords) w |= uint64_t{words_[k + 1]} << 32;
+    if (s != 0 && k + 1 < n_) w |= uint64_t{words_[k + 1]} << 32;
     return static_cast<uint32_t>(w >> s);
   }
   // Whether any bit below `pos` is set.
@@ -155,6 +160,7 @@ class BigInt {
   }
 
  private:
+  int n_;
   std::array<uint32_t, kWords> words_{};
 };
 
@@ -176,7 +182,8 @@ uint64_t roundBig(const Format& f, BigInt& big, int lsb, int divisor) {
 }
 
 // Signed magnitude m * 2^lsb / divisor rounded; zero gives a zero of the given sign.
-uint64_t roundSigned(const Format& f, bool negative, u128 m, int lsb, int divisor) {
+[[gnu::always_inline]] inline uint64_t roundSigned(const Format& f, bool negative, u128 m, int lsb,
+                                                   int divisor) {
   const uint64_t sign = negative ? signBit(f) : 0;
   if (m == 0) return sign;
   if (divisor == 1) return sign | roundMagnitude(f, m, lsb, false);
@@ -189,7 +196,7 @@ uint64_t roundSigned(const Format& f, bool negative, u128 m, int lsb, int diviso
     const auto d = static_cast<uint64_t>(divisor);
     return sign | roundMagnitude(f, scaled / d, lsb - 64, scaled % d != 0);
   }
-  BigInt big;
+  BigInt big(3);
   big.add(static_cast<int64_t>(static_cast<uint64_t>(m) & ((uint64_t{1} << 62) - 1)), 0);
   big.add(static_cast<int64_t>(static_cast<uint64_t>(m >> 62) & ((uint64_t{1} << 62) - 1)), 62);
   big.add(static_cast<int64_t>(m >> 124), 124);
@@ -201,7 +208,7 @@ struct Parts {
   uint64_t significand;  // integer
   int exponent;          // of the significand's least significant bit
 };
-Parts decompose(const Format& f, uint64_t bits) {
+[[gnu::always_inline]] inline Parts decompose(const Format& f, uint64_t bits) {
   const int p = f.precision;
   const uint64_t field = (bits >> (p - 1)) & exponentMask(f);
   const uint64_t fraction = bits & ((uint64_t{1} << (p - 1)) - 1);
@@ -223,6 +230,89 @@ void place(uint64_t significand, int offset, int64_t* digits, int count) {
   }
 }
 
+[[gnu::always_inline]] inline uint8_t exponentByteImpl(const Format& f, uint64_t bits) {
+  const uint64_t field = (bits >> (f.precision - 1)) & exponentMask(f);
+  if (field == exponentMask(f)) return 255;
+  if (bits == signBit(f)) return 0;  // -0
+  return static_cast<uint8_t>(1 + ((std::max<uint64_t>(field, 1) - 1) >> f.shift));
+}
+
+[[gnu::always_inline]] inline void encodeWindowImpl(const Format& f, uint64_t bits, int lsb,
+                                                    int64_t* digits) {
+  std::fill(digits, digits + f.windowDigits, 0);
+  Parts parts = decompose(f, bits);
+  if (parts.significand == 0) return;
+  int offset = parts.exponent - lsb;
+  int64_t inexact = 0;
+  if (offset < 0) {
+    const int drop = -offset;
+    inexact = drop >= 64 || (parts.significand & ((uint64_t{1} << drop) - 1)) != 0;
+    parts.significand = drop >= 64 ? 0 : parts.significand >> drop;  // toward zero
+    offset = 0;
+  }
+  const u128 v = u128{parts.significand} << offset;
+  constexpr int kLow = kDigitBits - kCountBits;
+  const auto low = static_cast<int64_t>(static_cast<uint64_t>(v) & ((uint64_t{1} << kLow) - 1));
+  const auto high = static_cast<int64_t>(v >> kLow);
+  LOOM_CHECK(f.windowDigits == 2 || high == 0,
+             "reproducible: a value does not fit its window (internal error)");
+  LOOM_CHECK(high >> kDigitBits == 0, "reproducible: a value does not fit its window");
+  const int64_t sign = parts.negative ? -1 : 1;
+  digits[0] = sign * (low << kCountBits) + inexact;
+  if (f.windowDigits == 2) digits[1] = sign * high;
+}
+
+[[gnu::always_inline]] inline bool decodeWindowImpl(const Format& f, const int64_t* digits,
+                                                    uint8_t byte, int ranks, int divisor,
+                                                    uint64_t* bits) {
+  if (byte == 0) {  // every input was -0
+    *bits = signBit(f);
+    return true;
+  }
+  if (byte == 255) return false;
+  const int lsb = windowLsb(f, byte);
+  const int64_t inexact = digits[0] & ((int64_t{1} << kCountBits) - 1);
+  i128 value = digits[0] >> kCountBits;  // arithmetic: the count is below, nonnegative
+  if (f.windowDigits == 2) value += i128{digits[1]} << (kDigitBits - kCountBits);
+  const auto rounded = [&](i128 v) __attribute__((always_inline)) {
+    return roundSigned(f, v < 0, static_cast<u128>(v < 0 ? -v : v), lsb, divisor);
+  };
+  (void)ranks;
+  if (inexact == 0) {  // no rank dropped a bit: the sum is exact
+    *bits = value == 0 ? 0 : rounded(value);
+    return true;
+  }
+  // Each of the `inexact` ranks dropped less than one unit (2^lsb) toward zero, so the exact
+  // sum lies strictly between value - inexact and value + inexact units.
+  const uint64_t low = rounded(value - inexact);
+  const uint64_t high = rounded(value + inexact);
+  if (low != high) return false;
+  *bits = low;
+  return true;
+}
+
+// Calls fn.template operator()<Format, Bits>() with the format as a compile-time constant, so
+// that the loops below are compiled once per format with its fields folded in.
+template <typename Fn>
+void withFormat(const Format& f, Fn&& fn) {
+  if (&f == &kFloat32) return fn.template operator()<kFloat32, uint32_t>();
+  if (&f == &kFloat64) return fn.template operator()<kFloat64, uint64_t>();
+  if (&f == &kFloat16) return fn.template operator()<kFloat16, uint16_t>();
+  return fn.template operator()<kBFloat16, uint16_t>();
+}
+
+// 2^e as a double, for e a normal exponent.
+[[gnu::always_inline]] inline double powerOfTwo(int e) {
+  return std::bit_cast<double>(static_cast<uint64_t>(1023 + e) << 52);
+}
+
+template <typename Bits>
+[[gnu::always_inline]] inline uint64_t load(const void* data, size_t i) {
+  Bits v;
+  std::memcpy(&v, static_cast<const Bits*>(data) + i, sizeof(Bits));
+  return v;
+}
+
 }  // namespace
 
 const Format& formatOf(DType dtype) {
@@ -239,17 +329,6 @@ const Format& formatOf(DType dtype) {
       LOOM_THROW(InvalidArgumentError, "reproducible reduction: dtype ", dtypeName(dtype),
                  " is not floating point (float, double, half, bfloat16)");
   }
-}
-
-uint8_t exponentByte(const Format& f, uint64_t bits) {
-  const uint64_t field = (bits >> (f.precision - 1)) & exponentMask(f);
-  if (field == exponentMask(f)) return 255;
-  if (bits == signBit(f)) return 0;  // -0
-  return static_cast<uint8_t>(1 + ((std::max<uint64_t>(field, 1) - 1) >> f.shift));
-}
-
-int topOf(const Format& f, uint8_t byte) {
-  return (int{byte} << f.shift) - f.bias + 1;
 }
 
 uint64_t loadBits(const Format& f, const void* data, size_t i) {
@@ -291,30 +370,6 @@ void storeBits(const Format& f, void* data, size_t i, uint64_t bits) {
   }
 }
 
-void encodeWindow(const Format& f, uint64_t bits, int lsb, int64_t* digits) {
-  std::fill(digits, digits + f.windowDigits, 0);
-  Parts parts = decompose(f, bits);
-  if (parts.significand == 0) return;
-  int offset = parts.exponent - lsb;
-  int64_t inexact = 0;
-  if (offset < 0) {
-    const int drop = -offset;
-    inexact = drop >= 64 || (parts.significand & ((uint64_t{1} << drop) - 1)) != 0;
-    parts.significand = drop >= 64 ? 0 : parts.significand >> drop;  // toward zero
-    offset = 0;
-  }
-  const u128 v = u128{parts.significand} << offset;
-  constexpr int kLow = kDigitBits - kCountBits;
-  const auto low = static_cast<int64_t>(static_cast<uint64_t>(v) & ((uint64_t{1} << kLow) - 1));
-  const auto high = static_cast<int64_t>(v >> kLow);
-  LOOM_CHECK(f.windowDigits == 2 || high == 0,
-             "reproducible: a value does not fit its window (internal error)");
-  LOOM_CHECK(high >> kDigitBits == 0, "reproducible: a value does not fit its window");
-  const int64_t sign = parts.negative ? -1 : 1;
-  digits[0] = sign * (low << kCountBits) + inexact;
-  if (f.windowDigits == 2) digits[1] = sign * high;
-}
-
 void encodeFull(const Format& f, uint64_t bits, int64_t* words) {
   std::fill(words, words + f.fullWords(), 0);
   int64_t& special = words[f.fullDigits];
@@ -338,34 +393,6 @@ void encodeFull(const Format& f, uint64_t bits, int64_t* words) {
   }
 }
 
-bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int ranks, int divisor,
-                  uint64_t* bits) {
-  if (byte == 0) {  // every input was -0
-    *bits = signBit(f);
-    return true;
-  }
-  if (byte == 255) return false;
-  const int lsb = windowLsb(f, byte);
-  const int64_t inexact = digits[0] & ((int64_t{1} << kCountBits) - 1);
-  i128 value = digits[0] >> kCountBits;  // arithmetic: the count is below, nonnegative
-  if (f.windowDigits == 2) value += i128{digits[1]} << (kDigitBits - kCountBits);
-  const auto rounded = [&](i128 v) {
-    return roundSigned(f, v < 0, static_cast<u128>(v < 0 ? -v : v), lsb, divisor);
-  };
-  (void)ranks;
-  if (inexact == 0) {  // no rank dropped a bit: the sum is exact
-    *bits = value == 0 ? 0 : rounded(value);
-    return true;
-  }
-  // Each of the `inexact` ranks dropped less than one unit (2^lsb) toward zero, so the exact
-  // sum lies strictly between value - inexact and value + inexact units.
-  const uint64_t low = rounded(value - inexact);
-  const uint64_t high = rounded(value + inexact);
-  if (low != high) return false;
-  *bits = low;
-  return true;
-}
-
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor) {
   const auto special = static_cast<uint64_t>(words[f.fullDigits]);
   const uint64_t nans = special & 0xffff, plus = (special >> 16) & 0xffff,
@@ -373,7 +400,7 @@ uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int diviso
   if (nans != 0 || (plus != 0 && minus != 0)) return nanBits(f);
   if (plus != 0) return infinityBits(f);
   if (minus != 0) return signBit(f) | infinityBits(f);
-  BigInt big;
+  BigInt big(f.fullDigits);
   for (int j = 0; j < f.fullDigits; ++j) {
     if (words[j] != 0) big.add(words[j], j * kDigitBits);
   }
@@ -381,6 +408,103 @@ uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int diviso
   const bool negative = big.negative();
   if (negative) big.negate();
   return (negative ? signBit(f) : 0) | roundBig(f, big, f.minBit, divisor);
+}
+
+}  // namespace loom::comm::repro
+
+namespace loom::comm::repro {
+
+uint8_t exponentByte(const Format& f, uint64_t bits) {
+  return exponentByteImpl(f, bits);
+}
+
+void encodeWindow(const Format& f, uint64_t bits, int lsb, int64_t* digits) {
+  encodeWindowImpl(f, bits, lsb, digits);
+}
+
+bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int ranks, int divisor,
+                  uint64_t* bits) {
+  return decodeWindowImpl(f, digits, byte, ranks, divisor, bits);
+}
+
+void exponentBytes(const Format& f, const void* in, size_t n, uint8_t* bytes) {
+  withFormat(f, [&]<const Format & F, typename Bits>() {
+    for (size_t i = 0; i < n; ++i) bytes[i] = exponentByteImpl(F, load<Bits>(in, i));
+  });
+}
+
+void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes,
+                   int64_t* digits) {
+  withFormat(f, [&]<const Format & F, typename Bits>() {
+    constexpr int words = F.windowDigits;
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t byte = bytes[i];
+      if (byte == 0 || byte == 255) {  // all -0, or a special value: refined
+        for (int w = 0; w < words; ++w) digits[i * words + w] = 0;
+        continue;
+      }
+      const uint64_t bits = load<Bits>(in, i);
+      if constexpr (std::is_same_v<Bits, uint32_t>) {
+        // float32, not subnormal (whose conversion DAZ would flush): scaling by a power of two
+        // is exact in double, and the conversion to int64 truncates toward zero, as the generic
+        // path does.
+        if ((bits & 0x7f800000u) != 0) {
+          const double scaled =
+              static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits))) *
+              powerOfTwo(-windowLsb(F, byte));
+          const auto q = static_cast<int64_t>(scaled);
+          digits[i] = q * (int64_t{1} << kCountBits) + (static_cast<double>(q) != scaled);
+          continue;
+        }
+      }
+      encodeWindowImpl(F, bits, windowLsb(F, byte), &digits[i * words]);
+    }
+  });
+}
+
+void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, size_t n, int ranks,
+                   int divisor, void* out, size_t base, std::vector<size_t>& undecided) {
+  withFormat(f, [&]<const Format & F, typename Bits>() {
+    constexpr int words = F.windowDigits;
+    const bool fast = std::is_same_v<Bits, uint32_t> && std::has_single_bit(unsigned(divisor));
+    const int divisorBits = std::countr_zero(unsigned(divisor));
+    for (size_t k = 0; k < n; ++k) {
+      uint64_t bits;
+      if (fast && bytes[k] != 0 && bytes[k] != 255) {
+        // float32, sum or average over a power-of-two world: the window's integer (below 2^51)
+        // times a power of two is exact in double, and its conversion to float rounds once,
+        // to nearest even. Results that come out subnormal or zero (which FTZ would flush) take
+        // the generic path.
+        const int64_t sum = sums[k];
+        const int64_t inexact = sum & ((int64_t{1} << kCountBits) - 1);
+        const int64_t value = sum >> kCountBits;
+        const double scale = powerOfTwo(windowLsb(F, bytes[k]) - divisorBits);
+        const auto round = [&](int64_t v) -> uint64_t {
+          const uint32_t r =
+              std::bit_cast<uint32_t>(static_cast<float>(static_cast<double>(v) * scale));
+          if ((r & 0x7f800000u) != 0 || v == 0) return r;
+          uint64_t b = 0;
+          int64_t digit = v * (int64_t{1} << kCountBits);
+          decodeWindowImpl(F, &digit, bytes[k], ranks, divisor, &b);
+          return b;
+        };
+        const uint64_t low = round(value - inexact);
+        if (inexact == 0 || round(value + inexact) == low) {
+          const auto v = static_cast<uint32_t>(low);
+          std::memcpy(static_cast<uint32_t*>(out) + k, &v, sizeof v);
+        } else {
+          undecided.push_back(base + k);
+        }
+        continue;
+      }
+      if (decodeWindowImpl(F, &sums[k * words], bytes[k], ranks, divisor, &bits)) {
+        const auto v = static_cast<Bits>(bits);
+        std::memcpy(static_cast<Bits*>(out) + k, &v, sizeof(Bits));
+      } else {
+        undecided.push_back(base + k);
+      }
+    }
+  });
 }
 
 }  // namespace loom::comm::repro

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <vector>
+
 #include "loom/comm/types.h"
 
 namespace loom::comm::repro {
@@ -33,7 +35,9 @@ constexpr int kDigitBits = 52;
 // The byte pass 1 reduces with MAX: 0 for -0, 255 for inf and NaN, else 1 + ((max(e, 1) - 1)
 // >> shift) for biased exponent e. Every value whose byte is at most b is below 2^topOf(b).
 uint8_t exponentByte(const Format& f, uint64_t bits);
-int topOf(const Format& f, uint8_t byte);
+inline int topOf(const Format& f, uint8_t byte) {
+  return (int{byte} << f.shift) - f.bias + 1;
+}
 // A window's digit 0 keeps its low kCountBits for a count of inexact ranks: each rank adds 1
 // there when it dropped nonzero bits below the window, so the sum says how many did (at most
 // n < 2^kCountBits) and the bound on what they dropped is that count, not n, window units.
@@ -58,6 +62,17 @@ void encodeFull(const Format& f, uint64_t bits, int64_t* words);
 // input -0) gives -0; byte 255 is never decided here.
 bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int ranks, int divisor,
                   uint64_t* bits);
+// Bulk forms, the collectives' loops (the same results element by element):
+// bytes[i] = exponentByte(in[i]);
+void exponentBytes(const Format& f, const void* in, size_t n, uint8_t* bytes);
+// digits (f.windowDigits per element) of in[i] at windowLsb(bytes[i]); zero where bytes[i] is 0
+// or 255 (those are decided without the window, or refined);
+void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes,
+                   int64_t* digits);
+// out[k] = decodeWindow of sums[k], bytes[k] where decided, else base + k appended to
+// `undecided` and out[k] left alone.
+void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, size_t n, int ranks,
+                   int divisor, void* out, size_t base, std::vector<size_t>& undecided);
 // The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
 
