@@ -400,6 +400,38 @@ uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int diviso
   if (nans != 0 || (plus != 0 && minus != 0)) return nanBits(f);
   if (plus != 0) return infinityBits(f);
   if (minus != 0) return signBit(f) | infinityBits(f);
+  if (std::has_single_bit(static_cast<unsigned>(divisor))) {
+    // Carry the digits into [0, 2^52) from the bottom up; a negative top carry means a negative
+    // sum: carry the negated digits instead. Then the top two digits and 12 bits of the third
+    // hold the result's bits (at least 65 of them, so sticky, the rest, lies well below the
+    // rounding position).
+    const int k = f.fullDigits;
+    std::array<int64_t, 44> d{};  // two zero digits below digit 0
+    int64_t carry = 0;
+    const auto normalize = [&](int64_t sign) {
+      carry = 0;
+      for (int j = 0; j < k; ++j) {
+        const int64_t v = sign * words[j] + carry;
+        d[j + 2] = v & static_cast<int64_t>(kDigitMask);
+        carry = v >> kDigitBits;
+      }
+    };
+    normalize(1);
+    const bool negative = carry < 0;
+    if (negative) normalize(-1);
+    d[k + 2] = carry;
+    int top = k + 2;
+    while (top >= 2 && d[top] == 0) --top;
+    if (top < 2) return negativeZeros == static_cast<uint64_t>(ranks) ? signBit(f) : 0;
+    const u128 m = (u128(static_cast<uint64_t>(d[top])) << 64) |
+                   (u128(static_cast<uint64_t>(d[top - 1])) << 12) |
+                   (static_cast<uint64_t>(d[top - 2]) >> 40);
+    bool sticky = (d[top - 2] & ((int64_t{1} << 40) - 1)) != 0;
+    for (int j = 0; j < top - 2 && !sticky; ++j) sticky = d[j] != 0;
+    const int lsb =
+        f.minBit + kDigitBits * (top - 4) + 40 - std::countr_zero(static_cast<unsigned>(divisor));
+    return (negative ? signBit(f) : 0) | roundMagnitude(f, m, lsb, sticky);
+  }
   BigInt big(f.fullDigits);
   for (int j = 0; j < f.fullDigits; ++j) {
     if (words[j] != 0) big.add(words[j], j * kDigitBits);

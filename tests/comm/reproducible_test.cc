@@ -395,7 +395,9 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
                                    (average ? " avg" : " sum") +
                                    (path == ReproduciblePath::kOnePass ? " one-pass" : " windowed");
           EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
-          if (path == ReproduciblePath::kWindowed) EXPECT_LT(refined, count) << what;
+          if (path == ReproduciblePath::kWindowed) {
+            EXPECT_LT(refined, count) << what;
+          }
           cases += static_cast<int>(count);
         }
       }
@@ -514,7 +516,9 @@ void checkWorld(int n, const Config& config, DType d, size_t count, uint64_t see
     opts.seq = 3;
     reduce(ctx, mine.data(), r == root ? out.data() : nullptr, total, d, ReduceOp::kSum, root,
            opts);
-    if (r == root) EXPECT_EQ(mismatches(in, sum, out.data(), 0, total, what + " reduce"), 0);
+    if (r == root) {
+      EXPECT_EQ(mismatches(in, sum, out.data(), 0, total, what + " reduce"), 0);
+    }
     opts.seq = 4;
     reduceScatter(ctx, mine.data(), out.data(), count, d, ReduceOp::kAvg, opts);
     EXPECT_EQ(mismatches(in, avg, out.data(), r * count, count, what + " reduce_scatter avg"), 0);

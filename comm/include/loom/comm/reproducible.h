@@ -13,13 +13,16 @@
 //   format's whole range (float32 and bfloat16: 6 digits, float16: 1, float64: 41) plus one
 //   word counting NaN, +inf, -inf and -0 inputs. One all-reduce (reduce-scatter, reduce).
 // - Larger buffers (windowed): pass 1 all-reduces, with uint8 MAX, one byte per element coding
-//   its largest exponent over the ranks; pass 2 reduces each value truncated to a window of
-//   52-bit digits anchored at that exponent (1 digit for float32, bfloat16 and float16, 2 for
-//   float64). The bits a rank dropped below the window total less than n * 2^lsb, so the exact
-//   sum lies strictly between (T - n) and (T + n) window units; where both ends round to the
-//   same value (rounding is monotonic) that is the answer. Every rank that holds T sees the
-//   same undetermined elements; only those are reduced again, with full accumulators.
-//   float16's window holds its whole range: it is exact in pass 2.
+//   its largest exponent over the ranks (float64: in groups of 16 exponents); pass 2 reduces
+//   each value truncated toward zero into a window anchored there: 41 value bits in one int64
+//   for float32, bfloat16 and float16, 93 bits in two for float64. The window's low 11 bits
+//   count the ranks that dropped nonzero bits below it (c); each dropped less than one unit,
+//   so the exact sum lies strictly between (T - c) and (T + c) units. Rounding is monotonic:
+//   where both ends round to the same value, that is the answer (c = 0: T is exact). Every rank
+//   that holds T sees the same undecided elements (near a rounding midpoint, heavy
+//   cancellation, inf or NaN anywhere); only those are reduced again, with full accumulators,
+//   after their indices are shared (reduce: broadcast from the root; reduce-scatter:
+//   all-gather). float16's window covers its whole range: it is always exact in pass 2.
 //
 // Contract
 // - Collective and blocking like collectives.h; every rank passes the same arguments.
@@ -29,10 +32,18 @@
 //   otherwise any +inf gives +inf, any -inf gives -inf. An exact zero sum is -0 when every
 //   input is -0, else +0 (as IEEE's sum in round-to-nearest).
 // - World size at most kReproducibleMaxWorldSize (digits of n ranks add without overflow).
-// - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n): float32 /
-//   bfloat16 / float16 1 + 8 = 9 bytes, float64 1 + 16 = 17 bytes, plus 56 bytes (float32,
-//   bfloat16), 16 (float16) or 336 (float64) for each element that needs refining. One-pass:
-//   56, 16, 56 and 336 bytes.
+//   World size 1 returns the input unchanged, as every collective does (NaN payloads kept).
+// - The caller's floating-point environment is assumed to round to nearest (the default);
+//   flush-to-zero and denormals-are-zero modes do not change results (those cases take the
+//   integer path).
+// - A call runs up to five collectives (bytes, window, list of undecided elements, their
+//   accumulators), each with the caller's timeout and seq.
+// - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n): windowed
+//   float32 / bfloat16 / float16 1 + 8 = 9 bytes (4.5x float16's and bfloat16's 2, 2.25x
+//   float32's 4), float64 1 + 16 = 17 bytes (2.1x), plus, for each refined element, its index
+//   (8 bytes, reduce and reduce-scatter only) and a full accumulator: 56 bytes (float32,
+//   bfloat16), 16 (float16), 336 (float64). One-pass: 56, 56, 16 and 336 bytes per element
+//   (float32, bfloat16, float16, float64). Reduce-scatter's pass 1 covers the whole input.
 // - Errors: InvalidArgumentError (Context still usable) for PROD over a floating dtype (not
 //   reproducible, refused rather than silently not), a world above the maximum. Integer
 //   dtypes, MIN and MAX are exact already and run unchanged; bitwise ops as usual.
