@@ -5,9 +5,9 @@
 // - Reference / property cases: inputs built to defeat naive summation (mixed magnitudes,
 //   cancellation, subnormals, ties, overflow, inf and NaN), through reproducibleReduceLocal on
 //   both paths (one pass and windowed), thousands of elements per dtype and op.
-// - Ranks: thread ranks over a HashStore, shm and tcp, 2-5 ranks, forced algorithms, small
-//   and large chunks, permuted inputs, every reduce form (all-reduce, reduce, reduce-scatter even
-//   and uneven, in place): bitwise equal to the reference.
+// - Ranks: thread ranks over a HashStore, shm, tcp and the two-host hierarchy, 2-5 ranks, forced
+//   algorithms, small and large chunks, permuted inputs, every reduce form (all-reduce, reduce,
+//   reduce-scatter even and uneven, in place): bitwise equal to the reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -448,11 +448,13 @@ struct Config {
   bool shm;
   Algorithm algorithm;
   size_t chunkBytes;
+  bool twoHosts = false;  // ranks split into two "hosts": the hierarchical engine
 };
 
 std::string describe(const Config& c, int n) {
-  return std::string(c.shm ? "shm" : "tcp") + " algo=" + algorithmName(c.algorithm) +
-         " chunk=" + std::to_string(c.chunkBytes) + " ranks=" + std::to_string(n);
+  return std::string(c.shm ? (c.twoHosts ? "shm+tcp hierarchy" : "shm") : "tcp") +
+         " algo=" + algorithmName(c.algorithm) + " chunk=" + std::to_string(c.chunkBytes) +
+         " ranks=" + std::to_string(n);
 }
 
 // Runs body(rank, ctx) on n thread ranks with the mode on through ContextOptions.
@@ -470,7 +472,12 @@ void onRanks(int n, const Config& config, const std::function<void(int, Context&
         o.chunkBytes = config.chunkBytes;
         o.timeout = std::chrono::seconds(60);
         o.reproducible = true;
+        if (config.twoHosts) o.shmHostId = r < (n + 1) / 2 ? "host-a" : "host-b";
         auto ctx = Context::create(store, r, n, o);
+        if (config.twoHosts && r == 0 && n >= 3) {  // rank 0's host holds two ranks or more
+          EXPECT_NE(ctx->transportSummary().find("between"), std::string::npos)
+              << ctx->transportSummary();
+        }
         body(r, *ctx);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -533,7 +540,8 @@ void checkWorld(int n, const Config& config, DType d, size_t count, uint64_t see
 }
 
 // One-pass sizes (a few elements) and windowed ones (more than kReproducibleOnePassBytes of
-// accumulators), 2 to 5 ranks, shm and tcp, every all-reduce algorithm the tests can force.
+// accumulators), 2 to 5 ranks, shm, tcp and the two-host hierarchy, every all-reduce algorithm
+// the tests can force.
 TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
   const Config configs[] = {
       {true, Algorithm::kAuto, 512 << 10},
@@ -542,6 +550,7 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
       {true, Algorithm::kRecursiveDoubling, 4096},
       {false, Algorithm::kHalvingDoubling, 4096},
       {true, Algorithm::kDirect, 512 << 10},
+      {true, Algorithm::kAuto, 512 << 10, true},
   };
   uint64_t seed = 11;
   for (const Config& config : configs) {
