@@ -131,19 +131,52 @@ void runOnePass(const Call& c) {
   reduceFull(c, indices, c.counts);
 }
 
-// Scratch kept between calls (per thread: a Context runs on one thread at a time), grown only,
-// never cleared: every call writes what it reads.
+// Scratch kept between calls (per thread: a Context runs on one thread at a time), never
+// cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
+// call ends, so that one large reduction does not pin its scratch for the thread's life.
+constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }
 
+struct Scratch {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> digits, sums;
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() {
+    thread_local Scratch kept;
+    s_ = &kept;
+  }
+  ~ScratchLease() {
+    release(s_->bytes);
+    release(s_->digits);
+    release(s_->sums);
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() const { return *s_; }
+
+ private:
+  template <typename T>
+  static void release(std::vector<T>& v) {
+    if (v.capacity() * sizeof(T) > kKeptScratchBytes) std::vector<T>().swap(v);
+  }
+  Scratch* s_;
+};
+
 void runWindowed(const Call& c) {
   const Format& f = c.f;
   const int words = f.windowDigits;
-  thread_local std::vector<uint8_t> byteBuffer;
-  thread_local std::vector<int64_t> digitBuffer, sumBuffer;
+  const ScratchLease lease;
+  std::vector<uint8_t>& byteBuffer = (*lease).bytes;
+  std::vector<int64_t>& digitBuffer = (*lease).digits;
+  std::vector<int64_t>& sumBuffer = (*lease).sums;
   uint8_t* bytes = scratch(byteBuffer, c.total);
   repro::exponentBytes(f, c.in, c.total, bytes);
   allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax,
