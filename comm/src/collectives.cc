@@ -10,12 +10,14 @@
 #include <cstring>
 #include <numeric>
 #include <thread>
+#include <vector>
 
 #include "algorithms/op.h"
 #include "algorithms/select.h"
 #include "engine/engine.h"
 #include "engine/engines.h"
 #include "loom/comm/context.h"
+#include "loom/comm/reproducible.h"
 #include "loom/comm/transport.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
@@ -74,6 +76,34 @@ void checkBuffer(const void* p, size_t count, OpType type, const char* name) {
     checkBuffer(p, count, opTypeName(type), name);
 }
 
+bool reproducibleMode(const CollectiveCall& c) {
+  return c.opts.reproducible || c.ctx.reproducible();
+}
+
+// Reproducible mode (loom/comm/reproducible.h) takes SUM and AVG over floating dtypes: it
+// reduces integers through these same collectives, then rounds once.
+bool runReproducible(const CollectiveCall& c) {
+  if (!reproducibleMode(c) || !reproducibleApplies(c.op, c.dtype)) return false;
+  switch (c.type) {
+    case OpType::kAllreduce:
+      reproducibleAllreduce(c.ctx, c.in, c.out, c.count, c.dtype, c.op, c.opts);
+      return true;
+    case OpType::kReduce:
+      reproducibleReduce(c.ctx, c.in, c.out, c.count, c.dtype, c.op, c.root, c.opts);
+      return true;
+    case OpType::kReduceScatter: {
+      const std::vector<size_t> counts(c.ctx.size(), c.count);
+      reproducibleReduceScatterv(c.ctx, c.in, c.out, counts, c.dtype, c.op, c.opts);
+      return true;
+    }
+    case OpType::kReduceScatterv:
+      reproducibleReduceScatterv(c.ctx, c.in, c.out, c.counts, c.dtype, c.op, c.opts);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void validate(const CollectiveCall& c, const Shape& shape) {
   const Context& ctx = c.ctx;
   (void)dtypeSize(c.dtype);  // throws on an unknown dtype
@@ -90,6 +120,7 @@ void validate(const CollectiveCall& c, const Shape& shape) {
     checkBuffer(c.out, c.count, c.type, shape.outName);
   }
   checkAlgorithm(c.type, c.opts.algorithm);
+  if (shape.reduces && reproducibleMode(c)) checkReproducible(c.op, c.dtype);
 }
 
 // The engines of a Context implemented outside comm (Context::engines() is null).
@@ -108,6 +139,7 @@ void run(const CollectiveCall& c) {
     }
     return;
   }
+  if (runReproducible(c)) return;
   // Every message of the collective carries its signature (signature.h).
   const SignatureScope signature(
       packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
@@ -126,6 +158,7 @@ void runUneven(const CollectiveCall& c) {
   const size_t esize = dtypeSize(c.dtype);
   const Shape shape = shapeOf(c.type);
   if (shape.reduces) checkReduceOp(c.op, c.dtype);
+  if (shape.reduces && reproducibleMode(c)) checkReproducible(c.op, c.dtype);
   if (shape.rooted) {
     LOOM_CHECK(c.root >= 0 && c.root < ctx.size(), "rank ", ctx.rank(), ": ", what, ": root ",
                c.root, " is out of range for world size ", ctx.size());
@@ -168,6 +201,7 @@ void runUneven(const CollectiveCall& c) {
     if (inCount > 0 && c.out != c.in) std::memmove(c.out, c.in, inCount * esize);
     return;
   }
+  if (runReproducible(c)) return;
   // Message sizes differ by design: the signature holds op, dtype, reduce op, root and a digest
   // of the counts every rank passes alike (alltoallv's differ per rank: none); each message
   // adds its own block's count (algorithms/uneven.cc, signature.h).

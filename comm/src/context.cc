@@ -269,6 +269,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
       std::make_shared<ContextImpl>(rank, size, std::move(transport), std::move(shared), generic);
   static_cast<Context&>(*ctx).topology_ = topology;
   static_cast<Context&>(*ctx).crossMemory_ = crossMemory;
+  static_cast<Context&>(*ctx).reproducible_ = options.reproducible;
   return ctx;
 }
 

@@ -113,6 +113,12 @@ constexpr Setting kTable[] = {
      "stale or malformed file, or one without this topology, gives one warning and the built-in "
      "table",
      "comm::ContextOptions::tuningFile", "Context setup"},
+    {"LOOM_REPRODUCIBLE", K::kFlag, S::kRuntime, "0", 0, 0, "", "",
+     "reproducible reductions: sum and avg over float, double, half and bfloat16 give the "
+     "correctly rounded result, bitwise the same whatever the algorithm, transport, chunk size, "
+     "tuning or rank order (docs/reproducible.md); prod over floats is refused; equal on all "
+     "ranks",
+     "comm::ContextOptions::reproducible", "Context setup"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},

@@ -47,6 +47,10 @@ int parseArgs(int argc, char** argv, Args& a) {
                "memory, docs/shm.md)");
   app.add_flag("--copy-grads", a.copyGrads,
                "copy gradients into DDP's buckets and back (gradientAsBucketView off)");
+  app.add_flag("--reproducible", a.reproducible,
+               "reproducible gradient reductions: correctly rounded sums, so the weights are "
+               "bitwise the same whatever the algorithm, transport, bucket size, tuning or "
+               "overlap (LOOM_REPRODUCIBLE=1 does the same; docs/reproducible.md)");
   app.add_flag("--zero", a.zero,
                "ZeRO-1: optimizer state sharded over the ranks (reduce-scatter, step the shard, "
                "all-gather); prints the optimizer-state bytes per rank");

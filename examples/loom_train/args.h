@@ -32,6 +32,9 @@ struct Args {
   bool copyGrads = false;
   bool plainBuckets = false;
   bool zero = false;
+  // Reproducible reductions (docs/reproducible.md): the weights after N steps do not depend on
+  // the algorithm, transport, bucket size, tuning or overlap.
+  bool reproducible = false;
   std::string initWeights, data, labels, log, checkpointDir;
   bool noShuffle = false;
   bool resume = false;

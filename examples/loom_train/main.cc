@@ -17,6 +17,8 @@
 // --shrink-on-failure (run under loom-run --on-worker-failure continue), the survivors of a dead
 // rank shrink the group and go on in place from the last step they all finished (shrink.h).
 // --amp bf16|fp16 trains in mixed precision (amp.h); fp16's loss scaler is in the checkpoints.
+// --reproducible makes every gradient reduction correctly rounded (docs/reproducible.md): the
+// weights then do not depend on the algorithm, transport, bucket size, tuning or overlap.
 #include <unistd.h>
 
 #include <chrono>
@@ -203,7 +205,11 @@ int run(const Args& a) {
   std::shared_ptr<ProcessGroup> pg;
   std::shared_ptr<Store> store;
   if (launchedByLauncher()) {
-    InitResult init = initProcessGroup();
+    InitOptions initOptions;
+    // Every reduction of the group, DDP's buckets included, is then correctly rounded
+    // (comm/reproducible.h); false leaves LOOM_REPRODUCIBLE in charge.
+    initOptions.pg.comm.context.reproducible = a.reproducible;
+    InitResult init = initProcessGroup(initOptions);
     pg = init.pg;
     store = init.store;
   } else {

@@ -47,6 +47,10 @@ struct CollectiveOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   uint64_t seq = 0;
   Algorithm algorithm = Algorithm::kAuto;
+  // Reproducible mode for this call (loom/comm/reproducible.h): SUM and AVG over floating dtypes
+  // give the correctly rounded result whatever the algorithm; PROD over floats is refused.
+  // ContextOptions::reproducible (LOOM_REPRODUCIBLE) turns it on for every call.
+  bool reproducible = false;
 };
 
 // out[i] = reduce over ranks of in[i]; count elements on every rank.

@@ -138,6 +138,11 @@ struct ContextOptions {
   // host, transport). Empty: the built-in table; a file that cannot be used gives one warning
   // and the built-in table (LOOM_TUNING_FILE).
   std::string tuningFile;
+  // Reproducible mode for every all-reduce, reduce and reduce-scatter of this Context
+  // (loom/comm/reproducible.h; CollectiveOptions::reproducible per call): SUM and AVG over
+  // floating dtypes give the correctly rounded result, bitwise the same whatever the algorithm,
+  // transport or tuning. Equal on all ranks (LOOM_REPRODUCIBLE).
+  bool reproducible = false;
   // For createVerbsContext only.
   VerbsOptions verbs;
 };
@@ -185,6 +190,8 @@ class Context {
   // passed on every rank of this host; LOOM_SHM_SINGLE_COPY). Whether a collective does so
   // is the choice of LOOM_SHM_SINGLE_COPY=on or the tuning file (tuning.h).
   bool crossMemory() const { return crossMemory_; }
+  // Whether every reduction runs in reproducible mode (ContextOptions::reproducible).
+  bool reproducible() const { return reproducible_; }
 
  protected:
   Context();
@@ -198,6 +205,7 @@ class Context {
   std::unique_ptr<EngineSet> engines_;
   std::string topology_;
   bool crossMemory_ = false;
+  bool reproducible_ = false;
 };
 
 }  // namespace loom::comm

@@ -1,0 +1,331 @@
+// The reproducible collectives (loom/comm/reproducible.h): the data movement around the integer
+// formats of reproducible_accumulator.h.
+//
+// How it works, for one call over `total` input elements of which this rank writes `own`
+// (all of them for all-reduce, all on the root for reduce, block rank for reduce-scatter):
+// - one pass, small buffers: every value becomes a full accumulator (`words` int64 per
+//   element), the ranks add them with int64 SUM through the ordinary collective of the same
+//   kind, and each rank decodes its own elements;
+// - windowed: `bytes` (one exponent byte per element) is all-reduced with uint8 MAX; every rank
+//   truncates its values into `digits` windows anchored there; the ordinary collective adds the
+//   digits; each rank decodes its own elements and lists the ones the window cannot decide
+//   (`undecided`, global indices, in order). The lists are made known to every rank (all-reduce:
+//   every rank computed the same list; reduce: the root broadcasts it; reduce-scatter: an
+//   all-gather), then those elements alone go through the one-pass path.
+// Nothing is written to `out` for an undecided element before its refinement, so that in-place
+// calls still read the original input there.
+#include "loom/comm/reproducible.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/context.h"
+#include "loom/common/error.h"
+#include "reproducible_accumulator.h"
+
+namespace loom::comm {
+
+namespace {
+
+using repro::Format;
+
+enum class Kind : uint8_t { kAllreduce, kReduce, kReduceScatter };
+
+const char* kindName(Kind kind) {
+  switch (kind) {
+    case Kind::kAllreduce:
+      return "allreduce";
+    case Kind::kReduce:
+      return "reduce";
+    default:
+      return "reduce_scatter";
+  }
+}
+
+bool onePass(const Format& f, size_t total) {
+  return total * f.fullWords() * sizeof(int64_t) <= kReproducibleOnePassBytes;
+}
+
+struct Call {
+  Context& ctx;
+  Kind kind;
+  const void* in;
+  void* out;
+  size_t total;                    // input elements
+  std::span<const size_t> counts;  // reduce-scatter's blocks; empty otherwise
+  const Format& f;
+  int root;
+  int divisor;
+  CollectiveOptions inner;   // the caller's options, mode off
+  CollectiveOptions helper;  // the same with the automatic algorithm (exchanges of lists)
+
+  size_t ownBegin() const {
+    if (kind != Kind::kReduceScatter) return 0;
+    return std::accumulate(counts.begin(), counts.begin() + ctx.rank(), size_t{0});
+  }
+  size_t ownCount() const {
+    if (kind == Kind::kReduceScatter) return counts[ctx.rank()];
+    if (kind == Kind::kReduce && ctx.rank() != root) return 0;
+    return total;
+  }
+
+  // Adds every rank's `words`-word integers: in holds them for `elements` elements (blocks in
+  // rank order, `blocks[j]` elements each for reduce-scatter), result receives this rank's
+  // own block (all of them for all-reduce, the root's for reduce).
+  void addIntegers(const int64_t* in, int64_t* result, size_t elements,
+                   std::span<const size_t> blocks, int words) const {
+    switch (kind) {
+      case Kind::kAllreduce:
+        allreduce(ctx, in, result, elements * words, DType::kInt64, ReduceOp::kSum, inner);
+        break;
+      case Kind::kReduce:
+        reduce(ctx, in, result, elements * words, DType::kInt64, ReduceOp::kSum, root, inner);
+        break;
+      case Kind::kReduceScatter: {
+        // Even blocks take the even reduce-scatter, with the caller's algorithm.
+        if (std::all_of(blocks.begin(), blocks.end(), [&](size_t b) { return b == blocks[0]; })) {
+          reduceScatter(ctx, in, result, blocks[0] * words, DType::kInt64, ReduceOp::kSum, inner);
+          break;
+        }
+        std::vector<size_t> wordCounts(blocks.begin(), blocks.end());
+        for (auto& c : wordCounts) c *= words;
+        reduceScatterv(ctx, in, result, wordCounts, DType::kInt64, ReduceOp::kSum, helper);
+        break;
+      }
+    }
+  }
+};
+
+// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
+// rank's own ones in rank order; `blocks[j]` of them belong to rank j) with full accumulators.
+void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
+  const Format& f = c.f;
+  const int words = f.fullWords();
+  std::vector<int64_t> acc(indices.size() * words);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    repro::encodeFull(f, repro::loadBits(f, c.in, indices[k]), &acc[k * words]);
+  }
+  size_t first = 0, mine = indices.size();
+  if (c.kind == Kind::kReduceScatter) {
+    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
+    mine = blocks[c.ctx.rank()];
+  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
+    mine = 0;
+  }
+  std::vector<int64_t> sums(
+      std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : acc.size() / words, 1) * words);
+  c.addIntegers(acc.data(), sums.data(), indices.size(), blocks, words);
+  const size_t base = c.ownBegin();
+  for (size_t k = 0; k < mine; ++k) {
+    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
+    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
+    repro::storeBits(f, c.out, indices[first + k] - base, bits);
+  }
+}
+
+void runOnePass(const Call& c) {
+  std::vector<size_t> indices(c.total);
+  std::iota(indices.begin(), indices.end(), size_t{0});
+  reduceFull(c, indices, c.counts);
+}
+
+// Scratch kept between calls (per thread: a Context runs on one thread at a time), never
+// cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
+// call ends, so that one large reduction does not pin its scratch for the thread's life.
+constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+
+template <typename T>
+T* scratch(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
+struct Scratch {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> digits, sums;
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() {
+    thread_local Scratch kept;
+    s_ = &kept;
+  }
+  ~ScratchLease() {
+    release(s_->bytes);
+    release(s_->digits);
+    release(s_->sums);
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() const { return *s_; }
+
+ private:
+  template <typename T>
+  static void release(std::vector<T>& v) {
+    if (v.capacity() * sizeof(T) > kKeptScratchBytes) std::vector<T>().swap(v);
+  }
+  Scratch* s_;
+};
+
+void runWindowed(const Call& c) {
+  const Format& f = c.f;
+  const int words = f.windowDigits;
+  const ScratchLease lease;
+  std::vector<uint8_t>& byteBuffer = (*lease).bytes;
+  std::vector<int64_t>& digitBuffer = (*lease).digits;
+  std::vector<int64_t>& sumBuffer = (*lease).sums;
+  uint8_t* bytes = scratch(byteBuffer, c.total);
+  repro::exponentBytes(f, c.in, c.total, bytes);
+  allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax,
+            c.kind == Kind::kAllreduce ? c.inner : c.helper);
+  int64_t* digits = scratch(digitBuffer, c.total * words);
+  repro::encodeWindows(f, c.in, c.total, bytes, digits);
+  const size_t base = c.ownBegin(), own = c.ownCount();
+  int64_t* sums = scratch(
+      sumBuffer, std::max<size_t>(c.kind == Kind::kReduceScatter ? own : c.total, 1) * words);
+  c.addIntegers(digits, sums, c.total, c.counts, words);
+  std::vector<size_t> undecided;
+  const int64_t* mine = c.kind == Kind::kReduceScatter ? sums : sums + base * words;
+  repro::decodeWindows(f, mine, bytes + base, own, c.ctx.size(), c.divisor, c.out, base, undecided);
+  // Make the undecided elements known to every rank.
+  std::vector<size_t> blocks;
+  switch (c.kind) {
+    case Kind::kAllreduce:  // every rank decoded the same sums
+      blocks = {undecided.size()};
+      break;
+    case Kind::kReduce: {
+      int64_t m = static_cast<int64_t>(undecided.size());
+      broadcast(c.ctx, &m, 1, DType::kInt64, c.root, c.helper);
+      undecided.resize(static_cast<size_t>(m));
+      if (m > 0)
+        broadcast(c.ctx, undecided.data(), undecided.size(), DType::kInt64, c.root, c.helper);
+      blocks = {undecided.size()};
+      break;
+    }
+    case Kind::kReduceScatter: {
+      static_assert(sizeof(size_t) == sizeof(int64_t));
+      std::vector<int64_t> all(c.ctx.size());
+      int64_t m = static_cast<int64_t>(undecided.size());
+      allgather(c.ctx, &m, all.data(), 1, DType::kInt64, c.helper);
+      blocks.assign(all.begin(), all.end());
+      const size_t sum = std::accumulate(blocks.begin(), blocks.end(), size_t{0});
+      if (sum == 0) return;
+      std::vector<size_t> list(sum);
+      allgatherv(c.ctx, undecided.data(), list.data(), blocks, DType::kInt64, c.helper);
+      undecided = std::move(list);
+      break;
+    }
+  }
+  if (undecided.empty()) return;
+  reduceFull(c, undecided, blocks);
+}
+
+void runReproducible(Context& ctx, Kind kind, const void* in, void* out, size_t total,
+                     std::span<const size_t> counts, DType dtype, ReduceOp op, int root,
+                     const CollectiveOptions& opts) {
+  LOOM_CHECK(reproducibleApplies(op, dtype), "rank ", ctx.rank(), ": reproducible ", kindName(kind),
+             ": ", reduceOpName(op), " over ", dtypeName(dtype),
+             " is not a reproducible reduction (sum or avg over float, double, half, bfloat16)");
+  LOOM_CHECK(ctx.size() <= kReproducibleMaxWorldSize, "rank ", ctx.rank(), ": reproducible ",
+             kindName(kind), ": world size ", ctx.size(), " exceeds the maximum ",
+             kReproducibleMaxWorldSize);
+  CollectiveOptions inner = opts;
+  inner.reproducible = false;
+  CollectiveOptions helper = inner;
+  helper.algorithm = Algorithm::kAuto;
+  const Call c{ctx,
+               kind,
+               in,
+               out,
+               total,
+               counts,
+               repro::formatOf(dtype),
+               root,
+               op == ReduceOp::kAvg ? ctx.size() : 1,
+               inner,
+               helper};
+  if (onePass(c.f, total)) {
+    runOnePass(c);
+  } else {
+    runWindowed(c);
+  }
+}
+
+}  // namespace
+
+bool reproducibleApplies(ReduceOp op, DType dtype) {
+  return (op == ReduceOp::kSum || op == ReduceOp::kAvg) && isFloatingPoint(dtype);
+}
+
+void checkReproducible(ReduceOp op, DType dtype) {
+  LOOM_CHECK(!(op == ReduceOp::kProd && isFloatingPoint(dtype)),
+             "reproducible mode: ", reduceOpName(op), " over ", dtypeName(dtype),
+             " cannot be made reproducible (the mode covers sum and avg over floating dtypes; "
+             "min, max and every integer op are exact already); turn the mode off for this call");
+}
+
+void reproducibleAllreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+                           ReduceOp op, const CollectiveOptions& opts) {
+  runReproducible(ctx, Kind::kAllreduce, in, out, count, {}, dtype, op, 0, opts);
+}
+
+void reproducibleReduce(Context& ctx, const void* in, void* out, size_t count, DType dtype,
+                        ReduceOp op, int root, const CollectiveOptions& opts) {
+  runReproducible(ctx, Kind::kReduce, in, out, count, {}, dtype, op, root, opts);
+}
+
+void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
+                                std::span<const size_t> counts, DType dtype, ReduceOp op,
+                                const CollectiveOptions& opts) {
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  runReproducible(ctx, Kind::kReduceScatter, in, out, total, counts, dtype, op, 0, opts);
+}
+
+void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, size_t count,
+                             DType dtype, ReduceOp op, ReproduciblePath path, size_t* refined) {
+  LOOM_CHECK(reproducibleApplies(op, dtype), "reproducibleReduceLocal: ", reduceOpName(op),
+             " over ", dtypeName(dtype), " is not a reproducible reduction");
+  const int ranks = static_cast<int>(inputs.size());
+  LOOM_CHECK(ranks >= 1 && ranks <= kReproducibleMaxWorldSize, "reproducibleReduceLocal: ", ranks,
+             " inputs; expected 1 to ", kReproducibleMaxWorldSize);
+  const Format& f = repro::formatOf(dtype);
+  const int divisor = op == ReduceOp::kAvg ? ranks : 1;
+  if (refined != nullptr) *refined = 0;
+  std::vector<int64_t> one(f.fullWords()), sum(f.fullWords());
+  const auto full = [&](size_t i) {
+    std::fill(sum.begin(), sum.end(), 0);
+    for (const void* in : inputs) {
+      repro::encodeFull(f, repro::loadBits(f, in, i), one.data());
+      for (size_t w = 0; w < sum.size(); ++w) sum[w] += one[w];
+    }
+    repro::storeBits(f, out, i, repro::decodeFull(f, sum.data(), ranks, divisor));
+  };
+  const bool single =
+      path == ReproduciblePath::kOnePass || (path == ReproduciblePath::kAuto && onePass(f, count));
+  if (single) {
+    for (size_t i = 0; i < count; ++i) full(i);
+    return;
+  }
+  // The windowed path with the same bulk loops as the collectives, the ranks' reductions done
+  // here (max of the bytes, sum of the digits).
+  std::vector<uint8_t> bytes(count), rankBytes(count);
+  for (const void* in : inputs) {
+    repro::exponentBytes(f, in, count, rankBytes.data());
+    for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
+  }
+  const int words = f.windowDigits;
+  std::vector<int64_t> sums(count * words), digits(count * words);
+  for (const void* in : inputs) {
+    repro::encodeWindows(f, in, count, bytes.data(), digits.data());
+    for (size_t w = 0; w < sums.size(); ++w) sums[w] += digits[w];
+  }
+  std::vector<size_t> undecided;
+  repro::decodeWindows(f, sums.data(), bytes.data(), count, ranks, divisor, out, 0, undecided);
+  if (refined != nullptr) *refined = undecided.size();
+  for (size_t i : undecided) full(i);
+}
+
+}  // namespace loom::comm

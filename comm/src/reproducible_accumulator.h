@@ -1,0 +1,79 @@
+// The integer formats of the reproducible mode (loom/comm/reproducible.h) and their conversions:
+// floats to exponent bytes, window digits and full accumulators; sums of those back to floats,
+// rounded once. No communication here.
+//
+// A digit is a signed multiple of 2^(lsb + 52 j) with magnitude below 2^52, held in an int64,
+// little-endian (digit 0 is the least significant), so n <= 1024 ranks' digits add in an int64
+// without overflow. Digits are never carried before the reduction, only after, in decode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <vector>
+
+#include "loom/comm/types.h"
+
+namespace loom::comm::repro {
+
+// The IEEE binary format of a floating dtype.
+struct Format {
+  int bytes;      // storage size
+  int precision;  // significand bits, the hidden one included
+  int exponentBits;
+  int bias;
+  int minBit;        // exponent of the least significant bit of the smallest subnormal
+  int shift;         // exponent byte = 1 + (biased exponent - 1) >> shift
+  int windowDigits;  // digits of the pass-2 window
+  int fullDigits;    // digits of the full accumulator (minBit up to the largest finite)
+  int fullWords() const { return fullDigits + 1; }  // + the special-value counters
+};
+const Format& formatOf(DType dtype);  // float32, float64, float16, bfloat16 only
+
+constexpr int kDigitBits = 52;
+
+// The byte pass 1 reduces with MAX: 0 for -0, 255 for inf and NaN, else 1 + ((max(e, 1) - 1)
+// >> shift) for biased exponent e. Every value whose byte is at most b is below 2^topOf(b).
+uint8_t exponentByte(const Format& f, uint64_t bits);
+inline int topOf(const Format& f, uint8_t byte) {
+  return (int{byte} << f.shift) - f.bias + 1;
+}
+// A window's digit 0 keeps its low kCountBits for a count of inexact ranks: each rank adds 1
+// there when it dropped nonzero bits below the window, so the sum says how many did (at most
+// n < 2^kCountBits) and the bound on what they dropped is that count, not n, window units.
+// The window's value bits are the rest: 41 in digit 0, 52 in digit 1 (float64).
+constexpr int kCountBits = 11;
+// The window's least significant bit for max byte b (1..254).
+inline int windowLsb(const Format& f, uint8_t byte) {
+  return topOf(f, byte) - (kDigitBits * f.windowDigits - kCountBits);
+}
+
+// Loads element i of a buffer of the format as raw bits.
+uint64_t loadBits(const Format& f, const void* data, size_t i);
+void storeBits(const Format& f, void* data, size_t i, uint64_t bits);
+
+// Window digits of value `bits` at lsb `lsb` (truncated toward zero): f.windowDigits words.
+void encodeWindow(const Format& f, uint64_t bits, int lsb, int64_t* digits);
+// Full accumulator of `bits`: f.fullWords() words.
+void encodeFull(const Format& f, uint64_t bits, int64_t* words);
+
+// The bits of the sum (divisor 1) or average (divisor n) of `ranks` ranks whose window digits
+// add to `digits` at max byte `byte`, or false when the window cannot decide it. byte 0 (every
+// input -0) gives -0; byte 255 is never decided here.
+bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int ranks, int divisor,
+                  uint64_t* bits);
+// Bulk forms, the collectives' loops (the same results element by element):
+// bytes[i] = exponentByte(in[i]);
+void exponentBytes(const Format& f, const void* in, size_t n, uint8_t* bytes);
+// digits (f.windowDigits per element) of in[i] at windowLsb(bytes[i]); zero where bytes[i] is 0
+// or 255 (those are decided without the window, or refined);
+void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes,
+                   int64_t* digits);
+// out[k] = decodeWindow of sums[k], bytes[k] where decided, else base + k appended to
+// `undecided` and out[k] left alone.
+void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, size_t n, int ranks,
+                   int divisor, void* out, size_t base, std::vector<size_t>& undecided);
+// The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
+uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
+
+}  // namespace loom::comm::repro
