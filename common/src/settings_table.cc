@@ -113,6 +113,11 @@ constexpr Setting kTable[] = {
      "stale or malformed file, or one without this topology, gives one warning and the built-in "
      "table",
      "comm::ContextOptions::tuningFile", "Context setup"},
+    {"LOOM_TUNING_CACHE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "the directory of the per-host tuning cache that loom-bench --tune writes and every group "
+     "reads when LOOM_TUNING_FILE is unset (default: $XDG_CACHE_HOME/loom, else "
+     "$HOME/.cache/loom); off: no cache",
+     "comm::ContextOptions::tuningCache", "Context setup, loom-bench --tune"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},
@@ -300,6 +305,14 @@ constexpr Setting kTable[] = {
     // ---- read, not Loom's; and test-only ----
     {"PATH", K::kText, S::kOther, "", 0, 0, "", "",
      "where loom-run and spawn look for a program named without a '/'", "", "loom-run"},
+    {"XDG_CACHE_HOME", K::kText, S::kOther, "", 0, 0, "", "",
+     "where the per-host tuning cache lives (XDG_CACHE_HOME/loom) when LOOM_TUNING_CACHE is "
+     "unset",
+     "", "Context setup, loom-bench --tune"},
+    {"HOME", K::kText, S::kOther, "", 0, 0, "", "",
+     "where the per-host tuning cache lives (HOME/.cache/loom) when neither LOOM_TUNING_CACHE "
+     "nor XDG_CACHE_HOME is set",
+     "", "Context setup, loom-bench --tune"},
     {"TMPDIR", K::kText, S::kOther, "/tmp", 0, 0, "", "",
      "where process tests make their temporary directories", "", "tests"},
     {"LOOM_TEST_HOST", K::kText, S::kOther, "", 0, 0, "", "",

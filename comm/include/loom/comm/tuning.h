@@ -104,10 +104,14 @@ bool implementsAlgorithm(OpType kind, Algorithm algorithm);
 // "world=2 per_host=2 transport=tcp"
 std::string topologyKey(int worldSize, int ranksPerHost, const std::string& transport);
 
-// The crossovers of section `key` of the tuning file at `path`; nullopt with `why` set (the
-// file, the line and what was expected) when the file cannot be used.
+// The crossovers of section `key` of the tuning file at `path` (a text file as above, or a
+// JSON per-host cache as below); nullopt with `why` set (the file, the line and what was
+// expected) when the file cannot be used.
 std::optional<Crossovers> loadTuning(const std::string& path, const std::string& key,
                                      std::string& why);
+// The same for the text of a tuning file; `origin` names it in `why`.
+std::optional<Crossovers> parseTuning(const std::string& text, const std::string& origin,
+                                      const std::string& key, std::string& why);
 
 // One section of a tuning file, with the version line when `header`.
 std::string formatTuning(const std::string& key, const Crossovers& crossovers, bool header);
