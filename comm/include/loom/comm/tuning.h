@@ -15,9 +15,10 @@
 // Each value is the largest per-rank byte count at which the smaller-message algorithm still
 // runs: recursive doubling before ring or halving-doubling, halving-doubling before ring
 // (power-of-two worlds from 4), tree before chain, direct before ring (all-gather and
-// reduce-scatter). A Context loads the section of its own topology (ContextOptions::tuningFile);
-// a missing or unreadable file, a malformed line, another version or no section for the
-// topology gives one warning (rank 0) and the built-in table.
+// reduce-scatter). A Context loads the section of its group's topology (ContextOptions::tuningFile,
+// else this host's tuning cache: tuning_cache.h, which also says how every rank comes to run
+// the same one); a missing or unreadable file, a malformed line, another version or no section
+// for the topology gives one warning (rank 0) and the built-in table.
 //
 // Optional, for shared memory (a section whose transport is shm or shm+tcp):
 //
@@ -89,7 +90,8 @@ struct Crossovers {
   SizeRules reduceScatterRules;
 };
 
-// The built-in table for `worldSize` ranks (measured on the 2-core dev VM; select.cc).
+// The table measured on the 2-core dev VM for `worldSize` ranks (select.cc); a group runs
+// builtinCrossovers(GroupTopology) (tuning_cache.h), which starts from it.
 Crossovers builtinCrossovers(int worldSize);
 
 // The automatic choice for collective `kind` with `bytes` per rank in a world of `worldSize`
