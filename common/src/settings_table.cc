@@ -305,6 +305,11 @@ constexpr Setting kTable[] = {
     // ---- read, not Loom's; and test-only ----
     {"PATH", K::kText, S::kOther, "", 0, 0, "", "",
      "where loom-run and spawn look for a program named without a '/'", "", "loom-run"},
+    {"OPENBLAS_CORETYPE", K::kText, S::kOther, "", 0, 0, "", "",
+     "OpenBLAS's kernel set (Haswell, SkylakeX, ...), read by OpenBLAS when it loads; when set, "
+     "loom-train keeps it; unset, loom-train switches a generic set OpenBLAS picked for a CPU "
+     "model it does not know (Prescott, ...) to the best one the CPU runs",
+     "loom::ag::setGenericKernels", "loom-train start"},
     {"XDG_CACHE_HOME", K::kText, S::kOther, "", 0, 0, "", "",
      "where the per-host tuning cache lives (XDG_CACHE_HOME/loom) when LOOM_TUNING_CACHE is "
      "unset",
