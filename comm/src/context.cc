@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -241,16 +242,17 @@ std::vector<std::string> splitLines(const std::string& text, size_t fields) {
 }
 
 // Two rounds through the store. First every rank publishes its host identity (whether or not
-// shared memory is on), CPU count and L2 size, from which every rank computes the same
-// GroupTopology. Then every rank publishes the digest and source of the tuning it would take on
-// its own, and rank 0 its table too: every rank runs rank 0's, and a rank whose own differs is
+// shared memory is on), the CPUs it may run on and its L2 size, from which every rank computes the
+// same GroupTopology. Then every rank publishes the digest and source of the tuning it would take
+// on its own, and rank 0 its table too: every rank runs rank 0's, and a rank whose own differs is
 // named (once, by rank 0).
 AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOptions& options,
                            const SharedMemory& shared) {
   const HostFacts& facts = hostFacts();
   const std::string prefix = options.storePrefix + "/topology/";
-  store.set(detail::str(prefix, "host/", rank), detail::str(shm::hostIdentity(options.shmHostId),
-                                                            "\n", facts.cpus, "\n", facts.l2Bytes));
+  store.set(
+      detail::str(prefix, "host/", rank),
+      detail::str(shm::hostIdentity(options.shmHostId), "\n", facts.cpuMask, "\n", facts.l2Bytes));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "host/", r));
   store.wait(keys, options.timeout);
@@ -259,14 +261,19 @@ AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOption
   topology.worldSize = size;
   topology.transport = shared.singleHost ? "shm" : shared.hierarchical ? "shm+tcp" : "tcp";
   std::map<std::string, int> perHost;
-  topology.minCpus = facts.cpus;
+  std::map<std::string, std::vector<std::string>> masks;  // each host's ranks' CPUs
   topology.minL2Bytes = facts.l2Bytes;
   for (int r = 0; r < size; ++r) {
     const std::vector<std::string> f = splitLines(toString(published[r]), 3);
     ++perHost[f[0]];
-    topology.minCpus = std::min(topology.minCpus, std::max(1, std::atoi(f[1].c_str())));
+    masks[f[0]].push_back(f[1]);
     topology.minL2Bytes =
         std::min<size_t>(topology.minL2Bytes, std::strtoull(f[2].c_str(), nullptr, 10));
+  }
+  // Ranks pinned to a core each still have a core each: a host's CPUs are its ranks' together.
+  topology.minCpus = std::numeric_limits<int>::max();
+  for (const auto& [host, list] : masks) {
+    topology.minCpus = std::min(topology.minCpus, std::max(1, countCpus(list)));
   }
   topology.hosts = static_cast<int>(perHost.size());
   topology.minPerHost = size;

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
+#include <vector>
 
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
@@ -59,12 +61,21 @@ HostFacts readHostFacts() {
     break;
   }
   if (f.cpuModel.empty()) f.cpuModel = "unknown";
+  if (const long n = ::sysconf(_SC_NPROCESSORS_ONLN); n > 0) f.onlineCpus = static_cast<int>(n);
+  f.cpus = f.onlineCpus;
   cpu_set_t set;
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
     f.cpus = CPU_COUNT(&set);
-  } else if (const long n = ::sysconf(_SC_NPROCESSORS_ONLN); n > 0) {
-    f.cpus = static_cast<int>(n);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) continue;
+      int last = cpu;
+      while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+      f.cpuMask += detail::str(f.cpuMask.empty() ? "" : ",", cpu);
+      if (last > cpu) f.cpuMask += detail::str("-", last);
+      cpu = last;
+    }
   }
+  if (f.cpuMask.empty()) f.cpuMask = detail::str("0-", f.cpus - 1);
   for (int index = 0; index < 16; ++index) {
     const std::string dir = detail::str("/sys/devices/system/cpu/cpu0/cache/index", index, "/");
     const std::string level = firstLine(dir + "level");
@@ -145,16 +156,40 @@ std::string unusable(const Json& doc, const std::string& path, const HostFacts* 
     const Json host = doc.value("host", Json::object());
     const std::string model = host.is_object() ? text(host, "cpu_model") : "";
     const Json cpus = host.is_object() ? host.value("cpus", Json()) : Json();
-    if (model != facts->cpuModel || !cpus.is_number_integer() || cpus.get<int>() != facts->cpus) {
+    if (model != facts->cpuModel || !cpus.is_number_integer() ||
+        cpus.get<int>() != facts->onlineCpus) {
       return detail::str("tuning cache ", path, " is foreign: measured on '", model, "' with ",
                          cpus.dump(), " CPUs; this host is '", facts->cpuModel, "' with ",
-                         facts->cpus, " CPUs");
+                         facts->onlineCpus, " CPUs");
     }
   }
   return {};
 }
 
 }  // namespace
+
+int countCpus(const std::vector<std::string>& masks) {
+  std::vector<bool> seen;
+  for (const std::string& mask : masks) {
+    std::istringstream in(mask);
+    for (std::string range; std::getline(in, range, ',');) {
+      const size_t dash = range.find('-');
+      const std::string lo = range.substr(0, dash);
+      const std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
+      if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
+          hi.find_first_not_of("0123456789") != std::string::npos || lo.size() > 6 ||
+          hi.size() > 6) {
+        continue;
+      }
+      const size_t a = std::stoul(lo), b = std::stoul(hi);
+      for (size_t cpu = a; cpu <= b && cpu < (size_t{1} << 16); ++cpu) {
+        if (cpu >= seen.size()) seen.resize(cpu + 1);
+        seen[cpu] = true;
+      }
+    }
+  }
+  return static_cast<int>(std::count(seen.begin(), seen.end(), true));
+}
 
 const HostFacts& hostFacts() {
   static const HostFacts facts = readHostFacts();
@@ -183,8 +218,8 @@ Crossovers builtinCrossovers(const GroupTopology& t) {
 }
 
 std::string hostFingerprint(const HostFacts& facts) {
-  return hex64(fnv1a(detail::str(facts.cpuModel, "|", facts.cpus, "|", kTuningCacheVersion, "|",
-                                 LOOM_VERSION_STRING)));
+  return hex64(fnv1a(detail::str(facts.cpuModel, "|", facts.onlineCpus, "|", kTuningCacheVersion,
+                                 "|", LOOM_VERSION_STRING)));
 }
 
 std::string tuningCacheDirectory(const std::string& configured) {
@@ -257,7 +292,7 @@ void writeTuningCache(const std::string& path, const std::string& key, const Cro
   doc["loom"] = LOOM_VERSION_STRING;
   doc["host"] = {{"fingerprint", hostFingerprint(facts)},
                  {"cpu_model", facts.cpuModel},
-                 {"cpus", facts.cpus},
+                 {"cpus", facts.onlineCpus},
                  {"l2_bytes", facts.l2Bytes},
                  {"l3_bytes", facts.l3Bytes}};
   Json section = Json::object();
@@ -316,7 +351,7 @@ TuningChoice chooseTuning(const std::string& tuningFile, const std::string& cach
           const Json host = (*doc).value("host", Json::object());
           if (host.is_object()) {
             theirs.cpuModel = host.value("cpu_model", theirs.cpuModel);
-            theirs.cpus = host.value("cpus", theirs.cpus);
+            theirs.onlineCpus = host.value("cpus", theirs.onlineCpus);
           }
           bool noSection = false;
           loaded = loadTuningCache(tuningFile, key, theirs, why, noSection);

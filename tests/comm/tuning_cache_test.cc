@@ -88,12 +88,17 @@ TEST(TuningCache, TheKeyAndTheBuiltInTableFollowTheTopology) {
   EXPECT_EQ(builtinCrossovers(topologyOf(16, 8, 8, 16)).allreduceRdMax, size_t{128} << 10);
   EXPECT_EQ(builtinCrossovers(topologyOf(16, 8, 8, 16)).allreduceHdMax, size_t{32} << 20);
   EXPECT_EQ(builtinCrossovers(topologyOf(16, 16, 16, 2)).allreduceRdMax, size_t{256} << 10);
+  // A host's CPUs are its ranks' affinity masks together (ranks pinned to a core each).
+  EXPECT_EQ(countCpus({"0-3", "2-5,8"}), 7);
+  EXPECT_EQ(countCpus({"0", "1", "2", "3"}), 4);
+  EXPECT_EQ(countCpus({"x", "3-", ""}), 0);
   const HostFacts& facts = hostFacts();
   EXPECT_GE(facts.cpus, 1);
+  EXPECT_EQ(countCpus({facts.cpuMask}), facts.cpus) << facts.cpuMask;
   EXPECT_FALSE(facts.cpuModel.empty());
   EXPECT_EQ(hostFingerprint(facts).size(), 16u);
   HostFacts other = facts;
-  other.cpus += 1;
+  other.onlineCpus += 1;
   EXPECT_NE(hostFingerprint(other), hostFingerprint(facts));
 }
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/comm/tuning.h"
 
@@ -35,11 +36,15 @@ namespace loom::comm {
 // This machine as this process sees it (read once; thread-safe).
 struct HostFacts {
   std::string cpuModel;  // /proc/cpuinfo "model name" ("unknown" when absent)
+  int onlineCpus = 1;    // the machine's online CPUs (sysconf): part of the cache's fingerprint
   int cpus = 1;          // CPUs this process may run on (sched_getaffinity)
+  std::string cpuMask;   // those CPUs, "0-3,8" (ranks of one host pool theirs)
   size_t l2Bytes = 0;    // one core's L2 (sysfs cpu0 cache; 0: unknown)
   size_t l3Bytes = 0;    // the L3 cpu0 shares (0: unknown)
 };
 const HostFacts& hostFacts();
+// The CPUs in the union of `masks` ("0-3,8", as HostFacts::cpuMask); malformed parts count none.
+int countCpus(const std::vector<std::string>& masks);
 
 // What every rank of a group agrees on: computed at setup from every rank's host identity and
 // HostFacts, the same on every rank.
@@ -49,8 +54,8 @@ struct GroupTopology {
   int minPerHost = 1;             // ranks on the host that holds the fewest
   int maxPerHost = 1;             // ranks on the host that holds the most
   std::string transport = "tcp";  // "tcp", "shm" (one host) or "shm+tcp"
-  int minCpus = 1;                // the fewest usable CPUs of any rank
-  size_t minL2Bytes = 0;          // the smallest L2 of any rank (0: unknown somewhere)
+  int minCpus = 1;  // the fewest CPUs the ranks of one host may run on together (their affinity)
+  size_t minL2Bytes = 0;  // the smallest L2 of any rank (0: unknown somewhere)
   // The section a tuning file keys this topology by: "world=4 per_host=2 transport=shm+tcp",
   // with "per_host=1-3" when hosts hold different numbers of ranks.
   std::string key() const;
@@ -60,8 +65,8 @@ struct GroupTopology {
 
 // The built-in table for `topology`. The rule (docs/bench.md, "Tuning"): the crossovers
 // measured on the 2-core development VM, with the recursive-doubling all-reduce's range set by
-// whether every rank has a core of its own: 128 KiB when no host holds more ranks than the
-// group's smallest CPU count (measured: 2 ranks on 2 cores), 256 KiB when some host is
+// whether every rank has a core of its own: 128 KiB when no host holds more ranks than the CPUs
+// its ranks may run on together (minCpus) (measured: 2 ranks on 2 cores), 256 KiB when some host is
 // oversubscribed (latency then dominates; measured: 3 and 4 ranks on 2 cores); halving-doubling
 // up to 32 MiB for power-of-two worlds from 4; tree broadcast and direct all-gather and
 // reduce-scatter up to 64 KiB per rank; the single copy never. The cache sizes are agreed and
