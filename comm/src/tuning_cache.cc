@@ -348,10 +348,13 @@ TuningChoice chooseTuning(const std::string& tuningFile, const std::string& cach
         why = unusable(*doc, tuningFile, nullptr);
         HostFacts theirs = facts;
         if (why.empty()) {
+          // (value() with a default of another type would throw on a field of the wrong one.)
           const Json host = (*doc).value("host", Json::object());
-          if (host.is_object()) {
-            theirs.cpuModel = host.value("cpu_model", theirs.cpuModel);
-            theirs.onlineCpus = host.value("cpus", theirs.onlineCpus);
+          if (host.is_object() && host.contains("cpu_model") && host["cpu_model"].is_string()) {
+            theirs.cpuModel = host["cpu_model"].get<std::string>();
+          }
+          if (host.is_object() && host.contains("cpus") && host["cpus"].is_number_integer()) {
+            theirs.onlineCpus = host["cpus"].get<int>();
           }
           bool noSection = false;
           loaded = loadTuningCache(tuningFile, key, theirs, why, noSection);
