@@ -287,8 +287,10 @@ AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOption
   const TuningChoice mine =
       chooseTuning(options.tuningFile, tuningCacheDirectory(options.tuningCache), topology, facts);
   if (rank == 0 && !mine.warning.empty()) warnOnce(mine.warning);
+  std::string source = mine.source;  // one line (a path may hold anything)
+  std::replace(source.begin(), source.end(), '\n', ' ');
   store.set(detail::str(prefix, "tuning/", rank),
-            detail::str(mine.digest, "\n", mine.source, "\n", int{mine.tuned}, "\n",
+            detail::str(mine.digest, "\n", source, "\n", int{mine.tuned}, "\n",
                         rank == 0 ? formatTuning(agreed.key, mine.crossovers, true) : ""));
   keys.clear();
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "tuning/", r));
