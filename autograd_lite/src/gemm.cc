@@ -42,11 +42,7 @@ void cblas_sgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, in
                  const float*, int, const float*, int, float, float*, int);
 void cblas_dgemm(LoomCblasOrder, LoomCblasTranspose, LoomCblasTranspose, int, int, int, double,
                  const double*, int, const double*, int, double, double*, int);
-void openblas_set_num_threads(int);
-char* openblas_get_config();
-char* openblas_get_corename();
 }
-#include <mutex>
 #endif
 
 namespace loom::ag::detail {
@@ -80,8 +76,7 @@ void gemmBlock(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const 
                const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate, int64_t r0, int64_t r1,
                int64_t c0, int64_t c1) {
 #ifdef LOOM_AUTOGRAD_OPENBLAS
-  static std::once_flag single;
-  std::call_once(single, [] { openblas_set_num_threads(1); });
+  prepareKernels();  // once: OpenBLAS's threads off, its kernel set checked (blas_kernels.cc)
   const T* ab = transA ? a + r0 : a + r0 * lda;  // op(A)[r0:r1, :]
   const T* bb = transB ? b + c0 * ldb : b + c0;  // op(B)[:, c0:c1]
   const auto ta = transA ? kCblasTrans : kCblasNoTrans;
@@ -191,16 +186,3 @@ template void gemmBatched<double>(int64_t, bool, bool, int64_t, int64_t, int64_t
                                   int64_t, int64_t, bool);
 
 }  // namespace loom::ag::detail
-
-namespace loom::ag {
-
-std::string matmulBackend() {
-#ifdef LOOM_AUTOGRAD_OPENBLAS
-  return std::string(openblas_get_config()) + ", core " + openblas_get_corename();
-#else
-  return "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." +
-         std::to_string(EIGEN_MAJOR_VERSION) + "." + std::to_string(EIGEN_MINOR_VERSION);
-#endif
-}
-
-}  // namespace loom::ag

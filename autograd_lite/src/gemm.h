@@ -24,4 +24,8 @@ void gemmBatched(int64_t batch, bool transA, bool transB, int64_t m, int64_t n, 
                  const T* a, int64_t lda, int64_t strideA, const T* b, int64_t ldb, int64_t strideB,
                  T* c, int64_t ldc, int64_t strideC, bool accumulate);
 
+// Once per process, before the first product: OpenBLAS's own threads off (gemm.cc says why)
+// and its kernel set checked against the CPU, upgraded or warned about (blas_kernels.cc).
+void prepareKernels();
+
 }  // namespace loom::ag::detail

@@ -28,8 +28,9 @@
 // sendrecv sends to rank+1 and receives from rank-1 (even ranks send first, see run()).
 //
 // Environment: LOOM_SHM=0 turns the shared-memory path of the tcp backend off (TCP only);
-// LOOM_ALGO forces a comm algorithm (or --algo). --tune FILE measures the algorithm choice per
-// size instead (tune.h) and writes the tuning file that LOOM_TUNING_FILE loads.
+// LOOM_ALGO forces a comm algorithm (or --algo). --tune [FILE] measures the algorithm choice per
+// size instead (tune.h) and writes this host's tuning cache, which every group on the host
+// reads, or the tuning file FILE that LOOM_TUNING_FILE loads.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -307,11 +308,15 @@ int loomBenchMain(int argc, char** argv) {
   app.add_option("--algo", algo,
                  "force a comm algorithm for every collective (auto, ring, rd, hd, direct, tree, "
                  "chain); default: LOOM_ALGO or automatic");
-  app.add_option("--tune", tuneFile,
-                 "instead of the sweep, time every algorithm of all-reduce, broadcast, all-gather "
-                 "and reduce-scatter at per-rank sizes 4K, 16K, .. up to --tune-max for the job's "
-                 "topology and write the winners (per-size rules and crossovers) to this tuning "
-                 "file (other topologies in it are kept); groups load it with LOOM_TUNING_FILE");
+  CLI::Option* tune = app.add_option(
+      "--tune", tuneFile,
+      "instead of the sweep, time every algorithm of all-reduce, broadcast, all-gather and "
+      "reduce-scatter at per-rank sizes 4K, 16K, .. up to --tune-max for the job's topology and "
+      "write the winners (per-size rules and crossovers; other topologies are kept). Without "
+      "FILE: into this host's tuning cache ($XDG_CACHE_HOME/loom/tuning-<host>.json, "
+      "LOOM_TUNING_CACHE), which every group on this host then reads; with FILE: a text tuning "
+      "file (a JSON cache when FILE ends in .json) that groups load with LOOM_TUNING_FILE");
+  tune->expected(0, 1);
   app.add_option("--tune-max", tuneMax,
                  "largest per-rank size --tune times (bytes; K, M, G suffixes; 4K to 1G); the "
                  "last rule holds above it")
@@ -352,7 +357,7 @@ int loomBenchMain(int argc, char** argv) {
     init.pg.nccl.blockingWait = true;  // the timed loop ends when the device work is done
     InitResult group = initProcessGroup(init);
     rank = group.pg->rank();
-    if (!tuneFile.empty()) {
+    if (tune->count() > 0) {
       return runTune(*group.store, rank, group.pg->size(), tuneFile, tuneMaxBytes,
                      std::chrono::seconds(timeoutS));
     }

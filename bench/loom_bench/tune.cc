@@ -31,7 +31,9 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/comm/tuning.h"
+#include "loom/comm/tuning_cache.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 
 namespace loom::bench {
 
@@ -339,21 +341,45 @@ int runTune(Store& store, int rank, int size, const std::string& path, size_t ma
     }
     tuneCrossMemory(store, rank, size, maxBytes, timeout, *ctx, x);
   }
-  if (rank == 0) {
-    const std::string section = comm::formatTuning(ctx->topology(), x, true);
-    const std::string text = merged(path, ctx->topology(), section);
-    std::ofstream out(path + ".tmp");
+  if (rank != 0) return 0;
+  const std::string& key = ctx->topology();
+  const std::string section = comm::formatTuning(key, x, true);
+  std::string target = path;
+  const bool json = path.empty() || (path.size() > 5 && path.substr(path.size() - 5) == ".json");
+  if (path.empty()) {
+    const std::string directory =
+        comm::tuningCacheDirectory(settings::text("LOOM_TUNING_CACHE").value_or(""));
+    if (directory.empty()) {
+      std::cerr << "loom-bench: no tuning cache directory (LOOM_TUNING_CACHE is off, and neither "
+                   "XDG_CACHE_HOME nor HOME is set); pass --tune FILE"
+                << std::endl;
+      return 2;
+    }
+    target = comm::tuningCachePath(directory, comm::hostFacts());
+  }
+  if (json) {
+    try {
+      comm::writeTuningCache(target, key, x, comm::hostFacts());
+    } catch (const Error& e) {
+      std::cerr << "loom-bench: " << e.what() << std::endl;
+      return 3;
+    }
+  } else {
+    const std::string text = merged(target, key, section);
+    std::ofstream out(target + ".tmp");
     out << text;
     out.close();
-    if (!out || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
-      std::cerr << "loom-bench: cannot write tuning file " << path << ": "
+    if (!out || std::rename((target + ".tmp").c_str(), target.c_str()) != 0) {
+      std::cerr << "loom-bench: cannot write tuning file " << target << ": "
                 << detail::errnoText(errno) << std::endl;
       return 3;
     }
-    std::cout << report.str() << "# wrote " << path << " (load it with LOOM_TUNING_FILE=" << path
-              << ")\n"
-              << section;
   }
+  std::cout << report.str() << "# wrote " << target
+            << (path.empty() ? " (this host's tuning cache: every group on this host reads it; "
+                               "LOOM_TUNING_FILE overrides it)\n"
+                             : detail::str(" (load it with LOOM_TUNING_FILE=", target, ")\n"))
+            << section;
   return 0;
 }
 

@@ -9,8 +9,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +23,7 @@
 #include "engine/engines.h"
 #include "loom/comm/reduce.h"
 #include "loom/comm/transport.h"
+#include "loom/comm/tuning_cache.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
@@ -205,34 +210,119 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   return shared;
 }
 
-// This Context's topology for tuning files (loom/comm/tuning.h): world size, ranks per host
-// (from every rank's host identity, whether or not shared memory is on) and transport.
-std::string topologyOf(Store& store, int rank, int size, const ContextOptions& options,
-                       const SharedMemory& shared) {
-  const std::string prefix = options.storePrefix + "/topology/host/";
-  store.set(detail::str(prefix, rank), shm::hostIdentity(options.shmHostId));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, r));
-  store.wait(keys, options.timeout);
-  const std::vector<Bytes> hosts = store.multiGet(keys);
-  const int perHost = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
-  const char* transport = shared.singleHost ? "shm" : shared.hierarchical ? "shm+tcp" : "tcp";
-  return topologyKey(size, perHost, transport);
+// The tuning every rank of the group runs with (loom/comm/tuning_cache.h), agreed at setup so
+// that every rank takes the same section and the same algorithm for the same call.
+struct AgreedTuning {
+  std::string key;  // the section (GroupTopology::key)
+  Crossovers crossovers;
+  bool tuned = false;   // from a file or the cache, not the built-in table
+  std::string summary;  // Context::tuning()
+};
+
+// One warning per message per process: many groups read the same unusable cache.
+void warnOnce(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> given;
+  std::lock_guard<std::mutex> lock(mu);
+  if (given.insert(message).second) LOOM_LOG_WARNING(message);
 }
 
-// The crossovers of ContextOptions::tuningFile for `topology`, or nothing (the built-in table)
-// with one warning from rank 0 when the file cannot be used. Every rank reads the same file: a
-// file that differs between hosts is the user's to keep equal, like every setting that must
-// agree.
-std::optional<Crossovers> loadCrossovers(int rank, const ContextOptions& options,
-                                         const std::string& topology) {
-  if (options.tuningFile.empty()) return std::nullopt;
-  std::string why;
-  auto crossovers = loadTuning(options.tuningFile, topology, why);
-  if (!crossovers && rank == 0) {
-    LOOM_LOG_WARNING("LOOM_TUNING_FILE: ", why, "; using the built-in algorithm crossovers");
+std::vector<std::string> splitLines(const std::string& text, size_t fields) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (out.size() + 1 < fields) {
+    const size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) break;
+    out.push_back(text.substr(at, nl - at));
+    at = nl + 1;
   }
-  return crossovers;
+  out.push_back(text.substr(std::min(at, text.size())));
+  out.resize(fields);
+  return out;
+}
+
+// Two rounds through the store. First every rank publishes its host identity (whether or not
+// shared memory is on), the CPUs it may run on and its L2 size, from which every rank computes the
+// same GroupTopology. Then every rank publishes the digest and source of the tuning it would take
+// on its own, and rank 0 its table too: every rank runs rank 0's, and a rank whose own differs is
+// named (once, by rank 0).
+AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOptions& options,
+                           const SharedMemory& shared) {
+  const HostFacts& facts = hostFacts();
+  const std::string prefix = options.storePrefix + "/topology/";
+  store.set(
+      detail::str(prefix, "host/", rank),
+      detail::str(shm::hostIdentity(options.shmHostId), "\n", facts.cpuMask, "\n", facts.l2Bytes));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "host/", r));
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> published = store.multiGet(keys);
+  GroupTopology topology;
+  topology.worldSize = size;
+  topology.transport = shared.singleHost ? "shm" : shared.hierarchical ? "shm+tcp" : "tcp";
+  std::map<std::string, int> perHost;
+  std::map<std::string, std::vector<std::string>> masks;  // each host's ranks' CPUs
+  topology.minL2Bytes = facts.l2Bytes;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<std::string> f = splitLines(toString(published[r]), 3);
+    ++perHost[f[0]];
+    masks[f[0]].push_back(f[1]);
+    topology.minL2Bytes =
+        std::min<size_t>(topology.minL2Bytes, std::strtoull(f[2].c_str(), nullptr, 10));
+  }
+  // Ranks pinned to a core each still have a core each: a host's CPUs are its ranks' together.
+  topology.minCpus = std::numeric_limits<int>::max();
+  for (const auto& [host, list] : masks) {
+    topology.minCpus = std::min(topology.minCpus, std::max(1, countCpus(list)));
+  }
+  topology.hosts = static_cast<int>(perHost.size());
+  topology.minPerHost = size;
+  topology.maxPerHost = 0;
+  for (const auto& [host, count] : perHost) {
+    topology.minPerHost = std::min(topology.minPerHost, count);
+    topology.maxPerHost = std::max(topology.maxPerHost, count);
+  }
+  AgreedTuning agreed;
+  agreed.key = topology.key();
+  const TuningChoice mine =
+      chooseTuning(options.tuningFile, tuningCacheDirectory(options.tuningCache), topology, facts);
+  if (rank == 0 && !mine.warning.empty()) warnOnce(mine.warning);
+  std::string source = mine.source;  // one line (a path may hold anything)
+  std::replace(source.begin(), source.end(), '\n', ' ');
+  store.set(detail::str(prefix, "tuning/", rank),
+            detail::str(mine.digest, "\n", source, "\n", int{mine.tuned}, "\n",
+                        rank == 0 ? formatTuning(agreed.key, mine.crossovers, true) : ""));
+  keys.clear();
+  for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "tuning/", r));
+  store.wait(keys, options.timeout);
+  const std::vector<Bytes> choices = store.multiGet(keys);
+  const std::vector<std::string> first = splitLines(toString(choices[0]), 4);
+  std::string why;
+  const auto table = parseTuning(first[3], "rank 0's tuning", agreed.key, why);
+  LOOM_CHECK(table.has_value(), "rank ", rank, ": cannot read rank 0's tuning table: ", why);
+  agreed.crossovers = *table;
+  agreed.tuned = first[2] == "1";
+  agreed.summary =
+      first[1] == "built-in" ? detail::str("built-in (", topology.describe(), ")") : first[1];
+  agreed.summary += detail::str(" [", agreed.key, "]");
+  std::string differ;
+  for (int r = 1; r < size; ++r) {
+    const std::vector<std::string> theirs = splitLines(toString(choices[r]), 3);
+    if (theirs[0] == first[0]) continue;
+    differ += detail::str(differ.empty() ? "" : "; ", "rank ", r, " has ", theirs[1], " (table ",
+                          theirs[0], ")");
+  }
+  if (!differ.empty()) {
+    agreed.summary +=
+        detail::str("; every rank uses rank 0's (table ", first[0], ") though ", differ);
+    if (rank == 0) {
+      warnOnce(detail::str("tuning differs between ranks: rank 0 has ", first[1], " (table ",
+                           first[0], "), ", differ, "; every rank uses rank 0's [", agreed.key,
+                           "] (give every rank the same LOOM_TUNING_FILE, or run loom-bench "
+                           "--tune on every host)"));
+    }
+  }
+  return agreed;
 }
 
 }  // namespace
@@ -261,13 +351,14 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   topts.healLocal = options.tcpHealLocal;
   auto transport = tcp::TcpTransport::create(store, rank, size, topts);
   SharedMemory shared = setupSharedMemory(store, rank, size, options);
-  const std::string topology = topologyOf(store, rank, size, options, shared);
-  generic.crossovers = loadCrossovers(rank, options, topology);
-  if (generic.crossovers && shared.arena) shared.arena->setCrossMemoryRanges(*generic.crossovers);
+  AgreedTuning tuning = agreeOnTuning(store, rank, size, options, shared);
+  generic.crossovers = tuning.crossovers;
+  if (tuning.tuned && shared.arena) shared.arena->setCrossMemoryRanges(tuning.crossovers);
   const bool crossMemory = shared.arena && shared.arena->singleCopy();
   auto ctx =
       std::make_shared<ContextImpl>(rank, size, std::move(transport), std::move(shared), generic);
-  static_cast<Context&>(*ctx).topology_ = topology;
+  static_cast<Context&>(*ctx).topology_ = tuning.key;
+  static_cast<Context&>(*ctx).tuning_ = std::move(tuning.summary);
   static_cast<Context&>(*ctx).crossMemory_ = crossMemory;
   static_cast<Context&>(*ctx).reproducible_ = options.reproducible;
   return ctx;

@@ -69,6 +69,7 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.shmWindowMinBytes, d.shmWindowMinBytes, s::bytes("LOOM_SHM_WINDOW_MIN_BYTES"));
   s::fillDefault(o.tuningFile, d.tuningFile, s::text("LOOM_TUNING_FILE"));
   s::fillDefault(o.reproducible, d.reproducible, s::flag("LOOM_REPRODUCIBLE"));
+  s::fillDefault(o.tuningCache, d.tuningCache, s::text("LOOM_TUNING_CACHE"));
   s::fillDefault(o.verbs.device, d.verbs.device, s::text("LOOM_IB_DEVICE"));
   s::fillDefault(o.verbs.port, d.verbs.port, s::integer("LOOM_IB_PORT"));
   s::fillDefault(o.verbs.gidIndex, d.verbs.gidIndex, s::integer("LOOM_IB_GID_INDEX"));
@@ -144,6 +145,7 @@ std::string describeNonDefault(const ContextOptions& o) {
   put("shmWindowMinBytes", o.shmWindowMinBytes, d.shmWindowMinBytes);
   put("tuningFile", o.tuningFile, d.tuningFile);
   put("reproducible", int{o.reproducible}, int{d.reproducible});
+  put("tuningCache", o.tuningCache, d.tuningCache);
   put("verbs.device", o.verbs.device, d.verbs.device);
   put("verbs.port", o.verbs.port, d.verbs.port);
   put("verbs.gidIndex", o.verbs.gidIndex, d.verbs.gidIndex);

@@ -93,11 +93,19 @@ std::string topologyKey(int worldSize, int ranksPerHost, const std::string& tran
 
 std::optional<Crossovers> loadTuning(const std::string& path, const std::string& key,
                                      std::string& why) {
-  std::ifstream in(path);
-  if (!in) {
+  std::ifstream file(path);
+  if (!file) {
     why = detail::str("cannot read tuning file ", path, ": ", detail::errnoText(errno));
     return std::nullopt;
   }
+  std::ostringstream text;
+  text << file.rdbuf();
+  return parseTuning(text.str(), path, key, why);
+}
+
+std::optional<Crossovers> parseTuning(const std::string& text, const std::string& path,
+                                      const std::string& key, std::string& why) {
+  std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || trim(line) != kVersionLine) {
     why = detail::str("tuning file ", path, " starts with '", trim(line), "'; expected '",

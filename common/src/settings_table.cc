@@ -119,6 +119,11 @@ constexpr Setting kTable[] = {
      "tuning or rank order (docs/reproducible.md); prod over floats is refused; equal on all "
      "ranks",
      "comm::ContextOptions::reproducible", "Context setup"},
+    {"LOOM_TUNING_CACHE", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "the directory of the per-host tuning cache that loom-bench --tune writes and every group "
+     "reads when LOOM_TUNING_FILE is unset (default: $XDG_CACHE_HOME/loom, else "
+     "$HOME/.cache/loom); off: no cache",
+     "comm::ContextOptions::tuningCache", "Context setup, loom-bench --tune"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",
      "comm::VerbsOptions::device", "verbs Context setup"},
@@ -306,6 +311,19 @@ constexpr Setting kTable[] = {
     // ---- read, not Loom's; and test-only ----
     {"PATH", K::kText, S::kOther, "", 0, 0, "", "",
      "where loom-run and spawn look for a program named without a '/'", "", "loom-run"},
+    {"OPENBLAS_CORETYPE", K::kText, S::kOther, "", 0, 0, "", "",
+     "OpenBLAS's kernel set (Haswell, SkylakeX, ...), read by OpenBLAS when it loads; when set, "
+     "loom-train keeps it; unset, loom-train switches a generic set OpenBLAS picked for a CPU "
+     "model it does not know (Prescott, ...) to the best one the CPU runs",
+     "loom::ag::setGenericKernels", "loom-train start"},
+    {"XDG_CACHE_HOME", K::kText, S::kOther, "", 0, 0, "", "",
+     "where the per-host tuning cache lives (XDG_CACHE_HOME/loom) when LOOM_TUNING_CACHE is "
+     "unset",
+     "", "Context setup, loom-bench --tune"},
+    {"HOME", K::kText, S::kOther, "", 0, 0, "", "",
+     "where the per-host tuning cache lives (HOME/.cache/loom) when neither LOOM_TUNING_CACHE "
+     "nor XDG_CACHE_HOME is set",
+     "", "Context setup, loom-bench --tune"},
     {"TMPDIR", K::kText, S::kOther, "/tmp", 0, 0, "", "",
      "where process tests make their temporary directories", "", "tests"},
     {"LOOM_TEST_HOST", K::kText, S::kOther, "", 0, 0, "", "",

@@ -188,6 +188,10 @@ void printSlowestRank(ProcessGroup& pg) {
 
 int run(const Args& a) {
   ag::setNumThreads(static_cast<int>(settings::integer("LOOM_AUTOGRAD_THREADS").value_or(0)));
+  // OpenBLAS's generic kernels on a CPU it does not know: switch to the ones the CPU runs, unless
+  // OPENBLAS_CORETYPE chose them (autograd_lite/include/loom/autograd/parallel.h).
+  ag::setGenericKernels(settings::text("OPENBLAS_CORETYPE") ? ag::GenericKernels::kKeep
+                                                            : ag::GenericKernels::kUpgrade);
   LOOM_CHECK(a.batch > 0 && a.steps >= 0 && a.accumulate >= 1 && a.in > 0 && a.classes > 1,
              "--batch, --in must be > 0, --classes > 1, --steps >= 0, --accumulate >= 1");
   LOOM_CHECK(a.minRanks >= 1, "--min-ranks must be at least 1, got ", a.minRanks);

@@ -87,6 +87,10 @@ std::string ProcessGroupComm::transportSummary() const {
   return ctx_->transportSummary();
 }
 
+std::string ProcessGroupComm::tuningSummary() const {
+  return ctx_->tuning();
+}
+
 ProcessGroupComm::~ProcessGroupComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -118,10 +118,11 @@ void logGroupReady(const ProcessGroup& pg) {
   if (!logEnabled(LogLevel::kInfo) && pg.debugLevel() == DebugLevel::kOff) return;
   const std::string set = settings::describeSet();
   const std::string changed = describeNonDefault(pg.options());
+  const std::string tuning = pg.tuningSummary();
   logMessage(LogLevel::kInfo,
              detail::str(pg.who(), ": ", pg.backendName(), " process group of size ", pg.size(),
-                         " ready over ", pg.transportSummary(),
-                         "; environment: ", set.empty() ? "(none set)" : set,
+                         " ready over ", pg.transportSummary(), tuning.empty() ? "" : "; tuning: ",
+                         tuning, "; environment: ", set.empty() ? "(none set)" : set,
                          "; options: ", changed.empty() ? "(defaults)" : changed));
 }
 

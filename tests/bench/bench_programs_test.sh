@@ -9,6 +9,8 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# This host's tuning cache (if someone ran loom-bench --tune) stays out of the test.
+export LOOM_TUNING_CACHE=off
 
 "$bin/loom-bench" --help >"$tmp/help" 2>&1 || fail "--help exited $?"
 grep -q -- "--op" "$tmp/help" || fail "--help does not list --op"
@@ -145,6 +147,21 @@ grep -q "^# broadcast: median us per call  tree  chain  direct  -> chosen$" "$tm
 grep -q "^#   262144 " "$tmp/out" && ! grep -q "^#   1048576 " "$tmp/out" ||
   fail "loom-bench --tune-max 256K did not stop at 256 KiB: $(head -n 20 "$tmp/out")"
 tunedSweeps 3 0 -b 4K -e 64M -f 16 -n 1 -w 1 -c 1 -d float -o sum
+
+# --tune without a file writes this host's tuning cache (LOOM_TUNING_CACHE's directory), and
+# the next group reads it without being told, saying so in its group-ready line (about 2 s).
+cache="$tmp/cache"
+ranks 2 env LOOM_TUNING_CACHE="$cache" "$bin/loom-bench" --tune --tune-max 16K ||
+  fail "loom-bench --tune (cache) exited non-zero: $(tail -n 3 "$tmp"/out*)"
+cached=$(ls "$cache"/tuning-*.json 2>/dev/null | head -n 1)
+[[ -n $cached ]] && grep -q '"world=2 per_host=2 transport=tcp"' "$cached" ||
+  fail "loom-bench --tune wrote no cache section in $cache: $(ls "$cache" 2>&1; cat "$cached")"
+grep -q "^# wrote $cached (this host's tuning cache" "$tmp/out" ||
+  fail "loom-bench --tune did not name the cache: $(tail -n 8 "$tmp/out")"
+ranks 2 env LOOM_TUNING_CACHE="$cache" LOOM_LOG_LEVEL=info "$bin/loom-bench" -b 8 -e 8 -n 1 -w 0 ||
+  fail "loom-bench with the cache exited non-zero: $(tail -n 3 "$tmp/out")"
+grep -q "ready over .*; tuning: cache $cached \[world=2 per_host=2 transport=tcp\]" "$tmp/out" ||
+  fail "the group-ready line does not name the cache: $(grep ready "$tmp/out")"
 
 ranks 2 "$bin/loom-bench" --backend nccl -R 1 -b 8 -e 8 >/dev/null 2>&1
 [[ $? -eq 2 ]] || fail "loom-bench -R 1 --backend nccl did not exit 2"

@@ -119,6 +119,36 @@ def tuning():
         .encode())
 
 
+# ---- tuning_cache: comm/include/loom/comm/tuning_cache.h; first byte: even 2 ranks on one
+# host, odd 4 ranks 1-3 per host; the fuzzer's Loom is "fuzz", its host "Fuzz CPU" with 8 CPUs ----
+def tuning_cache():
+    t = "tuning_cache"
+    section = {"allreduce.rd_max": 131072, "allreduce.hd_max": 33554432,
+               "broadcast.tree_max": 65536, "gather.direct_max": 65536}
+
+    def cache(sections, **changes):
+        doc = {"format": "loom-tuning-cache", "version": 1, "loom": "fuzz",
+               "host": {"fingerprint": "0000000000000000", "cpu_model": "Fuzz CPU", "cpus": 8,
+                        "l2_bytes": 1048576, "l3_bytes": 0},
+               "sections": sections}
+        doc.update(changes)
+        return json.dumps(doc, indent=1, sort_keys=True)
+
+    two = "world=2 per_host=2 transport=tcp"
+    uneven = "world=4 per_host=1-3 transport=shm+tcp"
+    put(t, "basic", b"\x00" + cache({two: section}).encode())
+    put(t, "rules_cma", b"\x01" + cache({uneven: dict(section, **{
+        "allreduce.rules": "0:rd 65536:ring", "allgather.cma_min": 65536,
+        "allgather.cma_max": 67108864})}).encode())
+    put(t, "two_sections", b"\x00" + cache({two: section, uneven: section}).encode())
+    # Edge cases: no section, stale, foreign, a wrong type, not JSON.
+    put(t, "no_section", b"\x01" + cache({two: section}).encode())
+    put(t, "stale", b"\x00" + cache({two: section}, version=0).encode())
+    put(t, "foreign", b"\x00" + cache({two: section}, host={"cpu_model": 7, "cpus": "8"}).encode())
+    put(t, "bad_value", b"\x00" + cache({two: dict(section, **{"allreduce.rd_max": 1.5})}).encode())
+    put(t, "not_json", b"\x00" + b"{\"format\": \"loom-tuning-cache\", \"sections\": {")
+
+
 # ---- rpc_wire: rpc/src/wire.h (40-byte little-endian header, name, MessagePack payload) ----
 def rpc_frame(kind, name=b"", payload=b"", id=1, aux=0, timeout=0, magic=0x4350524C, version=1):
     return struct.pack("<IBBHIIQQQ", magic, version, kind, 0, timeout, len(name), id, aux,
@@ -302,6 +332,7 @@ if __name__ == "__main__":
     store_protocol()
     settings()
     tuning()
+    tuning_cache()
     rpc_wire()
     npy_corpus()
     safetensors_corpus()

@@ -38,10 +38,32 @@ int numThreads();
 void setNumThreads(int n);
 
 // What computes the matrix products (matmul, linear, conv2d), for logs: OpenBLAS's
-// openblas_get_config() ("OpenBLAS <version> <build options>") and ", core <the kernel set it
-// picked at load time>" (OPENBLAS_CORETYPE overrides the pick), or "Eigen <version>" in a build
-// without OpenBLAS.
+// openblas_get_config() ("OpenBLAS <version> <build options>") and ", core <the kernel set in
+// use>" (picked at load time, or OPENBLAS_CORETYPE's; with "(OpenBLAS picked Prescott; switched:
+// this CPU has AVX-512)" after an upgrade, see setGenericKernels), or "Eigen <version>" in a
+// build without OpenBLAS. The first call fixes the kernel set, as the first product does.
 std::string matmulBackend();
+
+// What to do when OpenBLAS picked a generic kernel set (isGenericCoreType: Prescott, Core2,
+// Nehalem...; Debian's 0.3.21 does so for CPU models it does not know) on a CPU with AVX2 and
+// FMA or AVX-512, decided once, at the first product or matmulBackend() call:
+enum class GenericKernels {
+  // Keep it and say once on stderr what it costs and the fix (the default: autograd_lite reads
+  // no environment, so it cannot tell whether OPENBLAS_CORETYPE chose the set on purpose).
+  kWarn,
+  // Switch OpenBLAS to the best set the CPU runs (SkylakeX with AVX-512, else Haswell), in this
+  // process, through OpenBLAS's own start-up path (DYNAMIC_ARCH builds; otherwise: kWarn). For
+  // when OPENBLAS_CORETYPE is unset: it is set during the switch and removed after. Programs
+  // choose it when OPENBLAS_CORETYPE is unset (loom-train).
+  kUpgrade,
+  // Keep it silently (OPENBLAS_CORETYPE named it).
+  kKeep,
+};
+// Takes effect only before the kernel set is fixed (above); thread-safe.
+void setGenericKernels(GenericKernels policy);
+// Whether OpenBLAS core type `core` (as openblas_get_corename spells it) is a generic one: an x86
+// kernel set without AVX.
+bool isGenericCoreType(const std::string& core);
 
 // Runs fn(begin, end) over consecutive ranges covering [0, n) on up to numThreads() threads;
 // returns when all are done. The ranges are L = max(grain, ceil(n / 256)) long (the last one

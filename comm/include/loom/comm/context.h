@@ -143,6 +143,10 @@ struct ContextOptions {
   // floating dtypes give the correctly rounded result, bitwise the same whatever the algorithm,
   // transport or tuning. Equal on all ranks (LOOM_REPRODUCIBLE).
   bool reproducible = false;
+  // Where the per-host tuning cache of `loom-bench --tune` lives (loom/comm/tuning_cache.h):
+  // empty: $XDG_CACHE_HOME/loom, else $HOME/.cache/loom; "off": no cache (LOOM_TUNING_CACHE).
+  // Every group reads this host's cache there unless tuningFile is set.
+  std::string tuningCache;
   // For createVerbsContext only.
   VerbsOptions verbs;
 };
@@ -184,8 +188,14 @@ class Context {
   EngineSet* engines() const { return engines_.get(); }
 
   // The topology a tuning file keys its crossovers by (loom/comm/tuning.h: "world=2
-  // per_host=2 transport=tcp"); empty for Contexts that take no tuning file (verbs).
+  // per_host=2 transport=tcp", "per_host=1-3" when hosts hold different numbers of ranks),
+  // the same on every rank; empty for Contexts that take no tuning file (verbs).
   const std::string& topology() const { return topology_; }
+  // Which tuning every rank of this Context runs with, for logs: "built-in (4 ranks on 1 host
+  // (4 per host), 2 CPUs, L2 1 MiB)", "cache PATH [KEY]", "LOOM_TUNING_FILE PATH [KEY]", and the
+  // ranks whose own tuning differed from rank 0's, which every rank uses (tuning_cache.h); the
+  // same on every rank; empty for Contexts that take no tuning (verbs).
+  const std::string& tuning() const { return tuning_; }
   // Whether shared memory can read peers' buffers with one cross-memory copy (the setup probe
   // passed on every rank of this host; LOOM_SHM_SINGLE_COPY). Whether a collective does so
   // is the choice of LOOM_SHM_SINGLE_COPY=on or the tuning file (tuning.h).
@@ -204,6 +214,7 @@ class Context {
  private:
   std::unique_ptr<EngineSet> engines_;
   std::string topology_;
+  std::string tuning_;
   bool crossMemory_ = false;
   bool reproducible_ = false;
 };

@@ -15,9 +15,10 @@
 // Each value is the largest per-rank byte count at which the smaller-message algorithm still
 // runs: recursive doubling before ring or halving-doubling, halving-doubling before ring
 // (power-of-two worlds from 4), tree before chain, direct before ring (all-gather and
-// reduce-scatter). A Context loads the section of its own topology (ContextOptions::tuningFile);
-// a missing or unreadable file, a malformed line, another version or no section for the
-// topology gives one warning (rank 0) and the built-in table.
+// reduce-scatter). A Context loads the section of its group's topology (ContextOptions::tuningFile,
+// else this host's tuning cache: tuning_cache.h, which also says how every rank comes to run
+// the same one); a missing or unreadable file, a malformed line, another version or no section
+// for the topology gives one warning (rank 0) and the built-in table.
 //
 // Optional, for shared memory (a section whose transport is shm or shm+tcp):
 //
@@ -89,7 +90,8 @@ struct Crossovers {
   SizeRules reduceScatterRules;
 };
 
-// The built-in table for `worldSize` ranks (measured on the 2-core dev VM; select.cc).
+// The table measured on the 2-core dev VM for `worldSize` ranks (select.cc); a group runs
+// builtinCrossovers(GroupTopology) (tuning_cache.h), which starts from it.
 Crossovers builtinCrossovers(int worldSize);
 
 // The automatic choice for collective `kind` with `bytes` per rank in a world of `worldSize`
@@ -104,10 +106,14 @@ bool implementsAlgorithm(OpType kind, Algorithm algorithm);
 // "world=2 per_host=2 transport=tcp"
 std::string topologyKey(int worldSize, int ranksPerHost, const std::string& transport);
 
-// The crossovers of section `key` of the tuning file at `path`; nullopt with `why` set (the
-// file, the line and what was expected) when the file cannot be used.
+// The crossovers of section `key` of the tuning file at `path` (a text file as above, or a
+// JSON per-host cache as below); nullopt with `why` set (the file, the line and what was
+// expected) when the file cannot be used.
 std::optional<Crossovers> loadTuning(const std::string& path, const std::string& key,
                                      std::string& why);
+// The same for the text of a tuning file; `origin` names it in `why`.
+std::optional<Crossovers> parseTuning(const std::string& text, const std::string& origin,
+                                      const std::string& key, std::string& why);
 
 // One section of a tuning file, with the version line when `header`.
 std::string formatTuning(const std::string& key, const Crossovers& crossovers, bool header);

@@ -362,6 +362,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // the tcp and verbs backends comm::Context::transportSummary() ("shm (all 4 ranks on this
   // host)", "tcp", ...). Fixed once the group is constructed.
   virtual std::string transportSummary() const { return backend_; }
+  // Which algorithm tuning the group runs with, for the group-ready log line: for the tcp
+  // backend comm::Context::tuning() ("built-in (...) [KEY]", "cache PATH [KEY]",
+  // "LOOM_TUNING_FILE PATH [KEY]"); empty for backends that take none.
+  virtual std::string tuningSummary() const { return {}; }
 
   // "rank 2" or "rank 1 of group/3 (parent ranks 1,3)": the prefix of every message.
   std::string who() const;
