@@ -225,6 +225,32 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
       EXPECT_EQ(cm.read, 3 * S - 2 * (S / n));
       EXPECT_EQ(cm.written, 2 * S - S / n);
       EXPECT_EQ(cm.waits, 3 * (n - 1));
+      // window reduce-scatter: reads n S, writes S; window all-gather: (n-1) S each in place.
+      const auto wr = shm::windowReduceScatterTraffic(c, es, n, r);
+      EXPECT_EQ(wr.read, n * S);
+      EXPECT_EQ(wr.written, S);
+      const auto wg = shm::windowAllgatherTraffic(c, es, n, /*inPlace=*/true);
+      EXPECT_EQ(wg.read, (n - 1) * S);
+      EXPECT_EQ(wg.written, (n - 1) * S);
+      // window broadcast: unassisted S per receiver; assisted (n-1)/n S per rank, root too.
+      const auto wb = shm::windowBroadcastTraffic(c, es, n, r, 1, false);
+      EXPECT_EQ(wb.read, r == 1 ? 0 : S);
+      const auto wba = shm::windowBroadcastTraffic(c, es, n, r, 1, true);
+      EXPECT_EQ(wba.read, S - S / n);
+      EXPECT_EQ(wba.written, S - S / n);
+    }
+    // Assisted broadcast, uneven: the root's writes and the receivers' own copies together
+    // give every receiver every byte once.
+    for (size_t odd : {size_t{7}, size_t{1000003}}) {
+      const auto root = shm::windowBroadcastTraffic(odd, es, n, 0, 0, true);
+      size_t rootWrites = 0;
+      for (int r = 1; r < n; ++r) {
+        const auto rx = shm::windowBroadcastTraffic(odd, es, n, r, 0, true);
+        const size_t fromRoot = segmentCount(odd, n, r) * es;  // receiver r is place r here
+        rootWrites += fromRoot;
+        EXPECT_EQ(rx.written + fromRoot, odd * es) << "receiver " << r;
+      }
+      EXPECT_EQ(root.written, rootWrites);
     }
     // Uneven splits: summed over the ranks, the reductions read every operand byte once.
     const size_t odd = 1000003;

@@ -91,4 +91,46 @@ inline StepTraffic crossMemoryAllreduceTraffic(size_t c, size_t es, int n, int r
   return t;
 }
 
+// The window reduce-scatter (`c` elements per rank's output, one step): rank r folds slice r
+// of every rank's input (its own in place) into its output.
+inline StepTraffic windowReduceScatterTraffic(size_t c, size_t es, int n, int /*r*/) {
+  StepTraffic t;
+  t.read = c * es * n;
+  t.written = c * es;
+  t.publishes = 2;        // post, finishStep
+  t.waits = 2 * (n - 1);  // every post, every peer finished reading this rank's input
+  return t;
+}
+// The window all-gather (`c` elements per rank, one step): each rank copies the n-1 peers'
+// inputs into its output, and its own input unless in place.
+inline StepTraffic windowAllgatherTraffic(size_t c, size_t es, int n, bool inPlace) {
+  const size_t copied = c * es * static_cast<size_t>(inPlace ? n - 1 : n);
+  StepTraffic t;
+  t.read = copied;
+  t.written = copied;
+  t.publishes = 2;
+  t.waits = 2 * (n - 1);
+  return t;
+}
+// The window broadcast of `c` elements (one step). Unassisted: each receiver copies the whole
+// buffer from the root's window. Assisted (broadcastRootAssists): the root writes segment i
+// of the receiver i places after it, and each receiver copies the n-1 other segments.
+inline StepTraffic windowBroadcastTraffic(size_t c, size_t es, int n, int r, int root,
+                                          bool assisted) {
+  StepTraffic t;
+  const int place = (r - root + n) % n;
+  if (!assisted) {
+    t.read = t.written = r == root ? 0 : c * es;
+    t.publishes = 2;                  // post, finishStep
+    t.waits = r == root ? n - 1 : 1;  // root: every receiver finished; receiver: the post
+    return t;
+  }
+  const size_t bytes =
+      r == root ? (c - segmentCount(c, n, 0)) * es : (c - segmentCount(c, n, place)) * es;
+  t.read = t.written = bytes;
+  t.publishes = r == root ? 3 : 2;        // the root marks its writes done
+  t.waits = r == root ? 2 * (n - 1) : 2;  // root: posts, finished; receiver: post, mark
+  return t;
+}
+
 }  // namespace loom::comm::shm
