@@ -74,12 +74,6 @@ void forEachFoldStep(int size, int rotation, size_t blocks, bool skew, Visit&& v
   }
 }
 
-// The operands stage `s` reads: stage 1 reads x_0 and x_1, stage s >= 2 reads x_s (and the
-// accumulator).
-inline int foldStageFirstOperand(int stage) {
-  return stage == 1 ? 0 : stage;
-}
-
 // Folds `count` elements of `size` operands: for every element, x_0 op x_1 op ... op x_{size-1}
 // in that order, a block of `blockElements` at a time (forEachFoldStep).
 // - operand(q, begin, m): where elements [begin, begin + m) of operand q are (a pointer that

@@ -105,8 +105,9 @@ void stageChunk(Arena& arena, const void* in, size_t offset, size_t c, size_t es
 }
 
 // The split reduction of one chunk of `c` elements (at element `offset` of the collective)
-// already posted by every rank: this rank reduces its sub-slice into its own slot and marks it
-// reduced. Its own operand comes from `in` (stageChunk left it out of the slot).
+// already posted by every rank: this rank folds its sub-slice (fold.h: rank order, reads
+// rotated) into its own slot and marks it reduced. Its own operand comes from `in` (stageChunk
+// left it out of the slot).
 void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, ReduceOp op, DType dtype,
                        const void* in, size_t offset, size_t c) {
   const size_t es = dtypeSize(dtype);

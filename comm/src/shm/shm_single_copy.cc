@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "algorithms/algorithms.h"
 #include "loom/comm/reduce.h"
@@ -52,6 +53,7 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
   // done (own must still be read).
   const bool overlap = d < o + n * es && o < d + n * es;
   const bool viaBounce = overlap && (me >= 2 || d != o);
+  if (n == 0) return;
   uint8_t* bounce = arena.bounce();
   if (call.access == PeerAccess::kWindow) {
     // The peers' operands are mapped here: reduce them where they lie, skewed and rotated
@@ -60,11 +62,17 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
     // peers' lines, or prefetchw of dst's, changed nothing.)
     const size_t block = foldBlockElements(size, es, Arena::kBounceBytes);
     const size_t inFlight = static_cast<size_t>(size - 1);
+    // Every peer's operand and output resolved once (a lookup per small block would cost a
+    // few percent of it).
+    std::vector<const uint8_t*> operands(static_cast<size_t>(size));
+    std::vector<uint8_t*> outputs(toPeers ? static_cast<size_t>(size) : 0);
+    for (int q = 0; q < size; ++q) {
+      operands[q] = q == me ? o : arena.peerWindow(call, q, kIn) + offset;
+      if (toPeers && q != me) outputs[q] = arena.peerWindowForWrite(call, q, kOut) + offset;
+    }
     fold(
         fn, size, me, n, block, /*skew=*/true,
-        [&](int q, size_t begin, size_t) -> const void* {
-          return q == me ? o + begin * es : arena.peerWindow(call, q, kIn) + offset + begin * es;
-        },
+        [&](int q, size_t begin, size_t) -> const void* { return operands[q] + begin * es; },
         [&](size_t b) -> void* {
           return viaBounce ? bounce + (b % inFlight) * block * es
                            : static_cast<void*>(at(dst, b * block * es));
@@ -76,8 +84,7 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
             if (op == ReduceOp::kAvg) divideBy(out, m, dtype, size);
             for (int k = 1; k < size; ++k) {
               const int q = (me + k) % size;
-              std::memcpy(arena.peerWindowForWrite(call, q, kOut) + offset + begin * es, out,
-                          m * es);
+              std::memcpy(outputs[q] + begin * es, out, m * es);
             }
           }
           call.done += m * es;
