@@ -268,8 +268,9 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
 
 enum class Path { kStaged, kWindow, kCrossMemory };
 
-// Runs an in-place float all-reduce (sum, then avg) and a reduce-scatter over `size` thread
-// ranks on `path`, inputs awkward(seed = rank); returns rank 0's... every rank's results.
+// Runs an in-place float all-reduce (sum, then avg), a reduce-scatter out of place and in
+// place, and a reduce to the last rank over `size` thread ranks on `path`, inputs
+// awkward(seed = 1000 + rank); returns every rank's results, in that order.
 std::vector<std::vector<float>> runPath(Path path, int size, size_t count) {
   HashStore store;
   std::vector<std::vector<float>> results(size);
@@ -309,6 +310,18 @@ std::vector<std::vector<float>> runPath(Path path, int size, size_t count) {
     ++opts.seq;
     reduceScatter(*ctx, buf, out, count, DType::kFloat32, ReduceOp::kSum, opts);
     got.insert(got.end(), out, out + count);
+    // In place: the output is the rank's own slice of the input (ranks >= 2 then fold through
+    // the bounce buffer on the window and cross-memory paths).
+    std::memcpy(buf, in.data(), bytes);
+    float* own = buf + rank * count;
+    ++opts.seq;
+    reduceScatter(*ctx, buf, own, count, DType::kFloat32, ReduceOp::kSum, opts);
+    got.insert(got.end(), own, own + count);
+    // The rooted reduce (staged on every path), to the last rank.
+    std::memcpy(buf, in.data(), count * sizeof(float));
+    ++opts.seq;
+    reduce(*ctx, buf, out, count, DType::kFloat32, ReduceOp::kSum, size - 1, opts);
+    if (rank == size - 1) got.insert(got.end(), out, out + count);
   });
   return results;
 }
@@ -329,6 +342,11 @@ TEST(ShmPaths, StagedWindowAndCrossMemoryGiveTheSameBits) {
       for (int q = 2; q < size; ++q) rs += in[q][r * count + i];
       ASSERT_EQ(std::memcmp(&staged[r][2 * count + i], &rs, 4), 0)
           << "staged reduce-scatter, rank " << r << " at " << i;
+      ASSERT_EQ(std::memcmp(&staged[r][3 * count + i], &rs, 4), 0)
+          << "staged reduce-scatter in place, rank " << r << " at " << i;
+      if (r == size - 1) {
+        ASSERT_EQ(std::memcmp(&staged[r][4 * count + i], &sum, 4), 0) << "reduce at " << i;
+      }
     }
   }
   for (Path path : {Path::kWindow, Path::kCrossMemory}) {
