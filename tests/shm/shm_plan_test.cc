@@ -131,9 +131,17 @@ TEST(FoldSchedule, RotationSpreadsTheReadsOverThePeers) {
 TEST(FoldSchedule, BlocksInFlightFitTheScratch) {
   for (int size = 2; size <= 300; ++size) {
     for (size_t es : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
-      const size_t block = shm::foldBlockElements(size, es, shm::Arena::kBounceBytes);
-      ASSERT_GE(block, 1u);
-      EXPECT_LE(block * es * (size - 1), shm::Arena::kBounceBytes) << size << " " << es;
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 20, size_t{1} << 30}) {
+        const size_t block = shm::foldBlockElements(size, es, count, shm::Arena::kBounceBytes);
+        ASSERT_GE(block, 1u);
+        EXPECT_LE(block * es * (size - 1), shm::Arena::kBounceBytes) << size << " " << es;
+        // Enough blocks for the wavefront's steady state whenever the minimum block allows.
+        if (count * es / (size - 1) >= shm::kFoldMinBlockBytes &&
+            block * es * (size - 1) <= shm::kFoldInFlightBytes) {
+          EXPECT_GE((count + block - 1) / block, static_cast<size_t>(size - 1))
+              << size << " " << es << " " << count;
+        }
+      }
     }
   }
 }
@@ -165,7 +173,7 @@ TEST(Fold, GivesTheRankOrderBitsAndReadsEachOperandOnce) {
         std::vector<float> out(n, std::nanf(""));
         std::vector<size_t> readBytes(size, 0);
         size_t accBytes = 0, finishedElements = 0;
-        const size_t block = shm::foldBlockElements(size, sizeof(float));
+        const size_t block = shm::foldBlockElements(size, sizeof(float), n);
         shm::fold(
             fn, size, rank, n, block, skew,
             [&](int q, size_t begin, size_t m) -> const void* {

@@ -33,17 +33,27 @@
 
 namespace loom::comm::shm {
 
-// Bytes of accumulators in flight that the skewed fold aims for (n-1 blocks): within L1 or L2.
-inline constexpr size_t kFoldInFlightBytes = 32 << 10;
-// The smallest block (a few cache lines per reduce call keep the call overhead small).
-inline constexpr size_t kFoldMinBlockBytes = 2 << 10;
+// Bytes of accumulators in flight that the skewed fold allows (n-1 blocks): within L2.
+inline constexpr size_t kFoldInFlightBytes = 128 << 10;
+// The smallest block. Each stage of a block is one call of the reduction kernel, whose fixed
+// cost (an indirect call, alias checks, loop prologue) is comparable to 2 KiB of work in cache:
+// measured single-threaded with every operand in cache (2-vCPU VM, float sum), the skewed fold
+// at 8-16 operands cost 10-40% more than the rank-order passes over the whole range with 2 KiB
+// blocks and 5-20% with 4-8 KiB (docs/shm.md).
+inline constexpr size_t kFoldMinBlockBytes = 4 << 10;
 
-// Elements per block of a skewed fold over `size` operands of `elementSize` bytes, such that
-// the size-1 blocks in flight fit in `scratchBytes` (the bounce buffer, when the accumulators
-// live there; 0: no limit).
-inline size_t foldBlockElements(int size, size_t elementSize, size_t scratchBytes = 0) {
+// Elements per block of a skewed fold of `count` elements of `elementSize` bytes over `size`
+// operands: at least kFoldMinBlockBytes; at most what keeps the size-1 blocks in flight within
+// kFoldInFlightBytes, and small enough that the range has at least size-1 blocks (so that the
+// wavefront reaches its steady state, where every stage runs in every round) when the minimum
+// allows; and such that the blocks in flight fit in `scratchBytes` (the bounce buffer, when the
+// accumulators live there; 0: no limit).
+inline size_t foldBlockElements(int size, size_t elementSize, size_t count,
+                                size_t scratchBytes = 0) {
   const size_t stages = static_cast<size_t>(std::max(1, size - 1));
-  size_t bytes = std::max(kFoldMinBlockBytes, std::bit_floor(kFoldInFlightBytes / stages));
+  size_t bytes = std::bit_floor(std::max<size_t>(kFoldInFlightBytes / stages, 1));
+  const size_t perStage = std::bit_floor(std::max<size_t>(count * elementSize / stages, 1));
+  bytes = std::max(kFoldMinBlockBytes, std::min(bytes, perStage));
   if (scratchBytes != 0 && bytes * stages > scratchBytes) bytes = scratchBytes / stages;
   return std::max<size_t>(1, bytes / elementSize);
 }

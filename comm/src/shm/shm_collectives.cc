@@ -86,7 +86,7 @@ void copy(void* dst, const void* src, size_t bytes) {
 void reduceSlots(Arena& arena, ReduceFn fn, void* dst, size_t staged, size_t offset, size_t n,
                  size_t es) {
   uint8_t* d = static_cast<uint8_t*>(dst);
-  const size_t block = foldBlockElements(arena.size(), es);
+  const size_t block = foldBlockElements(arena.size(), es, n);
   fold(
       fn, arena.size(), arena.rank(), n, block, /*skew=*/true,
       [&](int q, size_t begin, size_t) { return arena.staging(q, staged) + offset + begin * es; },
@@ -120,7 +120,7 @@ void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, Reduc
     // accumulator; this rank's operand comes from `in`.
     uint8_t* dst = arena.slot(me, arena.step()) + begin * es;
     const uint8_t* own = static_cast<const uint8_t*>(in) + (offset + begin) * es;
-    const size_t block = foldBlockElements(arena.size(), es);
+    const size_t block = foldBlockElements(arena.size(), es, n);
     fold(
         fn, arena.size(), me, n, block, /*skew=*/true,
         [&](int q, size_t b, size_t) -> const void* {

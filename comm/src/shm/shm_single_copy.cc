@@ -60,7 +60,7 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
     // (fold.h) so that the ranks read different peers at a time, with the accumulators of the
     // blocks in flight in cache. (Measured on the 2-vCPU EPYC VM: software prefetch of the
     // peers' lines, or prefetchw of dst's, changed nothing.)
-    const size_t block = foldBlockElements(size, es, Arena::kBounceBytes);
+    const size_t block = foldBlockElements(size, es, n, Arena::kBounceBytes);
     const size_t inFlight = static_cast<size_t>(size - 1);
     // Every peer's operand and output resolved once (a lookup per small block would cost a
     // few percent of it).
