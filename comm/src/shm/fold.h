@@ -41,17 +41,21 @@ inline constexpr size_t kFoldInFlightBytes = 128 << 10;
 // at 8-16 operands cost 10-40% more than the rank-order passes over the whole range with 2 KiB
 // blocks and 5-20% with 4-8 KiB (docs/shm.md).
 inline constexpr size_t kFoldMinBlockBytes = 4 << 10;
+// The largest block: a finished block that is copied on (the window all-reduce writes it into
+// every peer's output) is re-read from L1, as the window path's 32 KiB chunks were before.
+inline constexpr size_t kFoldMaxBlockBytes = 32 << 10;
 
 // Elements per block of a skewed fold of `count` elements of `elementSize` bytes over `size`
-// operands: at least kFoldMinBlockBytes; at most what keeps the size-1 blocks in flight within
-// kFoldInFlightBytes, and small enough that the range has at least size-1 blocks (so that the
-// wavefront reaches its steady state, where every stage runs in every round) when the minimum
-// allows; and such that the blocks in flight fit in `scratchBytes` (the bounce buffer, when the
-// accumulators live there; 0: no limit).
+// operands: at least kFoldMinBlockBytes; at most kFoldMaxBlockBytes and what keeps the size-1
+// blocks in flight within kFoldInFlightBytes, and small enough that the range has at least size-1
+// blocks (so that the wavefront reaches its steady state, where every stage runs in every round)
+// when the minimum allows; and such that the blocks in flight fit in `scratchBytes` (the bounce
+// buffer, when the accumulators live there; 0: no limit).
 inline size_t foldBlockElements(int size, size_t elementSize, size_t count,
                                 size_t scratchBytes = 0) {
   const size_t stages = static_cast<size_t>(std::max(1, size - 1));
-  size_t bytes = std::bit_floor(std::max<size_t>(kFoldInFlightBytes / stages, 1));
+  size_t bytes = std::min(kFoldMaxBlockBytes,
+                          std::bit_floor(std::max<size_t>(kFoldInFlightBytes / stages, 1)));
   const size_t perStage = std::bit_floor(std::max<size_t>(count * elementSize / stages, 1));
   bytes = std::max(kFoldMinBlockBytes, std::min(bytes, perStage));
   if (scratchBytes != 0 && bytes * stages > scratchBytes) bytes = scratchBytes / stages;
