@@ -7,6 +7,7 @@
 #include "algorithms/algorithms.h"
 #include "loom/comm/reduce.h"
 #include "shm/arena.h"
+#include "shm/fold.h"
 #include "shm/shm_single_copy.h"
 #include "shm/stream_copy.h"
 #include "signature.h"
@@ -79,18 +80,17 @@ void copy(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-// dst = reduction of `n` elements at byte offset `offset` of every rank's staging for the
-// current step (`staged` bytes per rank: Arena::staging), starting with `first`'s (dst may be
-// that range exactly).
-void reduceSlots(Arena& arena, ReduceFn fn, void* dst, int first, size_t staged, size_t offset,
-                 size_t n) {
-  const void* a = arena.staging(first, staged) + offset;
-  bool started = false;
-  for (int q = 0; q < arena.size(); ++q) {
-    if (q == first) continue;
-    fn(dst, started ? dst : a, arena.staging(q, staged) + offset, n);
-    started = true;
-  }
+// dst = the fold (fold.h: x_0 op x_1 op ..., rank order, reads rotated by this rank) of `n`
+// elements at byte offset `offset` of every rank's staging for the current step (`staged`
+// bytes per rank: Arena::staging). dst must not overlap any staging.
+void reduceSlots(Arena& arena, ReduceFn fn, void* dst, size_t staged, size_t offset, size_t n,
+                 size_t es) {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  const size_t block = foldBlockElements(arena.size(), es, n);
+  fold(
+      fn, arena.size(), arena.rank(), n, block, /*skew=*/true,
+      [&](int q, size_t begin, size_t) { return arena.staging(q, staged) + offset + begin * es; },
+      [&](size_t b) { return d + b * block * es; }, [](size_t, void*, size_t, size_t) {});
 }
 
 // Stages chunk `c` elements of `in` (at element `offset`) into this rank's slot for the split
@@ -105,8 +105,9 @@ void stageChunk(Arena& arena, const void* in, size_t offset, size_t c, size_t es
 }
 
 // The split reduction of one chunk of `c` elements (at element `offset` of the collective)
-// already posted by every rank: this rank reduces its sub-slice into its own slot and marks it
-// reduced. Its own operand comes from `in` (stageChunk left it out of the slot).
+// already posted by every rank: this rank folds its sub-slice (fold.h: rank order, reads
+// rotated) into its own slot and marks it reduced. Its own operand comes from `in` (stageChunk
+// left it out of the slot).
 void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, ReduceOp op, DType dtype,
                        const void* in, size_t offset, size_t c) {
   const size_t es = dtypeSize(dtype);
@@ -115,14 +116,17 @@ void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, Reduc
   const size_t begin = segmentBegin(c, arena.size(), me);
   const size_t n = segmentCount(c, arena.size(), me);
   if (n > 0) {
+    // The own sub-slice of this rank's slot was not staged (stageChunk): it is the
+    // accumulator; this rank's operand comes from `in`.
     uint8_t* dst = arena.slot(me, arena.step()) + begin * es;
-    const void* a = at(in, (offset + begin) * es);
-    bool started = false;
-    for (int q = 0; q < arena.size(); ++q) {
-      if (q == me) continue;
-      fn(dst, started ? dst : a, arena.slot(q, arena.step()) + begin * es, n);
-      started = true;
-    }
+    const uint8_t* own = static_cast<const uint8_t*>(in) + (offset + begin) * es;
+    const size_t block = foldBlockElements(arena.size(), es, n);
+    fold(
+        fn, arena.size(), me, n, block, /*skew=*/true,
+        [&](int q, size_t b, size_t) -> const void* {
+          return q == me ? own + b * es : arena.slot(q, arena.step()) + (begin + b) * es;
+        },
+        [&](size_t b) { return dst + b * block * es; }, [](size_t, void*, size_t, size_t) {});
     if (op == ReduceOp::kAvg) divideBy(dst, n, dtype, arena.size());
   }
   arena.markReduced();
@@ -248,7 +252,8 @@ void reduceScatter(Arena& arena, const CollectiveOptions& opts, const void* in, 
     arena.post(call);
     arena.waitPostedAll(call);
     void* dst = at(out, offset * es);
-    reduceSlots(arena, fn, dst, 0, staged, me * c * es, c);
+    // This rank's own slice is staged too, so the fold reads every operand from the slots.
+    reduceSlots(arena, fn, dst, staged, me * c * es, c, es);
     if (op == ReduceOp::kAvg) divideBy(dst, c, dtype, size);
     arena.finishStep(false);  // every rank waited for every post (all-reduce's small path)
   }

@@ -5,13 +5,14 @@
 // default, so the working set stays in cache); each chunk is one arena step.
 // - allreduce: every rank copies its chunk into its slot and posts; rank r then reduces
 //   sub-slice r of the chunk from every rank's slot into its own slot (reading its peers'
-//   memory directly, no messages), marks it reduced, and every rank copies the N reduced
-//   sub-slices out. Memory traffic per rank and byte: one copy in, one pass of reduction
-//   over 1/N, one copy out. Chunks up to kSmallBytes skip the split: every rank reduces the
-//   whole chunk from all slots straight into its output (one synchronisation instead of two).
+//   memory directly, no messages; in rank order x_0 op x_1 op ..., reads rotated: fold.h),
+//   marks it reduced, and every rank copies the N reduced sub-slices out. Memory traffic per rank
+//   and byte: one copy in, one pass of reduction over 1/N, one copy out. Chunks up to kSmallBytes
+//   skip the split: every rank reduces the whole chunk from all slots straight into its output (one
+//   synchronisation instead of two).
 // - reduce: the allreduce split, but only the root copies the reduced sub-slices out.
-// - reduceScatter: every rank stages the chunk of all N slices; rank r reduces piece r of
-//   every slot straight into its output.
+// - reduceScatter: every rank stages the chunk of all N slices (its own too); rank r folds
+//   piece r of every slot (fold.h) straight into its output.
 // - broadcast / scatter: the root stages, the others copy out. allgather / gather /
 //   alltoall: every rank stages its part, every (or the root) rank copies what it needs.
 // - barrier: a step without data (post, wait for every post).

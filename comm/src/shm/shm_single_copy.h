@@ -5,11 +5,11 @@
 // How they work: one arena step per collective. Every rank publishes the addresses of its
 // input and output buffers in its control block and posts; then
 // - allreduce: rank r owns segment r of the buffer. It reads segment r of every peer's input
-//   into a cache-sized bounce buffer, a chunk at a time, and reduces it into its own output
-//   (its own operand comes straight from its input); marks it reduced; then reads every other
-//   segment q out of rank q's output once q marked it reduced. Memory traffic per rank and
-//   byte: (N-1)/N read across, one reduction pass over 1/N, (N-1)/N read across; the staged
-//   path copies in, reduces, and copies all N segments out.
+//   into a cache-sized bounce buffer, a block at a time, and folds them with its own operand
+//   (straight from its input) in rank order into its own output (fold.h); marks it reduced; then
+//   reads every other segment q out of rank q's output once q marked it reduced. Memory traffic per
+//   rank and byte: (N-1)/N read across, one reduction pass over 1/N, (N-1)/N read across; the
+//   staged path copies in, reduces, and copies all N segments out.
 // - reduceScatter: rank r reads slice r of every peer's input through the bounce buffer and
 //   reduces into its output.
 // - broadcast: every non-root reads the root's buffer into its own.
