@@ -27,9 +27,10 @@ def _check_torch_version(built_with):
 # Checked before the module loads: a module compiled against another torch can abort the
 # interpreter while it loads (torch's pybind11 types differ between versions).
 try:
+    from ._built_with import LOOM_VERSION
     from ._built_with import TORCH_VERSION as _BUILT_WITH
 except ImportError:  # a build tree from before the file existed: the module's own check below
-    _BUILT_WITH = None
+    LOOM_VERSION, _BUILT_WITH = "unknown", None
 if _BUILT_WITH is not None:
     _check_torch_version(_BUILT_WITH)
 
