@@ -165,20 +165,21 @@ set(LOOM_TORCH2_SKIP_REASON "" CACHE STRING
     "Why there is no second torch (printed by the skipped python_torch2_test)")
 set(LOOM_TORCH2_WHY "${LOOM_TORCH2_SKIP_REASON}")
 if(LOOM_TORCH2_WHY STREQUAL "")
-  set(LOOM_TORCH2_WHY "no second torch configured (-DLOOM_TORCH2_PYTHON=<venv python>; scripts/test.sh installs torch 2.x with scripts/setup_torch.sh)")
+  string(CONCAT LOOM_TORCH2_WHY "no second torch configured (-DLOOM_TORCH2_PYTHON=<venv "
+         "python>; scripts/test.sh installs torch 2.x with scripts/setup_torch.sh)")
 endif()
 if(LOOM_HAVE_TORCH AND LOOM_TORCH2_PYTHON)
   loom_torch_probe("${LOOM_TORCH2_PYTHON}" loom_torch2_deps)
   if(NOT loom_torch2_deps_WHY STREQUAL "")
     set(LOOM_TORCH2_WHY "${loom_torch2_deps_WHY}")
   elseif(NOT loom_torch2_deps_PY_VERSION STREQUAL loom_torch_deps_PY_VERSION)
-    set(LOOM_TORCH2_WHY "${LOOM_TORCH2_PYTHON} is Python ${loom_torch2_deps_PY_VERSION}, "
-                        "${LOOM_PYTHON} ${loom_torch_deps_PY_VERSION}: use a separate build directory "
-                        "with -DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
+    string(CONCAT LOOM_TORCH2_WHY "${LOOM_TORCH2_PYTHON} is Python ${loom_torch2_deps_PY_VERSION}, "
+           "${LOOM_PYTHON} ${loom_torch_deps_PY_VERSION}: use a separate build directory with "
+           "-DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
   elseif(NOT loom_torch2_deps_ABI STREQUAL loom_torch_deps_ABI)
-    set(LOOM_TORCH2_WHY "the torch of ${LOOM_TORCH2_PYTHON} uses another libstdc++ ABI "
-                        "(${loom_torch2_deps_ABI}) than the Loom libraries: use a separate build "
-                        "directory with -DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
+    string(CONCAT LOOM_TORCH2_WHY "the torch of ${LOOM_TORCH2_PYTHON} uses another libstdc++ "
+           "ABI (${loom_torch2_deps_ABI}) than the Loom libraries: use a separate build "
+           "directory with -DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
   else()
     set(LOOM_HAVE_TORCH2 ON)
     set(LOOM_TORCH2_VERSION "${loom_torch2_deps_VERSION}")

@@ -82,8 +82,8 @@ def test_python_m_loom_torch_prints_versions_transports_and_self_test():
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     import loom_torch
-    assert f"torch {torch.__version__} (the module is built against {loom_torch.TORCH_BUILT_WITH})" \
-        in out, out
+    built = loom_torch.TORCH_BUILT_WITH
+    assert f"torch {torch.__version__} (the module is built against {built})" in out, out
     assert re.search(r"^Loom transport tcp: available", out, re.M), out
     assert re.search(r"^self-test: PASS: all_reduce over \"loom\", 3 ranks, .* over shm ", out,
                      re.M), out
