@@ -5,110 +5,150 @@
 # imports torch), LOOM_TORCH_VERSION and the imported target loom_torch_deps.
 #
 # The interpreter is LOOM_PYTHON when given (a venv's bin/python works: -DLOOM_PYTHON=
-# /work/venv-t215/bin/python builds against its torch 2.x), else the first of /usr/bin/python3
-# (Debian's, which python3-torch installs into) and the python3 on PATH that imports torch.
-# Switching LOOM_PYTHON in an existing build directory re-resolves everything below.
+# /work/venv-t215/bin/python builds against its torch 2.x), else, under scikit-build-core (pip
+# install, docs/torch.md), the interpreter pip runs, else the first of /usr/bin/python3 (Debian's,
+# which python3-torch installs into) and the python3 on PATH that imports torch. Switching
+# LOOM_PYTHON in an existing build directory re-resolves everything below.
+#
+# A second torch: LOOM_TORCH2_PYTHON names another interpreter (scripts/test.sh passes the one
+# scripts/setup_torch.sh installs torch 2.x into). Its module is built beside the first, from
+# the same Loom libraries, into <build>/python-torch2 (target loom_torch2), and ctest runs the
+# pytest suite under it (python_torch2_test). Sets LOOM_HAVE_TORCH2, LOOM_TORCH2_VERSION and
+# loom_torch2_deps. Both interpreters must be the same Python version (one pybind11 module
+# build). LOOM_TORCH2_SKIP_REASON, when set instead, is what python_torch2_test prints as
+# skipped (scripts/test.sh: "PyPI unreachable").
+
+# loom_torch_probe(PYTHON TARGET): resolves the torch that PYTHON imports. On success creates the
+# INTERFACE target TARGET (torch's headers, libraries and libstdc++ ABI) and sets, in the
+# caller's scope, TARGET_VERSION, TARGET_ABI and TARGET_WHY (empty); else only TARGET_WHY.
+function(loom_torch_probe py tgt)
+  set(${tgt}_WHY "" PARENT_SCOPE)
+  execute_process(
+    COMMAND "${py}" -c "import os, sys, torch; print(torch.__version__.split('+')[0], int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.distributed.is_available(), os.path.dirname(torch.__file__), '%d.%d' % sys.version_info[:2], sep=';')"
+    OUTPUT_VARIABLE out ERROR_QUIET RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    set(${tgt}_WHY "${py} does not import torch" PARENT_SCOPE)
+    return()
+  endif()
+  list(GET out 0 version)
+  list(GET out 1 abi)
+  list(GET out 2 dist)
+  list(GET out 3 dir)
+  list(GET out 4 pyver)
+  set(${tgt}_PY_VERSION "${pyver}" PARENT_SCOPE)
+  if(NOT dist STREQUAL "True")
+    set(${tgt}_WHY "torch ${version} was built without torch.distributed" PARENT_SCOPE)
+    return()
+  endif()
+  # A wheel carries its headers and libraries in torch/include and torch/lib (and its own
+  # pybind11, which must be the one the module is compiled with: pybind11 shares types between
+  # modules only within one ABI version); Debian's torch has them in the system's paths.
+  # NO_CACHE: the answer follows the interpreter, also when it changes in an existing build.
+  set(wheel OFF)
+  if(EXISTS "${dir}/include/torch/csrc/distributed/c10d/ProcessGroup.hpp")
+    set(wheel ON)
+    set(hints HINTS "${dir}/include" NO_DEFAULT_PATH)
+    set(lib_hints HINTS "${dir}/lib" NO_DEFAULT_PATH)
+  else()
+    set(hints "")
+    set(lib_hints "")
+  endif()
+  find_path(inc torch/csrc/distributed/c10d/ProcessGroup.hpp ${hints} NO_CACHE)
+  find_path(api_inc torch/all.h PATHS ${inc}/torch/csrc/api/include NO_DEFAULT_PATH NO_CACHE)
+  if(NOT inc OR NOT api_inc)
+    set(${tgt}_WHY "torch headers not found (install libtorch-dev)" PARENT_SCOPE)
+    return()
+  endif()
+  set(libs "")
+  foreach(name torch torch_cpu c10 torch_python)
+    find_library(lib_${name} ${name} ${lib_hints} NO_CACHE)
+    if(NOT lib_${name})
+      set(${tgt}_WHY "lib${name} not found (install libtorch-dev)" PARENT_SCOPE)
+      return()
+    endif()
+    list(APPEND libs ${lib_${name}})
+  endforeach()
+  # Debian's torch reports 1.13.0a0 for its 1.13.1 package: name the package too when it is
+  # the torch in use (a venv's wheel reports its own version).
+  if(dir MATCHES "^/usr/lib/python3/dist-packages")
+    execute_process(COMMAND dpkg-query -W -f=\${Version} python3-torch
+      OUTPUT_VARIABLE deb ERROR_QUIET RESULT_VARIABLE deb_rc)
+    if(deb_rc EQUAL 0 AND deb MATCHES "^([0-9.]+)")
+      set(version "${CMAKE_MATCH_1}")
+    endif()
+  endif()
+  if(NOT TARGET ${tgt})
+    add_library(${tgt} INTERFACE)
+  endif()
+  set_target_properties(${tgt} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES ""
+    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "" INTERFACE_COMPILE_DEFINITIONS ""
+    INTERFACE_LINK_LIBRARIES "")
+  target_include_directories(${tgt} SYSTEM INTERFACE ${inc} ${api_inc})
+  # torch is built with the libstdc++ ABI torch._C._GLIBCXX_USE_CXX11_ABI reports (1 for
+  # Debian's 1.13 and for PyPI's 2.x wheels, 0 for older pre-cxx11 wheels); std::string
+  # crosses the boundary (store keys, error messages), so the module must match it.
+  target_compile_definitions(${tgt} INTERFACE _GLIBCXX_USE_CXX11_ABI=${abi})
+  target_link_libraries(${tgt} INTERFACE ${libs})
+  # python/CMakeLists.txt puts a wheel's headers before every other include directory (its
+  # pybind11 before any other pybind11 on the system).
+  set_property(TARGET ${tgt} PROPERTY LOOM_TORCH_WHEEL_INCLUDE "")
+  if(wheel)
+    set_property(TARGET ${tgt} PROPERTY LOOM_TORCH_WHEEL_INCLUDE ${inc} ${api_inc})
+  endif()
+  set(${tgt}_VERSION "${version}" PARENT_SCOPE)
+  set(${tgt}_ABI "${abi}" PARENT_SCOPE)
+endfunction()
+
 set(LOOM_HAVE_TORCH OFF)
+set(LOOM_HAVE_TORCH2 OFF)
 if(LOOM_WITH_TORCH STREQUAL "OFF")
   message(STATUS "loom: torch backend OFF (LOOM_WITH_TORCH=OFF)")
   return()
 endif()
 
-set(_loom_torch_why "")
 set(_loom_candidates ${LOOM_PYTHON})
-if(NOT LOOM_PYTHON)
+if(NOT LOOM_PYTHON AND SKBUILD AND Python_EXECUTABLE)
+  set(_loom_candidates ${Python_EXECUTABLE})
+elseif(NOT LOOM_PYTHON)
   find_program(_loom_path_python3 python3)
   set(_loom_candidates /usr/bin/python3 ${_loom_path_python3})
 endif()
+set(_loom_torch_why "no python3 that imports torch (tried ${_loom_candidates})")
 foreach(_py IN LISTS _loom_candidates)
   if(NOT EXISTS "${_py}")
     continue()
   endif()
-  execute_process(
-    COMMAND "${_py}" -c "import os, torch; print(torch.__version__.split('+')[0], int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.distributed.is_available(), os.path.dirname(torch.__file__), sep=';')"
-    OUTPUT_VARIABLE _loom_torch_out ERROR_QUIET RESULT_VARIABLE _loom_torch_rc
-    OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(_loom_torch_rc EQUAL 0)
+  loom_torch_probe("${_py}" loom_torch_deps)
+  if(loom_torch_deps_WHY STREQUAL "")
     set(LOOM_PYTHON "${_py}" CACHE FILEPATH "Python interpreter for the torch backend" FORCE)
+    set(LOOM_TORCH_VERSION "${loom_torch_deps_VERSION}")
+    set(_loom_torch_why "")
+    break()
+  elseif(NOT loom_torch_deps_WHY MATCHES "does not import torch$")
+    set(_loom_torch_why "${loom_torch_deps_WHY}")
     break()
   endif()
 endforeach()
 
-if(NOT _loom_torch_rc EQUAL 0)
-  set(_loom_torch_why "no python3 that imports torch (tried ${_loom_candidates})")
-else()
-  list(GET _loom_torch_out 0 LOOM_TORCH_VERSION)
-  list(GET _loom_torch_out 1 _loom_torch_abi)
-  list(GET _loom_torch_out 2 _loom_torch_dist)
-  if(NOT _loom_torch_dist STREQUAL "True")
-    set(_loom_torch_why "torch ${LOOM_TORCH_VERSION} was built without torch.distributed")
-  endif()
-  list(GET _loom_torch_out 3 _loom_torch_dir)
-  # A wheel carries its headers and libraries in torch/include and torch/lib (and its own
-  # pybind11, which must be the one the module is compiled with: pybind11 shares types between
-  # modules only within one ABI version); Debian's torch has them in the system's paths.
-  # NO_CACHE: the answer follows LOOM_PYTHON, also when it changes in an existing build tree.
-  if(EXISTS "${_loom_torch_dir}/include/torch/csrc/distributed/c10d/ProcessGroup.hpp")
-    set(_loom_torch_hints HINTS "${_loom_torch_dir}/include" NO_DEFAULT_PATH)
-    set(_loom_torch_lib_hints HINTS "${_loom_torch_dir}/lib" NO_DEFAULT_PATH)
-  else()
-    set(_loom_torch_hints "")
-    set(_loom_torch_lib_hints "")
-  endif()
-  unset(LOOM_TORCH_INCLUDE_DIR CACHE)
-  unset(LOOM_TORCH_API_INCLUDE_DIR CACHE)
-  find_path(LOOM_TORCH_INCLUDE_DIR torch/csrc/distributed/c10d/ProcessGroup.hpp
-            ${_loom_torch_hints} NO_CACHE)
-  find_path(LOOM_TORCH_API_INCLUDE_DIR torch/all.h PATHS ${LOOM_TORCH_INCLUDE_DIR}/torch/csrc/api/include
-            NO_DEFAULT_PATH NO_CACHE)
-  foreach(_lib torch torch_cpu c10 torch_python)
-    unset(LOOM_TORCH_LIB_${_lib} CACHE)
-    find_library(LOOM_TORCH_LIB_${_lib} ${_lib} ${_loom_torch_lib_hints} NO_CACHE)
-    if(NOT LOOM_TORCH_LIB_${_lib})
-      set(_loom_torch_why "lib${_lib} not found (install libtorch-dev)")
-    endif()
-  endforeach()
-  if(NOT LOOM_TORCH_INCLUDE_DIR OR NOT LOOM_TORCH_API_INCLUDE_DIR)
-    set(_loom_torch_why "torch headers not found (install libtorch-dev)")
-  endif()
+if(_loom_torch_why STREQUAL "")
+  # pybind11_add_module, for this interpreter's Python.
   set(Python_EXECUTABLE "${LOOM_PYTHON}")
   set(PYBIND11_FINDPYTHON ON)
   find_package(pybind11 CONFIG QUIET)
   if(NOT pybind11_FOUND)
-    set(_loom_torch_why "pybind11 not found (install pybind11-dev)")
+    set(_loom_torch_why "pybind11 not found (install pybind11-dev, or pip install pybind11)")
   endif()
 endif()
 
 if(_loom_torch_why STREQUAL "")
   set(LOOM_HAVE_TORCH ON)
-  if(NOT TARGET loom_torch_deps)
-    add_library(loom_torch_deps INTERFACE)
-    target_include_directories(loom_torch_deps SYSTEM INTERFACE
-      ${LOOM_TORCH_INCLUDE_DIR} ${LOOM_TORCH_API_INCLUDE_DIR})
-    # torch is built with the libstdc++ ABI torch._C._GLIBCXX_USE_CXX11_ABI reports (1 for
-    # Debian's 1.13 and for PyPI's 2.x wheels, 0 for older pre-cxx11 wheels); std::string
-    # crosses the boundary (store keys, error messages), so the module must match it.
-    target_compile_definitions(loom_torch_deps INTERFACE _GLIBCXX_USE_CXX11_ABI=${_loom_torch_abi})
-    target_link_libraries(loom_torch_deps INTERFACE
-      ${LOOM_TORCH_LIB_torch} ${LOOM_TORCH_LIB_torch_cpu} ${LOOM_TORCH_LIB_c10}
-      ${LOOM_TORCH_LIB_torch_python})
-  endif()
   # ... and so must the Loom libraries the module links (they pass std::string and
   # std::function through their interfaces): for a torch of the old ABI the whole build uses
   # it. This runs before the libraries' directories are added, so it reaches all of them.
-  if(_loom_torch_abi STREQUAL "0")
+  if(loom_torch_deps_ABI STREQUAL "0")
     add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=0)
     message(STATUS "loom: torch uses the pre-C++11 libstdc++ ABI: building Loom with "
                    "_GLIBCXX_USE_CXX11_ABI=0 (use a separate build directory)")
-  endif()
-  # Debian's torch reports 1.13.0a0 for its 1.13.1 package: name the package too when it is
-  # the torch in use (a venv's wheel reports its own version).
-  if(_loom_torch_dir MATCHES "^/usr/lib/python3/dist-packages")
-    execute_process(COMMAND dpkg-query -W -f=\${Version} python3-torch
-      OUTPUT_VARIABLE _loom_torch_deb ERROR_QUIET RESULT_VARIABLE _loom_deb_rc)
-    if(_loom_deb_rc EQUAL 0 AND _loom_torch_deb MATCHES "^([0-9.]+)")
-      set(LOOM_TORCH_VERSION "${CMAKE_MATCH_1}")
-    endif()
   endif()
   message(STATUS "loom: torch backend ON (torch ${LOOM_TORCH_VERSION}, ${LOOM_PYTHON})")
 elseif(LOOM_WITH_TORCH STREQUAL "ON")
@@ -116,4 +156,37 @@ elseif(LOOM_WITH_TORCH STREQUAL "ON")
                       "python3-torch, libtorch-dev and pybind11-dev")
 else()
   message(STATUS "loom: torch backend OFF (${_loom_torch_why})")
+endif()
+
+# The second torch.
+set(LOOM_TORCH2_PYTHON "" CACHE FILEPATH
+    "A second interpreter whose torch gets its own loom_torch module (build/python-torch2)")
+set(LOOM_TORCH2_SKIP_REASON "" CACHE STRING
+    "Why there is no second torch (printed by the skipped python_torch2_test)")
+set(LOOM_TORCH2_WHY "${LOOM_TORCH2_SKIP_REASON}")
+if(LOOM_TORCH2_WHY STREQUAL "")
+  string(CONCAT LOOM_TORCH2_WHY "no second torch configured (-DLOOM_TORCH2_PYTHON=<venv "
+         "python>; scripts/test.sh installs torch 2.x with scripts/setup_torch.sh)")
+endif()
+if(LOOM_HAVE_TORCH AND LOOM_TORCH2_PYTHON)
+  loom_torch_probe("${LOOM_TORCH2_PYTHON}" loom_torch2_deps)
+  if(NOT loom_torch2_deps_WHY STREQUAL "")
+    set(LOOM_TORCH2_WHY "${loom_torch2_deps_WHY}")
+  elseif(NOT loom_torch2_deps_PY_VERSION STREQUAL loom_torch_deps_PY_VERSION)
+    string(CONCAT LOOM_TORCH2_WHY "${LOOM_TORCH2_PYTHON} is Python ${loom_torch2_deps_PY_VERSION}, "
+           "${LOOM_PYTHON} ${loom_torch_deps_PY_VERSION}: use a separate build directory with "
+           "-DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
+  elseif(NOT loom_torch2_deps_ABI STREQUAL loom_torch_deps_ABI)
+    string(CONCAT LOOM_TORCH2_WHY "the torch of ${LOOM_TORCH2_PYTHON} uses another libstdc++ "
+           "ABI (${loom_torch2_deps_ABI}) than the Loom libraries: use a separate build "
+           "directory with -DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
+  else()
+    set(LOOM_HAVE_TORCH2 ON)
+    set(LOOM_TORCH2_VERSION "${loom_torch2_deps_VERSION}")
+    message(STATUS "loom: second torch backend ON (torch ${LOOM_TORCH2_VERSION}, "
+                   "${LOOM_TORCH2_PYTHON}, build/python-torch2)")
+  endif()
+  if(NOT LOOM_HAVE_TORCH2)
+    message(WARNING "loom: second torch OFF: ${LOOM_TORCH2_WHY}")
+  endif()
 endif()

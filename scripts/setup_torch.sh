@@ -93,7 +93,12 @@ for r in "${reqs[@]}"; do
   esac
   slim+=("$r")
 done
-"${pip[@]}" "${slim[@]}" pytest numpy
+# torch before 2.3 was compiled against NumPy 1.x and warns on import beside NumPy 2.
+numpy=numpy
+if [[ "$version" =~ ^2\.[0-2](\.|$) ]]; then
+  numpy="numpy<2"
+fi
+"${pip[@]}" "${slim[@]}" pytest "$numpy"
 echo "setup_torch: (pip's lines above on requirements 'not installed' name what the slim install left to /usr/local/cuda)" >&2
 if ! "$py" -c "$check" "$version" 2>"$tmp/import.err"; then
   echo "setup_torch: the slim install does not import ($(tail -1 "$tmp/import.err")); installing all of torch's requirements" >&2

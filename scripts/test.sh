@@ -4,10 +4,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+status=0
+# torch 2.x beside Debian's torch 1.13 (docs/torch.md, "Torch versions"): scripts/setup_torch.sh
+# installs it from PyPI into an environment outside the clone that later runs reuse; the build
+# compiles a second loom_torch module against it (build/python-torch2, from the Loom libraries
+# already built) and ctest runs the pytest suite under it (python_torch2_test). Where PyPI is
+# unreachable, one line says so and python_torch2_test is skipped with that reason.
+# LOOM_TORCH2_VERSION picks the version; LOOM_SKIP_TORCH2=1 leaves it out.
+torch2_version=${LOOM_TORCH2_VERSION:-2.15.0}
+torch2_skip=""
+torch2_python=""
+if [[ "${LOOM_SKIP_TORCH2:-0}" == 1 ]]; then
+  torch2_skip="LOOM_SKIP_TORCH2=1"
+else
+  torch2_rc=0
+  torch2_out=$(scripts/setup_torch.sh "$torch2_version") || torch2_rc=$?
+  case "$torch2_rc" in
+    0) torch2_python=${torch2_out##*$'\n'} ;;
+    3) torch2_skip="PyPI unreachable, torch $torch2_version not installed" ;;
+    *) torch2_skip="scripts/setup_torch.sh $torch2_version failed (exit $torch2_rc)"
+       status=1 ;;
+  esac
+fi
+if [[ -n "$torch2_skip" ]]; then
+  echo "test.sh: torch $torch2_version tests skipped: $torch2_skip" >&2
+fi
 # Everything on, whatever an earlier scripts/run.sh chose for a fresh build directory.
 scripts/build.sh -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_BENCH_SUITES=ON \
-  -DLOOM_BUILD_EXAMPLES=ON "$@"
-status=0
+  -DLOOM_BUILD_EXAMPLES=ON "-DLOOM_TORCH2_PYTHON=$torch2_python" \
+  "-DLOOM_TORCH2_SKIP_REASON=$torch2_skip" "$@"
 (cd "${LOOM_BUILD_DIR:-build}" && ctest --output-on-failure --timeout 600 ${LOOM_CTEST_ARGS:-}) ||
   status=$?
 # The fuzz targets, built with clang in build-fuzz, each run for a fixed number of inputs

@@ -30,6 +30,8 @@ costs what.
 Usage: PYTHONPATH=build/python python3 bench/torch/allreduce_vs_gloo.py [--world 2]
        [--rounds 3] [--sizes 8,65536,1048576,16777216,67108864] [--ddp-steps 30]
        [--loom-bench build/bin] [--window] [--layers] [--per-round]
+On torch 2.x: PYTHONPATH=build/python-torch2 ~/.cache/loom/py/torch-2.15.0/bin/python ...
+(the module built with -DLOOM_TORCH2_PYTHON, docs/torch.md).
 """
 
 import argparse

@@ -13,6 +13,27 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+
+def _check_torch_version(built_with):
+    built = tuple(int(x) for x in built_with.split(".")[:2])
+    running = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if built != running:
+        raise ImportError(f"loom_torch was built against torch {built_with} but runs under "
+                          f"torch {torch.__version__}: rebuild it against this torch "
+                          "(pip install --no-build-isolation ./python, or cmake "
+                          "-DLOOM_PYTHON=<this python>; docs/torch.md)")
+
+
+# Checked before the module loads: a module compiled against another torch can abort the
+# interpreter while it loads (torch's pybind11 types differ between versions).
+try:
+    from ._built_with import LOOM_VERSION
+    from ._built_with import TORCH_VERSION as _BUILT_WITH
+except ImportError:  # a build tree from before the file existed: the module's own check below
+    LOOM_VERSION, _BUILT_WITH = "unknown", None
+if _BUILT_WITH is not None:
+    _check_torch_version(_BUILT_WITH)
+
 try:
     from . import _C
 except ImportError as e:  # most often: built against another torch than this one
@@ -27,18 +48,7 @@ __all__ = ["LoomError", "BACKEND", "transport_summary", "flight_record", "empty"
 BACKEND = "loom"
 # The torch the C++ module was compiled against ("1.13.0", "2.15.0").
 TORCH_BUILT_WITH = _C.TORCH_VERSION
-
-
-def _check_torch_version():
-    built = tuple(int(x) for x in TORCH_BUILT_WITH.split(".")[:2])
-    running = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if built != running:
-        raise ImportError(f"loom_torch was built against torch {TORCH_BUILT_WITH} but runs under "
-                          f"torch {torch.__version__}: rebuild it against this torch "
-                          "(cmake -DLOOM_PYTHON=<this python>, docs/torch.md)")
-
-
-_check_torch_version()
+_check_torch_version(TORCH_BUILT_WITH)
 
 
 def _store_host(store):

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
+#include "loom/process_group/factory.h"
 #include "process_group_loom.h"
 #include "store_adapter.h"
 
@@ -144,6 +146,24 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_store_requests", [](py::handle group) { return storeRequests(backendOf(group)); },
       py::arg("group"), "Requests a loom group has sent to torch's store so far (for tests).");
+  m.def(
+      "_transports",
+      [] {
+        // Each Loom backend this build knows, with why it cannot run here ("" when it can).
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& name : loom::backendNames()) {
+          std::string why;
+          try {
+            loom::checkAvailable(name);
+          } catch (const loom::Error& e) {
+            why = e.what();
+          }
+          out.emplace_back(name, why);
+        }
+        return out;
+      },
+      "Loom's backends as (name, why not available here: '' when available). The loom torch "
+      "backend runs on 'tcp' (shared memory between ranks on one host).");
   m.def("_window_tensor", &windowTensor, py::arg("bytes"),
         "A uint8 CPU tensor of `bytes` in a Loom window (zero-copy shared memory).");
 }
