@@ -43,7 +43,8 @@ except ImportError as e:  # most often: built against another torch than this on
     ) from e
 from ._C import LoomError
 
-__all__ = ["LoomError", "BACKEND", "transport_summary", "flight_record", "empty"]
+__all__ = ["LoomError", "BACKEND", "transport_summary", "flight_record", "empty",
+           "set_reproducible", "is_reproducible"]
 
 BACKEND = "loom"
 # The torch the C++ module was compiled against ("1.13.0", "2.15.0").
@@ -60,11 +61,35 @@ def _store_host(store):
     return ""
 
 
+_reproducible_default = False
+
+
+def set_reproducible(enabled=True):
+    """Loom groups created after this call (dist.init_process_group, dist.new_group) reduce SUM
+    and AVG over float32, float64, float16 and bfloat16 tensors in reproducible mode: each
+    element is the correctly rounded sum of every rank's values, bitwise the same whatever the
+    algorithm, transport, bucket size or rank order (docs/reproducible.md); PROD over floating
+    tensors is then refused. Every rank must make the same choice. LOOM_REPRODUCIBLE=1 in the
+    environment does the same for every group."""
+    global _reproducible_default
+    if not isinstance(enabled, bool):
+        raise TypeError(f"loom_torch.set_reproducible: expected a bool, got {enabled!r}")
+    _reproducible_default = enabled
+
+
+def is_reproducible(group=None):
+    """Whether a loom group (default: the default group) reduces in reproducible mode."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    return _C._reproducible(group)
+
+
 def _create(store, rank, world_size, timeout):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     timeout_ms = max(1, int(timeout.total_seconds() * 1000))
-    return _C._create_process_group(store, rank, world_size, timeout_ms, _store_host(store))
+    return _C._create_process_group(store, rank, world_size, timeout_ms, _store_host(store),
+                                    _reproducible_default)
 
 
 def transport_summary(group=None):

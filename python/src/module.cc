@@ -25,8 +25,10 @@ using loom::torch_backend::C10dBase;
 // The creator torch calls: a ProcessGroup on torch 1.13, the backend for "cpu" on 2.x.
 c10::intrusive_ptr<C10dBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, int64_t timeoutMs,
-                                                    const std::string& storeHost) {
+                                                    const std::string& storeHost,
+                                                    bool reproducible) {
   loom::torch_backend::BackendOptions options;
+  options.reproducible = reproducible;
   options.timeout = std::chrono::milliseconds(timeoutMs);
   options.storeHost = storeHost;
   return c10::make_intrusive<loom::torch_backend::ProcessGroupLoom>(store, rank, size, options);
@@ -108,7 +110,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<loom::Error>(m, "LoomError", PyExc_RuntimeError);
   m.def("_create_process_group", &createProcessGroupLoom, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout_ms"), py::arg("store_host"),
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("reproducible") = false, py::call_guard<py::gil_scoped_release>(),
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   // The functions that take a group resolve its backend holding the GIL, then release it.
   m.def(
@@ -120,6 +122,12 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("group"),
       "What carries a loom group's data: 'shm (all 2 ranks on this host)', 'tcp', ...");
+  m.def(
+      "_reproducible",
+      [](py::handle group) {
+        return loomOf(backendOf(group), "is_reproducible").reproducible();
+      },
+      py::arg("group"), "Whether the group's reductions run in reproducible mode.");
   m.def(
       "_allreduce_loop",
       [](py::handle group, at::Tensor tensor, int64_t iters) {

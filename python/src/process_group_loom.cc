@@ -16,6 +16,7 @@ namespace {
 ProcessGroupOptions loomOptions(const BackendOptions& options) {
   ProcessGroupOptions pg;
   pg.timeout = options.timeout;
+  pg.comm.context.reproducible = options.reproducible;
   // As initProcessGroup does: peers on other hosts reach us on the address on the route to
   // the store's host (the host name may resolve to 127.0.1.1 on Debian).
   if (!options.storeHost.empty() && !settings::text("LOOM_HOST")) {
@@ -37,6 +38,11 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() = default;
+
+bool ProcessGroupLoom::reproducible() const {
+  // As comm::ContextOptions take it: the option, else the environment's default.
+  return options_.reproducible || settings::flag("LOOM_REPRODUCIBLE").value_or(false);
+}
 
 uint64_t ProcessGroupLoom::storeRequests() const {
   return store_->requests();

@@ -60,6 +60,10 @@ struct BackendOptions {
   // The host of the store torch rendezvoused on (TCPStore's host), empty for a FileStore:
   // Loom listens on the address on the route to it unless LOOM_HOST names one.
   std::string storeHost{};
+  // Reproducible reductions (docs/reproducible.md): SUM and AVG over floating tensors give the
+  // correctly rounded result, bitwise the same whatever the algorithm, transport or rank order.
+  // false leaves LOOM_REPRODUCIBLE in charge.
+  bool reproducible = false;
 };
 
 class ProcessGroupLoom : public C10dBase {
@@ -72,6 +76,8 @@ class ProcessGroupLoom : public C10dBase {
   loom::ProcessGroup& loomGroup() { return *pg_; }
   // Requests the group has sent to torch's store (store_adapter.h), for tests.
   uint64_t storeRequests() const;
+  // Whether the group's reductions run in reproducible mode (the option or LOOM_REPRODUCIBLE).
+  bool reproducible() const;
   // The group's own store, as Loom sees it (keys under the group's prefixes; for tests).
   TorchStore& store() { return *store_; }
 
