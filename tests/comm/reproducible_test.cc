@@ -29,6 +29,10 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace loom::comm {
 namespace {
 
@@ -428,6 +432,100 @@ TEST(ReproducibleLocal, WindowDecidesOrdinaryValues) {
     ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(static_cast<float>(exact)))
         << i;
   }
+}
+
+// The windowed path's float32 loops have an AVX2 form (where the reduce kernels use AVX2) and
+// the scalar reference form (ReduceIsa::kGeneric): both give the same bits and refine the same
+// elements, on adversarial inputs (the generator's, raw random bit patterns: NaN payloads,
+// subnormals, infinities, both zeros; values a few ulps apart; cancellation), every world size
+// that takes the fast decode (powers of two) or not, sum and avg, and lengths that leave every
+// vector loop a scalar tail. Where the CPU has no AVX2 both runs take the scalar loops.
+TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
+  std::mt19937_64 rng(42);
+  const auto family = [&](int kind, int ranks, size_t count) {
+    std::vector<std::vector<uint32_t>> rows(ranks, std::vector<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t anchor = static_cast<uint32_t>(rng());
+      const int spread = static_cast<int>(rng() % 40);
+      for (int r = 0; r < ranks; ++r) {
+        uint32_t& x = rows[r][i];
+        switch (kind % 3) {
+          case 0:  // any bit pattern
+            x = static_cast<uint32_t>(rng());
+            break;
+          case 1:  // near one value, either sign, exponents down to `spread` below
+            x = (anchor & 0x7fffffffu) - static_cast<uint32_t>(rng() % 3) +
+                ((rng() & 1) != 0 ? 0x80000000u : 0u);
+            if (rng() % 4 == 0) x -= static_cast<uint32_t>(spread) << 23;
+            break;
+          default:  // small magnitudes: subnormals and zeros among normals
+            x = static_cast<uint32_t>(rng() % 0x01800000u) | ((rng() & 1) != 0 ? 0x80000000u : 0u);
+            if (rng() % 8 == 0) x &= 0x80000000u;
+        }
+      }
+    }
+    return rows;
+  };
+  // Flush-to-zero and denormals-are-zero (x86's MXCSR) must not change a bit either: the float
+  // conversions leave subnormals to the integer path.
+  const auto setFlush = [](bool on) {
+#if defined(__x86_64__)
+    _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
+#else
+    (void)on;
+#endif
+  };
+  int compared = 0;
+  for (int kind = 0; kind < 6; ++kind) {
+    setFlush(kind >= 3);
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      for (size_t count : {size_t{1}, size_t{37}, size_t{1029}}) {
+        const auto rows = family(kind, ranks, count);
+        std::vector<const void*> ptrs;
+        for (const auto& row : rows) ptrs.push_back(row.data());
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          std::vector<uint32_t> vec(count), ref(count);
+          size_t vecRefined = 0, refRefined = 0;
+          setReduceIsa(ReduceIsa::kAuto);
+          reproducibleReduceLocal(ptrs, vec.data(), count, DType::kFloat32, op,
+                                  ReproduciblePath::kWindowed, &vecRefined);
+          setReduceIsa(ReduceIsa::kGeneric);
+          reproducibleReduceLocal(ptrs, ref.data(), count, DType::kFloat32, op,
+                                  ReproduciblePath::kWindowed, &refRefined);
+          setReduceIsa(ReduceIsa::kAuto);
+          const std::string what = "kind " + std::to_string(kind) + " ranks " +
+                                   std::to_string(ranks) + " count " + std::to_string(count) + " " +
+                                   reduceOpName(op);
+          EXPECT_EQ(vecRefined, refRefined) << what;
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(vec[i], ref[i]) << what << " element " << i;
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  setFlush(false);
+  EXPECT_EQ(compared, 180);
+  // The generator's adversarial inputs, checked against the exact reference on both loops.
+  for (int run = 0; run < 4; ++run) {
+    setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
+    setFlush(run >= 2);
+    for (int ranks : {2, 4, 5}) {
+      const Inputs in(DType::kFloat32, ranks, 515, 77 + ranks);
+      const auto want = in.expected(false);
+      std::vector<const void*> ptrs;
+      for (const auto& row : in.data) ptrs.push_back(row.data());
+      std::vector<unsigned char> out(in.count * 4);
+      reproducibleReduceLocal(ptrs, out.data(), in.count, DType::kFloat32, ReduceOp::kSum,
+                              ReproduciblePath::kWindowed);
+      const std::string what = std::string(reduceKernelIsa()) + (run >= 2 ? " ftz" : "") +
+                               " ranks " + std::to_string(ranks);
+      EXPECT_EQ(mismatches(in, want, out.data(), 0, in.count, what), 0) << what;
+    }
+  }
+  setFlush(false);
+  setReduceIsa(ReduceIsa::kAuto);
 }
 
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
