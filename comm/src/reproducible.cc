@@ -135,6 +135,8 @@ void runOnePass(const Call& c) {
 // cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
 constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+// All-reduce and reduce run the windowed path in chunks of this many bytes of window digits.
+constexpr size_t kWindowChunkBytes = size_t{2} << 20;
 
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
@@ -177,19 +179,42 @@ void runWindowed(const Call& c) {
   std::vector<uint8_t>& byteBuffer = (*lease).bytes;
   std::vector<int64_t>& digitBuffer = (*lease).digits;
   std::vector<int64_t>& sumBuffer = (*lease).sums;
-  uint8_t* bytes = scratch(byteBuffer, c.total);
-  repro::exponentBytes(f, c.in, c.total, bytes);
-  allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax,
-            c.kind == Kind::kAllreduce ? c.inner : c.helper);
-  int64_t* digits = scratch(digitBuffer, c.total * words);
-  repro::encodeWindows(f, c.in, c.total, bytes, digits);
-  const size_t base = c.ownBegin(), own = c.ownCount();
-  int64_t* sums = scratch(
-      sumBuffer, std::max<size_t>(c.kind == Kind::kReduceScatter ? own : c.total, 1) * words);
-  c.addIntegers(digits, sums, c.total, c.counts, words);
   std::vector<size_t> undecided;
-  const int64_t* mine = c.kind == Kind::kReduceScatter ? sums : sums + base * words;
-  repro::decodeWindows(f, mine, bytes + base, own, c.ctx.size(), c.divisor, c.out, base, undecided);
+  if (c.kind == Kind::kReduceScatter) {
+    uint8_t* bytes = scratch(byteBuffer, c.total);
+    repro::exponentBytes(f, c.in, c.total, bytes);
+    allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax, c.helper);
+    int64_t* digits = scratch(digitBuffer, c.total * words);
+    repro::encodeWindows(f, c.in, c.total, bytes, digits);
+    const size_t base = c.ownBegin(), own = c.ownCount();
+    int64_t* sums = scratch(sumBuffer, std::max<size_t>(own, 1) * words);
+    c.addIntegers(digits, sums, c.total, c.counts, words);
+    repro::decodeWindows(f, sums, bytes + base, own, c.ctx.size(), c.divisor, c.out, base,
+                         undecided);
+  } else {
+    // All-reduce and reduce cover the same elements on every rank: chunk by chunk, so that the
+    // scratch (a chunk's bytes, digits and sums) stays in cache and is never larger than a
+    // chunk. Every element's integers are the same whatever the chunking.
+    const size_t chunk = kWindowChunkBytes / (sizeof(int64_t) * words);
+    const bool decodes = c.ownCount() != 0;
+    uint8_t* bytes = scratch(byteBuffer, std::min(c.total, chunk));
+    int64_t* digits = scratch(digitBuffer, std::min(c.total, chunk) * words);
+    int64_t* sums = scratch(sumBuffer, std::min(c.total, chunk) * words);
+    for (size_t begin = 0; begin < c.total; begin += chunk) {
+      const size_t n = std::min(chunk, c.total - begin);
+      const void* in = static_cast<const unsigned char*>(c.in) + begin * f.bytes;
+      repro::exponentBytes(f, in, n, bytes);
+      allreduce(c.ctx, bytes, bytes, n, DType::kUInt8, ReduceOp::kMax,
+                c.kind == Kind::kAllreduce ? c.inner : c.helper);
+      repro::encodeWindows(f, in, n, bytes, digits);
+      c.addIntegers(digits, sums, n, c.counts, words);
+      if (decodes) {
+        repro::decodeWindows(f, sums, bytes, n, c.ctx.size(), c.divisor,
+                             static_cast<unsigned char*>(c.out) + begin * f.bytes, begin,
+                             undecided);
+      }
+    }
+  }
   // Make the undecided elements known to every rank.
   std::vector<size_t> blocks;
   switch (c.kind) {
