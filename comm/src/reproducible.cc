@@ -98,39 +98,6 @@ struct Call {
   }
 };
 
-// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
-// rank's own ones in rank order; `blocks[j]` of them belong to rank j) with full accumulators.
-void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
-  const Format& f = c.f;
-  const int words = f.fullWords();
-  std::vector<int64_t> acc(indices.size() * words);
-  for (size_t k = 0; k < indices.size(); ++k) {
-    repro::encodeFull(f, repro::loadBits(f, c.in, indices[k]), &acc[k * words]);
-  }
-  size_t first = 0, mine = indices.size();
-  if (c.kind == Kind::kReduceScatter) {
-    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
-    mine = blocks[c.ctx.rank()];
-  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
-    mine = 0;
-  }
-  std::vector<int64_t> sums(
-      std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : acc.size() / words, 1) * words);
-  c.addIntegers(acc.data(), sums.data(), indices.size(), blocks, words);
-  const size_t base = c.ownBegin();
-  for (size_t k = 0; k < mine; ++k) {
-    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
-    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
-    repro::storeBits(f, c.out, indices[first + k] - base, bits);
-  }
-}
-
-void runOnePass(const Call& c) {
-  std::vector<size_t> indices(c.total);
-  std::iota(indices.begin(), indices.end(), size_t{0});
-  reduceFull(c, indices, c.counts);
-}
-
 // Scratch kept between calls (per thread: a Context runs on one thread at a time), never
 // cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
@@ -147,6 +114,7 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> digits, sums;
+  std::vector<int64_t> full, fullSums;  // reduceFull's accumulators
 };
 
 class ScratchLease {
@@ -159,6 +127,8 @@ class ScratchLease {
     release(s_->bytes);
     release(s_->digits);
     release(s_->sums);
+    release(s_->full);
+    release(s_->fullSums);
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
@@ -171,6 +141,43 @@ class ScratchLease {
   }
   Scratch* s_;
 };
+
+// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
+// rank's own ones in rank order; `blocks[j]` of them belong to rank j; empty: every element,
+// 0..total-1) with full accumulators.
+void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
+  const Format& f = c.f;
+  const int words = f.fullWords();
+  const bool every = indices.empty();
+  const size_t count = every ? c.total : indices.size();
+  const auto index = [&](size_t k) { return every ? k : indices[k]; };
+  const ScratchLease lease;
+  int64_t* acc = scratch((*lease).full, count * words);
+  for (size_t k = 0; k < count; ++k) {
+    repro::encodeFull(f, repro::loadBits(f, c.in, index(k)), &acc[k * words]);
+  }
+  size_t first = 0, mine = count;
+  if (c.kind == Kind::kReduceScatter) {
+    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
+    mine = blocks[c.ctx.rank()];
+  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
+    mine = 0;
+  }
+  int64_t* sums =
+      scratch((*lease).fullSums,
+              std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : count, 1) * words);
+  c.addIntegers(acc, sums, count, blocks, words);
+  const size_t base = c.ownBegin();
+  for (size_t k = 0; k < mine; ++k) {
+    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
+    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
+    repro::storeBits(f, c.out, index(first + k) - base, bits);
+  }
+}
+
+void runOnePass(const Call& c) {
+  reduceFull(c, {}, c.counts);
+}
 
 void runWindowed(const Call& c) {
   const Format& f = c.f;
