@@ -12,8 +12,10 @@
 //   (`undecided`, global indices, in order). The lists are made known to every rank (all-reduce:
 //   every rank computed the same list; reduce: the root broadcasts it; reduce-scatter: an
 //   all-gather), then those elements alone go through the one-pass path.
-// Nothing is written to `out` for an undecided element before its refinement, so that in-place
-// calls still read the original input there.
+// All-reduce and reduce run the windowed passes chunk by chunk (kWindowChunkBytes of digits), so
+// that their scratch stays in cache; reduce-scatter's blocks cover the whole input, it runs them
+// once. Nothing is written to `out` for an undecided element before its refinement, so that
+// in-place calls still read the original input there.
 #include "loom/comm/reproducible.h"
 
 #include <algorithm>

@@ -442,16 +442,20 @@ __attribute__((target("avx2"))) size_t decodeWindowsF32Avx2(const int64_t* sums,
     const __m256i lo = _mm256_sub_epi64(value, inexact);
     const __m256i hi = _mm256_add_epi64(value, inexact);
     const __m256d scale = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(b, bias), 52));
-    const __m128i rlo = toFloat(lo, scale), rhi = toFloat(hi, scale);
+    // Usually no rank dropped a bit (hi == lo): one conversion.
+    const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
+    const __m128i rlo = toFloat(lo, scale), rhi = exact ? rlo : toFloat(hi, scale);
     const __m256i bad64 = _mm256_or_si256(
         _mm256_or_si256(_mm256_cmpeq_epi64(b, zero), _mm256_cmpeq_epi64(b, ff)),
         _mm256_or_si256(_mm256_cmpgt_epi64(limitLo, lo), _mm256_cmpgt_epi64(hi, limitHi)));
     const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(bad64));
     const int loZero = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(lo, zero)));
-    const int hiZero = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(hi, zero)));
-    const int equal = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(rlo, rhi)));
-    const int fail =
-        bad | (exponentZero(rlo) & ~loZero) | (exponentZero(rhi) & ~hiZero) | (~equal & 0xf);
+    int fail = bad | (exponentZero(rlo) & ~loZero);
+    if (!exact) {
+      const int hiZero = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(hi, zero)));
+      const int equal = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(rlo, rhi)));
+      fail |= (exponentZero(rhi) & ~hiZero) | (~equal & 0xf);
+    }
     if (fail == 0) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), rlo);
     } else {
