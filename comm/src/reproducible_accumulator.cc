@@ -383,9 +383,8 @@ __attribute__((target("avx2"))) size_t encodeWindowsF32Avx2(const uint32_t* in, 
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    __m128i b8;
-    std::memcpy(&b8, bytes + i, 8);  // low 8 bytes used
-    const __m256i b = _mm256_cvtepu8_epi32(b8);
+    const __m256i b =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + i)));
     const __m256i field = _mm256_and_si256(_mm256_srli_epi32(x, 23), ff);
     const __m256i f1 = _mm256_max_epu32(field, one);
     const __m256i sig =
