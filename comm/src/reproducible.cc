@@ -105,7 +105,7 @@ struct Call {
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
 constexpr size_t kKeptScratchBytes = size_t{64} << 20;
 // All-reduce and reduce run the windowed path in chunks of this many bytes of window digits.
-constexpr size_t kWindowChunkBytes = size_t{2} << 20;
+constexpr size_t kWindowChunkBytes = size_t{512} << 10;
 
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {

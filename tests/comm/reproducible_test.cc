@@ -675,14 +675,14 @@ TEST(ReproducibleRanks, Float64WindowedAndProdRefused) {
   });
 }
 
-// All-reduce and reduce run large windowed buffers chunk by chunk (262,144 float32
+// All-reduce and reduce run large windowed buffers chunk by chunk (65,536 float32
 // elements each): results across several chunks, refined elements in more than one of them,
 // equal the unchunked arithmetic's bit for bit.
 TEST(ReproducibleRanks, ChunkedWindowsMatchTheArithmetic) {
   for (const Config& config :
        {Config{true, Algorithm::kAuto, 512 << 10}, Config{false, Algorithm::kRing, 512 << 10}}) {
     const int n = config.shm ? 2 : 3;
-    const size_t total = 300001;  // two chunks
+    const size_t total = 140001;  // three chunks
     const Inputs in(DType::kFloat32, n, total, 5 + n);
     std::vector<const void*> ptrs;
     for (const auto& row : in.data) ptrs.push_back(row.data());

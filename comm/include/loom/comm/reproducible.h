@@ -38,7 +38,7 @@
 //   integer path).
 // - A call runs up to five collectives (bytes, window, list of undecided elements, their
 //   accumulators), each with the caller's timeout and seq; all-reduce and reduce run the first
-//   two once per 2 MiB of window digits (262,144 float32 elements) for larger buffers.
+//   two once per 512 KiB of window digits (65,536 float32 elements) for larger buffers.
 // - Speed: the float32 conversions run in AVX2 where the reduce kernels do (reduceKernelIsa()),
 //   with the same bits as the scalar loops (ReduceIsa::kGeneric).
 // - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n): windowed
