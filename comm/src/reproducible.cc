@@ -12,8 +12,10 @@
 //   (`undecided`, global indices, in order). The lists are made known to every rank (all-reduce:
 //   every rank computed the same list; reduce: the root broadcasts it; reduce-scatter: an
 //   all-gather), then those elements alone go through the one-pass path.
-// Nothing is written to `out` for an undecided element before its refinement, so that in-place
-// calls still read the original input there.
+// All-reduce and reduce run the windowed passes chunk by chunk (kWindowChunkBytes of digits), so
+// that their scratch stays in cache; reduce-scatter's blocks cover the whole input, it runs them
+// once. Nothing is written to `out` for an undecided element before its refinement, so that
+// in-place calls still read the original input there.
 #include "loom/comm/reproducible.h"
 
 #include <algorithm>
@@ -98,43 +100,12 @@ struct Call {
   }
 };
 
-// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
-// rank's own ones in rank order; `blocks[j]` of them belong to rank j) with full accumulators.
-void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
-  const Format& f = c.f;
-  const int words = f.fullWords();
-  std::vector<int64_t> acc(indices.size() * words);
-  for (size_t k = 0; k < indices.size(); ++k) {
-    repro::encodeFull(f, repro::loadBits(f, c.in, indices[k]), &acc[k * words]);
-  }
-  size_t first = 0, mine = indices.size();
-  if (c.kind == Kind::kReduceScatter) {
-    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
-    mine = blocks[c.ctx.rank()];
-  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
-    mine = 0;
-  }
-  std::vector<int64_t> sums(
-      std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : acc.size() / words, 1) * words);
-  c.addIntegers(acc.data(), sums.data(), indices.size(), blocks, words);
-  const size_t base = c.ownBegin();
-  for (size_t k = 0; k < mine; ++k) {
-    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
-    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
-    repro::storeBits(f, c.out, indices[first + k] - base, bits);
-  }
-}
-
-void runOnePass(const Call& c) {
-  std::vector<size_t> indices(c.total);
-  std::iota(indices.begin(), indices.end(), size_t{0});
-  reduceFull(c, indices, c.counts);
-}
-
 // Scratch kept between calls (per thread: a Context runs on one thread at a time), never
 // cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
 constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+// All-reduce and reduce run the windowed path in chunks of this many bytes of window digits.
+constexpr size_t kWindowChunkBytes = size_t{512} << 10;
 
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
@@ -145,6 +116,7 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> digits, sums;
+  std::vector<int64_t> full, fullSums;  // reduceFull's accumulators
 };
 
 class ScratchLease {
@@ -157,6 +129,8 @@ class ScratchLease {
     release(s_->bytes);
     release(s_->digits);
     release(s_->sums);
+    release(s_->full);
+    release(s_->fullSums);
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
@@ -170,6 +144,43 @@ class ScratchLease {
   Scratch* s_;
 };
 
+// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
+// rank's own ones in rank order; `blocks[j]` of them belong to rank j; empty: every element,
+// 0..total-1) with full accumulators.
+void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
+  const Format& f = c.f;
+  const int words = f.fullWords();
+  const bool every = indices.empty();
+  const size_t count = every ? c.total : indices.size();
+  const auto index = [&](size_t k) { return every ? k : indices[k]; };
+  const ScratchLease lease;
+  int64_t* acc = scratch((*lease).full, count * words);
+  for (size_t k = 0; k < count; ++k) {
+    repro::encodeFull(f, repro::loadBits(f, c.in, index(k)), &acc[k * words]);
+  }
+  size_t first = 0, mine = count;
+  if (c.kind == Kind::kReduceScatter) {
+    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
+    mine = blocks[c.ctx.rank()];
+  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
+    mine = 0;
+  }
+  int64_t* sums =
+      scratch((*lease).fullSums,
+              std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : count, 1) * words);
+  c.addIntegers(acc, sums, count, blocks, words);
+  const size_t base = c.ownBegin();
+  for (size_t k = 0; k < mine; ++k) {
+    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
+    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
+    repro::storeBits(f, c.out, index(first + k) - base, bits);
+  }
+}
+
+void runOnePass(const Call& c) {
+  reduceFull(c, {}, c.counts);
+}
+
 void runWindowed(const Call& c) {
   const Format& f = c.f;
   const int words = f.windowDigits;
@@ -177,19 +188,42 @@ void runWindowed(const Call& c) {
   std::vector<uint8_t>& byteBuffer = (*lease).bytes;
   std::vector<int64_t>& digitBuffer = (*lease).digits;
   std::vector<int64_t>& sumBuffer = (*lease).sums;
-  uint8_t* bytes = scratch(byteBuffer, c.total);
-  repro::exponentBytes(f, c.in, c.total, bytes);
-  allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax,
-            c.kind == Kind::kAllreduce ? c.inner : c.helper);
-  int64_t* digits = scratch(digitBuffer, c.total * words);
-  repro::encodeWindows(f, c.in, c.total, bytes, digits);
-  const size_t base = c.ownBegin(), own = c.ownCount();
-  int64_t* sums = scratch(
-      sumBuffer, std::max<size_t>(c.kind == Kind::kReduceScatter ? own : c.total, 1) * words);
-  c.addIntegers(digits, sums, c.total, c.counts, words);
   std::vector<size_t> undecided;
-  const int64_t* mine = c.kind == Kind::kReduceScatter ? sums : sums + base * words;
-  repro::decodeWindows(f, mine, bytes + base, own, c.ctx.size(), c.divisor, c.out, base, undecided);
+  if (c.kind == Kind::kReduceScatter) {
+    uint8_t* bytes = scratch(byteBuffer, c.total);
+    repro::exponentBytes(f, c.in, c.total, bytes);
+    allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax, c.helper);
+    int64_t* digits = scratch(digitBuffer, c.total * words);
+    repro::encodeWindows(f, c.in, c.total, bytes, digits);
+    const size_t base = c.ownBegin(), own = c.ownCount();
+    int64_t* sums = scratch(sumBuffer, std::max<size_t>(own, 1) * words);
+    c.addIntegers(digits, sums, c.total, c.counts, words);
+    repro::decodeWindows(f, sums, bytes + base, own, c.ctx.size(), c.divisor, c.out, base,
+                         undecided);
+  } else {
+    // All-reduce and reduce cover the same elements on every rank: chunk by chunk, so that the
+    // scratch (a chunk's bytes, digits and sums) stays in cache and is never larger than a
+    // chunk. Every element's integers are the same whatever the chunking.
+    const size_t chunk = kWindowChunkBytes / (sizeof(int64_t) * words);
+    const bool decodes = c.ownCount() != 0;
+    uint8_t* bytes = scratch(byteBuffer, std::min(c.total, chunk));
+    int64_t* digits = scratch(digitBuffer, std::min(c.total, chunk) * words);
+    int64_t* sums = scratch(sumBuffer, std::min(c.total, chunk) * words);
+    for (size_t begin = 0; begin < c.total; begin += chunk) {
+      const size_t n = std::min(chunk, c.total - begin);
+      const void* in = static_cast<const unsigned char*>(c.in) + begin * f.bytes;
+      repro::exponentBytes(f, in, n, bytes);
+      allreduce(c.ctx, bytes, bytes, n, DType::kUInt8, ReduceOp::kMax,
+                c.kind == Kind::kAllreduce ? c.inner : c.helper);
+      repro::encodeWindows(f, in, n, bytes, digits);
+      c.addIntegers(digits, sums, n, c.counts, words);
+      if (decodes) {
+        repro::decodeWindows(f, sums, bytes, n, c.ctx.size(), c.divisor,
+                             static_cast<unsigned char*>(c.out) + begin * f.bytes, begin,
+                             undecided);
+      }
+    }
+  }
   // Make the undecided elements known to every rank.
   std::vector<size_t> blocks;
   switch (c.kind) {

@@ -29,6 +29,10 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace loom::comm {
 namespace {
 
@@ -430,6 +434,100 @@ TEST(ReproducibleLocal, WindowDecidesOrdinaryValues) {
   }
 }
 
+// The windowed path's float32 loops have an AVX2 form (where the reduce kernels use AVX2) and
+// the scalar reference form (ReduceIsa::kGeneric): both give the same bits and refine the same
+// elements, on adversarial inputs (the generator's, raw random bit patterns: NaN payloads,
+// subnormals, infinities, both zeros; values a few ulps apart; cancellation), every world size
+// that takes the fast decode (powers of two) or not, sum and avg, and lengths that leave every
+// vector loop a scalar tail. Where the CPU has no AVX2 both runs take the scalar loops.
+TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
+  std::mt19937_64 rng(42);
+  const auto family = [&](int kind, int ranks, size_t count) {
+    std::vector<std::vector<uint32_t>> rows(ranks, std::vector<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t anchor = static_cast<uint32_t>(rng());
+      const int spread = static_cast<int>(rng() % 40);
+      for (int r = 0; r < ranks; ++r) {
+        uint32_t& x = rows[r][i];
+        switch (kind % 3) {
+          case 0:  // any bit pattern
+            x = static_cast<uint32_t>(rng());
+            break;
+          case 1:  // near one value, either sign, exponents down to `spread` below
+            x = (anchor & 0x7fffffffu) - static_cast<uint32_t>(rng() % 3) +
+                ((rng() & 1) != 0 ? 0x80000000u : 0u);
+            if (rng() % 4 == 0) x -= static_cast<uint32_t>(spread) << 23;
+            break;
+          default:  // small magnitudes: subnormals and zeros among normals
+            x = static_cast<uint32_t>(rng() % 0x01800000u) | ((rng() & 1) != 0 ? 0x80000000u : 0u);
+            if (rng() % 8 == 0) x &= 0x80000000u;
+        }
+      }
+    }
+    return rows;
+  };
+  // Flush-to-zero and denormals-are-zero (x86's MXCSR) must not change a bit either: the float
+  // conversions leave subnormals to the integer path.
+  const auto setFlush = [](bool on) {
+#if defined(__x86_64__)
+    _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
+#else
+    (void)on;
+#endif
+  };
+  int compared = 0;
+  for (int kind = 0; kind < 6; ++kind) {
+    setFlush(kind >= 3);
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      for (size_t count : {size_t{1}, size_t{37}, size_t{1029}}) {
+        const auto rows = family(kind, ranks, count);
+        std::vector<const void*> ptrs;
+        for (const auto& row : rows) ptrs.push_back(row.data());
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          std::vector<uint32_t> vec(count), ref(count);
+          size_t vecRefined = 0, refRefined = 0;
+          setReduceIsa(ReduceIsa::kAuto);
+          reproducibleReduceLocal(ptrs, vec.data(), count, DType::kFloat32, op,
+                                  ReproduciblePath::kWindowed, &vecRefined);
+          setReduceIsa(ReduceIsa::kGeneric);
+          reproducibleReduceLocal(ptrs, ref.data(), count, DType::kFloat32, op,
+                                  ReproduciblePath::kWindowed, &refRefined);
+          setReduceIsa(ReduceIsa::kAuto);
+          const std::string what = "kind " + std::to_string(kind) + " ranks " +
+                                   std::to_string(ranks) + " count " + std::to_string(count) + " " +
+                                   reduceOpName(op);
+          EXPECT_EQ(vecRefined, refRefined) << what;
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(vec[i], ref[i]) << what << " element " << i;
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  setFlush(false);
+  EXPECT_EQ(compared, 180);
+  // The generator's adversarial inputs, checked against the exact reference on both loops.
+  for (int run = 0; run < 4; ++run) {
+    setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
+    setFlush(run >= 2);
+    for (int ranks : {2, 4, 5}) {
+      const Inputs in(DType::kFloat32, ranks, 515, 77 + ranks);
+      const auto want = in.expected(false);
+      std::vector<const void*> ptrs;
+      for (const auto& row : in.data) ptrs.push_back(row.data());
+      std::vector<unsigned char> out(in.count * 4);
+      reproducibleReduceLocal(ptrs, out.data(), in.count, DType::kFloat32, ReduceOp::kSum,
+                              ReproduciblePath::kWindowed);
+      const std::string what = std::string(reduceKernelIsa()) + (run >= 2 ? " ftz" : "") +
+                               " ranks " + std::to_string(ranks);
+      EXPECT_EQ(mismatches(in, want, out.data(), 0, in.count, what), 0) << what;
+    }
+  }
+  setFlush(false);
+  setReduceIsa(ReduceIsa::kAuto);
+}
+
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
   float a = 1, out = 0;
   const void* ptrs[] = {&a};
@@ -575,6 +673,46 @@ TEST(ReproducibleRanks, Float64WindowedAndProdRefused) {
     allreduce(ctx, &x, &x, 1, DType::kFloat64, ReduceOp::kMax);
     EXPECT_EQ(x, 1.0);
   });
+}
+
+// All-reduce and reduce run large windowed buffers chunk by chunk (65,536 float32
+// elements each): results across several chunks, refined elements in more than one of them,
+// equal the unchunked arithmetic's bit for bit.
+TEST(ReproducibleRanks, ChunkedWindowsMatchTheArithmetic) {
+  for (const Config& config :
+       {Config{true, Algorithm::kAuto, 512 << 10}, Config{false, Algorithm::kRing, 512 << 10}}) {
+    const int n = config.shm ? 2 : 3;
+    const size_t total = 140001;  // three chunks
+    const Inputs in(DType::kFloat32, n, total, 5 + n);
+    std::vector<const void*> ptrs;
+    for (const auto& row : in.data) ptrs.push_back(row.data());
+    std::vector<uint32_t> sum(total), avg(total);
+    size_t refined = 0;
+    reproducibleReduceLocal(ptrs, sum.data(), total, DType::kFloat32, ReduceOp::kSum,
+                            ReproduciblePath::kWindowed, &refined);
+    EXPECT_GT(refined, 2u);
+    reproducibleReduceLocal(ptrs, avg.data(), total, DType::kFloat32, ReduceOp::kAvg,
+                            ReproduciblePath::kWindowed);
+    const std::string what = describe(config, n);
+    onRanks(n, config, [&](int r, Context& ctx) {
+      std::vector<uint32_t> out(total);
+      CollectiveOptions opts;
+      opts.seq = 1;
+      allreduce(ctx, in.data[r].data(), out.data(), total, DType::kFloat32, ReduceOp::kSum, opts);
+      EXPECT_TRUE(out == sum) << what << " allreduce sum";
+      std::memcpy(out.data(), in.data[r].data(), total * 4);
+      opts.seq = 2;
+      allreduce(ctx, out.data(), out.data(), total, DType::kFloat32, ReduceOp::kAvg, opts);
+      EXPECT_TRUE(out == avg) << what << " allreduce avg in place";
+      std::fill(out.begin(), out.end(), 0u);
+      opts.seq = 3;
+      reduce(ctx, in.data[r].data(), r == 1 ? out.data() : nullptr, total, DType::kFloat32,
+             ReduceOp::kSum, 1, opts);
+      if (r == 1) {
+        EXPECT_TRUE(out == sum) << what << " reduce";
+      }
+    });
+  }
 }
 
 }  // namespace

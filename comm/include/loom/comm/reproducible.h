@@ -37,7 +37,10 @@
 //   flush-to-zero and denormals-are-zero modes do not change results (those cases take the
 //   integer path).
 // - A call runs up to five collectives (bytes, window, list of undecided elements, their
-//   accumulators), each with the caller's timeout and seq.
+//   accumulators), each with the caller's timeout and seq; all-reduce and reduce run the first
+//   two once per 512 KiB of window digits (65,536 float32 elements) for larger buffers.
+// - Speed: the float32 conversions run in AVX2 where the reduce kernels do (reduceKernelIsa()),
+//   with the same bits as the scalar loops (ReduceIsa::kGeneric).
 // - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n): windowed
 //   float32 / bfloat16 / float16 1 + 8 = 9 bytes (4.5x float16's and bfloat16's 2, 2.25x
 //   float32's 4), float64 1 + 16 = 17 bytes (2.1x), plus, for each refined element, its index
