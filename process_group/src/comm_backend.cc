@@ -91,6 +91,26 @@ std::string ProcessGroupComm::tuningSummary() const {
   return ctx_->tuning();
 }
 
+void ProcessGroupComm::checkOp(const OpDesc& op) const {
+  switch (op.type) {
+    case OpType::kAllreduce:
+    case OpType::kReduce:
+    case OpType::kReduceScatter:
+    case OpType::kReduceScatterv:
+    case OpType::kAllreduceCoalesced:
+      break;
+    default:
+      return;
+  }
+  if (ctx_->reproducible() && op.reduceOp == ReduceOp::kProd && isFloatingPoint(op.dtype)) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type), ": reduce op ",
+               reduceOpName(op.reduceOp), " over ", dtypeName(op.dtype),
+               " cannot be made reproducible, and this group reduces in reproducible mode "
+               "(LOOM_REPRODUCIBLE, ContextOptions::reproducible: sum and avg over floating "
+               "dtypes are correctly rounded; min, max and integer ops are exact already)");
+  }
+}
+
 ProcessGroupComm::~ProcessGroupComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -93,6 +93,9 @@ class ProcessGroupComm final : public ProcessGroup {
  protected:
   std::shared_ptr<Work> post(OpDesc&& op) override;
   void checkDevice(const BufferView& buf, const char* opName) const override;
+  // In reproducible mode (comm::ContextOptions::reproducible) a reduction the mode refuses
+  // (PROD over a floating dtype) is refused at issue, so that the group stays usable.
+  void checkOp(const OpDesc& op) const override;
 
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
