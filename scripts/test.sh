@@ -33,7 +33,11 @@ fi
 scripts/build.sh -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_BENCH_SUITES=ON \
   -DLOOM_BUILD_EXAMPLES=ON "-DLOOM_TORCH2_PYTHON=$torch2_python" \
   "-DLOOM_TORCH2_SKIP_REASON=$torch2_skip" "$@"
-(cd "${LOOM_BUILD_DIR:-build}" && ctest --output-on-failure --timeout 600 ${LOOM_CTEST_ARGS:-}) ||
+# As many tests at once as there are CPUs (LOOM_CTEST_JOBS): most multi-rank tests spend their
+# time waiting (deadlines, peers, sockets), and every test is written to pass on a loaded
+# machine; the namespace tests hold one lock (tests/netns).
+(cd "${LOOM_BUILD_DIR:-build}" &&
+  ctest --output-on-failure --timeout 600 -j "${LOOM_CTEST_JOBS:-$(nproc)}" ${LOOM_CTEST_ARGS:-}) ||
   status=$?
 # The fuzz targets, built with clang in build-fuzz, each run for a fixed number of inputs
 # (docs/fuzz.md); LOOM_SKIP_FUZZ=1 leaves them out.
