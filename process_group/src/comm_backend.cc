@@ -77,6 +77,7 @@ ProcessGroupComm::ProcessGroupComm(std::string backend, std::shared_ptr<Store> s
   comm::ContextOptions ctxOptions = options.comm.context;
   ctxOptions.timeout = options.timeout;
   ctx_ = makeContext(*this->store(), rank, size, ctxOptions);
+  reproducible_ = ctx_->reproducible();
   // One at a time, from the queue's head: direct operations, the worker and the lock path
   // alike (comm_handoff.cc).
   recordCollectivesInIssueOrder();
@@ -102,7 +103,7 @@ void ProcessGroupComm::checkOp(const OpDesc& op) const {
     default:
       return;
   }
-  if (ctx_->reproducible() && op.reduceOp == ReduceOp::kProd && isFloatingPoint(op.dtype)) {
+  if (reproducible_ && op.reduceOp == ReduceOp::kProd && isFloatingPoint(op.dtype)) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type), ": reduce op ",
                reduceOpName(op.reduceOp), " over ", dtypeName(op.dtype),
                " cannot be made reproducible, and this group reduces in reproducible mode "

@@ -137,6 +137,7 @@ class ProcessGroupComm final : public ProcessGroup {
   bool markBroken(const std::string& cause);
 
   std::shared_ptr<comm::Context> ctx_;     // used by the running thread; abort() may call abort
+  bool reproducible_ = false;              // ctx_->reproducible(), kept for checkOp after abort
   const std::chrono::microseconds grace_;  // options.comm.graceUs
   const std::chrono::microseconds nap_;    // options.comm.napUs
 
