@@ -124,9 +124,7 @@ PYBIND11_MODULE(_C, m) {
       "What carries a loom group's data: 'shm (all 2 ranks on this host)', 'tcp', ...");
   m.def(
       "_reproducible",
-      [](py::handle group) {
-        return loomOf(backendOf(group), "is_reproducible").reproducible();
-      },
+      [](py::handle group) { return loomOf(backendOf(group), "is_reproducible").reproducible(); },
       py::arg("group"), "Whether the group's reductions run in reproducible mode.");
   m.def(
       "_allreduce_loop",
