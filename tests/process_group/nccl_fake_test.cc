@@ -466,7 +466,7 @@ TEST(NcclFailure, TheErrorNamesTheRankThatNeverArrived) {
 TEST(NcclDebug, DetailChecksSignaturesAcrossRanksAndTheGroupStaysUsable) {
   auto store = std::make_shared<HashStore>();
   std::vector<std::string> errors(2);
-  std::vector<bool> usable(2);
+  std::vector<char> usable(2);  // not vector<bool>: the ranks write their own element at once
   loom::testing::runThreadRanks(2, [&](int rank) {
     auto fake = std::make_shared<FakeNccl>();
     ProcessGroupOptions options;
