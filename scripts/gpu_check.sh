@@ -16,8 +16,11 @@
 #   scripts/gpu_check.sh run [B]        GPU machine: the checks below within 6 minutes, then a
 #                                       Markdown summary on stdout; logs in $OUT/gpu_check_logs.tgz.
 #
-# On the GPU machine (device tool): run with carry ["build/gpu_bundle"] and the command
+# prep also packs the bundle into BUILD/gpu_carry/gpu_bundle.tgz (a device call carries 64 MiB in
+# all, and OpenBLAS alone is 36 MB unpacked). On the GPU machine (device tool): run with carry
+# ["build/gpu_carry"] and the command
 #   bash scripts/gpu_check.sh run
+# which unpacks it into /tmp when build/gpu_bundle is not there.
 # What run does, each step under its own timeout, skipped when the 6-minute budget is spent:
 #   1. nccl_fake_test, nccl_watchdog_test (no device needed: the bundle works there);
 #   2. pg_nccl_test (one rank) and nccl_ranks_test (2, 3, 4 ranks on the GPU, NCCL_HOSTID per
@@ -32,10 +35,11 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODE=${1:-}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-360}
+# loom-memcpy-bound and loom-train are for scripts/cpu_scale_check.sh, which runs from this bundle.
 BINARIES="tests/pg_nccl_test tests/nccl_ranks_test tests/nccl_fake_test tests/nccl_watchdog_test
-bin/loom-bench bin/loom-run bin/loom-nccl-allreduce"
+bin/loom-bench bin/loom-run bin/loom-nccl-allreduce bin/loom-memcpy-bound bin/loom-train"
 TARGETS="pg_nccl_test nccl_ranks_test nccl_fake_test nccl_watchdog_test loom-bench loom-run
-loom-nccl-allreduce"
+loom-nccl-allreduce loom-memcpy-bound loom-train"
 # Found on any machine (base system) or on the GPU machine (CUDA, NCCL): never carried.
 NOT_CARRIED='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libcudart|libnccl|libcuda\.so'
 MAX_BUNDLE_KB=$((60 * 1024))
@@ -57,6 +61,8 @@ prep() {
     grep -q 'loom: NCCL backend ON' "$build/CMakeFiles/CMakeOutput.log" 2>/dev/null ||
     [ -f "$build/bin/loom-nccl-allreduce" ] ||
     echo "gpu_check: note: $build may be configured without NCCL; the build below will tell" >&2
+  grep -q '^LOOM_PORTABLE:BOOL=ON' "$build/CMakeCache.txt" ||
+    echo "gpu_check: note: $build is not configured with -DLOOM_PORTABLE=ON: autograd_lite (loom-train) is built for this CPU and may stop with SIGILL on the lent machine's" >&2
   # shellcheck disable=SC2086  # word splitting of the target list is wanted
   cmake --build "$build" -j"${JOBS:-2}" --target $TARGETS || die "build failed"
   local bundle=$build/gpu_bundle
@@ -66,13 +72,32 @@ prep() {
     cp "$build/$b" "$bundle/bin/"
   done
   strip --strip-debug "$bundle"/bin/*
-  cp "$ROOT/bench/torch/nccl_ref.py" "$bundle/"
+  cp "$ROOT/bench/torch/nccl_ref.py" "$ROOT/examples/loom_train/torch_ddp_train.py" "$bundle/"
   for f in "$bundle"/bin/*; do needed_libs "$f"; done | sort -u | while read -r lib; do
     cp -L "$lib" "$bundle/lib/"
   done
   strip --strip-debug "$bundle"/lib/* 2>/dev/null || true
   du -sh "$bundle" "$bundle/bin" "$bundle/lib"
+  rm -rf "$build/gpu_carry" && mkdir -p "$build/gpu_carry"
+  tar czf "$build/gpu_carry/gpu_bundle.tgz" -C "$build" gpu_bundle || die "packing the bundle failed"
   dry_run "$bundle"
+}
+
+# The bundle to run from: the folder given, build/gpu_bundle, or build/gpu_carry/gpu_bundle.tgz
+# unpacked into /tmp (what a device call carries).
+bundle_dir() {
+  if [ -n "${1:-}" ]; then
+    echo "$1"
+  elif [ -d "$ROOT/build/gpu_bundle/bin" ]; then
+    echo "$ROOT/build/gpu_bundle"
+  elif [ -f "$ROOT/build/gpu_carry/gpu_bundle.tgz" ]; then
+    [ -d /tmp/loom_gpu/gpu_bundle/bin ] ||
+      { mkdir -p /tmp/loom_gpu && tar xzf "$ROOT/build/gpu_carry/gpu_bundle.tgz" -C /tmp/loom_gpu; } ||
+      die "unpacking $ROOT/build/gpu_carry/gpu_bundle.tgz failed"
+    echo /tmp/loom_gpu/gpu_bundle
+  else
+    echo "$ROOT/build/gpu_bundle"
+  fi
 }
 
 dry_run() {
@@ -108,10 +133,12 @@ dry_run() {
     done < <(LD_LIBRARY_PATH=$bundle/lib ldd "$f" | awk '/=> \//{print $1, $3}' |
       grep -Ev "$NOT_CARRIED")
   done
-  local kb tree_kb
-  kb=$(du -sk "$bundle" | cut -f1)
+  local kb tree_kb packed=$bundle/../gpu_carry/gpu_bundle.tgz
+  [ -f "$packed" ] || { echo "NOT PACKED: no $packed (run prep)"; bad=1; }
+  kb=$(du -sk "$packed" 2>/dev/null | cut -f1)
+  kb=${kb:-0}
   if [ "$kb" -gt "$MAX_BUNDLE_KB" ]; then
-    echo "TOO BIG: $bundle is $kb KiB (a device call carries 64 MiB in all)"
+    echo "TOO BIG: $packed is $kb KiB (a device call carries 64 MiB in all)"
     bad=1
   fi
   # The working tree travels too: tree + bundle within the 64 MiB of a device call.
@@ -140,7 +167,7 @@ dry_run() {
   fi
   bash -n "$0" || bad=1
   python3 -m py_compile "$bundle/nccl_ref.py" || bad=1
-  echo "bundle: $bundle, $kb KiB (+ working tree ${tree_kb:-?} KiB), $(find "$bundle/bin" -type f | wc -l) binaries, $(find "$bundle/lib" -type f | wc -l) libraries"
+  echo "bundle: $bundle, packed $kb KiB (+ working tree ${tree_kb:-?} KiB), $(find "$bundle/bin" -type f | wc -l) binaries, $(find "$bundle/lib" -type f | wc -l) libraries"
   if [ "$bad" -ne 0 ]; then
     echo "dry-run: FAILED"
     return 1
@@ -195,8 +222,9 @@ col_of() {
 }
 
 run() {
-  local bundle=${1:-$ROOT/build/gpu_bundle}
-  [ -d "$bundle/bin" ] || die "no bundle at $bundle: run 'scripts/gpu_check.sh prep' on the dev machine and carry build/gpu_bundle"
+  local bundle
+  bundle=$(bundle_dir "${1:-}") || exit 1
+  [ -d "$bundle/bin" ] || die "no bundle at $bundle: run 'scripts/gpu_check.sh prep' on the dev machine and carry build/gpu_carry"
   local B=$bundle/bin
   LOGS=$(mktemp -d /tmp/gpu_check.XXXXXX)
   libdir() { find /opt /usr/local /usr/lib -name "$1" 2>/dev/null | head -1 | xargs -r dirname; }

@@ -5,7 +5,10 @@ torch.cuda.synchronize(), the p50 over the calls, at world size N on one GPU (N 
 per rank, each with its own NCCL_HOSTID, so that NCCL treats them as separate hosts, as Loom's
 checks do).
 
-Usage: python3 bench/torch/nccl_ref.py N SIZES [--iters 50]
+With --backend gloo: torch's gloo on float CPU tensors instead (the peer of Loom's shared-memory
+and tcp paths, scripts/cpu_scale_check.sh), one process per rank, one intra-op thread each.
+
+Usage: python3 bench/torch/nccl_ref.py N SIZES [--iters 50] [--backend nccl|gloo]
   SIZES: comma-separated bytes with K/M/G suffixes (8,64K,1M,16M)
 Prints '# torch ...' then one line per size: 'SIZE_BYTES p50_us algbw_GBps busbw_GBps'.
 Started from ../shared/gpu/torch_ref.py (nccl1).
@@ -30,27 +33,38 @@ def sizes_from(arg):
     return out
 
 
-def rank_main(rank, world, sizes, iters, port, q):
-    if world > 1:
-        os.environ["NCCL_HOSTID"] = f"torchhost{rank}"
+def rank_main(rank, world, sizes, iters, port, q, backend):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=rank, world_size=world,
-                            device_id=torch.device("cuda:0"))
+    if backend == "nccl":
+        if world > 1:
+            os.environ["NCCL_HOSTID"] = f"torchhost{rank}"
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=rank, world_size=world,
+                                device_id=torch.device("cuda:0"))
+        device = "cuda"
+        sync = torch.cuda.synchronize
+    else:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        device = "cpu"
+
+        def sync():
+            pass
     lines = []
     for n in sizes:
-        t = torch.ones(max(n // 4, 1), device="cuda")
+        t = torch.ones(max(n // 4, 1), device=device)
         for _ in range(5):
             dist.all_reduce(t)
-        torch.cuda.synchronize()
+        sync()
         dist.barrier()
         k = iters if n < (64 << 20) else max(iters // 5, 3)
         ts = []
         for _ in range(k):
             start = time.perf_counter()
             dist.all_reduce(t)
-            torch.cuda.synchronize()
+            sync()
             ts.append(time.perf_counter() - start)
         ts.sort()
         p50 = ts[len(ts) // 2]
@@ -68,13 +82,17 @@ def main():
     parser.add_argument("sizes", type=sizes_from)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--port", type=int, default=29631)
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     args = parser.parse_args()
-    print(f"# torch {torch.__version__}, cuda {torch.version.cuda}, nccl "
-          f"{'.'.join(map(str, torch.cuda.nccl.version()))}, world {args.world}", flush=True)
+    if args.backend == "nccl":
+        print(f"# torch {torch.__version__}, cuda {torch.version.cuda}, nccl "
+              f"{'.'.join(map(str, torch.cuda.nccl.version()))}, world {args.world}", flush=True)
+    else:
+        print(f"# torch {torch.__version__}, gloo on CPU tensors, world {args.world}", flush=True)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=rank_main,
-                         args=(r, args.world, args.sizes, args.iters, args.port, q))
+                         args=(r, args.world, args.sizes, args.iters, args.port, q, args.backend))
              for r in range(args.world)]
     for p in procs:
         p.start()

@@ -166,6 +166,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.singleCopy = options.shmSingleCopy;
   aopts.windows = options.shmWindows;
   aopts.windowMinBytes = options.shmWindowMinBytes;
+  aopts.foldSkew = options.shmFoldSkew;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
   topts.ringBytes = options.shmRingBytes;

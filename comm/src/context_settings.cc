@@ -59,6 +59,7 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.shmRingBytes, d.shmRingBytes, s::bytes("LOOM_SHM_RING_BYTES"));
   s::fillDefault(o.shmSpinUs, d.shmSpinUs, s::integer("LOOM_SHM_SPIN_US"));
   s::fillDefault(o.shmYieldUs, d.shmYieldUs, s::integer("LOOM_SHM_YIELD_US"));
+  s::fillDefault(o.shmFoldSkew, d.shmFoldSkew, s::flag("LOOM_SHM_FOLD_SKEW"));
   if (const auto mode = s::choice("LOOM_SHM_SINGLE_COPY")) {
     const ShmSingleCopy v = *mode == "on"    ? ShmSingleCopy::kOn
                             : *mode == "off" ? ShmSingleCopy::kOff
@@ -138,6 +139,7 @@ std::string describeNonDefault(const ContextOptions& o) {
   put("shmRingBytes", o.shmRingBytes, d.shmRingBytes);
   put("shmSpinUs", o.shmSpinUs, d.shmSpinUs);
   put("shmYieldUs", o.shmYieldUs, d.shmYieldUs);
+  put("shmFoldSkew", int{o.shmFoldSkew}, int{d.shmFoldSkew});
   const char* const singleCopyNames[] = {"auto", "on", "off"};
   put("shmSingleCopy", std::string(singleCopyNames[static_cast<int>(o.shmSingleCopy) % 3]),
       std::string("auto"));

@@ -129,6 +129,7 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
   auto segment = Segment::create(store, rank, size, totalBytes, options.keyPrefix, options.timeout,
                                  init, check, options.memfd);
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
+  arena->foldSkew_ = options.foldSkew;
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   arena->probeSingleCopy(store, options);
   arena->probeWindows(store, options);

@@ -105,6 +105,9 @@ struct ArenaOptions {
   bool windows = true;
   // ContextOptions::shmWindowMinBytes (0: the measured defaults of shm_single_copy.cc).
   size_t windowMinBytes = 0;
+  // ContextOptions::shmFoldSkew: false folds block after block, every rank reading its peers in
+  // rank order (fold.h), the order before issue 41, kept to A/B the rotation on many cores.
+  bool foldSkew = true;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
@@ -130,6 +133,8 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   int rank() const { return rank_; }
+  // Whether the folds run skewed and rotated (fold.h; ArenaOptions::foldSkew).
+  bool foldSkew() const { return foldSkew_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
   // "memfd:<pid>:<fd>", or the POSIX name when the memfd could not be shared (segment.h).
@@ -327,6 +332,7 @@ class Arena {
   std::vector<uint8_t*> slots_;     // per rank: its first slot
   std::vector<uint8_t*> boxes_;     // per slot, per rank: the box's data
   uint64_t step_ = 0;
+  bool foldSkew_ = true;  // set once in create()
   const int64_t spinNs_;   // waitBudget (os.h), or ArenaOptions::spinUs
   const int64_t yieldNs_;  // or ArenaOptions::yieldUs
   Transport* transport_ = nullptr;

@@ -88,7 +88,7 @@ void reduceSlots(Arena& arena, ReduceFn fn, void* dst, size_t staged, size_t off
   uint8_t* d = static_cast<uint8_t*>(dst);
   const size_t block = foldBlockElements(arena.size(), es, n);
   fold(
-      fn, arena.size(), arena.rank(), n, block, /*skew=*/true,
+      fn, arena.size(), arena.rank(), n, block, arena.foldSkew(),
       [&](int q, size_t begin, size_t) { return arena.staging(q, staged) + offset + begin * es; },
       [&](size_t b) { return d + b * block * es; }, [](size_t, void*, size_t, size_t) {});
 }
@@ -122,7 +122,7 @@ void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, Reduc
     const uint8_t* own = static_cast<const uint8_t*>(in) + (offset + begin) * es;
     const size_t block = foldBlockElements(arena.size(), es, n);
     fold(
-        fn, arena.size(), me, n, block, /*skew=*/true,
+        fn, arena.size(), me, n, block, arena.foldSkew(),
         [&](int q, size_t b, size_t) -> const void* {
           return q == me ? own + b * es : arena.slot(q, arena.step()) + (begin + b) * es;
         },

@@ -71,7 +71,7 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
       if (toPeers && q != me) outputs[q] = arena.peerWindowForWrite(call, q, kOut) + offset;
     }
     fold(
-        fn, size, me, n, block, /*skew=*/true,
+        fn, size, me, n, block, arena.foldSkew(),
         [&](int q, size_t begin, size_t) -> const void* { return operands[q] + begin * es; },
         [&](size_t b) -> void* {
           return viaBounce ? bounce + (b % inFlight) * block * es

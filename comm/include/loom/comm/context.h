@@ -118,6 +118,12 @@ struct ContextOptions {
   // (LOOM_SHM_SPIN_US, LOOM_SHM_YIELD_US).
   int shmSpinUs = -1;
   int shmYieldUs = -1;
+  // The shared-memory reductions fold each element in rank order either way (one summation
+  // order, the same bits); true reads the peers skewed and rotated per rank so that the
+  // reducers do not all pull from one rank's memory at once (comm/src/shm/fold.h); false reads
+  // them block after block in rank order, kept to A/B that on many cores. Equal on all ranks
+  // is not required (LOOM_SHM_FOLD_SKEW).
+  bool shmFoldSkew = true;
   // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
   // peers' buffers straight out of their processes (process_vm_readv) instead of copying
   // through the arena's slots. kAuto: where measured faster (on the 2-core dev VM: nowhere, so
