@@ -69,6 +69,8 @@ run() {
   }
   local B=$bundle/bin
   LOGS=$(mktemp -d /tmp/cpu_check.XXXXXX)
+  # torch runs with the machine's own library path; Loom's binaries with the bundle's first.
+  local torch_env=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
   export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
   export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
   local cores ranks=()
@@ -91,7 +93,7 @@ run() {
     step "staged_noskew_n$n" 60 env LOOM_SHM_FOLD_SKEW=0 "$B/loom-run" --nproc-per-node "$n" "${bench[@]}"
   done
   for n in "${ranks[@]}"; do
-    step "gloo_n$n" 90 python3 "$bundle/nccl_ref.py" "$n" 256K,1M,4M,16M,64M --iters 10 \
+    step "gloo_n$n" 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" "$n" 256K,1M,4M,16M,64M --iters 10 \
       --backend gloo --port $((29700 + n))
   done
   # autograd_lite's BLAS: the kernel it reports, generic (OPENBLAS_CORETYPE=Prescott keeps what
@@ -102,7 +104,7 @@ run() {
     "$B/loom-train" --model mlp --batch 64 --steps 40
   step train_auto 60 env -u OPENBLAS_CORETYPE "${train[@]}" MASTER_PORT=29812 \
     "$B/loom-train" --model mlp --batch 64 --steps 40
-  step train_torch 90 env OMP_NUM_THREADS=1 python3 "$bundle/torch_ddp_train.py" --nproc 1 \
+  step train_torch 90 "${torch_env[@]}" OMP_NUM_THREADS=1 python3 "$bundle/torch_ddp_train.py" --nproc 1 \
     --model mlp --batch 64 --steps 40 --port 29813
 
   local bw64

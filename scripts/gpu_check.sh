@@ -231,6 +231,9 @@ run() {
   local nccl_dir cudart_dir
   nccl_dir=$(libdir 'libnccl.so.2')
   cudart_dir=$(libdir 'libcudart.so.13')
+  # torch runs with the machine's own library path (its wheel brings its NCCL and CUDA runtime;
+  # the bundle's Debian libraries must not replace its Python's).
+  local torch_env=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
   export LD_LIBRARY_PATH=$bundle/lib:${nccl_dir}:${cudart_dir}:${LD_LIBRARY_PATH:-}
   export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
   {
@@ -260,8 +263,8 @@ EOF
   step direct_w2 45 "$B/loom-run" --nproc-per-node 2 "$LOGS/hostid.sh" "$B/loom-nccl-allreduce" \
     -b 8 -e 64M -f 8 -n 20 -w 3 -c 1 -s 1
   local csv="8,64,512,4K,32K,256K,1M,8M,64M"
-  step torch_w1 90 python3 "$bundle/nccl_ref.py" 1 "$csv" --iters 50
-  step torch_w2 90 python3 "$bundle/nccl_ref.py" 2 "$csv" --iters 20
+  step torch_w1 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" 1 "$csv" --iters 50
+  step torch_w2 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" 2 "$csv" --iters 20
 
   echo "## nccl backend GPU check ($(elapsed) s of ${BUDGET_S} s)"
   echo
