@@ -248,7 +248,8 @@ run() {
   step nccl_ranks_test 150 "$B/nccl_ranks_test"
 
   # The bench table: float sum all-reduce, out of place.
-  local sizes="8 64 512 4096 32768 262144 1048576 8388608 67108864"
+  # The sizes of a -b 8 -e 64M -f 8 sweep.
+  local sizes="8 64 512 4096 32768 262144 2097152 16777216"
   cat >"$LOGS/hostid.sh" <<EOF
 #!/bin/sh
 NCCL_HOSTID=loomhost\$RANK exec "\$@"
@@ -262,7 +263,16 @@ EOF
     --backend nccl -b 8 -e 64M -f 8 -n 20 -w 3 -c 1
   step direct_w2 45 "$B/loom-run" --nproc-per-node 2 "$LOGS/hostid.sh" "$B/loom-nccl-allreduce" \
     -b 8 -e 64M -f 8 -n 20 -w 3 -c 1 -s 1
-  local csv="8,64,512,4K,32K,256K,1M,8M,64M"
+  local csv="8,64,512,4K,32K,256K,2M,16M"
+  # Where the per-operation time goes: the blocking wait's steps on NCCL called directly (-s 2:
+  # a blocking-sync event queried 50 us then synchronized; 3: and the caller-stream order before
+  # the call; 4: 3 with a plain event queried until done), and loom with a longer spin.
+  local s
+  for s in 2 3 4; do
+    step "direct_w1_s$s" 30 "$B/loom-nccl-allreduce" -b 8 -e 2M -f 8 -n 50 -w 5 -c 0 -s "$s"
+  done
+  step loom_bench_w1_spin2ms 40 env LOOM_NCCL_WAIT_SPIN_US=2000 "$B/loom-run" --nproc-per-node 1 \
+    "$B/loom-bench" --backend nccl -b 8 -e 2M -f 8 -n 50 -w 5 -c 0
   step torch_w1 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" 1 "$csv" --iters 50
   step torch_w2 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" 2 "$csv" --iters 20
 
@@ -298,6 +308,22 @@ EOF
         -v b="$(col_of "$LOGS/direct_w2.log" "$s" 8)" 'BEGIN{if (b > 0) printf "%.2f", a / b}')
     fi
     echo "| $s | ${lw1:--} | ${dw1:--} | ${tw1:--} | ${pw1:--} | ${lw2:--} | ${dw2:--} | ${tw2:--} | ${r1:--} | ${r2:--} |"
+  done
+  echo
+  echo "### where the per-operation time goes, world size 1, out of place (us)"
+  echo
+  echo "direct -s 1: cudaStreamSynchronize; -s 2: blocking-sync event, 50 us of queries, then"
+  echo "cudaEventSynchronize (loom's host wait); -s 3: 2 after the caller-stream order (an event on"
+  echo "the legacy default stream that the stream waits for); -s 4: 3 with a plain event queried"
+  echo "until done; loom spin 2 ms: loom-bench with LOOM_NCCL_WAIT_SPIN_US=2000."
+  echo
+  echo "| bytes | direct -s 1 | -s 2 | -s 3 | -s 4 | loom | loom spin 2 ms | torch |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for s in 8 4096 262144 2097152; do
+    echo "| $s | $(col_of "$LOGS/direct_w1.log" "$s" 6) | $(col_of "$LOGS/direct_w1_s2.log" "$s" 6) |" \
+      "$(col_of "$LOGS/direct_w1_s3.log" "$s" 6) | $(col_of "$LOGS/direct_w1_s4.log" "$s" 6) |" \
+      "$(col_of "$LOGS/loom_bench_w1.log" "$s" 6) | $(col_of "$LOGS/loom_bench_w1_spin2ms.log" "$s" 6) |" \
+      "$(col_of "$LOGS/torch_w1.log" "$s" 2) |"
   done
   echo
   echo "#wrong (loom-bench and direct, every size, both placements) must be 0:"

@@ -143,6 +143,13 @@ bool same(const TypeInfo& type, const std::vector<char>& got, const std::vector<
   return std::fabs(a - b) <= 1e-6 * std::fabs(b);
 }
 
+// What -s does after every call, as the header line says it.
+constexpr const char* kSyncNames[] = {
+    "back to back", "synchronized after each call",
+    "blocking-sync event after each call, queried 50 us then synchronized",
+    "caller-stream order, then a blocking-sync event queried 50 us then synchronized",
+    "caller-stream order, then a plain event queried until done"};
+
 int run(int argc, char** argv) {
   CLI::App app{"loom-nccl-allreduce: ncclAllReduce called directly, nccl-tests' columns"};
   std::string minText = "8", maxText = "128M", typeName = "float", opName = "sum";
@@ -156,7 +163,13 @@ int run(int argc, char** argv) {
   app.add_option("-c,--check", check, "1: count wrong elements (#wrong)");
   app.add_option("-s,--sync_each", syncEach,
                  "1: synchronize the stream after every call (the per-operation cost, as "
-                 "loom-bench's and torch's timed waits); 0: back to back (nccl-tests)");
+                 "loom-bench's and torch's timed waits); 0: back to back (nccl-tests); the steps "
+                 "of the nccl backend's blocking wait, to see what each costs: 2: an event "
+                 "(blocking sync) recorded after the call, queried for 50 us, then "
+                 "cudaEventSynchronize; 3: 2 and before the call an event recorded on the legacy "
+                 "default stream that the stream waits for (the caller-stream order); 4: 3 with "
+                 "a plain event queried until done")
+      ->check(CLI::Range(0, 4));
   app.add_option("-d,--datatype", typeName, "float, double, int8, uint8, int32, int64");
   app.add_option("-o,--op", opName, "sum, prod, min, max, avg");
   CLI11_PARSE(app, argc, argv);
@@ -231,13 +244,18 @@ int run(int argc, char** argv) {
     int version = 0;
     ncclGetVersion(&version);
     std::printf("# loom-nccl-allreduce: nranks %d, NCCL %d, device %d %s, %s\n", size, version,
-                device, prop.name, syncEach ? "synchronized after each call" : "back to back");
+                device, prop.name, kSyncNames[syncEach]);
     std::printf("# %10s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count",
                 "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
                 "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)",
                 "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   }
+  cudaEvent_t ready = nullptr, blocking = nullptr, plain = nullptr;
+  cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+  cudaCheck(cudaEventCreateWithFlags(&blocking, cudaEventDisableTiming | cudaEventBlockingSync),
+            "cudaEventCreate");
+  cudaCheck(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming), "cudaEventCreate");
   std::vector<char> host(maxBytes), expect(maxBytes);
   long wrongTotal = 0;
   for (size_t bytes : sizes) {
@@ -264,8 +282,22 @@ int run(int argc, char** argv) {
       cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       const auto start = Clock::now();
       for (int i = 0; i < iters; ++i) {
+        if (syncEach >= 3) {
+          cudaCheck(cudaEventRecord(ready, cudaStreamLegacy), "cudaEventRecord");
+          cudaCheck(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+        }
         ncclCheck(ncclAllReduce(in, dst, count, type->type, op->op, comm, stream), "ncclAllReduce");
-        if (syncEach) cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        if (syncEach == 1) cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        if (syncEach >= 2) {
+          cudaEvent_t ev = syncEach == 4 ? plain : blocking;
+          cudaCheck(cudaEventRecord(ev, stream), "cudaEventRecord");
+          const auto spinUntil = Clock::now() + std::chrono::microseconds(50);
+          cudaError_t q = cudaEventQuery(ev);
+          while (q == cudaErrorNotReady && (syncEach == 4 || Clock::now() < spinUntil)) {
+            q = cudaEventQuery(ev);
+          }
+          if (q == cudaErrorNotReady) cudaCheck(cudaEventSynchronize(ev), "cudaEventSynchronize");
+        }
       }
       cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       timeUs[inPlace] =
@@ -286,6 +318,9 @@ int run(int argc, char** argv) {
   }
   std::printf("# rank %d: out of bounds values: %ld %s\n", rank, wrongTotal,
               wrongTotal == 0 ? "OK" : "FAILED");
+  cudaEventDestroy(ready);
+  cudaEventDestroy(blocking);
+  cudaEventDestroy(plain);
   cudaFree(in);
   cudaFree(out);
   cudaStreamDestroy(stream);

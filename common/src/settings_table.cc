@@ -147,6 +147,10 @@ constexpr Setting kTable[] = {
      "INFO logs group setup and hand-off counters; DETAIL also checks that every rank calls "
      "the same collective with the same signature",
      "ProcessGroupOptions::debug", "ProcessGroup setup"},
+    {"LOOM_NCCL_WAIT_SPIN_US", K::kInteger, S::kRuntime, "50", 0, kMicros10s, "", "µs",
+     "how long a host wait of the nccl backend queries the operation's event before it sleeps "
+     "in cudaEventSynchronize",
+     "ProcessGroupOptions::nccl.hostSpin", "ProcessGroup setup"},
     {"LOOM_PG_NAP_US", K::kInteger, S::kRuntime, "1000", 0, 1'000'000, "", "µs",
      "how long the comm backend's worker naps while waiting threads run operations themselves "
      "(docs/handoff.md)",

@@ -30,6 +30,10 @@ ProcessGroupOptions withEnvironment(ProcessGroupOptions options) {
   settings::fillDefault(options.comm.napUs, comm.napUs, settings::integer("LOOM_PG_NAP_US"));
   const NcclOptions nccl;
   settings::fillDefault(options.nccl.localRank, nccl.localRank, settings::integer("LOCAL_RANK"));
+  if (const auto spin = settings::integer("LOOM_NCCL_WAIT_SPIN_US");
+      spin && options.nccl.hostSpin == nccl.hostSpin) {
+    options.nccl.hostSpin = std::chrono::microseconds(*spin);
+  }
   return options;
 }
 
@@ -108,6 +112,8 @@ std::string describeNonDefault(const ProcessGroupOptions& o) {
   appendIfChanged(out, "nccl.perThreadDefaultStream", o.nccl.perThreadDefaultStream,
                   d.nccl.perThreadDefaultStream, "true");
   appendIfChanged(out, "nccl.blockingWait", o.nccl.blockingWait, d.nccl.blockingWait, "true");
+  appendIfChanged(out, "nccl.hostSpin", o.nccl.hostSpin, d.nccl.hostSpin,
+                  detail::str(o.nccl.hostSpin.count(), "us"));
   appendIfChanged(out, "nccl.p2pBatchWindow", o.nccl.p2pBatchWindow, d.nccl.p2pBatchWindow,
                   detail::str(o.nccl.p2pBatchWindow.count(), "ms"));
   return out;

@@ -301,19 +301,16 @@ class NcclWork final : public Work {
     return issued_.load(std::memory_order_acquire);
   }
 
-  // How long a host wait queries the event back to back (no sleep) before it sleeps in
-  // cudaEventSynchronize: a small operation completes within it, and waking from a
-  // blocking-sync event would cost more than the operation.
-  static constexpr std::chrono::microseconds kHostSpin{50};
-
-  // Blocks the host until the operation completed: the event queried for up to kHostSpin, then
+  // Blocks the host until the operation completed: the event queried for up to
+  // NcclOptions::hostSpin (a small operation completes within it, and waking from a
+  // blocking-sync event would cost more than the operation), then
   // cudaEventSynchronize on a blocking-sync event (the thread sleeps), bounded by the watchdog
   // (the operation's deadline, and `deadline` when set).
   bool hostWait(std::optional<Clock::time_point> deadline,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
     if (!ensureIssued() || Work::isCompleted()) return finished();
     std::string error;
-    const auto spinUntil = Clock::now() + kHostSpin;
+    const auto spinUntil = Clock::now() + state_->options.hostSpin;
     NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
     while (s == NcclApi::EventState::kPending && Clock::now() < spinUntil) {
       s = state_->api->queryEvent(done_.get(), error);
@@ -450,6 +447,11 @@ class ProcessGroupNccl final : public ProcessGroup {
                    const ProcessGroupOptions& options, int device)
       : ProcessGroup("nccl", std::move(store), rank, size, options),
         state_(std::make_shared<NcclState>(api, who(), rank, size, device, options.nccl)) {
+    if (options.nccl.hostSpin < std::chrono::microseconds(0) ||
+        options.nccl.hostSpin > std::chrono::seconds(10)) {
+      LOOM_THROW(InvalidArgumentError, who(), ": nccl.hostSpin must be 0 to 10 s, got ",
+                 options.nccl.hostSpin.count(), " us");
+    }
     NcclApi& a = *state_->api;
     const Deadline deadline(options.timeout);
     DeviceGuard guard(a, device);

@@ -109,8 +109,12 @@ struct NcclOptions {
   // than the legacy default stream.
   bool perThreadDefaultStream = false;
   // c10d's blocking wait: Work::wait() also blocks the host until the operation completed
-  // (after a 50 us spin, sleeping in cudaEventSynchronize; bounded by the operation's deadline).
+  // (after a hostSpin of queries, sleeping in cudaEventSynchronize; bounded by the operation's
+  // deadline).
   bool blockingWait = false;
+  // How long a host wait (blockingWait, Work::wait(timeout)) queries the operation's event back
+  // to back before it sleeps in cudaEventSynchronize, in [0, 10 s] (LOOM_NCCL_WAIT_SPIN_US).
+  std::chrono::microseconds hostSpin{50};
   // Consecutive send / recv operations are issued to NCCL as one group when the batch ends: at
   // the next other operation, at the end of batchSendRecv, when one of them is waited on or
   // polled, or, when nothing of that happens, this long after the batch's first operation.
