@@ -148,7 +148,7 @@ constexpr Setting kTable[] = {
      "the same collective with the same signature",
      "ProcessGroupOptions::debug", "ProcessGroup setup"},
     {"LOOM_NCCL_WAIT_SPIN_US", K::kInteger, S::kRuntime, "50", 0, kMicros10s, "", "µs",
-     "how long a host wait of the nccl backend queries the operation's event before it sleeps "
+     "how long a host wait of the nccl backend queries the operation's event before it waits "
      "in cudaEventSynchronize",
      "ProcessGroupOptions::nccl.hostSpin", "ProcessGroup setup"},
     {"LOOM_PG_NAP_US", K::kInteger, S::kRuntime, "1000", 0, 1'000'000, "", "µs",

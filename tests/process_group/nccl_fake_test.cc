@@ -266,7 +266,7 @@ TEST(NcclStreams, OrderedAfterTheCallersStreamAndWaitBlocksThatStreamNotTheHost)
               ::testing::Contains(::testing::MatchesRegex("recordEvent\\(e[0-9]+, user20480\\)")));
   EXPECT_THAT(f.fake->callsOf({"streamWaitEvent(user"}),
               ElementsAre(::testing::MatchesRegex("streamWaitEvent\\(user20480, e[0-9]+\\)")));
-  // wait(timeout) blocks the host: past its short spin it sleeps in cudaEventSynchronize until
+  // wait(timeout) blocks the host: past its short spin it waits in cudaEventSynchronize until
   // the operation completes (here: when another thread sees it sleep there and completes it).
   f.fake->clearCalls();
   f.fake->stall = true;
@@ -427,7 +427,7 @@ TEST(NcclFailure, ABoundedHostWaitEndsWhenTheWatchdogAbortsAtItsDeadline) {
   f.fake->stall = true;
   auto pg = f.group(1);
   auto w = pg->allreduce(dev(DType::kFloat32, 4));  // its own deadline: 30 s
-  // The wait sleeps in cudaEventSynchronize; the watchdog's abort at 50 ms ends it.
+  // The wait blocks in cudaEventSynchronize; the watchdog's abort at 50 ms ends it.
   EXPECT_THAT(messageOf<TimeoutError>([&] { w->wait(milliseconds(50)); }),
               HasSubstr("timed out after 50 ms in a bounded wait"));
   EXPECT_EQ(f.fake->aborts(), 1);

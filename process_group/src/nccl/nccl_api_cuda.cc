@@ -87,7 +87,9 @@ class CudaNcclApi final : public NcclApi {
   }
   Event createEvent() override {
     cudaEvent_t e = nullptr;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync),
+    // Plain (not blocking-sync): cudaEventSynchronize then follows the context's scheduling
+    // flags, as torch's waits do (nccl_backend.h).
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
           "cudaEventCreateWithFlags");
     return e;
   }

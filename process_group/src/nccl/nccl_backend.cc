@@ -302,9 +302,8 @@ class NcclWork final : public Work {
   }
 
   // Blocks the host until the operation completed: the event queried for up to
-  // NcclOptions::hostSpin (a small operation completes within it, and waking from a
-  // blocking-sync event would cost more than the operation), then
-  // cudaEventSynchronize on a blocking-sync event (the thread sleeps), bounded by the watchdog
+  // NcclOptions::hostSpin (a small operation completes within it), then cudaEventSynchronize
+  // (which spins, yields or sleeps as the context's scheduling flags say), bounded by the watchdog
   // (the operation's deadline, and `deadline` when set).
   bool hostWait(std::optional<Clock::time_point> deadline,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {

@@ -23,10 +23,13 @@
 // - Work::wait() makes the waiting thread's caller's stream wait for the operation
 //   (cudaStreamWaitEvent) and returns without blocking the host; it throws at once when the
 //   operation or the group already failed. Work::wait(timeout), and wait() with
-//   options.nccl.blockingWait, block the host: the event is queried back to back for 50 us (a
-//   small operation ends within that), then the thread sleeps in cudaEventSynchronize on a
-//   blocking-sync event (nothing polls with sleeps), bounded by the operation's deadline and the
-//   timeout: the watchdog aborts the communicator when the earlier passes, which ends the
+//   options.nccl.blockingWait, block the host: the event is queried back to back for
+//   options.nccl.hostSpin (50 us; a small operation ends within that), then the thread waits in
+//   cudaEventSynchronize, which spins, yields or sleeps as the CUDA context's scheduling flags
+//   say (cudaSetDeviceFlags; by default it spins where the cores outnumber the contexts, as
+//   torch's waits do; the events are plain, not blocking-sync: measured on an H200, a
+//   blocking-sync wake-up added ~100 us to a 5 ms operation), bounded by the operation's
+//   deadline and the timeout: the watchdog aborts the communicator when the earlier passes, which ends the
 //   kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the event
 //   and never waits for the operation (it may issue an open point-to-point batch). Buffers stay
 //   valid until the Work completed (isCompleted, or a host-blocking wait).

@@ -6,7 +6,8 @@
 // stream when it is issued; Work::wait() makes the caller's stream wait for it and returns
 // without blocking the host (it throws when the operation or the group already failed);
 // Work::wait(timeout), and wait() with NcclOptions::blockingWait, block the host until it
-// completed (sleeping in cudaEventSynchronize, bounded by the deadline through the watchdog);
+// completed (in cudaEventSynchronize, as the CUDA context's scheduling flags say, bounded by the
+// deadline through the watchdog);
 // isCompleted() never blocks. Buffers stay valid until the Work completed. The full contract:
 // process_group/src/nccl/nccl_backend.h.
 //

@@ -109,11 +109,11 @@ struct NcclOptions {
   // than the legacy default stream.
   bool perThreadDefaultStream = false;
   // c10d's blocking wait: Work::wait() also blocks the host until the operation completed
-  // (after a hostSpin of queries, sleeping in cudaEventSynchronize; bounded by the operation's
-  // deadline).
+  // (after a hostSpin of queries, in cudaEventSynchronize, which spins, yields or sleeps as the
+  // CUDA context's scheduling flags say; bounded by the operation's deadline).
   bool blockingWait = false;
   // How long a host wait (blockingWait, Work::wait(timeout)) queries the operation's event back
-  // to back before it sleeps in cudaEventSynchronize, in [0, 10 s] (LOOM_NCCL_WAIT_SPIN_US).
+  // to back before it waits in cudaEventSynchronize, in [0, 10 s] (LOOM_NCCL_WAIT_SPIN_US).
   std::chrono::microseconds hostSpin{50};
   // Consecutive send / recv operations are issued to NCCL as one group when the batch ends: at
   // the next other operation, at the end of batchSendRecv, when one of them is waited on or
