@@ -105,9 +105,9 @@ struct ArenaOptions {
   bool windows = true;
   // ContextOptions::shmWindowMinBytes (0: the measured defaults of shm_single_copy.cc).
   size_t windowMinBytes = 0;
-  // ContextOptions::shmFoldSkew: false folds block after block, every rank reading its peers in
-  // rank order (fold.h), the order before issue 41, kept to A/B the rotation on many cores.
-  bool foldSkew = true;
+  // ContextOptions::shmFoldSkew: true runs the folds skewed and rotated per rank (fold.h); false
+  // (the default) block after block, every rank reading its peers in rank order.
+  bool foldSkew = false;
 };
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
@@ -332,7 +332,7 @@ class Arena {
   std::vector<uint8_t*> slots_;     // per rank: its first slot
   std::vector<uint8_t*> boxes_;     // per slot, per rank: the box's data
   uint64_t step_ = 0;
-  bool foldSkew_ = true;  // set once in create()
+  bool foldSkew_ = false;  // set once in create()
   const int64_t spinNs_;   // waitBudget (os.h), or ArenaOptions::spinUs
   const int64_t yieldNs_;  // or ArenaOptions::yieldUs
   Transport* transport_ = nullptr;

@@ -119,11 +119,13 @@ struct ContextOptions {
   int shmSpinUs = -1;
   int shmYieldUs = -1;
   // The shared-memory reductions fold each element in rank order either way (one summation
-  // order, the same bits); true reads the peers skewed and rotated per rank so that the
-  // reducers do not all pull from one rank's memory at once (comm/src/shm/fold.h); false reads
-  // them block after block in rank order, kept to A/B that on many cores. Equal on all ranks
-  // is not required (LOOM_SHM_FOLD_SKEW).
-  bool shmFoldSkew = true;
+  // order, the same bits). false (default): every rank reads its peers block after block in
+  // rank order; true: skewed and rotated per rank, so that the reducers do not all pull from
+  // one rank's memory at once (comm/src/shm/fold.h). Measured on 16 cores (docs/shm.md) the
+  // rotation did not pay: rank order was 0-40% faster at 8 and 16 ranks and even at 4, and on
+  // one core the rotation costs up to 20%; kept to A/B it on other machines. Need not be equal
+  // on all ranks (LOOM_SHM_FOLD_SKEW).
+  bool shmFoldSkew = false;
   // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
   // peers' buffers straight out of their processes (process_vm_readv) instead of copying
   // through the arena's slots. kAuto: where measured faster (on the 2-core dev VM: nowhere, so
