@@ -3,13 +3,20 @@
 // its socket transport): every dtype and reduce op against the closed form, with c10d's
 // semantics (bool sum/max = or, prod/min = and), the collectives that move data, a ring
 // exchange by send/recv and by batchSendRecv (one NCCL group each), and an operation ordered
-// on a caller's stream. Skips (a child looks; the parent never touches CUDA before forking)
-// without a device. Tens of seconds on a GPU (NCCL setup per world size dominates).
+// on a caller's stream. Then the failure diagnosis on the device, as nccl_fake_test and
+// nccl_fake_process_test check it on fake devices: a rank that never enters a collective is
+// named by the surviving rank's error, and a SIGKILLed rank is named dead, each within the
+// operation's timeout + 5 s. Skips (a child looks; the parent never touches CUDA before
+// forking) without a device. Tens of seconds on a GPU (NCCL setup per world size dominates).
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 
 #include <cmath>
 #include <cstring>
@@ -338,6 +345,79 @@ TEST_P(NcclRanks, EveryDtypeAndOpRingExchangeAndCollectives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclRanks, ::testing::Values(2, 3, 4));
+
+// Two ranks on the GPU. Rank 1 either stays alive without entering the all-reduce
+// (kNeverArrives) or is SIGKILLed (kKilled); rank 0's all-reduce (timeout 2 s, report window
+// 1 s) must fail within timeout + 5 s with an error that names the operation and rank 1's
+// state.
+enum class Culprit { kNeverArrives, kKilled };
+
+void failureRank(int rank, const std::string& storePath, Culprit culprit) {
+  const std::string hostId = "loomhost" + std::to_string(rank);
+  setenv("NCCL_HOSTID", hostId.c_str(), 1);
+  auto store = std::make_shared<FileStore>(storePath);
+  ProcessGroupOptions options;
+  options.timeout = milliseconds(60000);
+  options.heartbeatInterval = milliseconds(100);
+  options.failureReportWindow = milliseconds(1000);
+  options.nccl.device = 0;
+  auto pg = createProcessGroup("nccl", store, rank, 2, options);
+  DeviceBuffer buf(1024);
+  pg->allreduce(viewOf(buf.ptr, 256, DType::kFloat32))->wait(milliseconds(60000));  // both up
+  if (rank == 1) {
+    store->set("test/ready", std::string_view("1"));
+    if (culprit == Culprit::kKilled) kill(getpid(), SIGKILL);
+    store->wait({"test/done"}, milliseconds(60000));  // alive, never entering allreduce#2
+    _exit(0);  // skips the group's orderly destruction: rank 0's is gone
+  }
+  store->wait({"test/ready"}, milliseconds(60000));
+  AllreduceOptions quick;
+  quick.timeout = milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    pg->allreduce(viewOf(buf.ptr, 256, DType::kFloat32), quick)->wait(milliseconds(60000));
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  const auto took =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+  store->set("test/done", std::string_view("1"));
+  std::fprintf(stderr, "rank 0's error after %lld ms:\n%s\n", static_cast<long long>(took.count()),
+               what.c_str());
+  LOOM_CHECK(!what.empty(), "the all-reduce did not fail");
+  LOOM_CHECK(took < milliseconds(2000 + 5000), "the error came after ", took.count(), " ms");
+  LOOM_CHECK(what.find("allreduce#2") != std::string::npos, "no operation named: ", what);
+  if (culprit == Culprit::kKilled) {
+    LOOM_CHECK(what.find("rank 1") != std::string::npos && what.find("dead") != std::string::npos,
+               "rank 1 is not named dead: ", what);
+  } else {
+    LOOM_CHECK(what.find("rank 1 never entered collective #2") != std::string::npos,
+               "rank 1 is not named as the rank that never arrived: ", what);
+  }
+  _exit(0);  // the communicator was aborted; nothing to tear down in order
+}
+
+TEST(NcclFailureOnDevice, TheErrorNamesTheRankThatNeverArrived) {
+  if (!deviceVisible()) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir dir;
+  testing::ChildProcesses ranks;
+  const std::string storePath = dir.file("store");
+  ranks.spawnRanks(2, [&](int rank) { failureRank(rank, storePath, Culprit::kNeverArrives); });
+  EXPECT_EQ(ranks.waitAllOk(milliseconds(120000)), "");
+}
+
+TEST(NcclFailureOnDevice, ASigkilledRankIsNamedDeadWithinTheTimeoutPlusFiveSeconds) {
+  if (!deviceVisible()) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir dir;
+  testing::ChildProcesses ranks;
+  const std::string storePath = dir.file("store");
+  ranks.spawnRanks(2, [&](int rank) { failureRank(rank, storePath, Culprit::kKilled); });
+  const auto exits = ranks.waitAll(milliseconds(120000));
+  ASSERT_EQ(exits.size(), 2u);
+  EXPECT_TRUE(exits[0].ok()) << exits[0].describe();
+  EXPECT_EQ(exits[1].signal, SIGKILL) << exits[1].describe();
+}
 
 }  // namespace
 }  // namespace loom
