@@ -32,6 +32,7 @@
 #include "nccl/nccl_event_pool.h"
 #include "nccl/nccl_state.h"
 #include "nccl/nccl_watchdog.h"
+#include "pg_checks.h"
 #include "pg_failure.h"
 #include "record_hooks.h"
 
@@ -277,12 +278,6 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   void checkOp(const OpDesc& op) const override {
     switch (op.type) {
-      case OpType::kAllreduce:
-      case OpType::kReduce:
-      case OpType::kReduceScatter:
-      case OpType::kAllreduceCoalesced:
-        (void)ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp);
-        break;
       case OpType::kReduceScatterv:
         LOOM_THROW(InvalidArgumentError, who(),
                    ": reduce_scatterv: NCCL has no reduce-scatter with uneven counts; pad every "
@@ -293,6 +288,9 @@ class ProcessGroupNccl final : public ProcessGroup {
                    "on a tcp group over the same store");
       default:
         break;
+    }
+    if (pg_checks::isReduction(op.type)) {
+      (void)ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp);
     }
     if (op.type == OpType::kRecv && op.root == kAnySource) {
       LOOM_THROW(InvalidArgumentError, who(),
