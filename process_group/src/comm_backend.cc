@@ -15,6 +15,7 @@
 #include "loom/common/logging.h"
 #include "loom/store/store.h"
 #include "monitored_barrier.h"
+#include "pg_checks.h"
 #include "record_hooks.h"
 
 namespace loom {
@@ -93,17 +94,8 @@ std::string ProcessGroupComm::tuningSummary() const {
 }
 
 void ProcessGroupComm::checkOp(const OpDesc& op) const {
-  switch (op.type) {
-    case OpType::kAllreduce:
-    case OpType::kReduce:
-    case OpType::kReduceScatter:
-    case OpType::kReduceScatterv:
-    case OpType::kAllreduceCoalesced:
-      break;
-    default:
-      return;
-  }
-  if (reproducible_ && op.reduceOp == ReduceOp::kProd && isFloatingPoint(op.dtype)) {
+  if (reproducible_ && pg_checks::isReduction(op.type) && op.reduceOp == ReduceOp::kProd &&
+      isFloatingPoint(op.dtype)) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(op.type), ": reduce op ",
                reduceOpName(op.reduceOp), " over ", dtypeName(op.dtype),
                " cannot be made reproducible, and this group reduces in reproducible mode "

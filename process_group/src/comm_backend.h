@@ -80,6 +80,7 @@ class ProcessGroupComm final : public ProcessGroup {
   bool isBroken() const override;
   std::string transportSummary() const override;
   std::string tuningSummary() const override;
+  bool reproducible() const override { return reproducible_; }
 
   // Runs the queued operations up to and including `work`'s on the calling thread, in issue
   // order, when `work` is still queued and no operation is running (Work::wait() calls it

@@ -1,7 +1,7 @@
 // The argument checks the ProcessGroup's methods share (process_group.cc and
 // process_group_lists.cc): each throws InvalidArgumentError naming the group's rank, the
 // operation and both values. They take the group, not who(): its string is built only for an
-// error.
+// error. isReduction: which operations the backends' checkOp look at the reduce op of.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +20,20 @@ void checkSameCount(const ProcessGroup& pg, const char* opName, const BufferView
 bool sameView(const BufferView& a, const BufferView& b);
 void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, DType dtype);
 void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag);
+
+// Whether an operation of `type` reduces with its ReduceOp (allreduce, reduce, reduce_scatter,
+// reduce_scatterv, allreduce_coalesced).
+constexpr bool isReduction(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce:
+    case OpType::kReduce:
+    case OpType::kReduceScatter:
+    case OpType::kReduceScatterv:
+    case OpType::kAllreduceCoalesced:
+      return true;
+    default:
+      return false;
+  }
+}
 
 }  // namespace loom::pg_checks

@@ -40,8 +40,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
 ProcessGroupLoom::~ProcessGroupLoom() = default;
 
 bool ProcessGroupLoom::reproducible() const {
-  // As comm::ContextOptions take it: the option, else the environment's default.
-  return options_.reproducible || settings::flag("LOOM_REPRODUCIBLE").value_or(false);
+  return pg_->reproducible();
 }
 
 uint64_t ProcessGroupLoom::storeRequests() const {

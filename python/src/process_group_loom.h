@@ -76,7 +76,8 @@ class ProcessGroupLoom : public C10dBase {
   loom::ProcessGroup& loomGroup() { return *pg_; }
   // Requests the group has sent to torch's store (store_adapter.h), for tests.
   uint64_t storeRequests() const;
-  // Whether the group's reductions run in reproducible mode (the option or LOOM_REPRODUCIBLE).
+  // Whether the group's reductions run in reproducible mode, as its Loom group decided it
+  // (loom::ProcessGroup::reproducible: the option, else LOOM_REPRODUCIBLE).
   bool reproducible() const;
   // The group's own store, as Loom sees it (keys under the group's prefixes; for tests).
   TorchStore& store() { return *store_; }

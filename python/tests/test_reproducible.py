@@ -178,3 +178,31 @@ def test_ddp_bitwise_equal_across_bucket_sizes():
     a = ranks.spawn(_ddp_params, 3, 25.0, True, timeout=120)[0]
     b = ranks.spawn(_ddp_params, 3, 0.01, True, timeout=120)[0]
     assert a == b, f"{sum(x != y for x, y in zip(a, b))} of {len(a)} parameter words differ"
+
+
+def _reproducible_flags(rank, world, tmp):
+    import os
+
+    import torch.distributed as dist
+
+    import loom_torch
+
+    got = []
+    # (set_reproducible, LOOM_REPRODUCIBLE): the option wins; unset, the environment decides.
+    for i, (option, env) in enumerate(((False, None), (False, "1"), (True, "0"), (False, "0"))):
+        if env is None:
+            os.environ.pop("LOOM_REPRODUCIBLE", None)
+        else:
+            os.environ["LOOM_REPRODUCIBLE"] = env
+        loom_torch.set_reproducible(option)
+        dist.init_process_group("loom", init_method=f"file://{tmp}/store{i}", rank=rank,
+                                world_size=world)
+        got.append(loom_torch.is_reproducible())
+        dist.destroy_process_group()
+    return got
+
+
+def test_is_reproducible_reports_the_groups_decision():
+    """is_reproducible() is what the Loom group's Context decided when it was created:
+    set_reproducible(True), else LOOM_REPRODUCIBLE (one rank, four groups in turn)."""
+    assert ranks.spawn(_reproducible_flags, 1, timeout=60)[0] == [False, True, True, False]

@@ -5,7 +5,6 @@
 // steps, so each run takes seconds.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 
 #include "loom/autograd/serialize.h"
 #include "loom/testing/ranks.h"
+#include "loom_train_ranks.h"
 
 namespace {
 
@@ -28,28 +28,12 @@ int nextPort = 22000 + static_cast<int>(::getpid() % 300) * 32;
 
 // Runs loom-train on 2 process ranks, rank 0's stdout into `out`; "" or the failures.
 std::string runLoomTrain(const std::vector<std::string>& args, const std::string& out) {
-  loom::testing::ChildProcesses ranks;
-  const int port = nextPort++;
-  const int world = 2;
-  for (int r = 0; r < world; ++r) {
-    ranks.spawn([&, r] {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("LOOM_AUTOGRAD_THREADS", "1", 1);
-      const int fd = ::open(r == 0 ? out.c_str() : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) ::_exit(126);
-      std::vector<std::string> all{LOOM_TRAIN_BIN};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    });
-  }
-  return ranks.waitAllOk(milliseconds(90000));
+  return loom::testing::runLoomTrainRanks(
+      args, {.world = 2,
+             .port = nextPort++,
+             .env = {{"LOOM_AUTOGRAD_THREADS", "1"}},
+             .stdoutPath = [&](int r) { return r == 0 ? out : std::string("/dev/null"); },
+             .deadline = milliseconds(90000)});
 }
 
 std::vector<double> readLosses(const std::string& path) {

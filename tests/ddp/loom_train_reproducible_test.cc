@@ -6,7 +6,6 @@
 // one addition per element is commutative and every order agrees anyway.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/testing/ranks.h"
+#include "loom_train_ranks.h"
 
 namespace {
 
@@ -31,27 +31,12 @@ int nextPort = 21000 + static_cast<int>(::getpid() % 300) * 10;
 
 // Runs loom-train on `world` process ranks with `env` set in each; "" or the failures.
 std::string runLoomTrain(int world, const std::vector<std::string>& args, const Env& env) {
-  loom::testing::ChildProcesses ranks;
-  const int port = nextPort++;
-  for (int r = 0; r < world; ++r) {
-    ranks.spawn([&, r] {
-      for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      const int null = ::open("/dev/null", O_WRONLY);
-      if (null >= 0) ::dup2(null, STDOUT_FILENO);
-      std::vector<std::string> all{LOOM_TRAIN_BIN};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    });
-  }
-  return ranks.waitAllOk(std::chrono::milliseconds(90000));
+  return loom::testing::runLoomTrainRanks(
+      args, {.world = world,
+             .port = nextPort++,
+             .env = env,
+             .stdoutPath = [](int) { return std::string("/dev/null"); },
+             .deadline = std::chrono::milliseconds(90000)});
 }
 
 std::string readFile(const std::string& path) {

@@ -5,7 +5,6 @@
 // step counts) and step come back from the checkpoint.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +27,7 @@
 #include "loom/autograd/npy.h"
 #include "loom/autograd/serialize.h"
 #include "loom/testing/ranks.h"
+#include "loom_train_ranks.h"
 
 namespace {
 
@@ -42,31 +42,14 @@ int nextPort = 19000 + static_cast<int>(::getpid() % 300) * 40;
 std::string runLoomTrain(int world, const std::vector<std::string>& args,
                          const std::vector<std::pair<std::string, std::string>>& env = {},
                          const std::string& stdoutPrefix = "") {
-  loom::testing::ChildProcesses ranks;
-  const int port = nextPort++;
-  for (int r = 0; r < world; ++r) {
-    ranks.spawn([&, r] {
-      for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-      if (!stdoutPrefix.empty()) {
-        const int fd =
-            ::open((stdoutPrefix + std::to_string(r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) ::_exit(126);
-        ::close(fd);
-      }
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<std::string> all{LOOM_TRAIN_BIN};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    });
+  loom::testing::LoomTrainRanks run;
+  run.world = world;
+  run.port = nextPort++;
+  run.env = env;
+  if (!stdoutPrefix.empty()) {
+    run.stdoutPath = [&](int r) { return stdoutPrefix + std::to_string(r); };
   }
-  return ranks.waitAllOk(milliseconds(60000));
+  return loom::testing::runLoomTrainRanks(args, run);
 }
 
 std::vector<double> readLosses(const std::string& path) {

@@ -134,6 +134,34 @@ TEST(Factory, ReadsTheEnvironmentIntoDefaultOptionsOnly) {
   EXPECT_EQ(filled.nccl.localRank, 0);
 }
 
+// ProcessGroup::reproducible() is what the group's comm::Context decided when it was created:
+// ContextOptions::reproducible, else LOOM_REPRODUCIBLE; off by default. In that mode the group
+// refuses PROD over a floating dtype at issue.
+TEST(Factory, ReproducibleIsTheContextsDecision) {
+  using testing::ScopedEnv;
+  {
+    ScopedEnv unset("LOOM_REPRODUCIBLE", nullptr);
+    EXPECT_FALSE(createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1)->reproducible());
+    ProcessGroupOptions o;
+    o.comm.context.reproducible = true;
+    auto pg = createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1, o);
+    EXPECT_TRUE(pg->reproducible());
+    float x = 2;
+    AllreduceOptions prod;
+    prod.reduceOp = ReduceOp::kProd;
+    EXPECT_THAT(messageOf<InvalidArgumentError>([&] {
+                  pg->allreduce(BufferView{&x, 1, DType::kFloat32}, prod);
+                }),
+                HasSubstr("cannot be made reproducible"));
+  }
+  {
+    ScopedEnv on("LOOM_REPRODUCIBLE", "1");
+    EXPECT_TRUE(createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1)->reproducible());
+  }
+  ScopedEnv off("LOOM_REPRODUCIBLE", "0");
+  EXPECT_FALSE(createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1)->reproducible());
+}
+
 TEST(Factory, DescribesTheOptionsThatDifferFromTheirDefaults) {
   EXPECT_EQ(describeNonDefault({}), "");
   ProcessGroupOptions o;

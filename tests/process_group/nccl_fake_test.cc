@@ -155,6 +155,13 @@ TEST(NcclReduction, TheGroupPassesTheMappingToNcclAndRefusesBeforeIssuing) {
   EXPECT_EQ(pg->lastSeq(), 4u);  // the refused one took no sequence number
 }
 
+// NCCL has no reproducible mode: the group says so whatever the comm options hold.
+TEST(NcclReduction, NeverReproducible) {
+  Fixture f;
+  f.options.comm.context.reproducible = true;
+  EXPECT_FALSE(f.group()->reproducible());
+}
+
 TEST(NcclPointToPoint, ConsecutiveSendRecvAreOneGroupIssuedAtTheNextCollective) {
   Fixture f;
   f.options.nccl.p2pBatchWindow = milliseconds(60000);  // only the next operation ends it

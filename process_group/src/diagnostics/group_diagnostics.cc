@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "diagnostics/group_diagnostics_core.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/common/socket.h"
@@ -39,39 +40,17 @@ std::string ringKey(int rank) {
 std::string failureRingKey(int rank) {
   return "flight/failure/" + std::to_string(rank);
 }
-std::string requestKey(int rank, int64_t n) {
-  return "flight/request/" + std::to_string(rank) + "/" + std::to_string(n);
-}
-std::string requestCountKey(int rank) {
-  return "flight/requests/" + std::to_string(rank);
-}
 constexpr const char* kRequestedKey = "flight/requested";
 constexpr const char* kAnalysisKey = "flight/analysis";
 constexpr const char* kStopReason = "stop";
 std::string heartbeatKey(int rank) {
   return "flight/heartbeat/" + std::to_string(rank);
 }
-constexpr const char* kClockReadyKey = "flight/clock/ready";
-std::string clockReplyKey(int rank, uint64_t n) {
-  return "flight/clock/" + std::to_string(rank) + "/" + std::to_string(n);
-}
-constexpr const char* kClockReason = "clock ";
-// Clock samples per round, and every how many heartbeats a round runs after the first.
-constexpr int kClockSamples = 3;
-constexpr uint64_t kClockRefreshBeats = 60;
-// A clock round's waits: for rank 0's listener to start, and for each answer.
-constexpr milliseconds kClockWait{5000};
 
 std::string pidNamespace() {
   char buf[128];
   const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
-
-int64_t unixMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 // Asks `rank`'s listener for a dump with `reason`.
@@ -82,124 +61,88 @@ void requestDump(Store& store, int rank, const std::string& reason) {
 
 }  // namespace
 
-struct GroupDiagnostics::Core {
-  Identity id;
-  std::shared_ptr<Store> store;
-  FlightRecorder recorder;
-  std::string dumpDir;
-  std::string host = net::hostname();
-  const milliseconds heartbeatInterval;
-  const int64_t clockSkewUs;  // tests only: this rank's clock reads that far off
-  // The estimate of this rank's clock minus rank 0's (GroupDiagnostics, "Clocks").
-  std::atomic<int64_t> clockOffsetUs{0};
-  std::atomic<int64_t> clockErrorUs{0};
-  uint64_t clockRequests = 0;                  // the clock round's thread (one at a time)
-  std::atomic<bool> clockReady{false};         // rank 0 answers clock requests
-  std::atomic<bool> clockEstimated{false};     // a round succeeded
-  std::atomic<bool> clockRoundRunning{false};  // a round's thread runs
+void GroupDiagnostics::Core::beat() {
+  Heartbeat hb;
+  hb.timeUs = clockUs();
+  hb.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
+  hb.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
+  hb.pid = ::getpid();
+  hb.beat = ++beats;
+  hb.lastSeq = recorder.lastSeq();
+  hb.recorded = recorder.recorded();
+  hb.intervalMs = heartbeatInterval.count();
+  hb.host = host;
+  hb.pidNs = pidNamespace();
+  store->set(heartbeatKey(id.rank), hb.text());
+}
 
-  // The listener's end: set by its thread when it returns; the heartbeat's stop.
-  std::mutex mu;
-  std::condition_variable finished;
-  bool listenerDone = false;
-  bool stopping = false;
-  uint64_t beats = 0;  // heartbeat thread (and the constructor, before it starts)
-
-  Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
-       std::string dir, milliseconds heartbeat, int64_t skew)
-      : id(std::move(i)),
-        store(std::move(s)),
-        recorder(entries, algorithm),
-        dumpDir(std::move(dir)),
-        heartbeatInterval(heartbeat),
-        clockSkewUs(skew) {}
-
-  // The clock every time of this rank's diagnostics comes from (Unix microseconds).
-  int64_t clockUs() const { return unixMicros() + clockSkewUs; }
-
-  void beat() {
-    Heartbeat hb;
-    hb.timeUs = clockUs();
-    hb.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
-    hb.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
-    hb.pid = ::getpid();
-    hb.beat = ++beats;
-    hb.lastSeq = recorder.lastSeq();
-    hb.recorded = recorder.recorded();
-    hb.intervalMs = heartbeatInterval.count();
-    hb.host = host;
-    hb.pidNs = pidNamespace();
-    store->set(heartbeatKey(id.rank), hb.text());
-  }
-
-  RankDump snapshot(const std::string& reason) const {
-    RankDump d;
-    d.rank = id.rank;
-    d.size = id.size;
-    d.group = id.group;
-    d.backend = id.backend;
-    d.host = host;
-    d.pid = ::getpid();
-    d.reason = reason;
-    d.entries = recorder.snapshot();
-    if (clockSkewUs != 0) {
-      for (OpRecord& r : d.entries) {
-        for (int64_t* t : {&r.issueUs, &r.startUs, &r.endUs}) {
-          if (*t != 0) *t += clockSkewUs;
-        }
+RankDump GroupDiagnostics::Core::snapshot(const std::string& reason) const {
+  RankDump d;
+  d.rank = id.rank;
+  d.size = id.size;
+  d.group = id.group;
+  d.backend = id.backend;
+  d.host = host;
+  d.pid = ::getpid();
+  d.reason = reason;
+  d.entries = recorder.snapshot();
+  if (clockSkewUs != 0) {
+    for (OpRecord& r : d.entries) {
+      for (int64_t* t : {&r.issueUs, &r.startUs, &r.endUs}) {
+        if (*t != 0) *t += clockSkewUs;
       }
     }
-    d.timeUs = clockUs();
-    d.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
-    d.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
-    d.capacity = recorder.capacity();
-    d.recorded = recorder.recorded();
-    d.lastSeq = recorder.lastSeq();
-    return d;
   }
+  d.timeUs = clockUs();
+  d.clockOffsetUs = clockOffsetUs.load(std::memory_order_relaxed);
+  d.clockErrorUs = clockErrorUs.load(std::memory_order_relaxed);
+  d.capacity = recorder.capacity();
+  d.recorded = recorder.recorded();
+  d.lastSeq = recorder.lastSeq();
+  return d;
+}
 
-  std::string dumpLocal(const std::string& reason, size_t maxEntries) {
-    RankDump d = snapshot(reason);
-    std::string json = toJson(d);
-    if (!dumpDir.empty()) writeFile(json);
-    if (d.entries.size() <= maxEntries) return json;
-    d.entries.erase(d.entries.begin(), d.entries.end() - static_cast<ptrdiff_t>(maxEntries));
-    return toJson(d);
+std::string GroupDiagnostics::Core::dumpLocal(const std::string& reason, size_t maxEntries) {
+  RankDump d = snapshot(reason);
+  std::string json = toJson(d);
+  if (!dumpDir.empty()) writeFile(json);
+  if (d.entries.size() <= maxEntries) return json;
+  d.entries.erase(d.entries.begin(), d.entries.end() - static_cast<ptrdiff_t>(maxEntries));
+  return toJson(d);
+}
+
+void GroupDiagnostics::Core::writeFile(const std::string& json) const {
+  const std::string name = dumpDir + "/loom-flight-" + (id.group.empty() ? "default" : id.group) +
+                           "-rank" + std::to_string(id.rank) + ".json";
+  std::string safe = name;
+  // A subgroup's name holds '/' ("group/2"): keep the file in dumpDir.
+  for (size_t i = dumpDir.size() + 1; i < safe.size(); ++i) {
+    if (safe[i] == '/') safe[i] = '_';
   }
-
-  void writeFile(const std::string& json) const {
-    const std::string name = dumpDir + "/loom-flight-" + (id.group.empty() ? "default" : id.group) +
-                             "-rank" + std::to_string(id.rank) + ".json";
-    std::string safe = name;
-    // A subgroup's name holds '/' ("group/2"): keep the file in dumpDir.
-    for (size_t i = dumpDir.size() + 1; i < safe.size(); ++i) {
-      if (safe[i] == '/') safe[i] = '_';
-    }
-    const std::string tmp = safe + ".tmp" + std::to_string(::getpid());
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-    if (ok) ok = std::rename(tmp.c_str(), safe.c_str()) == 0;
-    if (!ok) {
-      LOOM_LOG_WARNING("rank ", id.rank, ": could not write the flight record to ", safe, ": ",
-                       std::strerror(errno));
-      std::remove(tmp.c_str());
-    } else {
-      LOOM_LOG_INFO("rank ", id.rank, ": flight record written to ", safe);
-    }
+  const std::string tmp = safe + ".tmp" + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  if (ok) ok = std::rename(tmp.c_str(), safe.c_str()) == 0;
+  if (!ok) {
+    LOOM_LOG_WARNING("rank ", id.rank, ": could not write the flight record to ", safe, ": ",
+                     std::strerror(errno));
+    std::remove(tmp.c_str());
+  } else {
+    LOOM_LOG_INFO("rank ", id.rank, ": flight record written to ", safe);
   }
+}
 
-  std::string dump(const std::string& reason) {
-    if (reason == "failure") {
-      std::string json = dumpLocal(reason, kFailureEntries);
-      store->set(failureRingKey(id.rank), json);
-      return json;
-    }
-    std::string json = dumpLocal(reason, SIZE_MAX);
-    store->set(ringKey(id.rank), json);
+std::string GroupDiagnostics::Core::dump(const std::string& reason) {
+  if (reason == "failure") {
+    std::string json = dumpLocal(reason, kFailureEntries);
+    store->set(failureRingKey(id.rank), json);
     return json;
   }
-};
+  std::string json = dumpLocal(reason, SIZE_MAX);
+  store->set(ringKey(id.rank), json);
+  return json;
+}
 
 namespace {
 
@@ -286,65 +229,6 @@ void registerForSignal(const std::shared_ptr<GroupDiagnostics::Core>& core) {
   }
 }
 
-// Rank 0's listener, to "clock <rank> <n>": when it woke to the request (t1) and now (t2).
-void answerClock(GroupDiagnostics::Core& core, const std::string& reason, int64_t t1) {
-  std::istringstream in(reason.substr(std::strlen(kClockReason)));
-  int rank = -1;
-  uint64_t n = 0;
-  if (!(in >> rank >> n) || rank < 0) return;
-  core.store->set(clockReplyKey(rank, n), detail::str(t1, " ", core.clockUs()));
-}
-
-// One NTP-style sample through rank 0's listener: this rank's clock minus rank 0's and the round
-// trip, or nullopt when rank 0 did not answer within `wait`.
-struct ClockSample {
-  int64_t offsetUs = 0;
-  int64_t roundTripUs = 0;
-};
-std::optional<ClockSample> sampleClock(GroupDiagnostics::Core& core, milliseconds wait) {
-  Store& store = *core.store;
-  const uint64_t n = ++core.clockRequests;
-  const std::string reply = clockReplyKey(core.id.rank, n);
-  const int64_t k = store.add(requestCountKey(0), 1);
-  const int64_t t0 = core.clockUs();
-  store.set(requestKey(0, k), detail::str(kClockReason, core.id.rank, " ", n));
-  try {
-    store.wait({reply}, wait);
-  } catch (const TimeoutError&) {
-    return std::nullopt;
-  }
-  const int64_t t3 = core.clockUs();
-  std::istringstream in(store.getString(reply));
-  try {
-    store.deleteKey(reply);
-  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a store that cannot
-    // delete (torch 1.13's Python stores) keeps the answer: a few bytes per sample
-  }
-  int64_t t1 = 0;
-  int64_t t2 = 0;
-  if (!(in >> t1 >> t2)) return std::nullopt;
-  ClockSample sample;
-  // theta = ((t1 - t0) + (t2 - t3)) / 2 is rank 0's clock minus this one's.
-  sample.offsetUs = -((t1 - t0) + (t2 - t3)) / 2;
-  sample.roundTripUs = std::max<int64_t>((t3 - t0) - (t2 - t1), 0);
-  return sample;
-}
-
-// A round of kClockSamples samples; the one with the smallest round trip becomes the estimate
-// (its error bound: half that round trip). False when rank 0 answered none.
-bool estimateClock(GroupDiagnostics::Core& core, milliseconds wait) {
-  std::optional<ClockSample> best;
-  for (int i = 0; i < kClockSamples; ++i) {
-    const std::optional<ClockSample> s = sampleClock(core, wait);
-    if (!s) break;  // rank 0 does not answer (yet): the next round tries again
-    if (!best || s->roundTripUs < best->roundTripUs) best = s;
-  }
-  if (!best) return false;
-  core.clockOffsetUs.store(best->offsetUs, std::memory_order_relaxed);
-  core.clockErrorUs.store((best->roundTripUs + 1) / 2, std::memory_order_relaxed);
-  return true;
-}
-
 // The listener: answers dump requests until it reads the stop request.
 // `served`: the requests this rank's key counted before the listener started (an earlier group
 // on the same store), which are not its own.
@@ -376,22 +260,6 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
     core->listenerDone = true;
   }
   core->finished.notify_all();
-}
-
-// A round of the clock estimate, on a thread of its own (its waits may outlast a heartbeat
-// interval: on a store that polls, rank 0's listener answers up to a second late): waits for
-// rank 0's listener to answer clock requests, then estimateClock.
-void clockRound(std::shared_ptr<GroupDiagnostics::Core> core) {
-  try {
-    if (!core->clockReady.load()) {
-      core->store->wait({kClockReadyKey}, kClockWait);
-      core->clockReady.store(true);
-    }
-    if (estimateClock(*core, kClockWait)) core->clockEstimated.store(true);
-  } catch (const std::exception& e) {
-    LOOM_LOG_INFO("rank ", core->id.rank, ": clock estimate: ", e.what());
-  }
-  core->clockRoundRunning.store(false);
 }
 
 // The heartbeat: one beat per interval until the group goes or the store is gone. On ranks

@@ -16,6 +16,7 @@
 #include "loom/store/prefix_store.h"
 #include "mpi/mpi_group.h"
 #include "mpi/mpi_runtime.h"
+#include "pg_checks.h"
 #include "pg_failure.h"
 #include "pg_settings.h"
 #include "record_hooks.h"
@@ -223,18 +224,13 @@ void ProcessGroupMpi::checkDevice(const BufferView& buf, const char* opName) con
 
 void ProcessGroupMpi::checkOp(const OpDesc& op) const {
   const char* name = opTypeName(op.type);
+  if (pg_checks::isReduction(op.type) && op.dtype == DType::kBool &&
+      op.reduceOp == ReduceOp::kAvg) {
+    LOOM_THROW(InvalidArgumentError, who(), ": ", name,
+               ": reduce op avg is not defined for bool; use sum (logical or) or an integer "
+               "dtype");
+  }
   switch (op.type) {
-    case OpType::kAllreduce:
-    case OpType::kReduce:
-    case OpType::kReduceScatter:
-    case OpType::kReduceScatterv:
-    case OpType::kAllreduceCoalesced:
-      if (op.dtype == DType::kBool && op.reduceOp == ReduceOp::kAvg) {
-        LOOM_THROW(InvalidArgumentError, who(), ": ", name,
-                   ": reduce op avg is not defined for bool; use sum (logical or) or an integer "
-                   "dtype");
-      }
-      break;
     case OpType::kSend:
     case OpType::kRecv:
       if (op.tag > static_cast<uint64_t>(mpi_detail::tagUpperBound())) {

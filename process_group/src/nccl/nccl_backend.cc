@@ -11,11 +11,13 @@
 //
 // Lock order: the issue lock (ProcessGroup), then NcclState::mu, then the watchdog's own lock
 // (never held across a device call).
+//
+// Files: this one has the group (setup, post, the failure diagnosis, the enqueue of each
+// collective) and NcclState's communicator calls; nccl_work.cc the Work (wait, host wait, poll);
+// nccl_p2p_batch.cc the point-to-point batch and its timer; nccl_state.h what they share.
 #include "nccl/nccl_backend.h"
 
-#include <condition_variable>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -28,7 +30,9 @@
 #include "loom/store/store.h"
 #include "nccl/nccl_api.h"
 #include "nccl/nccl_event_pool.h"
+#include "nccl/nccl_state.h"
 #include "nccl/nccl_watchdog.h"
+#include "pg_checks.h"
 #include "pg_failure.h"
 #include "record_hooks.h"
 
@@ -63,10 +67,6 @@ int ncclDeviceCount() noexcept {
 #endif
 
 namespace nccl_detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-using EventHandle = std::shared_ptr<void>;
 
 // The caller's stream on this thread (nccl_backend.h, "Streams").
 Stream callerStream(const NcclOptions& options) {
@@ -75,143 +75,66 @@ Stream callerStream(const NcclOptions& options) {
   return options.perThreadDefaultStream ? perThreadDefaultStream() : legacyDefaultStream();
 }
 
-// Makes `device` current for a scope and restores the caller's device afterwards, so that
-// issuing an operation never changes the calling thread's CUDA device.
-class DeviceGuard {
- public:
-  DeviceGuard(NcclApi& api, int device) : api_(api), previous_(api.currentDevice()) {
-    if (previous_ != device) api_.setDevice(device);
-  }
-  ~DeviceGuard() {
-    try {
-      if (previous_ >= 0 && api_.currentDevice() != previous_) api_.setDevice(previous_);
-    } catch (...) {
-    }
-  }
-
- private:
-  NcclApi& api_;
-  const int previous_;
-};
-
-class NcclWork;
-
-// One send or recv waiting in the open batch.
-struct PendingP2P {
-  std::shared_ptr<const OpDesc> op;
-  std::shared_ptr<NcclWork> work;
-};
-
-// State shared by the group, its Works (a Work may outlive its group) and the watchdog's
-// device.
-struct NcclState {
-  NcclState(std::shared_ptr<NcclApi> a, std::string w, int r, int n, int dev, NcclOptions o)
-      : api(std::move(a)),
-        who(std::move(w)),
-        rank(r),
-        size(n),
-        device(dev),
-        options(o),
-        events(api) {}
-
-  const std::shared_ptr<NcclApi> api;
-  const std::string who;
-  const int rank;
-  const int size;
-  const int device;
-  const NcclOptions options;
-  Comm comm = nullptr;
-  Stream stream = nullptr;
-  void* scratch = nullptr;  // one int32 on the device for barrier()
-  EventPool events;
-  std::weak_ptr<Watchdog> watchdog;
-  diag::FlightRecorder* recorder = nullptr;  // valid while a batch is open (the group lives)
-
-  std::mutex mu;  // guards comm use (enqueue, abort), the batch and the failure fields
-  std::condition_variable settled;
-  bool broken = false;
-  bool aborted = false;
-  std::string cause;
-  // The watchdog's failure: the cross-rank diagnosis runs (Works wait for it, bounded), then
-  // the failing operation's error is `failedError` (its describe() is `failedOp`).
-  bool diagnosing = false;
-  std::string failedOp;
-  std::exception_ptr failedError;
-  std::vector<PendingP2P> batch;
-  uint64_t batches = 0;  // batches issued (the timer knows whether its batch is still open)
-
-  // Marks the group broken and aborts the communicator (first call wins). Requires mu held.
-  void failLocked(const std::string& why) {
-    if (!broken) {
-      broken = true;
-      cause = why;
-    }
-    if (comm != nullptr && !aborted) {
-      aborted = true;
-      api->commAbort(comm);
-    }
-  }
-
-  // Polls the non-blocking communicator until its pending call settles or `deadline` passes.
-  // Requires mu held.
-  void settleLocked(int first, const Deadline& deadline, const std::string& what) {
-    int state = first;
-    while (state == kNcclInProgress) {
-      if (deadline.expired()) {
-        const std::string why = who + ": " + what + " did not finish within " +
-                                std::to_string(deadline.elapsed().count()) +
-                                " ms (NCCL still in progress; communicator aborted)";
-        failLocked(why);
-        throw TimeoutError(why);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      if (api->commGetAsyncError(comm, &state) != kNcclSuccess) break;
-    }
-    if (state != kNcclSuccess) {
-      const std::string why = who + ": " + what + " failed: " + api->errorString(state) + " (" +
-                              api->lastError(comm) + ")";
-      failLocked(why);
-      throw IoError(why);
-    }
-  }
-
-  void checkResult(int r, const std::string& what, const Deadline& deadline) {
-    if (r != kNcclSuccess && r != kNcclInProgress) {
-      const std::string why = who + ": " + what + " could not be enqueued: " + api->errorString(r) +
-                              " (" + api->lastError(comm) + ")";
-      failLocked(why);
-      throw IoError(why);
-    }
-    settleLocked(r, deadline, what + " (enqueue)");
-  }
-
-  // Issues the open batch as one NCCL group. Requires mu held. Defined after NcclWork.
-  void flushLocked();
-  // flushLocked under mu, with the group's device current.
-  void flush() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (batch.empty()) return;
+NcclState::~NcclState() {
+  try {
     DeviceGuard guard(*api, device);
-    flushLocked();
-  }
-
-  ~NcclState() {
-    try {
-      DeviceGuard guard(*api, device);
-      if (comm != nullptr && !aborted) {
-        // A broken communicator is aborted (never waits); a healthy one is destroyed.
-        if (broken) {
-          api->commAbort(comm);
-        } else {
-          api->commDestroy(comm);
-        }
+    if (comm != nullptr && !aborted) {
+      // A broken communicator is aborted (never waits); a healthy one is destroyed.
+      if (broken) {
+        api->commAbort(comm);
+      } else {
+        api->commDestroy(comm);
       }
-      if (scratch != nullptr) api->deviceFree(scratch);
-      if (stream != nullptr) api->destroyStream(stream);
-    } catch (...) {
     }
+    if (scratch != nullptr) api->deviceFree(scratch);
+    if (stream != nullptr) api->destroyStream(stream);
+  } catch (...) {
   }
-};
+}
+
+void NcclState::failLocked(const std::string& why) {
+  if (!broken) {
+    broken = true;
+    cause = why;
+  }
+  if (comm != nullptr && !aborted) {
+    aborted = true;
+    api->commAbort(comm);
+  }
+}
+
+void NcclState::settleLocked(int first, const Deadline& deadline, const std::string& what) {
+  int state = first;
+  while (state == kNcclInProgress) {
+    if (deadline.expired()) {
+      const std::string why = who + ": " + what + " did not finish within " +
+                              std::to_string(deadline.elapsed().count()) +
+                              " ms (NCCL still in progress; communicator aborted)";
+      failLocked(why);
+      throw TimeoutError(why);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (api->commGetAsyncError(comm, &state) != kNcclSuccess) break;
+  }
+  if (state != kNcclSuccess) {
+    const std::string why = who + ": " + what + " failed: " + api->errorString(state) + " (" +
+                            api->lastError(comm) + ")";
+    failLocked(why);
+    throw IoError(why);
+  }
+}
+
+void NcclState::checkResult(int r, const std::string& what, const Deadline& deadline) {
+  if (r != kNcclSuccess && r != kNcclInProgress) {
+    const std::string why = who + ": " + what + " could not be enqueued: " + api->errorString(r) +
+                            " (" + api->lastError(comm) + ")";
+    failLocked(why);
+    throw IoError(why);
+  }
+  settleLocked(r, deadline, what + " (enqueue)");
+}
+
+namespace {
 
 // The watchdog's view of the device: the operations' events and the communicator.
 class ApiWatchdogDevice final : public WatchdogDevice {
@@ -249,196 +172,6 @@ class ApiWatchdogDevice final : public WatchdogDevice {
  private:
   std::shared_ptr<NcclState> state_;
 };
-
-class NcclWork final : public Work {
- public:
-  NcclWork(const OpDesc& op, int rank, std::shared_ptr<NcclState> state)
-      : Work(opTypeName(op.type), op.seq, rank),
-        description_(op.describe()),
-        timeout_(op.timeout),
-        state_(std::move(state)) {}
-
-  // Set once by whoever enqueued the operation (state mu held), before anyone reads it.
-  void setIssued(EventHandle done) {
-    done_ = std::move(done);
-    issued_.store(true, std::memory_order_release);
-  }
-
-  bool isCompleted() override {
-    if (Work::isCompleted()) return true;
-    if (!ensureIssued()) return Work::isCompleted();
-    poll(false);
-    return Work::isCompleted();
-  }
-
-  bool wait() override {
-    if (state_->options.blockingWait) return hostWait(std::nullopt);
-    if (!ensureIssued() || Work::isCompleted()) return finished();
-    poll(false);
-    if (Work::isCompleted()) return finished();
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (!state_->broken) {
-        DeviceGuard guard(*state_->api, state_->device);
-        state_->api->streamWaitEvent(callerStream(state_->options), done_.get());
-        return true;
-      }
-    }
-    poll(true);  // broken: the Work's error (after the diagnosis)
-    return finished();
-  }
-
-  bool wait(std::chrono::milliseconds timeout) override {
-    return hostWait(Clock::now() + timeout, timeout);
-  }
-
- private:
-  // Issues the open batch when this Work is in it; false when that failed (the Work then holds
-  // the error).
-  bool ensureIssued() {
-    if (issued_.load(std::memory_order_acquire)) return true;
-    state_->flush();
-    return issued_.load(std::memory_order_acquire);
-  }
-
-  // Blocks the host until the operation completed: the event queried for up to
-  // NcclOptions::hostSpin (a small operation completes within it), then cudaEventSynchronize
-  // (which spins, yields or sleeps as the context's scheduling flags say), bounded by the watchdog
-  // (the operation's deadline, and `deadline` when set).
-  bool hostWait(std::optional<Clock::time_point> deadline,
-                std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
-    if (!ensureIssued() || Work::isCompleted()) return finished();
-    std::string error;
-    const auto spinUntil = Clock::now() + state_->options.hostSpin;
-    NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
-    while (s == NcclApi::EventState::kPending && Clock::now() < spinUntil) {
-      s = state_->api->queryEvent(done_.get(), error);
-    }
-    if (s != NcclApi::EventState::kPending) {
-      poll(true);
-      if (Work::isCompleted()) return finished();
-    }
-    if (deadline) {
-      if (auto dog = state_->watchdog.lock()) dog->tighten(done_, *deadline, timeout);
-    }
-    try {
-      state_->api->synchronizeEvent(done_.get());
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->failLocked(state_->who + ": " + description_ + ": " + e.what());
-    }
-    poll(true);
-    if (!Work::isCompleted()) {
-      // The event completed but the group has not said why it failed: bounded by the same
-      // window as a failure's diagnosis.
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->failLocked(state_->who + ": " + description_ +
-                         ": cudaEventSynchronize returned before the operation completed");
-    }
-    poll(true);
-    return finished();
-  }
-
-  // Looks at the event and the group once; marks the Work when it is done or failed. With
-  // `mayWait`, a failure whose cross-rank diagnosis runs is waited for (bounded by the report
-  // window and the store's slack); without, the Work stays pending meanwhile.
-  void poll(bool mayWait) {
-    std::string error;
-    const NcclApi::EventState s = state_->api->queryEvent(done_.get(), error);
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (s == NcclApi::EventState::kDone) {
-      // After an abort, an event also completes because the kernels were ended: the operation
-      // succeeded only when the watchdog saw it done before its failure.
-      bool ok = !state_->aborted;
-      if (!ok) {
-        auto dog = state_->watchdog.lock();
-        ok = dog && !dog->failure().empty() && !dog->failedPending(done_);
-      }
-      if (ok) {
-        lock.unlock();
-        markCompleted();
-        return;
-      }
-    }
-    if (s == NcclApi::EventState::kFailed) {
-      state_->failLocked(state_->who + ": " + description_ + " failed on the device: " + error);
-    }
-    if (!state_->broken) return;
-    if (state_->diagnosing) {
-      if (!mayWait) return;
-      const auto window = std::min(std::chrono::milliseconds(2000) + timeout_ / 2,
-                                   std::chrono::milliseconds(60000));
-      state_->settled.wait_for(lock, window + pg_failure::kStoreSlack,
-                               [&] { return !state_->diagnosing; });
-    }
-    std::exception_ptr error_ptr;
-    if (state_->failedError && state_->failedOp == description_) {
-      error_ptr = state_->failedError;
-    } else {
-      error_ptr = std::make_exception_ptr(IoError(state_->who + ": " + description_ +
-                                                  " failed: the group failed: " + state_->cause));
-    }
-    lock.unlock();
-    markFailed(error_ptr);
-  }
-
-  const std::string description_;
-  const std::chrono::milliseconds timeout_;
-  std::shared_ptr<NcclState> state_;
-  std::atomic<bool> issued_{false};
-  EventHandle done_;
-};
-
-void NcclState::flushLocked() {
-  if (batch.empty()) return;
-  std::vector<PendingP2P> ops;
-  ops.swap(batch);
-  ++batches;
-  // The earliest deadline of the batch bounds its enqueue.
-  std::chrono::milliseconds timeout = ops.front().op->timeout;
-  for (const auto& p : ops) timeout = std::min(timeout, p.op->timeout);
-  const Deadline deadline(timeout);
-  const std::string what = ops.size() == 1 ? ops.front().op->describe()
-                                           : "a batch of " + std::to_string(ops.size()) +
-                                                 " send/recv from " + ops.front().op->describe();
-  try {
-    if (broken)
-      throw IoError(who + ": " + what + " was not run: the group failed earlier: " + cause);
-    int r = api->groupStart();
-    if (r != kNcclSuccess) checkResult(r, what + " (ncclGroupStart)", deadline);
-    for (const auto& p : ops) {
-      const OpDesc& op = *p.op;
-      if (op.type == OpType::kSend) {
-        r = api->send(op.in.data, op.count, ncclTypeOf(op.dtype), op.root, comm, stream);
-      } else {
-        r = api->recv(op.out.data, op.count, ncclTypeOf(op.dtype), op.root, comm, stream);
-      }
-      if (r != kNcclSuccess && r != kNcclInProgress) {
-        api->groupEnd();
-        checkResult(r, op.describe(), deadline);
-      }
-    }
-    checkResult(api->groupEnd(), what, deadline);
-    EventHandle done = events.acquire();
-    api->recordEvent(done.get(), stream);
-    auto dog = watchdog.lock();
-    for (const auto& p : ops) {
-      p.work->setIssued(done);
-      if (dog) {
-        dog->track(done, p.op->recordId,
-                   p.op->describe() + " (" + std::to_string(p.op->count * dtypeSize(p.op->dtype)) +
-                       " bytes)",
-                   p.op->timeout, p.op);
-      }
-    }
-  } catch (...) {
-    const std::exception_ptr error = std::current_exception();
-    for (const auto& p : ops) {
-      if (recorder != nullptr) recorder->recordEnd(p.op->recordId, true);
-      p.work->markFailed(error);
-    }
-  }
-}
 
 class ProcessGroupNccl final : public ProcessGroup {
  public:
@@ -545,12 +278,6 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   void checkOp(const OpDesc& op) const override {
     switch (op.type) {
-      case OpType::kAllreduce:
-      case OpType::kReduce:
-      case OpType::kReduceScatter:
-      case OpType::kAllreduceCoalesced:
-        (void)ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp);
-        break;
       case OpType::kReduceScatterv:
         LOOM_THROW(InvalidArgumentError, who(),
                    ": reduce_scatterv: NCCL has no reduce-scatter with uneven counts; pad every "
@@ -561,6 +288,9 @@ class ProcessGroupNccl final : public ProcessGroup {
                    "on a tcp group over the same store");
       default:
         break;
+    }
+    if (pg_checks::isReduction(op.type)) {
+      (void)ncclReductionOf(who(), opTypeName(op.type), op.dtype, op.reduceOp);
     }
     if (op.type == OpType::kRecv && op.root == kAnySource) {
       LOOM_THROW(InvalidArgumentError, who(),
@@ -613,7 +343,7 @@ class ProcessGroupNccl final : public ProcessGroup {
       }
       if (p2p) {
         state_->batch.push_back(PendingP2P{op, work});
-        if (state_->batch.size() == 1) armBatchTimer();
+        if (state_->batch.size() == 1) armBatchTimer(*watchdog_, state_);
         return work;
       }
       state_->flushLocked();
@@ -646,20 +376,6 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
  private:
-  // The watchdog issues a batch nobody ended after the window.
-  void armBatchTimer() {
-    const uint64_t open = state_->batches;
-    std::weak_ptr<NcclState> weak = state_;
-    watchdog_->setTimer(Clock::now() + state_->options.p2pBatchWindow, [weak, open] {
-      auto state = weak.lock();
-      if (!state) return;
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (state->batches != open || state->batch.empty()) return;
-      DeviceGuard guard(*state->api, state->device);
-      state->flushLocked();
-    });
-  }
-
   // On the watchdog thread, after it aborted the communicator: the comm backend's cross-rank
   // failure exchange (pg_failure.h), whose outcome becomes the failing operation's error.
   void diagnose(const std::string& reason, bool timedOut, const OpDesc* op) {

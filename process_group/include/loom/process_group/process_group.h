@@ -370,6 +370,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // backend comm::Context::tuning() ("built-in (...) [KEY]", "cache PATH [KEY]",
   // "LOOM_TUNING_FILE PATH [KEY]"); empty for backends that take none.
   virtual std::string tuningSummary() const { return {}; }
+  // Whether the group's reductions run in reproducible mode (docs/reproducible.md: SUM and AVG
+  // over floating dtypes correctly rounded, PROD over them refused). The comm backends (tcp,
+  // verbs) report what their comm::Context decided when the group was created
+  // (ContextOptions::reproducible, else LOOM_REPRODUCIBLE); false for backends without the
+  // mode (nccl, mpi).
+  virtual bool reproducible() const { return false; }
 
   // "rank 2" or "rank 1 of group/3 (parent ranks 1,3)": the prefix of every message.
   std::string who() const;

@@ -1,0 +1,98 @@
+// GroupDiagnostics::Core (group_diagnostics.h): what a group's diagnostics share with their
+// threads (the listener, the heartbeat, the clock rounds, the SIGUSR1 watcher), and what
+// group_diagnostics.cc and group_diagnostics_clock.cc (the clock offset estimate) both use.
+// Private to loom_process_group.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "diagnostics/flight_recorder.h"
+#include "diagnostics/group_diagnostics.h"
+#include "loom/common/socket.h"
+
+namespace loom::diag {
+
+// The store keys of dump requests (group_diagnostics.h, "Store keys").
+inline std::string requestKey(int rank, int64_t n) {
+  return "flight/request/" + std::to_string(rank) + "/" + std::to_string(n);
+}
+inline std::string requestCountKey(int rank) {
+  return "flight/requests/" + std::to_string(rank);
+}
+
+inline int64_t unixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct GroupDiagnostics::Core {
+  Identity id;
+  std::shared_ptr<Store> store;
+  FlightRecorder recorder;
+  std::string dumpDir;
+  std::string host = net::hostname();
+  const std::chrono::milliseconds heartbeatInterval;
+  const int64_t clockSkewUs;  // tests only: this rank's clock reads that far off
+  // The estimate of this rank's clock minus rank 0's (GroupDiagnostics, "Clocks").
+  std::atomic<int64_t> clockOffsetUs{0};
+  std::atomic<int64_t> clockErrorUs{0};
+  uint64_t clockRequests = 0;                  // the clock round's thread (one at a time)
+  std::atomic<bool> clockReady{false};         // rank 0 answers clock requests
+  std::atomic<bool> clockEstimated{false};     // a round succeeded
+  std::atomic<bool> clockRoundRunning{false};  // a round's thread runs
+
+  // The listener's end: set by its thread when it returns; the heartbeat's stop.
+  std::mutex mu;
+  std::condition_variable finished;
+  bool listenerDone = false;
+  bool stopping = false;
+  uint64_t beats = 0;  // heartbeat thread (and the constructor, before it starts)
+
+  Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
+       std::string dir, std::chrono::milliseconds heartbeat, int64_t skew)
+      : id(std::move(i)),
+        store(std::move(s)),
+        recorder(entries, algorithm),
+        dumpDir(std::move(dir)),
+        heartbeatInterval(heartbeat),
+        clockSkewUs(skew) {}
+
+  // The clock every time of this rank's diagnostics comes from (Unix microseconds).
+  int64_t clockUs() const { return unixMicros() + clockSkewUs; }
+
+  // group_diagnostics.cc: writes this rank's heartbeat (flight/heartbeat/<rank>).
+  void beat();
+  // The record now, its times on this rank's clock.
+  RankDump snapshot(const std::string& reason) const;
+  // GroupDiagnostics::dumpLocal, dump; writeFile: the dump file (a warning when it fails).
+  std::string dumpLocal(const std::string& reason, size_t maxEntries);
+  void writeFile(const std::string& json) const;
+  std::string dump(const std::string& reason);
+};
+
+// The clock offset estimate (group_diagnostics.h, "Clocks"; group_diagnostics_clock.cc).
+// Set by rank 0 once its listener answers clock requests.
+constexpr const char* kClockReadyKey = "flight/clock/ready";
+// The reason of a clock request to rank 0's listener: "clock <rank> <n>".
+constexpr const char* kClockReason = "clock ";
+// Every how many heartbeats a round runs after the first successful one.
+constexpr uint64_t kClockRefreshBeats = 60;
+
+// Rank 0's listener, to "clock <rank> <n>": when it woke to the request (t1) and now (t2).
+void answerClock(GroupDiagnostics::Core& core, const std::string& reason, int64_t t1);
+// A round of the clock estimate, on a thread of its own (its waits may outlast a heartbeat
+// interval: on a store that polls, rank 0's listener answers up to a second late): waits for
+// rank 0's listener to answer clock requests, then takes the best of its samples as the
+// estimate. Clears core->clockRoundRunning when it ends.
+void clockRound(std::shared_ptr<GroupDiagnostics::Core> core);
+
+}  // namespace loom::diag
