@@ -73,27 +73,28 @@ struct Call {
     return total;
   }
 
-  // Adds every rank's `words`-word integers: in holds them for `elements` elements (blocks in
-  // rank order, `blocks[j]` elements each for reduce-scatter), result receives this rank's
-  // own block (all of them for all-reduce, the root's for reduce).
-  void addIntegers(const int64_t* in, int64_t* result, size_t elements,
-                   std::span<const size_t> blocks, int words) const {
+  // Adds every rank's `words`-word integers (int64, or int32 for the narrow window): in holds
+  // them for `elements` elements (blocks in rank order, `blocks[j]` elements each for
+  // reduce-scatter), result receives this rank's own block (all of them for all-reduce, the
+  // root's for reduce).
+  void addIntegers(const void* in, void* result, size_t elements, std::span<const size_t> blocks,
+                   int words, DType type = DType::kInt64) const {
     switch (kind) {
       case Kind::kAllreduce:
-        allreduce(ctx, in, result, elements * words, DType::kInt64, ReduceOp::kSum, inner);
+        allreduce(ctx, in, result, elements * words, type, ReduceOp::kSum, inner);
         break;
       case Kind::kReduce:
-        reduce(ctx, in, result, elements * words, DType::kInt64, ReduceOp::kSum, root, inner);
+        reduce(ctx, in, result, elements * words, type, ReduceOp::kSum, root, inner);
         break;
       case Kind::kReduceScatter: {
         // Even blocks take the even reduce-scatter, with the caller's algorithm.
         if (std::all_of(blocks.begin(), blocks.end(), [&](size_t b) { return b == blocks[0]; })) {
-          reduceScatter(ctx, in, result, blocks[0] * words, DType::kInt64, ReduceOp::kSum, inner);
+          reduceScatter(ctx, in, result, blocks[0] * words, type, ReduceOp::kSum, inner);
           break;
         }
         std::vector<size_t> wordCounts(blocks.begin(), blocks.end());
         for (auto& c : wordCounts) c *= words;
-        reduceScatterv(ctx, in, result, wordCounts, DType::kInt64, ReduceOp::kSum, helper);
+        reduceScatterv(ctx, in, result, wordCounts, type, ReduceOp::kSum, helper);
         break;
       }
     }
@@ -104,7 +105,8 @@ struct Call {
 // cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
 constexpr size_t kKeptScratchBytes = size_t{64} << 20;
-// All-reduce and reduce run the windowed path in chunks of this many bytes of window digits.
+// All-reduce and reduce run the windowed path in chunks of this many bytes of wide window digits
+// (65,536 float32 elements; the narrow window's digits of a chunk take half).
 constexpr size_t kWindowChunkBytes = size_t{512} << 10;
 
 template <typename T>
@@ -116,7 +118,8 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> digits, sums;
-  std::vector<int64_t> full, fullSums;  // reduceFull's accumulators
+  std::vector<int32_t> narrowDigits, narrowSums;  // the narrow window's
+  std::vector<int64_t> full, fullSums;            // reduceFull's accumulators
 };
 
 class ScratchLease {
@@ -129,6 +132,8 @@ class ScratchLease {
     release(s_->bytes);
     release(s_->digits);
     release(s_->sums);
+    release(s_->narrowDigits);
+    release(s_->narrowSums);
     release(s_->full);
     release(s_->fullSums);
   }
@@ -183,45 +188,70 @@ void runOnePass(const Call& c) {
 
 void runWindowed(const Call& c) {
   const Format& f = c.f;
-  const int words = f.windowDigits;
   const ScratchLease lease;
-  std::vector<uint8_t>& byteBuffer = (*lease).bytes;
-  std::vector<int64_t>& digitBuffer = (*lease).digits;
-  std::vector<int64_t>& sumBuffer = (*lease).sums;
+  Scratch& scratchBuffers = *lease;
+  // The window pass: float32 over two ranks takes the narrow window (one int32 per element),
+  // everything else the wide one (f.windowDigits int64 per element).
+  const repro::NarrowWindow narrow = repro::narrowWindow(f, c.ctx.size());
+  const int words = narrow.usable() ? 1 : f.windowDigits;
+  void* digits = nullptr;
+  void* sums = nullptr;
+  const auto reserve = [&](size_t elements, size_t sumElements) {
+    if (narrow.usable()) {
+      digits = scratch(scratchBuffers.narrowDigits, elements);
+      sums = scratch(scratchBuffers.narrowSums, std::max<size_t>(sumElements, 1));
+    } else {
+      digits = scratch(scratchBuffers.digits, elements * words);
+      sums = scratch(scratchBuffers.sums, std::max<size_t>(sumElements, 1) * words);
+    }
+  };
+  const auto encode = [&](const void* in, size_t n, const uint8_t* bytes) {
+    if (narrow.usable()) {
+      repro::encodeNarrow(f, narrow, in, n, bytes, static_cast<int32_t*>(digits));
+    } else {
+      repro::encodeWindows(f, in, n, bytes, static_cast<int64_t*>(digits));
+    }
+  };
+  const auto add = [&](size_t n) {
+    c.addIntegers(digits, sums, n, c.counts, words,
+                  narrow.usable() ? DType::kInt32 : DType::kInt64);
+  };
   std::vector<size_t> undecided;
+  const auto decode = [&](const uint8_t* bytes, size_t n, void* out, size_t base) {
+    if (narrow.usable()) {
+      repro::decodeNarrow(f, narrow, static_cast<const int32_t*>(sums), bytes, n, c.divisor, out,
+                          base, undecided);
+    } else {
+      repro::decodeWindows(f, static_cast<const int64_t*>(sums), bytes, n, c.ctx.size(), c.divisor,
+                           out, base, undecided);
+    }
+  };
   if (c.kind == Kind::kReduceScatter) {
-    uint8_t* bytes = scratch(byteBuffer, c.total);
+    uint8_t* bytes = scratch(scratchBuffers.bytes, c.total);
     repro::exponentBytes(f, c.in, c.total, bytes);
     allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax, c.helper);
-    int64_t* digits = scratch(digitBuffer, c.total * words);
-    repro::encodeWindows(f, c.in, c.total, bytes, digits);
     const size_t base = c.ownBegin(), own = c.ownCount();
-    int64_t* sums = scratch(sumBuffer, std::max<size_t>(own, 1) * words);
-    c.addIntegers(digits, sums, c.total, c.counts, words);
-    repro::decodeWindows(f, sums, bytes + base, own, c.ctx.size(), c.divisor, c.out, base,
-                         undecided);
+    reserve(c.total, own);
+    encode(c.in, c.total, bytes);
+    add(c.total);
+    decode(bytes + base, own, c.out, base);
   } else {
     // All-reduce and reduce cover the same elements on every rank: chunk by chunk, so that the
     // scratch (a chunk's bytes, digits and sums) stays in cache and is never larger than a
     // chunk. Every element's integers are the same whatever the chunking.
-    const size_t chunk = kWindowChunkBytes / (sizeof(int64_t) * words);
+    const size_t chunk = kWindowChunkBytes / (sizeof(int64_t) * f.windowDigits);
     const bool decodes = c.ownCount() != 0;
-    uint8_t* bytes = scratch(byteBuffer, std::min(c.total, chunk));
-    int64_t* digits = scratch(digitBuffer, std::min(c.total, chunk) * words);
-    int64_t* sums = scratch(sumBuffer, std::min(c.total, chunk) * words);
+    uint8_t* bytes = scratch(scratchBuffers.bytes, std::min(c.total, chunk));
+    reserve(std::min(c.total, chunk), std::min(c.total, chunk));
     for (size_t begin = 0; begin < c.total; begin += chunk) {
       const size_t n = std::min(chunk, c.total - begin);
       const void* in = static_cast<const unsigned char*>(c.in) + begin * f.bytes;
       repro::exponentBytes(f, in, n, bytes);
       allreduce(c.ctx, bytes, bytes, n, DType::kUInt8, ReduceOp::kMax,
                 c.kind == Kind::kAllreduce ? c.inner : c.helper);
-      repro::encodeWindows(f, in, n, bytes, digits);
-      c.addIntegers(digits, sums, n, c.counts, words);
-      if (decodes) {
-        repro::decodeWindows(f, sums, bytes, n, c.ctx.size(), c.divisor,
-                             static_cast<unsigned char*>(c.out) + begin * f.bytes, begin,
-                             undecided);
-      }
+      encode(in, n, bytes);
+      add(n);
+      if (decodes) decode(bytes, n, static_cast<unsigned char*>(c.out) + begin * f.bytes, begin);
     }
   }
   // Make the undecided elements known to every rank.
@@ -339,6 +369,8 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   };
   const bool single =
       path == ReproduciblePath::kOnePass || (path == ReproduciblePath::kAuto && onePass(f, count));
+  const repro::NarrowWindow narrow =
+      path == ReproduciblePath::kWindowed ? repro::NarrowWindow{} : repro::narrowWindow(f, ranks);
   if (single) {
     for (size_t i = 0; i < count; ++i) full(i);
     return;
@@ -350,14 +382,23 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
     repro::exponentBytes(f, in, count, rankBytes.data());
     for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
   }
-  const int words = f.windowDigits;
-  std::vector<int64_t> sums(count * words), digits(count * words);
-  for (const void* in : inputs) {
-    repro::encodeWindows(f, in, count, bytes.data(), digits.data());
-    for (size_t w = 0; w < sums.size(); ++w) sums[w] += digits[w];
-  }
   std::vector<size_t> undecided;
-  repro::decodeWindows(f, sums.data(), bytes.data(), count, ranks, divisor, out, 0, undecided);
+  if (narrow.usable()) {
+    std::vector<int32_t> sums(count), digits(count);
+    for (const void* in : inputs) {
+      repro::encodeNarrow(f, narrow, in, count, bytes.data(), digits.data());
+      for (size_t i = 0; i < count; ++i) sums[i] += digits[i];
+    }
+    repro::decodeNarrow(f, narrow, sums.data(), bytes.data(), count, divisor, out, 0, undecided);
+  } else {
+    const int words = f.windowDigits;
+    std::vector<int64_t> sums(count * words), digits(count * words);
+    for (const void* in : inputs) {
+      repro::encodeWindows(f, in, count, bytes.data(), digits.data());
+      for (size_t w = 0; w < sums.size(); ++w) sums[w] += digits[w];
+    }
+    repro::decodeWindows(f, sums.data(), bytes.data(), count, ranks, divisor, out, 0, undecided);
+  }
   if (refined != nullptr) *refined = undecided.size();
   for (size_t i : undecided) full(i);
 }

@@ -89,7 +89,9 @@ void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
 // the collectives compute it. `path` forces the one-pass or the windowed path (kAuto: by size,
 // as the collectives choose); `refined`, when not null, receives how many elements the
 // windowed path had to refine.
-enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed };
+// kWindowed: the wide window; kNarrow: the narrow int32 window where the world allows it
+// (float32, up to two ranks), else the wide one.
+enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kNarrow };
 void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, size_t count,
                              DType dtype, ReduceOp op,
                              ReproduciblePath path = ReproduciblePath::kAuto,
