@@ -19,6 +19,8 @@
 #include "loom/comm/reproducible.h"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -118,8 +120,10 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> digits, sums;
-  std::vector<int32_t> narrowDigits, narrowSums;  // the narrow window's
-  std::vector<int64_t> full, fullSums;            // reduceFull's accumulators
+  std::vector<int32_t> narrowDigits, narrowSums;      // the narrow window's
+  std::vector<unsigned char> gathered, gatheredSums;  // runGathered's slots
+  std::vector<uint8_t> rankBytes;
+  std::vector<int64_t> full, fullSums;  // reduceFull's accumulators
 };
 
 class ScratchLease {
@@ -134,6 +138,9 @@ class ScratchLease {
     release(s_->sums);
     release(s_->narrowDigits);
     release(s_->narrowSums);
+    release(s_->gathered);
+    release(s_->gatheredSums);
+    release(s_->rankBytes);
     release(s_->full);
     release(s_->fullSums);
   }
@@ -148,6 +155,96 @@ class ScratchLease {
   }
   Scratch* s_;
 };
+
+// The exact reduction of element i of `inputs` (every rank's values, in one process) with full
+// accumulators (`one`, `sum`: f.fullWords() words of scratch).
+void reduceElementFull(const Format& f, std::span<const void* const> inputs, size_t i, int divisor,
+                       int64_t* one, int64_t* sum, void* out, size_t at) {
+  std::fill(sum, sum + f.fullWords(), 0);
+  for (const void* in : inputs) {
+    repro::encodeFull(f, repro::loadBits(f, in, i), one);
+    for (int w = 0; w < f.fullWords(); ++w) sum[w] += one[w];
+  }
+  repro::storeBits(f, out, at, repro::decodeFull(f, sum, static_cast<int>(inputs.size()), divisor));
+}
+
+// The windowed arithmetic over `inputs` in one process: the max of the exponent bytes, the sum of
+// the windows (the narrow window where `narrow` is usable), the decode into out; undecided
+// elements are appended to `undecided` (out left alone there).
+void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, size_t count,
+                        int divisor, const repro::NarrowWindow& narrow, Scratch& s, void* out,
+                        std::vector<size_t>& undecided) {
+  const int ranks = static_cast<int>(inputs.size());
+  uint8_t* bytes = scratch(s.bytes, count);
+  uint8_t* rankBytes = scratch(s.rankBytes, count);
+  std::fill(bytes, bytes + count, 0);
+  for (const void* in : inputs) {
+    repro::exponentBytes(f, in, count, rankBytes);
+    for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
+  }
+  if (narrow.usable()) {
+    int32_t* sums = scratch(s.narrowSums, count);
+    int32_t* digits = scratch(s.narrowDigits, count);
+    std::fill(sums, sums + count, 0);
+    for (const void* in : inputs) {
+      repro::encodeNarrow(f, narrow, in, count, bytes, digits);
+      for (size_t i = 0; i < count; ++i) sums[i] += digits[i];
+    }
+    repro::decodeNarrow(f, narrow, sums, bytes, count, divisor, out, 0, undecided);
+    return;
+  }
+  const size_t words = count * f.windowDigits;
+  int64_t* sums = scratch(s.sums, words);
+  int64_t* digits = scratch(s.digits, words);
+  std::fill(sums, sums + words, 0);
+  for (const void* in : inputs) {
+    repro::encodeWindows(f, in, count, bytes, digits);
+    for (size_t w = 0; w < words; ++w) sums[w] += digits[w];
+  }
+  repro::decodeWindows(f, sums, bytes, count, ranks, divisor, out, 0, undecided);
+}
+
+// The gathered path's worlds: a rank's raw value is smaller than its full accumulator (float64:
+// 8 n < 336 bytes, so n <= 41).
+constexpr int kMaxGatherRanks = 64;
+bool gathers(const Call& c) {
+  const size_t n = static_cast<size_t>(c.ctx.size());
+  return c.kind != Kind::kReduceScatter && n <= static_cast<size_t>(kMaxGatherRanks) &&
+         n * c.f.bytes < c.f.fullWords() * sizeof(int64_t) &&
+         n * c.total * c.f.bytes <= kReproducibleGatherBytes;
+}
+
+// Small all-reduce and reduce: every rank's raw values in slot r of a zero buffer, the slots
+// combined with uint8 MAX (every byte is max(0, b) = b: a gather), then the rows reduced exactly
+// where the result is wanted.
+void runGathered(const Call& c) {
+  const Format& f = c.f;
+  const int n = c.ctx.size();
+  const size_t row = c.total * f.bytes;
+  const ScratchLease lease;
+  Scratch& s = *lease;
+  unsigned char* slots = scratch(s.gathered, n * row);
+  std::memset(slots, 0, n * row);
+  std::memcpy(slots + c.ctx.rank() * row, c.in, row);
+  unsigned char* rows = slots;
+  if (c.kind == Kind::kAllreduce) {
+    allreduce(c.ctx, slots, slots, n * row, DType::kUInt8, ReduceOp::kMax, c.inner);
+  } else {
+    rows = scratch(s.gatheredSums, n * row);
+    reduce(c.ctx, slots, rows, n * row, DType::kUInt8, ReduceOp::kMax, c.root, c.inner);
+    if (c.ctx.rank() != c.root) return;
+  }
+  std::array<const void*, kMaxGatherRanks> rowPointers;
+  for (int r = 0; r < n; ++r) rowPointers[r] = rows + r * row;
+  const std::span<const void* const> inputs(rowPointers.data(), n);
+  std::vector<size_t> undecided;
+  reduceRowsWindowed(f, inputs, c.total, c.divisor, repro::narrowWindow(f, n), s, c.out, undecided);
+  if (undecided.empty()) return;
+  int64_t* acc = scratch(s.full, 2 * f.fullWords());
+  for (size_t i : undecided) {
+    reduceElementFull(f, inputs, i, c.divisor, acc, acc + f.fullWords(), c.out, i);
+  }
+}
 
 // Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
 // rank's own ones in rank order; `blocks[j]` of them belong to rank j; empty: every element,
@@ -311,7 +408,9 @@ void runReproducible(Context& ctx, Kind kind, const void* in, void* out, size_t 
                op == ReduceOp::kAvg ? ctx.size() : 1,
                inner,
                helper};
-  if (onePass(c.f, total)) {
+  if (gathers(c)) {
+    runGathered(c);
+  } else if (onePass(c.f, total)) {
     runOnePass(c);
   } else {
     runWindowed(c);
@@ -360,45 +459,21 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   if (refined != nullptr) *refined = 0;
   std::vector<int64_t> one(f.fullWords()), sum(f.fullWords());
   const auto full = [&](size_t i) {
-    std::fill(sum.begin(), sum.end(), 0);
-    for (const void* in : inputs) {
-      repro::encodeFull(f, repro::loadBits(f, in, i), one.data());
-      for (size_t w = 0; w < sum.size(); ++w) sum[w] += one[w];
-    }
-    repro::storeBits(f, out, i, repro::decodeFull(f, sum.data(), ranks, divisor));
+    reduceElementFull(f, inputs, i, divisor, one.data(), sum.data(), out, i);
   };
   const bool single =
       path == ReproduciblePath::kOnePass || (path == ReproduciblePath::kAuto && onePass(f, count));
-  const repro::NarrowWindow narrow =
-      path == ReproduciblePath::kWindowed ? repro::NarrowWindow{} : repro::narrowWindow(f, ranks);
   if (single) {
     for (size_t i = 0; i < count; ++i) full(i);
     return;
   }
   // The windowed path with the same bulk loops as the collectives, the ranks' reductions done
   // here (max of the bytes, sum of the digits).
-  std::vector<uint8_t> bytes(count), rankBytes(count);
-  for (const void* in : inputs) {
-    repro::exponentBytes(f, in, count, rankBytes.data());
-    for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
-  }
+  const repro::NarrowWindow narrow =
+      path == ReproduciblePath::kWindowed ? repro::NarrowWindow{} : repro::narrowWindow(f, ranks);
+  const ScratchLease lease;
   std::vector<size_t> undecided;
-  if (narrow.usable()) {
-    std::vector<int32_t> sums(count), digits(count);
-    for (const void* in : inputs) {
-      repro::encodeNarrow(f, narrow, in, count, bytes.data(), digits.data());
-      for (size_t i = 0; i < count; ++i) sums[i] += digits[i];
-    }
-    repro::decodeNarrow(f, narrow, sums.data(), bytes.data(), count, divisor, out, 0, undecided);
-  } else {
-    const int words = f.windowDigits;
-    std::vector<int64_t> sums(count * words), digits(count * words);
-    for (const void* in : inputs) {
-      repro::encodeWindows(f, in, count, bytes.data(), digits.data());
-      for (size_t w = 0; w < sums.size(); ++w) sums[w] += digits[w];
-    }
-    repro::decodeWindows(f, sums.data(), bytes.data(), count, ranks, divisor, out, 0, undecided);
-  }
+  reduceRowsWindowed(f, inputs, count, divisor, narrow, *lease, out, undecided);
   if (refined != nullptr) *refined = undecided.size();
   for (size_t i : undecided) full(i);
 }
