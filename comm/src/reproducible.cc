@@ -180,7 +180,7 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   std::fill(bytes, bytes + count, 0);
   for (const void* in : inputs) {
     repro::exponentBytes(f, in, count, rankBytes);
-    for (size_t i = 0; i < count; ++i) bytes[i] = std::max(bytes[i], rankBytes[i]);
+    repro::maxBytes(bytes, rankBytes, count);
   }
   if (narrow.usable()) {
     int32_t* sums = scratch(s.narrowSums, count);
@@ -188,7 +188,7 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
     std::fill(sums, sums + count, 0);
     for (const void* in : inputs) {
       repro::encodeNarrow(f, narrow, in, count, bytes, digits);
-      for (size_t i = 0; i < count; ++i) sums[i] += digits[i];
+      repro::addInts(sums, digits, count);
     }
     repro::decodeNarrow(f, narrow, sums, bytes, count, divisor, out, 0, undecided);
     return;
@@ -199,7 +199,7 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   std::fill(sums, sums + words, 0);
   for (const void* in : inputs) {
     repro::encodeWindows(f, in, count, bytes, digits);
-    for (size_t w = 0; w < words; ++w) sums[w] += digits[w];
+    repro::addInts(sums, digits, words);
   }
   repro::decodeWindows(f, sums, bytes, count, ranks, divisor, out, 0, undecided);
 }

@@ -546,6 +546,39 @@ __attribute__((target("avx2"))) size_t encodeNarrowF32Avx2(const uint32_t* in, s
   return i;
 }
 
+// acc[i] = max(acc[i], v[i]) (bytes), acc[i] += v[i] (int32, int64), 32 bytes at a time; the
+// caller does the tail.
+__attribute__((target("avx2"))) size_t maxBytesAvx2(uint8_t* acc, const uint8_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_max_epu8(_mm256_loadu_si256(a),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+__attribute__((target("avx2"))) size_t addInt32Avx2(int32_t* acc, const int32_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_add_epi32(_mm256_loadu_si256(a),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+__attribute__((target("avx2"))) size_t addInt64Avx2(int64_t* acc, const int64_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_add_epi64(_mm256_loadu_si256(a),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+
 // Eight float32 nearest v * 2^(lsb(b) - divisorBits), v int32 (exact in double).
 LOOM_AVX2_INLINE __m256i narrowToFloat(__m256i v, __m256i b, __m256i bias) {
   __m128i r[2];
@@ -899,6 +932,30 @@ void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, c
   }
 #endif
   for (; k < n; ++k) one(k);
+}
+
+void maxBytes(uint8_t* acc, const uint8_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = maxBytesAvx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] = std::max(acc[i], v[i]);
+}
+
+void addInts(int32_t* acc, const int32_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = addInt32Avx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] += v[i];
+}
+
+void addInts(int64_t* acc, const int64_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = addInt64Avx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] += v[i];
 }
 
 }  // namespace loom::comm::repro

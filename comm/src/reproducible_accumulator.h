@@ -97,6 +97,11 @@ void encodeNarrow(const Format& f, const NarrowWindow& w, const void* in, size_t
                   const uint8_t* bytes, int32_t* digits);
 void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, const uint8_t* bytes,
                   size_t n, int divisor, void* out, size_t base, std::vector<size_t>& undecided);
+// The local reductions of those integers (reproducibleReduceLocal, the gathered path):
+// acc[i] = max(acc[i], v[i]) and acc[i] += v[i].
+void maxBytes(uint8_t* acc, const uint8_t* v, size_t n);
+void addInts(int32_t* acc, const int32_t* v, size_t n);
+void addInts(int64_t* acc, const int64_t* v, size_t n);
 // The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
 
