@@ -12,9 +12,9 @@
 //   becomes a full exact accumulator: signed 52-bit digits in int64 words covering the
 //   format's whole range (float32 and bfloat16: 6 digits, float16: 1, float64: 41) plus one
 //   word counting NaN, +inf, -inf and -0 inputs. One all-reduce (reduce-scatter, reduce).
-// - Small all-reduce and reduce over few ranks (gathered: n * count * dtype size at most
-//   kReproducibleGatherBytes, and fewer bytes per element than a full accumulator): the raw
-//   values travel instead. Each rank writes its input into its own slot of an otherwise zero
+// - All-reduce and reduce at the one-pass sizes, over few ranks (gathered: a raw value takes
+//   fewer bytes than a full accumulator, n * dtype size < 8 * words): the raw values travel
+//   instead. Each rank writes its input into its own slot of an otherwise zero
 //   buffer of n slots, the ranks all-reduce (reduce) the bytes with uint8 MAX, which is a
 //   gather through the all-reduce's small-message path, and each rank reduces the n rows
 //   exactly in place (the windowed arithmetic below, done locally). One collective.
@@ -72,7 +72,6 @@ class Context;
 
 constexpr int kReproducibleMaxWorldSize = 1024;
 constexpr size_t kReproducibleOnePassBytes = size_t{16} << 10;
-constexpr size_t kReproducibleGatherBytes = size_t{16} << 10;
 
 // Whether the reproducible mode changes how (op, dtype) is reduced: SUM and AVG over the four
 // floating dtypes.
