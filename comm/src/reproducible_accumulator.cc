@@ -492,8 +492,13 @@ __attribute__((target("avx2"))) size_t decodeWindowsF32Avx2(const int64_t* sums,
     // Usually no rank dropped a bit (hi == lo): one conversion.
     const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
     const __m128i rlo = toFloat(lo, scale), rhi = exact ? rlo : toFloat(hi, scale);
+    // Byte 0 (every input -0; its sum is 0) gives -0 here; byte 255 goes to the scalar code.
+    const __m128i negativeZero =
+        _mm_and_si128(_mm_cmpeq_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(b4))),
+                                      _mm_setzero_si128()),
+                      _mm_set1_epi32(INT32_MIN));
     const __m256i bad64 = _mm256_or_si256(
-        _mm256_or_si256(_mm256_cmpeq_epi64(b, zero), _mm256_cmpeq_epi64(b, ff)),
+        _mm256_cmpeq_epi64(b, ff),
         _mm256_or_si256(_mm256_cmpgt_epi64(limitLo, lo), _mm256_cmpgt_epi64(hi, limitHi)));
     const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(bad64));
     const int loZero = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(lo, zero)));
@@ -503,10 +508,17 @@ __attribute__((target("avx2"))) size_t decodeWindowsF32Avx2(const int64_t* sums,
       const int equal = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(rlo, rhi)));
       fail |= (exponentZero(rhi) & ~hiZero) | (~equal & 0xf);
     }
+    const __m128i result = _mm_or_si128(rlo, negativeZero);
     if (fail == 0) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), rlo);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), result);
     } else {
-      for (size_t j = k; j < k + 4; ++j) scalar(j);
+      // As decodeNarrowF32Avx2: settled lanes stored, the others through the scalar code.
+      const __m128i lane = _mm_setr_epi32(1, 2, 4, 8);
+      const __m128i settled =
+          _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32(fail), lane), _mm_setzero_si128());
+      _mm_maskstore_epi32(reinterpret_cast<int*>(out + k), settled, result);
+      for (int bits = fail & 0xf; bits != 0; bits &= bits - 1)
+        scalar(k + std::countr_zero(static_cast<unsigned>(bits)));
     }
   }
   return k;
@@ -620,8 +632,10 @@ __attribute__((target("avx2"))) size_t decodeNarrowF32Avx2(const int32_t* sums,
     const __m256i lo = _mm256_sub_epi32(value, inexact);
     const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
     const __m256i rlo = narrowToFloat(lo, b, bias);
-    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(
-        _mm256_or_si256(_mm256_cmpeq_epi32(b, zero), _mm256_cmpeq_epi32(b, ff))));
+    // Byte 0 (every input -0; its sum is 0) gives -0 here; byte 255 goes to the scalar code.
+    const __m256i negativeZero =
+        _mm256_and_si256(_mm256_cmpeq_epi32(b, zero), _mm256_set1_epi32(INT32_MIN));
+    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, ff)));
     const int loZero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lo, zero)));
     int fail = bad | (exponentZero8(rlo) & ~loZero);
     if (!exact) {
@@ -631,10 +645,19 @@ __attribute__((target("avx2"))) size_t decodeNarrowF32Avx2(const int32_t* sums,
       const int equal = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(rlo, rhi)));
       fail |= (exponentZero8(rhi) & ~hiZero) | (~equal & 0xff);
     }
+    const __m256i result = _mm256_or_si256(rlo, negativeZero);
     if (fail == 0) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), rlo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), result);
     } else {
-      for (size_t j = k; j < k + 8; ++j) scalar(j);
+      // The settled lanes keep the vector's result; the others (in order, so that the
+      // undecided list stays ascending) take the scalar code, which leaves an undecided
+      // element's output untouched (an in-place call still reads the input there).
+      const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+      const __m256i settled = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(fail), lane),
+                                                 _mm256_setzero_si256());
+      _mm256_maskstore_epi32(reinterpret_cast<int*>(out + k), settled, result);
+      for (int bits = fail & 0xff; bits != 0; bits &= bits - 1)
+        scalar(k + std::countr_zero(static_cast<unsigned>(bits)));
     }
   }
   return k;
