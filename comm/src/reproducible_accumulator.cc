@@ -297,6 +297,54 @@ void place(uint64_t significand, int offset, int64_t* digits, int count) {
   return true;
 }
 
+// The narrow window's digit of value `bits` at max byte `byte` (encodeWindowImpl's arithmetic
+// in an int32 with w.countBits count bits).
+[[gnu::always_inline]] inline int32_t encodeNarrowImpl(const Format& f, const NarrowWindow& w,
+                                                       uint64_t bits, uint8_t byte) {
+  if (byte == 0 || byte == 255) return 0;
+  const Parts parts = decompose(f, bits);
+  if (parts.significand == 0) return 0;
+  int offset = parts.exponent - narrowLsb(f, w, byte);
+  uint64_t significand = parts.significand;
+  int64_t inexact = 0;
+  if (offset < 0) {
+    const int drop = -offset;
+    inexact = drop >= 64 || (significand & ((uint64_t{1} << drop) - 1)) != 0;
+    significand = drop >= 64 ? 0 : significand >> drop;  // toward zero
+    offset = 0;
+  }
+  const uint64_t v = significand << offset;
+  LOOM_CHECK(v >> w.valueBits == 0, "reproducible: a value does not fit its narrow window");
+  const auto magnitude = static_cast<int64_t>(v << w.countBits);
+  return static_cast<int32_t>((parts.negative ? -magnitude : magnitude) + inexact);
+}
+
+// decodeWindowImpl for a narrow window's sum.
+[[gnu::always_inline]] inline bool decodeNarrowImpl(const Format& f, const NarrowWindow& w,
+                                                    int32_t sum, uint8_t byte, int divisor,
+                                                    uint64_t* bits) {
+  if (byte == 0) {  // every input was -0
+    *bits = signBit(f);
+    return true;
+  }
+  if (byte == 255) return false;
+  const int lsb = narrowLsb(f, w, byte);
+  const int64_t inexact = sum & ((int32_t{1} << w.countBits) - 1);
+  const int64_t value = sum >> w.countBits;  // arithmetic: the count is below, nonnegative
+  const auto rounded = [&](int64_t v) __attribute__((always_inline)) {
+    return roundSigned(f, v < 0, static_cast<u128>(v < 0 ? -v : v), lsb, divisor);
+  };
+  if (inexact == 0) {
+    *bits = value == 0 ? 0 : rounded(value);
+    return true;
+  }
+  const uint64_t low = rounded(value - inexact);
+  const uint64_t high = rounded(value + inexact);
+  if (low != high) return false;
+  *bits = low;
+  return true;
+}
+
 // Calls fn.template operator()<Format, Bits>() with the format as a compile-time constant, so
 // that the loops below are compiled once per format with its fields folded in.
 template <typename Fn>
@@ -444,8 +492,13 @@ __attribute__((target("avx2"))) size_t decodeWindowsF32Avx2(const int64_t* sums,
     // Usually no rank dropped a bit (hi == lo): one conversion.
     const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
     const __m128i rlo = toFloat(lo, scale), rhi = exact ? rlo : toFloat(hi, scale);
+    // Byte 0 (every input -0; its sum is 0) gives -0 here; byte 255 goes to the scalar code.
+    const __m128i negativeZero =
+        _mm_and_si128(_mm_cmpeq_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(b4))),
+                                      _mm_setzero_si128()),
+                      _mm_set1_epi32(INT32_MIN));
     const __m256i bad64 = _mm256_or_si256(
-        _mm256_or_si256(_mm256_cmpeq_epi64(b, zero), _mm256_cmpeq_epi64(b, ff)),
+        _mm256_cmpeq_epi64(b, ff),
         _mm256_or_si256(_mm256_cmpgt_epi64(limitLo, lo), _mm256_cmpgt_epi64(hi, limitHi)));
     const int bad = _mm256_movemask_pd(_mm256_castsi256_pd(bad64));
     const int loZero = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(lo, zero)));
@@ -455,10 +508,156 @@ __attribute__((target("avx2"))) size_t decodeWindowsF32Avx2(const int64_t* sums,
       const int equal = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(rlo, rhi)));
       fail |= (exponentZero(rhi) & ~hiZero) | (~equal & 0xf);
     }
+    const __m128i result = _mm_or_si128(rlo, negativeZero);
     if (fail == 0) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), rlo);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), result);
     } else {
-      for (size_t j = k; j < k + 4; ++j) scalar(j);
+      // As decodeNarrowF32Avx2: settled lanes stored, the others through the scalar code.
+      const __m128i lane = _mm_setr_epi32(1, 2, 4, 8);
+      const __m128i settled =
+          _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32(fail), lane), _mm_setzero_si128());
+      _mm_maskstore_epi32(reinterpret_cast<int*>(out + k), settled, result);
+      for (int bits = fail & 0xf; bits != 0; bits &= bits - 1)
+        scalar(k + std::countr_zero(static_cast<unsigned>(bits)));
+    }
+  }
+  return k;
+}
+
+// encodeNarrow for float32 in AVX2, eight int32 lanes: encodeWindowsF32Avx2's shifts with the
+// narrow window's lsb (byte - 126 - valueBits) and count bits.
+__attribute__((target("avx2"))) size_t encodeNarrowF32Avx2(const uint32_t* in, size_t n,
+                                                           const uint8_t* bytes, int countBits,
+                                                           int valueBits, int32_t* digits) {
+  const __m256i one = _mm256_set1_epi32(1), ff = _mm256_set1_epi32(0xff);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i fraction = _mm256_set1_epi32(0x7fffff), hidden = _mm256_set1_epi32(0x800000);
+  const __m256i extra = _mm256_set1_epi32(valueBits - 24), count = _mm256_set1_epi32(countBits);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    const __m256i b =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + i)));
+    const __m256i field = _mm256_and_si256(_mm256_srli_epi32(x, 23), ff);
+    const __m256i f1 = _mm256_max_epu32(field, one);
+    const __m256i sig =
+        _mm256_or_si256(_mm256_and_si256(x, fraction),
+                        _mm256_andnot_si256(_mm256_cmpeq_epi32(field, zero), hidden));
+    const __m256i offset = _mm256_sub_epi32(_mm256_add_epi32(f1, extra), b);
+    const __m256i left = _mm256_add_epi32(_mm256_max_epi32(offset, zero), count);
+    const __m256i right = _mm256_max_epi32(_mm256_sub_epi32(zero, offset), zero);
+    const __m256i q = _mm256_srlv_epi32(sig, right);  // 0 for counts above 31
+    const __m256i inexact =
+        _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_sllv_epi32(q, right), sig), one);
+    const __m256i t = _mm256_sllv_epi32(q, left);
+    const __m256i neg = _mm256_srai_epi32(x, 31);
+    const __m256i d = _mm256_add_epi32(_mm256_sub_epi32(_mm256_xor_si256(t, neg), neg), inexact);
+    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(b, zero), _mm256_cmpeq_epi32(b, ff));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(digits + i), _mm256_andnot_si256(special, d));
+  }
+  return i;
+}
+
+// acc[i] = max(acc[i], v[i]) (bytes), acc[i] += v[i] (int32, int64), 32 bytes at a time; the
+// caller does the tail.
+__attribute__((target("avx2"))) size_t maxBytesAvx2(uint8_t* acc, const uint8_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_max_epu8(_mm256_loadu_si256(a),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+__attribute__((target("avx2"))) size_t addInt32Avx2(int32_t* acc, const int32_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_add_epi32(_mm256_loadu_si256(a),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+__attribute__((target("avx2"))) size_t addInt64Avx2(int64_t* acc, const int64_t* v, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    auto* a = reinterpret_cast<__m256i*>(acc + i);
+    _mm256_storeu_si256(
+        a, _mm256_add_epi64(_mm256_loadu_si256(a),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
+  }
+  return i;
+}
+
+// Eight float32 nearest v * 2^(lsb(b) - divisorBits), v int32 (exact in double).
+LOOM_AVX2_INLINE __m256i narrowToFloat(__m256i v, __m256i b, __m256i bias) {
+  __m128i r[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256d d = _mm256_cvtepi32_pd(halfOf(v, h));
+    const __m256d scale = _mm256_castsi256_pd(
+        _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepu32_epi64(halfOf(b, h)), bias), 52));
+    r[h] = _mm_castps_si128(_mm256_cvtpd_ps(_mm256_mul_pd(d, scale)));
+  }
+  return _mm256_set_m128i(r[1], r[0]);
+}
+
+// Lanes of r (eight float32) whose exponent field is zero, as bits.
+LOOM_AVX2_INLINE int exponentZero8(__m256i r) {
+  return _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+      _mm256_and_si256(r, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256())));
+}
+
+// decodeNarrow for float32 (power-of-two divisor) eight elements at a time, as
+// decodeWindowsF32Avx2: stores the eight results where every lane is settled by the conversion,
+// else calls scalar(k) for each of the eight.
+template <typename Scalar>
+__attribute__((target("avx2"))) size_t decodeNarrowF32Avx2(const int32_t* sums,
+                                                           const uint8_t* bytes, size_t n,
+                                                           int countBits, int valueBits,
+                                                           int divisorBits, uint32_t* out,
+                                                           Scalar&& scalar) {
+  const __m256i countMask = _mm256_set1_epi32((1 << countBits) - 1);
+  const __m128i countShift = _mm_cvtsi32_si128(countBits);
+  const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255);
+  const __m256i bias = _mm256_set1_epi64x(1023 - 126 - valueBits - divisorBits);
+  size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i sum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + k));
+    const __m256i b =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + k)));
+    const __m256i inexact = _mm256_and_si256(sum, countMask);
+    const __m256i value = _mm256_sra_epi32(sum, countShift);
+    const __m256i lo = _mm256_sub_epi32(value, inexact);
+    const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
+    const __m256i rlo = narrowToFloat(lo, b, bias);
+    // Byte 0 (every input -0; its sum is 0) gives -0 here; byte 255 goes to the scalar code.
+    const __m256i negativeZero =
+        _mm256_and_si256(_mm256_cmpeq_epi32(b, zero), _mm256_set1_epi32(INT32_MIN));
+    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, ff)));
+    const int loZero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lo, zero)));
+    int fail = bad | (exponentZero8(rlo) & ~loZero);
+    if (!exact) {
+      const __m256i hi = _mm256_add_epi32(value, inexact);
+      const __m256i rhi = narrowToFloat(hi, b, bias);
+      const int hiZero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(hi, zero)));
+      const int equal = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(rlo, rhi)));
+      fail |= (exponentZero8(rhi) & ~hiZero) | (~equal & 0xff);
+    }
+    const __m256i result = _mm256_or_si256(rlo, negativeZero);
+    if (fail == 0) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), result);
+    } else {
+      // The settled lanes keep the vector's result; the others (in order, so that the
+      // undecided list stays ascending) take the scalar code, which leaves an undecided
+      // element's output untouched (an in-place call still reads the input there).
+      const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+      const __m256i settled = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(fail), lane),
+                                                 _mm256_setzero_si256());
+      _mm256_maskstore_epi32(reinterpret_cast<int*>(out + k), settled, result);
+      for (int bits = fail & 0xff; bits != 0; bits &= bits - 1)
+        scalar(k + std::countr_zero(static_cast<unsigned>(bits)));
     }
   }
   return k;
@@ -710,6 +909,76 @@ void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, s
 #endif
     for (; k < n; ++k) one(k);
   });
+}
+
+NarrowWindow narrowWindow(const Format& f, int ranks) {
+  if (&f != &kFloat32 || ranks < 1) return {};
+  const int countBits = std::bit_width(static_cast<unsigned>(ranks));
+  const int valueBits = 31 - countBits - std::bit_width(static_cast<unsigned>(ranks - 1));
+  if (valueBits < kNarrowMinValueBits) return {};
+  return {countBits, valueBits};
+}
+
+void encodeNarrow(const Format& f, const NarrowWindow& w, const void* in, size_t n,
+                  const uint8_t* bytes, int32_t* digits) {
+  LOOM_CHECK(&f == &kFloat32 && w.usable(),
+             "reproducible: the narrow window is float32's, for small worlds (internal error)");
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) {
+    i = encodeNarrowF32Avx2(static_cast<const uint32_t*>(in), n, bytes, w.countBits, w.valueBits,
+                            digits);
+  }
+#endif
+  for (; i < n; ++i) digits[i] = encodeNarrowImpl(kFloat32, w, load<uint32_t>(in, i), bytes[i]);
+}
+
+void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, const uint8_t* bytes,
+                  size_t n, int divisor, void* out, size_t base, std::vector<size_t>& undecided) {
+  LOOM_CHECK(&f == &kFloat32 && w.usable(),
+             "reproducible: the narrow window is float32's, for small worlds (internal error)");
+  auto* out32 = static_cast<uint32_t*>(out);
+  const auto one = [&](size_t k) __attribute__((always_inline)) {
+    uint64_t bits;
+    if (decodeNarrowImpl(kFloat32, w, sums[k], bytes[k], divisor, &bits)) {
+      const auto v = static_cast<uint32_t>(bits);
+      std::memcpy(out32 + k, &v, sizeof v);
+    } else {
+      undecided.push_back(base + k);
+    }
+  };
+  size_t k = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (std::has_single_bit(static_cast<unsigned>(divisor)) && useAvx2()) {
+    k = decodeNarrowF32Avx2(sums, bytes, n, w.countBits, w.valueBits,
+                            std::countr_zero(static_cast<unsigned>(divisor)), out32, one);
+  }
+#endif
+  for (; k < n; ++k) one(k);
+}
+
+void maxBytes(uint8_t* acc, const uint8_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = maxBytesAvx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] = std::max(acc[i], v[i]);
+}
+
+void addInts(int32_t* acc, const int32_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = addInt32Avx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] += v[i];
+}
+
+void addInts(int64_t* acc, const int64_t* v, size_t n) {
+  size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+  if (useAvx2()) i = addInt64Avx2(acc, v, n);
+#endif
+  for (; i < n; ++i) acc[i] += v[i];
 }
 
 }  // namespace loom::comm::repro

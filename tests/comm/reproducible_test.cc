@@ -390,16 +390,19 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
         const auto want = in.expected(average);
         std::vector<const void*> ptrs;
         for (const auto& row : in.data) ptrs.push_back(row.data());
-        for (auto path : {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed}) {
+        for (auto path :
+             {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed, ReproduciblePath::kNarrow}) {
           std::vector<unsigned char> out(count * dtypeSize(d));
           size_t refined = 0;
           reproducibleReduceLocal(ptrs, out.data(), count, d,
                                   average ? ReduceOp::kAvg : ReduceOp::kSum, path, &refined);
           const std::string what = std::string(dtypeName(d)) + " ranks=" + std::to_string(ranks) +
                                    (average ? " avg" : " sum") +
-                                   (path == ReproduciblePath::kOnePass ? " one-pass" : " windowed");
+                                   (path == ReproduciblePath::kOnePass  ? " one-pass"
+                                    : path == ReproduciblePath::kNarrow ? " narrow"
+                                                                        : " windowed");
           EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
-          if (path == ReproduciblePath::kWindowed) {
+          if (path != ReproduciblePath::kOnePass) {
             EXPECT_LT(refined, count) << what;
           }
           cases += static_cast<int>(count);
@@ -431,6 +434,37 @@ TEST(ReproducibleLocal, WindowDecidesOrdinaryValues) {
     const double exact = double(rows[0][i]) + rows[1][i] + rows[2][i] + rows[3][i];
     ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(static_cast<float>(exact)))
         << i;
+  }
+}
+
+// The narrow window (float32, two ranks, 28 value bits) on plain random values: it keeps four
+// bits below float32's precision, so it leaves more undecided than the wide window (about 1 in
+// 100 here: one value 16 times smaller than the other, and a sum near a midpoint), never a
+// wrong bit.
+TEST(ReproducibleLocal, NarrowWindowDecidesOrdinaryValues) {
+  const size_t count = 20000;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::normal_distribution<float> g(0.0f, 1e-3f);
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<std::vector<float>> rows(2, std::vector<float>(count));
+    for (auto& row : rows)
+      for (auto& x : row) x = kind == 0 ? u(rng) : g(rng);
+    std::vector<const void*> ptrs;
+    for (const auto& row : rows) ptrs.push_back(row.data());
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      std::vector<float> out(count);
+      size_t refined = 0;
+      reproducibleReduceLocal(ptrs, out.data(), count, DType::kFloat32, op,
+                              ReproduciblePath::kNarrow, &refined);
+      EXPECT_LE(refined, count * 3 / 100) << kind;
+      for (size_t i = 0; i < count; ++i) {
+        const double exact = (double(rows[0][i]) + rows[1][i]) * (op == ReduceOp::kAvg ? 0.5 : 1);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]),
+                  std::bit_cast<uint32_t>(static_cast<float>(exact)))
+            << kind << " " << i;
+      }
+    }
   }
 }
 
@@ -483,30 +517,32 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
         const auto rows = family(kind, ranks, count);
         std::vector<const void*> ptrs;
         for (const auto& row : rows) ptrs.push_back(row.data());
-        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-          std::vector<uint32_t> vec(count), ref(count);
-          size_t vecRefined = 0, refRefined = 0;
-          setReduceIsa(ReduceIsa::kAuto);
-          reproducibleReduceLocal(ptrs, vec.data(), count, DType::kFloat32, op,
-                                  ReproduciblePath::kWindowed, &vecRefined);
-          setReduceIsa(ReduceIsa::kGeneric);
-          reproducibleReduceLocal(ptrs, ref.data(), count, DType::kFloat32, op,
-                                  ReproduciblePath::kWindowed, &refRefined);
-          setReduceIsa(ReduceIsa::kAuto);
-          const std::string what = "kind " + std::to_string(kind) + " ranks " +
-                                   std::to_string(ranks) + " count " + std::to_string(count) + " " +
-                                   reduceOpName(op);
-          EXPECT_EQ(vecRefined, refRefined) << what;
-          for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(vec[i], ref[i]) << what << " element " << i;
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+          for (auto path : {ReproduciblePath::kWindowed, ReproduciblePath::kNarrow}) {
+            std::vector<uint32_t> vec(count), ref(count);
+            size_t vecRefined = 0, refRefined = 0;
+            setReduceIsa(ReduceIsa::kAuto);
+            reproducibleReduceLocal(ptrs, vec.data(), count, DType::kFloat32, op, path,
+                                    &vecRefined);
+            setReduceIsa(ReduceIsa::kGeneric);
+            reproducibleReduceLocal(ptrs, ref.data(), count, DType::kFloat32, op, path,
+                                    &refRefined);
+            setReduceIsa(ReduceIsa::kAuto);
+            const std::string what = "kind " + std::to_string(kind) + " ranks " +
+                                     std::to_string(ranks) + " count " + std::to_string(count) +
+                                     " " + reduceOpName(op) +
+                                     (path == ReproduciblePath::kNarrow ? " narrow" : " wide");
+            EXPECT_EQ(vecRefined, refRefined) << what;
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(vec[i], ref[i]) << what << " element " << i;
+            }
+            ++compared;
           }
-          ++compared;
-        }
       }
     }
   }
   setFlush(false);
-  EXPECT_EQ(compared, 180);
+  EXPECT_EQ(compared, 360);
   // The generator's adversarial inputs, checked against the exact reference on both loops.
   for (int run = 0; run < 4; ++run) {
     setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
@@ -516,12 +552,14 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
       const auto want = in.expected(false);
       std::vector<const void*> ptrs;
       for (const auto& row : in.data) ptrs.push_back(row.data());
-      std::vector<unsigned char> out(in.count * 4);
-      reproducibleReduceLocal(ptrs, out.data(), in.count, DType::kFloat32, ReduceOp::kSum,
-                              ReproduciblePath::kWindowed);
-      const std::string what = std::string(reduceKernelIsa()) + (run >= 2 ? " ftz" : "") +
-                               " ranks " + std::to_string(ranks);
-      EXPECT_EQ(mismatches(in, want, out.data(), 0, in.count, what), 0) << what;
+      for (auto path : {ReproduciblePath::kWindowed, ReproduciblePath::kNarrow}) {
+        std::vector<unsigned char> out(in.count * 4);
+        reproducibleReduceLocal(ptrs, out.data(), in.count, DType::kFloat32, ReduceOp::kSum, path);
+        const std::string what = std::string(reduceKernelIsa()) + (run >= 2 ? " ftz" : "") +
+                                 " ranks " + std::to_string(ranks) +
+                                 (path == ReproduciblePath::kNarrow ? " narrow" : " wide");
+        EXPECT_EQ(mismatches(in, want, out.data(), 0, in.count, what), 0) << what;
+      }
     }
   }
   setFlush(false);
@@ -657,6 +695,8 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
       checkWorld(n, config, d, 3, ++seed);
       checkWorld(n, config, d, 700, ++seed);
     }
+    // float32 over two ranks takes the narrow window: every form, 1,400 elements.
+    checkWorld(2, config, DType::kFloat32, 700, 1000 + seed);
   }
 }
 

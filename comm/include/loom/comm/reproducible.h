@@ -12,10 +12,17 @@
 //   becomes a full exact accumulator: signed 52-bit digits in int64 words covering the
 //   format's whole range (float32 and bfloat16: 6 digits, float16: 1, float64: 41) plus one
 //   word counting NaN, +inf, -inf and -0 inputs. One all-reduce (reduce-scatter, reduce).
+// - All-reduce and reduce at the one-pass sizes, over few ranks (gathered: a raw value takes
+//   fewer bytes than a full accumulator, n * dtype size < 8 * words): the raw values travel
+//   instead. Each rank writes its input into its own slot of an otherwise zero
+//   buffer of n slots, the ranks all-reduce (reduce) the bytes with uint8 MAX, which is a
+//   gather through the all-reduce's small-message path, and each rank reduces the n rows
+//   exactly in place (the windowed arithmetic below, done locally). One collective.
 // - Larger buffers (windowed): pass 1 all-reduces, with uint8 MAX, one byte per element coding
 //   its largest exponent over the ranks (float64: in groups of 16 exponents); pass 2 reduces
 //   each value truncated toward zero into a window anchored there: 41 value bits in one int64
-//   for float32, bfloat16 and float16, 93 bits in two for float64. The window's low 11 bits
+//   for float32, bfloat16 and float16, 93 bits in two for float64 (float32 over two ranks: 28
+//   value bits and 2 count bits in one int32, the narrow window). The window's low 11 bits
 //   count the ranks that dropped nonzero bits below it (c); each dropped less than one unit,
 //   so the exact sum lies strictly between (T - c) and (T + c) units. Rounding is monotonic:
 //   where both ends round to the same value, that is the answer (c = 0: T is exact). Every rank
@@ -89,7 +96,9 @@ void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
 // the collectives compute it. `path` forces the one-pass or the windowed path (kAuto: by size,
 // as the collectives choose); `refined`, when not null, receives how many elements the
 // windowed path had to refine.
-enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed };
+// kWindowed: the wide window; kNarrow: the narrow int32 window where the world allows it
+// (float32, up to two ranks), else the wide one.
+enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kNarrow };
 void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, size_t count,
                              DType dtype, ReduceOp op,
                              ReproduciblePath path = ReproduciblePath::kAuto,
