@@ -14,8 +14,6 @@
 //   floor(cpus / local ranks) - 1.
 // About 3-4 s on the loaded 2-core VM.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -32,6 +30,7 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
+#include "loom/testing/scoped_env.h"
 #include "shm/arena.h"
 #include "shm/shm.h"
 #include "signature.h"
@@ -353,16 +352,22 @@ TEST(ShmCopyHelpers, SettingAndAuto) {
   EXPECT_EQ(shm::copyThreadsFor(-1, 16, 16), 0);
   EXPECT_EQ(shm::copyThreadsFor(-1, 2, 2), 0);
   EXPECT_EQ(shm::copyThreadsFor(-1, 17, 8), 1);
-  ::setenv("LOOM_SHM_COPY_THREADS", "auto", 1);
-  EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, -1);
-  ::setenv("LOOM_SHM_COPY_THREADS", "3", 1);
-  EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, 3);
-  ::setenv("LOOM_SHM_COPY_THREADS", "65", 1);
-  EXPECT_THROW(withEnvironment(ContextOptions{}), InvalidArgumentError);
-  ::setenv("LOOM_SHM_COPY_THREADS", "many", 1);
-  EXPECT_THROW(withEnvironment(ContextOptions{}), InvalidArgumentError);
-  ::unsetenv("LOOM_SHM_COPY_THREADS");
-  EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, 0);
+  {
+    loom::testing::ScopedEnv env("LOOM_SHM_COPY_THREADS", "auto");
+    EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, -1);
+  }
+  {
+    loom::testing::ScopedEnv env("LOOM_SHM_COPY_THREADS", "3");
+    EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, 3);
+  }
+  for (const char* bad : {"65", "-1", "many"}) {
+    loom::testing::ScopedEnv env("LOOM_SHM_COPY_THREADS", bad);
+    EXPECT_THROW(withEnvironment(ContextOptions{}), InvalidArgumentError) << bad;
+  }
+  {
+    loom::testing::ScopedEnv env("LOOM_SHM_COPY_THREADS", nullptr);
+    EXPECT_EQ(withEnvironment(ContextOptions{}).shmCopyThreads, 0);
+  }
   ContextOptions bad;
   bad.shmCopyThreads = -2;
   EXPECT_THROW(validateOptions(bad), InvalidArgumentError);
