@@ -167,6 +167,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
   aopts.windows = options.shmWindows;
   aopts.windowMinBytes = options.shmWindowMinBytes;
   aopts.foldSkew = options.shmFoldSkew;
+  aopts.copyThreads = options.shmCopyThreads;
   shm::ShmTransportOptions topts;
   topts.timeout = options.timeout;
   topts.ringBytes = options.shmRingBytes;

@@ -60,6 +60,11 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.shmSpinUs, d.shmSpinUs, s::integer("LOOM_SHM_SPIN_US"));
   s::fillDefault(o.shmYieldUs, d.shmYieldUs, s::integer("LOOM_SHM_YIELD_US"));
   s::fillDefault(o.shmFoldSkew, d.shmFoldSkew, s::flag("LOOM_SHM_FOLD_SKEW"));
+  // "auto" is spelled -1 in the option.
+  if (s::word("LOOM_SHM_COPY_THREADS")) {
+    s::fillDefault(o.shmCopyThreads, d.shmCopyThreads, std::optional<int>(-1));
+  }
+  s::fillDefault(o.shmCopyThreads, d.shmCopyThreads, s::integer("LOOM_SHM_COPY_THREADS"));
   if (const auto mode = s::choice("LOOM_SHM_SINGLE_COPY")) {
     const ShmSingleCopy v = *mode == "on"    ? ShmSingleCopy::kOn
                             : *mode == "off" ? ShmSingleCopy::kOff
@@ -97,6 +102,7 @@ void validateOptions(const ContextOptions& o) {
   checkOptionalBytes("shmRingBytes", o.shmRingBytes);
   checkRange("shmSpinUs", o.shmSpinUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
   checkRange("shmYieldUs", o.shmYieldUs, -1LL << 31, kMaxMicros, "µs (< 0: the default)");
+  checkRange("shmCopyThreads", o.shmCopyThreads, -1, 64, "helper threads per rank (-1: auto)");
   LOOM_CHECK(o.shmSingleCopy == ShmSingleCopy::kAuto || o.shmSingleCopy == ShmSingleCopy::kOn ||
                  o.shmSingleCopy == ShmSingleCopy::kOff,
              "ContextOptions::shmSingleCopy is ", static_cast<int>(o.shmSingleCopy),
@@ -140,6 +146,7 @@ std::string describeNonDefault(const ContextOptions& o) {
   put("shmSpinUs", o.shmSpinUs, d.shmSpinUs);
   put("shmYieldUs", o.shmYieldUs, d.shmYieldUs);
   put("shmFoldSkew", int{o.shmFoldSkew}, int{d.shmFoldSkew});
+  put("shmCopyThreads", o.shmCopyThreads, d.shmCopyThreads);
   const char* const singleCopyNames[] = {"auto", "on", "off"};
   put("shmSingleCopy", std::string(singleCopyNames[static_cast<int>(o.shmSingleCopy) % 3]),
       std::string("auto"));

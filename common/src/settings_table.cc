@@ -91,6 +91,11 @@ constexpr Setting kTable[] = {
      "1: the shared-memory reductions read their peers skewed and rotated per rank; 0: block "
      "after block in rank order, measured faster on 16 cores (the same bits either way)",
      "comm::ContextOptions::shmFoldSkew", "Context setup"},
+    {"LOOM_SHM_COPY_THREADS", K::kInteger, S::kRuntime, "0", 0, 64, "auto", "",
+     "helper threads per rank that share the staged shared-memory all-reduce's copies and "
+     "folds of 256 KiB steps and more (the same bits); 0: none; auto: floor(CPUs / local "
+     "ranks) - 1 when >= 1; not the default until measured on a many-core machine",
+     "comm::ContextOptions::shmCopyThreads", "Context setup"},
     {"LOOM_SHM_SINGLE_COPY", K::kChoice, S::kRuntime, "auto", 0, 0, "auto|on|off", "",
      "single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read "
      "peers' buffers directly (process_vm_readv) when a setup probe succeeds on every rank; auto "

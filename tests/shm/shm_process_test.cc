@@ -250,6 +250,49 @@ TEST(ShmProcesses, KilledPeerIsAnIoErrorNamingItWithinSeconds) {
   runKilledPeerCase(options(), c);
 }
 
+// The same with helper threads copying (ContextOptions::shmCopyThreads = 2, 4 MiB all-reduces:
+// most of each step is the helpers' copies and folds), the peer SIGKILLed by a thread of its own
+// at a moment of its loop, not between two calls.
+TEST(ShmProcesses, KilledPeerWhileHelpersCopyIsAnIoErrorNamingIt) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  const int size = 3;
+  const int victim = 2;
+  children.spawnRanks(size, [&](int rank) {
+    FileStore store(dir.file("store"));
+    ContextOptions o = options();
+    o.shmCopyThreads = 2;
+    auto ctx = Context::create(store, rank, size, o);
+    shm::Arena* arena = shm::arenaOf(*ctx);
+    LOOM_CHECK(arena != nullptr && arena->copyThreads() == 2, "no arena with 2 helpers");
+    CollectiveOptions opts;
+    opts.timeout = 60s;
+    std::vector<float> buf(1 << 20, 1.0f);
+    for (uint64_t seq = 1;; ++seq) {
+      if (rank == victim && seq == 3) {
+        std::thread([] {
+          std::this_thread::sleep_for(3ms);
+          ::kill(::getpid(), SIGKILL);
+        }).detach();
+      }
+      opts.seq = seq;
+      const auto start = Clock::now();
+      try {
+        allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kMax, opts);
+      } catch (const IoError& e) {
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        std::fprintf(stderr, "rank %d got: %s\n", rank, e.what());
+        loom::testing::checkDeadPeerError(e, waited, 5s, "rank 2");
+        LOOM_CHECK(arena->helperThreadsRunning() == 2, "the helpers never ran");
+        return;
+      }
+      LOOM_CHECK(seq < 1000000, "never saw the failure");
+    }
+  });
+  loom::testing::expectOnlyVictimKilled(children.waitAll(60s), victim);
+}
+
 TEST(ShmProcesses, StoppedPeerIsATimeoutNamingIt) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;

@@ -1,8 +1,10 @@
 #include "shm/arena.h"
 
 #include "shm/arena_layout.h"
+#include "shm/copy_helpers.h"
 #include "shm/os.h"
 #include "shm/segment.h"
+#include "shm/stream_copy.h"
 #include "signature.h"
 
 #include <linux/futex.h>
@@ -64,6 +66,12 @@ std::string namespaceId(const char* path) {
 }
 
 }  // namespace
+
+int copyThreadsFor(int setting, int cpus, int localRanks) {
+  if (setting >= 0) return std::min(setting, CopyHelpers::kMaxThreads);
+  const int spare = cpus / std::max(1, localRanks) - 1;
+  return std::clamp(spare, 0, CopyHelpers::kMaxThreads);
+}
 
 const char* peerAccessName(PeerAccess access) {
   switch (access) {
@@ -130,6 +138,17 @@ std::unique_ptr<Arena> Arena::create(Store& store, int rank, int size,
                                  init, check, options.memfd);
   std::unique_ptr<Arena> arena(new Arena(rank, size, slotBytes, budget, std::move(segment)));
   arena->foldSkew_ = options.foldSkew;
+  arena->copyThreads_ = copyThreadsFor(options.copyThreads, usableCpus(), size);
+  // Helpers spin while idle only when every rank and helper has a CPU of its own.
+  arena->helperSpinNs_ = (arena->copyThreads_ + 1) * size <= usableCpus() ? arena->spinNs_ : 0;
+  if (rank == 0 && arena->copyThreads_ > 0) {
+    LOOM_LOG_INFO("shared memory: ", arena->copyThreads_,
+                  " helper threads per rank share the staged all-reduce's copies and folds of "
+                  ">= ",
+                  kHelperMinStepBytes >> 10, " KiB per step (LOOM_SHM_COPY_THREADS=",
+                  options.copyThreads < 0 ? "auto" : std::to_string(options.copyThreads), ", ",
+                  usableCpus(), " CPUs, ", size, " local ranks)");
+  }
   arena->control(rank).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   arena->probeSingleCopy(store, options);
   arena->probeWindows(store, options);
@@ -162,6 +181,7 @@ Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
 }
 
 Arena::~Arena() {
+  helpers_.reset();  // idle (every task was waited for): stops and joins them
   for (auto& peer : mappings_) {
     for (const Mapping& m : peer) ::munmap(m.local, m.bytes);
   }
@@ -444,6 +464,167 @@ void Arena::waitFinishedAll(const Call& call) {
       waitFor(call, q, control(q).counters[kConsumed], step_, kCounterNames[kConsumed]);
     }
   }
+}
+
+// ---- helper threads (copy_helpers.h) ----
+
+CopyHelpers::CopyHelpers(int threads, const std::atomic<uint32_t>* aborted, int64_t spinNs,
+                         int64_t yieldNs)
+    : aborted_(aborted), spinNs_(spinNs), yieldNs_(yieldNs), owner_(::getpid()) {
+  threads = std::clamp(threads, 0, kMaxThreads);
+  threads_.reserve(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    try {
+      threads_.emplace_back([this, i] { loop(i); });
+    } catch (const std::exception& e) {
+      LOOM_LOG_WARNING("shared memory: started ", i, " of ", threads,
+                       " helper threads for the staged copies (", e.what(),
+                       "); the rank runs with those");
+      break;
+    }
+  }
+}
+
+CopyHelpers::~CopyHelpers() {
+  if (::getpid() != owner_) {
+    // A forked child: the threads are the parent's; nothing to join (and join would fail).
+    new std::vector<std::thread>(std::move(threads_));  // leaked on purpose
+    return;
+  }
+  stop_.store(true);
+  task_.fetch_add(1u << 8);
+  futexWakeAll(&task_, false);
+  for (std::thread& t : threads_) t.join();
+}
+
+int CopyHelpers::threads() const {
+  return ::getpid() == owner_ ? static_cast<int>(threads_.size()) : 0;
+}
+
+void CopyHelpers::start(int parts, Part part, void* context) {
+  part_ = part;
+  context_ = context;
+  waited_ = static_cast<uint32_t>(parts - 1);
+  cancel_.store(false, std::memory_order_relaxed);
+  incomplete_.store(false, std::memory_order_relaxed);
+  finished_.store(0, std::memory_order_relaxed);
+  const uint32_t generation = (task_.load(std::memory_order_relaxed) >> 8) + 1;
+  task_.store(generation << 8 | static_cast<uint32_t>(parts));  // seq_cst: see loop()
+  if (idleSleepers_.load() > 0) futexWakeAll(&task_, false);
+}
+
+bool CopyHelpers::waitFinished(int64_t timeoutNs) {
+  const auto done = [&] { return finished_.load(std::memory_order_acquire) >= waited_; };
+  if (done()) return true;
+  const int64_t start = nowNs();
+  for (int64_t now = start; now - start < std::min(spinNs_, timeoutNs); now = nowNs()) {
+    for (int i = 0; i < 64; ++i) {
+      LOOM_SHM_PAUSE();
+      if (done()) return true;
+    }
+  }
+  for (int64_t now = nowNs(); now - start < std::min(spinNs_ + yieldNs_, timeoutNs);
+       now = nowNs()) {
+    ::sched_yield();
+    if (done()) return true;
+  }
+  for (int64_t now = nowNs(); now - start < timeoutNs; now = nowNs()) {
+    const uint32_t seen = finished_.load();
+    callerSleeps_.fetch_add(1);
+    if (!done())
+      futexWait(&finished_, seen, std::min<int64_t>(timeoutNs - (now - start), 20'000'000), false);
+    callerSleeps_.fetch_sub(1);
+    if (done()) return true;
+  }
+  return done();
+}
+
+void CopyHelpers::loop(int index) {
+  uint32_t seen = 0;
+  for (;;) {
+    // Wait for the next task: spin, yield, then sleep (50 ms at a time, so that a stop is seen
+    // even if a wake-up were lost).
+    uint32_t now = task_.load(std::memory_order_acquire);
+    if (now == seen && !stop_.load(std::memory_order_relaxed)) {
+      const int64_t start = nowNs();
+      for (int64_t t = start; now == seen && t - start < spinNs_; t = nowNs()) {
+        for (int i = 0; i < 64 && now == seen; ++i) {
+          LOOM_SHM_PAUSE();
+          now = task_.load(std::memory_order_acquire);
+        }
+      }
+      for (int64_t t = nowNs(); now == seen && t - start < spinNs_ + yieldNs_; t = nowNs()) {
+        ::sched_yield();
+        now = task_.load(std::memory_order_acquire);
+      }
+      while (now == seen && !stop_.load(std::memory_order_relaxed)) {
+        // seq_cst with start(): either it sees this sleeper or the load below sees its task.
+        idleSleepers_.fetch_add(1);
+        now = task_.load();
+        if (now == seen) futexWait(&task_, seen, 50'000'000, false);
+        idleSleepers_.fetch_sub(1);
+        now = task_.load(std::memory_order_acquire);
+      }
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = now;
+    const int parts = static_cast<int>(now & 0xff);
+    if (index + 1 >= parts) continue;  // not part of this task
+    if (!part_(context_, index + 1, parts)) incomplete_.store(true, std::memory_order_relaxed);
+    fenceStreams();          // the part's non-temporal stores, before the caller is told
+    finished_.fetch_add(1);  // seq_cst: see waitFinished()
+    if (callerSleeps_.load() > 0) futexWakeAll(&finished_, false);
+  }
+}
+
+int Arena::partsFor(size_t bytes) const {
+  if (copyThreads_ == 0) return 1;
+  const size_t parts = std::max<size_t>(1, bytes / kHelperMinPartBytes);
+  return static_cast<int>(std::min<size_t>(parts, static_cast<size_t>(copyThreads_) + 1));
+}
+
+int Arena::helperThreadsRunning() const {
+  return helpers_ != nullptr ? helpers_->threads() : 0;
+}
+
+bool Arena::partsStopped() const {
+  return helpers_ != nullptr ? helpers_->stopRequested()
+                             : header_->aborted.load(std::memory_order_relaxed) != 0;
+}
+
+void Arena::runParallel(const Call& call, int parts, CopyHelpers::Part part, void* context) {
+  if (parts > 1 && helpers_ == nullptr) {
+    helpers_ =
+        std::make_unique<CopyHelpers>(copyThreads_, &header_->aborted, helperSpinNs_, yieldNs_);
+  }
+  parts = helpers_ != nullptr ? std::min(parts, helpers_->threads() + 1) : 1;
+  if (parts <= 1) {
+    if (part(context, 0, 1)) return;
+    checkHealth(call, rank_, "copy");  // throws: the group failed (the only reason to stop)
+    fail(call, rank_, "a copy stopped without a reason", false);
+  }
+  helpers_->start(parts, part, context);
+  const bool mine = part(context, 0, parts);
+  bool timedOut = false;
+  // The helpers only copy local memory: they finish within microseconds to milliseconds. The
+  // wait still has the call's deadline and watches the group's abort flag (the parts stop at
+  // their next check once it is set, so the wait ends soon after either).
+  while (!helpers_->waitFinished(20'000'000)) {
+    if (header_->aborted.load(std::memory_order_relaxed) != 0) continue;  // they are stopping
+    if (!timedOut && armDeadline(call, nowNs()) <= 0) {
+      timedOut = true;
+      helpers_->cancel();
+    }
+  }
+  if (mine && helpers_->complete() && !timedOut) return;
+  if (timedOut) {
+    fail(call, rank_,
+         detail::str("timed out after ", call.timeout.count(), " ms waiting for rank ", rank_,
+                     "'s helper threads (LOOM_SHM_COPY_THREADS) to finish a copy"),
+         true);
+  }
+  checkHealth(call, rank_, "copy");  // throws: the group failed (the only reason to stop)
+  fail(call, rank_, "a helper thread stopped a copy without a reason", false);
 }
 
 }  // namespace loom::comm::shm

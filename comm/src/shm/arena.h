@@ -61,6 +61,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/comm/context.h"
@@ -78,6 +79,7 @@ class Transport;
 
 namespace loom::comm::shm {
 
+class CopyHelpers;
 class Segment;
 struct WindowRef;
 
@@ -108,7 +110,14 @@ struct ArenaOptions {
   // ContextOptions::shmFoldSkew: true runs the folds skewed and rotated per rank (fold.h); false
   // (the default) block after block, every rank reading its peers in rank order.
   bool foldSkew = false;
+  // ContextOptions::shmCopyThreads: helper threads per rank that share the staged all-reduce's
+  // large copies and folds (copy_helpers.h); 0: none; < 0: auto (copyThreadsFor).
+  int copyThreads = 0;
 };
+
+// The helper threads per rank for ArenaOptions::copyThreads `setting` (>= 0: that many, at most
+// CopyHelpers::kMaxThreads; < 0, "auto": floor(cpus / localRanks) - 1 when that is >= 1, else 0).
+int copyThreadsFor(int setting, int cpus, int localRanks);
 
 // "boot id|hostname|net ns|ipc ns|mnt ns": equal strings mean the ranks can share a
 // shm_open segment. The hostname alone is not enough (containers, network namespaces).
@@ -289,6 +298,38 @@ class Arena {
   static constexpr size_t kBounceBytes = 256 << 10;
   uint8_t* bounce();
 
+  // ---- helper threads (copy_helpers.h; docs/shm.md "Helper threads") ----
+
+  // Steps of at least this many bytes per rank may share their copies and folds with helper
+  // threads; each thread gets at least kHelperMinPartBytes of the range.
+  static constexpr size_t kHelperMinStepBytes = 256 << 10;
+  static constexpr size_t kHelperMinPartBytes = 64 << 10;
+  // Parts stop to check partsStopped() after at most this many bytes.
+  static constexpr size_t kPartRunBytes = 128 << 10;
+  // The helper threads this rank uses (ArenaOptions::copyThreads resolved at create).
+  int copyThreads() const { return copyThreads_; }
+  // The helper threads started so far (0 until the first step that uses them; tests).
+  int helperThreadsRunning() const;
+  // How many threads (this one included) share a range that moves `bytes`: 1 without helpers,
+  // else up to copyThreads() + 1, each with at least kHelperMinPartBytes.
+  int partsFor(size_t bytes) const;
+  // Runs part(i, parts) for i in [0, parts): part 0 on this thread, the others on the helpers
+  // (started on first use), and returns once every part returned. A part returns false when it
+  // stopped early because partsStopped() said so; then, and when the call's deadline passes
+  // while it waits, this throws the group's error (IoError / InvalidArgumentError) or a
+  // TimeoutError, but only after every part returned. The parts must not throw and must not
+  // wait for peers.
+  template <class Part>
+  void parallel(const Call& call, int parts, Part&& part) {
+    using P = std::remove_reference_t<Part>;
+    runParallel(
+        call, parts, [](void* context, int i, int n) { return (*static_cast<P*>(context))(i, n); },
+        const_cast<void*>(static_cast<const void*>(&part)));
+  }
+  // Whether parts should stop at their next check: the group failed, or this call's wait for
+  // the helpers passed its deadline.
+  bool partsStopped() const;
+
   // Throws the group's failure as IoError (or TimeoutError) after aborting.
   [[noreturn]] void fail(const Call& call, int blamedRank, const std::string& what, bool timeout);
   // As fail(), for ranks whose calls disagree (a caller's mistake): InvalidArgumentError.
@@ -321,6 +362,7 @@ class Arena {
   bool checkHealth(const Call& call, int peer, const char* what,
                    const std::atomic<uint64_t>* counter = nullptr, uint64_t target = 0);
   std::string transportFailure() const;
+  void runParallel(const Call& call, int parts, bool (*part)(void*, int, int), void* context);
 
   const int rank_;
   const int size_;
@@ -359,6 +401,10 @@ class Arena {
   std::vector<std::vector<Mapping>> mappings_;
   uint64_t useClock_ = 0;
   std::unique_ptr<uint8_t[], void (*)(void*)> bounce_{nullptr, nullptr};
+  int copyThreads_ = 0;       // set once in create()
+  int64_t helperSpinNs_ = 0;  // how long idle helpers spin (0 unless every thread has a CPU)
+  // Last: destroyed (stopped and joined) before anything above, though ~Arena resets it first.
+  std::unique_ptr<CopyHelpers> helpers_;
 };
 
 }  // namespace loom::comm::shm

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "algorithms/algorithms.h"
 #include "loom/comm/reduce.h"
@@ -141,6 +142,116 @@ void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, siz
   }
 }
 
+// ---- the staged all-reduce with helper threads (copy_helpers.h) ----
+
+// Bytes [lo, hi) of the concatenation of `count` pieces (piece(i) gives dst, src and bytes),
+// copied in runs of at most Arena::kPartRunBytes with a stop check before each: false when
+// stopped early.
+template <class Piece>
+bool copyRange(const Arena& arena, int count, Piece&& piece, size_t lo, size_t hi, bool stream) {
+  size_t base = 0;
+  for (int i = 0; i < count && base < hi; ++i) {
+    const auto [dst, src, bytes] = piece(i);
+    const size_t a = std::max(lo, base);
+    const size_t b = std::min(hi, base + bytes);
+    for (size_t x = a; x < b; x += Arena::kPartRunBytes) {
+      if (arena.partsStopped()) return false;
+      copyOut(dst + (x - base), src + (x - base), std::min(Arena::kPartRunBytes, b - x), stream);
+    }
+    base += bytes;
+  }
+  return true;
+}
+
+// Where part `part` of `parts` of a range of `total` units starts: equal shares, cut at
+// multiples of `align` units (a cache line), the last part ends at `total`.
+size_t partStart(size_t total, int part, int parts, size_t align) {
+  if (part >= parts) return total;
+  return total / static_cast<size_t>(parts) * static_cast<size_t>(part) / align * align;
+}
+
+struct CopyPiece {
+  uint8_t* dst;
+  const uint8_t* src;
+  size_t bytes;
+};
+
+// One step of the staged all-reduce (chunk `c` at element `offset`) with its copy in, its fold
+// of the own sub-slice and its copy out each shared by this thread and the arena's helpers
+// (Arena::parallel). The same protocol as the one-thread step in allreduce() (post, reduced
+// mark, no consumed counter), so ranks with and without helpers work together, and the same
+// fold per element (fold.h: rank order; a part folds a contiguous range of the sub-slice), so
+// the same bits. Every wait for a peer runs on this thread, between the parallel parts.
+void allreduceStepWithHelpers(Arena& arena, const Arena::Call& call, ReduceFn fn, ReduceOp op,
+                              DType dtype, const void* in, void* out, size_t offset, size_t c,
+                              bool stream) {
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t line = std::max<size_t>(1, 64 / es);
+  const size_t begin = segmentBegin(c, size, me);
+  const size_t n = segmentCount(c, size, me);
+  const size_t end = begin + n;
+  arena.acquireSlot(call);
+  uint8_t* mine = arena.slot(me, arena.step());
+  const uint8_t* src = static_cast<const uint8_t*>(in) + offset * es;
+  // Copy in: all but the own sub-slice (stageChunk).
+  const CopyPiece staged[2] = {{mine, src, begin * es},
+                               {mine + end * es, src + end * es, (c - end) * es}};
+  const size_t inBytes = (c - n) * es;
+  arena.parallel(call, arena.partsFor(inBytes), [&](int part, int parts) {
+    return copyRange(
+        arena, 2, [&](int i) { return staged[i]; }, partStart(inBytes, part, parts, 64),
+        partStart(inBytes, part + 1, parts, 64), false);
+  });
+  arena.post(call);
+  arena.waitPostedAll(call);
+  // The fold of the own sub-slice (reduceOwnSubSlice), its elements cut between the parts.
+  if (n > 0) {
+    std::vector<const uint8_t*> peers(static_cast<size_t>(size));
+    for (int q = 0; q < size; ++q) {
+      peers[q] = q == me ? src + begin * es : arena.slot(q, arena.step()) + begin * es;
+    }
+    uint8_t* dst = mine + begin * es;
+    const bool skew = arena.foldSkew();
+    // A run reads `size` operands of `run` elements: about kPartRunBytes in all.
+    const size_t run = std::max(line, Arena::kPartRunBytes / (es * static_cast<size_t>(size)));
+    arena.parallel(
+        call, arena.partsFor(n * es * static_cast<size_t>(size)), [&](int part, int parts) {
+          const size_t lo = partStart(n, part, parts, line);
+          const size_t hi = partStart(n, part + 1, parts, line);
+          for (size_t x = lo; x < hi; x += run) {
+            if (arena.partsStopped()) return false;
+            const size_t m = std::min(run, hi - x);
+            const size_t block = foldBlockElements(size, es, m);
+            fold(
+                fn, size, me, m, block, skew,
+                [&](int q, size_t b, size_t) -> const void* { return peers[q] + (x + b) * es; },
+                [&](size_t b) { return dst + (x + b * block) * es; },
+                [](size_t, void*, size_t, size_t) {});
+            if (op == ReduceOp::kAvg) divideBy(dst + x * es, m, dtype, size);
+          }
+          return true;
+        });
+  }
+  arena.markReduced();
+  // Copy out once every sub-slice is reduced (the one-thread step copies each as it comes).
+  for (int k = 0; k < size; ++k) arena.waitReduced(call, (me + k) % size);
+  const size_t outBytes = c * es;
+  uint8_t* dstOut = static_cast<uint8_t*>(out) + offset * es;
+  arena.parallel(call, arena.partsFor(outBytes), [&](int part, int parts) {
+    return copyRange(
+        arena, size,
+        [&](int q) {
+          const size_t b = segmentBegin(c, size, q);
+          return CopyPiece{dstOut + b * es, arena.slot(q, arena.step()) + b * es,
+                           segmentCount(c, size, q) * es};
+        },
+        partStart(outBytes, part, parts, 64), partStart(outBytes, part + 1, parts, 64), stream);
+  });
+  arena.finishStep(false);  // every rank waited for every post: see allreduce()'s small path
+}
+
 }  // namespace
 
 void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
@@ -180,6 +291,10 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
+    if (arena.copyThreads() > 0 && c * es >= Arena::kHelperMinStepBytes) {
+      allreduceStepWithHelpers(arena, call, fn, op, dtype, in, out, offset, c, stream);
+      continue;
+    }
     arena.acquireSlot(call);
     stageChunk(arena, in, offset, c, es);
     arena.post(call);

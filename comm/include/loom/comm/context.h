@@ -126,6 +126,14 @@ struct ContextOptions {
   // one core the rotation costs up to 20%; kept to A/B it on other machines. Need not be equal
   // on all ranks (LOOM_SHM_FOLD_SKEW).
   bool shmFoldSkew = false;
+  // Helper threads per rank that share the staged all-reduce's copy in, fold of its own
+  // sub-slice and copy out, each a contiguous range, for steps of 256 KiB or more (the same
+  // bits: the fold is element-wise). 0 (default): none, every rank copies on its own thread;
+  // N in [1, 64]: N helpers per rank, started on the first such step; -1 ("auto"): floor(CPUs
+  // / local ranks) - 1 helpers when that is >= 1 (CPUs: the affinity mask). Not on by default
+  // until measured on a many-core machine (docs/shm.md, "Helper threads"). Need not be equal
+  // on all ranks (LOOM_SHM_COPY_THREADS).
+  int shmCopyThreads = 0;
   // Single-copy shared memory: large all-reduce, reduce-scatter, broadcast and all-gather read
   // peers' buffers straight out of their processes (process_vm_readv) instead of copying
   // through the arena's slots. kAuto: where measured faster (on the 2-core dev VM: nowhere, so
