@@ -174,7 +174,7 @@ run() {
   echo "### autograd_lite's BLAS (loom-train mlp, batch 64, one rank, one thread)"
   echo
   for f in train_generic train_auto; do
-    echo "- $f: $(grep -m1 -o 'matrix products on .*' "$LOGS/$f.log" | cut -c1-140);" \
+    echo "- $f: $(grep -m1 -o 'matrix products on .*' "$LOGS/$f.log" | cut -c1-220);" \
       "$(grep -m1 -o '[0-9]* samples/s (steps after the first)' "$LOGS/$f.log")"
   done
   echo "- torch: $(grep -m1 -o '[0-9.]* samples/s' "$LOGS/train_torch.log")"
