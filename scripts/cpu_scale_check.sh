@@ -135,18 +135,19 @@ run() {
   echo
   echo "staged: the default path (ordinary buffers); single copy: LOOM_SHM_SINGLE_COPY=on;"
   echo "windows: -R 1 (Loom windows); touch: each rank rewrites its input before every iteration;"
-  echo "bound: the staged path's single-thread bound 4(n-1)B/(5n-1) (docs/shm.md) with B = ${bw64:-?} GB/s"
+  echo "bound: the staged path's single-thread bound 4(n-1)B/(5n-1) (docs/shm.md) with B = ${bw64:-?} GB/s;"
   echo "(one thread, 64 MiB; issue 41's 0.6·B·(n-1)/n is 3/4 of it); gloo: torch's, p50."
+  echo "touch/wbound: windows with --touch over the window all-reduce's bound 4(n-1)B/(3n-1) (issue 41: >= 60%)"
   echo
   echo "skew: the staged path with LOOM_SHM_FOLD_SKEW=1 (reads skewed and rotated per rank; the default reads in rank order)."
   echo "helpers (h): the staged path with LOOM_SHM_COPY_THREADS=auto, h = floor(${cores} cores / ranks) - 1"
   echo "helper threads per rank (-n 10; 'off' where h is 0); issue 41 asks >= 10 GB/s at 8 ranks on 16 cores."
   echo
-  echo "| ranks | bytes | staged | helpers (h) | skew | single copy | windows | windows touch | gloo | bound | staged/bound |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| ranks | bytes | staged | helpers (h) | skew | single copy | windows | windows touch | gloo | bound | staged/bound | touch/wbound |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for n in "${ranks[@]}"; do
     for s in $sizes; do
-      local st hp ns sc w wt g bound pct
+      local st hp ns sc w wt g bound pct wpct
       st=$(ip_busbw "$LOGS/staged_n$n.log" "$s")
       if [ $((cores / n - 1)) -ge 1 ]; then
         hp="$(ip_busbw "$LOGS/staged_helpers_n$n.log" "$s") ($((cores / n - 1)))"
@@ -160,7 +161,8 @@ run() {
       g=$(torch_busbw "$LOGS/gloo_n$n.log" "$s")
       bound=$(awk -v b="${bw64:-0}" -v n="$n" 'BEGIN{printf "%.2f", 4 * (n - 1) * b / (5 * n - 1)}')
       pct=$(awk -v a="$st" -v b="$bound" 'BEGIN{if (b > 0 && a + 0 > 0) printf "%.0f%%", 100 * a / b; else print "-"}')
-      echo "| $n | $s | $st | $hp | $ns | $sc | $w | $wt | $g | $bound | $pct |"
+      wpct=$(awk -v a="$wt" -v b="${bw64:-0}" -v n="$n" 'BEGIN{w = 4 * (n - 1) * b / (3 * n - 1); if (w > 0 && a + 0 > 0) printf "%.0f%%", 100 * a / w; else print "-"}')
+      echo "| $n | $s | $st | $hp | $ns | $sc | $w | $wt | $g | $bound | $pct | $wpct |"
     done
   done
   echo
