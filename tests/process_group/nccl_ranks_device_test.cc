@@ -167,7 +167,7 @@ double tolerance(DType dtype) {
     case DType::kFloat32:
       return 1e-5;
     case DType::kFloat64:
-      return 1e-12;  // AVG over 3 ranks: NCCL multiplies by 1/3, 6 * (1/3) is 2 - 2^-51
+      return 1e-12;  // AVG over 3 ranks: NCCL scales each value by 1/3, then sums: 2 - 2^-52
     default:
       return 0;
   }
