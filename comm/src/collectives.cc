@@ -21,6 +21,7 @@
 #include "loom/comm/transport.h"
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "ordinary_reductions.h"
 #include "signature.h"
 #include "tag.h"
 
@@ -76,8 +77,10 @@ void checkBuffer(const void* p, size_t count, OpType type, const char* name) {
     checkBuffer(p, count, opTypeName(type), name);
 }
 
+thread_local bool tOrdinaryReductions = false;
+
 bool reproducibleMode(const CollectiveCall& c) {
-  return c.opts.reproducible || c.ctx.reproducible();
+  return (c.opts.reproducible || c.ctx.reproducible()) && !tOrdinaryReductions;
 }
 
 // Reproducible mode (loom/comm/reproducible.h) takes SUM and AVG over floating dtypes: it
@@ -358,6 +361,18 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
   start = (source - ctx.rank() + ctx.size()) % ctx.size();
   recv(ctx, buf, count, dtype, source, tag, opts);
   return source;
+}
+
+OrdinaryReductions::OrdinaryReductions() : previous_(tOrdinaryReductions) {
+  tOrdinaryReductions = true;
+}
+
+OrdinaryReductions::~OrdinaryReductions() {
+  tOrdinaryReductions = previous_;
+}
+
+bool OrdinaryReductions::active() {
+  return tOrdinaryReductions;
 }
 
 }  // namespace loom::comm

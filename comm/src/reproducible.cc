@@ -1,21 +1,18 @@
-// The reproducible collectives (loom/comm/reproducible.h): the data movement around the integer
-// formats of reproducible_accumulator.h.
-//
-// How it works, for one call over `total` input elements of which this rank writes `own`
-// (all of them for all-reduce, all on the root for reduce, block rank for reduce-scatter):
-// - one pass, small buffers: every value becomes a full accumulator (`words` int64 per
-//   element), the ranks add them with int64 SUM through the ordinary collective of the same
-//   kind, and each rank decodes its own elements;
-// - windowed: `bytes` (one exponent byte per element) is all-reduced with uint8 MAX; every rank
-//   truncates its values into `digits` windows anchored there; the ordinary collective adds the
-//   digits; each rank decodes its own elements and lists the ones the window cannot decide
-//   (`undecided`, global indices, in order). The lists are made known to every rank (all-reduce:
-//   every rank computed the same list; reduce: the root broadcasts it; reduce-scatter: an
-//   all-gather), then those elements alone go through the one-pass path.
-// All-reduce and reduce run the windowed passes chunk by chunk (kWindowChunkBytes of digits), so
-// that their scratch stays in cache; reduce-scatter's blocks cover the whole input, it runs them
-// once. Nothing is written to `out` for an undecided element before its refinement, so that
-// in-place calls still read the original input there.
+// The reproducible collectives (loom/comm/reproducible.h): the data movement around the
+// arithmetic of reproducible_accumulator.h. Four paths, by world size n and size:
+// - pair (n = 2): the raw values travel (all-gather, gather, all-to-all) and each rank adds the
+//   pairs itself, one IEEE operation per element (repro::addPairs);
+// - gathered (all-reduce and reduce at the one-pass sizes, up to 13 float32 ranks): every rank's
+//   raw values through one uint8 MAX all-reduce of n slots, each rank reduces the n rows;
+// - one pass (the other small calls): every value becomes a full accumulator (`words` int64 per
+//   element), the ranks add them with int64 SUM through the ordinary collective of the same kind,
+//   and each rank decodes its own elements;
+// - exchange (larger calls): an all-to-all brings each block's raw values to the rank that owns
+//   it, which reduces the n rows exactly by itself (the windowed arithmetic, then full
+//   accumulators for the elements the window leaves undecided), and an all-gather (gather)
+//   returns the results; reduce-scatter stops after the reduction.
+// Every path but one-pass reduces whole rows locally, so a call is one or two collectives per
+// chunk and nothing is decided across ranks after the data moved.
 #include "loom/comm/reproducible.h"
 
 #include <algorithm>
@@ -27,6 +24,7 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/context.h"
 #include "loom/common/error.h"
+#include "ordinary_reductions.h"
 #include "reproducible_accumulator.h"
 
 namespace loom::comm {
@@ -59,16 +57,13 @@ struct Call {
   void* out;
   size_t total;                    // input elements
   std::span<const size_t> counts;  // reduce-scatter's blocks; empty otherwise
+  DType dtype;
   const Format& f;
   int root;
   int divisor;
   CollectiveOptions inner;   // the caller's options, mode off
-  CollectiveOptions helper;  // the same with the automatic algorithm (exchanges of lists)
+  CollectiveOptions helper;  // the same with the automatic algorithm (the data movement)
 
-  size_t ownBegin() const {
-    if (kind != Kind::kReduceScatter) return 0;
-    return std::accumulate(counts.begin(), counts.begin() + ctx.rank(), size_t{0});
-  }
   size_t ownCount() const {
     if (kind == Kind::kReduceScatter) return counts[ctx.rank()];
     if (kind == Kind::kReduce && ctx.rank() != root) return 0;
@@ -107,9 +102,6 @@ struct Call {
 // cleared: every call writes what it reads. Buffers above kKeptScratchBytes are released when the
 // call ends, so that one large reduction does not pin its scratch for the thread's life.
 constexpr size_t kKeptScratchBytes = size_t{64} << 20;
-// All-reduce and reduce run the windowed path in chunks of this many bytes of wide window digits
-// (65,536 float32 elements; the narrow window's digits of a chunk take half).
-constexpr size_t kWindowChunkBytes = size_t{512} << 10;
 
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
@@ -121,9 +113,9 @@ struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> digits, sums;
   std::vector<int32_t> narrowDigits, narrowSums;      // the narrow window's
-  std::vector<unsigned char> gathered, gatheredSums;  // runGathered's slots
+  std::vector<unsigned char> gathered, gatheredSums;  // raw rows and their results
   std::vector<uint8_t> rankBytes;
-  std::vector<int64_t> full, fullSums;  // reduceFull's accumulators
+  std::vector<int64_t> full, fullSums;  // full accumulators and their sums
 };
 
 class ScratchLease {
@@ -204,6 +196,20 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   repro::decodeWindows(f, sums, bytes, count, ranks, divisor, out, 0, undecided);
 }
 
+// out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each).
+void reduceRowsExact(const Format& f, const unsigned char* rows, int n, size_t count, int divisor,
+                     Scratch& s, void* out) {
+  std::vector<const void*> inputs(n);
+  for (int r = 0; r < n; ++r) inputs[r] = rows + r * count * f.bytes;
+  std::vector<size_t> undecided;
+  reduceRowsWindowed(f, inputs, count, divisor, repro::narrowWindow(f, n), s, out, undecided);
+  if (undecided.empty()) return;
+  int64_t* acc = scratch(s.full, 2 * f.fullWords());
+  for (size_t i : undecided) {
+    reduceElementFull(f, inputs, i, divisor, acc, acc + f.fullWords(), out, i);
+  }
+}
+
 // The gathered path replaces the one-pass path of all-reduce and reduce where a rank's raw value
 // is smaller than its full accumulator (n * f.bytes < 8 * f.fullWords(): float32 up to 13 ranks,
 // float64 up to 41). Above the one-pass sizes the windowed path is faster: on 2 ranks over
@@ -235,154 +241,210 @@ void runGathered(const Call& c) {
     reduce(c.ctx, slots, rows, n * row, DType::kUInt8, ReduceOp::kMax, c.root, c.inner);
     if (c.ctx.rank() != c.root) return;
   }
-  std::array<const void*, kMaxGatherRanks> rowPointers;
-  for (int r = 0; r < n; ++r) rowPointers[r] = rows + r * row;
-  const std::span<const void* const> inputs(rowPointers.data(), n);
-  std::vector<size_t> undecided;
-  reduceRowsWindowed(f, inputs, c.total, c.divisor, repro::narrowWindow(f, n), s, c.out, undecided);
-  if (undecided.empty()) return;
-  int64_t* acc = scratch(s.full, 2 * f.fullWords());
-  for (size_t i : undecided) {
-    reduceElementFull(f, inputs, i, c.divisor, acc, acc + f.fullWords(), c.out, i);
+  reduceRowsExact(f, rows, n, c.total, c.divisor, s, c.out);
+}
+
+// Two ranks, where the ordinary collective's own addition is the answer: for two values, one
+// IEEE addition in round-to-nearest is the correctly rounded sum, whatever the order, and every
+// algorithm over two ranks adds each pair once (the ranks tests check every one against the exact
+// reference). So SUM runs the ordinary collective, in the default floating-point environment
+// (set here for this thread; Loom's copy helpers run in it), and makes its NaNs canonical.
+// AVG of an all-reduce halves the sums: exact, or the one rounding of an exact sum
+// (reproducible_pair.cc), except where the sum of two finite values overflowed. Those elements
+// are infinite sums, the same list on both ranks (their sums are the same bits); only when there
+// is one do the ranks exchange their inputs from repro::overflowThreshold up (listed before the
+// call, which may overwrite them) at those elements, and add the pairs that were both finite.
+// float16 AVG (threshold 16: too many candidates to list), reduce's and reduce-scatter's AVG
+// take the exchange of raw values below.
+bool ordinaryAddsPairs(const Call& c) {
+  if (c.divisor == 1) return true;
+  return c.kind == Kind::kAllreduce && !(c.f.bytes == 2 && c.f.precision == 11);
+}
+
+void runOrdinaryPair(const Call& c) {
+  const Format& f = c.f;
+  std::vector<std::pair<size_t, uint64_t>> candidates;
+  if (c.divisor != 1) repro::overflowCandidates(f, c.in, c.total, candidates);
+  {
+    const repro::DefaultFloatEnvironment environment;
+    const OrdinaryReductions ordinary;
+    switch (c.kind) {
+      case Kind::kAllreduce:
+        allreduce(c.ctx, c.in, c.out, c.total, c.dtype, ReduceOp::kSum, c.inner);
+        break;
+      case Kind::kReduce:
+        reduce(c.ctx, c.in, c.out, c.total, c.dtype, ReduceOp::kSum, c.root, c.inner);
+        break;
+      case Kind::kReduceScatter:
+        if (c.counts[0] == c.counts[1]) {
+          reduceScatter(c.ctx, c.in, c.out, c.counts[0], c.dtype, ReduceOp::kSum, c.inner);
+        } else {
+          reduceScatterv(c.ctx, c.in, c.out, c.counts, c.dtype, ReduceOp::kSum, c.helper);
+        }
+        break;
+    }
+  }
+  if (c.divisor == 1) {
+    repro::canonicalNans(f, c.out, c.ownCount());
+    return;
+  }
+  std::vector<size_t> infinite;
+  repro::halveSums(f, c.out, c.total, infinite);
+  if (infinite.empty()) return;
+  // This rank's candidates at the infinite sums, as (index, bits) int64 pairs; both ranks'.
+  std::vector<int64_t> mine;
+  size_t k = 0;
+  for (const auto& [i, bits] : candidates) {
+    while (k < infinite.size() && infinite[k] < i) ++k;
+    if (k < infinite.size() && infinite[k] == i) {
+      mine.push_back(static_cast<int64_t>(i));
+      mine.push_back(static_cast<int64_t>(bits));
+    }
+  }
+  std::array<int64_t, 2> sizes{};
+  const auto size = static_cast<int64_t>(mine.size());
+  allgather(c.ctx, &size, sizes.data(), 1, DType::kInt64, c.helper);
+  const std::array<size_t, 2> counts{static_cast<size_t>(sizes[0]), static_cast<size_t>(sizes[1])};
+  std::vector<int64_t> both(counts[0] + counts[1]);
+  allgatherv(c.ctx, mine.data(), both.data(), counts, DType::kInt64, c.helper);
+  // Indices both ranks listed: two finite values whose sum overflowed; the average is finite.
+  const int64_t* a = both.data();
+  const int64_t* b = both.data() + counts[0];
+  for (size_t x = 0, y = 0; x < counts[0] && y < counts[1];) {
+    if (a[x] < b[y]) {
+      x += 2;
+    } else if (b[y] < a[x]) {
+      y += 2;
+    } else {
+      const auto i = static_cast<size_t>(a[x]);
+      uint64_t pair[2] = {static_cast<uint64_t>(a[x + 1]), static_cast<uint64_t>(b[y + 1])};
+      unsigned char values[2][8];
+      repro::storeBits(f, values[0], 0, pair[0]);
+      repro::storeBits(f, values[1], 0, pair[1]);
+      unsigned char result[8];
+      repro::addPairs(f, values[0], values[1], 1, true, result);
+      repro::storeBits(f, c.out, i, repro::loadBits(f, result, 0));
+      x += 2;
+      y += 2;
+    }
   }
 }
 
-// Refines (or, for the one-pass path, computes) the elements `indices` (global, ascending, every
-// rank's own ones in rank order; `blocks[j]` of them belong to rank j; empty: every element,
-// 0..total-1) with full accumulators.
-void reduceFull(const Call& c, std::span<const size_t> indices, std::span<const size_t> blocks) {
+// Two ranks, the other forms: the raw values travel and each rank adds the pair itself
+// (repro::addPairs: for two values, one IEEE operation in round-to-nearest is the correctly rounded
+// sum, and it commutes). All-reduce: an all-gather per chunk; reduce: a gather to the root;
+// reduce-scatter: an all-to-all of the blocks. Each rank sends what the default collective sends
+// over two ranks (its S, or its peer's block), in one collective per chunk, and no integer format
+// is made. Chunks of kPairChunkBytes of one rank's input bound the scratch (two rows of a chunk).
+constexpr size_t kPairChunkBytes = size_t{4} << 20;
+
+void runPair(const Call& c) {
+  const Format& f = c.f;
+  const bool average = c.divisor == 2;
+  const ScratchLease lease;
+  Scratch& s = *lease;
+  const auto* in = static_cast<const unsigned char*>(c.in);
+  auto* out = static_cast<unsigned char*>(c.out);
+  const size_t width = static_cast<size_t>(f.bytes);
+  if (c.kind == Kind::kReduceScatter) {
+    const size_t mine = c.counts[c.ctx.rank()] * width;
+    const std::array<size_t, 2> sent{c.counts[0] * width, c.counts[1] * width};
+    const std::array<size_t, 2> received{mine, mine};
+    unsigned char* rows = scratch(s.gathered, std::max<size_t>(2 * mine, 1));
+    alltoallv(c.ctx, in, sent, rows, received, DType::kUInt8, c.helper);
+    repro::addPairs(f, rows, rows + mine, c.counts[c.ctx.rank()], average, out);
+    return;
+  }
+  const size_t chunk = kPairChunkBytes / width;
+  const bool adds = c.kind == Kind::kAllreduce || c.ctx.rank() == c.root;
+  for (size_t begin = 0; begin < c.total; begin += chunk) {
+    const size_t n = std::min(chunk, c.total - begin), bytes = n * width;
+    unsigned char* rows = scratch(s.gathered, 2 * bytes);
+    if (c.kind == Kind::kAllreduce) {
+      allgather(c.ctx, in + begin * width, rows, bytes, DType::kUInt8, c.helper);
+    } else {
+      gather(c.ctx, in + begin * width, rows, bytes, DType::kUInt8, c.root, c.helper);
+    }
+    if (adds) repro::addPairs(f, rows, rows + bytes, n, average, out + begin * width);
+  }
+}
+
+// Three ranks and more, above the gathered sizes (exchange): the raw values of each element go
+// to the one rank that reduces it, that rank reduces them alone and exactly, and the results go
+// back. All-reduce: per chunk, an all-to-all gives rank r every rank's values of block r, rank r
+// reduces those n rows locally (the windowed arithmetic, then full accumulators for what the
+// window leaves undecided: no second round on the wire), and an all-gather returns every
+// block's result to every rank. Reduce: the same with a gather to the root. Reduce-scatter: the
+// all-to-all of the caller's blocks and the local reduction. Each rank sends (n-1)/n of its input
+// and (n-1)/n of the result, a ring all-reduce's bytes, in two collectives per chunk. A chunk's
+// block on each rank is at most kExchangeBlockElements, fewer for large n, so that the n rows of
+// a block stay within kExchangeRowsBytes of scratch.
+constexpr size_t kExchangeBlockElements = 65536;
+constexpr size_t kExchangeRowsBytes = size_t{4} << 20;
+
+void runExchange(const Call& c) {
+  const Format& f = c.f;
+  const int n = c.ctx.size(), rank = c.ctx.rank();
+  const size_t width = static_cast<size_t>(f.bytes);
+  const ScratchLease lease;
+  Scratch& s = *lease;
+  const auto* in = static_cast<const unsigned char*>(c.in);
+  auto* out = static_cast<unsigned char*>(c.out);
+  std::vector<size_t> sent(n), received(n);
+  if (c.kind == Kind::kReduceScatter) {
+    const size_t mine = c.counts[rank];
+    for (int j = 0; j < n; ++j) {
+      sent[j] = c.counts[j] * width;
+      received[j] = mine * width;
+    }
+    unsigned char* rows = scratch(s.gathered, std::max<size_t>(n * mine * width, 1));
+    alltoallv(c.ctx, in, sent, rows, received, DType::kUInt8, c.helper);
+    reduceRowsExact(f, rows, n, mine, c.divisor, s, out);
+    return;
+  }
+  const size_t block =
+      std::clamp<size_t>(kExchangeRowsBytes / (n * width), 1024, kExchangeBlockElements);
+  const size_t chunk = block * n;
+  std::vector<size_t> blocks(n);
+  for (size_t begin = 0; begin < c.total; begin += chunk) {
+    const size_t m = std::min(chunk, c.total - begin);
+    for (int j = 0; j < n; ++j) {
+      blocks[j] = (m / n + (static_cast<size_t>(j) < m % n ? 1 : 0)) * width;
+    }
+    const size_t mine = blocks[rank] / width;
+    std::fill(received.begin(), received.end(), blocks[rank]);
+    unsigned char* rows = scratch(s.gathered, std::max<size_t>(n * blocks[rank], 1));
+    unsigned char* result = scratch(s.gatheredSums, std::max<size_t>(blocks[rank], 1));
+    alltoallv(c.ctx, in + begin * width, blocks, rows, received, DType::kUInt8, c.helper);
+    reduceRowsExact(f, rows, n, mine, c.divisor, s, result);
+    if (c.kind == Kind::kAllreduce) {
+      allgatherv(c.ctx, result, out + begin * width, blocks, DType::kUInt8, c.helper);
+    } else {
+      gatherv(c.ctx, result, rank == c.root ? out + begin * width : nullptr, blocks, DType::kUInt8,
+              c.root, c.helper);
+    }
+  }
+}
+
+// The one-pass path: every element's full accumulator, added with int64 SUM through the
+// collective of the call's kind, decoded where it is wanted (`blocks`: reduce-scatter's).
+void runOnePass(const Call& c) {
   const Format& f = c.f;
   const int words = f.fullWords();
-  const bool every = indices.empty();
-  const size_t count = every ? c.total : indices.size();
-  const auto index = [&](size_t k) { return every ? k : indices[k]; };
   const ScratchLease lease;
-  int64_t* acc = scratch((*lease).full, count * words);
-  for (size_t k = 0; k < count; ++k) {
-    repro::encodeFull(f, repro::loadBits(f, c.in, index(k)), &acc[k * words]);
+  int64_t* acc = scratch((*lease).full, std::max<size_t>(c.total, 1) * words);
+  for (size_t k = 0; k < c.total; ++k) {
+    repro::encodeFull(f, repro::loadBits(f, c.in, k), &acc[k * words]);
   }
-  size_t first = 0, mine = count;
-  if (c.kind == Kind::kReduceScatter) {
-    first = std::accumulate(blocks.begin(), blocks.begin() + c.ctx.rank(), size_t{0});
-    mine = blocks[c.ctx.rank()];
-  } else if (c.kind == Kind::kReduce && c.ctx.rank() != c.root) {
-    mine = 0;
-  }
+  const size_t mine = c.ownCount();
   int64_t* sums =
       scratch((*lease).fullSums,
-              std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : count, 1) * words);
-  c.addIntegers(acc, sums, count, blocks, words);
-  const size_t base = c.ownBegin();
+              std::max<size_t>(c.kind == Kind::kReduceScatter ? mine : c.total, 1) * words);
+  c.addIntegers(acc, sums, c.total, c.counts, words);
   for (size_t k = 0; k < mine; ++k) {
-    const size_t at = c.kind == Kind::kReduceScatter ? k : first + k;
-    const uint64_t bits = repro::decodeFull(f, &sums[at * words], c.ctx.size(), c.divisor);
-    repro::storeBits(f, c.out, index(first + k) - base, bits);
+    const uint64_t bits = repro::decodeFull(f, &sums[k * words], c.ctx.size(), c.divisor);
+    repro::storeBits(f, c.out, k, bits);
   }
-}
-
-void runOnePass(const Call& c) {
-  reduceFull(c, {}, c.counts);
-}
-
-void runWindowed(const Call& c) {
-  const Format& f = c.f;
-  const ScratchLease lease;
-  Scratch& scratchBuffers = *lease;
-  // The window pass: float32 over two ranks takes the narrow window (one int32 per element),
-  // everything else the wide one (f.windowDigits int64 per element).
-  const repro::NarrowWindow narrow = repro::narrowWindow(f, c.ctx.size());
-  const int words = narrow.usable() ? 1 : f.windowDigits;
-  void* digits = nullptr;
-  void* sums = nullptr;
-  const auto reserve = [&](size_t elements, size_t sumElements) {
-    if (narrow.usable()) {
-      digits = scratch(scratchBuffers.narrowDigits, elements);
-      sums = scratch(scratchBuffers.narrowSums, std::max<size_t>(sumElements, 1));
-    } else {
-      digits = scratch(scratchBuffers.digits, elements * words);
-      sums = scratch(scratchBuffers.sums, std::max<size_t>(sumElements, 1) * words);
-    }
-  };
-  const auto encode = [&](const void* in, size_t n, const uint8_t* bytes) {
-    if (narrow.usable()) {
-      repro::encodeNarrow(f, narrow, in, n, bytes, static_cast<int32_t*>(digits));
-    } else {
-      repro::encodeWindows(f, in, n, bytes, static_cast<int64_t*>(digits));
-    }
-  };
-  const auto add = [&](size_t n) {
-    c.addIntegers(digits, sums, n, c.counts, words,
-                  narrow.usable() ? DType::kInt32 : DType::kInt64);
-  };
-  std::vector<size_t> undecided;
-  const auto decode = [&](const uint8_t* bytes, size_t n, void* out, size_t base) {
-    if (narrow.usable()) {
-      repro::decodeNarrow(f, narrow, static_cast<const int32_t*>(sums), bytes, n, c.divisor, out,
-                          base, undecided);
-    } else {
-      repro::decodeWindows(f, static_cast<const int64_t*>(sums), bytes, n, c.ctx.size(), c.divisor,
-                           out, base, undecided);
-    }
-  };
-  if (c.kind == Kind::kReduceScatter) {
-    uint8_t* bytes = scratch(scratchBuffers.bytes, c.total);
-    repro::exponentBytes(f, c.in, c.total, bytes);
-    allreduce(c.ctx, bytes, bytes, c.total, DType::kUInt8, ReduceOp::kMax, c.helper);
-    const size_t base = c.ownBegin(), own = c.ownCount();
-    reserve(c.total, own);
-    encode(c.in, c.total, bytes);
-    add(c.total);
-    decode(bytes + base, own, c.out, base);
-  } else {
-    // All-reduce and reduce cover the same elements on every rank: chunk by chunk, so that the
-    // scratch (a chunk's bytes, digits and sums) stays in cache and is never larger than a
-    // chunk. Every element's integers are the same whatever the chunking.
-    const size_t chunk = kWindowChunkBytes / (sizeof(int64_t) * f.windowDigits);
-    const bool decodes = c.ownCount() != 0;
-    uint8_t* bytes = scratch(scratchBuffers.bytes, std::min(c.total, chunk));
-    reserve(std::min(c.total, chunk), std::min(c.total, chunk));
-    for (size_t begin = 0; begin < c.total; begin += chunk) {
-      const size_t n = std::min(chunk, c.total - begin);
-      const void* in = static_cast<const unsigned char*>(c.in) + begin * f.bytes;
-      repro::exponentBytes(f, in, n, bytes);
-      allreduce(c.ctx, bytes, bytes, n, DType::kUInt8, ReduceOp::kMax,
-                c.kind == Kind::kAllreduce ? c.inner : c.helper);
-      encode(in, n, bytes);
-      add(n);
-      if (decodes) decode(bytes, n, static_cast<unsigned char*>(c.out) + begin * f.bytes, begin);
-    }
-  }
-  // Make the undecided elements known to every rank.
-  std::vector<size_t> blocks;
-  switch (c.kind) {
-    case Kind::kAllreduce:  // every rank decoded the same sums
-      blocks = {undecided.size()};
-      break;
-    case Kind::kReduce: {
-      int64_t m = static_cast<int64_t>(undecided.size());
-      broadcast(c.ctx, &m, 1, DType::kInt64, c.root, c.helper);
-      undecided.resize(static_cast<size_t>(m));
-      if (m > 0)
-        broadcast(c.ctx, undecided.data(), undecided.size(), DType::kInt64, c.root, c.helper);
-      blocks = {undecided.size()};
-      break;
-    }
-    case Kind::kReduceScatter: {
-      static_assert(sizeof(size_t) == sizeof(int64_t));
-      std::vector<int64_t> all(c.ctx.size());
-      int64_t m = static_cast<int64_t>(undecided.size());
-      allgather(c.ctx, &m, all.data(), 1, DType::kInt64, c.helper);
-      blocks.assign(all.begin(), all.end());
-      const size_t sum = std::accumulate(blocks.begin(), blocks.end(), size_t{0});
-      if (sum == 0) return;
-      std::vector<size_t> list(sum);
-      allgatherv(c.ctx, undecided.data(), list.data(), blocks, DType::kInt64, c.helper);
-      undecided = std::move(list);
-      break;
-    }
-  }
-  if (undecided.empty()) return;
-  reduceFull(c, undecided, blocks);
 }
 
 void runReproducible(Context& ctx, Kind kind, const void* in, void* out, size_t total,
@@ -398,23 +460,24 @@ void runReproducible(Context& ctx, Kind kind, const void* in, void* out, size_t 
   inner.reproducible = false;
   CollectiveOptions helper = inner;
   helper.algorithm = Algorithm::kAuto;
-  const Call c{ctx,
-               kind,
-               in,
-               out,
-               total,
-               counts,
-               repro::formatOf(dtype),
-               root,
-               op == ReduceOp::kAvg ? ctx.size() : 1,
-               inner,
-               helper};
-  if (gathers(c)) {
+  const Call c{ctx,   kind,
+               in,    out,
+               total, counts,
+               dtype, repro::formatOf(dtype),
+               root,  op == ReduceOp::kAvg ? ctx.size() : 1,
+               inner, helper};
+  if (ctx.size() == 2) {
+    if (ordinaryAddsPairs(c)) {
+      runOrdinaryPair(c);
+    } else {
+      runPair(c);
+    }
+  } else if (gathers(c)) {
     runGathered(c);
   } else if (onePass(c.f, total)) {
     runOnePass(c);
   } else {
-    runWindowed(c);
+    runExchange(c);
   }
 }
 
@@ -458,6 +521,12 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   const Format& f = repro::formatOf(dtype);
   const int divisor = op == ReduceOp::kAvg ? ranks : 1;
   if (refined != nullptr) *refined = 0;
+  LOOM_CHECK(path != ReproduciblePath::kPair || ranks == 2,
+             "reproducibleReduceLocal: the pair path adds two inputs, got ", ranks);
+  if (path == ReproduciblePath::kPair || (path == ReproduciblePath::kAuto && ranks == 2)) {
+    repro::addPairs(f, inputs[0], inputs[1], count, divisor == 2, out);
+    return;
+  }
   std::vector<int64_t> one(f.fullWords()), sum(f.fullWords());
   const auto full = [&](size_t i) {
     reduceElementFull(f, inputs, i, divisor, one.data(), sum.data(), out, i);

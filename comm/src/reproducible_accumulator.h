@@ -7,8 +7,10 @@
 // without overflow. Digits are never carried before the reduction, only after, in decode.
 #pragma once
 
+#include <cfenv>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include <vector>
 
@@ -102,6 +104,39 @@ void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, c
 void maxBytes(uint8_t* acc, const uint8_t* v, size_t n);
 void addInts(int32_t* acc, const int32_t* v, size_t n);
 void addInts(int64_t* acc, const int64_t* v, size_t n);
+// Two ranks (reproducible_pair.cc).
+// The default floating-point environment (round to nearest, no flush-to-zero, no
+// denormals-are-zero) for the scope; the caller's is restored after.
+class DefaultFloatEnvironment {
+ public:
+  DefaultFloatEnvironment();
+  ~DefaultFloatEnvironment();
+  DefaultFloatEnvironment(const DefaultFloatEnvironment&) = delete;
+  DefaultFloatEnvironment& operator=(const DefaultFloatEnvironment&) = delete;
+
+ private:
+#if defined(__x86_64__)
+  uint32_t saved_;  // MXCSR
+#else
+  std::fenv_t saved_;
+#endif
+};
+// out[i] = the correctly rounded a[i] + b[i] (average: that sum / 2, rounded once), NaN
+// canonical: one IEEE operation per element, in the default floating-point environment whatever
+// the caller's. The same bits as the integer paths.
+void addPairs(const Format& f, const void* a, const void* b, size_t n, bool average, void* out);
+// Every NaN in data made the canonical one.
+void canonicalNans(const Format& f, void* data, size_t n);
+// data[i] = data[i] / 2 for sums of two values (exact, or the one rounding of an exact sum: see
+// reproducible_pair.cc), NaN canonical; the indices of infinite sums are appended to `infinite`
+// (left infinite: the sum may have overflowed).
+void halveSums(const Format& f, void* data, size_t n, std::vector<size_t>& infinite);
+// The smallest magnitude (raw bits, sign clear) that can make a sum of two finite values
+// overflow: 2^(emax - p), half the largest finite value's ulp.
+uint64_t overflowThreshold(const Format& f);
+// Appends (i, bits) for every finite element of data from overflowThreshold(f) up.
+void overflowCandidates(const Format& f, const void* data, size_t n,
+                        std::vector<std::pair<size_t, uint64_t>>& out);
 // The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
 

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -20,6 +23,10 @@
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "reproducible_reference.h"
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace loom::comm {
 namespace {
@@ -142,7 +149,8 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
       checkWorld(n, config, d, 3, ++seed);
       checkWorld(n, config, d, 700, ++seed);
     }
-    // float32 over two ranks takes the narrow window: every form, 1,400 elements.
+    // Two ranks take the pair path (raw values, one IEEE operation per element): float32,
+    // every form, 1,400 elements.
     checkWorld(2, config, DType::kFloat32, 700, 1000 + seed);
   }
 }
@@ -168,8 +176,8 @@ TEST(ReproducibleRanks, Float64WindowedAndProdRefused) {
 TEST(ReproducibleRanks, ChunkedWindowsMatchTheArithmetic) {
   for (const Config& config :
        {Config{true, Algorithm::kAuto, 512 << 10}, Config{false, Algorithm::kRing, 512 << 10}}) {
-    const int n = config.shm ? 2 : 3;
-    const size_t total = 140001;  // three chunks
+    const int n = config.shm ? 3 : 4;  // two ranks take the pair path
+    const size_t total = 140001;       // three chunks
     const Inputs in(DType::kFloat32, n, total, 5 + n);
     std::vector<const void*> ptrs;
     for (const auto& row : in.data) ptrs.push_back(row.data());
@@ -199,6 +207,148 @@ TEST(ReproducibleRanks, ChunkedWindowsMatchTheArithmetic) {
         EXPECT_TRUE(out == sum) << what << " reduce";
       }
     });
+  }
+}
+
+// Two ranks run all-reduce and reduce 4 MiB of input at a time (1,048,576 float32 elements):
+// over three chunks, the last one short, with specials and near-ties among ordinary values, the
+// results equal the local arithmetic's (the windowed integer path) bit for bit, and every rank
+// gets the same whichever input it holds.
+TEST(ReproducibleRanks, PairChunksMatchTheArithmetic) {
+  const size_t total = (size_t{4} << 20) / 4 * 2 + 12345;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows(2, std::vector<float>(total));
+  for (size_t i = 0; i < total; ++i) {
+    rows[0][i] = g(rng);
+    rows[1][i] = i % 1000 == 7   ? -rows[0][i]                             // cancellation
+                 : i % 1000 == 9 ? std::nextafter(rows[0][i], 1e30f)       // near ties
+                 : i % 5003 == 0 ? std::numeric_limits<float>::infinity()  // specials
+                 : i % 5011 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                 : g(rng) * 1e-3f;
+  }
+  const void* ptrs[] = {rows[0].data(), rows[1].data()};
+  std::vector<float> sum(total), avg(total);
+  reproducibleReduceLocal(ptrs, sum.data(), total, DType::kFloat32, ReduceOp::kSum,
+                          ReproduciblePath::kWindowed);
+  reproducibleReduceLocal(ptrs, avg.data(), total, DType::kFloat32, ReduceOp::kAvg,
+                          ReproduciblePath::kWindowed);
+  const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (const Config& config :
+       {Config{true, Algorithm::kAuto, 512 << 10}, Config{false, Algorithm::kRing, 64 << 10}}) {
+    const std::string what = describe(config, 2);
+    onRanks(2, config, [&](int r, Context& ctx) {
+      std::vector<float> out(total);
+      CollectiveOptions opts;
+      opts.seq = 1;
+      allreduce(ctx, rows[1 - r].data(), out.data(), total, DType::kFloat32, ReduceOp::kSum, opts);
+      EXPECT_TRUE(same(out, sum)) << what << " allreduce sum";
+      out = rows[r];
+      opts.seq = 2;
+      allreduce(ctx, out.data(), out.data(), total, DType::kFloat32, ReduceOp::kAvg, opts);
+      EXPECT_TRUE(same(out, avg)) << what << " allreduce avg in place";
+      std::fill(out.begin(), out.end(), 0.0f);
+      opts.seq = 3;
+      reduce(ctx, rows[r].data(), r == 0 ? out.data() : nullptr, total, DType::kFloat32,
+             ReduceOp::kSum, 0, opts);
+      if (r == 0) {
+        EXPECT_TRUE(same(out, sum)) << what << " reduce";
+      }
+    });
+  }
+}
+
+// Two ranks: AVG where the two sums overflow but the average does not (the largest finite values,
+// and values from the overflow threshold up), next to infinities, NaN and subnormals; every
+// dtype (float16's AVG takes the raw exchange, the others the ordinary all-reduce and the
+// overflow round), in place and not, with the rank threads in flush-to-zero and
+// denormals-are-zero, which must change nothing; against the one-pass integer path.
+TEST(ReproducibleRanks, PairOverflowsAndFlushToZero) {
+  for (DType d : kDTypes) {
+    const size_t width = dtypeSize(d);
+    const int bits = static_cast<int>(width) * 8;
+    const uint64_t sign = uint64_t{1} << (bits - 1);
+    const int mantissa = d == DType::kFloat32   ? 23
+                         : d == DType::kFloat64 ? 52
+                         : d == DType::kFloat16 ? 10
+                                                : 7;
+    const int exponentBits = bits - 1 - mantissa;
+    const uint64_t inf = ((uint64_t{1} << exponentBits) - 1) << mantissa;
+    const uint64_t largest = inf - 1;
+    const int emax = (1 << (exponentBits - 1)) - 1;
+    const auto power = [&](int e) {  // 2^e, normal
+      return static_cast<uint64_t>(e + emax) << mantissa;
+    };
+    const uint64_t threshold = power(emax - mantissa - 1);  // 2^(emax - p)
+    // Pairs (rank 0, rank 1), repeated with a spacing so that they land in several places.
+    const std::vector<std::pair<uint64_t, uint64_t>> pairs = {
+        {largest, largest},
+        {largest, threshold},
+        {largest, threshold - 1},
+        {largest | sign, largest | sign},
+        {largest, largest | sign},
+        {threshold, threshold},
+        {inf, largest},
+        {inf, inf | sign},
+        {inf | (inf >> 1), 1},  // NaN with a payload
+        {1, 3},                 // subnormals
+        {power(0), 1},
+        {largest - 5, power(emax - 1) + 7},
+    };
+    const size_t count = 3001;
+    std::vector<std::vector<unsigned char>> rows(2, std::vector<unsigned char>(count * width));
+    std::mt19937_64 rng(static_cast<uint64_t>(d) + 5);
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t v[2];
+      if (i % 7 == 0) {
+        const auto& p = pairs[(i / 7) % pairs.size()];
+        v[0] = p.first;
+        v[1] = p.second;
+      } else {
+        v[0] = power(static_cast<int>(rng() % 8)) | (rng() & (inf >> exponentBits));
+        v[1] = power(static_cast<int>(rng() % 8)) | (rng() & (inf >> exponentBits));
+      }
+      for (int r = 0; r < 2; ++r) std::memcpy(rows[r].data() + i * width, &v[r], width);
+    }
+    const void* ptrs[] = {rows[0].data(), rows[1].data()};
+    std::vector<unsigned char> sum(count * width), avg(count * width);
+    reproducibleReduceLocal(ptrs, sum.data(), count, d, ReduceOp::kSum, ReproduciblePath::kOnePass);
+    reproducibleReduceLocal(ptrs, avg.data(), count, d, ReduceOp::kAvg, ReproduciblePath::kOnePass);
+    // The AVX2 passes and the scalar ones (ReduceIsa::kGeneric), over shm and tcp.
+    for (int run = 0; run < 4; ++run) {
+      const Config config = run % 2 == 0 ? Config{true, Algorithm::kAuto, 512 << 10}
+                                         : Config{false, Algorithm::kRing, 4096};
+      setReduceIsa(run < 2 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
+      const std::string what = describe(config, 2) + " " + dtypeName(d) + " " + reduceKernelIsa();
+      onRanks(2, config, [&](int r, Context& ctx) {
+#if defined(__x86_64__)
+        _mm_setcsr(_mm_getcsr() | 0x8040u);  // flush-to-zero, denormals-are-zero
+#endif
+        std::vector<unsigned char> out(count * width);
+        CollectiveOptions opts;
+        opts.seq = 1;
+        allreduce(ctx, rows[r].data(), out.data(), count, d, ReduceOp::kAvg, opts);
+        EXPECT_TRUE(out == avg) << what << " allreduce avg";
+        out = rows[r];
+        opts.seq = 2;
+        allreduce(ctx, out.data(), out.data(), count, d, ReduceOp::kAvg, opts);
+        EXPECT_TRUE(out == avg) << what << " allreduce avg in place";
+        opts.seq = 3;
+        allreduce(ctx, rows[r].data(), out.data(), count, d, ReduceOp::kSum, opts);
+        EXPECT_TRUE(out == sum) << what << " allreduce sum";
+        opts.seq = 4;
+        reduceScatter(ctx, rows[r].data(), out.data(), 1500, d, ReduceOp::kSum, opts);
+        EXPECT_EQ(std::memcmp(out.data(), sum.data() + r * 1500 * width, 1500 * width), 0)
+            << what << " reduce_scatter sum";
+#if defined(__x86_64__)
+        EXPECT_EQ(_mm_getcsr() & 0x8040u, 0x8040u) << "the caller's environment changed";
+        _mm_setcsr(_mm_getcsr() & ~0x8040u);
+#endif
+      });
+    }
+    setReduceIsa(ReduceIsa::kAuto);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -65,8 +66,9 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
         const auto want = in.expected(average);
         std::vector<const void*> ptrs;
         for (const auto& row : in.data) ptrs.push_back(row.data());
-        for (auto path :
-             {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed, ReproduciblePath::kNarrow}) {
+        for (auto path : {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed,
+                          ReproduciblePath::kNarrow, ReproduciblePath::kPair}) {
+          if (path == ReproduciblePath::kPair && ranks != 2) continue;
           std::vector<unsigned char> out(count * dtypeSize(d));
           size_t refined = 0;
           reproducibleReduceLocal(ptrs, out.data(), count, d,
@@ -75,6 +77,7 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
                                    (average ? " avg" : " sum") +
                                    (path == ReproduciblePath::kOnePass  ? " one-pass"
                                     : path == ReproduciblePath::kNarrow ? " narrow"
+                                    : path == ReproduciblePath::kPair   ? " pair"
                                                                         : " windowed");
           EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
           if (path != ReproduciblePath::kOnePass) {
@@ -239,6 +242,120 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
   }
   setFlush(false);
   setReduceIsa(ReduceIsa::kAuto);
+}
+
+// The two-rank path (one IEEE operation per element, reproducible_pair.cc) against the one-pass
+// path (full integer accumulators, rounded once): the same bits for every dtype, sum and avg, on
+// raw random bit patterns (NaN payloads, infinities, subnormals, both zeros), on pairs a few
+// ulps or a few exponents apart (ties, cancellation), on the largest finite values (sums that
+// overflow, averages that must not); with the AVX2 loops and the scalar ones, and with the
+// caller in flush-to-zero / denormals-are-zero, which the call must not see nor change.
+TEST(ReproducibleLocal, PairAgreesWithTheIntegerPath) {
+  std::mt19937_64 rng(2026);
+  const auto mxcsr = [] {
+#if defined(__x86_64__)
+    return _mm_getcsr() & ~0x3fu;  // the controls; the status flags are sticky
+#else
+    return 0u;
+#endif
+  };
+  const auto setFlush = [](bool on) {
+#if defined(__x86_64__)
+    _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
+#else
+    (void)on;
+#endif
+  };
+  int compared = 0;
+  for (DType d : kDTypes) {
+    const size_t width = dtypeSize(d);
+    const int bits = static_cast<int>(width) * 8;
+    const uint64_t all = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    const uint64_t sign = uint64_t{1} << (bits - 1);
+    const int mantissa = d == DType::kFloat32   ? 23
+                         : d == DType::kFloat64 ? 52
+                         : d == DType::kFloat16 ? 10
+                                                : 7;
+    const uint64_t largest = (sign - 1) & ~(uint64_t{1} << mantissa);  // exponent all-ones - 1
+    for (size_t count : {size_t{1}, size_t{37}, size_t{1029}}) {
+      for (int kind = 0; kind < 4; ++kind) {
+        std::vector<uint64_t> a(count), b(count);
+        for (size_t i = 0; i < count; ++i) {
+          const uint64_t x = rng() & all;
+          uint64_t y = rng() & all;
+          switch (kind) {
+            case 0:  // any bit patterns
+              break;
+            case 1:  // a few ulps apart, either sign: ties and cancellation
+              y = ((x & (sign - 1)) + rng() % 5 - 2) & (sign - 1);
+              y |= (rng() & 1) != 0 ? sign : 0;
+              break;
+            case 2:  // a few exponents apart
+              y = ((x & (sign - 1)) - ((rng() % 30) << mantissa)) & (sign - 1);
+              y |= (rng() & 1) != 0 ? sign : 0;
+              break;
+            default:  // around the largest finite value and the smallest subnormals
+              y = rng() % 2 == 0 ? largest - rng() % 3 : rng() % 4;
+              y |= (rng() & 1) != 0 ? sign : 0;
+          }
+          a[i] = kind == 3 && rng() % 2 == 0 ? (largest - rng() % 3) | (x & sign) : x;
+          b[i] = y;
+        }
+        std::vector<unsigned char> rowA(count * width), rowB(count * width);
+        for (size_t i = 0; i < count; ++i) {
+          std::memcpy(rowA.data() + i * width, &a[i], width);  // little-endian low bytes
+          std::memcpy(rowB.data() + i * width, &b[i], width);
+        }
+        const void* ptrs[] = {rowA.data(), rowB.data()};
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          std::vector<unsigned char> want(count * width);
+          reproducibleReduceLocal(ptrs, want.data(), count, d, op, ReproduciblePath::kOnePass);
+          for (int run = 0; run < 4; ++run) {
+            setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
+            setFlush(run >= 2);
+            const unsigned before = mxcsr();
+            std::vector<unsigned char> got(count * width);
+            reproducibleReduceLocal(ptrs, got.data(), count, d, op, ReproduciblePath::kPair);
+            EXPECT_EQ(mxcsr(), before) << "the caller's floating-point environment changed";
+            setFlush(false);
+            setReduceIsa(ReduceIsa::kAuto);
+            for (size_t i = 0; i < count; ++i) {
+              uint64_t w = 0, g = 0;
+              std::memcpy(&w, want.data() + i * width, width);
+              std::memcpy(&g, got.data() + i * width, width);
+              ASSERT_EQ(g, w) << dtypeName(d) << " " << reduceOpName(op) << " kind " << kind
+                              << " run " << run << " element " << i << ": a=0x" << std::hex << a[i]
+                              << " b=0x" << b[i];
+            }
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 4 * 3 * 4 * 2 * 4);
+  // Known values: the average of the largest finite values is that value (their sum overflows).
+  const double dmax = std::numeric_limits<double>::max();
+  const double dtiny = std::numeric_limits<double>::denorm_min();
+  const auto pair = [](double x, double y, ReduceOp op) {
+    const void* ptrs[] = {&x, &y};
+    double r = 0;
+    reproducibleReduceLocal(ptrs, &r, 1, DType::kFloat64, op, ReproduciblePath::kPair);
+    return std::bit_cast<uint64_t>(r);
+  };
+  EXPECT_EQ(pair(dmax, dmax, ReduceOp::kAvg), std::bit_cast<uint64_t>(dmax));
+  EXPECT_EQ(pair(dmax, dmax, ReduceOp::kSum), std::bit_cast<uint64_t>(double{INFINITY}));
+  EXPECT_EQ(pair(dtiny, 0.0, ReduceOp::kAvg), 0u);  // half the smallest subnormal: a tie, to even
+  EXPECT_EQ(pair(-dtiny, 0.0, ReduceOp::kAvg), std::bit_cast<uint64_t>(-0.0));
+  EXPECT_EQ(pair(3 * dtiny, 0.0, ReduceOp::kAvg), std::bit_cast<uint64_t>(2 * dtiny));
+  EXPECT_EQ(pair(-0.0, -0.0, ReduceOp::kSum), std::bit_cast<uint64_t>(-0.0));
+  EXPECT_EQ(pair(INFINITY, -INFINITY, ReduceOp::kSum), 0x7ff8000000000000u);
+  // Exactly two inputs.
+  float x = 1, out = 0;
+  const void* three[] = {&x, &x, &x};
+  EXPECT_THROW(reproducibleReduceLocal(three, &out, 1, DType::kFloat32, ReduceOp::kSum,
+                                       ReproduciblePath::kPair),
+               InvalidArgumentError);
 }
 
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {

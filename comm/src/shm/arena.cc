@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfenv>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -540,6 +541,10 @@ bool CopyHelpers::waitFinished(int64_t timeoutNs) {
 }
 
 void CopyHelpers::loop(int index) {
+  // The default floating-point environment, whatever the thread that made the helpers had (a
+  // thread inherits its creator's): the reductions run here must round as the caller's own
+  // code in reproducible.cc expects (round to nearest, no flush-to-zero).
+  std::fesetenv(FE_DFL_ENV);
   uint32_t seen = 0;
   for (;;) {
     // Wait for the next task: spin, yield, then sleep (50 ms at a time, so that a stop is seen

@@ -8,6 +8,13 @@
 // fixed-point format all ranks agree on, the existing reductions add those integers with int64
 // SUM (integer addition is associative and exact here, so every algorithm gives the same
 // integers), and each output element is rounded once from the integer sum.
+// - Two ranks (pair): for two values, one IEEE addition in round-to-nearest is the correctly
+//   rounded sum, and it commutes, so nothing needs integers: the raw values travel (all-reduce:
+//   an all-gather per 4 MiB chunk; reduce: a gather to the root; reduce-scatter: an all-to-all
+//   of the blocks) and each rank adds the pair itself, in the default floating-point
+//   environment (AVG through double, rounded once: see comm/src/reproducible_pair.cc for why
+//   each dtype's arithmetic is exact). The wire carries what the default collective carries.
+// From three ranks on:
 // - Small buffers (one-pass, at most kReproducibleOnePassBytes of accumulators): every value
 //   becomes a full exact accumulator: signed 52-bit digits in int64 words covering the
 //   format's whole range (float32 and bfloat16: 6 digits, float16: 1, float64: 41) plus one
@@ -21,10 +28,11 @@
 // - Larger buffers (windowed): pass 1 all-reduces, with uint8 MAX, one byte per element coding
 //   its largest exponent over the ranks (float64: in groups of 16 exponents); pass 2 reduces
 //   each value truncated toward zero into a window anchored there: 41 value bits in one int64
-//   for float32, bfloat16 and float16, 93 bits in two for float64 (float32 over two ranks: 28
-//   value bits and 2 count bits in one int32, the narrow window). The window's low 11 bits
-//   count the ranks that dropped nonzero bits below it (c); each dropped less than one unit,
-//   so the exact sum lies strictly between (T - c) and (T + c) units. Rounding is monotonic:
+//   for float32, bfloat16 and float16, 93 bits in two for float64 (a narrow window, 28 value
+//   bits and 2 count bits in one int32 for float32 over two inputs, is left to
+//   reproducibleReduceLocal's kNarrow: collectives over two ranks take the pair path). The window's
+//   low 11 bits count the ranks that dropped nonzero bits below it (c); each dropped less than one
+//   unit, so the exact sum lies strictly between (T - c) and (T + c) units. Rounding is monotonic:
 //   where both ends round to the same value, that is the answer (c = 0: T is exact). Every rank
 //   that holds T sees the same undecided elements (near a rounding midpoint, heavy
 //   cancellation, inf or NaN anywhere); only those are reduced again, with full accumulators,
@@ -41,14 +49,18 @@
 // - World size at most kReproducibleMaxWorldSize (digits of n ranks add without overflow).
 //   World size 1 returns the input unchanged, as every collective does (NaN payloads kept).
 // - The caller's floating-point environment is assumed to round to nearest (the default);
-//   flush-to-zero and denormals-are-zero modes do not change results (those cases take the
-//   integer path).
-// - A call runs up to five collectives (bytes, window, list of undecided elements, their
-//   accumulators), each with the caller's timeout and seq; all-reduce and reduce run the first
-//   two once per 512 KiB of window digits (65,536 float32 elements) for larger buffers.
+//   flush-to-zero and denormals-are-zero modes do not change results (the integer paths leave
+//   subnormals to integer code; the pair path runs its loops in the default environment, set
+//   for the call and restored after).
+// - Two ranks: one collective per 4 MiB of input (all-reduce, reduce), one for reduce-scatter.
+//   From three ranks on, a call runs up to five collectives (bytes, window, list of undecided
+//   elements, their accumulators), each with the caller's timeout and seq; all-reduce and reduce
+//   run the first two once per 512 KiB of window digits (65,536 float32 elements) for larger
+//   buffers.
 // - Speed: the float32 conversions run in AVX2 where the reduce kernels do (reduceKernelIsa()),
 //   with the same bits as the scalar loops (ReduceIsa::kGeneric).
-// - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n): windowed
+// - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n), from three ranks
+//   on (two ranks: the dtype's own size, as the default collective): windowed
 //   float32 / bfloat16 / float16 1 + 8 = 9 bytes (4.5x float16's and bfloat16's 2, 2.25x
 //   float32's 4), float64 1 + 16 = 17 bytes (2.1x), plus, for each refined element, its index
 //   (8 bytes, reduce and reduce-scatter only) and a full accumulator: 56 bytes (float32,
@@ -97,8 +109,9 @@ void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
 // as the collectives choose); `refined`, when not null, receives how many elements the
 // windowed path had to refine.
 // kWindowed: the wide window; kNarrow: the narrow int32 window where the world allows it
-// (float32, up to two ranks), else the wide one.
-enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kNarrow };
+// (float32, up to two ranks), else the wide one; kPair: the two-rank IEEE arithmetic (exactly two
+// inputs, InvalidArgumentError otherwise), what kAuto takes for two inputs.
+enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kNarrow, kPair };
 void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, size_t count,
                              DType dtype, ReduceOp op,
                              ReproduciblePath path = ReproduciblePath::kAuto,
