@@ -111,11 +111,12 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 
 struct Scratch {
   std::vector<uint8_t> bytes;
-  std::vector<int64_t> digits, sums;
+  std::vector<int64_t> sums;
   std::vector<int32_t> narrowDigits, narrowSums;      // the narrow window's
   std::vector<unsigned char> gathered, gatheredSums;  // raw rows and their results
   std::vector<uint8_t> rankBytes;
   std::vector<int64_t> full, fullSums;  // full accumulators and their sums
+  std::vector<unsigned char> padded;    // the exchange's padded chunk and its result
 };
 
 class ScratchLease {
@@ -126,7 +127,6 @@ class ScratchLease {
   }
   ~ScratchLease() {
     release(s_->bytes);
-    release(s_->digits);
     release(s_->sums);
     release(s_->narrowDigits);
     release(s_->narrowSums);
@@ -135,6 +135,7 @@ class ScratchLease {
     release(s_->rankBytes);
     release(s_->full);
     release(s_->fullSums);
+    release(s_->padded);
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
@@ -187,11 +188,10 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   }
   const size_t words = count * f.windowDigits;
   int64_t* sums = scratch(s.sums, words);
-  int64_t* digits = scratch(s.digits, words);
-  std::fill(sums, sums + words, 0);
-  for (const void* in : inputs) {
-    repro::encodeWindows(f, in, count, bytes, digits);
-    repro::addInts(sums, digits, words);
+  // The first row's digits are the sums' start; every other row is encoded and added in one pass.
+  repro::encodeWindows(f, inputs[0], count, bytes, sums);
+  for (size_t r = 1; r < inputs.size(); ++r) {
+    repro::encodeWindows(f, inputs[r], count, bytes, sums, true);
   }
   repro::decodeWindows(f, sums, bytes, count, ranks, divisor, out, 0, undecided);
 }
@@ -390,39 +390,48 @@ void runExchange(const Call& c) {
   Scratch& s = *lease;
   const auto* in = static_cast<const unsigned char*>(c.in);
   auto* out = static_cast<unsigned char*>(c.out);
-  std::vector<size_t> sent(n), received(n);
   if (c.kind == Kind::kReduceScatter) {
     const size_t mine = c.counts[rank];
-    for (int j = 0; j < n; ++j) {
-      sent[j] = c.counts[j] * width;
-      received[j] = mine * width;
-    }
     unsigned char* rows = scratch(s.gathered, std::max<size_t>(n * mine * width, 1));
-    alltoallv(c.ctx, in, sent, rows, received, DType::kUInt8, c.helper);
+    if (std::all_of(c.counts.begin(), c.counts.end(), [&](size_t k) { return k == mine; })) {
+      alltoall(c.ctx, in, rows, mine * width, DType::kUInt8, c.helper);
+    } else {
+      std::vector<size_t> sent(n), received(n, mine * width);
+      for (int j = 0; j < n; ++j) sent[j] = c.counts[j] * width;
+      alltoallv(c.ctx, in, sent, rows, received, DType::kUInt8, c.helper);
+    }
     reduceRowsExact(f, rows, n, mine, c.divisor, s, out);
     return;
   }
-  const size_t block =
+  // Even blocks, so that the even all-to-all and all-gather run (the shared-memory arena's own):
+  // a chunk that does not split evenly (the last, or the only one) is padded with zeros into
+  // scratch, and its result comes back through scratch.
+  const size_t most =
       std::clamp<size_t>(kExchangeRowsBytes / (n * width), 1024, kExchangeBlockElements);
-  const size_t chunk = block * n;
-  std::vector<size_t> blocks(n);
-  for (size_t begin = 0; begin < c.total; begin += chunk) {
-    const size_t m = std::min(chunk, c.total - begin);
-    for (int j = 0; j < n; ++j) {
-      blocks[j] = (m / n + (static_cast<size_t>(j) < m % n ? 1 : 0)) * width;
+  const bool wanted = c.kind == Kind::kAllreduce || rank == c.root;
+  for (size_t begin = 0; begin < c.total; begin += most * n) {
+    const size_t m = std::min(most * n, c.total - begin);
+    const size_t block = (m + n - 1) / n, bytes = block * width;
+    const bool padded = block * n != m;
+    const unsigned char* source = in + begin * width;
+    unsigned char* target = out == nullptr ? nullptr : out + begin * width;
+    if (padded) {
+      unsigned char* pad = scratch(s.padded, 2 * n * bytes);
+      std::memcpy(pad, source, m * width);
+      std::memset(pad + m * width, 0, n * bytes - m * width);
+      source = pad;
+      target = pad + n * bytes;
     }
-    const size_t mine = blocks[rank] / width;
-    std::fill(received.begin(), received.end(), blocks[rank]);
-    unsigned char* rows = scratch(s.gathered, std::max<size_t>(n * blocks[rank], 1));
-    unsigned char* result = scratch(s.gatheredSums, std::max<size_t>(blocks[rank], 1));
-    alltoallv(c.ctx, in + begin * width, blocks, rows, received, DType::kUInt8, c.helper);
-    reduceRowsExact(f, rows, n, mine, c.divisor, s, result);
+    unsigned char* rows = scratch(s.gathered, n * bytes);
+    unsigned char* result = scratch(s.gatheredSums, bytes);
+    alltoall(c.ctx, source, rows, bytes, DType::kUInt8, c.helper);
+    reduceRowsExact(f, rows, n, block, c.divisor, s, result);
     if (c.kind == Kind::kAllreduce) {
-      allgatherv(c.ctx, result, out + begin * width, blocks, DType::kUInt8, c.helper);
+      allgather(c.ctx, result, target, bytes, DType::kUInt8, c.helper);
     } else {
-      gatherv(c.ctx, result, rank == c.root ? out + begin * width : nullptr, blocks, DType::kUInt8,
-              c.root, c.helper);
+      gather(c.ctx, result, wanted ? target : nullptr, bytes, DType::kUInt8, c.root, c.helper);
     }
+    if (padded && wanted) std::memcpy(out + begin * width, target, m * width);
   }
 }
 

@@ -526,14 +526,37 @@ void exponentBytes(const Format& f, const void* in, size_t n, uint8_t* bytes) {
   });
 }
 
-void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes,
-                   int64_t* digits) {
+void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes, int64_t* digits,
+                   bool add) {
+  if (add) {
+    // Fused with the sum: the vector loop adds in place; the scalar rest encodes a block into
+    // scratch on the stack and adds it.
+    size_t i = 0;
+#ifdef LOOM_REPRO_AVX2
+    if (&f == &kFloat32 && useAvx2()) {
+      i = encodeWindowsF32Avx2<true>(static_cast<const uint32_t*>(in), n, bytes, digits);
+    }
+#endif
+    constexpr size_t kBlock = 64;
+    int64_t block[kBlock * 2];
+    const auto* raw = static_cast<const unsigned char*>(in);
+    const int words = f.windowDigits;
+    while (i < n) {
+      const size_t k = std::min(kBlock, n - i);
+      encodeWindows(f, raw + i * f.bytes, k, bytes + i, block, false);
+      addInts(digits + i * words, block, k * words);
+      i += k;
+    }
+    return;
+  }
   withFormat(f, [&]<const Format & F, typename Bits>() {
     constexpr int words = F.windowDigits;
     size_t i = 0;
 #ifdef LOOM_REPRO_AVX2
     if constexpr (&F == &kFloat32) {
-      if (useAvx2()) i = encodeWindowsF32Avx2(static_cast<const uint32_t*>(in), n, bytes, digits);
+      if (useAvx2()) {
+        i = encodeWindowsF32Avx2<false>(static_cast<const uint32_t*>(in), n, bytes, digits);
+      }
     }
 #endif
     for (; i < n; ++i) {

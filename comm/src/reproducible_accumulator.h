@@ -69,8 +69,9 @@ bool decodeWindow(const Format& f, const int64_t* digits, uint8_t byte, int rank
 void exponentBytes(const Format& f, const void* in, size_t n, uint8_t* bytes);
 // digits (f.windowDigits per element) of in[i] at windowLsb(bytes[i]); zero where bytes[i] is 0
 // or 255 (those are decided without the window, or refined);
-void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes,
-                   int64_t* digits);
+// add: digits += those digits instead (encode and sum in one pass over the digits).
+void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* bytes, int64_t* digits,
+                   bool add = false);
 // out[k] = decodeWindow of sums[k], bytes[k] where decided, else base + k appended to
 // `undecided` and out[k] left alone.
 void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, size_t n, int ranks,

@@ -69,6 +69,8 @@ __attribute__((target("avx2"))) inline size_t exponentBytesF32Avx2(const uint32_
 // to the window's lsb (byte - 167): left by field' - byte + 17 (field' = max(field, 1)), or
 // right, truncating, with the inexact flag; then the count bits, the sign, and zero for bytes
 // 0 and 255.
+// kAdd: digits += the window digits (the local reductions' fused encode and sum).
+template <bool kAdd>
 __attribute__((target("avx2"))) inline size_t encodeWindowsF32Avx2(const uint32_t* in, size_t n,
                                                                    const uint8_t* bytes,
                                                                    int64_t* digits) {
@@ -105,7 +107,12 @@ __attribute__((target("avx2"))) inline size_t encodeWindowsF32Avx2(const uint32_
           _mm256_andnot_si256(_mm256_cmpeq_epi64(_mm256_sllv_epi64(q, r), s), one64);
       const __m256i t = _mm256_sllv_epi64(q, l);
       const __m256i d = _mm256_add_epi64(_mm256_sub_epi64(_mm256_xor_si256(t, m), m), inexact);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(digits + i + 4 * h), _mm256_and_si256(d, ok));
+      __m256i* at = reinterpret_cast<__m256i*>(digits + i + 4 * h);
+      if constexpr (kAdd) {
+        _mm256_storeu_si256(at, _mm256_add_epi64(_mm256_loadu_si256(at), _mm256_and_si256(d, ok)));
+      } else {
+        _mm256_storeu_si256(at, _mm256_and_si256(d, ok));
+      }
     }
   }
   return i;

@@ -170,14 +170,14 @@ TEST(ReproducibleRanks, Float64WindowedAndProdRefused) {
   });
 }
 
-// All-reduce and reduce run large windowed buffers chunk by chunk (65,536 float32
-// elements each): results across several chunks, refined elements in more than one of them,
-// equal the unchunked arithmetic's bit for bit.
-TEST(ReproducibleRanks, ChunkedWindowsMatchTheArithmetic) {
+// From three ranks on, all-reduce and reduce exchange large buffers chunk by chunk (blocks of
+// 65,536 elements per rank): over three chunks, the last one padded, with elements refined in
+// more than one of them, the results equal the local arithmetic's bit for bit.
+TEST(ReproducibleRanks, ChunkedExchangeMatchesTheArithmetic) {
   for (const Config& config :
        {Config{true, Algorithm::kAuto, 512 << 10}, Config{false, Algorithm::kRing, 512 << 10}}) {
-    const int n = config.shm ? 3 : 4;  // two ranks take the pair path
-    const size_t total = 140001;       // three chunks
+    const int n = config.shm ? 3 : 4;           // two ranks take the pair path
+    const size_t total = 65536 * n * 2 + 6785;  // two whole chunks and one padded
     const Inputs in(DType::kFloat32, n, total, 5 + n);
     std::vector<const void*> ptrs;
     for (const auto& row : in.data) ptrs.push_back(row.data());
