@@ -4,40 +4,36 @@
 // hierarchy, chunk size, tuning, arrival order or assignment of the inputs to ranks
 // (docs/reproducible.md).
 //
-// How it works: the floats are never added. Each rank turns its values into integers of a
-// fixed-point format all ranks agree on, the existing reductions add those integers with int64
-// SUM (integer addition is associative and exact here, so every algorithm gives the same
-// integers), and each output element is rounded once from the integer sum.
+// How it works (docs/reproducible.md):
 // - Two ranks (pair): for two values, one IEEE addition in round-to-nearest is the correctly
-//   rounded sum, and it commutes, so nothing needs integers: the raw values travel (all-reduce:
-//   an all-gather per 4 MiB chunk; reduce: a gather to the root; reduce-scatter: an all-to-all
-//   of the blocks) and each rank adds the pair itself, in the default floating-point
-//   environment (AVG through double, rounded once: see comm/src/reproducible_pair.cc for why
-//   each dtype's arithmetic is exact). The wire carries what the default collective carries.
-// From three ranks on:
+//   rounded sum, and it commutes. SUM (every form) and AVG (all-reduce; not float16) run the
+//   ordinary collective's SUM in the default floating-point environment, then make NaNs
+//   canonical (AVG: halve the sums, exact or one rounding of an exact sum, and redo the
+//   elements whose sum overflowed from both ranks' inputs: a second round only when a sum is
+//   infinite). The other forms exchange the raw values (gather, all-to-all) and each rank adds
+//   the pairs itself (comm/src/reproducible_pair.cc says why each dtype's arithmetic is exact).
+// From three ranks on, the floats are never added: every element is reduced exactly in integers
+// and rounded once.
 // - Small buffers (one-pass, at most kReproducibleOnePassBytes of accumulators): every value
 //   becomes a full exact accumulator: signed 52-bit digits in int64 words covering the
 //   format's whole range (float32 and bfloat16: 6 digits, float16: 1, float64: 41) plus one
-//   word counting NaN, +inf, -inf and -0 inputs. One all-reduce (reduce-scatter, reduce).
+//   word counting NaN, +inf, -inf and -0 inputs, added with int64 SUM by the ordinary
+//   collective (integer addition is exact and associative). One collective.
 // - All-reduce and reduce at the one-pass sizes, over few ranks (gathered: a raw value takes
-//   fewer bytes than a full accumulator, n * dtype size < 8 * words): the raw values travel
-//   instead. Each rank writes its input into its own slot of an otherwise zero
-//   buffer of n slots, the ranks all-reduce (reduce) the bytes with uint8 MAX, which is a
-//   gather through the all-reduce's small-message path, and each rank reduces the n rows
-//   exactly in place (the windowed arithmetic below, done locally). One collective.
-// - Larger buffers (windowed): pass 1 all-reduces, with uint8 MAX, one byte per element coding
-//   its largest exponent over the ranks (float64: in groups of 16 exponents); pass 2 reduces
-//   each value truncated toward zero into a window anchored there: 41 value bits in one int64
-//   for float32, bfloat16 and float16, 93 bits in two for float64 (a narrow window, 28 value
-//   bits and 2 count bits in one int32 for float32 over two inputs, is left to
-//   reproducibleReduceLocal's kNarrow: collectives over two ranks take the pair path). The window's
-//   low 11 bits count the ranks that dropped nonzero bits below it (c); each dropped less than one
-//   unit, so the exact sum lies strictly between (T - c) and (T + c) units. Rounding is monotonic:
-//   where both ends round to the same value, that is the answer (c = 0: T is exact). Every rank
-//   that holds T sees the same undecided elements (near a rounding midpoint, heavy
-//   cancellation, inf or NaN anywhere); only those are reduced again, with full accumulators,
-//   after their indices are shared (reduce: broadcast from the root; reduce-scatter:
-//   all-gather). float16's window covers its whole range: it is always exact in pass 2.
+//   fewer bytes than a full accumulator, n * dtype size < 8 * words): each rank writes its
+//   input into its own slot of an otherwise zero buffer of n slots, the ranks all-reduce
+//   (reduce) the bytes with uint8 MAX, a gather through the small-message path, and each rank
+//   reduces the n rows itself with the windowed arithmetic. One collective.
+// - Larger buffers (exchange): an all-to-all gives each rank every rank's raw values of its
+//   block; it reduces those n rows alone with the windowed arithmetic; an all-gather (reduce: a
+//   gather) returns the results. Windowed arithmetic: one byte per element codes the largest
+//   exponent of the n values (float64: in groups of 16 exponents); each value is truncated
+//   toward zero into a window anchored there (41 value bits in one int64 for float32, bfloat16
+//   and float16, 93 in two for float64); the window's low 11 bits count the rows that dropped
+//   nonzero bits below it (c), so the exact sum lies strictly between (T - c) and (T + c)
+//   units, and where both ends round to the same value that is the answer. The rest (near a
+//   rounding midpoint, heavy cancellation, inf or NaN anywhere) is reduced again from the same
+//   rows with full accumulators. No second round on the wire.
 //
 // Contract
 // - Collective and blocking like collectives.h; every rank passes the same arguments.
@@ -52,20 +48,15 @@
 //   flush-to-zero and denormals-are-zero modes do not change results (the integer paths leave
 //   subnormals to integer code; the pair path runs its loops in the default environment, set
 //   for the call and restored after).
-// - Two ranks: one collective per 4 MiB of input (all-reduce, reduce), one for reduce-scatter.
-//   From three ranks on, a call runs up to five collectives (bytes, window, list of undecided
-//   elements, their accumulators), each with the caller's timeout and seq; all-reduce and reduce
-//   run the first two once per 512 KiB of window digits (65,536 float32 elements) for larger
-//   buffers.
-// - Speed: the float32 conversions run in AVX2 where the reduce kernels do (reduceKernelIsa()),
+// - Collectives per call: two ranks, one (a second only for an AVG whose sum overflowed; the
+//   raw exchange: one per 4 MiB); from three ranks, one at the one-pass sizes, else two per
+//   chunk of 65,536 elements per rank (fewer from 16 float32 ranks on); each with the caller's
+//   timeout and seq.
+// - Speed: the float32 passes run in AVX2 where the reduce kernels do (reduceKernelIsa()),
 //   with the same bits as the scalar loops (ReduceIsa::kGeneric).
-// - Wire cost per element, before the algorithm's own factor (ring: 2(n-1)/n), from three ranks
-//   on (two ranks: the dtype's own size, as the default collective): windowed
-//   float32 / bfloat16 / float16 1 + 8 = 9 bytes (4.5x float16's and bfloat16's 2, 2.25x
-//   float32's 4), float64 1 + 16 = 17 bytes (2.1x), plus, for each refined element, its index
-//   (8 bytes, reduce and reduce-scatter only) and a full accumulator: 56 bytes (float32,
-//   bfloat16), 16 (float16), 336 (float64). One-pass: 56, 56, 16 and 336 bytes per element
-//   (float32, bfloat16, float16, float64). Reduce-scatter's pass 1 covers the whole input.
+// - Wire cost per element: the dtype's own size, as the ordinary collective (pair, exchange);
+//   one pass: full accumulators, 56, 56, 16 and 336 bytes per element (float32, bfloat16,
+//   float16, float64); gathered: n times the dtype's size.
 // - Errors: InvalidArgumentError (Context still usable) for PROD over a floating dtype (not
 //   reproducible, refused rather than silently not), a world above the maximum. Integer
 //   dtypes, MIN and MAX are exact already and run unchanged; bitwise ops as usual.
