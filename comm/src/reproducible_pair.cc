@@ -1,4 +1,10 @@
-// The two-rank arithmetic of the reproducible mode (reproducible_accumulator.h, addPairs).
+// The two-rank arithmetic of the reproducible mode (reproducible_accumulator.h): addPairs, where
+// each rank adds the raw pairs itself, and the passes around the ordinary collective's own SUM
+// (reproducible.cc, runOrdinaryPair): canonicalNans, halveSums (a sum of two values halved is
+// exact, or the one rounding of an exact sum: an inexact sum is at least 2^(emin - p + 1 + p)
+// = 2^(emin + 1), so its half is normal), and overflowCandidates (the inputs an overflowing sum
+// can come from, listed before an in-place call overwrites them). Built at -O3; the float32
+// and float64 loops also have AVX2 forms with the same bits.
 //
 // Why one IEEE operation is enough for two ranks: the mode's result is the exact sum rounded
 // once to the nearest value of the dtype (AVG: the exact sum / 2, rounded once). For two inputs
