@@ -117,6 +117,7 @@ struct Scratch {
   std::vector<uint8_t> rankBytes;
   std::vector<int64_t> full, fullSums;  // full accumulators and their sums
   std::vector<unsigned char> padded;    // the exchange's padded chunk and its result
+  std::vector<unsigned char> compact;   // the rows (and results) of the elements it leaves
 };
 
 class ScratchLease {
@@ -136,6 +137,7 @@ class ScratchLease {
     release(s_->full);
     release(s_->fullSums);
     release(s_->padded);
+    release(s_->compact);
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
@@ -197,10 +199,35 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
 }
 
 // out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each).
-void reduceRowsExact(const Format& f, const unsigned char* rows, int n, size_t count, int divisor,
-                     Scratch& s, void* out) {
-  std::vector<const void*> inputs(n);
-  for (int r = 0; r < n; ++r) inputs[r] = rows + r * count * f.bytes;
+void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_t count,
+                     int divisor, Scratch& s, void* out) {
+  const int n = static_cast<int>(inputs.size());
+  if (repro::doubleSumApplies(f, n, divisor)) {
+    // float32: the elements whose values span few binades add exactly in double; the rest (wide
+    // spans, infinities, NaN) go through the windows below, gathered into compact rows.
+    std::vector<size_t> rest;
+    repro::reduceRowsDouble(inputs, count, divisor, out, rest);
+    if (rest.empty()) return;
+    const size_t m = rest.size();
+    auto* compact = reinterpret_cast<uint32_t*>(scratch(s.compact, (n + 1) * m * 4));
+    std::vector<const void*> rowsOfRest(n);
+    for (int r = 0; r < n; ++r) {
+      const auto* row = static_cast<const uint32_t*>(inputs[r]);
+      uint32_t* to = compact + r * m;
+      for (size_t k = 0; k < m; ++k) to[k] = row[rest[k]];
+      rowsOfRest[r] = to;
+    }
+    uint32_t* results = compact + n * m;
+    std::vector<size_t> undecided;
+    reduceRowsWindowed(f, rowsOfRest, m, divisor, repro::narrowWindow(f, n), s, results, undecided);
+    int64_t* acc = scratch(s.full, 2 * f.fullWords());
+    for (size_t i : undecided) {
+      reduceElementFull(f, rowsOfRest, i, divisor, acc, acc + f.fullWords(), results, i);
+    }
+    auto* to = static_cast<uint32_t*>(out);
+    for (size_t k = 0; k < m; ++k) to[rest[k]] = results[k];
+    return;
+  }
   std::vector<size_t> undecided;
   reduceRowsWindowed(f, inputs, count, divisor, repro::narrowWindow(f, n), s, out, undecided);
   if (undecided.empty()) return;
@@ -208,6 +235,14 @@ void reduceRowsExact(const Format& f, const unsigned char* rows, int n, size_t c
   for (size_t i : undecided) {
     reduceElementFull(f, inputs, i, divisor, acc, acc + f.fullWords(), out, i);
   }
+}
+
+// The same over n contiguous rows (rank order, count elements each).
+void reduceRowsExact(const Format& f, const unsigned char* rows, int n, size_t count, int divisor,
+                     Scratch& s, void* out) {
+  std::vector<const void*> inputs(n);
+  for (int r = 0; r < n; ++r) inputs[r] = rows + r * count * f.bytes;
+  reduceRowsExact(f, inputs, count, divisor, s, out);
 }
 
 // The gathered path replaces the one-pass path of all-reduce and reduce where a rank's raw value
@@ -551,6 +586,10 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   const repro::NarrowWindow narrow =
       path == ReproduciblePath::kWindowed ? repro::NarrowWindow{} : repro::narrowWindow(f, ranks);
   const ScratchLease lease;
+  if (path == ReproduciblePath::kAuto) {  // as the collectives: the double sums first (float32)
+    reduceRowsExact(f, inputs, count, divisor, *lease, out);
+    return;
+  }
   std::vector<size_t> undecided;
   reduceRowsWindowed(f, inputs, count, divisor, narrow, *lease, out, undecided);
   if (refined != nullptr) *refined = undecided.size();

@@ -10,6 +10,7 @@
 #include <cfenv>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 
 #include <vector>
@@ -138,6 +139,14 @@ uint64_t overflowThreshold(const Format& f);
 // Appends (i, bits) for every finite element of data from overflowThreshold(f) up.
 void overflowCandidates(const Format& f, const void* data, size_t n,
                         std::vector<std::pair<size_t, uint64_t>>& out);
+// float32 rows in one process (reproducible_double.cc): where an element's values span at most
+// 29 - ceil(log2 n) binades, their double sum is exact and its conversion is the one rounding.
+// doubleSumApplies: float32, a power-of-two divisor, n <= 2^29. reduceRowsDouble writes those
+// elements of out and appends the others' indices to `rest`, ascending (infinities, NaN, wide
+// spans; out left alone there).
+bool doubleSumApplies(const Format& f, int n, int divisor);
+void reduceRowsDouble(std::span<const void* const> rows, size_t count, int divisor, void* out,
+                      std::vector<size_t>& rest);
 // The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
 

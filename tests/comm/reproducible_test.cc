@@ -66,8 +66,9 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
         const auto want = in.expected(average);
         std::vector<const void*> ptrs;
         for (const auto& row : in.data) ptrs.push_back(row.data());
-        for (auto path : {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed,
-                          ReproduciblePath::kNarrow, ReproduciblePath::kPair}) {
+        for (auto path :
+             {ReproduciblePath::kOnePass, ReproduciblePath::kWindowed, ReproduciblePath::kNarrow,
+              ReproduciblePath::kPair, ReproduciblePath::kAuto}) {
           if (path == ReproduciblePath::kPair && ranks != 2) continue;
           std::vector<unsigned char> out(count * dtypeSize(d));
           size_t refined = 0;
@@ -78,9 +79,10 @@ TEST(ReproducibleLocal, PropertyEveryDTypeBothPaths) {
                                    (path == ReproduciblePath::kOnePass  ? " one-pass"
                                     : path == ReproduciblePath::kNarrow ? " narrow"
                                     : path == ReproduciblePath::kPair   ? " pair"
+                                    : path == ReproduciblePath::kAuto   ? " auto"
                                                                         : " windowed");
           EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
-          if (path != ReproduciblePath::kOnePass) {
+          if (path != ReproduciblePath::kOnePass && path != ReproduciblePath::kAuto) {
             EXPECT_LT(refined, count) << what;
           }
           cases += static_cast<int>(count);
@@ -146,7 +148,8 @@ TEST(ReproducibleLocal, NarrowWindowDecidesOrdinaryValues) {
   }
 }
 
-// The windowed path's float32 loops have an AVX2 form (where the reduce kernels use AVX2) and
+// The windowed path's float32 loops (and kAuto's double sums) have an AVX2 form (where the reduce
+// kernels use AVX2) and
 // the scalar reference form (ReduceIsa::kGeneric): both give the same bits and refine the same
 // elements, on adversarial inputs (the generator's, raw random bit patterns: NaN payloads,
 // subnormals, infinities, both zeros; values a few ulps apart; cancellation), every world size
@@ -196,7 +199,8 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
         std::vector<const void*> ptrs;
         for (const auto& row : rows) ptrs.push_back(row.data());
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
-          for (auto path : {ReproduciblePath::kWindowed, ReproduciblePath::kNarrow}) {
+          for (auto path :
+               {ReproduciblePath::kWindowed, ReproduciblePath::kNarrow, ReproduciblePath::kAuto}) {
             std::vector<uint32_t> vec(count), ref(count);
             size_t vecRefined = 0, refRefined = 0;
             setReduceIsa(ReduceIsa::kAuto);
@@ -209,7 +213,9 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
             const std::string what = "kind " + std::to_string(kind) + " ranks " +
                                      std::to_string(ranks) + " count " + std::to_string(count) +
                                      " " + reduceOpName(op) +
-                                     (path == ReproduciblePath::kNarrow ? " narrow" : " wide");
+                                     (path == ReproduciblePath::kNarrow ? " narrow"
+                                      : path == ReproduciblePath::kAuto ? " auto"
+                                                                        : " wide");
             EXPECT_EQ(vecRefined, refRefined) << what;
             for (size_t i = 0; i < count; ++i) {
               ASSERT_EQ(vec[i], ref[i]) << what << " element " << i;
@@ -220,7 +226,7 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
     }
   }
   setFlush(false);
-  EXPECT_EQ(compared, 360);
+  EXPECT_EQ(compared, 540);
   // The generator's adversarial inputs, checked against the exact reference on both loops.
   for (int run = 0; run < 4; ++run) {
     setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
@@ -356,6 +362,45 @@ TEST(ReproducibleLocal, PairAgreesWithTheIntegerPath) {
   EXPECT_THROW(reproducibleReduceLocal(three, &out, 1, DType::kFloat32, ReduceOp::kSum,
                                        ReproduciblePath::kPair),
                InvalidArgumentError);
+}
+
+// float32's double-sum path (reproducible_double.cc) takes an element only when its values span
+// at most 29 - ceil(log2 n) binades, where the double sum is exact. One binade more and a double
+// sum can round onto a float midpoint: 4 ranks, (8 - 2^-21) + (8 - 2^-21) + (2^-19 - 2^-26) +
+// (2^-26 + 2^-49) = 16 + 2^-20 + 2^-49 (exponents 2^2 down to 2^-26: 28 binades), whose double
+// sum ties to 16 + 2^-20, a float midpoint, which rounds to 16; the correctly rounded sum is
+// 16 + 2^-19. At the bound (27 binades: 2^-25 + 2^-48 last) every path agrees.
+TEST(ReproducibleLocal, DoubleSumsStopWhereTheyAreExact) {
+  const float big = 8.0f - 0x1p-21f;
+  const std::vector<std::vector<float>> elements = {
+      {big, big, 0x1p-19f - 0x1p-26f, 0x1p-26f + 0x1p-49f},  // one binade beyond the bound
+      {big, big, 0x1p-19f - 0x1p-25f, 0x1p-25f + 0x1p-48f},  // at the bound
+  };
+  // 1000 elements, the two alternating: above the one-pass sizes, so that kAuto takes the
+  // double sums as the exchange does.
+  const size_t count = 1000;
+  std::vector<std::vector<float>> rows(4, std::vector<float>(count));
+  for (size_t i = 0; i < count; ++i)
+    for (int r = 0; r < 4; ++r) rows[r][i] = elements[i % 2][r];
+  std::vector<const void*> ptrs;
+  for (const auto& row : rows) ptrs.push_back(row.data());
+  std::vector<float> fast(count), exact(count);
+  reproducibleReduceLocal(ptrs, fast.data(), count, DType::kFloat32, ReduceOp::kSum);
+  reproducibleReduceLocal(ptrs, exact.data(), count, DType::kFloat32, ReduceOp::kSum,
+                          ReproduciblePath::kOnePass);
+  EXPECT_EQ(exact[0], 16.0f + 0x1p-19f);
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(exact[i])) << i;
+  }
+  // The double sum of the first element is not its correctly rounded value (the reason for the
+  // bound), and the second's is.
+  const auto viaDouble = [&](size_t i) {
+    double sum = elements[i][0];
+    for (int r = 1; r < 4; ++r) sum += elements[i][r];
+    return static_cast<float>(sum);
+  };
+  EXPECT_NE(viaDouble(0), exact[0]);
+  EXPECT_EQ(viaDouble(1), exact[1]);
 }
 
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {

@@ -97,8 +97,8 @@ void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
 // The arithmetic alone, for tests and for callers that hold every rank's inputs in one process:
 // out[i] = the reproducible reduction of inputs[r][i] over r (inputs.size() ranks), exactly as
 // the collectives compute it. `path` forces the one-pass or the windowed path (kAuto: by size,
-// as the collectives choose); `refined`, when not null, receives how many elements the
-// windowed path had to refine.
+// as the collectives choose, float32's double sums included); `refined`, when not null,
+// receives how many elements the forced windowed path had to refine (kAuto: 0).
 // kWindowed: the wide window; kNarrow: the narrow int32 window where the world allows it
 // (float32, up to two ranks), else the wide one; kPair: the two-rank IEEE arithmetic (exactly two
 // inputs, InvalidArgumentError otherwise), what kAuto takes for two inputs.

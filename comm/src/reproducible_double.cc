@@ -1,0 +1,141 @@
+// The reproducible mode's float32 fast path for rows reduced in one process (the exchange and the
+// gathered path, reproducible.cc): where an element's n values span few binades, their sum in
+// double is exact, so it needs no integer window.
+//
+// Why it is exact: a float32 with biased exponent e >= 1 (subnormals count as 1) is a multiple of
+// 2^(e - 150) and below 2^(e - 126). With lo and hi the smallest and largest such e among an
+// element's nonzero values, every partial sum of its n values is a multiple of 2^(lo - 150) below
+// n * 2^(hi - 126) <= 2^(hi - 126 + c), c = ceil(log2 n): at most hi - lo + 24 + c bits, which
+// double's 53 hold when hi - lo <= 29 - c. Then every addition is exact, in any order, the sum
+// divided by a power-of-two divisor is exact too, and its conversion to float is the one rounding
+// (to nearest even, overflowing to infinity). The first row starts the sum, so that -0 + -0
+// stays -0 and an exact zero from nonzero values is +0, as the mode says. Infinities and NaN
+// (e = 255) are never taken here. Built at -O3 (the loops vectorise), in the default
+// floating-point environment (DAZ would flush subnormal inputs in the conversion).
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#include "reproducible_accumulator.h"
+
+#if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
+#include <immintrin.h>
+
+#include "loom/comm/reduce.h"
+#define LOOM_DOUBLE_AVX2 1
+#endif
+
+namespace loom::comm::repro {
+
+namespace {
+
+int spanOf(int n) {
+  return 29 - static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
+}
+
+#ifdef LOOM_DOUBLE_AVX2
+// The whole computation for the first count - count % 8 elements, eight at a time, in one pass
+// over the rows: the exponent range and the double sum together, then the conversion where the
+// range allows it. Groups with an element outside it are left to the scalar code (their indices
+// in `groups`). The same bits as the scalar loops.
+__attribute__((target("avx2"))) size_t reduceRowsDoubleAvx2(std::span<const void* const> rows,
+                                                            size_t count, double scale, int span,
+                                                            float* out,
+                                                            std::vector<size_t>& groups) {
+  const int n = static_cast<int>(rows.size());
+  const __m256i ff = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), zero = _mm256_setzero_si256();
+  const __m256i limit = _mm256_set1_epi32(span);
+  const __m256d factor = _mm256_set1_pd(scale);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256i hi = zero, lo = ff;
+    __m256d sumLo = _mm256_setzero_pd(), sumHi = _mm256_setzero_pd();
+    for (int r = 0; r < n; ++r) {
+      const auto* x = static_cast<const float*>(rows[r]) + i;
+      const __m256 v = _mm256_loadu_ps(x);
+      const __m256i bits = _mm256_castps_si256(v);
+      const __m256i e = _mm256_max_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), ff), one);
+      const __m256i isZero = _mm256_cmpeq_epi32(_mm256_and_si256(bits, magnitude), zero);
+      hi = _mm256_max_epi32(hi, _mm256_andnot_si256(isZero, e));
+      lo = _mm256_min_epi32(lo, _mm256_or_si256(_mm256_and_si256(isZero, ff), e));
+      const __m256d dLo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+      const __m256d dHi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      if (r == 0) {  // the first row starts the sums (-0 stays -0)
+        sumLo = dLo;
+        sumHi = dHi;
+      } else {
+        sumLo = _mm256_add_pd(sumLo, dLo);
+        sumHi = _mm256_add_pd(sumHi, dHi);
+      }
+    }
+    // Taken: hi != 255 and hi - lo <= span (hi = 0, every value zero, gives a negative range).
+    const __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(hi, ff),
+                                        _mm256_cmpgt_epi32(_mm256_sub_epi32(hi, lo), limit));
+    if (!_mm256_testz_si256(bad, bad)) {
+      groups.push_back(i);
+      continue;
+    }
+    const __m128 rLo = _mm256_cvtpd_ps(_mm256_mul_pd(sumLo, factor));
+    const __m128 rHi = _mm256_cvtpd_ps(_mm256_mul_pd(sumHi, factor));
+    _mm256_storeu_ps(out + i, _mm256_set_m128(rHi, rLo));
+  }
+  return i;
+}
+
+bool useAvx2() {
+  return reduceKernelIsa()[0] == 'a';
+}
+#endif
+
+// One element in scalar code: its result in out[i] when its range allows the double sum, else
+// its index appended to rest.
+void reduceOne(std::span<const void* const> rows, size_t i, double scale, int span, float* out,
+               std::vector<size_t>& rest) {
+  uint32_t hi = 0, lo = 255;
+  double sum = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const float v = static_cast<const float*>(rows[r])[i];
+    const uint32_t bits = std::bit_cast<uint32_t>(v);
+    const uint32_t e = std::max<uint32_t>((bits >> 23) & 0xffu, 1u);
+    if ((bits & 0x7fffffffu) != 0) {
+      hi = std::max(hi, e);
+      lo = std::min(lo, e);
+    }
+    sum = r == 0 ? double{v} : sum + double{v};
+  }
+  if (hi != 255 && static_cast<int>(hi) - static_cast<int>(lo) <= span) {
+    out[i] = static_cast<float>(sum * scale);
+  } else {
+    rest.push_back(i);
+  }
+}
+
+}  // namespace
+
+bool doubleSumApplies(const Format& f, int n, int divisor) {
+  return f.bytes == 4 && f.precision == 24 && n >= 1 && spanOf(n) >= 0 &&
+         std::has_single_bit(static_cast<unsigned>(divisor));
+}
+
+void reduceRowsDouble(std::span<const void* const> rows, size_t count, int divisor, void* out,
+                      std::vector<size_t>& rest) {
+  const DefaultFloatEnvironment environment;
+  const int span = spanOf(static_cast<int>(rows.size()));
+  const double scale = 1.0 / divisor;  // a power of two: exact
+  auto* result = static_cast<float*>(out);
+  size_t i = 0;
+#ifdef LOOM_DOUBLE_AVX2
+  if (useAvx2()) {
+    std::vector<size_t> groups;
+    i = reduceRowsDoubleAvx2(rows, count, scale, span, result, groups);
+    // Ascending: the groups are, and the tail below comes after them.
+    for (size_t g : groups) {
+      for (size_t k = g; k < g + 8; ++k) reduceOne(rows, k, scale, span, result, rest);
+    }
+  }
+#endif
+  for (; i < count; ++i) reduceOne(rows, i, scale, span, result, rest);
+}
+
+}  // namespace loom::comm::repro
