@@ -25,9 +25,11 @@
 //   (reduce) the bytes with uint8 MAX, a gather through the small-message path, and each rank
 //   reduces the n rows itself with the windowed arithmetic. One collective.
 // - Larger buffers (exchange): an all-to-all gives each rank every rank's raw values of its
-//   block; it reduces those n rows alone with the windowed arithmetic; an all-gather (reduce: a
-//   gather) returns the results. Windowed arithmetic: one byte per element codes the largest
-//   exponent of the n values (float64: in groups of 16 exponents); each value is truncated
+//   block; it reduces those n rows alone; an all-gather (reduce: a gather) returns the results.
+//   float32 (SUM, and AVG over a power-of-two n): where an element's values span at most
+//   29 - ceil(log2 n) binades, their double sum is exact and is rounded once; the rest, and the
+//   other dtypes, take the windowed arithmetic. Windowed arithmetic: one byte per element codes the
+//   largest exponent of the n values (float64: in groups of 16 exponents); each value is truncated
 //   toward zero into a window anchored there (41 value bits in one int64 for float32, bfloat16
 //   and float16, 93 in two for float64); the window's low 11 bits count the rows that dropped
 //   nonzero bits below it (c), so the exact sum lies strictly between (T - c) and (T + c)
