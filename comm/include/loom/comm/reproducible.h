@@ -23,7 +23,7 @@
 //   fewer bytes than a full accumulator, n * dtype size < 8 * words): each rank writes its
 //   input into its own slot of an otherwise zero buffer of n slots, the ranks all-reduce
 //   (reduce) the bytes with uint8 MAX, a gather through the small-message path, and each rank
-//   reduces the n rows itself with the windowed arithmetic. One collective.
+//   reduces the n rows itself, as the exchange below does. One collective.
 // - Larger buffers (exchange): an all-to-all gives each rank every rank's raw values of its
 //   block; it reduces those n rows alone; an all-gather (reduce: a gather) returns the results.
 //   float32 (SUM, and AVG over a power-of-two n): where an element's values span at most
