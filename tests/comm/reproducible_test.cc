@@ -37,6 +37,15 @@ namespace loom::comm {
 namespace {
 
 using namespace repro_testing;  // the exact reference (reproducible_reference.h)
+
+// Flush-to-zero and denormals-are-zero on (x86's MXCSR) or off, for this thread.
+void setFlush(bool on) {
+#if defined(__x86_64__)
+  _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
+#else
+  (void)on;
+#endif
+}
 // ---- the reference itself ----
 
 TEST(ReproducibleReference, KnownValues) {
@@ -181,15 +190,8 @@ TEST(ReproducibleLocal, VectorAndScalarLoopsAgree) {
     }
     return rows;
   };
-  // Flush-to-zero and denormals-are-zero (x86's MXCSR) must not change a bit either: the float
-  // conversions leave subnormals to the integer path.
-  const auto setFlush = [](bool on) {
-#if defined(__x86_64__)
-    _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
-#else
-    (void)on;
-#endif
-  };
+  // Flush-to-zero and denormals-are-zero must not change a bit either: the float conversions
+  // leave subnormals to the integer path.
   int compared = 0;
   for (int kind = 0; kind < 6; ++kind) {
     setFlush(kind >= 3);
@@ -263,13 +265,6 @@ TEST(ReproducibleLocal, PairAgreesWithTheIntegerPath) {
     return _mm_getcsr() & ~0x3fu;  // the controls; the status flags are sticky
 #else
     return 0u;
-#endif
-  };
-  const auto setFlush = [](bool on) {
-#if defined(__x86_64__)
-    _mm_setcsr(on ? (_mm_getcsr() | 0x8040u) : (_mm_getcsr() & ~0x8040u));
-#else
-    (void)on;
 #endif
   };
   int compared = 0;
