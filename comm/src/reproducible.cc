@@ -70,12 +70,13 @@ struct Call {
     return total;
   }
 
-  // Adds every rank's `words`-word integers (int64, or int32 for the narrow window): in holds
+  // Adds every rank's `words`-word int64 integers (the one-pass accumulators): in holds
   // them for `elements` elements (blocks in rank order, `blocks[j]` elements each for
   // reduce-scatter), result receives this rank's own block (all of them for all-reduce, the
   // root's for reduce).
   void addIntegers(const void* in, void* result, size_t elements, std::span<const size_t> blocks,
-                   int words, DType type = DType::kInt64) const {
+                   int words) const {
+    constexpr DType type = DType::kInt64;
     switch (kind) {
       case Kind::kAllreduce:
         allreduce(ctx, in, result, elements * words, type, ReduceOp::kSum, inner);
@@ -198,7 +199,9 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   repro::decodeWindows(f, sums, bytes, count, ranks, divisor, out, 0, undecided);
 }
 
-// out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each).
+// out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each):
+// float32's double sums first, then the wide window (the narrow one is for two inputs, which
+// take the pair path) and full accumulators for what it leaves.
 void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_t count,
                      int divisor, Scratch& s, void* out) {
   const int n = static_cast<int>(inputs.size());
@@ -219,7 +222,7 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
     }
     uint32_t* results = compact + n * m;
     std::vector<size_t> undecided;
-    reduceRowsWindowed(f, rowsOfRest, m, divisor, repro::narrowWindow(f, n), s, results, undecided);
+    reduceRowsWindowed(f, rowsOfRest, m, divisor, repro::NarrowWindow{}, s, results, undecided);
     int64_t* acc = scratch(s.full, 2 * f.fullWords());
     for (size_t i : undecided) {
       reduceElementFull(f, rowsOfRest, i, divisor, acc, acc + f.fullWords(), results, i);
@@ -229,7 +232,7 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
     return;
   }
   std::vector<size_t> undecided;
-  reduceRowsWindowed(f, inputs, count, divisor, repro::narrowWindow(f, n), s, out, undecided);
+  reduceRowsWindowed(f, inputs, count, divisor, repro::NarrowWindow{}, s, out, undecided);
   if (undecided.empty()) return;
   int64_t* acc = scratch(s.full, 2 * f.fullWords());
   for (size_t i : undecided) {
