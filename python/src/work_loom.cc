@@ -3,38 +3,44 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
+#include <thread>
 #include <utility>
 
 #include "loom/common/error.h"
 
 namespace loom::torch_backend {
 
-FutureCompleter::FutureCompleter() : thread_([this] { run(); }) {}
+FutureCompleter::FutureCompleter()
+    : state_(std::make_shared<State>()), thread_([state = state_] { run(state); }) {}
 
 FutureCompleter::~FutureCompleter() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  wake_.notify_one();
-  thread_.join();
+  state_->wake.notify_one();
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    thread_.detach();  // the last reference dropped by one of our own tasks: see the header
+  } else {
+    thread_.join();
+  }
 }
 
 void FutureCompleter::enqueue(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->tasks.push_back(std::move(task));
   }
-  wake_.notify_one();
+  state_->wake.notify_one();
 }
 
-void FutureCompleter::run() {
-  std::unique_lock<std::mutex> lock(mu_);
+void FutureCompleter::run(const std::shared_ptr<State>& state) {
+  std::unique_lock<std::mutex> lock(state->mu);
   for (;;) {
-    wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;  // stop_, and nothing left to run
-    auto task = std::move(tasks_.front());
-    tasks_.pop_front();
+    state->wake.wait(lock, [&] { return state->stop || !state->tasks.empty(); });
+    if (state->tasks.empty()) return;  // stop, and nothing left to run
+    auto task = std::move(state->tasks.front());
+    state->tasks.pop_front();
     lock.unlock();
     task();
     task = nullptr;  // drop what it holds (the Work and its tensors) outside the lock

@@ -33,7 +33,10 @@
 namespace loom::torch_backend {
 
 // One thread per group that runs tasks in order (the futures of its operations, which complete
-// in issue order anyway). The destructor runs what is queued, then joins.
+// in issue order anyway). The destructor runs what is queued, then joins. A task can hold the
+// last reference to the completer (a WorkLoom holds it): then the destructor runs on the
+// completer's own thread, which cannot join itself; it detaches, and the thread, which owns the
+// queue's state, finishes the queue and ends.
 class FutureCompleter {
  public:
   FutureCompleter();
@@ -45,12 +48,15 @@ class FutureCompleter {
   void enqueue(std::function<void()> task);
 
  private:
-  void run();
+  struct State {
+    std::mutex mu;  // guards tasks and stop
+    std::condition_variable wake;
+    std::deque<std::function<void()>> tasks;
+    bool stop = false;
+  };
+  static void run(const std::shared_ptr<State>& state);
 
-  std::mutex mu_;  // guards tasks_ and stop_
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
