@@ -96,7 +96,17 @@ TEST(ShmTransport, ReceivePostedWhileItsMessageIsArriving) {
   const size_t n = (size_t{1} << 20) + 5;
   HashStore store;
   std::latch started(1);
+  // Rank 0 stays until rank 1 has checked its message: a sender that closes its transport
+  // while rank 1's other receive (tag 8) is pending fails that receive, and with it rank 1.
+  std::latch checked(1);
+  struct CountDown {  // rank 1 counts down however it leaves (an assertion returns early)
+    std::latch* latch;
+    ~CountDown() {
+      if (latch != nullptr) latch->count_down();
+    }
+  };
   loom::testing::runThreadRanks(2, [&](int rank) {
+    const CountDown release{rank == 1 ? &checked : nullptr};
     auto ctx = Context::create(store, rank, 2, options(8192));
     Transport& t = ctx->transport();
     const Deadline deadline(30s);
@@ -106,6 +116,7 @@ TEST(ShmTransport, ReceivePostedWhileItsMessageIsArriving) {
       auto s = t.isend(1, buf.data(), n, 7);
       started.count_down();
       ASSERT_TRUE(s->wait(deadline));
+      checked.wait();
     } else {
       started.wait();
       uint8_t dummy = 0;
