@@ -26,6 +26,8 @@
 #include "loom/common/error.h"
 #include "ordinary_reductions.h"
 #include "reproducible_accumulator.h"
+#include "shm/shm.h"
+#include "shm/shm_collectives.h"
 
 namespace loom::comm {
 
@@ -420,12 +422,48 @@ void runPair(const Call& c) {
 constexpr size_t kExchangeBlockElements = 65536;
 constexpr size_t kExchangeRowsBytes = size_t{4} << 20;
 
+// Where every rank shares the Context's arena (the arena engine would run the data movement),
+// the exchange's all-to-all, local reduction and all-gather are one staged collective
+// (shm::allreduceRows and its siblings): every rank stages its input once, rank r reduces
+// sub-slice r straight from every rank's slot, and the others copy the results out. That saves
+// the all-to-all's copy out, the all-gather's staging and a synchronization per chunk. Uneven
+// reduce-scatter (an all-to-all-v) keeps the exchange. False when the arena does not apply.
+bool runArenaRows(const Call& c, Scratch& s) {
+  const OpType type = c.kind == Kind::kAllreduce ? OpType::kAllreduce
+                      : c.kind == Kind::kReduce  ? OpType::kReduce
+                                                 : OpType::kReduceScatter;
+  shm::Arena* arena = shm::arenaFor(c.ctx, type, c.helper);
+  if (arena == nullptr) return false;
+  const ReduceOp op = c.divisor == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
+  const shm::RowsReducer reduce = [&](std::span<const void* const> rows, size_t n, void* out) {
+    reduceRowsExact(c.f, rows, n, c.divisor, s, out);
+  };
+  switch (c.kind) {
+    case Kind::kAllreduce:
+      shm::allreduceRows(*arena, c.helper, c.in, c.out, c.total, c.dtype, op, reduce);
+      return true;
+    case Kind::kReduce:
+      shm::reduceRows(*arena, c.helper, c.in, c.out, c.total, c.dtype, op, c.root, reduce);
+      return true;
+    case Kind::kReduceScatter: {
+      const size_t mine = c.counts[c.ctx.rank()];
+      if (!std::all_of(c.counts.begin(), c.counts.end(), [&](size_t k) { return k == mine; })) {
+        return false;
+      }
+      shm::reduceScatterRows(*arena, c.helper, c.in, c.out, mine, c.dtype, op, reduce);
+      return true;
+    }
+  }
+  return false;
+}
+
 void runExchange(const Call& c) {
   const Format& f = c.f;
   const int n = c.ctx.size(), rank = c.ctx.rank();
   const size_t width = static_cast<size_t>(f.bytes);
   const ScratchLease lease;
   Scratch& s = *lease;
+  if (runArenaRows(c, s)) return;
   const auto* in = static_cast<const unsigned char*>(c.in);
   auto* out = static_cast<unsigned char*>(c.out);
   if (c.kind == Kind::kReduceScatter) {

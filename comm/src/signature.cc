@@ -6,18 +6,24 @@ namespace loom::comm {
 
 namespace {
 
-uint64_t head(OpType type, DType dtype, bool reduces, ReduceOp op, bool rooted, int root) {
+// ReduceOp takes bits 48-50; bit 51 says the reduction is exact.
+static_assert(static_cast<int>(ReduceOp::kBxor) < 8, "ReduceOp fits in 3 bits");
+constexpr uint64_t kExactBit = uint64_t{1} << 51;
+
+uint64_t head(OpType type, DType dtype, bool reduces, ReduceOp op, bool rooted, int root,
+              bool exact = false) {
   const uint64_t rootField = rooted ? (static_cast<uint64_t>(root) % 0xffffu) + 1 : 0;
   return (uint64_t{1} << 63) | (uint64_t{static_cast<uint8_t>(type) & 0x7fu} << 56) |
          (uint64_t{static_cast<uint8_t>(dtype) & 0xfu} << 52) |
-         (reduces ? uint64_t{static_cast<uint8_t>(op) & 0xfu} << 48 : 0) | (rootField << 32);
+         (reduces ? uint64_t{static_cast<uint8_t>(op) & 0x7u} << 48 : 0) | (exact ? kExactBit : 0) |
+         (rootField << 32);
 }
 
 }  // namespace
 
 Signature packSignature(OpType type, DType dtype, uint64_t count, bool reduces, ReduceOp op,
-                        bool rooted, int root) {
-  return {head(type, dtype, reduces, op, rooted, root) | (count & 0xffffffffu), count >> 32};
+                        bool rooted, int root, bool exact) {
+  return {head(type, dtype, reduces, op, rooted, root, exact) | (count & 0xffffffffu), count >> 32};
 }
 
 Signature packUnevenSignature(OpType type, DType dtype, bool reduces, ReduceOp op, bool rooted,
@@ -71,7 +77,8 @@ std::string describeSignature(const Signature& s) {
     case OpType::kReduceScatter:
     case OpType::kReduce:
     case OpType::kReduceScatterv:
-      out += std::string(", op=") + reduceOpName(static_cast<ReduceOp>((w >> 48) & 0xf));
+      out += std::string(", op=") + reduceOpName(static_cast<ReduceOp>((w >> 48) & 0x7));
+      if ((w & kExactBit) != 0) out += ", exact";
       break;
     default:
       break;

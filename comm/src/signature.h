@@ -5,10 +5,12 @@
 // learn why) with both signatures in the error, without a message of its own.
 //
 // Layout of `word`: bit 63 set (0 = no signature: point-to-point, or a transport that carries
-// none), OpType in bits 56-62, DType in 52-55, ReduceOp in 48-51 (0 when the op does not
-// reduce), the root + 1 in 32-47 (0 when not rooted; roots past 65534 are folded), and in 0-31
-// the count's low 32 bits. `extra`: the count's high 32 bits, so that counts are compared in
-// 64 bits (the shared-memory arena, whose collectives are all even, keeps these 32 bits).
+// none), OpType in bits 56-62, DType in 52-55, ReduceOp in 48-50 (0 when the op does not
+// reduce), in bit 51 whether the reduction is exact (the reproducible mode's n-ary shared-memory
+// forms, shm/shm_rows.cc, which move their data as the ordinary collective does), the root + 1 in
+// 32-47 (0 when not rooted; roots past 65534 are folded), and in 0-31 the count's low 32 bits.
+// `extra`: the count's high 32 bits, so that counts are compared in 64 bits (the shared-memory
+// arena, whose collectives are all even, keeps these 32 bits).
 //
 // The uneven collectives (alltoallv, allgatherv, gatherv, reduceScatterv), whose messages
 // differ in size by design, carry instead in bits 0-31 the element count of the message's own
@@ -41,7 +43,7 @@ struct Signature {
 };
 
 Signature packSignature(OpType type, DType dtype, uint64_t count, bool reduces, ReduceOp op,
-                        bool rooted, int root);
+                        bool rooted, int root, bool exact = false);
 // An uneven collective's signature without its block (withBlock sets it per message).
 Signature packUnevenSignature(OpType type, DType dtype, bool reduces, ReduceOp op, bool rooted,
                               int root, uint64_t countsDigest);
@@ -55,7 +57,8 @@ uint64_t countsDigest(std::span<const size_t> counts);
 // Whether `type` is one of the uneven collectives.
 bool isUneven(OpType type);
 
-// "allreduce(dtype=float, count=1000, op=sum)", "broadcast(dtype=float, count=8, root=1)",
+// "allreduce(dtype=float, count=1000, op=sum)", "allreduce(dtype=float, count=8, op=sum,
+// exact)", "broadcast(dtype=float, count=8, root=1)",
 // "allgatherv(dtype=float, block of 3 elements, counts digest 0x...)".
 std::string describeSignature(const Signature& signature);
 

@@ -119,6 +119,12 @@ void checkWorld(int n, const Config& config, DType d, size_t count, uint64_t see
     opts.seq = 4;
     reduceScatter(ctx, mine.data(), out.data(), count, d, ReduceOp::kAvg, opts);
     EXPECT_EQ(mismatches(in, avg, out.data(), r * count, count, what + " reduce_scatter avg"), 0);
+    buf = mine;  // in place, even blocks: out is this rank's block of in
+    opts.seq = 6;
+    reduceScatter(ctx, buf.data(), buf.data() + r * count * esize, count, d, ReduceOp::kSum, opts);
+    EXPECT_EQ(mismatches(in, sum, buf.data() + r * count * esize, r * count, count,
+                         what + " reduce_scatter sum in place"),
+              0);
     const size_t offset = std::accumulate(uneven.begin(), uneven.begin() + r, size_t{0});
     buf = mine;  // in place: out is this rank's block of in
     opts.seq = 5;
@@ -208,6 +214,42 @@ TEST(ReproducibleRanks, ChunkedExchangeMatchesTheArithmetic) {
       }
     });
   }
+}
+
+// Over shared memory the mode's exchange is one staged collective whose signature says the
+// reduction is exact (shm::allreduceRows): a rank that runs the ordinary all-reduce against it
+// (the mode on for one rank's call only) fails at the first step, on every rank, with both
+// signatures, instead of the two reductions mixing.
+TEST(ReproducibleRanks, OrdinaryAgainstExactFailsOverShm) {
+  const int n = 3;
+  const size_t total = 65536 * n;
+  std::vector<std::string> errors(n);
+  HashStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ContextOptions o;
+      o.host = "127.0.0.1";
+      o.timeout = std::chrono::seconds(30);
+      auto ctx = Context::create(store, r, n, o);
+      std::vector<float> buf(total, 1.0f);
+      CollectiveOptions opts;
+      opts.seq = 9;
+      opts.reproducible = r == 0;
+      try {
+        allreduce(*ctx, buf.data(), buf.data(), total, DType::kFloat32, ReduceOp::kSum, opts);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string all;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(errors[r], "") << "rank " << r << " did not fail";
+    all += errors[r] + "\n";
+  }
+  EXPECT_NE(all.find("op=sum, exact"), std::string::npos) << all;
 }
 
 // Two ranks run all-reduce and reduce 4 MiB of input at a time (1,048,576 float32 elements):

@@ -112,6 +112,22 @@ TEST(TagMatcher, SameSequenceAnotherCollectiveIsAMismatchNamingBoth) {
   EXPECT_THAT(error, HasSubstr("allreduce#9"));
 }
 
+// The exact flag (the reproducible mode's n-ary shared-memory reductions) is its own bit: the
+// same call with and without it differs, keeps its op, and says so in the text; every op of
+// ReduceOp fits beside it.
+TEST(Signature, ExactReductionIsAnotherSignature) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kBxor}) {
+    const Signature plain = packSignature(OpType::kReduce, DType::kFloat32, 9, true, op, true, 2);
+    const Signature exact =
+        packSignature(OpType::kReduce, DType::kFloat32, 9, true, op, true, 2, true);
+    EXPECT_NE(plain, exact);
+    const std::string name = reduceOpName(op);
+    EXPECT_EQ(describeSignature(plain), "reduce(dtype=float, count=9, op=" + name + ", root=2)");
+    EXPECT_EQ(describeSignature(exact),
+              "reduce(dtype=float, count=9, op=" + name + ", exact, root=2)");
+  }
+}
+
 // Issue 38: counts compare in 64 bits. Two counts with the same low 32 bits (5 and 2^32 + 5)
 // are another signature, and the error prints both counts whole.
 TEST(TagMatcher, CountsThatDifferAbove32BitsAreAMismatch) {

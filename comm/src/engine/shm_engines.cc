@@ -104,6 +104,14 @@ Arena* arenaOf(Context& ctx) {
   return e != nullptr ? &static_cast<ArenaEngine*>(e)->arena() : nullptr;
 }
 
+Arena* arenaFor(Context& ctx, OpType type, const CollectiveOptions& opts) {
+  const EngineSet* engines = ctx.engines();
+  if (engines == nullptr) return nullptr;
+  const CollectiveCall call{ctx, opts, type};
+  Engine& e = engines->engineFor(call);
+  return e.kind() == Engine::Kind::kArena ? &static_cast<ArenaEngine&>(e).arena() : nullptr;
+}
+
 const Hierarchy* hierarchyOf(Context& ctx) {
   Engine* e = localEngine(ctx, Engine::Kind::kHierarchical);
   return e != nullptr ? &static_cast<HierarchicalEngine*>(e)->hierarchy() : nullptr;

@@ -10,46 +10,27 @@
 #include "shm/arena.h"
 #include "shm/fold.h"
 #include "shm/shm_single_copy.h"
+#include "shm/shm_steps.h"
 #include "shm/stream_copy.h"
 #include "signature.h"
 #include "tag.h"
 
 namespace loom::comm::shm {
 
-namespace {
-
-// What must agree between ranks for one collective: kind, count, dtype, op and root, packed
-// so that a mismatch message can print both (signature.h).
-Signature signatureOf(OpType kind, size_t count, DType dtype, int op, int root) {
-  return packSignature(kind, dtype, count, op >= 0, static_cast<ReduceOp>(op >= 0 ? op : 0),
-                       root >= 0, root);
-}
-
-// Starts a collective: fails at once when the group already failed.
 Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, size_t count,
-                     DType dtype, int op = -1, int root = -1) {
+                     DType dtype, int op, int root, bool exact) {
   Arena::Call call{0,
                    opts.timeout,
                    count * dtypeSize(dtype),
-                   signatureOf(kind, count, dtype, op, root),
+                   packSignature(kind, dtype, count, op >= 0,
+                                 static_cast<ReduceOp>(op >= 0 ? op : 0), root >= 0, root, exact),
                    static_cast<uint8_t>(kind),
                    opts.seq};
   arena.checkUsable(call);
   return call;
 }
 
-// Who posts and who waits in a collective's first step (see zeroCountStep).
-enum class Meet : uint8_t {
-  kAll,         // every rank posts and waits for every post
-  kRootPosts,   // the root posts, the others wait for it (broadcast, scatter)
-  kOthersPost,  // the others post, the root waits for them (gather)
-};
-
-// A collective of 0 elements moves nothing, but its ranks still meet in one step, posted and
-// waited on as the collective's first step is, so that a rank that passed another count (or
-// called another collective) finds the mismatch in the posted signature at once, on whichever
-// side waits, instead of one rank returning while the others wait out their deadline.
-void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root = 0) {
+void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root) {
   const bool isRoot = arena.rank() == root;
   const bool posts = meet == Meet::kAll || (meet == Meet::kRootPosts) == isRoot;
   if (posts) {
@@ -66,16 +47,29 @@ void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root = 
   arena.finishStep(meet != Meet::kAll);
 }
 
-// Elements per chunk when a slot holds `pieces` pieces of the chunk. Collectives that move
-// less than kWholeSlotBytes per rank use chunks of at most kCacheChunkBytes, so that a few
-// chunks pipeline and the staging stays in L2; larger ones fill the whole slot, which cuts the
-// number of steps (each a hand-over between ranks, and a context switch on a loaded machine).
+void stageChunk(Arena& arena, const void* in, size_t offset, size_t c, size_t es) {
+  uint8_t* mine = arena.slot(arena.rank(), arena.step());
+  const size_t begin = segmentBegin(c, arena.size(), arena.rank());
+  const size_t end = begin + segmentCount(c, arena.size(), arena.rank());
+  std::memcpy(mine, at(in, offset * es), begin * es);
+  std::memcpy(mine + end * es, at(in, (offset + end) * es), (c - end) * es);
+}
+
+void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, size_t c, size_t es,
+                 int size, int skip) {
+  for (int j = 0; j < size; ++j) {
+    if (j != skip) std::memcpy(slot + j * c * es, at(in, (j * count + offset) * es), c * es);
+  }
+}
+
 size_t chunkElements(const Arena& arena, size_t elementSize, int pieces, size_t totalBytes) {
   const size_t budget = totalBytes >= kWholeSlotBytes
                             ? arena.slotBytes()
                             : std::min(arena.slotBytes(), kCacheChunkBytes);
   return std::max<size_t>(1, budget / (elementSize * static_cast<size_t>(pieces)));
 }
+
+namespace {
 
 void copy(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
@@ -92,17 +86,6 @@ void reduceSlots(Arena& arena, ReduceFn fn, void* dst, size_t staged, size_t off
       fn, arena.size(), arena.rank(), n, block, arena.foldSkew(),
       [&](int q, size_t begin, size_t) { return arena.staging(q, staged) + offset + begin * es; },
       [&](size_t b) { return d + b * block * es; }, [](size_t, void*, size_t, size_t) {});
-}
-
-// Stages chunk `c` elements of `in` (at element `offset`) into this rank's slot for the split
-// reduction, except the sub-slice this rank reduces itself: it reads that part straight from
-// its input (reduceOwnSubSlice), which saves 1/N of the copy in.
-void stageChunk(Arena& arena, const void* in, size_t offset, size_t c, size_t es) {
-  uint8_t* mine = arena.slot(arena.rank(), arena.step());
-  const size_t begin = segmentBegin(c, arena.size(), arena.rank());
-  const size_t end = begin + segmentCount(c, arena.size(), arena.rank());
-  std::memcpy(mine, at(in, offset * es), begin * es);
-  std::memcpy(mine + end * es, at(in, (offset + end) * es), (c - end) * es);
 }
 
 // The split reduction of one chunk of `c` elements (at element `offset` of the collective)
@@ -131,15 +114,6 @@ void reduceOwnSubSlice(Arena& arena, const Arena::Call& call, ReduceFn fn, Reduc
     if (op == ReduceOp::kAvg) divideBy(dst, n, dtype, arena.size());
   }
   arena.markReduced();
-}
-
-// Stages elements [offset, offset + c) of each of the `size` slices of `in` (slice j starts
-// at element j * count) back to back into `slot`; slice `skip` is left out (-1: none).
-void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, size_t c, size_t es,
-                 int size, int skip = -1) {
-  for (int j = 0; j < size; ++j) {
-    if (j != skip) std::memcpy(slot + j * c * es, at(in, (j * count + offset) * es), c * es);
-  }
 }
 
 // ---- the staged all-reduce with helper threads (copy_helpers.h) ----

@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <span>
 
 #include "loom/comm/collectives.h"
 #include "loom/comm/types.h"
@@ -57,5 +59,22 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
 void alltoall(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
               DType dtype);
 void barrier(Arena& arena, const CollectiveOptions& opts);
+
+// The n-ary reductions (shm_rows.cc), for a reduction that needs every rank's operand of an
+// element at once and does not depend on their order (the reproducible mode's exact sums).
+// `reduce(rows, n, out)` gets the operands of n elements, rows[q] rank q's, and writes their
+// reduction to `out`, which overlaps none of them; it is called once per chunk and rank with
+// the rank's sub-slice (reduceScatterRows: its slice). The data moves as in allreduce's, reduce's
+// and reduceScatter's staged paths (one copy in, the reduction's reads, one copy out); `op`
+// only goes into the signature, with the exact flag (signature.h), so that ranks running the
+// ordinary collective against these fail at the first step. No single-copy path, no helpers.
+using RowsReducer = std::function<void(std::span<const void* const> rows, size_t n, void* out)>;
+void allreduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
+                   size_t count, DType dtype, ReduceOp op, const RowsReducer& reduce);
+void reduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
+                size_t count, DType dtype, ReduceOp op, int root, const RowsReducer& reduce);
+// `count` elements per rank, as reduceScatter.
+void reduceScatterRows(Arena& arena, const CollectiveOptions& opts, const void* in, void* out,
+                       size_t count, DType dtype, ReduceOp op, const RowsReducer& reduce);
 
 }  // namespace loom::comm::shm
