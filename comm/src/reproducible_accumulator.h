@@ -141,7 +141,8 @@ void overflowCandidates(const Format& f, const void* data, size_t n,
                         std::vector<std::pair<size_t, uint64_t>>& out);
 // float32 rows in one process (reproducible_double.cc): where an element's values span at most
 // 29 - ceil(log2 n) binades, their double sum is exact and its conversion is the one rounding.
-// doubleSumApplies: float32, a power-of-two divisor, n <= 2^29. reduceRowsDouble writes those
+// doubleSumApplies: float32, n <= 2^29, divisor below 2^27 (AVG's quotient in double, then
+// float, is still the one rounding: the proof is in the .cc). reduceRowsDouble writes those
 // elements of out and appends the others' indices to `rest`, ascending (infinities, NaN, wide
 // spans; out left alone there).
 bool doubleSumApplies(const Format& f, int n, int divisor);

@@ -398,6 +398,46 @@ TEST(ReproducibleLocal, DoubleSumsStopWhereTheyAreExact) {
   EXPECT_EQ(viaDouble(1), exact[1]);
 }
 
+// AVG over a world that is not a power of two: the exact double sum divided in double, then
+// rounded to float, is the one rounding (reproducible_double.cc). Averages that are exactly a
+// float midpoint (ties, to even: up for an odd lower neighbour) and one float ulp of the
+// larger operand either side of one, over 3, 5, 6, 7 and 12 rows, both signs, against the
+// one-pass integer path. Rounding the sum to float before dividing fails them (tried by hand).
+TEST(ReproducibleLocal, DoubleQuotientsRoundOnce) {
+  for (int n : {3, 5, 6, 7, 12}) {
+    std::vector<std::vector<float>> rows(n);
+    for (uint32_t k = 1; k < 64; k += 2) {  // m = 1 + k 2^-24, a midpoint of two floats
+      const float b = static_cast<float>(n * k) * 0x1p-24f;  // exact: n k < 2^24
+      for (float sign : {1.0f, -1.0f}) {
+        for (float tail : {b, std::nextafter(b, 1.0f), std::nextafter(b, 0.0f)}) {
+          rows[0].push_back(sign * static_cast<float>(n));  // n m = n + n k 2^-24
+          rows[1].push_back(sign * tail);
+          for (int r = 2; r < n; ++r) rows[r].push_back(r % 2 == 0 ? 0.0f : -0.0f);
+        }
+      }
+    }
+    const size_t count = rows[0].size() * 8;  // above the one-pass sizes: kAuto sums in double
+    for (auto& row : rows) {
+      const std::vector<float> one = row;
+      for (int copy = 1; copy < 8; ++copy) row.insert(row.end(), one.begin(), one.end());
+    }
+    std::vector<const void*> ptrs;
+    for (const auto& row : rows) ptrs.push_back(row.data());
+    std::vector<float> fast(count), exact(count);
+    reproducibleReduceLocal(ptrs, fast.data(), count, DType::kFloat32, ReduceOp::kAvg);
+    reproducibleReduceLocal(ptrs, exact.data(), count, DType::kFloat32, ReduceOp::kAvg,
+                            ReproduciblePath::kOnePass);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(exact[i]))
+          << "n=" << n << " element " << i << ": " << rows[0][i] << " + " << rows[1][i];
+    }
+    // Ties to even: k = 1, 1 + 2^-24 between 1 (even) and 1 + 2^-23, goes down; k = 3,
+    // 1 + 3 2^-24 between 1 + 2^-23 (odd) and 1 + 2^-22, goes up.
+    EXPECT_EQ(fast[0], 1.0f) << "n=" << n;
+    EXPECT_EQ(fast[6], 1.0f + 0x1p-22f) << "n=" << n;
+  }
+}
+
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
   float a = 1, out = 0;
   const void* ptrs[] = {&a};

@@ -24,15 +24,16 @@
 //   input into its own slot of an otherwise zero buffer of n slots, the ranks all-reduce
 //   (reduce) the bytes with uint8 MAX, a gather through the small-message path, and each rank
 //   reduces the n rows itself, as the exchange below does. One collective.
-// - Larger buffers (exchange): an all-to-all gives each rank every rank's raw values of its
-//   block; it reduces those n rows alone; an all-gather (reduce: a gather) returns the results.
-//   float32 (SUM, and AVG over a power-of-two n): where an element's values span at most
-//   29 - ceil(log2 n) binades, their double sum is exact and is rounded once; the rest, and the
-//   other dtypes, take the windowed arithmetic. Windowed arithmetic: one byte per element codes the
-//   largest exponent of the n values (float64: in groups of 16 exponents); each value is truncated
-//   toward zero into a window anchored there (41 value bits in one int64 for float32, bfloat16
-//   and float16, 93 in two for float64); the window's low 11 bits count the rows that dropped
-//   nonzero bits below it (c), so the exact sum lies strictly between (T - c) and (T + c)
+// - Larger buffers (exchange): each rank gets every rank's raw values of its block and
+//   reduces those n rows alone, and the results come back (over shared memory one staged
+//   collective; otherwise an all-to-all, then an all-gather, or a gather for reduce).
+//   float32 (SUM and AVG): where an element's values span at most 29 - ceil(log2 n) binades,
+//   their double sum is exact, and it (or its double quotient by n) is rounded once; the rest, and
+//   the other dtypes, take the windowed arithmetic. Windowed arithmetic: one byte per element codes
+//   the largest exponent of the n values (float64: in groups of 16 exponents); each value is
+//   truncated toward zero into a window anchored there (41 value bits in one int64 for float32,
+//   bfloat16 and float16, 93 in two for float64); the window's low 11 bits count the rows that
+//   dropped nonzero bits below it (c), so the exact sum lies strictly between (T - c) and (T + c)
 //   units, and where both ends round to the same value that is the answer. The rest (near a
 //   rounding midpoint, heavy cancellation, inf or NaN anywhere) is reduced again from the same
 //   rows with full accumulators. No second round on the wire.
