@@ -115,7 +115,6 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 struct Scratch {
   std::vector<uint8_t> bytes;
   std::vector<int64_t> sums;
-  std::vector<int32_t> narrowDigits, narrowSums;      // the narrow window's
   std::vector<unsigned char> gathered, gatheredSums;  // raw rows and their results
   std::vector<uint8_t> rankBytes;
   std::vector<int64_t> full, fullSums;  // full accumulators and their sums
@@ -132,8 +131,6 @@ class ScratchLease {
   ~ScratchLease() {
     release(s_->bytes);
     release(s_->sums);
-    release(s_->narrowDigits);
-    release(s_->narrowSums);
     release(s_->gathered);
     release(s_->gatheredSums);
     release(s_->rankBytes);
@@ -167,11 +164,10 @@ void reduceElementFull(const Format& f, std::span<const void* const> inputs, siz
 }
 
 // The windowed arithmetic over `inputs` in one process: the max of the exponent bytes, the sum of
-// the windows (the narrow window where `narrow` is usable), the decode into out; undecided
-// elements are appended to `undecided` (out left alone there).
+// the windows, the decode into out; undecided elements are appended to `undecided` (out left
+// alone there).
 void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, size_t count,
-                        int divisor, const repro::NarrowWindow& narrow, Scratch& s, void* out,
-                        std::vector<size_t>& undecided) {
+                        int divisor, Scratch& s, void* out, std::vector<size_t>& undecided) {
   const int ranks = static_cast<int>(inputs.size());
   uint8_t* bytes = scratch(s.bytes, count);
   uint8_t* rankBytes = scratch(s.rankBytes, count);
@@ -179,17 +175,6 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
   for (const void* in : inputs) {
     repro::exponentBytes(f, in, count, rankBytes);
     repro::maxBytes(bytes, rankBytes, count);
-  }
-  if (narrow.usable()) {
-    int32_t* sums = scratch(s.narrowSums, count);
-    int32_t* digits = scratch(s.narrowDigits, count);
-    std::fill(sums, sums + count, 0);
-    for (const void* in : inputs) {
-      repro::encodeNarrow(f, narrow, in, count, bytes, digits);
-      repro::addInts(sums, digits, count);
-    }
-    repro::decodeNarrow(f, narrow, sums, bytes, count, divisor, out, 0, undecided);
-    return;
   }
   const size_t words = count * f.windowDigits;
   int64_t* sums = scratch(s.sums, words);
@@ -202,8 +187,7 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
 }
 
 // out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each):
-// float32's double sums first, then the wide window (the narrow one is for two inputs, which
-// take the pair path) and full accumulators for what it leaves.
+// float32's double sums first, then the window and full accumulators for what it leaves.
 void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_t count,
                      int divisor, Scratch& s, void* out) {
   const int n = static_cast<int>(inputs.size());
@@ -224,7 +208,7 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
     }
     uint32_t* results = compact + n * m;
     std::vector<size_t> undecided;
-    reduceRowsWindowed(f, rowsOfRest, m, divisor, repro::NarrowWindow{}, s, results, undecided);
+    reduceRowsWindowed(f, rowsOfRest, m, divisor, s, results, undecided);
     int64_t* acc = scratch(s.full, 2 * f.fullWords());
     for (size_t i : undecided) {
       reduceElementFull(f, rowsOfRest, i, divisor, acc, acc + f.fullWords(), results, i);
@@ -234,7 +218,7 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
     return;
   }
   std::vector<size_t> undecided;
-  reduceRowsWindowed(f, inputs, count, divisor, repro::NarrowWindow{}, s, out, undecided);
+  reduceRowsWindowed(f, inputs, count, divisor, s, out, undecided);
   if (undecided.empty()) return;
   int64_t* acc = scratch(s.full, 2 * f.fullWords());
   for (size_t i : undecided) {
@@ -624,15 +608,13 @@ void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, siz
   }
   // The windowed path with the same bulk loops as the collectives, the ranks' reductions done
   // here (max of the bytes, sum of the digits).
-  const repro::NarrowWindow narrow =
-      path == ReproduciblePath::kWindowed ? repro::NarrowWindow{} : repro::narrowWindow(f, ranks);
   const ScratchLease lease;
   if (path == ReproduciblePath::kAuto) {  // as the collectives: the double sums first (float32)
     reduceRowsExact(f, inputs, count, divisor, *lease, out);
     return;
   }
   std::vector<size_t> undecided;
-  reduceRowsWindowed(f, inputs, count, divisor, narrow, *lease, out, undecided);
+  reduceRowsWindowed(f, inputs, count, divisor, *lease, out, undecided);
   if (refined != nullptr) *refined = undecided.size();
   for (size_t i : undecided) full(i);
 }

@@ -298,54 +298,6 @@ void place(uint64_t significand, int offset, int64_t* digits, int count) {
   return true;
 }
 
-// The narrow window's digit of value `bits` at max byte `byte` (encodeWindowImpl's arithmetic
-// in an int32 with w.countBits count bits).
-[[gnu::always_inline]] inline int32_t encodeNarrowImpl(const Format& f, const NarrowWindow& w,
-                                                       uint64_t bits, uint8_t byte) {
-  if (byte == 0 || byte == 255) return 0;
-  const Parts parts = decompose(f, bits);
-  if (parts.significand == 0) return 0;
-  int offset = parts.exponent - narrowLsb(f, w, byte);
-  uint64_t significand = parts.significand;
-  int64_t inexact = 0;
-  if (offset < 0) {
-    const int drop = -offset;
-    inexact = drop >= 64 || (significand & ((uint64_t{1} << drop) - 1)) != 0;
-    significand = drop >= 64 ? 0 : significand >> drop;  // toward zero
-    offset = 0;
-  }
-  const uint64_t v = significand << offset;
-  LOOM_CHECK(v >> w.valueBits == 0, "reproducible: a value does not fit its narrow window");
-  const auto magnitude = static_cast<int64_t>(v << w.countBits);
-  return static_cast<int32_t>((parts.negative ? -magnitude : magnitude) + inexact);
-}
-
-// decodeWindowImpl for a narrow window's sum.
-[[gnu::always_inline]] inline bool decodeNarrowImpl(const Format& f, const NarrowWindow& w,
-                                                    int32_t sum, uint8_t byte, int divisor,
-                                                    uint64_t* bits) {
-  if (byte == 0) {  // every input was -0
-    *bits = signBit(f);
-    return true;
-  }
-  if (byte == 255) return false;
-  const int lsb = narrowLsb(f, w, byte);
-  const int64_t inexact = sum & ((int32_t{1} << w.countBits) - 1);
-  const int64_t value = sum >> w.countBits;  // arithmetic: the count is below, nonnegative
-  const auto rounded = [&](int64_t v) __attribute__((always_inline)) {
-    return roundSigned(f, v < 0, static_cast<u128>(v < 0 ? -v : v), lsb, divisor);
-  };
-  if (inexact == 0) {
-    *bits = value == 0 ? 0 : rounded(value);
-    return true;
-  }
-  const uint64_t low = rounded(value - inexact);
-  const uint64_t high = rounded(value + inexact);
-  if (low != high) return false;
-  *bits = low;
-  return true;
-}
-
 // Calls fn.template operator()<Format, Bits>() with the format as a compile-time constant, so
 // that the loops below are compiled once per format with its fields folded in.
 template <typename Fn>
@@ -638,66 +590,12 @@ void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, s
   });
 }
 
-NarrowWindow narrowWindow(const Format& f, int ranks) {
-  if (&f != &kFloat32 || ranks < 1) return {};
-  const int countBits = std::bit_width(static_cast<unsigned>(ranks));
-  const int valueBits = 31 - countBits - std::bit_width(static_cast<unsigned>(ranks - 1));
-  if (valueBits < kNarrowMinValueBits) return {};
-  return {countBits, valueBits};
-}
-
-void encodeNarrow(const Format& f, const NarrowWindow& w, const void* in, size_t n,
-                  const uint8_t* bytes, int32_t* digits) {
-  LOOM_CHECK(&f == &kFloat32 && w.usable(),
-             "reproducible: the narrow window is float32's, for small worlds (internal error)");
-  size_t i = 0;
-#ifdef LOOM_REPRO_AVX2
-  if (useAvx2()) {
-    i = encodeNarrowF32Avx2(static_cast<const uint32_t*>(in), n, bytes, w.countBits, w.valueBits,
-                            digits);
-  }
-#endif
-  for (; i < n; ++i) digits[i] = encodeNarrowImpl(kFloat32, w, load<uint32_t>(in, i), bytes[i]);
-}
-
-void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, const uint8_t* bytes,
-                  size_t n, int divisor, void* out, size_t base, std::vector<size_t>& undecided) {
-  LOOM_CHECK(&f == &kFloat32 && w.usable(),
-             "reproducible: the narrow window is float32's, for small worlds (internal error)");
-  auto* out32 = static_cast<uint32_t*>(out);
-  const auto one = [&](size_t k) __attribute__((always_inline)) {
-    uint64_t bits;
-    if (decodeNarrowImpl(kFloat32, w, sums[k], bytes[k], divisor, &bits)) {
-      const auto v = static_cast<uint32_t>(bits);
-      std::memcpy(out32 + k, &v, sizeof v);
-    } else {
-      undecided.push_back(base + k);
-    }
-  };
-  size_t k = 0;
-#ifdef LOOM_REPRO_AVX2
-  if (std::has_single_bit(static_cast<unsigned>(divisor)) && useAvx2()) {
-    k = decodeNarrowF32Avx2(sums, bytes, n, w.countBits, w.valueBits,
-                            std::countr_zero(static_cast<unsigned>(divisor)), out32, one);
-  }
-#endif
-  for (; k < n; ++k) one(k);
-}
-
 void maxBytes(uint8_t* acc, const uint8_t* v, size_t n) {
   size_t i = 0;
 #ifdef LOOM_REPRO_AVX2
   if (useAvx2()) i = maxBytesAvx2(acc, v, n);
 #endif
   for (; i < n; ++i) acc[i] = std::max(acc[i], v[i]);
-}
-
-void addInts(int32_t* acc, const int32_t* v, size_t n) {
-  size_t i = 0;
-#ifdef LOOM_REPRO_AVX2
-  if (useAvx2()) i = addInt32Avx2(acc, v, n);
-#endif
-  for (; i < n; ++i) acc[i] += v[i];
 }
 
 void addInts(int64_t* acc, const int64_t* v, size_t n) {

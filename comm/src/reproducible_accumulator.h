@@ -77,34 +77,9 @@ void encodeWindows(const Format& f, const void* in, size_t n, const uint8_t* byt
 // `undecided` and out[k] left alone.
 void decodeWindows(const Format& f, const int64_t* sums, const uint8_t* bytes, size_t n, int ranks,
                    int divisor, void* out, size_t base, std::vector<size_t>& undecided);
-// The narrow window (float32, two ranks): one int32 per element instead of an int64, so the
-// window pass moves 4 bytes per element instead of 8. For n ranks its low countBits =
-// bit_width(n) bits count the inexact ranks (n < 2^countBits) and valueBits = 31 - countBits -
-// bit_width(n - 1) bits hold the value (the n ranks' sum, count included, stays below 2^31).
-// It is used where valueBits >= kNarrowMinValueBits: four bits below float32's 24, so that the
-// window decides nearly every element (the two ends of the bound differ only within a few units
-// of a rounding midpoint); the rest is refined as for the wide window. Everything else about it
-// is the wide window's: anchored at the max exponent byte, truncation toward zero, the bound.
-struct NarrowWindow {
-  int countBits = 0;
-  int valueBits = 0;  // 0: not usable
-  bool usable() const { return valueBits != 0; }
-};
-constexpr int kNarrowMinValueBits = 28;
-NarrowWindow narrowWindow(const Format& f, int ranks);
-// The narrow window's least significant bit for max byte b (1..254).
-inline int narrowLsb(const Format& f, const NarrowWindow& w, uint8_t byte) {
-  return topOf(f, byte) - w.valueBits;
-}
-// encodeWindows and decodeWindows for the narrow window (float32 only; w usable).
-void encodeNarrow(const Format& f, const NarrowWindow& w, const void* in, size_t n,
-                  const uint8_t* bytes, int32_t* digits);
-void decodeNarrow(const Format& f, const NarrowWindow& w, const int32_t* sums, const uint8_t* bytes,
-                  size_t n, int divisor, void* out, size_t base, std::vector<size_t>& undecided);
 // The local reductions of those integers (reproducibleReduceLocal, the gathered path):
 // acc[i] = max(acc[i], v[i]) and acc[i] += v[i].
 void maxBytes(uint8_t* acc, const uint8_t* v, size_t n);
-void addInts(int32_t* acc, const int32_t* v, size_t n);
 void addInts(int64_t* acc, const int64_t* v, size_t n);
 // Two ranks (reproducible_pair.cc).
 // The default floating-point environment (round to nearest, no flush-to-zero, no

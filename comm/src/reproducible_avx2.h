@@ -168,7 +168,7 @@ __attribute__((target("avx2"))) inline size_t decodeWindowsF32Avx2(const int64_t
     if (fail == 0) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), result);
     } else {
-      // As decodeNarrowF32Avx2: settled lanes stored, the others through the scalar code.
+      // Settled lanes stored, the others through the scalar code.
       const __m128i lane = _mm_setr_epi32(1, 2, 4, 8);
       const __m128i settled =
           _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32(fail), lane), _mm_setzero_si128());
@@ -180,42 +180,7 @@ __attribute__((target("avx2"))) inline size_t decodeWindowsF32Avx2(const int64_t
   return k;
 }
 
-// encodeNarrow for float32 in AVX2, eight int32 lanes: encodeWindowsF32Avx2's shifts with the
-// narrow window's lsb (byte - 126 - valueBits) and count bits.
-__attribute__((target("avx2"))) inline size_t encodeNarrowF32Avx2(const uint32_t* in, size_t n,
-                                                                  const uint8_t* bytes,
-                                                                  int countBits, int valueBits,
-                                                                  int32_t* digits) {
-  const __m256i one = _mm256_set1_epi32(1), ff = _mm256_set1_epi32(0xff);
-  const __m256i zero = _mm256_setzero_si256();
-  const __m256i fraction = _mm256_set1_epi32(0x7fffff), hidden = _mm256_set1_epi32(0x800000);
-  const __m256i extra = _mm256_set1_epi32(valueBits - 24), count = _mm256_set1_epi32(countBits);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    const __m256i b =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + i)));
-    const __m256i field = _mm256_and_si256(_mm256_srli_epi32(x, 23), ff);
-    const __m256i f1 = _mm256_max_epu32(field, one);
-    const __m256i sig =
-        _mm256_or_si256(_mm256_and_si256(x, fraction),
-                        _mm256_andnot_si256(_mm256_cmpeq_epi32(field, zero), hidden));
-    const __m256i offset = _mm256_sub_epi32(_mm256_add_epi32(f1, extra), b);
-    const __m256i left = _mm256_add_epi32(_mm256_max_epi32(offset, zero), count);
-    const __m256i right = _mm256_max_epi32(_mm256_sub_epi32(zero, offset), zero);
-    const __m256i q = _mm256_srlv_epi32(sig, right);  // 0 for counts above 31
-    const __m256i inexact =
-        _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_sllv_epi32(q, right), sig), one);
-    const __m256i t = _mm256_sllv_epi32(q, left);
-    const __m256i neg = _mm256_srai_epi32(x, 31);
-    const __m256i d = _mm256_add_epi32(_mm256_sub_epi32(_mm256_xor_si256(t, neg), neg), inexact);
-    const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(b, zero), _mm256_cmpeq_epi32(b, ff));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(digits + i), _mm256_andnot_si256(special, d));
-  }
-  return i;
-}
-
-// acc[i] = max(acc[i], v[i]) (bytes), acc[i] += v[i] (int32, int64), 32 bytes at a time; the
+// acc[i] = max(acc[i], v[i]) (bytes), acc[i] += v[i] (int64), 32 bytes at a time; the
 // caller does the tail.
 __attribute__((target("avx2"))) inline size_t maxBytesAvx2(uint8_t* acc, const uint8_t* v,
                                                            size_t n) {
@@ -225,17 +190,6 @@ __attribute__((target("avx2"))) inline size_t maxBytesAvx2(uint8_t* acc, const u
     _mm256_storeu_si256(
         a, _mm256_max_epu8(_mm256_loadu_si256(a),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
-  }
-  return i;
-}
-__attribute__((target("avx2"))) inline size_t addInt32Avx2(int32_t* acc, const int32_t* v,
-                                                           size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    auto* a = reinterpret_cast<__m256i*>(acc + i);
-    _mm256_storeu_si256(
-        a, _mm256_add_epi32(_mm256_loadu_si256(a),
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
   }
   return i;
 }
@@ -249,78 +203,6 @@ __attribute__((target("avx2"))) inline size_t addInt64Avx2(int64_t* acc, const i
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i))));
   }
   return i;
-}
-
-// Eight float32 nearest v * 2^(lsb(b) - divisorBits), v int32 (exact in double).
-LOOM_AVX2_INLINE __m256i narrowToFloat(__m256i v, __m256i b, __m256i bias) {
-  __m128i r[2];
-  for (int h = 0; h < 2; ++h) {
-    const __m256d d = _mm256_cvtepi32_pd(halfOf(v, h));
-    const __m256d scale = _mm256_castsi256_pd(
-        _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepu32_epi64(halfOf(b, h)), bias), 52));
-    r[h] = _mm_castps_si128(_mm256_cvtpd_ps(_mm256_mul_pd(d, scale)));
-  }
-  return _mm256_set_m128i(r[1], r[0]);
-}
-
-// Lanes of r (eight float32) whose exponent field is zero, as bits.
-LOOM_AVX2_INLINE int exponentZero8(__m256i r) {
-  return _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
-      _mm256_and_si256(r, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256())));
-}
-
-// decodeNarrow for float32 (power-of-two divisor) eight elements at a time, as
-// decodeWindowsF32Avx2: stores the eight results where every lane is settled by the conversion,
-// else calls scalar(k) for each of the eight.
-template <typename Scalar>
-__attribute__((target("avx2"))) inline size_t decodeNarrowF32Avx2(const int32_t* sums,
-                                                                  const uint8_t* bytes, size_t n,
-                                                                  int countBits, int valueBits,
-                                                                  int divisorBits, uint32_t* out,
-                                                                  Scalar&& scalar) {
-  const __m256i countMask = _mm256_set1_epi32((1 << countBits) - 1);
-  const __m128i countShift = _mm_cvtsi32_si128(countBits);
-  const __m256i zero = _mm256_setzero_si256(), ff = _mm256_set1_epi32(255);
-  const __m256i bias = _mm256_set1_epi64x(1023 - 126 - valueBits - divisorBits);
-  size_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m256i sum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + k));
-    const __m256i b =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + k)));
-    const __m256i inexact = _mm256_and_si256(sum, countMask);
-    const __m256i value = _mm256_sra_epi32(sum, countShift);
-    const __m256i lo = _mm256_sub_epi32(value, inexact);
-    const bool exact = _mm256_testz_si256(inexact, inexact) != 0;
-    const __m256i rlo = narrowToFloat(lo, b, bias);
-    // Byte 0 (every input -0; its sum is 0) gives -0 here; byte 255 goes to the scalar code.
-    const __m256i negativeZero =
-        _mm256_and_si256(_mm256_cmpeq_epi32(b, zero), _mm256_set1_epi32(INT32_MIN));
-    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, ff)));
-    const int loZero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lo, zero)));
-    int fail = bad | (exponentZero8(rlo) & ~loZero);
-    if (!exact) {
-      const __m256i hi = _mm256_add_epi32(value, inexact);
-      const __m256i rhi = narrowToFloat(hi, b, bias);
-      const int hiZero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(hi, zero)));
-      const int equal = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(rlo, rhi)));
-      fail |= (exponentZero8(rhi) & ~hiZero) | (~equal & 0xff);
-    }
-    const __m256i result = _mm256_or_si256(rlo, negativeZero);
-    if (fail == 0) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), result);
-    } else {
-      // The settled lanes keep the vector's result; the others (in order, so that the
-      // undecided list stays ascending) take the scalar code, which leaves an undecided
-      // element's output untouched (an in-place call still reads the input there).
-      const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-      const __m256i settled = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(fail), lane),
-                                                 _mm256_setzero_si256());
-      _mm256_maskstore_epi32(reinterpret_cast<int*>(out + k), settled, result);
-      for (int bits = fail & 0xff; bits != 0; bits &= bits - 1)
-        scalar(k + std::countr_zero(static_cast<unsigned>(bits)));
-    }
-  }
-  return k;
 }
 
 }  // namespace loom::comm::repro::avx2

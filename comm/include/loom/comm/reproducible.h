@@ -102,10 +102,9 @@ void reproducibleReduceScatterv(Context& ctx, const void* in, void* out,
 // the collectives compute it. `path` forces the one-pass or the windowed path (kAuto: by size,
 // as the collectives choose, float32's double sums included); `refined`, when not null,
 // receives how many elements the forced windowed path had to refine (kAuto: 0).
-// kWindowed: the wide window; kNarrow: the narrow int32 window where the world allows it
-// (float32, up to two ranks), else the wide one; kPair: the two-rank IEEE arithmetic (exactly two
-// inputs, InvalidArgumentError otherwise), what kAuto takes for two inputs.
-enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kNarrow, kPair };
+// kWindowed: the int64 window alone (no double sums); kPair: the two-rank IEEE arithmetic
+// (exactly two inputs, InvalidArgumentError otherwise), what kAuto takes for two inputs.
+enum class ReproduciblePath : uint8_t { kAuto, kOnePass, kWindowed, kPair };
 void reproducibleReduceLocal(std::span<const void* const> inputs, void* out, size_t count,
                              DType dtype, ReduceOp op,
                              ReproduciblePath path = ReproduciblePath::kAuto,
