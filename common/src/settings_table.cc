@@ -126,7 +126,7 @@ constexpr Setting kTable[] = {
      "reproducible reductions: sum and avg over float, double, half and bfloat16 give the "
      "correctly rounded result, bitwise the same whatever the algorithm, transport, chunk size, "
      "tuning or rank order (docs/reproducible.md); prod over floats is refused; equal on all "
-     "ranks",
+     "ranks; the nccl and mpi backends, which have no such mode, refuse to start with it",
      "comm::ContextOptions::reproducible", "Context setup"},
     {"LOOM_TUNING_CACHE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "the directory of the per-host tuning cache that loom-bench --tune writes and every group "

@@ -6,6 +6,7 @@
 #include "loom/comm/context.h"
 #include "loom/comm/verbs.h"
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "loom/store/prefix_store.h"
 #include "pg_settings.h"
 
@@ -66,6 +67,22 @@ void checkAvailable(const std::string& backend) {
              "\"; expected one of: tcp, nccl, verbs, mpi");
 }
 
+// The reproducible mode (docs/reproducible.md) is the comm backend's (tcp, with shared memory
+// within a host; verbs): NCCL and MPI add in orders their own algorithms choose. A group that
+// asked for it on those is refused, rather than reducing without it while the caller trusts
+// its sums to be reproducible.
+void checkReproducible(const std::string& backend, const ProcessGroupOptions& options) {
+  if (backend != "nccl" && backend != "mpi") return;
+  const bool fromOptions = options.comm.context.reproducible;
+  const bool fromEnvironment = settings::flag("LOOM_REPRODUCIBLE").value_or(false);
+  LOOM_CHECK(!fromOptions && !fromEnvironment, "createProcessGroup(\"", backend,
+             "\"): reproducible mode was asked for (",
+             fromOptions ? "ContextOptions::reproducible" : "LOOM_REPRODUCIBLE=1", "), and the ",
+             backend,
+             " backend has none: its sums depend on the library's algorithm and order. Use the "
+             "tcp backend (shared memory within a host), or turn the mode off for this group");
+}
+
 std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
                                                  std::shared_ptr<Store> store, int rank, int size,
                                                  const ProcessGroupOptions& options) {
@@ -76,6 +93,7 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
              "\"): world size must be at least 1, got ", size);
   LOOM_CHECK(rank >= 0 && rank < size, "createProcessGroup(\"", backend, "\"): rank ", rank,
              " is out of range for world size ", size, " (expected 0 <= rank < ", size, ")");
+  checkReproducible(backend, options);
   checkAvailable(backend);
   const ProcessGroupOptions effective = withEnvironment(options);
   std::shared_ptr<ProcessGroup> pg;

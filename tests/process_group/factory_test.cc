@@ -162,6 +162,30 @@ TEST(Factory, ReproducibleIsTheContextsDecision) {
   EXPECT_FALSE(createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1)->reproducible());
 }
 
+// The nccl and mpi backends have no reproducible mode: asking for it there (the option or
+// LOOM_REPRODUCIBLE=1) is refused at creation, naming where the request came from, before any
+// device or MPI is touched; with it off they are created as before (not here: no device, no
+// mpirun).
+TEST(Factory, ReproducibleIsRefusedWhereTheBackendHasNone) {
+  using testing::ScopedEnv;
+  for (const char* backend : {"nccl", "mpi"}) {
+    {
+      ScopedEnv unset("LOOM_REPRODUCIBLE", nullptr);
+      ProcessGroupOptions o;
+      o.comm.context.reproducible = true;
+      const std::string message = messageOf<InvalidArgumentError>(
+          [&] { createProcessGroup(backend, std::make_shared<HashStore>(), 0, 1, o); });
+      EXPECT_THAT(message, HasSubstr("ContextOptions::reproducible")) << backend;
+      EXPECT_THAT(message, HasSubstr(std::string("the ") + backend + " backend has none"));
+    }
+    ScopedEnv on("LOOM_REPRODUCIBLE", "1");
+    EXPECT_THAT(messageOf<InvalidArgumentError>(
+                    [&] { createProcessGroup(backend, std::make_shared<HashStore>(), 0, 1); }),
+                HasSubstr("LOOM_REPRODUCIBLE=1"))
+        << backend;
+  }
+}
+
 TEST(Factory, DescribesTheOptionsThatDifferFromTheirDefaults) {
   EXPECT_EQ(describeNonDefault({}), "");
   ProcessGroupOptions o;

@@ -155,7 +155,8 @@ TEST(NcclReduction, TheGroupPassesTheMappingToNcclAndRefusesBeforeIssuing) {
   EXPECT_EQ(pg->lastSeq(), 4u);  // the refused one took no sequence number
 }
 
-// NCCL has no reproducible mode: the group says so whatever the comm options hold.
+// NCCL has no reproducible mode: createProcessGroup refuses a request for it (factory_test);
+// a group made directly says so whatever the comm options hold.
 TEST(NcclReduction, NeverReproducible) {
   Fixture f;
   f.options.comm.context.reproducible = true;
