@@ -187,34 +187,43 @@ void reduceRowsWindowed(const Format& f, std::span<const void* const> inputs, si
 }
 
 // out[i] = the exact reduction of rows[r][i] over the n rows (rank order, count elements each):
-// float32's double sums first, then the window and full accumulators for what it leaves.
+// the double sums first (float32, float16, bfloat16), then the window and full accumulators
+// for what they leave.
 void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_t count,
                      int divisor, Scratch& s, void* out) {
   const int n = static_cast<int>(inputs.size());
   if (repro::doubleSumApplies(f, n, divisor)) {
-    // float32: the elements whose values span few binades add exactly in double; the rest (wide
-    // spans, infinities, NaN) go through the windows below, gathered into compact rows.
+    // float32, float16, bfloat16: the elements whose values span few binades add exactly in
+    // double; the rest (wide spans, infinities, NaN) go through the windows below, gathered into
+    // compact rows.
     std::vector<size_t> rest;
-    repro::reduceRowsDouble(inputs, count, divisor, out, rest);
+    repro::reduceRowsDouble(f, inputs, count, divisor, out, rest);
     if (rest.empty()) return;
-    const size_t m = rest.size();
-    auto* compact = reinterpret_cast<uint32_t*>(scratch(s.compact, (n + 1) * m * 4));
-    std::vector<const void*> rowsOfRest(n);
-    for (int r = 0; r < n; ++r) {
-      const auto* row = static_cast<const uint32_t*>(inputs[r]);
-      uint32_t* to = compact + r * m;
-      for (size_t k = 0; k < m; ++k) to[k] = row[rest[k]];
-      rowsOfRest[r] = to;
+    const auto windowsOfRest = [&]<typename T>(T*) {
+      const size_t m = rest.size();
+      auto* compact = reinterpret_cast<T*>(scratch(s.compact, (n + 1) * m * sizeof(T)));
+      std::vector<const void*> rowsOfRest(n);
+      for (int r = 0; r < n; ++r) {
+        const auto* row = static_cast<const T*>(inputs[r]);
+        T* to = compact + r * m;
+        for (size_t k = 0; k < m; ++k) to[k] = row[rest[k]];
+        rowsOfRest[r] = to;
+      }
+      T* results = compact + n * m;
+      std::vector<size_t> undecided;
+      reduceRowsWindowed(f, rowsOfRest, m, divisor, s, results, undecided);
+      int64_t* acc = scratch(s.full, 2 * f.fullWords());
+      for (size_t i : undecided) {
+        reduceElementFull(f, rowsOfRest, i, divisor, acc, acc + f.fullWords(), results, i);
+      }
+      auto* to = static_cast<T*>(out);
+      for (size_t k = 0; k < m; ++k) to[rest[k]] = results[k];
+    };
+    if (f.bytes == 4) {
+      windowsOfRest(static_cast<uint32_t*>(nullptr));
+    } else {
+      windowsOfRest(static_cast<uint16_t*>(nullptr));
     }
-    uint32_t* results = compact + n * m;
-    std::vector<size_t> undecided;
-    reduceRowsWindowed(f, rowsOfRest, m, divisor, s, results, undecided);
-    int64_t* acc = scratch(s.full, 2 * f.fullWords());
-    for (size_t i : undecided) {
-      reduceElementFull(f, rowsOfRest, i, divisor, acc, acc + f.fullWords(), results, i);
-    }
-    auto* to = static_cast<uint32_t*>(out);
-    for (size_t k = 0; k < m; ++k) to[rest[k]] = results[k];
     return;
   }
   std::vector<size_t> undecided;

@@ -114,15 +114,18 @@ uint64_t overflowThreshold(const Format& f);
 // Appends (i, bits) for every finite element of data from overflowThreshold(f) up.
 void overflowCandidates(const Format& f, const void* data, size_t n,
                         std::vector<std::pair<size_t, uint64_t>>& out);
-// float32 rows in one process (reproducible_double.cc): where an element's values span at most
-// 29 - ceil(log2 n) binades, their double sum is exact and its conversion is the one rounding.
-// doubleSumApplies: float32, n <= 2^29, divisor below 2^27 (AVG's quotient in double, then
-// float, is still the one rounding: the proof is in the .cc). reduceRowsDouble writes those
+// float32, float16 and bfloat16 rows in one process (reproducible_double.cc): where an element's
+// values span at most 53 - p - ceil(log2 n) binades (p: significant bits), their double sum is
+// exact and its conversion is the one rounding. doubleSumApplies: those formats, while the
+// bound is not negative, divisor below 2^27 (AVG's quotient in double, then the format, is
+// still the one rounding: the proof is in the .cc). reduceRowsDouble writes those
 // elements of out and appends the others' indices to `rest`, ascending (infinities, NaN, wide
 // spans; out left alone there).
 bool doubleSumApplies(const Format& f, int n, int divisor);
-void reduceRowsDouble(std::span<const void* const> rows, size_t count, int divisor, void* out,
-                      std::vector<size_t>& rest);
+void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t count, int divisor,
+                      void* out, std::vector<size_t>& rest);
+// v rounded to float by round-to-odd: toward zero, with the last bit set when inexact.
+float roundToOdd(double v);
 // The bits of the sum (divisor 1) or average (divisor n) from summed full accumulators.
 uint64_t decodeFull(const Format& f, const int64_t* words, int ranks, int divisor);
 

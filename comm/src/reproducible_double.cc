@@ -18,6 +18,13 @@
 // S = d·m, S / d is the midpoint itself, and fl32's tie to even is the right answer. (The same
 // holds on float's subnormal grid, whose midpoints are coarser still; a search over 200,000
 // quotients next to midpoints, normal and subnormal, d from 3 to 1000, found no difference.)
+// float16 and bfloat16 (p = 11 and 8 significant bits) take the same sums with the span bound
+// 53 - p - c (float16's whole range fits: 29 binades, so any n <= 2^13). Their result is rounded
+// from the double through float with round-to-odd (truncate, then set the last bit when inexact)
+// and then to the 16-bit format to nearest even: rounding to odd at 24 >= p + 2 bits first and
+// to nearest at p bits after is one rounding to nearest (Boldo and Melquiond, "Emulation of FMA
+// and correctly rounded sums: proved algorithms using rounding to odd", 2008), and the quotient
+// argument above holds for any p <= 24. Scalar loops.
 // The first row starts the sum, so that -0 + -0
 // stays -0 and an exact zero from nonzero values is +0, as the mode says. Infinities and NaN
 // (e = 255) are never taken here. Built at -O3 (the loops vectorise), in the default
@@ -26,6 +33,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "half.h"
 #include "reproducible_accumulator.h"
 
 #if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
@@ -39,8 +47,9 @@ namespace loom::comm::repro {
 
 namespace {
 
-int spanOf(int n) {
-  return 29 - static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
+// The widest binade range hi - lo whose n values add exactly in double: 53 - p - ceil(log2 n).
+int spanOf(int precision, int n) {
+  return 53 - precision - static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
 }
 
 #ifdef LOOM_DOUBLE_AVX2
@@ -130,17 +139,61 @@ void reduceOne(std::span<const void* const> rows, size_t i, int divisor, int spa
   }
 }
 
+// The 16-bit formats, scalar: float16 (kHalf) or bfloat16 rows.
+template <bool kHalf>
+void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, void* out,
+                  std::vector<size_t>& rest) {
+  constexpr int kMantissaBits = kHalf ? 10 : 7;
+  constexpr uint32_t kExponentMask = kHalf ? 0x1f : 0xff;
+  const int span = spanOf(kMantissaBits + 1, static_cast<int>(rows.size()));
+  auto* result = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t hi = 0, lo = kExponentMask;
+    double sum = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const uint16_t bits = static_cast<const uint16_t*>(rows[r])[i];
+      const uint32_t e = std::max<uint32_t>((bits >> kMantissaBits) & kExponentMask, 1u);
+      if ((bits & 0x7fffu) != 0) {
+        hi = std::max(hi, e);
+        lo = std::min(lo, e);
+      }
+      const double v = kHalf ? half::toFloat(bits) : half::bf16ToFloat(bits);
+      sum = r == 0 ? v : sum + v;
+    }
+    if (hi == kExponentMask || static_cast<int>(hi) - static_cast<int>(lo) > span) {
+      rest.push_back(i);
+      continue;
+    }
+    const float odd = roundToOdd(sum / divisor);
+    result[i] = kHalf ? half::fromFloat(odd) : half::bf16FromFloat(odd);
+  }
+}
+
 }  // namespace
 
+float roundToOdd(double v) {
+  const float nearest = static_cast<float>(v);
+  if (static_cast<double>(nearest) == v) return nearest;
+  uint32_t bits = std::bit_cast<uint32_t>(nearest);
+  // Rounded away from zero (or to infinity): one step back toward zero, a sign-magnitude
+  // decrement; then the last bit set (the truncation's odd neighbour, as v was not exact).
+  if (std::abs(static_cast<double>(nearest)) > std::abs(v)) --bits;
+  return std::bit_cast<float>(bits | 1u);
+}
+
 bool doubleSumApplies(const Format& f, int n, int divisor) {
-  return f.bytes == 4 && f.precision == 24 && n >= 1 && spanOf(n) >= 0 && divisor >= 1 &&
+  return f.precision <= 24 && n >= 1 && spanOf(f.precision, n) >= 0 && divisor >= 1 &&
          divisor < (1 << 27);
 }
 
-void reduceRowsDouble(std::span<const void* const> rows, size_t count, int divisor, void* out,
-                      std::vector<size_t>& rest) {
+void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t count, int divisor,
+                      void* out, std::vector<size_t>& rest) {
   const DefaultFloatEnvironment environment;
-  const int span = spanOf(static_cast<int>(rows.size()));
+  if (f.bytes == 2) {
+    return f.precision == 11 ? reduceRows16<true>(rows, count, divisor, out, rest)
+                             : reduceRows16<false>(rows, count, divisor, out, rest);
+  }
+  const int span = spanOf(24, static_cast<int>(rows.size()));
   auto* result = static_cast<float*>(out);
   size_t i = 0;
 #ifdef LOOM_DOUBLE_AVX2

@@ -402,6 +402,49 @@ TEST(ReproducibleLocal, DoubleQuotientsRoundOnce) {
   }
 }
 
+// float16 and bfloat16 take the double sums too, rounded through float by round-to-odd: the
+// generator's adversarial inputs over 3-6 rows, sum and avg, against the exact reference and the
+// one-pass path; and sums one tiny value past a tie of the 16-bit format, which rounding the
+// double to float to nearest first would turn into the tie itself (and then to even, down).
+TEST(ReproducibleLocal, SixteenBitDoubleSums) {
+  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
+    for (int ranks : {3, 4, 5, 6}) {
+      for (bool average : {false, true}) {
+        const size_t count = 3000;  // above the one-pass sizes: kAuto takes the double sums
+        const Inputs in(d, ranks, count, 500 + ranks * 2 + average);
+        const auto want = in.expected(average);
+        std::vector<const void*> ptrs;
+        for (const auto& row : in.data) ptrs.push_back(row.data());
+        std::vector<unsigned char> out(count * 2);
+        reproducibleReduceLocal(ptrs, out.data(), count, d,
+                                average ? ReduceOp::kAvg : ReduceOp::kSum);
+        const std::string what = std::string(dtypeName(d)) + " ranks=" + std::to_string(ranks) +
+                                 (average ? " avg" : " sum");
+        EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
+      }
+    }
+  }
+  // 1 + half an ulp + the smallest step: float16 1 + 2^-11 + 2^-24 is 1 + 2^-10 (0x3c01);
+  // bfloat16 1 + 2^-8 + 2^-30 is 1 + 2^-7 (0x3f81). 1200 copies, above the one-pass sizes.
+  const auto sumOf = [](DType d, std::vector<uint16_t> values) {
+    const size_t count = 1200;
+    std::vector<std::vector<uint16_t>> rows(values.size());
+    std::vector<const void*> ptrs;
+    for (size_t r = 0; r < values.size(); ++r) {
+      rows[r].assign(count, values[r]);
+      ptrs.push_back(rows[r].data());
+    }
+    std::vector<uint16_t> out(count);
+    reproducibleReduceLocal(ptrs, out.data(), count, d, ReduceOp::kSum);
+    for (uint16_t v : out) EXPECT_EQ(v, out[0]);
+    return out[0];
+  };
+  EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0001}), 0x3c01);
+  EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0000}), 0x3c00);  // the tie: to even
+  EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x3080}), 0x3f81);
+  EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x0000}), 0x3f80);
+}
+
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
   float a = 1, out = 0;
   const void* ptrs[] = {&a};

@@ -27,9 +27,10 @@
 // - Larger buffers (exchange): each rank gets every rank's raw values of its block and
 //   reduces those n rows alone, and the results come back (over shared memory one staged
 //   collective; otherwise an all-to-all, then an all-gather, or a gather for reduce).
-//   float32 (SUM and AVG): where an element's values span at most 29 - ceil(log2 n) binades,
-//   their double sum is exact, and it (or its double quotient by n) is rounded once; the rest, and
-//   the other dtypes, take the windowed arithmetic. Windowed arithmetic: one byte per element codes
+//   float32, float16, bfloat16 (SUM and AVG): where an element's values span at most
+//   53 - p - ceil(log2 n) binades (p significant bits), their double sum is exact, and it (or
+//   its double quotient by n) is rounded once; the rest, and float64, take the windowed
+//   arithmetic. Windowed arithmetic: one byte per element codes
 //   the largest exponent of the n values (float64: in groups of 16 exponents); each value is
 //   truncated toward zero into a window anchored there (41 value bits in one int64 for float32,
 //   bfloat16 and float16, 93 in two for float64); the window's low 11 bits count the rows that
