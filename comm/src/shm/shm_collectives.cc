@@ -62,6 +62,19 @@ void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, siz
   }
 }
 
+void copyOutReduced(Arena& arena, const Arena::Call& call, void* out, size_t offset, size_t c,
+                    size_t es, bool stream) {
+  const int me = arena.rank();
+  const int size = arena.size();
+  for (int k = 0; k < size; ++k) {
+    const int q = (me + k) % size;  // start with our own sub-slice: it is ready
+    arena.waitReduced(call, q);
+    const size_t begin = segmentBegin(c, size, q);
+    copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
+            segmentCount(c, size, q) * es, stream);
+  }
+}
+
 size_t chunkElements(const Arena& arena, size_t elementSize, int pieces, size_t totalBytes) {
   const size_t budget = totalBytes >= kWholeSlotBytes
                             ? arena.slotBytes()
@@ -273,13 +286,7 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
     stageChunk(arena, in, offset, c, es);
     arena.post(call);
     reduceOwnSubSlice(arena, call, fn, op, dtype, in, offset, c);
-    for (int k = 0; k < size; ++k) {
-      const int q = (me + k) % size;  // start with our own sub-slice: it is ready
-      arena.waitReduced(call, q);
-      const size_t begin = segmentBegin(c, size, q);
-      copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
-              segmentCount(c, size, q) * es, stream);
-    }
+    copyOutReduced(arena, call, out, offset, c, es, stream);
     arena.finishStep(false);  // every rank waited for every post: see the small path
   }
   if (stream) fenceStreams();
@@ -293,7 +300,6 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
-  const int size = arena.size();
   const size_t chunk = chunkElements(arena, es, 1, count * es);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
@@ -302,15 +308,7 @@ void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
     stageChunk(arena, in, offset, c, es);
     arena.post(call);
     reduceOwnSubSlice(arena, call, fn, op, dtype, in, offset, c);
-    if (me == root) {
-      for (int k = 0; k < size; ++k) {
-        const int q = (me + k) % size;
-        arena.waitReduced(call, q);
-        const size_t begin = segmentBegin(c, size, q);
-        std::memcpy(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
-                    segmentCount(c, size, q) * es);
-      }
-    }
+    if (me == root) copyOutReduced(arena, call, out, offset, c, es, false);
     arena.finishStep();
   }
 }

@@ -68,13 +68,7 @@ void allreduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, 
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
     reduceOwnRows(arena, call, in, offset, c, es, rows, reduce);
-    for (int k = 0; k < size; ++k) {
-      const int q = (me + k) % size;  // start with our own sub-slice: it is ready
-      arena.waitReduced(call, q);
-      const size_t begin = segmentBegin(c, size, q);
-      copyOut(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
-              segmentCount(c, size, q) * es, stream);
-    }
+    copyOutReduced(arena, call, out, offset, c, es, stream);
     arena.finishStep(false);  // every rank waited for every post (allreduce's small path)
   }
   if (stream) fenceStreams();
@@ -86,23 +80,13 @@ void reduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, voi
       makeCall(arena, OpType::kReduce, opts, count, dtype, static_cast<int>(op), root, true);
   if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const size_t es = dtypeSize(dtype);
-  const int me = arena.rank();
-  const int size = arena.size();
-  std::vector<const void*> rows(size);
+  std::vector<const void*> rows(arena.size());
   const size_t chunk = chunkElements(arena, es, 1, count * es);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
     reduceOwnRows(arena, call, in, offset, c, es, rows, reduce);
-    if (me == root) {
-      for (int k = 0; k < size; ++k) {
-        const int q = (me + k) % size;
-        arena.waitReduced(call, q);
-        const size_t begin = segmentBegin(c, size, q);
-        std::memcpy(at(out, (offset + begin) * es), arena.slot(q, arena.step()) + begin * es,
-                    segmentCount(c, size, q) * es);
-      }
-    }
+    if (arena.rank() == root) copyOutReduced(arena, call, out, offset, c, es, false);
     arena.finishStep();  // the others wait for the root's reads through the consumed counter
   }
 }

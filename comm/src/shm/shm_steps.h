@@ -49,4 +49,10 @@ void stageChunk(Arena& arena, const void* in, size_t offset, size_t c, size_t es
 void stageSlices(uint8_t* slot, const void* in, size_t count, size_t offset, size_t c, size_t es,
                  int size, int skip = -1);
 
+// After the split reduction of chunk `c` at element `offset`: waits for every rank's reduced
+// sub-slice (this rank's first, it is ready) and copies it into `out` (non-temporal stores
+// with `stream`: then fenceStreams() after the last chunk).
+void copyOutReduced(Arena& arena, const Arena::Call& call, void* out, size_t offset, size_t c,
+                    size_t es, bool stream);
+
 }  // namespace loom::comm::shm
