@@ -111,8 +111,108 @@ __attribute__((target("avx2"))) size_t reduceRowsDoubleAvx2(std::span<const void
   return i;
 }
 
+// Four 64-bit lane masks as 32-bit ones (the even halves).
+__attribute__((target("avx2"))) inline __m128i narrowMask(__m256d m) {
+  const __m256 f = _mm256_castpd_ps(m);
+  return _mm_castps_si128(_mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1),
+                                         _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+// Four doubles rounded to float by round-to-odd (roundToOdd, four lanes): to nearest, one step
+// back toward zero where that went away from zero, and the last bit set where inexact.
+__attribute__((target("avx2"))) inline __m128 roundToOdd4(__m256d q) {
+  const __m128 nearest = _mm256_cvtpd_ps(q);
+  const __m256d back = _mm256_cvtps_pd(nearest);
+  const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+  const __m256d inexact = _mm256_cmp_pd(back, q, _CMP_NEQ_UQ);
+  const __m256d away =
+      _mm256_cmp_pd(_mm256_and_pd(back, magnitude), _mm256_and_pd(q, magnitude), _CMP_GT_OQ);
+  __m128i bits = _mm_add_epi32(_mm_castps_si128(nearest), narrowMask(away));  // -1 where away
+  bits = _mm_or_si128(bits, _mm_and_si128(narrowMask(inexact), _mm_set1_epi32(1)));
+  return _mm_castsi128_ps(bits);
+}
+
+// The 16-bit formats eight elements at a time, as reduceRowsDoubleAvx2: float16 (kHalf, through
+// F16C) or bfloat16 (a float's upper half). The range check on the format's own exponent field,
+// the double sums, the quotient, round-to-odd to float, then to nearest even in the format
+// (F16C's conversion; bfloat16's by the integer rounding of half::bf16FromFloat). Groups with an
+// element outside the range go to the scalar code (`groups`). The same bits as the scalar loop.
+template <bool kHalf>
+__attribute__((target("avx2,f16c"))) size_t reduceRows16Avx2(std::span<const void* const> rows,
+                                                             size_t count, int divisor, int span,
+                                                             uint16_t* out,
+                                                             std::vector<size_t>& groups) {
+  const int n = static_cast<int>(rows.size());
+  constexpr int kMantissaBits = kHalf ? 10 : 7;
+  const __m256i mask = _mm256_set1_epi32(kHalf ? 0x1f : 0xff), one = _mm256_set1_epi32(1);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fff), zero = _mm256_setzero_si256();
+  const __m256i limit = _mm256_set1_epi32(span);
+  const bool power = std::has_single_bit(static_cast<unsigned>(divisor));
+  const __m256d factor = _mm256_set1_pd(power ? 1.0 / divisor : static_cast<double>(divisor));
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256i hi = zero, lo = mask;
+    __m256d sumLo = _mm256_setzero_pd(), sumHi = _mm256_setzero_pd();
+    for (int r = 0; r < n; ++r) {
+      const __m128i raw = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(rows[r]) + i));
+      const __m256i bits = _mm256_cvtepu16_epi32(raw);
+      const __m256i e =
+          _mm256_max_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, kMantissaBits), mask), one);
+      const __m256i isZero = _mm256_cmpeq_epi32(_mm256_and_si256(bits, magnitude), zero);
+      hi = _mm256_max_epi32(hi, _mm256_andnot_si256(isZero, e));
+      lo = _mm256_min_epi32(lo, _mm256_or_si256(_mm256_and_si256(isZero, mask), e));
+      const __m256 v =
+          kHalf ? _mm256_cvtph_ps(raw) : _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+      const __m256d dLo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+      const __m256d dHi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      if (r == 0) {  // the first row starts the sums (-0 stays -0)
+        sumLo = dLo;
+        sumHi = dHi;
+      } else {
+        sumLo = _mm256_add_pd(sumLo, dLo);
+        sumHi = _mm256_add_pd(sumHi, dHi);
+      }
+    }
+    const __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(hi, mask),
+                                        _mm256_cmpgt_epi32(_mm256_sub_epi32(hi, lo), limit));
+    if (!_mm256_testz_si256(bad, bad)) {
+      groups.push_back(i);
+      continue;
+    }
+    if (power) {
+      sumLo = _mm256_mul_pd(sumLo, factor);
+      sumHi = _mm256_mul_pd(sumHi, factor);
+    } else {
+      sumLo = _mm256_div_pd(sumLo, factor);
+      sumHi = _mm256_div_pd(sumHi, factor);
+    }
+    const __m256 odd = _mm256_set_m128(roundToOdd4(sumHi), roundToOdd4(sumLo));
+    __m128i result;
+    if constexpr (kHalf) {
+      result = _mm256_cvtps_ph(odd, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+      // No NaN here; a carry out of the significand rounds up into the exponent (to infinity
+      // from the largest finite), as half::bf16FromFloat.
+      const __m256i x = _mm256_castps_si256(odd);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+      const __m256i rounded = _mm256_srli_epi32(
+          _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+      result =
+          _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), result);
+  }
+  return i;
+}
+
 bool useAvx2() {
   return reduceKernelIsa()[0] == 'a';
+}
+
+bool useF16c() {
+  static const bool has = __builtin_cpu_supports("f16c");
+  return useAvx2() && has;
 }
 #endif
 
@@ -139,15 +239,13 @@ void reduceOne(std::span<const void* const> rows, size_t i, int divisor, int spa
   }
 }
 
-// The 16-bit formats, scalar: float16 (kHalf) or bfloat16 rows.
+// One element of a 16-bit format in scalar code, as reduceOne: float16 (kHalf) or bfloat16.
 template <bool kHalf>
-void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, void* out,
-                  std::vector<size_t>& rest) {
+void reduceOne16(std::span<const void* const> rows, size_t i, int divisor, int span,
+                 uint16_t* result, std::vector<size_t>& rest) {
   constexpr int kMantissaBits = kHalf ? 10 : 7;
   constexpr uint32_t kExponentMask = kHalf ? 0x1f : 0xff;
-  const int span = spanOf(kMantissaBits + 1, static_cast<int>(rows.size()));
-  auto* result = static_cast<uint16_t*>(out);
-  for (size_t i = 0; i < count; ++i) {
+  {
     uint32_t hi = 0, lo = kExponentMask;
     double sum = 0;
     for (size_t r = 0; r < rows.size(); ++r) {
@@ -162,11 +260,31 @@ void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, 
     }
     if (hi == kExponentMask || static_cast<int>(hi) - static_cast<int>(lo) > span) {
       rest.push_back(i);
-      continue;
+      return;
     }
     const float odd = roundToOdd(sum / divisor);
     result[i] = kHalf ? half::fromFloat(odd) : half::bf16FromFloat(odd);
   }
+}
+
+// The 16-bit formats: the AVX2 loop where the CPU has it (and F16C), groups it leaves and the
+// tail in scalar code, `rest` ascending.
+template <bool kHalf>
+void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, void* out,
+                  std::vector<size_t>& rest) {
+  const int span = spanOf(kHalf ? 11 : 8, static_cast<int>(rows.size()));
+  auto* result = static_cast<uint16_t*>(out);
+  size_t i = 0;
+#ifdef LOOM_DOUBLE_AVX2
+  if (useF16c()) {
+    std::vector<size_t> groups;
+    i = reduceRows16Avx2<kHalf>(rows, count, divisor, span, result, groups);
+    for (size_t g : groups) {
+      for (size_t k = g; k < g + 8; ++k) reduceOne16<kHalf>(rows, k, divisor, span, result, rest);
+    }
+  }
+#endif
+  for (; i < count; ++i) reduceOne16<kHalf>(rows, i, divisor, span, result, rest);
 }
 
 }  // namespace

@@ -407,23 +407,31 @@ TEST(ReproducibleLocal, DoubleQuotientsRoundOnce) {
 // one-pass path; and sums one tiny value past a tie of the 16-bit format, which rounding the
 // double to float to nearest first would turn into the tie itself (and then to even, down).
 TEST(ReproducibleLocal, SixteenBitDoubleSums) {
-  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
-    for (int ranks : {3, 4, 5, 6}) {
-      for (bool average : {false, true}) {
-        const size_t count = 3000;  // above the one-pass sizes: kAuto takes the double sums
-        const Inputs in(d, ranks, count, 500 + ranks * 2 + average);
-        const auto want = in.expected(average);
-        std::vector<const void*> ptrs;
-        for (const auto& row : in.data) ptrs.push_back(row.data());
-        std::vector<unsigned char> out(count * 2);
-        reproducibleReduceLocal(ptrs, out.data(), count, d,
-                                average ? ReduceOp::kAvg : ReduceOp::kSum);
-        const std::string what = std::string(dtypeName(d)) + " ranks=" + std::to_string(ranks) +
-                                 (average ? " avg" : " sum");
-        EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
+  // The AVX2 + F16C loop and the scalar one (ReduceIsa::kGeneric), the caller in FTZ/DAZ or not.
+  for (int run = 0; run < 4; ++run) {
+    setReduceIsa(run % 2 == 0 ? ReduceIsa::kAuto : ReduceIsa::kGeneric);
+    setFlush(run >= 2);
+    for (DType d : {DType::kFloat16, DType::kBFloat16}) {
+      for (int ranks : {3, 4, 5, 8}) {
+        for (bool average : {false, true}) {
+          const size_t count = 3003;  // above the one-pass sizes; a tail after the vectors
+          const Inputs in(d, ranks, count, 500 + ranks * 2 + average);
+          const auto want = in.expected(average);
+          std::vector<const void*> ptrs;
+          for (const auto& row : in.data) ptrs.push_back(row.data());
+          std::vector<unsigned char> out(count * 2);
+          reproducibleReduceLocal(ptrs, out.data(), count, d,
+                                  average ? ReduceOp::kAvg : ReduceOp::kSum);
+          const std::string what = std::string(reduceKernelIsa()) + (run >= 2 ? " ftz " : " ") +
+                                   dtypeName(d) + " ranks=" + std::to_string(ranks) +
+                                   (average ? " avg" : " sum");
+          EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
+        }
       }
     }
   }
+  setFlush(false);
+  setReduceIsa(ReduceIsa::kAuto);
   // 1 + half an ulp + the smallest step: float16 1 + 2^-11 + 2^-24 is 1 + 2^-10 (0x3c01);
   // bfloat16 1 + 2^-8 + 2^-30 is 1 + 2^-7 (0x3f81). 1200 copies, above the one-pass sizes.
   const auto sumOf = [](DType d, std::vector<uint16_t> values) {
@@ -439,10 +447,17 @@ TEST(ReproducibleLocal, SixteenBitDoubleSums) {
     for (uint16_t v : out) EXPECT_EQ(v, out[0]);
     return out[0];
   };
-  EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0001}), 0x3c01);
-  EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0000}), 0x3c00);  // the tie: to even
-  EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x3080}), 0x3f81);
-  EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x0000}), 0x3f80);
+  for (ReduceIsa isa : {ReduceIsa::kAuto, ReduceIsa::kGeneric}) {
+    setReduceIsa(isa);
+    EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0001}), 0x3c01);
+    EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0000}), 0x3c00);  // the tie: to even
+    EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x3080}), 0x3f81);
+    EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x0000}), 0x3f80);
+    // The largest finite values: float16 65504 x 3 overflows to infinity, its average does not.
+    EXPECT_EQ(sumOf(DType::kFloat16, {0x7bff, 0x7bff, 0x7bff}), 0x7c00);
+    EXPECT_EQ(sumOf(DType::kBFloat16, {0x7f7f, 0x7f7f, 0x7f7f}), 0x7f80);
+  }
+  setReduceIsa(ReduceIsa::kAuto);
 }
 
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
