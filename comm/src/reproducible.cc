@@ -193,9 +193,9 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
                      int divisor, Scratch& s, void* out) {
   const int n = static_cast<int>(inputs.size());
   if (repro::doubleSumApplies(f, n, divisor)) {
-    // float32, float16, bfloat16: the elements whose values span few binades add exactly in
-    // double; the rest (wide spans, infinities, NaN) go through the windows below, gathered into
-    // compact rows.
+    // float32, float16, bfloat16 (and float64 in pairs of doubles): the elements whose values
+    // span few binades add exactly in double; the rest (wide spans, infinities, NaN) go through the
+    // windows below, gathered into compact rows.
     std::vector<size_t> rest;
     repro::reduceRowsDouble(f, inputs, count, divisor, out, rest);
     if (rest.empty()) return;
@@ -219,7 +219,9 @@ void reduceRowsExact(const Format& f, std::span<const void* const> inputs, size_
       auto* to = static_cast<T*>(out);
       for (size_t k = 0; k < m; ++k) to[rest[k]] = results[k];
     };
-    if (f.bytes == 4) {
+    if (f.bytes == 8) {
+      windowsOfRest(static_cast<uint64_t*>(nullptr));
+    } else if (f.bytes == 4) {
       windowsOfRest(static_cast<uint32_t*>(nullptr));
     } else {
       windowsOfRest(static_cast<uint16_t*>(nullptr));

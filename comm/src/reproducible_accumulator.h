@@ -116,7 +116,8 @@ void overflowCandidates(const Format& f, const void* data, size_t n,
                         std::vector<std::pair<size_t, uint64_t>>& out);
 // float32, float16 and bfloat16 rows in one process (reproducible_double.cc): where an element's
 // values span at most 53 - p - ceil(log2 n) binades (p: significant bits), their double sum is
-// exact and its conversion is the one rounding. doubleSumApplies: those formats, while the
+// exact and its conversion is the one rounding; float64 within 53 - 2 ceil(log2 n) binades, in
+// pairs of doubles (SUM and power-of-two AVG). doubleSumApplies: those formats, while the
 // bound is not negative, divisor below 2^27 (AVG's quotient in double, then the format, is
 // still the one rounding: the proof is in the .cc). reduceRowsDouble writes those
 // elements of out and appends the others' indices to `rest`, ascending (infinities, NaN, wide

@@ -25,12 +25,22 @@
 // to nearest at p bits after is one rounding to nearest (Boldo and Melquiond, "Emulation of FMA
 // and correctly rounded sums: proved algorithms using rounding to odd", 2008), and the quotient
 // argument above holds for any p <= 24. Scalar loops.
+// float64 (p = 53) cannot add in a wider type; its sums are kept as an unevaluated pair (s, t):
+// each value joins s by TwoSum (s' = fl(s + x) and the exact error e = s + x - s'), and the errors
+// add into t. Every s, x and e is a multiple of u = 2^(lo - 1075) (a rounding to nearest of a
+// multiple of u is one, since the grid is either finer, and then nothing rounds, or coarser and
+// a multiple of u), |s| < 2^(hi - 1022 + c), so |e| <= ulp(s)/2 < 2^(hi - 1076 + c), and the n
+// errors together stay below 2^(hi - 1076 + 2c): where hi - lo <= 53 - 2c, t and its partial
+// sums have at most 53 bits above u, so every addition into t is exact and s + t is the exact
+// sum. Its one rounding is fl(s + t), a single IEEE addition. AVG takes this path for a
+// power-of-two n only, whose division is exact while the quotient is normal.
 // The first row starts the sum, so that -0 + -0
 // stays -0 and an exact zero from nonzero values is +0, as the mode says. Infinities and NaN
 // (e = 255) are never taken here. Built at -O3 (the loops vectorise), in the default
 // floating-point environment (DAZ would flush subnormal inputs in the conversion).
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "half.h"
@@ -50,6 +60,12 @@ namespace {
 // The widest binade range hi - lo whose n values add exactly in double: 53 - p - ceil(log2 n).
 int spanOf(int precision, int n) {
   return 53 - precision - static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
+}
+
+// float64's: the widest binade range whose n values' double-double sum is exact,
+// 53 - 2 ceil(log2 n) (see the top).
+int spanOf64(int n) {
+  return 53 - 2 * static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
 }
 
 #ifdef LOOM_DOUBLE_AVX2
@@ -267,6 +283,48 @@ void reduceOne16(std::span<const void* const> rows, size_t i, int divisor, int s
   }
 }
 
+// float64, one element: the exact sum as an unevaluated pair (s, t) of doubles (see the top),
+// rounded once by fl(s + t); an exact zero keeps s's sign (-0 only from -0 alone). Elements
+// outside the range, whose pair met an overflow (a non-finite s + t), or whose average would be
+// subnormal (dividing it by the power-of-two divisor could drop bits) go to `rest`.
+void reduceOne64(std::span<const void* const> rows, size_t i, int divisor, int span, double* out,
+                 std::vector<size_t>& rest) {
+  uint64_t hi = 0, lo = 0x7ff;
+  double s = 0, t = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double v = static_cast<const double*>(rows[r])[i];
+    const uint64_t bits = std::bit_cast<uint64_t>(v);
+    const uint64_t e = std::max<uint64_t>((bits >> 52) & 0x7ffu, 1u);
+    if ((bits & 0x7fffffffffffffffULL) != 0) {
+      hi = std::max(hi, e);
+      lo = std::min(lo, e);
+    }
+    if (r == 0) {
+      s = v;
+      continue;
+    }
+    // TwoSum (Knuth): sum = fl(s + v), and s + v - sum exactly.
+    const double sum = s + v;
+    const double back = sum - s;
+    t += (s - (sum - back)) + (v - back);
+    s = sum;
+  }
+  double result = s + t;
+  if (hi == 0x7ff || static_cast<int>(hi) - static_cast<int>(lo) > span || !std::isfinite(result)) {
+    rest.push_back(i);
+    return;
+  }
+  if (result == 0) result = s;
+  if (divisor != 1) {
+    if (std::abs(result) < 0x1p-1022 * divisor) {  // the average would be subnormal
+      rest.push_back(i);
+      return;
+    }
+    result /= divisor;  // a power of two, the quotient normal: exact
+  }
+  out[i] = result;
+}
+
 // The 16-bit formats: the AVX2 loop where the CPU has it (and F16C), groups it leaves and the
 // tail in scalar code, `rest` ascending.
 template <bool kHalf>
@@ -300,6 +358,9 @@ float roundToOdd(double v) {
 }
 
 bool doubleSumApplies(const Format& f, int n, int divisor) {
+  if (f.precision == 53) {
+    return n >= 1 && spanOf64(n) >= 0 && std::has_single_bit(static_cast<unsigned>(divisor));
+  }
   return f.precision <= 24 && n >= 1 && spanOf(f.precision, n) >= 0 && divisor >= 1 &&
          divisor < (1 << 27);
 }
@@ -307,6 +368,12 @@ bool doubleSumApplies(const Format& f, int n, int divisor) {
 void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t count, int divisor,
                       void* out, std::vector<size_t>& rest) {
   const DefaultFloatEnvironment environment;
+  if (f.bytes == 8) {
+    const int span = spanOf64(static_cast<int>(rows.size()));
+    auto* result = static_cast<double*>(out);
+    for (size_t i = 0; i < count; ++i) reduceOne64(rows, i, divisor, span, result, rest);
+    return;
+  }
   if (f.bytes == 2) {
     return f.precision == 11 ? reduceRows16<true>(rows, count, divisor, out, rest)
                              : reduceRows16<false>(rows, count, divisor, out, rest);

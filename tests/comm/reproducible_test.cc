@@ -460,6 +460,37 @@ TEST(ReproducibleLocal, SixteenBitDoubleSums) {
   setReduceIsa(ReduceIsa::kAuto);
 }
 
+// float64 keeps its sums as unevaluated pairs of doubles (reproducible_double.cc): 1 + (2^-49 +
+// 2^-101) - 1 is 2^-49 + 2^-101 exactly, where adding in double loses the 2^-101 (the values
+// span 49 binades, the bound for 3 and 4 rows); the average over 4 rows is a quarter of it.
+// Against the one-pass path and the constants, above the one-pass sizes (kAuto).
+TEST(ReproducibleLocal, Float64PairsOfDoubles) {
+  const double small = 0x1p-49 + 0x1p-101;
+  for (int ranks : {3, 4}) {
+    const size_t count = 100;
+    std::vector<std::vector<double>> rows(ranks, std::vector<double>(count, 0.0));
+    for (size_t i = 0; i < count; ++i) {
+      rows[0][i] = 1.0;
+      rows[1][i] = small;
+      rows[2][i] = -1.0;
+    }
+    std::vector<const void*> ptrs;
+    for (const auto& row : rows) ptrs.push_back(row.data());
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      std::vector<double> fast(count), exact(count);
+      reproducibleReduceLocal(ptrs, fast.data(), count, DType::kFloat64, op);
+      reproducibleReduceLocal(ptrs, exact.data(), count, DType::kFloat64, op,
+                              ReproduciblePath::kOnePass);
+      const double want = op == ReduceOp::kSum ? small : small / ranks;
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(exact[i], want) << ranks << " " << reduceOpName(op);
+        ASSERT_EQ(fast[i], want) << ranks << " " << reduceOpName(op);
+      }
+    }
+  }
+  EXPECT_NE(1.0 + small - 1.0, small);  // what adding in double gives
+}
+
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
   float a = 1, out = 0;
   const void* ptrs[] = {&a};

@@ -29,7 +29,8 @@
 //   collective; otherwise an all-to-all, then an all-gather, or a gather for reduce).
 //   float32, float16, bfloat16 (SUM and AVG): where an element's values span at most
 //   53 - p - ceil(log2 n) binades (p significant bits), their double sum is exact, and it (or
-//   its double quotient by n) is rounded once; the rest, and float64, take the windowed
+//   its double quotient by n) is rounded once; float64 likewise in pairs of doubles (TwoSum),
+//   within 53 - 2 ceil(log2 n) binades, SUM and power-of-two AVG; the rest take the windowed
 //   arithmetic. Windowed arithmetic: one byte per element codes
 //   the largest exponent of the n values (float64: in groups of 16 exponents); each value is
 //   truncated toward zero into a window anchored there (41 value bits in one int64 for float32,
