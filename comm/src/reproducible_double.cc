@@ -222,6 +222,71 @@ __attribute__((target("avx2,f16c"))) size_t reduceRows16Avx2(std::span<const voi
   return i;
 }
 
+// 64-bit lane max and min (AVX2 has no epi64 forms).
+__attribute__((target("avx2"))) inline __m256i max64(__m256i a, __m256i b) {
+  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
+}
+__attribute__((target("avx2"))) inline __m256i min64(__m256i a, __m256i b) {
+  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(a, b));
+}
+
+// float64 four elements at a time, as reduceOne64 (the pairs of doubles, the same checks, the
+// same bits); groups with an element it leaves go to the scalar code (`groups`).
+__attribute__((target("avx2"))) size_t reduceRows64Avx2(std::span<const void* const> rows,
+                                                        size_t count, int divisor, int span,
+                                                        double* out, std::vector<size_t>& groups) {
+  const int n = static_cast<int>(rows.size());
+  const __m256i mask = _mm256_set1_epi64x(0x7ff), one = _mm256_set1_epi64x(1);
+  const __m256i magnitude = _mm256_set1_epi64x(0x7fffffffffffffffLL);
+  const __m256i infinity = _mm256_set1_epi64x(0x7ff0000000000000LL);
+  const __m256i zero = _mm256_setzero_si256(), limit = _mm256_set1_epi64x(span);
+  const __m256d factor = _mm256_set1_pd(1.0 / divisor);  // a power of two: exact
+  const __m256d smallest = _mm256_set1_pd(0x1p-1022 * divisor);
+  size_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    __m256i hi = zero, lo = mask;
+    __m256d s = _mm256_setzero_pd(), t = _mm256_setzero_pd();
+    for (int r = 0; r < n; ++r) {
+      const __m256d v = _mm256_loadu_pd(static_cast<const double*>(rows[r]) + i);
+      const __m256i bits = _mm256_castpd_si256(v);
+      const __m256i e = max64(_mm256_and_si256(_mm256_srli_epi64(bits, 52), mask), one);
+      const __m256i isZero = _mm256_cmpeq_epi64(_mm256_and_si256(bits, magnitude), zero);
+      hi = max64(hi, _mm256_andnot_si256(isZero, e));
+      lo = min64(lo, _mm256_or_si256(_mm256_and_si256(isZero, mask), e));
+      if (r == 0) {
+        s = v;
+        continue;
+      }
+      const __m256d sum = _mm256_add_pd(s, v);
+      const __m256d back = _mm256_sub_pd(sum, s);
+      const __m256d error =
+          _mm256_add_pd(_mm256_sub_pd(s, _mm256_sub_pd(sum, back)), _mm256_sub_pd(v, back));
+      t = _mm256_add_pd(t, error);
+      s = sum;
+    }
+    __m256d result = _mm256_add_pd(s, t);
+    const __m256i size = _mm256_and_si256(_mm256_castpd_si256(result), magnitude);
+    __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi64(hi, mask),
+                                  _mm256_cmpgt_epi64(_mm256_sub_epi64(hi, lo), limit));
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi64(size, _mm256_sub_epi64(infinity, one)));
+    if (divisor != 1) {
+      // A subnormal average (zero divides exactly).
+      const __m256d tiny = _mm256_cmp_pd(_mm256_castsi256_pd(size), smallest, _CMP_LT_OQ);
+      bad = _mm256_or_si256(
+          bad, _mm256_andnot_si256(_mm256_cmpeq_epi64(size, zero), _mm256_castpd_si256(tiny)));
+    }
+    if (!_mm256_testz_si256(bad, bad)) {
+      groups.push_back(i);
+      continue;
+    }
+    // An exact zero keeps s's sign.
+    result = _mm256_blendv_pd(result, s, _mm256_cmp_pd(result, _mm256_setzero_pd(), _CMP_EQ_OQ));
+    if (divisor != 1) result = _mm256_mul_pd(result, factor);
+    _mm256_storeu_pd(out + i, result);
+  }
+  return i;
+}
+
 bool useAvx2() {
   return reduceKernelIsa()[0] == 'a';
 }
@@ -316,7 +381,7 @@ void reduceOne64(std::span<const void* const> rows, size_t i, int divisor, int s
   }
   if (result == 0) result = s;
   if (divisor != 1) {
-    if (std::abs(result) < 0x1p-1022 * divisor) {  // the average would be subnormal
+    if (result != 0 && std::abs(result) < 0x1p-1022 * divisor) {  // a subnormal average
       rest.push_back(i);
       return;
     }
@@ -371,7 +436,17 @@ void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t
   if (f.bytes == 8) {
     const int span = spanOf64(static_cast<int>(rows.size()));
     auto* result = static_cast<double*>(out);
-    for (size_t i = 0; i < count; ++i) reduceOne64(rows, i, divisor, span, result, rest);
+    size_t i = 0;
+#ifdef LOOM_DOUBLE_AVX2
+    if (useAvx2()) {
+      std::vector<size_t> groups;
+      i = reduceRows64Avx2(rows, count, divisor, span, result, groups);
+      for (size_t g : groups) {
+        for (size_t k = g; k < g + 4; ++k) reduceOne64(rows, k, divisor, span, result, rest);
+      }
+    }
+#endif
+    for (; i < count; ++i) reduceOne64(rows, i, divisor, span, result, rest);
     return;
   }
   if (f.bytes == 2) {
