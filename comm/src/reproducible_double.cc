@@ -1,6 +1,7 @@
-// The reproducible mode's float32 fast path for rows reduced in one process (the exchange and the
+// The reproducible mode's fast path for rows reduced in one process (the exchange and the
 // gathered path, reproducible.cc): where an element's n values span few binades, their sum in
-// double is exact, so it needs no integer window.
+// double (float64: in a pair of doubles) is exact, so it needs no integer window. float32 first,
+// then AVG, the 16-bit formats and float64.
 //
 // Why it is exact: a float32 with biased exponent e >= 1 (subnormals count as 1) is a multiple of
 // 2^(e - 150) and below 2^(e - 126). With lo and hi the smallest and largest such e among an
@@ -24,7 +25,7 @@
 // and then to the 16-bit format to nearest even: rounding to odd at 24 >= p + 2 bits first and
 // to nearest at p bits after is one rounding to nearest (Boldo and Melquiond, "Emulation of FMA
 // and correctly rounded sums: proved algorithms using rounding to odd", 2008), and the quotient
-// argument above holds for any p <= 24. Scalar loops.
+// argument above holds for any p <= 24.
 // float64 (p = 53) cannot add in a wider type; its sums are kept as an unevaluated pair (s, t):
 // each value joins s by TwoSum (s' = fl(s + x) and the exact error e = s + x - s'), and the errors
 // add into t. Every s, x and e is a multiple of u = 2^(lo - 1075) (a rounding to nearest of a
@@ -36,8 +37,9 @@
 // power-of-two n only, whose division is exact while the quotient is normal.
 // The first row starts the sum, so that -0 + -0
 // stays -0 and an exact zero from nonzero values is +0, as the mode says. Infinities and NaN
-// (e = 255) are never taken here. Built at -O3 (the loops vectorise), in the default
-// floating-point environment (DAZ would flush subnormal inputs in the conversion).
+// (the largest exponent field) are never taken here. Each format has a scalar loop and an AVX2
+// one (F16C for float16) that give the same bits. Built at -O3 (the loops vectorise), in the
+// default floating-point environment (DAZ would flush subnormal inputs in the conversion).
 #include <algorithm>
 #include <bit>
 #include <cmath>
