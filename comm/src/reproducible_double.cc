@@ -142,78 +142,188 @@ __attribute__((target("avx2"))) size_t reduceRowsDoubleAvx2(std::span<const void
   return i;
 }
 
-// Four 64-bit lane masks as 32-bit ones (the even halves).
-__attribute__((target("avx2"))) inline __m128i narrowMask(__m256d m) {
-  const __m256 f = _mm256_castpd_ps(m);
-  return _mm_castps_si128(_mm_shuffle_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1),
-                                         _MM_SHUFFLE(2, 0, 2, 0)));
+// Four doubles' significands truncated to float's 24 bits, the last kept bit set where that
+// dropped anything (round-to-odd at 24 bits; sign and magnitude, so truncating the bits
+// truncates toward zero in either sign, and zeros keep theirs), then converted to float. In
+// float's normal range the conversion is exact and this is roundToOdd; below it see the 16-bit
+// loop's comment.
+__attribute__((target("avx2"))) inline __m128 roundToOdd24(__m256d q) {
+  const __m256i dropped = _mm256_set1_epi64x((int64_t{1} << 29) - 1);
+  const __m256i bits = _mm256_castpd_si256(q);
+  const __m256i exact = _mm256_cmpeq_epi64(_mm256_and_si256(bits, dropped), _mm256_setzero_si256());
+  const __m256i sticky = _mm256_andnot_si256(exact, _mm256_set1_epi64x(int64_t{1} << 29));
+  const __m256i odd = _mm256_or_si256(_mm256_andnot_si256(dropped, bits), sticky);
+  return _mm256_cvtpd_ps(_mm256_castsi256_pd(odd));
 }
 
-// Four doubles rounded to float by round-to-odd (roundToOdd, four lanes): to nearest, one step
-// back toward zero where that went away from zero, and the last bit set where inexact.
-__attribute__((target("avx2"))) inline __m128 roundToOdd4(__m256d q) {
-  const __m128 nearest = _mm256_cvtpd_ps(q);
-  const __m256d back = _mm256_cvtps_pd(nearest);
-  const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
-  const __m256d inexact = _mm256_cmp_pd(back, q, _CMP_NEQ_UQ);
-  const __m256d away =
-      _mm256_cmp_pd(_mm256_and_pd(back, magnitude), _mm256_and_pd(q, magnitude), _CMP_GT_OQ);
-  __m128i bits = _mm_add_epi32(_mm_castps_si128(nearest), narrowMask(away));  // -1 where away
-  bits = _mm_or_si128(bits, _mm_and_si128(narrowMask(inexact), _mm_set1_epi32(1)));
-  return _mm_castsi128_ps(bits);
+// Eight floats (no NaN) rounded to nearest even bfloat16, in the low halves of 32-bit lanes: a
+// carry out of the significand rounds up into the exponent (to infinity from the largest
+// finite), as half::bf16FromFloat.
+__attribute__((target("avx2"))) inline __m256i toBf16x8(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb),
+                           16);
 }
 
-// The 16-bit formats eight elements at a time, as reduceRowsDoubleAvx2: float16 (kHalf, through
-// F16C) or bfloat16 (a float's upper half). The range check on the format's own exponent field,
-// the double sums, the quotient, round-to-odd to float, then to nearest even in the format
-// (F16C's conversion; bfloat16's by the integer rounding of half::bf16FromFloat). Groups with an
-// element outside the range go to the scalar code (`groups`). The same bits as the scalar loop.
+// The 16-bit formats, sixteen elements at a time (Rows16 below): float16 (kHalf, through F16C)
+// or bfloat16 (a float's upper half).
+//
+// Lanes: float16 converts each half of the sixteen in order, to floats 0-7 and 8-15, and those
+// to doubles 0-3, 4-7, 8-11, 12-15. bfloat16 widens by interleaving with zeros in each 128-bit
+// lane, which gives floats 0-3 | 8-11 and 4-7 | 12-15, and doubles 0-3, 8-11, 4-7, 12-15; the
+// final pack (per 128-bit lane) puts them back in order. Either way floats k and doubles 2k,
+// 2k + 1 hold the same elements, and the conversions below undo the order.
+template <bool kHalf>
+struct Rows16 {
+  // The sixteen values of row r as two vectors of eight floats (exact), in the order above.
+  __attribute__((target("avx2,f16c"))) static void widen(__m256i raw, __m256& f0, __m256& f1) {
+    if constexpr (kHalf) {
+      f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(raw));
+      f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(raw, 1));
+    } else {
+      f0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw));
+      f1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), raw));
+    }
+  }
+  __attribute__((target("avx2"))) static __m256i load(std::span<const void* const> rows, int r,
+                                                      size_t i) {
+    return _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(rows[r]) + i));
+  }
+  // Exact float sums (where the range allows them): the first row starts them (-0 stays -0).
+  // With them, per element, the largest magnitude and the smallest magnitude less one (a
+  // zero's wraps to 0xffff and counts for nothing), for the range check.
+  __attribute__((target("avx2,f16c"))) static void sumFloat(std::span<const void* const> rows,
+                                                            size_t i, __m256 f[2], __m256i& largest,
+                                                            __m256i& smallest) {
+    const __m256i magnitude = _mm256_set1_epi16(0x7fff), ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+      const __m256i raw = load(rows, r, i);
+      const __m256i m = _mm256_and_si256(raw, magnitude);
+      largest = _mm256_max_epu16(largest, m);
+      smallest = _mm256_min_epu16(smallest, _mm256_sub_epi16(m, ones));
+      __m256 w0, w1;
+      widen(raw, w0, w1);
+      f[0] = r == 0 ? w0 : _mm256_add_ps(f[0], w0);
+      f[1] = r == 0 ? w1 : _mm256_add_ps(f[1], w1);
+    }
+  }
+  // The same sums in double (no range kept: sumFloat's is).
+  __attribute__((target("avx2,f16c"))) static void sumDouble(std::span<const void* const> rows,
+                                                             size_t i, __m256d s[4]) {
+    for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+      __m256 w[2];
+      widen(load(rows, r, i), w[0], w[1]);
+      for (int k = 0; k < 4; ++k) {
+        const __m256d d = _mm256_cvtps_pd(k % 2 == 0 ? _mm256_castps256_ps128(w[k / 2])
+                                                     : _mm256_extractf128_ps(w[k / 2], 1));
+        s[k] = r == 0 ? d : _mm256_add_pd(s[k], d);
+      }
+    }
+  }
+  // Two vectors of eight floats, in widen's order, rounded to nearest even in the format: the
+  // sixteen results in order. No NaN here; bfloat16's carry out of the significand rounds up
+  // into the exponent (to infinity from the largest finite), as half::bf16FromFloat.
+  __attribute__((target("avx2,f16c"))) static __m256i narrow(__m256 f0, __m256 f1) {
+    if constexpr (kHalf) {
+      return _mm256_set_m128i(_mm256_cvtps_ph(f1, _MM_FROUND_TO_NEAREST_INT),
+                              _mm256_cvtps_ph(f0, _MM_FROUND_TO_NEAREST_INT));
+    } else {
+      return _mm256_packus_epi32(toBf16x8(f0), toBf16x8(f1));
+    }
+  }
+};
+
+// The 16-bit formats' AVX2 loop, the same bits as the scalar reduceOne16, for divisors up to
+// 2^14 (reduceRows16 leaves larger ones to the scalar code). Per group of sixteen:
+//
+// - First the sums in float, with each element's exponent range read off its largest and its
+//   smallest magnitude less one (m - 1 has m's exponent field except at a power of two, where it
+//   has one less: the range is at most one binade wider than the true one, so every check below
+//   is the scalar one or stricter, never looser). A value of field e >= 1 (subnormals: 1) is a
+//   multiple of 2^(e - bias - p + 1) below 2^(e - bias + 1), so n of them with fields in
+//   [lo, hi] add to multiples of the first below 2^(hi - bias + 1 + c): hi - lo + p + c bits,
+//   which float's 24 hold when hi - lo <= 24 - p - c (`floatSpan`: float16 11 over 4 rows,
+//   bfloat16 14). bfloat16 also needs its partial sums below float's largest: hi <= 254 - c.
+//   Every partial sum is then exact, and so is the float sum; rounded once to the format it is
+//   the SUM, and the AVG by a power of two d after the multiplication by 1/d, which is exact:
+//   float16's nonzero sums are at least 2^-24, their quotients normal floats, and bfloat16's
+//   are multiples of its smallest subnormal, 2^-133, their quotients by d <= 2^16 multiples of
+//   float's, 2^-149.
+// - A group with an element outside that but inside the double sums' range (`span`) is summed
+//   again in double, and an AVG by another divisor converts its exact float sums to double:
+//   the quotient in double, roundToOdd24, and to nearest even in the format. Where the quotient
+//   is a normal float that is the scalar code's computation. float16's always are (at least
+//   2^-24 / 2^14). bfloat16's below 2^-126 are not rounded to odd correctly, but they need not
+//   be: the exact quotient T = S / d, with S a multiple of 2^-133, is a tie of the format
+//   (an odd multiple of 2^-134 there) or at least 2^-134 / d >= 2^-148 from every tie, while the
+//   computed float is within 2^-149 (the truncation below float's last subnormal bit) + 2^-150
+//   (the conversion) + the double quotient's error of T: on the same side of every tie as T,
+//   or exactly T, so rounding it to nearest gives T's rounding. Quotients at or above 2^128
+//   convert to infinity, and those just below it to float's largest, which bfloat16 rounds to
+//   infinity as T's rounding does.
+// - A group with an infinity or NaN, or a range beyond `span`, goes to the scalar code
+//   (`groups`, sixteen elements each).
 template <bool kHalf>
 __attribute__((target("avx2,f16c"))) size_t reduceRows16Avx2(std::span<const void* const> rows,
                                                              size_t count, int divisor, int span,
                                                              uint16_t* out,
                                                              std::vector<size_t>& groups) {
+  using R = Rows16<kHalf>;
   const int n = static_cast<int>(rows.size());
   constexpr int kMantissaBits = kHalf ? 10 : 7;
-  const __m256i mask = _mm256_set1_epi32(kHalf ? 0x1f : 0xff), one = _mm256_set1_epi32(1);
-  const __m256i magnitude = _mm256_set1_epi32(0x7fff), zero = _mm256_setzero_si256();
-  const __m256i limit = _mm256_set1_epi32(span);
+  constexpr int16_t kNone = kHalf ? 0x1f : 0xff;  // the exponent field of infinities and NaN
+  const int c = static_cast<int>(std::bit_width(static_cast<unsigned>(n - 1)));
+  const int floatSpan = 24 - (kMantissaBits + 1) - c;  // may be negative: never in float then
+  const __m256i ones = _mm256_set1_epi16(1), none = _mm256_set1_epi16(kNone);
+  const __m256i doubleLimit = _mm256_set1_epi16(static_cast<int16_t>(span));
+  const __m256i floatLimit = _mm256_set1_epi16(static_cast<int16_t>(floatSpan));
+  // bfloat16's partial sums stay below 2^128 while hi <= 254 - c.
+  const __m256i floatTop = _mm256_set1_epi16(static_cast<int16_t>(kHalf ? kNone : 254 - c));
   const bool power = std::has_single_bit(static_cast<unsigned>(divisor));
-  const __m256d factor = _mm256_set1_pd(power ? 1.0 / divisor : static_cast<double>(divisor));
+  const __m256 inverse = _mm256_set1_ps(power ? 1.0f / static_cast<float>(divisor) : 1.0f);
+  const __m256d factor = _mm256_set1_pd(static_cast<double>(divisor));
   size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    Lanes8 a{zero, mask, _mm256_setzero_pd(), _mm256_setzero_pd()};
-    for (int r = 0; r < n; ++r) {
-      const __m128i raw = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(rows[r]) + i));
-      const __m256i bits = _mm256_cvtepu16_epi32(raw);
-      const __m256i e =
-          _mm256_max_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, kMantissaBits), mask), one);
-      const __m256i isZero = _mm256_cmpeq_epi32(_mm256_and_si256(bits, magnitude), zero);
-      const __m256 v =
-          kHalf ? _mm256_cvtph_ps(raw) : _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
-      addRow8(a, e, isZero, mask, v, r == 0);
-    }
-    if (outside8(a, mask, limit)) {
+  for (; i + 16 <= count; i += 16) {
+    __m256i largest = _mm256_setzero_si256(), smallest = _mm256_set1_epi16(-1);
+    __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // the first row replaces these
+    R::sumFloat(rows, i, f, largest, smallest);
+    // Exponent fields, subnormals as 1; an all-zero element has hi 1 and lo above it.
+    const __m256i hi = _mm256_max_epi16(_mm256_srli_epi16(largest, kMantissaBits), ones);
+    const __m256i lo = _mm256_max_epi16(_mm256_srli_epi16(smallest, kMantissaBits), ones);
+    const __m256i range = _mm256_sub_epi16(hi, lo);
+    const __m256i outside =
+        _mm256_or_si256(_mm256_cmpeq_epi16(hi, none), _mm256_cmpgt_epi16(range, doubleLimit));
+    if (!_mm256_testz_si256(outside, outside)) {
       groups.push_back(i);
       continue;
     }
-    divide8(a, power, factor);
-    const __m256 odd = _mm256_set_m128(roundToOdd4(a.sumHi), roundToOdd4(a.sumLo));
-    __m128i result;
-    if constexpr (kHalf) {
-      result = _mm256_cvtps_ph(odd, _MM_FROUND_TO_NEAREST_INT);
-    } else {
-      // No NaN here; a carry out of the significand rounds up into the exponent (to infinity
-      // from the largest finite), as half::bf16FromFloat.
-      const __m256i x = _mm256_castps_si256(odd);
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
-      const __m256i rounded = _mm256_srli_epi32(
-          _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
-      result =
-          _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+    const __m256i wide =
+        _mm256_or_si256(_mm256_cmpgt_epi16(range, floatLimit), _mm256_cmpgt_epi16(hi, floatTop));
+    if (_mm256_testz_si256(wide, wide) && power) {
+      // The float sums are exact, and so are their quotients (see above).
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          R::narrow(_mm256_mul_ps(f[0], inverse), _mm256_mul_ps(f[1], inverse)));
+      continue;
     }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), result);
+    __m256d s[4];
+    if (_mm256_testz_si256(wide, wide)) {  // exact float sums, another divisor
+      for (int k = 0; k < 4; ++k) {
+        s[k] = _mm256_cvtps_pd(k % 2 == 0 ? _mm256_castps256_ps128(f[k / 2])
+                                          : _mm256_extractf128_ps(f[k / 2], 1));
+      }
+    } else {
+      for (auto& v : s) v = _mm256_setzero_pd();  // the first row replaces these
+      R::sumDouble(rows, i, s);
+    }
+    __m128 odd[4];
+    for (int k = 0; k < 4; ++k) {
+      odd[k] = roundToOdd24(divisor == 1 ? s[k] : _mm256_div_pd(s[k], factor));
+    }
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(out + i),
+        R::narrow(_mm256_set_m128(odd[1], odd[0]), _mm256_set_m128(odd[3], odd[2])));
   }
   return i;
 }
@@ -395,11 +505,11 @@ void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, 
   auto* result = static_cast<uint16_t*>(out);
   size_t i = 0;
 #ifdef LOOM_DOUBLE_AVX2
-  if (useF16c()) {
+  if (useF16c() && divisor <= (1 << 14)) {  // see reduceRows16Avx2
     std::vector<size_t> groups;
     i = reduceRows16Avx2<kHalf>(rows, count, divisor, span, result, groups);
     for (size_t g : groups) {
-      for (size_t k = g; k < g + 8; ++k) reduceOne16<kHalf>(rows, k, divisor, span, result, rest);
+      for (size_t k = g; k < g + 16; ++k) reduceOne16<kHalf>(rows, k, divisor, span, result, rest);
     }
   }
 #endif

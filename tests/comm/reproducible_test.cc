@@ -453,9 +453,87 @@ TEST(ReproducibleLocal, SixteenBitDoubleSums) {
     EXPECT_EQ(sumOf(DType::kFloat16, {0x3c00, 0x1000, 0x0000}), 0x3c00);  // the tie: to even
     EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x3080}), 0x3f81);
     EXPECT_EQ(sumOf(DType::kBFloat16, {0x3f80, 0x3b80, 0x0000}), 0x3f80);
+    // One binade past the float sums' range over 4 rows (float16 11, bfloat16 14): three values
+    // add to a tie of the format and the fourth, a subnormal, is half of float's ulp there, so a
+    // float sum would round to the tie and then to even. 0.375 + 0.375 + (0.25 + 2^-11) + 2^-24
+    // is 1 + 2^-10 in float16; bfloat16 the same shape at 2^-109 with 2^-133.
+    EXPECT_EQ(sumOf(DType::kFloat16, {0x3600, 0x3600, 0x3402, 0x0001}), 0x3c01);
+    EXPECT_EQ(sumOf(DType::kBFloat16, {0x0840, 0x0840, 0x0802, 0x0001}), 0x0901);
+    // And one past the double sums' over 4 rows (bfloat16 43): 1.5 + 1.5 + (1 + 2^-6), at 2^-82,
+    // is a tie, and 2^-133 half of double's ulp at its sum.
+    EXPECT_EQ(sumOf(DType::kBFloat16, {0x16c0, 0x16c0, 0x1682, 0x0001}), 0x1781);
     // The largest finite values: float16 65504 x 3 overflows to infinity, its average does not.
     EXPECT_EQ(sumOf(DType::kFloat16, {0x7bff, 0x7bff, 0x7bff}), 0x7c00);
     EXPECT_EQ(sumOf(DType::kBFloat16, {0x7f7f, 0x7f7f, 0x7f7f}), 0x7f80);
+  }
+  setReduceIsa(ReduceIsa::kAuto);
+}
+
+// The 16-bit formats' AVX2 loop (from 3 ranks) takes each group of sixteen elements one of four
+// ways: exact float sums, double sums, exact float sums divided in double (an AVG by a divisor that
+// is not a power of two), or the scalar code (an infinity or NaN, a range too wide, a tiny bfloat16
+// result). Groups here are built to take each: every element of a group draws its values from one
+// band of exponent fields (narrow, past float's span, past double's, tiny, huge, cancelling, one
+// special value), so no group is sent elsewhere by a neighbour. Against the reference, with the
+// AVX2 loop and the scalar one.
+TEST(ReproducibleLocal, SixteenBitVectorLoopEveryWay) {
+  struct Band {
+    int lo, hi;    // exponent fields drawn from [lo, hi], clamped to the format's finite ones
+    bool cancel;   // the last rank cancels the others' first value
+    bool special;  // one element of the group gets an infinity or NaN
+  };
+  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
+    const bool isHalf = d == DType::kFloat16;
+    const int mantissa = isHalf ? 10 : 7, top = isHalf ? 30 : 254;
+    const int mid = isHalf ? 15 : 127;
+    const std::vector<Band> bands = {
+        {mid - 3, mid + 3, false, false},  // narrow: float sums
+        {mid - 9, mid + 5, false, false},  // past float's span for 4+ ranks
+        {1, top, false, false},            // past double's for bfloat16: scalar
+        {0, 3, false, false},              // subnormals and the smallest normals
+        {top - 4, top, false, false},      // the largest: overflow, bfloat16's float top
+        {mid - 2, mid + 2, true, false},   // cancellation: exact zeros
+        {mid - 2, mid + 2, false, true},   // one infinity or NaN
+    };
+    for (int ranks : {1, 2, 3, 4, 5, 7, 8}) {
+      for (bool average : {false, true}) {
+        std::mt19937_64 rng(900 + ranks * 4 + average * 2 + isHalf);
+        // Above the one-pass sizes (16 KiB of float16's full accumulators are 1024 elements),
+        // and a tail.
+        const size_t count = 12 * bands.size() * 16 + 5;
+        Inputs in(d, ranks, count, 1, false);
+        for (size_t g = 0; g * 16 < count; ++g) {
+          const Band& b = bands[g % bands.size()];
+          for (size_t i = g * 16; i < std::min(count, g * 16 + 16); ++i) {
+            std::vector<uint16_t> v(ranks);
+            for (int r = 0; r < ranks; ++r) {
+              const int e = std::clamp(b.lo + static_cast<int>(rng() % (b.hi - b.lo + 1)), 0, top);
+              const uint16_t sign = (rng() & 1) ? 0x8000 : 0;
+              v[r] =
+                  static_cast<uint16_t>(sign | (e << mantissa) | (rng() & ((1u << mantissa) - 1)));
+            }
+            if (b.cancel && ranks > 1) v[ranks - 1] = v[0] ^ 0x8000;
+            if (b.special && i == g * 16 + 7) {
+              const uint16_t inf = static_cast<uint16_t>((top + 1) << mantissa);
+              v[rng() % ranks] = (rng() & 1) ? inf : static_cast<uint16_t>(inf | 1);
+            }
+            for (int r = 0; r < ranks; ++r) std::memcpy(&in.data[r][i * 2], &v[r], 2);
+          }
+        }
+        const auto want = in.expected(average);
+        std::vector<const void*> ptrs;
+        for (const auto& row : in.data) ptrs.push_back(row.data());
+        for (ReduceIsa isa : {ReduceIsa::kAuto, ReduceIsa::kGeneric}) {
+          setReduceIsa(isa);
+          std::vector<unsigned char> out(count * 2);
+          reproducibleReduceLocal(ptrs, out.data(), count, d,
+                                  average ? ReduceOp::kAvg : ReduceOp::kSum);
+          const std::string what = std::string(reduceKernelIsa()) + " " + dtypeName(d) +
+                                   " ranks=" + std::to_string(ranks) + (average ? " avg" : " sum");
+          EXPECT_EQ(mismatches(in, want, out.data(), 0, count, what), 0) << what;
+        }
+      }
+    }
   }
   setReduceIsa(ReduceIsa::kAuto);
 }
