@@ -47,6 +47,7 @@
 
 #include "half.h"
 #include "reproducible_accumulator.h"
+#include "reproducible_sixteen.h"
 
 #if defined(__x86_64__) && defined(LOOM_HAVE_AVX2_KERNELS)
 #include <immintrin.h>
@@ -156,40 +157,13 @@ __attribute__((target("avx2"))) inline __m128 roundToOdd24(__m256d q) {
   return _mm256_cvtpd_ps(_mm256_castsi256_pd(odd));
 }
 
-// Eight floats (no NaN) rounded to nearest even bfloat16, in the low halves of 32-bit lanes: a
-// carry out of the significand rounds up into the exponent (to infinity from the largest
-// finite), as half::bf16FromFloat.
-__attribute__((target("avx2"))) inline __m256i toBf16x8(__m256 v) {
-  const __m256i x = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb),
-                           16);
-}
-
-// The 16-bit formats, sixteen elements at a time (Rows16 below): float16 (kHalf, through F16C)
-// or bfloat16 (a float's upper half).
-//
-// Lanes: float16 converts each half of the sixteen in order, to floats 0-7 and 8-15, and those
-// to doubles 0-3, 4-7, 8-11, 12-15. bfloat16 widens by interleaving with zeros in each 128-bit
-// lane, which gives floats 0-3 | 8-11 and 4-7 | 12-15, and doubles 0-3, 8-11, 4-7, 12-15; the
-// final pack (per 128-bit lane) puts them back in order. Either way floats k and doubles 2k,
-// 2k + 1 hold the same elements, and the conversions below undo the order.
+// The 16-bit formats' sums of sixteen elements (lanes: reproducible_sixteen.h; floats k and
+// doubles 2k, 2k + 1 hold the same elements).
 template <bool kHalf>
 struct Rows16 {
-  // The sixteen values of row r as two vectors of eight floats (exact), in the order above.
-  __attribute__((target("avx2,f16c"))) static void widen(__m256i raw, __m256& f0, __m256& f1) {
-    if constexpr (kHalf) {
-      f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(raw));
-      f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(raw, 1));
-    } else {
-      f0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw));
-      f1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), raw));
-    }
-  }
   __attribute__((target("avx2"))) static __m256i load(std::span<const void* const> rows, int r,
                                                       size_t i) {
-    return _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(rows[r]) + i));
+    return sixteen::load(static_cast<const uint16_t*>(rows[r]) + i);
   }
   // Exact float sums (where the range allows them): the first row starts them (-0 stays -0).
   // With them, per element, the largest magnitude and the smallest magnitude less one (a
@@ -204,7 +178,7 @@ struct Rows16 {
       largest = _mm256_max_epu16(largest, m);
       smallest = _mm256_min_epu16(smallest, _mm256_sub_epi16(m, ones));
       __m256 w0, w1;
-      widen(raw, w0, w1);
+      sixteen::widen<kHalf>(raw, w0, w1);
       f[0] = r == 0 ? w0 : _mm256_add_ps(f[0], w0);
       f[1] = r == 0 ? w1 : _mm256_add_ps(f[1], w1);
     }
@@ -214,23 +188,11 @@ struct Rows16 {
                                                              size_t i, __m256d s[4]) {
     for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
       __m256 w[2];
-      widen(load(rows, r, i), w[0], w[1]);
+      sixteen::widen<kHalf>(load(rows, r, i), w[0], w[1]);
       for (int k = 0; k < 4; ++k) {
-        const __m256d d = _mm256_cvtps_pd(k % 2 == 0 ? _mm256_castps256_ps128(w[k / 2])
-                                                     : _mm256_extractf128_ps(w[k / 2], 1));
+        const __m256d d = sixteen::toDouble(w[k / 2], k % 2);
         s[k] = r == 0 ? d : _mm256_add_pd(s[k], d);
       }
-    }
-  }
-  // Two vectors of eight floats, in widen's order, rounded to nearest even in the format: the
-  // sixteen results in order. No NaN here; bfloat16's carry out of the significand rounds up
-  // into the exponent (to infinity from the largest finite), as half::bf16FromFloat.
-  __attribute__((target("avx2,f16c"))) static __m256i narrow(__m256 f0, __m256 f1) {
-    if constexpr (kHalf) {
-      return _mm256_set_m128i(_mm256_cvtps_ph(f1, _MM_FROUND_TO_NEAREST_INT),
-                              _mm256_cvtps_ph(f0, _MM_FROUND_TO_NEAREST_INT));
-    } else {
-      return _mm256_packus_epi32(toBf16x8(f0), toBf16x8(f1));
     }
   }
 };
@@ -303,15 +265,15 @@ __attribute__((target("avx2,f16c"))) size_t reduceRows16Avx2(std::span<const voi
         _mm256_or_si256(_mm256_cmpgt_epi16(range, floatLimit), _mm256_cmpgt_epi16(hi, floatTop));
     if (_mm256_testz_si256(wide, wide) && power) {
       // The float sums are exact, and so are their quotients (see above).
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                          R::narrow(_mm256_mul_ps(f[0], inverse), _mm256_mul_ps(f[1], inverse)));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(out + i),
+          sixteen::narrow<kHalf>(_mm256_mul_ps(f[0], inverse), _mm256_mul_ps(f[1], inverse)));
       continue;
     }
     __m256d s[4];
     if (_mm256_testz_si256(wide, wide)) {  // exact float sums, another divisor
       for (int k = 0; k < 4; ++k) {
-        s[k] = _mm256_cvtps_pd(k % 2 == 0 ? _mm256_castps256_ps128(f[k / 2])
-                                          : _mm256_extractf128_ps(f[k / 2], 1));
+        s[k] = sixteen::toDouble(f[k / 2], k % 2);
       }
     } else {
       for (auto& v : s) v = _mm256_setzero_pd();  // the first row replaces these
@@ -323,7 +285,7 @@ __attribute__((target("avx2,f16c"))) size_t reduceRows16Avx2(std::span<const voi
     }
     _mm256_storeu_si256(
         reinterpret_cast<__m256i*>(out + i),
-        R::narrow(_mm256_set_m128(odd[1], odd[0]), _mm256_set_m128(odd[3], odd[2])));
+        sixteen::narrow<kHalf>(_mm256_set_m128(odd[1], odd[0]), _mm256_set_m128(odd[3], odd[2])));
   }
   return i;
 }

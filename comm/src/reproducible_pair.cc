@@ -38,6 +38,7 @@
 
 #include "half.h"
 #include "reproducible_accumulator.h"
+#include "reproducible_sixteen.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -87,6 +88,11 @@ uint16_t pairBf16(uint16_t a, uint16_t b, bool average) {
 #ifdef LOOM_PAIR_AVX2
 bool useAvx2() {
   return reduceKernelIsa()[0] == 'a';
+}
+
+bool useF16c() {
+  static const bool has = __builtin_cpu_supports("f16c");
+  return useAvx2() && has;
 }
 
 // Each handles a prefix of the buffers (whole vectors) and returns its length; the scalar loop
@@ -190,6 +196,86 @@ __attribute__((target("avx2"))) size_t noCandidatesF32Avx2(const uint32_t* x, si
   return i;
 }
 
+// The 16-bit pairs sixteen at a time, as pairHalf and pairBf16: the floats to double, added
+// (and halved), to float, NaN made the canonical float one (which narrows to the format's), and
+// to the format.
+template <bool kHalf>
+__attribute__((target("avx2,f16c"))) size_t pair16Avx2(const uint16_t* a, const uint16_t* b,
+                                                       size_t n, bool average, uint16_t* out) {
+  const __m256d scale = _mm256_set1_pd(average ? 0.5 : 1.0);
+  const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kNan32)));
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 x[2], y[2], r[2];
+    sixteen::widen<kHalf>(sixteen::load(a + i), x[0], x[1]);
+    sixteen::widen<kHalf>(sixteen::load(b + i), y[0], y[1]);
+    for (int k = 0; k < 2; ++k) {
+      const __m256d lo = _mm256_mul_pd(
+          _mm256_add_pd(sixteen::toDouble(x[k], 0), sixteen::toDouble(y[k], 0)), scale);
+      const __m256d hi = _mm256_mul_pd(
+          _mm256_add_pd(sixteen::toDouble(x[k], 1), sixteen::toDouble(y[k], 1)), scale);
+      r[k] = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+      r[k] = _mm256_blendv_ps(r[k], nan, _mm256_cmp_ps(r[k], r[k], _CMP_UNORD_Q));
+    }
+    sixteen::store(out + i, sixteen::narrow<kHalf>(r[0], r[1]));
+  }
+  return i;
+}
+
+// canonicalNans' 16-bit loop (whole vectors; a vector is rewritten only where it holds a NaN).
+__attribute__((target("avx2"))) size_t canonicalNans16Avx2(uint16_t* x, size_t n, uint16_t inf,
+                                                           uint16_t nan) {
+  const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+  const __m256i infinity = _mm256_set1_epi16(static_cast<int16_t>(inf));
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i v = sixteen::load(x + i);
+    // Magnitudes are below 2^15: the signed compare orders them.
+    const __m256i isNan = _mm256_cmpgt_epi16(_mm256_and_si256(v, magnitude), infinity);
+    if (_mm256_testz_si256(isNan, isNan)) continue;
+    sixteen::store(x + i,
+                   _mm256_blendv_epi8(v, _mm256_set1_epi16(static_cast<int16_t>(nan)), isNan));
+  }
+  return i;
+}
+
+// halveSums' 16-bit loop, as its scalar code: each sum to float (exact), halved (exact), to the
+// format (one rounding); NaN canonical. Returns the prefix done and whether it met an infinite
+// sum (halved, it stays itself).
+template <bool kHalf>
+__attribute__((target("avx2,f16c"))) size_t halve16Avx2(uint16_t* x, size_t n, bool& infinities) {
+  const uint16_t inf = kHalf ? 0x7c00 : 0x7f80, nan = kHalf ? kNanHalf : kNanBf16;
+  const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+  const __m256i infinity = _mm256_set1_epi16(static_cast<int16_t>(inf));
+  const __m256 half = _mm256_set1_ps(0.5f);
+  __m256i seen = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i v = sixteen::load(x + i);
+    const __m256i m = _mm256_and_si256(v, magnitude);
+    const __m256i isNan = _mm256_cmpgt_epi16(m, infinity);
+    seen = _mm256_or_si256(seen, _mm256_cmpeq_epi16(m, infinity));
+    __m256 f0, f1;
+    sixteen::widen<kHalf>(v, f0, f1);
+    // NaN lanes give any bits here; the blend below replaces them.
+    const __m256i h = sixteen::narrow<kHalf>(_mm256_mul_ps(f0, half), _mm256_mul_ps(f1, half));
+    sixteen::store(x + i,
+                   _mm256_blendv_epi8(h, _mm256_set1_epi16(static_cast<int16_t>(nan)), isNan));
+  }
+  infinities = !_mm256_testz_si256(seen, seen);
+  return i;
+}
+
+// Whether sixteen 16-bit values hold one with low <= magnitude < inf (overflowCandidates).
+__attribute__((target("avx2"))) bool candidate16Avx2(const uint16_t* x, uint16_t low,
+                                                     uint16_t inf) {
+  const __m256i m = _mm256_and_si256(sixteen::load(x), _mm256_set1_epi16(0x7fff));
+  const __m256i hit =
+      _mm256_andnot_si256(_mm256_cmpgt_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(inf - 1))),
+                          _mm256_cmpgt_epi16(m, _mm256_set1_epi16(static_cast<int16_t>(low - 1))));
+  return !_mm256_testz_si256(hit, hit);
+}
+
 // halveSums' float32 loop: returns the prefix done (whole vectors) and whether it met an
 // infinite sum.
 __attribute__((target("avx2"))) size_t halveF32Avx2(float* x, size_t n, bool& infinities) {
@@ -269,10 +355,17 @@ void addPairs(const Format& f, const void* a, const void* b, size_t n, bool aver
     const auto* x = static_cast<const uint16_t*>(a);
     const auto* y = static_cast<const uint16_t*>(b);
     auto* r = static_cast<uint16_t*>(out);
+    size_t i = 0;
+#ifdef LOOM_PAIR_AVX2
+    if (useF16c()) {
+      i = f.precision == 11 ? pair16Avx2<true>(x, y, n, average, r)
+                            : pair16Avx2<false>(x, y, n, average, r);
+    }
+#endif
     if (f.precision == 11) {
-      for (size_t i = 0; i < n; ++i) r[i] = pairHalf(x[i], y[i], average);
+      for (; i < n; ++i) r[i] = pairHalf(x[i], y[i], average);
     } else {
-      for (size_t i = 0; i < n; ++i) r[i] = pairBf16(x[i], y[i], average);
+      for (; i < n; ++i) r[i] = pairBf16(x[i], y[i], average);
     }
   }
 }
@@ -300,6 +393,10 @@ void canonicalNans(const Format& f, void* data, size_t n) {
   if (useAvx2()) {
     if (f.bytes == 4) i = nanFreeF32Avx2(static_cast<const float*>(data), n);
     if (f.bytes == 8) i = nanFreeF64Avx2(static_cast<const double*>(data), n);
+    if (f.bytes == 2) {
+      i = canonicalNans16Avx2(static_cast<uint16_t*>(data), n, static_cast<uint16_t>(inf),
+                              static_cast<uint16_t>(nan));
+    }
   }
 #endif
   for (; i < n; ++i) {
@@ -336,7 +433,18 @@ void halveSums(const Format& f, void* data, size_t n, std::vector<size_t>& infin
     }
     return;
   }
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+#ifdef LOOM_PAIR_AVX2
+  if (f.bytes == 2 && useF16c()) {
+    auto* x = static_cast<uint16_t*>(data);
+    bool seen = false;
+    i = f.precision == 11 ? halve16Avx2<true>(x, n, seen) : halve16Avx2<false>(x, n, seen);
+    for (size_t k = 0; seen && k < i; ++k) {
+      if ((x[k] & 0x7fffu) == inf) infinite.push_back(k);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
     const uint64_t m = magnitudeAt(f, data, i);
     if (m > inf) {
       storeBits(f, data, i, nan);
@@ -374,6 +482,17 @@ void overflowCandidates(const Format& f, const void* data, size_t n,
   // Such values are rare (float32: from 2^103): a fast scan skips the prefix without one.
   if (f.bytes == 4 && useAvx2()) {
     i = noCandidatesF32Avx2(static_cast<const uint32_t*>(data), n, static_cast<uint32_t>(low));
+  }
+  if (f.bytes == 2 && useAvx2()) {
+    // Sixteen at a time; those that hold one are listed by the scalar code.
+    const auto* x = static_cast<const uint16_t*>(data);
+    for (; i + 16 <= n; i += 16) {
+      if (!candidate16Avx2(x + i, static_cast<uint16_t>(low), static_cast<uint16_t>(inf))) continue;
+      for (size_t k = i; k < i + 16; ++k) {
+        const uint64_t m = x[k] & 0x7fffu;
+        if (m >= low && m < inf) out.emplace_back(k, x[k]);
+      }
+    }
   }
 #endif
   for (; i < n; ++i) {
