@@ -373,9 +373,17 @@ void runOrdinaryPair(const Call& c) {
 // is made. Chunks of kPairChunkBytes of one rank's input bound the scratch (two rows of a chunk).
 constexpr size_t kPairChunkBytes = size_t{4} << 20;
 
+bool runArenaRows(const Call& c, const shm::RowsReducer& reduce);  // below
+
 void runPair(const Call& c) {
   const Format& f = c.f;
   const bool average = c.divisor == 2;
+  // Over a shared arena, the staged collective of the exchange with the pairs' arithmetic: each
+  // rank adds half of the pairs, straight from the two slots, and copies the other half out.
+  const shm::RowsReducer pairs = [&](std::span<const void* const> rows, size_t n, void* out) {
+    repro::addPairs(f, rows[0], rows[1], n, average, out);
+  };
+  if (runArenaRows(c, pairs)) return;
   const ScratchLease lease;
   Scratch& s = *lease;
   const auto* in = static_cast<const unsigned char*>(c.in);
@@ -423,16 +431,14 @@ constexpr size_t kExchangeRowsBytes = size_t{4} << 20;
 // sub-slice r straight from every rank's slot, and the others copy the results out. That saves
 // the all-to-all's copy out, the all-gather's staging and a synchronization per chunk. Uneven
 // reduce-scatter (an all-to-all-v) keeps the exchange. False when the arena does not apply.
-bool runArenaRows(const Call& c, Scratch& s) {
+// `reduce` reduces the rows: the exchange's reduceRowsExact, or the pair's addPairs (runPair).
+bool runArenaRows(const Call& c, const shm::RowsReducer& reduce) {
   const OpType type = c.kind == Kind::kAllreduce ? OpType::kAllreduce
                       : c.kind == Kind::kReduce  ? OpType::kReduce
                                                  : OpType::kReduceScatter;
   shm::Arena* arena = shm::arenaFor(c.ctx, type, c.helper);
   if (arena == nullptr) return false;
   const ReduceOp op = c.divisor == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
-  const shm::RowsReducer reduce = [&](std::span<const void* const> rows, size_t n, void* out) {
-    reduceRowsExact(c.f, rows, n, c.divisor, s, out);
-  };
   switch (c.kind) {
     case Kind::kAllreduce:
       shm::allreduceRows(*arena, c.helper, c.in, c.out, c.total, c.dtype, op, reduce);
@@ -458,7 +464,10 @@ void runExchange(const Call& c) {
   const size_t width = static_cast<size_t>(f.bytes);
   const ScratchLease lease;
   Scratch& s = *lease;
-  if (runArenaRows(c, s)) return;
+  const shm::RowsReducer exact = [&](std::span<const void* const> rows, size_t n, void* out) {
+    reduceRowsExact(c.f, rows, n, c.divisor, s, out);
+  };
+  if (runArenaRows(c, exact)) return;
   const auto* in = static_cast<const unsigned char*>(c.in);
   auto* out = static_cast<unsigned char*>(c.out);
   if (c.kind == Kind::kReduceScatter) {
