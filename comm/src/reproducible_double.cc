@@ -72,73 +72,50 @@ int spanOf64(int n) {
 }
 
 #ifdef LOOM_DOUBLE_AVX2
-// Eight elements' state in the AVX2 loops below: their exponent range and their double sums.
-struct Lanes8 {
-  __m256i hi, lo;
-  __m256d sumLo, sumHi;
-};
-
-// Adds one row of eight elements: e their exponent fields (at least 1), isZero their zero lanes,
-// v their values as floats (exact); `none` is the field of infinities and NaN. The first row
-// starts the sums (-0 stays -0).
-__attribute__((target("avx2"))) inline void addRow8(Lanes8& a, __m256i e, __m256i isZero,
-                                                    __m256i none, __m256 v, bool first) {
-  a.hi = _mm256_max_epi32(a.hi, _mm256_andnot_si256(isZero, e));
-  a.lo = _mm256_min_epi32(a.lo, _mm256_or_si256(_mm256_and_si256(isZero, none), e));
-  const __m256d dLo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
-  const __m256d dHi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-  a.sumLo = first ? dLo : _mm256_add_pd(a.sumLo, dLo);
-  a.sumHi = first ? dHi : _mm256_add_pd(a.sumHi, dHi);
-}
-
-// Whether an element is out of the double sums' reach: an infinity or NaN, or a range wider
-// than `limit` (every value zero gives hi = 0, a negative range).
-__attribute__((target("avx2"))) inline bool outside8(const Lanes8& a, __m256i none, __m256i limit) {
-  const __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(a.hi, none),
-                                      _mm256_cmpgt_epi32(_mm256_sub_epi32(a.hi, a.lo), limit));
-  return !_mm256_testz_si256(bad, bad);
-}
-
-// The sums divided by the divisor: a power of two multiplies by its exact inverse (`factor`),
-// another divides by it (`factor` is the divisor then; see the top).
-__attribute__((target("avx2"))) inline void divide8(Lanes8& a, bool power, __m256d factor) {
-  a.sumLo = power ? _mm256_mul_pd(a.sumLo, factor) : _mm256_div_pd(a.sumLo, factor);
-  a.sumHi = power ? _mm256_mul_pd(a.sumHi, factor) : _mm256_div_pd(a.sumHi, factor);
-}
-
-// The whole computation for the first count - count % 8 elements, eight at a time, in one pass
-// over the rows: the exponent range and the double sum together, then the conversion where the
-// range allows it. Groups with an element outside it are left to the scalar code (their indices
-// in `groups`). The same bits as the scalar loops.
+// float32 eight elements at a time, in one pass over the rows: the double sums, and per element
+// the largest magnitude and the smallest magnitude less one (a zero wraps to 0xffffffff and
+// counts for nothing), from which the exponent range is read as in the 16-bit loop below (at
+// most one binade wider than the scalar loop's: never looser). Then the quotient and the
+// conversion where the range allows them; groups with an element outside it are left to the
+// scalar code (their indices in `groups`). The same bits as the scalar loop.
 __attribute__((target("avx2"))) size_t reduceRowsDoubleAvx2(std::span<const void* const> rows,
                                                             size_t count, int divisor, int span,
                                                             float* out,
                                                             std::vector<size_t>& groups) {
   const int n = static_cast<int>(rows.size());
   const __m256i ff = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1);
-  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), zero = _mm256_setzero_si256();
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   const __m256i limit = _mm256_set1_epi32(span);
   // A power-of-two divisor multiplies by its exact inverse; another divides (see the top).
   const bool power = std::has_single_bit(static_cast<unsigned>(divisor));
   const __m256d factor = _mm256_set1_pd(power ? 1.0 / divisor : static_cast<double>(divisor));
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    Lanes8 a{zero, ff, _mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256i largest = _mm256_setzero_si256(), smallest = _mm256_set1_epi32(-1);
+    __m256d sumLo = _mm256_setzero_pd(), sumHi = _mm256_setzero_pd();
     for (int r = 0; r < n; ++r) {
       const __m256 v = _mm256_loadu_ps(static_cast<const float*>(rows[r]) + i);
-      const __m256i bits = _mm256_castps_si256(v);
-      const __m256i e = _mm256_max_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), ff), one);
-      const __m256i isZero = _mm256_cmpeq_epi32(_mm256_and_si256(bits, magnitude), zero);
-      addRow8(a, e, isZero, ff, v, r == 0);
+      const __m256i m = _mm256_and_si256(_mm256_castps_si256(v), magnitude);
+      largest = _mm256_max_epu32(largest, m);
+      smallest = _mm256_min_epu32(smallest, _mm256_sub_epi32(m, one));
+      // The first row starts the sums (-0 stays -0).
+      const __m256d dLo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+      const __m256d dHi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      sumLo = r == 0 ? dLo : _mm256_add_pd(sumLo, dLo);
+      sumHi = r == 0 ? dHi : _mm256_add_pd(sumHi, dHi);
     }
-    if (outside8(a, ff, limit)) {
+    // Exponent fields, subnormals as 1; an all-zero element has hi 1 and lo 0x1ff (no range).
+    const __m256i hi = _mm256_max_epi32(_mm256_srli_epi32(largest, 23), one);
+    const __m256i lo = _mm256_max_epi32(_mm256_srli_epi32(smallest, 23), one);
+    const __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(hi, ff),
+                                        _mm256_cmpgt_epi32(_mm256_sub_epi32(hi, lo), limit));
+    if (!_mm256_testz_si256(bad, bad)) {
       groups.push_back(i);
       continue;
     }
-    divide8(a, power, factor);
-    const __m128 rLo = _mm256_cvtpd_ps(a.sumLo);
-    const __m128 rHi = _mm256_cvtpd_ps(a.sumHi);
-    _mm256_storeu_ps(out + i, _mm256_set_m128(rHi, rLo));
+    sumLo = power ? _mm256_mul_pd(sumLo, factor) : _mm256_div_pd(sumLo, factor);
+    sumHi = power ? _mm256_mul_pd(sumHi, factor) : _mm256_div_pd(sumHi, factor);
+    _mm256_storeu_ps(out + i, _mm256_set_m128(_mm256_cvtpd_ps(sumHi), _mm256_cvtpd_ps(sumLo)));
   }
   return i;
 }
