@@ -21,13 +21,14 @@
 #   -b SIZE -e SIZE -f FACTOR -n ITERS -w WARMUP   sweep (default 1M 64M 4 20 5)
 #   --time             print the in-place time (us, mean over the iterations) instead of busbw
 #   --touch            every bench rewrites its input before each iteration (--touch, untimed)
+#   --touch-values V   what --touch writes: zeros (default) or gradients (loom-bench --help)
 # Example: bench/peers/ab.sh --ranks 4 "ring|LOOM_ALGO=ring" "hd|LOOM_ALGO=hd" mpi-tcp
 #          bench/peers/ab.sh --rounds 5 loom gloo-ring gloo-ring_chunked gloo-halving_doubling
 # Environment: LOOM_BUILD_DIR (default build). Builds nothing: run scripts/peers.sh or build first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-op=all_reduce ranks=2 rounds=3 minb=1M maxb=64M factor=4 iters=20 warmup=5 column=12 touch=()
+op=all_reduce ranks=2 rounds=3 minb=1M maxb=64M factor=4 iters=20 warmup=5 column=12 touch=() touchValues=""
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 configs=()
 while (($#)); do
@@ -42,6 +43,7 @@ while (($#)); do
     -w) warmup=$2; shift 2 ;;
     --time) column=10; shift ;;
     --touch) touch=(--touch); shift ;;
+    --touch-values) touchValues=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "ab.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     *) configs+=("$1"); shift ;;
@@ -56,6 +58,10 @@ for b in loom-bench loom-run; do
 done
 mpi_root=()
 if [[ $(id -u) -eq 0 ]]; then mpi_root=(--allow-run-as-root); fi
+if [[ -n $touchValues ]]; then
+  ((${#touch[@]})) || { echo "ab.sh: --touch-values needs --touch" >&2; exit 2; }
+  touch+=(--touch-values "$touchValues")
+fi
 sweep=(--op "$op" -b "$minb" -e "$maxb" -f "$factor" -n "$iters" -w "$warmup" -c 1 "${touch[@]}")
 
 results=$(mktemp)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -94,6 +95,38 @@ TEST(Flags, ParsesNcclTestsStyleFlags) {
   EXPECT_TRUE(o.touch);
 }
 
+TEST(Flags, TouchValues) {
+  SweepFlags flags;
+  SweepOptions o;
+  EXPECT_EQ(parse({"--touch"}, flags, o), std::nullopt);
+  EXPECT_EQ(o.touchValues, SweepOptions::TouchValues::kZeros);
+  SweepFlags again;
+  EXPECT_EQ(parse({"--touch", "--touch-values", "gradients"}, again, o), std::nullopt);
+  EXPECT_EQ(o.touchValues, SweepOptions::TouchValues::kGradients);
+}
+
+// Gradient-like values: the same per (rank, count), different between ranks, and correlated
+// between them through the shared draw (each rank's variance 2e-4, the shared part 1e-4).
+TEST(Data, FillGradientsSharesOneDrawBetweenRanks) {
+  const size_t n = 20000;
+  std::vector<float> a(n), b(n), again(n);
+  fillGradients(ElemType::kFloat, 0, a.data(), n);
+  fillGradients(ElemType::kFloat, 1, b.data(), n);
+  fillGradients(ElemType::kFloat, 0, again.data(), n);
+  EXPECT_EQ(a, again);
+  double aa = 0, bb = 0, ab = 0;
+  for (size_t i = 0; i < n; ++i) {
+    aa += double{a[i]} * a[i];
+    bb += double{b[i]} * b[i];
+    ab += double{a[i]} * b[i];
+  }
+  EXPECT_NEAR(aa / n, 2e-4, 2e-5);
+  EXPECT_NEAR(ab / std::sqrt(aa * bb), 0.5, 0.05);
+  std::vector<int8_t> ints(100);
+  fillGradients(ElemType::kInt8, 2, ints.data(), ints.size());
+  for (int8_t v : ints) EXPECT_TRUE(v >= -3 && v <= 3) << int{v};
+}
+
 TEST(Flags, AllExpandsTypesAndReductions) {
   SweepFlags flags;
   SweepOptions o;
@@ -113,7 +146,9 @@ TEST(Flags, BadFlagsExitWithTwo) {
                                        {"--bogus"},
                                        {"-n", "x"},
                                        {"--small-iters", "-1"},
-                                       {"-r", "-1"}}) {
+                                       {"-r", "-1"},
+                                       {"--touch-values", "gradients"},  // without --touch
+                                       {"--touch", "--touch-values", "ones"}}) {
     SweepFlags flags;
     SweepOptions o;
     EXPECT_EQ(parse(bad, flags, o), 2) << bad[0];
@@ -388,6 +423,33 @@ TEST(Sweep, TouchRewritesTheInputBeforeEveryTimedRun) {
           << opName(op) << " touch=" << touch << " runs=" << shared.runs;
     }
   }
+}
+
+// --touch-values gradients: the warm-up and timed runs find gradient-like (nonzero) inputs, and
+// the checked run its check data, which it passes.
+TEST(Sweep, TouchWithGradientsChecksClean) {
+  const int n = 2;
+  Shared shared(n);
+  std::mutex mu;
+  std::vector<int> codes;
+  testing::runThreadRanks(n, [&](int rank) {
+    ThreadDriver driver(shared, rank, n, false);
+    SweepOptions o;
+    o.op = Op::kAllReduce;
+    o.minBytes = 1024;
+    o.maxBytes = 1024;
+    o.iters = 2;
+    o.warmupIters = 1;
+    o.types = {ElemType::kFloat, ElemType::kHalf, ElemType::kInt32};
+    o.touch = true;
+    o.touchValues = SweepOptions::TouchValues::kGradients;
+    const int code = runSweep(driver, o, "loom-bench-test", {});
+    std::lock_guard<std::mutex> lock(mu);
+    codes.push_back(code);
+  });
+  EXPECT_EQ(codes, std::vector<int>(n, 0));
+  EXPECT_GT(shared.runs, 0);
+  EXPECT_EQ(shared.zeroInputRuns, 0);
 }
 
 // --small-iters: sizes below 64 KiB run that many timed iterations, the others -n.

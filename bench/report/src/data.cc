@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "loom/common/error.h"
 
@@ -227,6 +228,22 @@ void fillInput(Op op, RedOp redop, ElemType type, int rank, int worldSize, void*
                size_t first) {
   for (size_t i = 0; i < count; ++i) {
     storeElem(type, base, i, fillValue(op, redop, type, rank, worldSize, first + i));
+  }
+}
+
+void fillGradients(ElemType type, int rank, void* base, size_t count) {
+  if (!isFloatType(type)) {
+    const size_t r = static_cast<size_t>(rank);
+    for (size_t i = 0; i < count; ++i) {
+      storeElem(type, base, i, static_cast<double>(hashOf(r, i, 6) % 7) - 3.0);
+    }
+    return;
+  }
+  std::mt19937_64 shared(0x6c6f6f6d), own(0x72616e6b + static_cast<uint64_t>(rank));
+  // One distribution per engine: a distribution may keep a draw for its next call.
+  std::normal_distribution<double> zShared, zOwn;
+  for (size_t i = 0; i < count; ++i) {
+    storeElem(type, base, i, 0.01 * (zShared(shared) + zOwn(own)));
   }
 }
 

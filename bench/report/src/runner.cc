@@ -180,10 +180,21 @@ Measure Sweep::measure(const Layout& layout, ElemType type, RedOp redop, bool in
 
   prepare(layout, type, redop, inPlace);
   driver_.barrier();
-  // --touch: the input rewritten before each run (zeros: a valid value of every type).
+  // --touch: the input rewritten before each run (zeros: a valid value of every type; or a
+  // copy of gradient-like values made once per size).
   const size_t inputBytes = layout.sendCount * elemSize(type);
+  std::vector<std::byte> gradients;
+  if (opts_.touch && opts_.touchValues == SweepOptions::TouchValues::kGradients) {
+    gradients.resize(inputBytes);
+    fillGradients(type, rank_, gradients.data(), layout.sendCount);
+  }
   const auto touch = [&] {
-    if (opts_.touch) std::memset(const_cast<void*>(p.send), 0, inputBytes);
+    if (!opts_.touch) return;
+    if (gradients.empty()) {
+      std::memset(const_cast<void*>(p.send), 0, inputBytes);
+    } else {
+      std::memcpy(const_cast<void*>(p.send), gradients.data(), inputBytes);
+    }
   };
   for (int i = 0; i < opts_.warmupIters; ++i) {
     touch();
@@ -298,6 +309,14 @@ SweepOptions SweepFlags::resolve() const {
   o.warmupIters = warmupIters;
   o.check = check;
   o.touch = touch;
+  if (!touchValues.empty()) {
+    LOOM_CHECK(touch, "--touch-values ", touchValues,
+               " says what --touch writes, but --touch is not given; add --touch");
+    LOOM_CHECK(touchValues == "zeros" || touchValues == "gradients",
+               "--touch-values must be zeros or gradients, got '", touchValues, "'");
+    o.touchValues = touchValues == "gradients" ? SweepOptions::TouchValues::kGradients
+                                               : SweepOptions::TouchValues::kZeros;
+  }
   o.types = dtype == "all" ? allElemTypes() : std::vector<ElemType>{parseElemType(dtype)};
   o.redops = redop == "all" ? allRedOps() : std::vector<RedOp>{parseRedOp(redop)};
   LOOM_CHECK(root >= 0, "-r/--root must be a rank (>= 0), got ", root);
@@ -338,6 +357,11 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
                "rewrite each rank's input before every iteration (untimed), as a training step "
                "rewrites its gradients; without it, in-place loops leave the data in the "
                "caches of the ranks that read it last");
+  app.add_option("--touch-values", f.touchValues,
+                 "what --touch writes: zeros (default) or gradients (0.01 times a normal draw "
+                 "shared by the ranks plus one of each rank's own, as data-parallel gradients; "
+                 "for costs that depend on the values, such as LOOM_REPRODUCIBLE=1's; timing "
+                 "only, the checks use their own inputs)");
   app.add_option("-d,--datatype", f.dtype,
                  "float, double, half, bfloat16, int8, uint8, int32, int64, or all")
       ->capture_default_str();

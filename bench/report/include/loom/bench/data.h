@@ -46,6 +46,12 @@ double reducedValue(Op op, RedOp redop, ElemType type, int worldSize, size_t ind
 void fillInput(Op op, RedOp redop, ElemType type, int rank, int worldSize, void* base, size_t count,
                size_t first = 0);
 
+// Gradient-like values for --touch-values gradients (timing only, never checked): element i of
+// rank r is 0.01 (z_i + z_ri), with z_i a standard normal draw shared by every rank and z_ri
+// one of rank r's own, as data-parallel ranks' gradients share the model and differ by batch;
+// integer types get h mod 7 - 3 (h a hash of rank and index). Deterministic per (rank, count).
+void fillGradients(ElemType type, int rank, void* base, size_t count);
+
 // Number of elements of `out` (the output buffer of `rank`, recvCount elements of the layout)
 // that differ from the exact result of `op`. Ranks with no defined output (non-roots of
 // reduce and gather) return 0.

@@ -46,6 +46,10 @@ struct SweepOptions {
   // its gradients: the collective then finds the data in the writer's cache, not in the
   // readers' caches where the previous iteration left it (in-place loops otherwise do).
   bool touch = false;
+  // What --touch writes: zeros, or gradient-like values (fillGradients, data.h), which matter
+  // where the cost depends on the values (the reproducible mode's fast paths).
+  enum class TouchValues { kZeros, kGradients };
+  TouchValues touchValues = TouchValues::kZeros;
   std::vector<ElemType> types = {ElemType::kFloat};
   std::vector<RedOp> redops = {RedOp::kSum};
   int root = 0;
@@ -66,6 +70,7 @@ struct SweepFlags {
   int warmupIters = 5;
   int check = 1;
   bool touch = false;
+  std::string touchValues;  // empty: zeros
   std::string dtype = "float";
   std::string redop = "sum";
   int root = 0;
@@ -78,7 +83,8 @@ struct SweepFlags {
   SweepOptions resolve() const;
 };
 
-// Adds -b -e -f -n --small-iters -w -c -d -o -r --op --touch --json --csv --plot --series to
+// Adds -b -e -f -n --small-iters -w -c -d -o -r --op --touch --touch-values --json --csv --plot
+// --series to
 // `app`.
 void addSweepFlags(CLI::App& app, SweepFlags& flags);
 
