@@ -5,6 +5,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -339,6 +340,26 @@ class ThreadDriver : public Driver {
   FakeDevice* const device_;
 };
 
+// Runs the sweep of an all-reduce (2 timed iterations, 1 warm-up, then `configure`) on n
+// thread ranks; every rank's exit status.
+std::vector<int> sweepOnRanks(int n, Shared& shared,
+                              const std::function<void(SweepOptions&)>& configure) {
+  std::mutex mu;
+  std::vector<int> codes;
+  testing::runThreadRanks(n, [&](int rank) {
+    ThreadDriver driver(shared, rank, n, false);
+    SweepOptions o;
+    o.op = Op::kAllReduce;
+    o.iters = 2;
+    o.warmupIters = 1;
+    configure(o);
+    const int code = runSweep(driver, o, "loom-bench-test", {});
+    std::lock_guard<std::mutex> lock(mu);
+    codes.push_back(code);
+  });
+  return codes;
+}
+
 // Runs the sweep on n thread ranks; with `devices` (one per rank) on fake device memory.
 int runAll(int n, Op op, const std::vector<ElemType>& types, const std::vector<RedOp>& redops,
            bool corrupt, std::vector<FakeDevice>* devices = nullptr, bool touch = false,
@@ -430,22 +451,12 @@ TEST(Sweep, TouchRewritesTheInputBeforeEveryTimedRun) {
 TEST(Sweep, TouchWithGradientsChecksClean) {
   const int n = 2;
   Shared shared(n);
-  std::mutex mu;
-  std::vector<int> codes;
-  testing::runThreadRanks(n, [&](int rank) {
-    ThreadDriver driver(shared, rank, n, false);
-    SweepOptions o;
-    o.op = Op::kAllReduce;
+  const auto codes = sweepOnRanks(n, shared, [](SweepOptions& o) {
     o.minBytes = 1024;
     o.maxBytes = 1024;
-    o.iters = 2;
-    o.warmupIters = 1;
     o.types = {ElemType::kFloat, ElemType::kHalf, ElemType::kInt32};
     o.touch = true;
     o.touchValues = SweepOptions::TouchValues::kGradients;
-    const int code = runSweep(driver, o, "loom-bench-test", {});
-    std::lock_guard<std::mutex> lock(mu);
-    codes.push_back(code);
   });
   EXPECT_EQ(codes, std::vector<int>(n, 0));
   EXPECT_GT(shared.runs, 0);
@@ -457,22 +468,12 @@ TEST(Sweep, SmallSizesRunSmallItersTimedIterations) {
   for (int smallIters : {0, 5}) {
     const int n = 2;
     Shared shared(n);
-    std::mutex mu;
-    std::vector<int> codes;
-    testing::runThreadRanks(n, [&](int rank) {
-      ThreadDriver driver(shared, rank, n, false);
-      SweepOptions o;
-      o.op = Op::kAllReduce;
+    const auto codes = sweepOnRanks(n, shared, [&](SweepOptions& o) {
       o.minBytes = 4096;  // 4 KiB and 32 KiB are small, 256 KiB is not
       o.maxBytes = 256 << 10;
       o.stepFactor = 8;
-      o.iters = 2;
       o.smallIters = smallIters;
-      o.warmupIters = 1;
       o.check = 1;
-      const int code = runSweep(driver, o, "loom-bench-test", {});
-      std::lock_guard<std::mutex> lock(mu);
-      codes.push_back(code);
     });
     EXPECT_EQ(codes, std::vector<int>(n, 0));
     // Per rank, size and placement: 1 warm-up, the timed runs, 1 checked run.
