@@ -335,12 +335,19 @@ __attribute__((target("avx2"))) size_t reduceRows64Avx2(std::span<const void* co
 bool useAvx2() {
   return reduceKernelIsa()[0] == 'a';
 }
-
-bool useF16c() {
-  static const bool has = __builtin_cpu_supports("f16c");
-  return useAvx2() && has;
-}
 #endif
+
+// After a vector loop: the groups it left to scalar code (`width` elements each, ascending) and
+// the tail from `i`, through `scalar(k)`, in that order, so that the elements scalar code lists
+// stay ascending.
+template <typename Scalar>
+void scalarRest(const std::vector<size_t>& groups, size_t width, size_t i, size_t count,
+                const Scalar& scalar) {
+  for (size_t g : groups) {
+    for (size_t k = g; k < g + width; ++k) scalar(k);
+  }
+  for (; i < count; ++i) scalar(i);
+}
 
 // One element in scalar code: its result in out[i] when its range allows the double sum, else
 // its index appended to rest.
@@ -443,16 +450,14 @@ void reduceRows16(std::span<const void* const> rows, size_t count, int divisor, 
   const int span = spanOf(kHalf ? 11 : 8, static_cast<int>(rows.size()));
   auto* result = static_cast<uint16_t*>(out);
   size_t i = 0;
+  std::vector<size_t> groups;
 #ifdef LOOM_DOUBLE_AVX2
-  if (useF16c() && divisor <= (1 << 14)) {  // see reduceRows16Avx2
-    std::vector<size_t> groups;
+  if (sixteen::useF16c() && divisor <= (1 << 14)) {  // see reduceRows16Avx2
     i = reduceRows16Avx2<kHalf>(rows, count, divisor, span, result, groups);
-    for (size_t g : groups) {
-      for (size_t k = g; k < g + 16; ++k) reduceOne16<kHalf>(rows, k, divisor, span, result, rest);
-    }
   }
 #endif
-  for (; i < count; ++i) reduceOne16<kHalf>(rows, i, divisor, span, result, rest);
+  scalarRest(groups, 16, i, count,
+             [&](size_t k) { reduceOne16<kHalf>(rows, k, divisor, span, result, rest); });
 }
 
 }  // namespace
@@ -482,16 +487,12 @@ void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t
     const int span = spanOf64(static_cast<int>(rows.size()));
     auto* result = static_cast<double*>(out);
     size_t i = 0;
+    std::vector<size_t> groups;
 #ifdef LOOM_DOUBLE_AVX2
-    if (useAvx2()) {
-      std::vector<size_t> groups;
-      i = reduceRows64Avx2(rows, count, divisor, span, result, groups);
-      for (size_t g : groups) {
-        for (size_t k = g; k < g + 4; ++k) reduceOne64(rows, k, divisor, span, result, rest);
-      }
-    }
+    if (useAvx2()) i = reduceRows64Avx2(rows, count, divisor, span, result, groups);
 #endif
-    for (; i < count; ++i) reduceOne64(rows, i, divisor, span, result, rest);
+    scalarRest(groups, 4, i, count,
+               [&](size_t k) { reduceOne64(rows, k, divisor, span, result, rest); });
     return;
   }
   if (f.bytes == 2) {
@@ -501,17 +502,12 @@ void reduceRowsDouble(const Format& f, std::span<const void* const> rows, size_t
   const int span = spanOf(24, static_cast<int>(rows.size()));
   auto* result = static_cast<float*>(out);
   size_t i = 0;
+  std::vector<size_t> groups;
 #ifdef LOOM_DOUBLE_AVX2
-  if (useAvx2()) {
-    std::vector<size_t> groups;
-    i = reduceRowsDoubleAvx2(rows, count, divisor, span, result, groups);
-    // Ascending: the groups are, and the tail below comes after them.
-    for (size_t g : groups) {
-      for (size_t k = g; k < g + 8; ++k) reduceOne(rows, k, divisor, span, result, rest);
-    }
-  }
+  if (useAvx2()) i = reduceRowsDoubleAvx2(rows, count, divisor, span, result, groups);
 #endif
-  for (; i < count; ++i) reduceOne(rows, i, divisor, span, result, rest);
+  scalarRest(groups, 8, i, count,
+             [&](size_t k) { reduceOne(rows, k, divisor, span, result, rest); });
 }
 
 }  // namespace loom::comm::repro

@@ -90,11 +90,6 @@ bool useAvx2() {
   return reduceKernelIsa()[0] == 'a';
 }
 
-bool useF16c() {
-  static const bool has = __builtin_cpu_supports("f16c");
-  return useAvx2() && has;
-}
-
 // Each handles a prefix of the buffers (whole vectors) and returns its length; the scalar loop
 // does the rest. The same bits as the scalar functions above, lane by lane.
 __attribute__((target("avx2"))) size_t pairF32Avx2(const float* a, const float* b, size_t n,
@@ -357,7 +352,7 @@ void addPairs(const Format& f, const void* a, const void* b, size_t n, bool aver
     auto* r = static_cast<uint16_t*>(out);
     size_t i = 0;
 #ifdef LOOM_PAIR_AVX2
-    if (useF16c()) {
+    if (sixteen::useF16c()) {
       i = f.precision == 11 ? pair16Avx2<true>(x, y, n, average, r)
                             : pair16Avx2<false>(x, y, n, average, r);
     }
@@ -435,7 +430,7 @@ void halveSums(const Format& f, void* data, size_t n, std::vector<size_t>& infin
   }
   size_t i = 0;
 #ifdef LOOM_PAIR_AVX2
-  if (f.bytes == 2 && useF16c()) {
+  if (f.bytes == 2 && sixteen::useF16c()) {
     auto* x = static_cast<uint16_t*>(data);
     bool seen = false;
     i = f.precision == 11 ? halve16Avx2<true>(x, n, seen) : halve16Avx2<false>(x, n, seen);

@@ -14,9 +14,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "loom/comm/reduce.h"
+
 #define LOOM_SIXTEEN_AVX2 1
 
 namespace loom::comm::repro::sixteen {
+
+// Whether the 16-bit loops run: the reduce kernels use AVX2 (reduceKernelIsa) and the CPU has
+// F16C.
+inline bool useF16c() {
+  static const bool has = __builtin_cpu_supports("f16c");
+  return reduceKernelIsa()[0] == 'a' && has;
+}
 
 __attribute__((target("avx2"))) inline __m256i load(const uint16_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
