@@ -363,6 +363,15 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
   return source;
 }
 
+void runValidatedOrdinary(Context& ctx, OpType type, const void* in, void* out, size_t count,
+                          DType dtype, ReduceOp op, int root, const CollectiveOptions& opts) {
+  const CollectiveCall c{ctx, opts, type, in, out, count, dtype, op, root};
+  const SignatureScope signature(
+      packSignature(c.type, c.dtype, c.count, true, c.op, type == OpType::kReduce, c.root));
+  EngineSet* engines = ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
+}
+
 OrdinaryReductions::OrdinaryReductions() : previous_(tOrdinaryReductions) {
   tOrdinaryReductions = true;
 }

@@ -4,7 +4,14 @@
 // element is the answer. Scopes nest; each restores what it found.
 #pragma once
 
+#include <cstddef>
+
+#include "loom/comm/collectives.h"
+#include "loom/comm/types.h"
+
 namespace loom::comm {
+
+class Context;
 
 class OrdinaryReductions {
  public:
@@ -19,5 +26,11 @@ class OrdinaryReductions {
  private:
   bool previous_;
 };
+
+// The ordinary all-reduce, reduce or even reduce-scatter (type) of a call the public entry
+// already validated, straight to the engine (collectives.cc): the reproducible mode's two-rank
+// SUM runs here inside an OrdinaryReductions scope, without a second validation and dispatch.
+void runValidatedOrdinary(Context& ctx, OpType type, const void* in, void* out, size_t count,
+                          DType dtype, ReduceOp op, int root, const CollectiveOptions& opts);
 
 }  // namespace loom::comm

@@ -1,16 +1,22 @@
 // The reproducible collectives (loom/comm/reproducible.h): the data movement around the
-// arithmetic of reproducible_accumulator.h. Four paths, by world size n and size:
-// - pair (n = 2): the raw values travel (all-gather, gather, all-to-all) and each rank adds the
-//   pairs itself, one IEEE operation per element (repro::addPairs);
-// - gathered (all-reduce and reduce at the one-pass sizes, up to 13 float32 ranks): every rank's
-//   raw values through one uint8 MAX all-reduce of n slots, each rank reduces the n rows;
-// - one pass (the other small calls): every value becomes a full accumulator (`words` int64 per
-//   element), the ranks add them with int64 SUM through the ordinary collective of the same kind,
-//   and each rank decodes its own elements;
-// - exchange (larger calls): an all-to-all brings each block's raw values to the rank that owns
-//   it, which reduces the n rows exactly by itself (the windowed arithmetic, then full
-//   accumulators for the elements the window leaves undecided), and an all-gather (gather)
-//   returns the results; reduce-scatter stops after the reduction.
+// arithmetic of reproducible_accumulator.h. The paths, by world size n, transport and size:
+// - pair (n = 2): SUM is the ordinary collective's own addition (one IEEE operation per element
+//   is the correctly rounded sum); the other forms move the raw values (over a shared arena its
+//   staged collective, else all-gather, gather, all-to-all) and each rank adds the pairs itself
+//   (repro::addPairs);
+// - arena (n >= 3, every rank on one host): the staged collective of shm_rows.cc, each rank
+//   reducing the n rows of its sub-slice exactly, at every size (up to 16 KiB every rank reduces
+//   the whole buffer in one step, as the ordinary small all-reduce);
+// - over messages, by size:
+//   - gathered (all-reduce and reduce at the one-pass sizes, up to 13 float32 ranks): every
+//     rank's raw values through one uint8 MAX all-reduce of n slots, each rank reduces the n rows;
+//   - one pass (the other small calls): every value becomes a full accumulator (`words` int64
+//     per element), the ranks add them with int64 SUM through the ordinary collective of the same
+//     kind, and each rank decodes its own elements;
+//   - exchange (larger calls): an all-to-all brings each block's raw values to the rank that owns
+//     it, which reduces the n rows exactly by itself (the double sums, the windowed arithmetic,
+//     then full accumulators for the elements the window leaves undecided), and an all-gather
+//     (gather) returns the results; reduce-scatter stops after the reduction.
 // Every path but one-pass reduces whole rows locally, so a call is one or two collectives per
 // chunk and nothing is decided across ranks after the data moved.
 #include "loom/comm/reproducible.h"
@@ -303,16 +309,20 @@ void runOrdinaryPair(const Call& c) {
   {
     const repro::DefaultFloatEnvironment environment;
     const OrdinaryReductions ordinary;
+    // The public entry validated the call: straight to the engine.
     switch (c.kind) {
       case Kind::kAllreduce:
-        allreduce(c.ctx, c.in, c.out, c.total, c.dtype, ReduceOp::kSum, c.inner);
+        runValidatedOrdinary(c.ctx, OpType::kAllreduce, c.in, c.out, c.total, c.dtype,
+                             ReduceOp::kSum, 0, c.inner);
         break;
       case Kind::kReduce:
-        reduce(c.ctx, c.in, c.out, c.total, c.dtype, ReduceOp::kSum, c.root, c.inner);
+        runValidatedOrdinary(c.ctx, OpType::kReduce, c.in, c.out, c.total, c.dtype, ReduceOp::kSum,
+                             c.root, c.inner);
         break;
       case Kind::kReduceScatter:
         if (c.counts[0] == c.counts[1]) {
-          reduceScatter(c.ctx, c.in, c.out, c.counts[0], c.dtype, ReduceOp::kSum, c.inner);
+          runValidatedOrdinary(c.ctx, OpType::kReduceScatter, c.in, c.out, c.counts[0], c.dtype,
+                               ReduceOp::kSum, 0, c.inner);
         } else {
           reduceScatterv(c.ctx, c.in, c.out, c.counts, c.dtype, ReduceOp::kSum, c.helper);
         }
@@ -412,11 +422,11 @@ void runPair(const Call& c) {
   }
 }
 
-// Three ranks and more, above the gathered sizes (exchange): the raw values of each element go
-// to the one rank that reduces it, that rank reduces them alone and exactly, and the results go
-// back. All-reduce: per chunk, an all-to-all gives rank r every rank's values of block r, rank r
-// reduces those n rows locally (the windowed arithmetic, then full accumulators for what the
-// window leaves undecided: no second round on the wire), and an all-gather returns every
+// Three ranks and more over messages, above the gathered sizes (exchange): the raw values of each
+// element go to the one rank that reduces it, that rank reduces them alone and exactly, and the
+// results go back. All-reduce: per chunk, an all-to-all gives rank r every rank's values of block
+// r, rank r reduces those n rows locally (the windowed arithmetic, then full accumulators for what
+// the window leaves undecided: no second round on the wire), and an all-gather returns every
 // block's result to every rank. Reduce: the same with a gather to the root. Reduce-scatter: the
 // all-to-all of the caller's blocks and the local reduction. Each rank sends (n-1)/n of its input
 // and (n-1)/n of the result, a ring all-reduce's bytes, in two collectives per chunk. A chunk's
@@ -426,7 +436,8 @@ constexpr size_t kExchangeBlockElements = 65536;
 constexpr size_t kExchangeRowsBytes = size_t{4} << 20;
 
 // Where every rank shares the Context's arena (the arena engine would run the data movement),
-// the exchange's all-to-all, local reduction and all-gather are one staged collective
+// the exchange's all-to-all, local reduction and all-gather (and, at small sizes, the gathered
+// and one-pass paths) are one staged collective
 // (shm::allreduceRows and its siblings): every rank stages its input once, rank r reduces
 // sub-slice r straight from every rank's slot, and the others copy the results out. That saves
 // the all-to-all's copy out, the all-gather's staging and a synchronization per chunk. Uneven
@@ -458,16 +469,25 @@ bool runArenaRows(const Call& c, const shm::RowsReducer& reduce) {
   return false;
 }
 
+// Three ranks and more over a shared arena, at every size: the staged collective with the exact
+// reduction of the rows (its small path, every rank reducing the whole buffer from every slot in
+// one step, moves what the ordinary small all-reduce moves). False when the arena does not apply.
+bool runArenaExact(const Call& c) {
+  const ScratchLease lease;
+  Scratch& s = *lease;
+  const shm::RowsReducer exact = [&](std::span<const void* const> rows, size_t n, void* out) {
+    reduceRowsExact(c.f, rows, n, c.divisor, s, out);
+  };
+  return runArenaRows(c, exact);
+}
+
+// The exchange over messages (runArenaExact did not apply).
 void runExchange(const Call& c) {
   const Format& f = c.f;
   const int n = c.ctx.size(), rank = c.ctx.rank();
   const size_t width = static_cast<size_t>(f.bytes);
   const ScratchLease lease;
   Scratch& s = *lease;
-  const shm::RowsReducer exact = [&](std::span<const void* const> rows, size_t n, void* out) {
-    reduceRowsExact(c.f, rows, n, c.divisor, s, out);
-  };
-  if (runArenaRows(c, exact)) return;
   const auto* in = static_cast<const unsigned char*>(c.in);
   auto* out = static_cast<unsigned char*>(c.out);
   if (c.kind == Kind::kReduceScatter) {
@@ -561,6 +581,8 @@ void runReproducible(Context& ctx, Kind kind, const void* in, void* out, size_t 
     } else {
       runPair(c);
     }
+  } else if (runArenaExact(c)) {
+    return;
   } else if (gathers(c)) {
     runGathered(c);
   } else if (onePass(c.f, total)) {
