@@ -20,6 +20,7 @@
 #include "loom/comm/context.h"
 #include "loom/comm/reduce.h"
 #include "loom/comm/reproducible.h"
+#include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
 #include "reproducible_reference.h"
@@ -38,7 +39,8 @@ struct Config {
   bool shm;
   Algorithm algorithm;
   size_t chunkBytes;
-  bool twoHosts = false;  // ranks split into two "hosts": the hierarchical engine
+  bool twoHosts = false;      // ranks split into two "hosts": the hierarchical engine
+  size_t windowMinBytes = 0;  // ContextOptions::shmWindowMinBytes (0: the built-in sizes)
 };
 
 std::string describe(const Config& c, int n) {
@@ -62,6 +64,7 @@ void onRanks(int n, const Config& config, const std::function<void(int, Context&
         o.chunkBytes = config.chunkBytes;
         o.timeout = std::chrono::seconds(60);
         o.reproducible = true;
+        o.shmWindowMinBytes = config.windowMinBytes;
         if (config.twoHosts) o.shmHostId = r < (n + 1) / 2 ? "host-a" : "host-b";
         auto ctx = Context::create(store, r, n, o);
         if (config.twoHosts && r == 0 && n >= 3) {  // rank 0's host holds two ranks or more
@@ -158,6 +161,83 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
     // Two ranks take the pair path (raw values, one IEEE operation per element): float32,
     // every form, 1,400 elements.
     checkWorld(2, config, DType::kFloat32, 700, 1000 + seed);
+  }
+}
+
+// Buffers in Loom Windows (DDP's buckets) over shm: the exact all-reduce takes the window
+// path's one pass (shm::windowAllreduceRows), from 1 byte (windowMinBytes 1) to several bounce
+// buffers per segment, out of place and in place, with the 2-rank pair path (AVG of float16)
+// too. Bit for bit against the exact reference with permuted ranks; and a rank whose buffer is
+// not in a Window fails every rank naming both paths, which a mode that staged window buffers
+// would not.
+TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
+  const Config config{true, Algorithm::kAuto, 512 << 10, false, 1};
+  uint64_t seed = 77;
+  for (int n : {2, 3, 4}) {
+    for (size_t count : {size_t{3}, size_t{700}, size_t{300001}}) {
+      const DType d = n == 2 ? DType::kFloat16 : kDTypes[seed % 4];
+      const Inputs in(d, n, count, ++seed);
+      const auto sum = in.expected(false);
+      const auto avg = in.expected(true);
+      std::vector<int> perm(n);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::rotate(perm.begin(), perm.begin() + 1, perm.end());
+      const std::string what = std::string("windows ") + dtypeName(d) +
+                               " ranks=" + std::to_string(n) + " count=" + std::to_string(count);
+      const size_t bytes = count * dtypeSize(d);
+      onRanks(n, config, [&](int r, Context& ctx) {
+        auto win = Window::allocate(2 * bytes);
+        auto* buf = static_cast<unsigned char*>(win->data());
+        std::memcpy(buf, in.data[perm[r]].data(), bytes);
+        CollectiveOptions opts;
+        opts.seq = 1;
+        allreduce(ctx, buf, buf + bytes, count, d, ReduceOp::kSum, opts);
+        EXPECT_EQ(mismatches(in, sum, buf + bytes, 0, count, what + " sum"), 0);
+        opts.seq = 2;
+        allreduce(ctx, buf, buf, count, d, ReduceOp::kAvg, opts);
+        EXPECT_EQ(mismatches(in, avg, buf, 0, count, what + " avg in place"), 0);
+      });
+    }
+  }
+  // Rank 0's buffer in a Window, the others' not: the mode's all-reduce would have taken the
+  // window path on rank 0.
+  const int n = 3;
+  const size_t count = 70001;
+  HashStore store;
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ContextOptions o;
+      o.host = "127.0.0.1";
+      o.timeout = std::chrono::seconds(30);
+      o.reproducible = true;
+      o.shmWindowMinBytes = 1;
+      auto ctx = Context::create(store, r, n, o);
+      std::shared_ptr<Window> win;
+      std::vector<float> plain;
+      float* buf = nullptr;
+      if (r == 0) {
+        win = Window::allocate(count * sizeof(float));
+        buf = static_cast<float*>(win->data());
+      } else {
+        plain.assign(count, 1.0f);
+        buf = plain.data();
+      }
+      CollectiveOptions opts;
+      opts.seq = 3;
+      try {
+        allreduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(errors[r].find("zero-copy window"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("staged"), std::string::npos) << "rank " << r << ": " << errors[r];
   }
 }
 

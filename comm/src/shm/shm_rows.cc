@@ -10,6 +10,7 @@
 #include "algorithms/algorithms.h"
 #include "shm/arena.h"
 #include "shm/shm_collectives.h"
+#include "shm/shm_single_copy.h"
 #include "shm/shm_steps.h"
 #include "shm/stream_copy.h"
 
@@ -48,6 +49,15 @@ void allreduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, 
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
+  // Buffers in Windows on every rank: the window all-reduce's one pass (DDP's buckets). No
+  // cross-memory path for the rows: every rank takes the staged one instead, alike.
+  WindowRef windows[2];
+  call.access = choosePeerAccess(arena, OpType::kAllreduce, count * es, in, count * es, out,
+                                 count * es, windows);
+  if (call.access == PeerAccess::kWindow) {
+    return windowAllreduceRows(arena, call, windows, in, out, count, dtype, reduce);
+  }
+  call.access = PeerAccess::kStaged;
   std::vector<const void*> rows(size);
   if (count * es <= std::min(kSmallBytes, arena.slotBytes())) {
     // As allreduce's small path: one step, every rank reduces the whole buffer from every

@@ -196,6 +196,44 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
   finish(arena, call);
 }
 
+void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype,
+                         const RowsReducer& reduce) {
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  postBuffers(arena, call, windows, in, out);
+  arena.waitPostedAll(call);
+  const size_t begin = segmentBegin(count, size, me);
+  const size_t n = segmentCount(count, size, me);
+  // Every rank's operand and output of segment `me`, resolved once.
+  std::vector<const uint8_t*> operands(static_cast<size_t>(size));
+  std::vector<uint8_t*> outputs(static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) {
+    operands[q] = q == me ? static_cast<const uint8_t*>(at(in, begin * es))
+                          : arena.peerWindow(call, q, kIn) + begin * es;
+    outputs[q] = q == me ? static_cast<uint8_t*>(at(out, begin * es))
+                         : arena.peerWindowForWrite(call, q, kOut) + begin * es;
+  }
+  std::vector<const void*> rows(static_cast<size_t>(size));
+  uint8_t* bounce = arena.bounce();
+  const size_t block = std::max<size_t>(1, Arena::kBounceBytes / es);
+  for (size_t b = 0; b < n; b += block) {
+    const size_t m = std::min(block, n - b);
+    for (int q = 0; q < size; ++q) rows[q] = operands[q] + b * es;
+    reduce(rows, m, bounce);
+    // Rotated, so that the ranks write different peers at a time; this rank's own output last
+    // (in place, its operand was one of the rows just read).
+    for (int k = 1; k <= size; ++k) {
+      std::memcpy(outputs[(me + k) % size] + b * es, bounce, m * es);
+    }
+    call.done += m * es;
+  }
+  arena.markReduced();         // this rank's reads and writes of peers' buffers are done
+  arena.waitReducedAll(call);  // and so are theirs of this rank's
+  arena.finishStep();
+}
+
 void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                              const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const ReduceFn fn = reduceFunction(dtype, op);

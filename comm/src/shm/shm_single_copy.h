@@ -50,6 +50,7 @@
 #include "loom/comm/collectives.h"
 #include "loom/comm/types.h"
 #include "shm/arena.h"
+#include "shm/shm_collectives.h"
 #include "shm/window_registry.h"
 
 namespace loom::comm::shm {
@@ -82,5 +83,13 @@ void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef 
                          void* buf, size_t count, DType dtype, int root);
 void singleCopyAllgather(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          const void* in, void* out, size_t count, DType dtype);
+// allreduceRows (shm_collectives.h) over Windows (call.access kWindow): the window all-reduce's
+// one pass with the n-ary reduction. Rank r reduces segment r a bounce buffer at a time,
+// reading every peer's operand in place, and writes each result block into segment r of every
+// rank's output; no rank reads or writes another's segment, so in place is safe, and the
+// reducer's output (the bounce buffer) overlaps none of its operands.
+void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                         const void* in, void* out, size_t count, DType dtype,
+                         const RowsReducer& reduce);
 
 }  // namespace loom::comm::shm
