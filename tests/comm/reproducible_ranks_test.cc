@@ -81,6 +81,32 @@ void onRanks(int n, const Config& config, const std::function<void(int, Context&
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// Runs body(rank, ctx) on n thread ranks, each Context made with `options(rank, o)` applied to
+// loopback defaults, and returns each rank's error message (empty where the body returned).
+std::vector<std::string> errorsOnRanks(int n,
+                                       const std::function<void(int, ContextOptions&)>& options,
+                                       const std::function<void(int, Context&)>& body) {
+  HashStore store;
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ContextOptions o;
+        o.host = "127.0.0.1";
+        o.timeout = std::chrono::seconds(30);
+        options(r, o);
+        auto ctx = Context::create(store, r, n, o);
+        body(r, *ctx);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Every reduce form on one world: the inputs row perm[r] on rank r, so a permutation of the ranks
 // must not change a bit.
 void checkWorld(int n, const Config& config, DType d, size_t count, uint64_t seed) {
@@ -203,37 +229,27 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
   // window path on rank 0.
   const int n = 3;
   const size_t count = 70001;
-  HashStore store;
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      ContextOptions o;
-      o.host = "127.0.0.1";
-      o.timeout = std::chrono::seconds(30);
-      o.reproducible = true;
-      o.shmWindowMinBytes = 1;
-      auto ctx = Context::create(store, r, n, o);
-      std::shared_ptr<Window> win;
-      std::vector<float> plain;
-      float* buf = nullptr;
-      if (r == 0) {
-        win = Window::allocate(count * sizeof(float));
-        buf = static_cast<float*>(win->data());
-      } else {
-        plain.assign(count, 1.0f);
-        buf = plain.data();
-      }
-      CollectiveOptions opts;
-      opts.seq = 3;
-      try {
-        allreduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = errorsOnRanks(
+      n,
+      [](int, ContextOptions& o) {
+        o.reproducible = true;
+        o.shmWindowMinBytes = 1;
+      },
+      [&](int r, Context& ctx) {
+        std::shared_ptr<Window> win;
+        std::vector<float> plain;
+        float* buf = nullptr;
+        if (r == 0) {
+          win = Window::allocate(count * sizeof(float));
+          buf = static_cast<float*>(win->data());
+        } else {
+          plain.assign(count, 1.0f);
+          buf = plain.data();
+        }
+        CollectiveOptions opts;
+        opts.seq = 3;
+        allreduce(ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+      });
   for (int r = 0; r < n; ++r) {
     EXPECT_NE(errors[r].find("zero-copy window"), std::string::npos)
         << "rank " << r << ": " << errors[r];
@@ -303,27 +319,15 @@ TEST(ReproducibleRanks, ChunkedExchangeMatchesTheArithmetic) {
 TEST(ReproducibleRanks, OrdinaryAgainstExactFailsOverShm) {
   const int n = 3;
   const size_t total = 65536 * n;
-  std::vector<std::string> errors(n);
-  HashStore store;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      ContextOptions o;
-      o.host = "127.0.0.1";
-      o.timeout = std::chrono::seconds(30);
-      auto ctx = Context::create(store, r, n, o);
-      std::vector<float> buf(total, 1.0f);
-      CollectiveOptions opts;
-      opts.seq = 9;
-      opts.reproducible = r == 0;
-      try {
-        allreduce(*ctx, buf.data(), buf.data(), total, DType::kFloat32, ReduceOp::kSum, opts);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = errorsOnRanks(
+      n, [](int, ContextOptions&) {},
+      [&](int r, Context& ctx) {
+        std::vector<float> buf(total, 1.0f);
+        CollectiveOptions opts;
+        opts.seq = 9;
+        opts.reproducible = r == 0;
+        allreduce(ctx, buf.data(), buf.data(), total, DType::kFloat32, ReduceOp::kSum, opts);
+      });
   std::string all;
   for (int r = 0; r < n; ++r) {
     EXPECT_NE(errors[r], "") << "rank " << r << " did not fail";
