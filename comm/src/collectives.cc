@@ -132,6 +132,15 @@ EngineSet& defaultEngines() {
   return engines;
 }
 
+// A validated even collective on the Context's engine. Every message of the collective carries
+// its signature (signature.h).
+void runOnEngine(const CollectiveCall& c, const Shape& shape) {
+  const SignatureScope signature(
+      packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
+  EngineSet* engines = c.ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
+}
+
 void run(const CollectiveCall& c) {
   const Shape shape = shapeOf(c.type);
   validate(c, shape);
@@ -143,11 +152,7 @@ void run(const CollectiveCall& c) {
     return;
   }
   if (runReproducible(c)) return;
-  // Every message of the collective carries its signature (signature.h).
-  const SignatureScope signature(
-      packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
-  EngineSet* engines = c.ctx.engines();
-  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
+  runOnEngine(c, shape);
 }
 
 // The uneven collectives: counts checked against the world size (and, for alltoallv in place,
@@ -365,11 +370,7 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
 
 void runValidatedOrdinary(Context& ctx, OpType type, const void* in, void* out, size_t count,
                           DType dtype, ReduceOp op, int root, const CollectiveOptions& opts) {
-  const CollectiveCall c{ctx, opts, type, in, out, count, dtype, op, root};
-  const SignatureScope signature(
-      packSignature(c.type, c.dtype, c.count, true, c.op, type == OpType::kReduce, c.root));
-  EngineSet* engines = ctx.engines();
-  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
+  runOnEngine({ctx, opts, type, in, out, count, dtype, op, root}, shapeOf(type));
 }
 
 OrdinaryReductions::OrdinaryReductions() : previous_(tOrdinaryReductions) {
