@@ -1,7 +1,11 @@
 #include "tag_matcher.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <new>
 
 #include "loom/common/error.h"
 #include "signature.h"
@@ -116,16 +120,47 @@ bool TagMatcher::arrive(uint64_t tag, size_t bytes, const Signature& signature,
   return false;
 }
 
-void TagMatcher::bufferIncoming() {
+size_t TagMatcher::maxBufferBytes() {
+  static const size_t limit = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const size_t most = static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max());
+    if (pages <= 0 || page <= 0) return most;
+    const size_t phys = static_cast<size_t>(pages);
+    const size_t pageBytes = static_cast<size_t>(page);
+    return phys > most / pageBytes ? most : phys * pageBytes;
+  }();
+  return limit;
+}
+
+bool TagMatcher::bufferIncoming(std::string& error) {
+  // The size is the sender's word: a message larger than this machine's memory (or a corrupt
+  // header) is refused here with the sizes, not left to throw std::bad_alloc on a progress
+  // thread or to be killed later by the OOM killer.
+  std::unique_ptr<uint8_t[]> data;
+  if (in_.bytes <= maxBufferBytes()) {
+    data.reset(new (std::nothrow) uint8_t[std::max<size_t>(in_.bytes, 1)]);
+  }
+  if (!data) {
+    error = detail::str(
+        "rank ", peer_, " sent ", describeTag(in_.tag), " (", in_.bytes, " bytes) before rank ",
+        rank_, " posted its receive, and rank ", rank_, " cannot buffer it: ",
+        in_.bytes > maxBufferBytes()
+            ? detail::str("it is larger than this machine's memory (", maxBufferBytes(), " bytes)")
+            : std::string("out of memory"),
+        " (post the receive before the peer sends, or send it in parts)");
+    return false;
+  }
   buffered_.fetch_add(in_.bytes, std::memory_order_relaxed);
   auto u = std::make_unique<UnexpectedMessage>();
   u->tag = in_.tag;
   u->bytes = in_.bytes;
   u->signature = in_.signature;
-  u->data.reset(new uint8_t[std::max<size_t>(in_.bytes, 1)]);
+  u->data = std::move(data);
   in_.unexpected = u.get();
   in_.target = u->data.get();
   unexpected_.push_back(std::move(u));
+  return true;
 }
 
 bool TagMatcher::finishIncoming() {

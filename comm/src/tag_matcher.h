@@ -82,8 +82,12 @@ class TagMatcher {
   // set): then the transport buffers it or holds it.
   // `signature`: the one the header carried (unknown: none).
   bool arrive(uint64_t tag, size_t bytes, const Signature& signature, std::string& error);
-  // The incoming message (no receive posted for it) goes into a new unexpected buffer.
-  void bufferIncoming();
+  // The incoming message (no receive posted for it) goes into a new unexpected buffer. False,
+  // with `error` naming the peer, the message and its size, when it cannot be buffered: larger
+  // than maxBufferBytes() or out of memory. The transport then fails as a whole.
+  [[nodiscard]] bool bufferIncoming(std::string& error);
+  // The largest message bufferIncoming() tries to allocate: this machine's physical memory.
+  static size_t maxBufferBytes();
   // `n` more payload bytes were written at incoming().target + incoming().got.
   void arrived(size_t n) {
     in_.got += n;

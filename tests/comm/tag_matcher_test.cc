@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ void deliver(TagMatcher& m, uint64_t tag, const std::vector<uint8_t>& payload) {
   std::string error;
   if (!m.arrive(tag, payload.size(), Signature{}, error)) {
     ASSERT_EQ(error, "");
-    m.bufferIncoming();
+    ASSERT_TRUE(m.bufferIncoming(error)) << error;
   }
   std::memcpy(m.incoming().target, payload.data(), payload.size());
   m.arrived(payload.size());
@@ -185,7 +186,7 @@ TEST(TagMatcher, AnotherSignatureAtAnotherStepOfTheSameCollectiveIsAMismatch) {
     error.clear();
     ASSERT_FALSE(m.arrive(makeTag(OpType::kAllreduce, 7, 0), 0, zero, error));
     ASSERT_EQ(error, "");
-    m.bufferIncoming();
+    ASSERT_TRUE(m.bufferIncoming(error)) << error;
     m.finishIncoming();
     std::shared_ptr<TestRequest> r;
     {
@@ -243,7 +244,7 @@ TEST(TagMatcher, AReceivePostedWhileItsMessageArrivesTakesItOver) {
   TagMatcher m(0, 1);
   std::string error;
   ASSERT_FALSE(m.arrive(kTagA, 6, Signature{}, error));
-  m.bufferIncoming();
+  ASSERT_TRUE(m.bufferIncoming(error)) << error;
   std::memcpy(m.incoming().target, "abc", 3);
   m.arrived(3);
   std::vector<uint8_t> buf(6);
@@ -290,6 +291,35 @@ TEST(TagMatcher, DescribeUnexpectedShowsTheOldestFewThenEllipsis) {
   EXPECT_THAT(d, HasSubstr("allgather#3 step 0"));
   EXPECT_THAT(d, ::testing::Not(HasSubstr("step 5")));
   EXPECT_THAT(d, HasSubstr("..."));
+}
+
+// The size to buffer is the sender's word. One larger than this machine's memory (a corrupt
+// header, or a message nobody can hold) is refused with the peer, the message and both sizes,
+// and nothing is allocated or counted; the transport then fails with that text.
+TEST(TagMatcher, AMessageLargerThanMemoryIsRefusedNotAllocated) {
+  TagMatcher m(0, 3);
+  std::string error;
+  const size_t huge = std::numeric_limits<size_t>::max() / 2;
+  ASSERT_GT(huge, TagMatcher::maxBufferBytes());
+  ASSERT_FALSE(m.arrive(kTagA, huge, Signature{}, error));
+  ASSERT_EQ(error, "");
+  EXPECT_FALSE(m.bufferIncoming(error));
+  EXPECT_THAT(error, HasSubstr("rank 3 sent allreduce#7 step 1"));
+  EXPECT_THAT(error, HasSubstr(std::to_string(huge) + " bytes"));
+  EXPECT_THAT(error, HasSubstr("larger than this machine's memory"));
+  EXPECT_THAT(error, HasSubstr(std::to_string(TagMatcher::maxBufferBytes())));
+  EXPECT_EQ(m.bufferedBytes(), 0u);
+  EXPECT_EQ(m.incoming().target, nullptr);
+  EXPECT_FALSE(m.hasUnexpected(kTagA + 1));
+  // The transport fails every waiter and forgets the message; the matcher stays usable for
+  // describeUnexpected().
+  m.failAll(error);
+  EXPECT_EQ(m.describeUnexpected(), "");
+  // A size the machine can hold is buffered.
+  error.clear();
+  ASSERT_FALSE(m.arrive(kTagB, 16, Signature{}, error));
+  EXPECT_TRUE(m.bufferIncoming(error)) << error;
+  EXPECT_EQ(m.bufferedBytes(), 16u);
 }
 
 TEST(RequestCore, TheFirstCompletionOrFailureWinsAndLaterOnesAreIgnored) {

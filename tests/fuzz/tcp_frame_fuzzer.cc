@@ -183,7 +183,7 @@ class Reader {
         held_ = true;  // left on the wire until a receive for it is posted
         return;
       }
-      matcher_.bufferIncoming();
+      if (!matcher_.bufferIncoming(error)) return fail(error);
     }
     if (remaining_ == 0) finishMessage();
   }

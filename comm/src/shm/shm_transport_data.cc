@@ -188,7 +188,7 @@ void ShmTransport::matchHeaderLocked(int i, uint64_t tag, size_t bytes,
     failLocked(error, true, true);
     return;
   }
-  p.matcher.bufferIncoming();
+  if (!p.matcher.bufferIncoming(error)) failLocked(error, true);
 }
 
 void ShmTransport::completeIncomingLocked(int i) {

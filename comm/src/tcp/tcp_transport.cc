@@ -118,7 +118,7 @@ std::shared_ptr<TcpRequest> TcpTransport::recvOn(Peer& p, void* data, size_t byt
       case TagMatcher::Match::kNone:
         if (p.stalled) {
           // Another message is wanted first: buffer the stalled one after all.
-          p.matcher.bufferIncoming();
+          if (!p.matcher.bufferIncoming(error)) break;  // fails the transport below
           p.target = p.matcher.incoming().target;
           resumeLocked(p);
         }
@@ -307,7 +307,7 @@ void TcpTransport::onHeaderLocked(Peer& p, std::string& error, bool& invalid) {
           setEpollMask(p);
           return;
         }
-        p.matcher.bufferIncoming();
+        if (!p.matcher.bufferIncoming(error)) return;
       }
       p.target = p.matcher.incoming().target;
       break;

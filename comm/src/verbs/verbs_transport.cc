@@ -447,7 +447,10 @@ void VerbsTransport::onDataLocked(VerbsPeer& p, uint32_t slot) {
         failLocked(error, true);
         return;
       }
-      p.matcher.bufferIncoming();
+      if (!p.matcher.bufferIncoming(error)) {
+        failLocked(error, true);
+        return;
+      }
     }
   } else if (!in.active) {
     return corrupt("a continuation fragment without a message");
