@@ -4,12 +4,17 @@
 //   loom-memcpy-bound                        B at 256 KiB .. 64 MiB, then T = 1, 2, 4, .. nproc
 //                                            copiers at once (64 MiB each)
 //   loom-memcpy-bound --sizes 1M,64M --threads 1,8 --seconds 0.3
+//   loom-memcpy-bound --threads 8,16 --concurrent-size 256K,64M
+//                                            what each of 8 (16) copiers gets at once, per size:
+//                                            the B a bound must use when 8 (16) ranks copy at
+//                                            the same time (scripts/cpu_scale_check.sh)
 //
 // Each copier owns a source and a destination buffer (touched once before timing, so page faults
 // are not timed) and copies source to destination for --seconds; a size's figure is the median
 // of --rounds rounds. Prints Markdown tables: B per size (GB/s of bytes copied, the unit
-// docs/shm.md's bounds use), and per copier count the slowest and fastest copier's rate and their
-// sum. Not a test: a benchmark, compared side by side within one run.
+// docs/shm.md's bounds use), and per copier count and size the slowest and fastest copier's
+// rate, their sum and their mean (sum / T). Not a test: a benchmark, compared side by side within
+// one run.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -107,7 +112,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", threadsArg,
                  "copier counts for the concurrent table (default 1, 2, 4, .. up to nproc)");
-  app.add_option("--concurrent-size", concurrentSize, "bytes each concurrent copier copies")
+  app.add_option("--concurrent-size", concurrentSize,
+                 "bytes each concurrent copier copies (a list: one table row per copier count "
+                 "and size)")
       ->capture_default_str();
   app.add_option("--seconds", seconds, "time per round and size")
       ->check(CLI::Range(0.01, 10.0))
@@ -119,10 +126,10 @@ int main(int argc, char** argv) {
 
   std::vector<size_t> sizes;
   std::vector<int> threads;
-  size_t perCopier = 0;
+  std::vector<size_t> perCopier;
   try {
     sizes = parseList(sizesArg);
-    perCopier = loom::bench::parseSize(concurrentSize);
+    perCopier = parseList(concurrentSize);
     if (threadsArg.empty()) {
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       for (int t = 1; t < cores; t *= 2) threads.push_back(t);
@@ -136,7 +143,10 @@ int main(int argc, char** argv) {
     for (size_t s : sizes) {
       if (s < 64) throw std::invalid_argument("--sizes: each size must be at least 64 bytes");
     }
-    if (perCopier < 64) throw std::invalid_argument("--concurrent-size must be at least 64 bytes");
+    for (size_t s : perCopier) {
+      if (s < 64)
+        throw std::invalid_argument("--concurrent-size: each size must be at least 64 bytes");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom-memcpy-bound: %s\n", e.what());
     return 2;
@@ -152,15 +162,18 @@ int main(int argc, char** argv) {
     std::printf("| %zu | %.2f |\n", s, median(r) / 1e9);
     std::fflush(stdout);
   }
-  std::printf("\n# T copiers at once, %zu bytes each (GB/s)\n", perCopier);
-  std::printf("| T | slowest | fastest | sum |\n|---:|---:|---:|---:|\n");
+  std::printf("\n# T copiers at once, each copying `bytes` (GB/s; mean = sum / T)\n");
+  std::printf("| T | bytes | slowest | fastest | sum | mean |\n|---:|---:|---:|---:|---:|---:|\n");
   for (int t : threads) {
-    std::vector<double> r = concurrent(t, perCopier, seconds, rounds);
-    double sum = 0;
-    for (double v : r) sum += v;
-    std::printf("| %d | %.2f | %.2f | %.2f |\n", t, *std::min_element(r.begin(), r.end()) / 1e9,
-                *std::max_element(r.begin(), r.end()) / 1e9, sum / 1e9);
-    std::fflush(stdout);
+    for (size_t bytes : perCopier) {
+      std::vector<double> r = concurrent(t, bytes, seconds, rounds);
+      double sum = 0;
+      for (double v : r) sum += v;
+      std::printf("| %d | %zu | %.2f | %.2f | %.2f | %.2f |\n", t, bytes,
+                  *std::min_element(r.begin(), r.end()) / 1e9,
+                  *std::max_element(r.begin(), r.end()) / 1e9, sum / 1e9, sum / t / 1e9);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
