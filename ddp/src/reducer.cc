@@ -2,40 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <unordered_set>
 
+#include "float_memory.h"
 #include "loom/autograd/engine.h"
-#include "loom/comm/window.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/process_group/trace.h"
 
 namespace loom::ddp {
-
-namespace {
-
-// `count` zeroed floats: a Window's memory (kept alive by the pointer) or an array. A window
-// that cannot be made (no memfd here) gives ordinary memory and one warning: the arena's setup
-// probe, which makes a window on every rank, then failed too, so no rank of the group takes
-// the window path and the ranks still agree.
-std::shared_ptr<float> allocateBucket(size_t count, bool window) {
-  if (window && count > 0) {
-    try {
-      std::shared_ptr<comm::Window> w = comm::Window::allocate(count * sizeof(float));
-      auto* data = static_cast<float*>(w->data());
-      return std::shared_ptr<float>(std::move(w), data);
-    } catch (const IoError& e) {
-      static std::once_flag warned;
-      std::call_once(warned,
-                     [&] { LOOM_LOG_WARNING("DDP: buckets in ordinary memory (", e.what(), ")"); });
-    }
-  }
-  return std::shared_ptr<float>(new float[std::max<size_t>(count, 1)](),
-                                std::default_delete<float[]>());
-}
-
-}  // namespace
 
 Reducer::Reducer(NamedParameters parameters, std::shared_ptr<ProcessGroup> pg,
                  const ReducerOptions& options)
@@ -109,7 +84,7 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
       b.view.shapes.push_back(params_[p].second.shape());
       count += static_cast<size_t>(params_[p].second.numel());
     }
-    b.storage = allocateBucket(count, options_.windowBuckets);
+    b.storage = allocateFloats(count, options_.windowBuckets, "DDP: buckets");
     b.count = count;
     b.view.index = static_cast<int>(i);
     b.view.isLast = i + 1 == buckets_.size();

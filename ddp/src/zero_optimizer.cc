@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "float_memory.h"
 #include "loom/common/error.h"
 #include "loom/ddp/distributed_data_parallel.h"
 
@@ -10,7 +11,7 @@ namespace loom::ddp {
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(ag::nn::NamedTensors parameters,
                                                  std::shared_ptr<ProcessGroup> pg,
-                                                 OptimizerFactory factory)
+                                                 OptimizerFactory factory, ZeroOptions options)
     : params_(std::move(parameters)), pg_(std::move(pg)) {
   LOOM_CHECK(pg_ != nullptr, "ZeroRedundancyOptimizer needs a process group");
   LOOM_CHECK(factory != nullptr, "ZeroRedundancyOptimizer needs an optimizer factory");
@@ -33,7 +34,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(ag::nn::NamedTensors parameters
     }
     broadcastTensors(*pg_, params_, 0);
   }
-  flat_.assign(static_cast<size_t>(shard_ * world), 0.0f);
+  flatCount_ = static_cast<size_t>(shard_ * world);
+  flat_ = allocateFloats(flatCount_, options.windowBuffer, "ZeRO-1: the flat vector");
   slice_ = ag::zeros({shard_});
   slice_.setRequiresGrad(true);
   packSlice();
@@ -63,39 +65,40 @@ void ZeroRedundancyOptimizer::zeroGrad() {
 }
 
 void ZeroRedundancyOptimizer::step() {
+  float* flat = this->flat();
   int64_t at = 0;
   for (const auto& [name, p] : params_) {
     const ag::Tensor g = p.grad();
     if (g.defined()) {
-      std::memcpy(flat_.data() + at, g.data<float>(), static_cast<size_t>(p.numel()) * 4);
+      std::memcpy(flat + at, g.data<float>(), static_cast<size_t>(p.numel()) * 4);
     } else {
-      std::fill(flat_.begin() + at, flat_.begin() + at + p.numel(), 0.0f);
+      std::fill(flat + at, flat + at + p.numel(), 0.0f);
     }
     at += p.numel();
   }
-  std::fill(flat_.begin() + at, flat_.end(), 0.0f);
+  std::fill(flat + at, flat + flatCount_, 0.0f);
   ag::Tensor grad = slice_.mutableGrad();
   if (pg_->size() > 1) {
     ReduceScatterOptions opts;
     opts.reduceOp = ReduceOp::kAvg;
-    pg_->reduceScatter(view(flat_.data(), flat_.size()),
+    pg_->reduceScatter(view(flat, flatCount_),
                        view(grad.data<float>(), static_cast<size_t>(shard_)), opts)
         ->wait();
   } else {
-    std::memcpy(grad.data<float>(), flat_.data(), static_cast<size_t>(shard_) * 4);
+    std::memcpy(grad.data<float>(), flat, static_cast<size_t>(shard_) * 4);
   }
   packSlice();
   local_->step();
+  // In place: this rank's slice goes to its place in the flat vector, which is then the
+  // all-gather's input as well as its output (a window on every rank: read in place by peers).
+  float* mine = flat + static_cast<size_t>(pg_->rank() * shard_);
+  std::memcpy(mine, slice_.data<float>(), static_cast<size_t>(shard_) * 4);
   if (pg_->size() > 1) {
-    pg_->allgather(view(slice_.data<float>(), static_cast<size_t>(shard_)),
-                   view(flat_.data(), flat_.size()))
-        ->wait();
-  } else {
-    std::memcpy(flat_.data(), slice_.data<float>(), static_cast<size_t>(shard_) * 4);
+    pg_->allgather(view(mine, static_cast<size_t>(shard_)), view(flat, flatCount_))->wait();
   }
   at = 0;
   for (auto& [name, p] : params_) {
-    std::memcpy(p.data<float>(), flat_.data() + at, static_cast<size_t>(p.numel()) * 4);
+    std::memcpy(p.data<float>(), flat + at, static_cast<size_t>(p.numel()) * 4);
     at += p.numel();
   }
 }

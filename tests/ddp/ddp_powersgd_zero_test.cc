@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,8 @@
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/powersgd_hook.h"
 #include "loom/ddp/zero_optimizer.h"
+#include "loom/store/hash_store.h"
+#include "loom/testing/ranks.h"
 
 namespace loom::ddp {
 namespace {
@@ -283,6 +286,77 @@ TEST(Zero, CheckpointResumesExactlyAndReshards) {
     });
   }
   std::remove(path.c_str());
+}
+
+// The flat vector in a Loom window (the default) against ordinary memory, with the window path
+// taken at every size (shmWindowMinBytes = 1): bitwise the same parameters after every step, 2
+// and 3 ranks (3 leaves padding in the last shard). Then rank 0's flat vector in a window and
+// rank 1's not: ZeRO's reduce-scatter would take the zero-copy path on rank 0 only, and every
+// rank fails naming both paths, which shows the window path is the one taken.
+TEST(Zero, FlatVectorInAWindowTakesTheZeroCopyPathWithTheSameBits) {
+  const int steps = 3;
+  const int64_t batch = 4;
+  auto group = [](int size, const std::function<void(std::shared_ptr<ProcessGroup>)>& fn) {
+    auto store = std::make_shared<HashStore>();
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::seconds(30);
+    po.debug = DebugLevel::kOff;
+    po.comm.context.shmWindowMinBytes = 1;
+    loom::testing::runThreadRanks(
+        size, [&](int rank) { fn(createProcessGroup("tcp", store, rank, size, po)); });
+  };
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const Dataset d = makeData(world * batch * steps, 10, 4);
+    std::vector<std::vector<nn::NamedTensors>> finals(2);
+    for (bool window : {false, true}) {
+      group(world, [&](std::shared_ptr<ProcessGroup> pg) {
+        auto model = makeMlp({10, 12, 7, 4});
+        ZeroOptions zo;
+        zo.windowBuffer = window;
+        ZeroRedundancyOptimizer zero(model->namedParameters(), pg, factoryFor(OptKind::kAdam), zo);
+        std::vector<nn::NamedTensors> states;
+        for (int s = 0; s < steps; ++s) {
+          const int64_t begin = (s * world + pg->rank()) * batch;
+          zero.zeroGrad();
+          ag::crossEntropy(model->forward(rowsOf(d.x, begin, batch)),
+                           rowsOf(d.labels, begin, batch))
+              .backward();
+          zero.step();
+          states.push_back(cloneState(*model));
+        }
+        if (pg->rank() == world - 1) finals[window] = std::move(states);
+      });
+    }
+    ASSERT_EQ(finals[0].size(), static_cast<size_t>(steps));
+    ASSERT_EQ(finals[1].size(), static_cast<size_t>(steps));
+    for (int s = 0; s < steps; ++s) {
+      for (size_t i = 0; i < finals[0][s].size(); ++i) {
+        const ag::Tensor& a = finals[0][s][i].second;
+        const ag::Tensor& b = finals[1][s][i].second;
+        EXPECT_EQ(0, std::memcmp(a.rawData(), b.rawData(), a.nbytes()))
+            << "step " << s << ": " << finals[0][s][i].first
+            << " differs between a window and an ordinary flat vector";
+      }
+    }
+  }
+  std::vector<std::string> errors(2);
+  group(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = makeMlp({10, 12, 4});
+    ZeroOptions zo;
+    zo.windowBuffer = pg->rank() == 0;
+    ZeroRedundancyOptimizer zero(model->namedParameters(), pg, factoryFor(OptKind::kSGD), zo);
+    for (auto& p : model->parameters()) p.mutableGrad();
+    try {
+      zero.step();
+    } catch (const std::exception& e) {
+      errors[pg->rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(errors[r], HasSubstr("zero-copy window")) << "rank " << r;
+    EXPECT_THAT(errors[r], HasSubstr("staged")) << "rank " << r;
+  }
 }
 
 }  // namespace

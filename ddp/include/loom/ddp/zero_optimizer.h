@@ -12,6 +12,11 @@
 //   gets the average of its slice, the local optimizer steps the slice, and the slices are
 //   all-gathered and unpacked into every parameter. Elementwise optimizers (SGD, Adam, AdamW)
 //   then end every step with the parameters plain DDP would have.
+// - The flat vector lives in a Loom Window (ZeroOptions::windowBuffer, default on), as DDP's
+//   buckets do, so that over shared memory the reduce-scatter reads every rank's gradients in
+//   place and the all-gather (in place: this rank's slice is written into the flat vector
+//   first) reads every rank's slice in place, with no staging copies. Where no window can be
+//   made, ordinary memory and one warning.
 // - stateBytes(): the bytes of this rank's optimizer state (its state dict's tensors).
 // - Checkpoints (checkpoint.h overloads): consolidatedStateDict() gathers the slices to rank 0
 //   (entries of the local optimizer's state dict named as they are, sharded ones as full
@@ -34,12 +39,18 @@
 
 namespace loom::ddp {
 
+struct ZeroOptions {
+  // The flat gradient and parameter vector in a Loom Window (zero-copy over shared memory);
+  // false: an ordinary array.
+  bool windowBuffer = true;
+};
+
 class ZeroRedundancyOptimizer {
  public:
   using OptimizerFactory =
       std::function<std::unique_ptr<ag::optim::Optimizer>(std::vector<ag::Tensor>)>;
   ZeroRedundancyOptimizer(ag::nn::NamedTensors parameters, std::shared_ptr<ProcessGroup> pg,
-                          OptimizerFactory factory);
+                          OptimizerFactory factory, ZeroOptions options = {});
 
   void step();
   void zeroGrad();
@@ -61,8 +72,13 @@ class ZeroRedundancyOptimizer {
   ag::nn::NamedTensors params_;
   std::shared_ptr<ProcessGroup> pg_;
   int64_t numel_ = 0, shard_ = 0;
-  std::vector<float> flat_;  // world * shard floats (gradients, then gathered parameters)
-  ag::Tensor slice_;         // [shard] this rank's parameters, the local optimizer's one param
+  // The flat vector: world * shard floats (gradients, then gathered parameters).
+  float* flat() const { return flat_.get(); }
+  size_t flatCount() const { return flatCount_; }
+
+  std::shared_ptr<float> flat_;  // a Window's memory or an array (ZeroOptions::windowBuffer)
+  size_t flatCount_ = 0;
+  ag::Tensor slice_;  // [shard] this rank's parameters, the local optimizer's one param
   std::unique_ptr<ag::optim::Optimizer> local_;
 };
 
