@@ -166,7 +166,7 @@ void Server::start() {
 // holds no thread and stalls nobody. A connection that passes gets its reader thread, unless
 // maxConnections are open: then it is refused (closed, logged).
 void Server::acceptLoop() {
-  std::vector<auth::Inbound> pending;
+  auth::InboundSet pending(sizeof(wire::Opening), kMaxHandshakes);
   auto check = [&](std::span<const uint8_t> bytes) -> std::string {
     wire::Opening o;
     std::memcpy(&o, bytes.data(), sizeof(o));
@@ -183,60 +183,32 @@ void Server::acceptLoop() {
     reap();
     std::vector<pollfd> fds{{listen_.fd(), POLLIN, 0}};
     Clock::time_point wake = Clock::now() + milliseconds(kTickMs);
-    for (const auth::Inbound& in : pending) {
-      fds.push_back({in.fd(), POLLIN, 0});
-      wake = std::min(wake, in.deadline());
-    }
+    pending.addPollFds(fds, wake);
     const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
     ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, kTickMs)));
     if (stop_) break;
-    const Clock::time_point now = Clock::now();
-    std::vector<auth::Inbound> still;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      auth::Inbound& in = pending[i];
-      if (fds[i + 1].revents == 0 && now < in.deadline()) {
-        still.push_back(std::move(in));
-        continue;
-      }
-      auth::Inbound::State state = auth::Inbound::State::kFailed;
-      try {
-        state = in.advance(core_->key, wire::kAuthLabel, check);
-      } catch (const std::exception& e) {
-        // The key's MAC or the nonce could not be made (OpenSSL, getrandom): drop this one.
-        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ",
-                         in.address(), ": its handshake failed here: ", e.what());
-        continue;
-      }
-      if (state == auth::Inbound::State::kPending) {
-        still.push_back(std::move(in));
-      } else if (state == auth::Inbound::State::kFailed) {
-        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' refused a connection from ",
-                         in.address(), ": ", in.why());
-      } else {
-        serve(in.release());
-      }
+    std::vector<auth::InboundSet::Accepted> done;
+    std::vector<auth::InboundSet::Refused> refused;
+    pending.advance(fds, 1, core_->key, wire::kAuthLabel, check, done, refused);
+    for (const auto& r : refused) {
+      LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' refused a connection from ", r.address,
+                       ": ", r.why);
     }
-    pending = std::move(still);
+    for (auto& a : done) serve(std::move(a.socket));
     if ((fds[0].revents & POLLIN) == 0) continue;
-    for (;;) {
-      net::Socket s(::accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!s.valid()) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          // Out of descriptors, say: the connection stays queued; retry a tick later.
-          LOOM_LOG_WARNING("rpc: ", core_->self.name,
-                           ": accept failed: ", loom::detail::errnoText(errno));
-          std::this_thread::sleep_for(milliseconds(kTickMs));
-        }
-        break;
-      }
-      if (pending.size() >= kMaxHandshakes) {
-        LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ",
-                         pending.front().address(), ": ", kMaxHandshakes,
-                         " handshakes were in progress (a flood of connections?)");
-        pending.erase(pending.begin());
-      }
-      pending.emplace_back(std::move(s), sizeof(wire::Opening),
-                           Clock::now() + std::min(core_->timeout, kHandshakeTimeout));
+    std::vector<std::string> dropped;
+    const int error = pending.acceptAll(
+        listen_.fd(), Clock::now() + std::min(core_->timeout, kHandshakeTimeout), dropped);
+    for (const std::string& address : dropped) {
+      LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' dropped a connection from ", address,
+                       ": ", kMaxHandshakes,
+                       " handshakes were in progress (a flood of connections?)");
+    }
+    if (error != 0) {
+      // Out of descriptors, say: the connection stays queued; retry a tick later.
+      LOOM_LOG_WARNING("rpc: ", core_->self.name,
+                       ": accept failed: ", loom::detail::errnoText(error));
+      std::this_thread::sleep_for(milliseconds(kTickMs));
     }
   }
 }

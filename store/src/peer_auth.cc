@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -169,6 +170,60 @@ Inbound::State Inbound::advance(const Key& key, std::string_view label, const Ch
   }
   net::setNonBlocking(sock_.fd(), false);
   return State::kDone;
+}
+
+int InboundSet::acceptAll(int listenFd, Clock::time_point deadline,
+                          std::vector<std::string>& dropped) {
+  for (;;) {
+    net::Socket sock(::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!sock.valid()) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
+    }
+    if (!pending_.empty() && pending_.size() >= limit_) {
+      dropped.push_back(pending_.front().address());
+      pending_.erase(pending_.begin());
+    }
+    pending_.emplace_back(std::move(sock), openingBytes_, deadline);
+  }
+}
+
+void InboundSet::addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const {
+  for (const Inbound& in : pending_) {
+    fds.push_back({in.fd(), POLLIN, 0});
+    wake = std::min(wake, in.deadline());
+  }
+}
+
+void InboundSet::advance(std::span<const pollfd> fds, size_t first, const Key& key,
+                         std::string_view label, const Inbound::Check& check,
+                         std::vector<Accepted>& done, std::vector<Refused>& refused) {
+  const Clock::time_point now = Clock::now();
+  std::vector<Inbound> still;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Inbound& in = pending_[i];
+    const bool ready = first + i < fds.size() && fds[first + i].revents != 0;
+    if (!ready && now < in.deadline()) {
+      still.push_back(std::move(in));
+      continue;
+    }
+    Inbound::State state = Inbound::State::kFailed;
+    std::string why;
+    try {
+      state = in.advance(key, label, check);
+      why = in.why();
+    } catch (const std::exception& e) {
+      why = detail::str("its handshake failed here: ", e.what());
+    }
+    if (state == Inbound::State::kPending) {
+      still.push_back(std::move(in));
+    } else if (state == Inbound::State::kFailed) {
+      refused.push_back({in.address(), std::move(why)});
+    } else {
+      done.push_back({in.opening(), in.release()});
+    }
+  }
+  pending_ = std::move(still);
 }
 
 }  // namespace loom::auth

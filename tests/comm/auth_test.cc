@@ -14,8 +14,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -250,6 +253,87 @@ TEST(Auth, HandshakeNeedsTheKeyOnBothSides) {
   const Outcome strangerDialer = run(other, key);
   EXPECT_FALSE(strangerDialer.dialed);  // it refused the acceptor's MAC first
   EXPECT_EQ(strangerDialer.accepted, auth::Inbound::State::kFailed);
+}
+
+// InboundSet, the acceptor loop the tcp setup, its healing and the RPC server share, on a real
+// listener with a limit of 2: of three silent connections the oldest is dropped for the limit
+// (its address reported); silent ones expire at their deadline; a dialer with the key is
+// accepted with its opening; one whose opening fails the check and one with another key (which
+// refuses the acceptor's MAC and hangs up) are refused with their reasons; the set ends empty.
+TEST(Auth, InboundSetAcceptsRefusesAndBoundsHandshakes) {
+  HashStore store;
+  const auth::Key key = auth::sharedKey(store, "k");
+  auth::Key other = key;
+  other[0] ^= 1;
+  net::Socket listener = net::listenOn("127.0.0.1", 0);
+  net::setNonBlocking(listener.fd(), true);
+  const int port = net::localPort(listener.fd());
+  auth::InboundSet set(8, 2);
+  const auto check = [](std::span<const uint8_t> opening) -> std::string {
+    return opening[0] == 1 ? "" : "its opening does not start with 1";
+  };
+  std::vector<auth::InboundSet::Accepted> done;
+  std::vector<auth::InboundSet::Refused> refused;
+  std::vector<std::string> dropped;
+  // Runs the poll loop until `until` returns true (or 10 s pass).
+  auto loop = [&](Clock::time_point handshakeDeadline, const std::function<bool()>& until) {
+    const Clock::time_point end = Clock::now() + 10s;
+    while (!until() && Clock::now() < end) {
+      std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
+      Clock::time_point wake = Clock::now() + 50ms;
+      set.addPollFds(fds, wake);
+      ::poll(fds.data(), fds.size(), 50);
+      set.advance(fds, 1, key, "test", check, done, refused);
+      if (fds[0].revents & POLLIN) {
+        EXPECT_EQ(set.acceptAll(listener.fd(), handshakeDeadline, dropped), 0);
+      }
+    }
+  };
+  std::vector<net::Socket> silent;
+  for (int i = 0; i < 3; ++i) silent.push_back(net::connectTo("127.0.0.1", port, 5s));
+  loop(Clock::now() + 1s, [&] { return dropped.size() == 1 && set.size() == 2; });
+  EXPECT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(set.size(), 2u);
+  // The two silent ones left expire; then three dialers, one at a time.
+  loop(Clock::now() + 1s, [&] { return refused.size() == 2; });
+  ASSERT_EQ(refused.size(), 2u);
+  EXPECT_NE(refused[0].why.find("before its deadline"), std::string::npos) << refused[0].why;
+  EXPECT_EQ(set.size(), 0u);
+  refused.clear();
+  auto dialWith = [&](const auth::Key& k, uint8_t first) {
+    return std::thread([&, k, first] {
+      try {
+        net::Socket s = net::connectTo("127.0.0.1", port, 5s);
+        std::vector<uint8_t> opening(8, 9);
+        opening[0] = first;
+        auth::dial(s.fd(), k, "test", opening, Deadline(5s), "acceptor");
+        char c;
+        net::readFull(s.fd(), &c, 1, Deadline(5s), "acceptor");  // until the test closes it
+      } catch (const IoError&) {
+      }
+    });
+  };
+  std::thread good = dialWith(key, 1);
+  loop(Clock::now() + 5s, [&] { return done.size() == 1; });
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].opening, (std::vector<uint8_t>{1, 9, 9, 9, 9, 9, 9, 9}));
+  EXPECT_TRUE(done[0].socket.valid());
+  done[0].socket.reset();
+  good.join();
+  std::thread badOpening = dialWith(key, 2);
+  loop(Clock::now() + 5s, [&] { return refused.size() == 1; });
+  badOpening.join();
+  std::thread stranger = dialWith(other, 1);
+  loop(Clock::now() + 5s, [&] { return refused.size() == 2; });
+  stranger.join();
+  ASSERT_EQ(refused.size(), 2u);
+  EXPECT_EQ(refused[0].why, "its opening does not start with 1");
+  // The stranger finds the acceptor's MAC wrong first and hangs up.
+  EXPECT_NE(refused[1].why.find("closed the connection during the authentication handshake"),
+            std::string::npos)
+      << refused[1].why;
+  EXPECT_EQ(done.size(), 1u);
+  EXPECT_EQ(set.size(), 0u);
 }
 
 }  // namespace

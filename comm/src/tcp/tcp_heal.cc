@@ -272,11 +272,10 @@ void TcpTransport::healLoop() {
         timeout = std::clamp(static_cast<int>(wait), 0, timeout);
       }
       std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}, {healWakeFd_, POLLIN, 0}};
-      for (const auth::Inbound& in : resuming_) {
-        fds.push_back({in.fd(), POLLIN, 0});
-        const auto wait = std::chrono::ceil<milliseconds>(in.deadline() - now).count();
-        timeout = std::clamp(static_cast<int>(wait), 0, timeout);
-      }
+      Clock::time_point wake = now + milliseconds(timeout);
+      resuming_.addPollFds(fds, wake);
+      timeout = static_cast<int>(
+          std::clamp<long long>(std::chrono::ceil<milliseconds>(wake - now).count(), 0, timeout));
       ::poll(fds.data(), fds.size(), timeout);
       if (fds[1].revents & POLLIN) {
         uint64_t v;
@@ -368,16 +367,12 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
 }
 
 void TcpTransport::acceptResume() {
-  for (;;) {
-    net::Socket s(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    // EAGAIN (a probe that went away, or none left), or out of descriptors: next time.
-    if (!s.valid()) return;
-    if (resuming_.size() >= kMaxHandshakes) {
-      LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", resuming_.front().address(),
-                       ": ", kMaxHandshakes, " handshakes were in progress (a flood?)");
-      resuming_.erase(resuming_.begin());
-    }
-    resuming_.emplace_back(std::move(s), sizeof(Hello), Clock::now() + kAttemptTimeout);
+  std::vector<std::string> dropped;
+  // A failed accept (out of descriptors): the connection stays queued for the next pass.
+  (void)resuming_.acceptAll(listener_.fd(), Clock::now() + kAttemptTimeout, dropped);
+  for (const std::string& address : dropped) {
+    LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", address, ": ", kMaxHandshakes,
+                     " handshakes were in progress (a flood?)");
   }
 }
 
@@ -390,29 +385,19 @@ void TcpTransport::advanceResumes(const std::vector<pollfd>& fds, size_t first) 
     }
     return {};
   };
-  const Clock::time_point now = Clock::now();
-  std::vector<auth::Inbound> still;
-  std::vector<std::pair<Hello, net::Socket>> done;
-  for (size_t i = 0; i < resuming_.size(); ++i) {
-    auth::Inbound& in = resuming_[i];
-    if (fds[first + i].revents == 0 && now < in.deadline()) {
-      still.push_back(std::move(in));
-      continue;
-    }
-    const auto state = in.advance(key_, kAuthLabel, check);
-    if (state == auth::Inbound::State::kPending) {
-      still.push_back(std::move(in));
-    } else if (state == auth::Inbound::State::kFailed) {
-      // A stranger, or a peer whose network failed again (it retries).
-      LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", in.address(), ": ",
-                       in.why());
-    } else {
-      Hello h;
-      std::memcpy(&h, in.opening().data(), sizeof(h));
-      done.emplace_back(h, in.release());
-    }
+  std::vector<auth::InboundSet::Accepted> accepted;
+  std::vector<auth::InboundSet::Refused> refused;
+  resuming_.advance(fds, first, key_, kAuthLabel, check, accepted, refused);
+  for (const auto& r : refused) {
+    // A stranger, or a peer whose network failed again (it retries).
+    LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", r.address, ": ", r.why);
   }
-  resuming_ = std::move(still);
+  std::vector<std::pair<Hello, net::Socket>> done;
+  for (auto& a : accepted) {
+    Hello h;
+    std::memcpy(&h, a.opening.data(), sizeof(h));
+    done.emplace_back(h, std::move(a.socket));
+  }
   for (auto& [hello, sock] : done) {
     if (failed()) return;
     resumeAccepted(hello, std::move(sock));

@@ -25,7 +25,8 @@
 
 namespace loom::comm::tcp {
 
-TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
+TcpTransport::TcpTransport(int rank, int size)
+    : rank_(rank), size_(size), resuming_(sizeof(Hello), kMaxHandshakes) {}
 
 namespace {
 
@@ -204,7 +205,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   // key) is logged and dropped while the loop goes on waiting for the real peers.
   const int expected = (size - 1 - rank) * lanes;
   int accepted = 0;
-  std::vector<auth::Inbound> pending;
+  auth::InboundSet pending(sizeof(Hello), kMaxHandshakes);
   net::setNonBlocking(listener.fd(), true);
   auto missingRanks = [&] {
     std::string missing;
@@ -232,36 +233,23 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     }
     std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
     Clock::time_point wake = deadline.end();
-    for (const auth::Inbound& in : pending) {
-      fds.push_back({in.fd(), POLLIN, 0});
-      wake = std::min(wake, in.deadline());
-    }
+    pending.addPollFds(fds, wake);
     const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
     const int ready =
         ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 1000)));
     LOOM_CHECK_T(IoError, ready >= 0 || errno == EINTR, "rank ", rank,
                  ": poll during tcp setup: ", detail::errnoText(errno));
-    const Clock::time_point now = Clock::now();
-    std::vector<auth::Inbound> still;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      auth::Inbound& in = pending[i];
-      if (fds[i + 1].revents == 0 && now < in.deadline()) {
-        still.push_back(std::move(in));
-        continue;
-      }
-      const auto state = in.advance(t->key_, kAuthLabel, checkOpening);
-      if (state == auth::Inbound::State::kPending) {
-        still.push_back(std::move(in));
-        continue;
-      }
-      if (state == auth::Inbound::State::kFailed) {
-        LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", in.address(),
-                         ": ", in.why(), "; still waiting for rank(s) ", missingRanks());
-        continue;
-      }
+    std::vector<auth::InboundSet::Accepted> done;
+    std::vector<auth::InboundSet::Refused> refused;
+    pending.advance(fds, 1, t->key_, kAuthLabel, checkOpening, done, refused);
+    for (const auto& r : refused) {
+      LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", r.address, ": ",
+                       r.why, "; still waiting for rank(s) ", missingRanks());
+    }
+    for (auto& a : done) {
       Hello hello;
-      std::memcpy(&hello, in.opening().data(), sizeof(hello));
-      net::Socket sock = in.release();
+      std::memcpy(&hello, a.opening.data(), sizeof(hello));
+      net::Socket sock = std::move(a.socket);
       // An authenticated peer: what it says now is a configuration to agree on.
       LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
                    " has world size ", hello.size, " but this rank has ", size);
@@ -282,19 +270,14 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
       setupSocket(std::move(sock), hello.rank, hello.lane);
       ++accepted;
     }
-    pending = std::move(still);
     if (fds[0].revents & POLLIN) {
-      for (;;) {
-        net::Socket sock(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-        if (!sock.valid()) break;  // EAGAIN: none left (or out of descriptors: next pass)
-        if (pending.size() >= kMaxHandshakes) {
-          LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ",
-                           pending.front().address(), ": ", kMaxHandshakes,
-                           " handshakes were in progress (a flood of connections?)");
-          pending.erase(pending.begin());
-        }
-        pending.emplace_back(std::move(sock), sizeof(Hello),
-                             std::min(Clock::now() + kHandshakeTimeout, deadline.end()));
+      std::vector<std::string> dropped;
+      // A failed accept (out of descriptors): the connection stays queued for the next pass.
+      (void)pending.acceptAll(listener.fd(),
+                              std::min(Clock::now() + kHandshakeTimeout, deadline.end()), dropped);
+      for (const std::string& address : dropped) {
+        LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", address, ": ",
+                         kMaxHandshakes, " handshakes were in progress (a flood of connections?)");
       }
     }
   }

@@ -240,10 +240,11 @@ class TcpTransport : public Transport {
   milliseconds reconnect_{0};
   int bufferBytes_ = 0;  // SO_SNDBUF/SO_RCVBUF of every socket (> 0), else autotuning
   net::Socket listener_;
-  auth::Key key_{};                      // the group's key (setup and resume handshakes)
-  std::vector<auth::Inbound> resuming_;  // resume handshakes in progress (healer thread only)
-  std::vector<std::string> peerAddrs_;   // every rank's listening "host:port"
-  int healWakeFd_ = -1;                  // eventfd: a connection was lost, or stop
+  auth::Key key_{};  // the group's key (setup and resume handshakes)
+  // Resume handshakes in progress (healer thread only).
+  auth::InboundSet resuming_;
+  std::vector<std::string> peerAddrs_;  // every rank's listening "host:port"
+  int healWakeFd_ = -1;                 // eventfd: a connection was lost, or stop
   std::thread healer_;
   std::atomic<int> reconnects_{0};
 };

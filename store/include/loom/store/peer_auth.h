@@ -25,6 +25,8 @@
 // - Thread-safety: free functions are thread-safe; an Inbound belongs to one thread.
 #pragma once
 
+#include <poll.h>
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -126,6 +128,49 @@ class Inbound {
   size_t proofHave_ = 0;
   Nonce nonce_{};
   std::string why_;
+};
+
+// The acceptor's handshakes in progress on one listener, for a poll loop that also waits on
+// other things: accepted connections join it, it adds their descriptors to the loop's poll set,
+// and after each poll it advances the readable (or expired) ones. At most `limit` run at once:
+// a connection beyond that drops the oldest (a flood of silent connections cannot grow it).
+// Used by the tcp transport's setup and healing and by the RPC server.
+class InboundSet {
+ public:
+  struct Accepted {
+    std::vector<uint8_t> opening;  // the dialer's opening, checked and authenticated
+    net::Socket socket;            // blocking again, positioned after the handshake
+  };
+  struct Refused {
+    std::string address;
+    std::string why;
+  };
+
+  InboundSet(size_t openingBytes, size_t limit) : openingBytes_(openingBytes), limit_(limit) {}
+
+  // Accepts every connection waiting on the non-blocking `listenFd`, each to finish its
+  // handshake by `deadline`. `dropped` gets the address of each handshake dropped for the
+  // limit. Returns 0, or the errno of a failed accept other than EAGAIN and EINTR (out of
+  // descriptors, say: the connection stays queued for a later call).
+  int acceptAll(int listenFd, Clock::time_point deadline, std::vector<std::string>& dropped);
+  // Appends one pollfd per handshake to `fds` (POLLIN) and lowers `wake` to the earliest
+  // handshake deadline.
+  void addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const;
+  // After a poll of the set addPollFds() made, starting at fds[first] (no acceptAll() in
+  // between, which would shift the handshakes against the descriptors): advances each handshake
+  // that is readable or past its deadline. Finished ones leave the set into `done`, failed ones
+  // into `refused` (an exception while answering, from the MAC or the nonce, refuses that one
+  // connection with the reason and leaves the others).
+  void advance(std::span<const pollfd> fds, size_t first, const Key& key, std::string_view label,
+               const Inbound::Check& check, std::vector<Accepted>& done,
+               std::vector<Refused>& refused);
+  size_t size() const { return pending_.size(); }
+  // Closes every handshake in progress.
+  void clear() { pending_.clear(); }
+
+ private:
+  size_t openingBytes_, limit_;
+  std::vector<Inbound> pending_;
 };
 
 }  // namespace loom::auth
