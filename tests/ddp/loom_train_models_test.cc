@@ -22,6 +22,7 @@
 
 namespace {
 
+using loom::testing::readLosses;
 using std::chrono::milliseconds;
 // 32 ports per test binary, below Linux's ephemeral range (see loom_train_test.cc).
 int nextPort = 22000 + static_cast<int>(::getpid() % 300) * 32;
@@ -34,20 +35,6 @@ std::string runLoomTrain(const std::vector<std::string>& args, const std::string
              .env = {{"LOOM_AUTOGRAD_THREADS", "1"}},
              .stdoutPath = [&](int r) { return r == 0 ? out : std::string("/dev/null"); },
              .deadline = milliseconds(90000)});
-}
-
-std::vector<double> readLosses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<double> losses;
-  std::string line;
-  std::getline(in, line);
-  EXPECT_EQ(line, "step,loss") << path;
-  while (std::getline(in, line)) {
-    const auto comma = line.find(',');
-    EXPECT_EQ(std::stoi(line.substr(0, comma)), static_cast<int>(losses.size()) + 1) << line;
-    losses.push_back(std::stod(line.substr(comma + 1)));
-  }
-  return losses;
 }
 
 std::string readFile(const std::string& path) {

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <utility>
@@ -61,6 +63,22 @@ inline std::string runLoomTrainRanks(const std::vector<std::string>& args,
     });
   }
   return ranks.waitAllOk(run.deadline);
+}
+
+// The losses of loom-train's --log file ("step,loss", then one row per step from 1),
+// checking the header and the step numbers as it reads.
+inline std::vector<double> readLosses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> losses;
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,loss") << path;
+  while (std::getline(in, line)) {
+    const auto comma = line.find(',');
+    EXPECT_EQ(std::stoi(line.substr(0, comma)), static_cast<int>(losses.size()) + 1) << line;
+    losses.push_back(std::stod(line.substr(comma + 1)));
+  }
+  return losses;
 }
 
 }  // namespace loom::testing

@@ -31,6 +31,7 @@
 
 namespace {
 
+using loom::testing::readLosses;
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
 // 40 ports per test binary (it uses 34), below Linux's ephemeral range (32768 and up), so that
@@ -50,20 +51,6 @@ std::string runLoomTrain(int world, const std::vector<std::string>& args,
     run.stdoutPath = [&](int r) { return stdoutPrefix + std::to_string(r); };
   }
   return loom::testing::runLoomTrainRanks(args, run);
-}
-
-std::vector<double> readLosses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<double> losses;
-  std::string line;
-  std::getline(in, line);
-  EXPECT_EQ(line, "step,loss") << path;
-  while (std::getline(in, line)) {
-    const auto comma = line.find(',');
-    EXPECT_EQ(std::stoi(line.substr(0, comma)), static_cast<int>(losses.size()) + 1) << line;
-    losses.push_back(std::stod(line.substr(comma + 1)));
-  }
-  return losses;
 }
 
 void expectSameLosses(const std::vector<double>& actual, const std::vector<double>& expected) {
