@@ -77,6 +77,46 @@ void checkBuffer(const void* p, size_t count, OpType type, const char* name) {
     checkBuffer(p, count, opTypeName(type), name);
 }
 
+// Overlapping buffers must be the collective's in-place form (NCCL's and c10d's rule): one
+// buffer (all-reduce, reduce, all-to-all), or this rank's block of the larger buffer (all-gather
+// and gather: in == out + `blockBytes`; reduce-scatter and scatter: out == in + `blockBytes`).
+// Anything else has a rank overwrite what it or a peer still reads (window peers read in place,
+// staged steps read later blocks), so it is refused before the first message. `in`/`out` of
+// `inBytes`/`outBytes` (0: not used on this rank).
+void checkAliasing(OpType type, int rank, const void* in, size_t inBytes, const void* out,
+                   size_t outBytes, size_t blockBytes, const Shape& shape) {
+  if (in == nullptr || out == nullptr || inBytes == 0 || outBytes == 0) return;
+  const auto* i = static_cast<const uint8_t*>(in);
+  const auto* o = static_cast<const uint8_t*>(out);
+  if (!(i < o + outBytes && o < i + inBytes)) return;
+  const char* form = "";
+  switch (type) {
+    case OpType::kAllgather:
+    case OpType::kAllgatherv:
+    case OpType::kGather:
+    case OpType::kGatherv:
+      if (i == o + blockBytes) return;
+      form = "in place, the input is this rank's block of the output (in == out + ";
+      break;
+    case OpType::kReduceScatter:
+    case OpType::kReduceScatterv:
+    case OpType::kScatter:
+      if (o == i + blockBytes) return;
+      form = "in place, the output is this rank's block of the input (out == in + ";
+      break;
+    default:
+      if (i == o) return;
+      form = "in place, input and output are one buffer (out == in, an offset of ";
+      blockBytes = 0;
+      break;
+  }
+  LOOM_THROW(InvalidArgumentError, "rank ", rank, ": ", opTypeName(type), ": the ", shape.outName,
+             " [", out, ", +", outBytes, " bytes) overlaps the ", shape.inName, " [", in, ", +",
+             inBytes, " bytes) without being its in-place form: ", form, blockBytes,
+             " bytes); partly overlapping buffers would be overwritten while they are read (pass "
+             "separate buffers, or the in-place form)");
+}
+
 thread_local bool tOrdinaryReductions = false;
 
 bool reproducibleMode(const CollectiveCall& c) {
@@ -119,8 +159,30 @@ void validate(const CollectiveCall& c, const Shape& shape) {
   if (shape.in == Needs::kAll || (shape.in == Needs::kRoot && isRoot)) {
     checkBuffer(c.in, c.count, c.type, shape.inName);
   }
-  if (shape.out == Needs::kAll || (shape.out == Needs::kRoot && isRoot)) {
-    checkBuffer(c.out, c.count, c.type, shape.outName);
+  const bool usesOut = shape.out == Needs::kAll || (shape.out == Needs::kRoot && isRoot);
+  if (usesOut) checkBuffer(c.out, c.count, c.type, shape.outName);
+  if (usesOut && (shape.in == Needs::kAll || (shape.in == Needs::kRoot && isRoot))) {
+    // Bytes of each buffer on this rank, and of one rank's block.
+    const size_t block = c.count * dtypeSize(c.dtype);
+    const size_t all = block * static_cast<size_t>(ctx.size());
+    size_t inBytes = block, outBytes = block;
+    switch (c.type) {
+      case OpType::kAllgather:
+      case OpType::kGather:
+        outBytes = all;
+        break;
+      case OpType::kReduceScatter:
+      case OpType::kScatter:
+        inBytes = all;
+        break;
+      case OpType::kAlltoall:
+        inBytes = outBytes = all;
+        break;
+      default:
+        break;
+    }
+    checkAliasing(c.type, ctx.rank(), c.in, inBytes, c.out, outBytes,
+                  block * static_cast<size_t>(ctx.rank()), shape);
   }
   checkAlgorithm(c.type, c.opts.algorithm);
   if (shape.reduces && reproducibleMode(c)) checkReproducible(c.op, c.dtype);
@@ -201,6 +263,12 @@ void runUneven(const CollectiveCall& c) {
   }
   checkBuffer(c.in, inCount, what, shape.inName);
   checkBuffer(c.out, outCount, what, shape.outName);
+  const size_t before =
+      c.type == OpType::kAlltoallv
+          ? 0
+          : std::accumulate(c.counts.begin(), c.counts.begin() + ctx.rank(), size_t{0});
+  checkAliasing(c.type, ctx.rank(), c.in, inCount * esize, c.out, outCount * esize, before * esize,
+                shape);
   checkAlgorithm(c.type, c.opts.algorithm);
   if (ctx.size() == 1) {
     // The one block is this rank's own (avg over one rank is the value itself).

@@ -193,9 +193,11 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
 // Buffers in Loom Windows (DDP's buckets) over shm: the exact all-reduce takes the window
 // path's one pass (shm::windowAllreduceRows), from 1 byte (windowMinBytes 1) to several bounce
 // buffers per segment, out of place and in place, with the 2-rank pair path (AVG of float16)
-// too. Bit for bit against the exact reference with permuted ranks; and a rank whose buffer is
-// not in a Window fails every rank naming both paths, which a mode that staged window buffers
-// would not.
+// too; the exact reduce-scatter reads every rank's input in place (shm::windowReduceScatterRows)
+// out of place and in place. Bit for bit against the
+// exact reference with permuted ranks; and a rank whose buffer is not in a Window fails every
+// rank naming both paths, for both collectives, which a mode that staged window buffers would
+// not.
 TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
   const Config config{true, Algorithm::kAuto, 512 << 10, false, 1};
   uint64_t seed = 77;
@@ -222,6 +224,38 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
         opts.seq = 2;
         allreduce(ctx, buf, buf, count, d, ReduceOp::kAvg, opts);
         EXPECT_EQ(mismatches(in, avg, buf, 0, count, what + " avg in place"), 0);
+      });
+      // Reduce-scatter of n blocks of `block` elements: out of place (AVG) and in place (out is
+      // this rank's block of the input, SUM); shifted one element against it is refused.
+      const size_t block = count / n;
+      if (block == 0) continue;
+      const Inputs rs(d, n, block * n, ++seed);
+      const auto rsSum = rs.expected(false);
+      const auto rsAvg = rs.expected(true);
+      const size_t es = dtypeSize(d);
+      onRanks(n, config, [&](int r, Context& ctx) {
+        auto win = Window::allocate(block * n * es);
+        auto* buf = static_cast<unsigned char*>(win->data());
+        const auto load = [&] { std::memcpy(buf, rs.data[perm[r]].data(), block * n * es); };
+        const size_t mine = static_cast<size_t>(r) * block;
+        std::vector<unsigned char> out(block * es);
+        CollectiveOptions opts;
+        opts.seq = 3;
+        load();
+        reduceScatter(ctx, buf, out.data(), block, d, ReduceOp::kAvg, opts);
+        EXPECT_EQ(mismatches(rs, rsAvg, out.data(), mine, block, what + " reduce_scatter avg"), 0);
+        opts.seq = 4;
+        load();
+        reduceScatter(ctx, buf, buf + mine * es, block, d, ReduceOp::kSum, opts);
+        EXPECT_EQ(mismatches(rs, rsSum, buf + mine * es, mine, block,
+                             what + " reduce_scatter sum in place"),
+                  0);
+        // Shifted against its block, the output would overwrite what a peer reads in place:
+        // refused before any message, as in every mode (sweep_data_test's Aliasing).
+        opts.seq = 5;
+        const size_t shifted = r == 0 ? 1 : mine - 1;  // one element off, inside the input
+        EXPECT_THROW(reduceScatter(ctx, buf, buf + shifted * es, block, d, ReduceOp::kSum, opts),
+                     InvalidArgumentError);
       });
     }
   }
@@ -254,6 +288,35 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
     EXPECT_NE(errors[r].find("zero-copy window"), std::string::npos)
         << "rank " << r << ": " << errors[r];
     EXPECT_NE(errors[r].find("staged"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+  // The same for the reduce-scatter: rank 0's input in a Window, the others' not.
+  const size_t block = 7001;
+  const auto rsErrors = errorsOnRanks(
+      n,
+      [](int, ContextOptions& o) {
+        o.reproducible = true;
+        o.shmWindowMinBytes = 1;
+      },
+      [&](int r, Context& ctx) {
+        std::shared_ptr<Window> win;
+        std::vector<float> plain;
+        float* buf = nullptr;
+        if (r == 0) {
+          win = Window::allocate(block * n * sizeof(float));
+          buf = static_cast<float*>(win->data());
+        } else {
+          plain.assign(block * n, 1.0f);
+          buf = plain.data();
+        }
+        std::vector<float> out(block);
+        CollectiveOptions opts;
+        opts.seq = 4;
+        reduceScatter(ctx, buf, out.data(), block, DType::kFloat32, ReduceOp::kSum, opts);
+      });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(rsErrors[r].find("zero-copy window"), std::string::npos)
+        << "rank " << r << ": " << rsErrors[r];
+    EXPECT_NE(rsErrors[r].find("staged"), std::string::npos) << "rank " << r << ": " << rsErrors[r];
   }
 }
 

@@ -1,9 +1,14 @@
 // Thread-rank sweep of the data-movement collectives: broadcast, all-gather, gather,
 // scatter, all-to-all, barrier and send/recv over world sizes {1, 2, 3, 4, 7, 8} x counts
 // {0, 1, size-1, 1000} x every dtype, one test per case (`Sweep/Data.Gather/ws3_count2_int8`),
-// each in-place and out-of-place and from every root.
+// each in-place and out-of-place and from every root; and partly overlapping buffers refused.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/common/error.h"
 #include "sweep_world.h"
 
 namespace loom::comm::testing {
@@ -55,6 +60,56 @@ TEST_P(Data, SendRecvAndBarrier) {
   check([&](Checker& check) {
     check.sendRecv(dataCase("send/recv", param(), false, 0));
     check.barrier();
+  });
+}
+
+// Buffers that overlap without being the in-place form (one buffer, or this rank's block of the
+// larger one) are refused on every rank before any message, naming both ranges and the form;
+// windows would have peers read what is being overwritten. The Context stays usable, and the
+// in-place forms still run (the sweeps check their results).
+TEST(Aliasing, PartlyOverlappingBuffersAreRefused) {
+  const int n = 3;
+  const size_t count = 64;
+  runWorld(n, [&](Context& ctx) {
+    const int r = ctx.rank();
+    std::vector<float> buf(count * n * 2 + 8, 1.0f);
+    float* b = buf.data();
+    CollectiveOptions opts;
+    uint64_t seq = 0;
+    const auto refused = [&](const std::function<void()>& call, const char* form) {
+      opts.seq = ++seq;
+      try {
+        call();
+        ADD_FAILURE() << "rank " << r << ": no error for " << form;
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_NE(std::string(e.what()).find("without being its in-place form"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find(form), std::string::npos) << e.what();
+      }
+    };
+    const DType f = DType::kFloat32;
+    refused([&] { allreduce(ctx, b, b + 1, count, f, ReduceOp::kSum, opts); }, "out == in");
+    refused([&] { reduce(ctx, b + 1, b, count, f, ReduceOp::kSum, r, opts); }, "out == in");
+    refused([&] { alltoall(ctx, b, b + 4, count, f, opts); }, "out == in");
+    // All-gather: the input inside the output but not at this rank's block.
+    refused([&] { allgather(ctx, b + ((r + 1) % n) * count, b, count, f, opts); }, "in == out + ");
+    refused([&] { reduceScatter(ctx, b, b + r * count + 1, count, f, ReduceOp::kSum, opts); },
+            "out == in + ");
+    refused([&] { gather(ctx, b + 1, b, count, f, r, opts); }, "in == out + ");
+    refused([&] { scatter(ctx, b, b + 2, count, f, r, opts); }, "out == in + ");
+    const std::vector<size_t> counts{count, count + 1, count + 2};
+    const size_t before = r * count + (r * (r - 1)) / 2;  // counts[0] + ... + counts[r - 1]
+    refused([&] { allgatherv(ctx, b + before + 1, b, counts, f, opts); }, "in == out + ");
+    refused([&] { reduceScatterv(ctx, b, b + before + 1, counts, f, ReduceOp::kSum, opts); },
+            "out == in + ");
+    // Still usable; the in-place forms run.
+    opts.seq = ++seq;
+    allreduce(ctx, b, b, count, f, ReduceOp::kSum, opts);
+    EXPECT_EQ(b[0], static_cast<float>(n));
+    opts.seq = ++seq;
+    reduceScatter(ctx, b, b + r * count, count, f, ReduceOp::kSum, opts);
+    opts.seq = ++seq;
+    allgather(ctx, b + r * count, b, count, f, opts);
   });
 }
 

@@ -109,6 +109,16 @@ void reduceScatterRows(Arena& arena, const CollectiveOptions& opts, const void* 
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
+  // Inputs in Windows on every rank: each rank reads its slice of every input in place (ZeRO-1's
+  // flat vector, torch tensors from loom_torch.empty). As for the rows' all-reduce, no
+  // cross-memory path: every rank stages instead.
+  WindowRef windows[2];
+  call.access = choosePeerAccess(arena, OpType::kReduceScatter, count * es, in,
+                                 count * es * static_cast<size_t>(size), nullptr, 0, windows);
+  if (call.access == PeerAccess::kWindow) {
+    return windowReduceScatterRows(arena, call, windows, in, out, count, dtype, reduce);
+  }
+  call.access = PeerAccess::kStaged;
   std::vector<const void*> rows(size);
   // This rank's own slice is read from `in` unless the output overlaps it (the reducer's output
   // must not alias its operands): then it is staged like the others.

@@ -234,6 +234,42 @@ void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef 
   arena.finishStep();
 }
 
+void windowReduceScatterRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                             const void* in, void* out, size_t count, DType dtype,
+                             const RowsReducer& reduce) {
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  const size_t mine = static_cast<size_t>(me) * count * es;
+  postBuffers(arena, call, windows, in, out);
+  arena.waitPostedAll(call);
+  const auto* own = static_cast<const uint8_t*>(at(in, mine));
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<const uint8_t*> operands(static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) {
+    operands[q] = q == me ? own : arena.peerWindow(call, q, kIn) + mine;
+  }
+  std::vector<const void*> rows(static_cast<size_t>(size));
+  // In place (the one overlap the collectives' validation lets through), through the bounce
+  // buffer: the reducer's output must not be one of its operands. Otherwise straight into the
+  // output, in blocks so that the progress counter moves.
+  const bool viaBounce = dst == own;
+  uint8_t* bounce = arena.bounce();
+  const size_t block = std::max<size_t>(1, Arena::kBounceBytes / es);
+  for (size_t b = 0; b < count; b += block) {
+    const size_t m = std::min(block, count - b);
+    for (int q = 0; q < size; ++q) rows[q] = operands[q] + b * es;
+    if (viaBounce) {
+      reduce(rows, m, bounce);
+      std::memcpy(dst + b * es, bounce, m * es);
+    } else {
+      reduce(rows, m, dst + b * es);
+    }
+    call.done += m * es;
+  }
+  finish(arena, call);  // no peer reads this rank's input any more
+}
+
 void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                              const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
   const ReduceFn fn = reduceFunction(dtype, op);

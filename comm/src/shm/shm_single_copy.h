@@ -91,5 +91,12 @@ void singleCopyAllgather(Arena& arena, const Arena::Call& call, const WindowRef 
 void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          const void* in, void* out, size_t count, DType dtype,
                          const RowsReducer& reduce);
+// reduceScatterRows (shm_collectives.h) over Windows: rank r reduces slice r of every rank's
+// input, read in place, into its output with the n-ary reduction, then waits until no peer
+// reads its input any more. In place (the output is this rank's slice of the input) the slice is
+// reduced a bounce buffer at a time, each block written after its operands were read.
+void windowReduceScatterRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
+                             const void* in, void* out, size_t count, DType dtype,
+                             const RowsReducer& reduce);
 
 }  // namespace loom::comm::shm
