@@ -8,7 +8,10 @@
 //   caller increments it per collective, below 2^40); it travels in every message header so
 //   that a mismatch (ranks running different collectives under one seq) is detected and
 //   named. seq 0 turns that check off (messages are still matched in order).
-// - In-place when the output pointer equals the input pointer (or the documented slot of it).
+// - In-place when the output pointer equals the input pointer (or the documented slot of it:
+//   all-gather and gather in == out + rank * count, reduce-scatter and scatter out == in +
+//   rank * count; the v forms at the rank's offset). Buffers that overlap in any other way are
+//   refused with InvalidArgumentError before any message (peers read some buffers in place).
 // - Errors: InvalidArgumentError for bad arguments (root out of range, bitwise op on floats);
 //   TimeoutError when `opts.timeout` passes, naming the operation, seq, the peer waited on and
 //   the bytes outstanding; IoError when a peer dies (naming its rank). After an IoError the
@@ -67,6 +70,7 @@ void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, 
 void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
                const CollectiveOptions& opts = {});
 // out (count) on rank r = reduction of slice r of every rank's in (size * count).
+// In-place when out == in + rank * count.
 void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                    const CollectiveOptions& opts = {});
 // out (size * count) on root = every rank's in (count) in rank order; ignored elsewhere.
