@@ -20,6 +20,13 @@ void checkSameCount(const ProcessGroup& pg, const char* opName, const BufferView
 bool sameView(const BufferView& a, const BufferView& b);
 void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, DType dtype);
 void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag);
+// Input and output that overlap must be the operation's in-place form: `offset` elements is
+// where this rank's block sits in the larger buffer (0: one buffer); `inInsideOut`: the input
+// is the block of the output (all-gather, gather), else the output of the input (reduce-scatter,
+// scatter; one buffer: either). Anything else is refused: some backends read peers' buffers in
+// place, and every one writes blocks the other buffer still has to give.
+void checkOverlap(const ProcessGroup& pg, const char* opName, const BufferView& in,
+                  const BufferView& out, size_t offset, bool inInsideOut);
 
 // Whether an operation of `type` reduces with its ReduceOp (allreduce, reduce, reduce_scatter,
 // reduce_scatterv, allreduce_coalesced).

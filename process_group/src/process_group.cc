@@ -191,6 +191,25 @@ void checkSameCount(const ProcessGroup& pg, const char* opName, const BufferView
   }
 }
 
+void checkOverlap(const ProcessGroup& pg, const char* opName, const BufferView& in,
+                  const BufferView& out, size_t offset, bool inInsideOut) {
+  if (in.data == nullptr || out.data == nullptr || !(in.device == out.device)) return;
+  const size_t es = dtypeSize(in.dtype);
+  const auto* i = static_cast<const uint8_t*>(in.data);
+  const auto* o = static_cast<const uint8_t*>(out.data);
+  const size_t inBytes = in.count * es, outBytes = out.count * es;
+  if (inBytes == 0 || outBytes == 0 || !(i < o + outBytes && o < i + inBytes)) return;
+  if (inInsideOut ? i == o + offset * es : o == i + offset * es) return;
+  LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": the output (", out.count,
+             " elements at ", out.data, ") overlaps the input (", in.count, " elements at ",
+             in.data, ") without being its in-place form (",
+             offset == 0   ? "one buffer, output == input"
+             : inInsideOut ? "input == output + "
+                           : "output == input + ",
+             offset == 0 ? "" : detail::str(offset, " elements, this rank's block"),
+             "); pass separate buffers or the in-place form");
+}
+
 bool sameView(const BufferView& a, const BufferView& b) {
   return a.data == b.data && a.count == b.count && a.dtype == b.dtype && a.device == b.device;
 }
@@ -251,6 +270,7 @@ void ProcessGroup::checkInOut(const BufferView& in, const BufferView& out,
   checkBuffer(out, opName, "output");
   checkSameDtype(*this, opName, in, out);
   checkSameCount(*this, opName, in, out);
+  checkOverlap(*this, opName, in, out, 0, false);
 }
 
 std::shared_ptr<Work> ProcessGroup::allreduce(BufferView buf, const AllreduceOptions& opts) {
@@ -334,6 +354,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(BufferView in, BufferView out,
                " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
                in.count * size_);
   }
+  checkOverlap(*this, name, in, out, in.count * rank_, true);
   OpDesc op;
   op.type = OpType::kAllgather;
   op.in = in;
@@ -355,6 +376,7 @@ std::shared_ptr<Work> ProcessGroup::reduceScatter(BufferView in, BufferView out,
                " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
                out.count * size_);
   }
+  checkOverlap(*this, name, in, out, out.count * rank_, false);
   OpDesc op;
   op.type = OpType::kReduceScatter;
   op.in = in;
@@ -381,6 +403,7 @@ std::shared_ptr<Work> ProcessGroup::gather(BufferView in, BufferView out,
                  " elements; expected world size * input count = ", size_, " * ", in.count, " = ",
                  in.count * size_);
     }
+    checkOverlap(*this, name, in, out, in.count * rank_, true);
     op.out = out;
   }
   op.count = in.count;
@@ -404,6 +427,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(BufferView in, BufferView out,
                  " elements; expected world size * output count = ", size_, " * ", out.count, " = ",
                  out.count * size_);
     }
+    checkOverlap(*this, name, in, out, out.count * rank_, false);
     op.in = in;
   }
   op.out = out;
@@ -420,6 +444,7 @@ std::shared_ptr<Work> ProcessGroup::alltoall(BufferView in, BufferView out,
   checkBuffer(out, name, "output");
   checkSameDtype(*this, name, in, out);
   checkSameCount(*this, name, in, out);
+  checkOverlap(*this, name, in, out, 0, false);
   if (in.count % size_ != 0) {
     LOOM_THROW(InvalidArgumentError, who(), ": ", name, ": ", in.count,
                " elements do not split into world size ", size_, " equal slices");

@@ -26,6 +26,11 @@ size_t sumOf(const std::vector<size_t>& counts) {
   return std::accumulate(counts.begin(), counts.end(), size_t{0});
 }
 
+// Elements of the ranks before `rank`: where its block starts in the concatenation.
+size_t countsBefore(const std::vector<size_t>& counts, int rank) {
+  return std::accumulate(counts.begin(), counts.begin() + rank, size_t{0});
+}
+
 // A list of one count per rank that adds up to the buffer it describes.
 void checkCounts(const ProcessGroup& pg, const char* opName, const char* what,
                  const std::vector<size_t>& counts, const char* bufferName, size_t bufferCount) {
@@ -62,6 +67,7 @@ std::shared_ptr<Work> ProcessGroup::alltoallv(BufferView in, const std::vector<s
     checkBuffer(out, name, "output");
     checkSameDtype(*this, name, in, out);
   }
+  if (!inPlace) checkOverlap(*this, name, in, out, 0, false);
   OpDesc op;
   op.inCounts = inSplits.empty() ? evenSplits(*this, "inSplits", in) : inSplits;
   op.outCounts = outSplits.empty() ? evenSplits(*this, "outSplits", out) : outSplits;
@@ -88,6 +94,7 @@ std::shared_ptr<Work> ProcessGroup::allgatherv(BufferView in, BufferView out,
                " elements but counts ", joinCounts(counts), " give rank ", rank(), " ",
                counts[rank()]);
   }
+  checkOverlap(*this, name, in, out, countsBefore(counts, rank()), true);
   OpDesc op;
   op.type = OpType::kAllgatherv;
   op.in = in;
@@ -118,6 +125,7 @@ std::shared_ptr<Work> ProcessGroup::gatherv(BufferView in, BufferView out,
     checkBuffer(out, name, "output");
     checkSameDtype(*this, name, in, out);
     checkCounts(*this, name, "counts", counts, "output on the root", out.count);
+    checkOverlap(*this, name, in, out, countsBefore(counts, rank()), true);
     op.out = out;
   }
   op.type = OpType::kGatherv;
@@ -143,6 +151,7 @@ std::shared_ptr<Work> ProcessGroup::reduceScatterv(BufferView in, BufferView out
                " elements but counts ", joinCounts(counts), " give rank ", rank(), " ",
                counts[rank()]);
   }
+  checkOverlap(*this, name, in, out, countsBefore(counts, rank()), false);
   OpDesc op;
   op.type = OpType::kReduceScatterv;
   op.in = in;

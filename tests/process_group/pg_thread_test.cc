@@ -179,6 +179,29 @@ TEST(ProcessGroupThreads, ArgumentChecksNameTheMistake) {
   EXPECT_THAT(messageOf<InvalidArgumentError>(
                   [&] { pg->alltoall(view(i4.data(), 4), view(i8.data(), 8)); }),
               HasSubstr("alltoall: input has 4 elements but output has 8"));
+  // Overlapping buffers that are not the in-place form, refused at the call (every backend).
+  std::vector<int32_t> big(16);
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allreduce(view(big.data(), 4), view(big.data() + 2, 4)); }),
+              HasSubstr("allreduce: the output (4 elements at"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allreduce(view(big.data(), 4), view(big.data() + 2, 4)); }),
+              HasSubstr("without being its in-place form (one buffer, output == input)"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allgather(view(big.data() + 1, 4), view(big.data(), 4)); }),
+              HasSubstr("allgather: the output (4 elements at"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->reduceScatter(view(big.data(), 4), view(big.data() + 1, 4)); }),
+              HasSubstr("reduce_scatter: the output (4 elements at"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->allgatherv(view(big.data() + 1, 4), view(big.data(), 4), {4}); }),
+              HasSubstr("allgatherv: the output"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->reduceScatterv(view(big.data(), 4), view(big.data() + 3, 4), {4}); }),
+              HasSubstr("reduce_scatterv: the output"));
+  EXPECT_THAT(messageOf<InvalidArgumentError>(
+                  [&] { pg->alltoall(view(big.data(), 4), view(big.data() + 1, 4)); }),
+              HasSubstr("alltoall: the output"));
   AllreduceOptions band;
   band.reduceOp = ReduceOp::kBand;
   EXPECT_THAT(
@@ -205,6 +228,9 @@ TEST(ProcessGroupThreads, ArgumentChecksNameTheMistake) {
               HasSubstr("timeout must be positive"));
   // Rejected calls take no sequence number.
   EXPECT_EQ(pg->lastSeq(), 1u);
+  // The in-place forms run.
+  EXPECT_NO_THROW(pg->allgather(view(big.data(), 4), view(big.data(), 4))->wait());
+  EXPECT_NO_THROW(pg->reduceScatter(view(big.data(), 4), view(big.data(), 4))->wait());
 }
 
 TEST(ProcessGroupThreads, ATimeoutNamesTheOperationAndTheSilentRank) {
