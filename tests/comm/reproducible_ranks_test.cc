@@ -259,65 +259,49 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
       });
     }
   }
-  // Rank 0's buffer in a Window, the others' not: the mode's all-reduce would have taken the
-  // window path on rank 0.
+  // Rank 0's buffer in a Window, the others' not: the mode's collective would have taken the
+  // window path on rank 0, so every rank fails naming both paths.
   const int n = 3;
+  const auto bothPathsNamed = [&](size_t elements,
+                                  const std::function<void(Context&, float*)>& call) {
+    const auto errors = errorsOnRanks(
+        n,
+        [](int, ContextOptions& o) {
+          o.reproducible = true;
+          o.shmWindowMinBytes = 1;
+        },
+        [&](int r, Context& ctx) {
+          std::shared_ptr<Window> win;
+          std::vector<float> plain;
+          float* buf = nullptr;
+          if (r == 0) {
+            win = Window::allocate(elements * sizeof(float));
+            buf = static_cast<float*>(win->data());
+          } else {
+            plain.assign(elements, 1.0f);
+            buf = plain.data();
+          }
+          call(ctx, buf);
+        });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NE(errors[r].find("zero-copy window"), std::string::npos)
+          << "rank " << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("staged"), std::string::npos) << "rank " << r << ": " << errors[r];
+    }
+  };
   const size_t count = 70001;
-  const auto errors = errorsOnRanks(
-      n,
-      [](int, ContextOptions& o) {
-        o.reproducible = true;
-        o.shmWindowMinBytes = 1;
-      },
-      [&](int r, Context& ctx) {
-        std::shared_ptr<Window> win;
-        std::vector<float> plain;
-        float* buf = nullptr;
-        if (r == 0) {
-          win = Window::allocate(count * sizeof(float));
-          buf = static_cast<float*>(win->data());
-        } else {
-          plain.assign(count, 1.0f);
-          buf = plain.data();
-        }
-        CollectiveOptions opts;
-        opts.seq = 3;
-        allreduce(ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
-      });
-  for (int r = 0; r < n; ++r) {
-    EXPECT_NE(errors[r].find("zero-copy window"), std::string::npos)
-        << "rank " << r << ": " << errors[r];
-    EXPECT_NE(errors[r].find("staged"), std::string::npos) << "rank " << r << ": " << errors[r];
-  }
-  // The same for the reduce-scatter: rank 0's input in a Window, the others' not.
+  bothPathsNamed(count, [&](Context& ctx, float* buf) {
+    CollectiveOptions opts;
+    opts.seq = 3;
+    allreduce(ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+  });
   const size_t block = 7001;
-  const auto rsErrors = errorsOnRanks(
-      n,
-      [](int, ContextOptions& o) {
-        o.reproducible = true;
-        o.shmWindowMinBytes = 1;
-      },
-      [&](int r, Context& ctx) {
-        std::shared_ptr<Window> win;
-        std::vector<float> plain;
-        float* buf = nullptr;
-        if (r == 0) {
-          win = Window::allocate(block * n * sizeof(float));
-          buf = static_cast<float*>(win->data());
-        } else {
-          plain.assign(block * n, 1.0f);
-          buf = plain.data();
-        }
-        std::vector<float> out(block);
-        CollectiveOptions opts;
-        opts.seq = 4;
-        reduceScatter(ctx, buf, out.data(), block, DType::kFloat32, ReduceOp::kSum, opts);
-      });
-  for (int r = 0; r < n; ++r) {
-    EXPECT_NE(rsErrors[r].find("zero-copy window"), std::string::npos)
-        << "rank " << r << ": " << rsErrors[r];
-    EXPECT_NE(rsErrors[r].find("staged"), std::string::npos) << "rank " << r << ": " << rsErrors[r];
-  }
+  bothPathsNamed(block * n, [&](Context& ctx, float* buf) {
+    std::vector<float> out(block);
+    CollectiveOptions opts;
+    opts.seq = 4;
+    reduceScatter(ctx, buf, out.data(), block, DType::kFloat32, ReduceOp::kSum, opts);
+  });
 }
 
 TEST(ReproducibleRanks, Float64WindowedAndProdRefused) {
