@@ -30,6 +30,17 @@ bool sameSeqOtherCollective(uint64_t a, uint64_t b) {
   return kindOf(a) != kindOf(b) && tagSeq(a) == tagSeq(b) && hasSeq(a) && hasSeq(b);
 }
 
+// Two collectives with different sequence numbers. Messages from one peer reach its matcher in
+// the order the peer sent them (a tcp lane, a shm ring and a verbs queue pair each keep it), and a
+// rank runs one collective at a time (collectives.h). So once a message of another collective
+// arrives from a peer while a receive of this one waits, or waits in the unexpected queue when
+// a receive of this one is posted and nothing of this one came before it, that receive's message
+// will never come: the peer has left this collective, or never ran it. One of the two ranks ran a
+// collective the other skipped; without this, both would wait out their timeouts.
+bool otherSequence(uint64_t a, uint64_t b) {
+  return tagSeq(a) != tagSeq(b) && hasSeq(a) && hasSeq(b);
+}
+
 // Same sequence number and collective, another signature: the ranks called it with different
 // arguments. Found for any two of its messages, not only those with the same step: the rank
 // that passed count 0 exchanges one empty message per peer at step 0 while the others run their
@@ -59,6 +70,18 @@ std::string TagMatcher::otherCollective(uint64_t sent, const Signature& sentSign
                      " while rank ", rank_, " runs ", describeTag(runs));
 }
 
+std::string TagMatcher::skippedCollective(uint64_t sent, const Signature& sentSignature,
+                                          uint64_t runs, const Signature& runsSignature) const {
+  const auto called = [](const Signature& s) {
+    return s.known() ? detail::str(" (", describeSignature(s), ")") : std::string();
+  };
+  return detail::str("mismatched collectives: rank ", peer_, " sent ", describeTag(sent),
+                     called(sentSignature), " while rank ", rank_, " waits for its message of ",
+                     opTypeName(tagKind(runs)), "#", tagSeq(runs), called(runsSignature),
+                     ", which it will not send (a rank's messages arrive in the order it sent "
+                     "them): one of the two ranks skipped a collective the other ran");
+}
+
 std::string TagMatcher::signatureMismatch(const Signature& sent, const Signature& received,
                                           uint64_t tag) const {
   if (!sent.known() || !received.known() || sent == received) return {};
@@ -76,6 +99,7 @@ std::string TagMatcher::disagreement(uint64_t sent, const Signature& sentSignatu
   if (sameCollectiveOtherSignature(sent, sentSignature, runs, runsSignature)) {
     return signatureMismatch(sentSignature, runsSignature, sent);
   }
+  if (otherSequence(sent, runs)) return skippedCollective(sent, sentSignature, runs, runsSignature);
   return {};
 }
 

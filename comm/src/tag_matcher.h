@@ -22,7 +22,14 @@
 // - a message and a receive of the same collective (same sequence number, any step) whose
 //   signatures (signature.h) differ: the ranks called the collective with different arguments
 //   (dtype, count, reduce op, root, split sizes). Checked when both carry one; the error prints
-//   both.
+//   both;
+// - a message of another sequence number while a receive waits for one of this collective that
+//   has not come (arrived after it, or is queued when the receive is posted): a peer's
+//   messages reach its matcher in the order it sent them and a rank runs one collective at a
+//   time, so the peer left or skipped this collective and will not send it. Found at the first
+//   such message instead of at the deadline. Requires that every transport deliver one peer's
+//   messages to a matcher in send order (tcp per lane, shm ring, verbs queue pair), and that
+//   no two collectives of one Context have receives posted at once.
 //
 // Not thread-safe: every call under the lock that guards this peer's receive side.
 #pragma once
@@ -137,9 +144,13 @@ class TagMatcher {
   // Non-empty when both signatures are known and differ.
   std::string signatureMismatch(const Signature& sent, const Signature& received,
                                 uint64_t tag) const;
+  // A message (`sent`) of another sequence number than the waiting receive (`runs`).
+  std::string skippedCollective(uint64_t sent, const Signature& sentSignature, uint64_t runs,
+                                const Signature& runsSignature) const;
   // Non-empty when a message (`sent`) and a receive (`runs`) of different tags belong to the
-  // same sequence number but another collective, or the same collective with another
-  // signature.
+  // same sequence number but another collective, to the same collective with another
+  // signature, or to another sequence number (the peer left or skipped the receive's
+  // collective).
   std::string disagreement(uint64_t sent, const Signature& sentSignature, uint64_t runs,
                            const Signature& runsSignature) const;
 

@@ -1,10 +1,13 @@
 // Thread-rank sweep of the data-movement collectives: broadcast, all-gather, gather,
 // scatter, all-to-all, barrier and send/recv over world sizes {1, 2, 3, 4, 7, 8} x counts
 // {0, 1, size-1, 1000} x every dtype, one test per case (`Sweep/Data.Gather/ws3_count2_int8`),
-// each in-place and out-of-place and from every root; and partly overlapping buffers refused.
+// each in-place and out-of-place and from every root; partly overlapping buffers refused; and a
+// rank that skips a collective named at once.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -111,6 +114,52 @@ TEST(Aliasing, PartlyOverlappingBuffersAreRefused) {
     opts.seq = ++seq;
     allgather(ctx, b + r * count, b, count, f, opts);
   });
+}
+
+// A rank that skips a collective the others run fails at once on every rank, naming both
+// collectives, in every mode of this binary: the shared-memory arena compares the slot's
+// posts; tcp (striped and healing too) learns it from the first message of another sequence
+// number on a connection where a receive of this collective waits (tag_matcher.h), instead
+// of every rank waiting out its timeout.
+TEST(Mismatch, ARankThatSkipsACollectiveFailsAtOnceOnEveryRank) {
+  using namespace std::chrono_literals;
+  const int n = 3;
+  const size_t count = 64;
+  const auto timeout = 30s;
+  const auto bound = 10s;  // a third of the timeout: a mismatch found at the deadline fails
+  std::mutex mu;
+  std::vector<std::string> failures;
+  runWorld(n, [&](Context& ctx) {
+    const int r = ctx.rank();
+    std::vector<float> in(count * n, 1.0f), out(count * n, 0.0f);
+    CollectiveOptions opts;
+    opts.timeout = timeout;
+    opts.seq = 1;
+    allreduce(ctx, in.data(), in.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+    const auto start = std::chrono::steady_clock::now();
+    std::string failure;
+    try {
+      if (r != n - 1) {
+        opts.seq = 2;
+        allgather(ctx, in.data(), out.data(), count, DType::kFloat32, opts);
+      }
+      opts.seq = 3;
+      reduceScatter(ctx, out.data(), in.data(), count, DType::kFloat32, ReduceOp::kSum, opts);
+      failure = "no error";
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      if (std::chrono::steady_clock::now() - start > bound) failure = "too late: " + what;
+      for (const char* part : {"mismatched collectives", "allgather#2", "reduce_scatter#3"}) {
+        if (what.find(part) == std::string::npos)
+          failure = "no \"" + std::string(part) + "\" in " + what;
+      }
+    } catch (const std::exception& e) {
+      failure = std::string("not an InvalidArgumentError: ") + e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failure.empty()) failures.push_back(detail::str("rank ", r, ": ", failure));
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, Data,
