@@ -7,7 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -15,6 +21,7 @@
 
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "loom/testing/ranks.h"
 #include "signature.h"
 #include "tag.h"
 
@@ -49,6 +56,27 @@ void deliver(TagMatcher& m, uint64_t tag, const std::vector<uint8_t>& payload) {
 
 const uint64_t kTagA = makeTag(OpType::kAllreduce, 7, 1);
 const uint64_t kTagB = makeTag(OpType::kAllreduce, 7, 2);
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerReservesAddressSpace = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizerReservesAddressSpace = true;
+#else
+constexpr bool kSanitizerReservesAddressSpace = false;
+#endif
+#else
+constexpr bool kSanitizerReservesAddressSpace = false;
+#endif
+
+// This process's virtual size (/proc/self/statm, first field, in pages).
+size_t addressSpaceInUse() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0;
+  statm >> pages;
+  LOOM_CHECK(pages > 0, "cannot read /proc/self/statm");
+  return pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
 
 TEST(TagMatcher, AMessageLandsInTheOldestPostedReceiveWithItsTag) {
   TagMatcher m(/*rank=*/0, /*peer=*/1);
@@ -396,6 +424,39 @@ TEST(TagMatcher, AMessageLargerThanMemoryIsRefusedNotAllocated) {
   ASSERT_FALSE(m.arrive(kTagB, 16, Signature{}, error));
   EXPECT_TRUE(m.bufferIncoming(error)) << error;
   EXPECT_EQ(m.bufferedBytes(), 16u);
+}
+
+// The other refusal: a size under the machine's memory that the allocator cannot give (the
+// process's address space is limited here, in a child). bufferIncoming() returns false with the
+// peer, the message, its size and "out of memory" instead of throwing std::bad_alloc on the
+// progress thread; nothing is counted, and a message that fits is buffered after it. Not under
+// AddressSanitizer or ThreadSanitizer, which reserve more address space than any limit allows.
+TEST(TagMatcher, AMessageTheAllocatorCannotGiveIsRefusedAsOutOfMemory) {
+  if (kSanitizerReservesAddressSpace) GTEST_SKIP() << "an address-space limit breaks the sanitizer";
+  loom::testing::ChildProcesses child;
+  child.spawn([] {
+    const size_t size = size_t{1} << 30;  // 1 GiB: under physical memory, over the limit below
+    LOOM_CHECK(size < TagMatcher::maxBufferBytes(), "this machine has under 1 GiB of memory");
+    rlimit limit{};
+    LOOM_CHECK(::getrlimit(RLIMIT_AS, &limit) == 0, "getrlimit");
+    limit.rlim_cur = addressSpaceInUse() + (size_t{256} << 20);
+    LOOM_CHECK(::setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit: ", std::strerror(errno));
+    TagMatcher m(1, 2);
+    std::string error;
+    LOOM_CHECK(!m.arrive(kTagA, size, Signature{}, error) && error.empty(), error);
+    LOOM_CHECK(!m.bufferIncoming(error), "a 1 GiB buffer was allocated under the limit");
+    for (const std::string& part :
+         {std::string("rank 2 sent allreduce#7 step 1"), std::to_string(size) + " bytes",
+          std::string("out of memory")}) {
+      LOOM_CHECK(error.find(part) != std::string::npos, "no '", part, "' in: ", error);
+    }
+    LOOM_CHECK(m.bufferedBytes() == 0, "counted ", m.bufferedBytes(), " bytes");
+    m.failAll(error);
+    error.clear();
+    LOOM_CHECK(!m.arrive(kTagB, 16, Signature{}, error), error);
+    LOOM_CHECK(m.bufferIncoming(error), error);
+  });
+  EXPECT_EQ(child.waitAllOk(std::chrono::seconds(60)), "");
 }
 
 TEST(RequestCore, TheFirstCompletionOrFailureWinsAndLaterOnesAreIgnored) {
