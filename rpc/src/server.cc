@@ -181,8 +181,8 @@ void Server::acceptLoop() {
   };
   while (!stop_) {
     reap();
-    std::vector<pollfd> fds{{listen_.fd(), POLLIN, 0}};
     Clock::time_point wake = Clock::now() + milliseconds(kTickMs);
+    std::vector<pollfd> fds{pending.listenerPollFd(listen_.fd(), wake)};
     pending.addPollFds(fds, wake);
     const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
     ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, kTickMs)));
@@ -197,6 +197,7 @@ void Server::acceptLoop() {
     for (auto& a : done) serve(std::move(a.socket));
     if ((fds[0].revents & POLLIN) == 0) continue;
     std::vector<std::string> dropped;
+    const bool failing = !pending.acceptFailure().empty();
     const int error = pending.acceptAll(
         listen_.fd(), Clock::now() + std::min(core_->timeout, kHandshakeTimeout), dropped);
     for (const std::string& address : dropped) {
@@ -204,11 +205,10 @@ void Server::acceptLoop() {
                        ": ", kMaxHandshakes,
                        " handshakes were in progress (a flood of connections?)");
     }
-    if (error != 0) {
-      // Out of descriptors, say: the connection stays queued; retry a tick later.
-      LOOM_LOG_WARNING("rpc: ", core_->self.name,
-                       ": accept failed: ", loom::detail::errnoText(error));
-      std::this_thread::sleep_for(milliseconds(kTickMs));
+    if (error != 0 && !failing) {
+      // Out of descriptors, say: the connection stays queued and the listener backs off
+      // (InboundSet::listenerPollFd); logged once per run of failures.
+      LOOM_LOG_WARNING("rpc: ", core_->self.name, ": ", pending.acceptFailure());
     }
   }
 }

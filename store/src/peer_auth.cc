@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -178,14 +179,48 @@ int InboundSet::acceptAll(int listenFd, Clock::time_point deadline,
     net::Socket sock(::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock.valid()) {
       if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      const int error = errno;
+      const Clock::time_point now = Clock::now();
+      if (acceptErrno_ == 0) failingSince_ = now;
+      acceptErrno_ = error;
+      ++acceptFailures_;
+      backoffUntil_ = now + kAcceptBackoff;
+      return error;
     }
+    acceptErrno_ = 0;
+    acceptFailures_ = 0;
     if (!pending_.empty() && pending_.size() >= limit_) {
       dropped.push_back(pending_.front().address());
       pending_.erase(pending_.begin());
     }
     pending_.emplace_back(std::move(sock), openingBytes_, deadline);
   }
+}
+
+pollfd InboundSet::listenerPollFd(int listenFd, Clock::time_point& wake) const {
+  if (acceptErrno_ != 0 && Clock::now() < backoffUntil_) {
+    wake = std::min(wake, backoffUntil_);
+    return {listenFd, 0, 0};
+  }
+  return {listenFd, POLLIN, 0};
+}
+
+std::string InboundSet::acceptFailure() const {
+  if (acceptErrno_ == 0) return {};
+  const auto since =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - failingSince_).count();
+  std::string limit;
+  if (acceptErrno_ == EMFILE || acceptErrno_ == ENFILE) {
+    rlimit r{};
+    if (::getrlimit(RLIMIT_NOFILE, &r) == 0) {
+      limit = detail::str("; this process may open ", r.rlim_cur,
+                          " descriptors (ulimit -n; RLIMIT_NOFILE, hard limit ", r.rlim_max, ")");
+    }
+  }
+  return detail::str("accept failed ", acceptFailures_, acceptFailures_ == 1 ? " time" : " times",
+                     " over ", since, " ms: ", detail::errnoText(acceptErrno_),
+                     "; the connections wait in the listen queue", limit);
 }
 
 void InboundSet::addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const {

@@ -10,7 +10,9 @@
 // - with healing on, a forged resume (a stranger claiming to re-establish rank 1's connection)
 //   is dropped and no connection is lost, and a real reset still heals beside a silent stranger;
 // - the handshake itself: a dialer or an acceptor without the key is refused by the other side.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -334,6 +336,69 @@ TEST(Auth, InboundSetAcceptsRefusesAndBoundsHandshakes) {
       << refused[1].why;
   EXPECT_EQ(done.size(), 1u);
   EXPECT_EQ(set.size(), 0u);
+}
+
+// Out of descriptors, accept fails while the connection stays queued and the listener stays
+// readable: a loop that polled it would spin (the tcp setup until its deadline, the heal thread
+// for as long as the limit lasts). The set leaves the listener out of the poll for
+// kAcceptBackoff after each failure, says what failed, how often and the open-file limit, and
+// takes the connection once a descriptor is free again.
+TEST(Auth, InboundSetBacksOffWhileAcceptFailsAndNamesTheLimit) {
+  net::Socket listener = net::listenOn("127.0.0.1", 0);
+  net::setNonBlocking(listener.fd(), true);
+  net::Socket client = net::connectTo("127.0.0.1", net::localPort(listener.fd()), 5s);
+  auth::InboundSet set(8, 2);
+  std::vector<std::string> dropped;
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const rlim_t low = 256;
+  ASSERT_GE(saved.rlim_cur, low);
+  rlimit lowered = saved;
+  lowered.rlim_cur = low;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  std::vector<int> fillers;  // every descriptor below the limit taken
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fillers.push_back(fd);
+  const auto release = [&] {
+    for (int fd : fillers) ::close(fd);
+    fillers.clear();
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+  };
+  EXPECT_EQ(set.acceptAll(listener.fd(), Clock::now() + 5s, dropped), EMFILE);
+  const std::string failure = set.acceptFailure();
+  // The loop the tcp setup, its healing and the RPC server run, for half a second: with the
+  // back-off it polls about ten times; polling the readable listener it would spin.
+  int passes = 0;
+  const Clock::time_point end = Clock::now() + 500ms;
+  while (Clock::now() < end) {
+    Clock::time_point wake = end;
+    std::vector<pollfd> fds{set.listenerPollFd(listener.fd(), wake)};
+    set.addPollFds(fds, wake);
+    const auto waitMs = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now()).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(waitMs, 0)));
+    if (fds[0].revents & POLLIN) (void)set.acceptAll(listener.fd(), Clock::now() + 5s, dropped);
+    ++passes;
+  }
+  const std::string later = set.acceptFailure();
+  Clock::time_point wake = Clock::time_point::max();
+  const pollfd backingOff = set.listenerPollFd(listener.fd(), wake);
+  release();
+  EXPECT_NE(failure.find("accept failed 1 time over "), std::string::npos) << failure;
+  EXPECT_NE(failure.find("Too many open files (errno 24)"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("the connections wait in the listen queue"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("this process may open 256 descriptors (ulimit -n"), std::string::npos)
+      << failure;
+  EXPECT_LE(passes, 40) << "the loop spun on the readable listener";
+  EXPECT_GE(passes, 2);
+  EXPECT_NE(later.find(" times over "), std::string::npos) << later;
+  EXPECT_EQ(backingOff.events, 0);
+  EXPECT_LE(wake, Clock::now() + Clock::duration(auth::InboundSet::kAcceptBackoff));
+  // A descriptor is free again: the queued connection is taken and the failure forgotten.
+  std::this_thread::sleep_for(auth::InboundSet::kAcceptBackoff);
+  wake = Clock::time_point::max();
+  EXPECT_EQ(set.listenerPollFd(listener.fd(), wake).events, POLLIN);
+  EXPECT_EQ(set.acceptAll(listener.fd(), Clock::now() + 5s, dropped), 0);
+  EXPECT_EQ(set.size(), 1u);
+  EXPECT_EQ(set.acceptFailure(), "");
 }
 
 }  // namespace

@@ -271,8 +271,9 @@ void TcpTransport::healLoop() {
         const auto wait = std::chrono::duration_cast<milliseconds>(p->nextTry - now).count();
         timeout = std::clamp(static_cast<int>(wait), 0, timeout);
       }
-      std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}, {healWakeFd_, POLLIN, 0}};
       Clock::time_point wake = now + milliseconds(timeout);
+      std::vector<pollfd> fds{resuming_.listenerPollFd(listener_.fd(), wake),
+                              {healWakeFd_, POLLIN, 0}};
       resuming_.addPollFds(fds, wake);
       timeout = static_cast<int>(
           std::clamp<long long>(std::chrono::ceil<milliseconds>(wake - now).count(), 0, timeout));
@@ -368,8 +369,14 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
 
 void TcpTransport::acceptResume() {
   std::vector<std::string> dropped;
-  // A failed accept (out of descriptors): the connection stays queued for the next pass.
-  (void)resuming_.acceptAll(listener_.fd(), Clock::now() + kAttemptTimeout, dropped);
+  // A failed accept (out of descriptors): the connection stays queued, the listener backs off
+  // (healLoop's poll would spin on it), and the failure is logged once per run of failures.
+  const bool failing = !resuming_.acceptFailure().empty();
+  if (resuming_.acceptAll(listener_.fd(), Clock::now() + kAttemptTimeout, dropped) != 0 &&
+      !failing) {
+    LOOM_LOG_WARNING("rank ", rank_,
+                     ": a peer's reconnection cannot be taken: ", resuming_.acceptFailure());
+  }
   for (const std::string& address : dropped) {
     LOOM_LOG_WARNING("rank ", rank_, ": dropped a connection from ", address, ": ", kMaxHandshakes,
                      " handshakes were in progress (a flood?)");

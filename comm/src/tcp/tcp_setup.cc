@@ -227,12 +227,15 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   };
   while (accepted < expected) {
     if (deadline.expired()) {
+      const std::string acceptFailure = pending.acceptFailure();
       LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
                  deadline.elapsed().count(), " ms waiting for rank(s) ", missingRanks(),
-                 " to connect to ", net::formatHostPort(host, port));
+                 " to connect to ", net::formatHostPort(host, port),
+                 acceptFailure.empty() ? "" : " (", acceptFailure,
+                 acceptFailure.empty() ? "" : ")");
     }
-    std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
     Clock::time_point wake = deadline.end();
+    std::vector<pollfd> fds{pending.listenerPollFd(listener.fd(), wake)};
     pending.addPollFds(fds, wake);
     const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
     const int ready =
@@ -272,9 +275,16 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     }
     if (fds[0].revents & POLLIN) {
       std::vector<std::string> dropped;
-      // A failed accept (out of descriptors): the connection stays queued for the next pass.
-      (void)pending.acceptAll(listener.fd(),
-                              std::min(Clock::now() + kHandshakeTimeout, deadline.end()), dropped);
+      // A failed accept (out of descriptors): the connection stays queued, the listener backs
+      // off, and the failure is logged once and named if the setup times out.
+      const bool failing = !pending.acceptFailure().empty();
+      if (pending.acceptAll(listener.fd(),
+                            std::min(Clock::now() + kHandshakeTimeout, deadline.end()),
+                            dropped) != 0 &&
+          !failing) {
+        LOOM_LOG_WARNING("rank ", rank, ": tcp setup: ", pending.acceptFailure(),
+                         "; still waiting for rank(s) ", missingRanks());
+      }
       for (const std::string& address : dropped) {
         LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", address, ": ",
                          kMaxHandshakes, " handshakes were in progress (a flood of connections?)");

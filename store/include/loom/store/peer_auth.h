@@ -148,11 +148,24 @@ class InboundSet {
 
   InboundSet(size_t openingBytes, size_t limit) : openingBytes_(openingBytes), limit_(limit) {}
 
+  // How long the listener is left out of the poll after a failed accept.
+  static constexpr std::chrono::milliseconds kAcceptBackoff{50};
+
   // Accepts every connection waiting on the non-blocking `listenFd`, each to finish its
   // handshake by `deadline`. `dropped` gets the address of each handshake dropped for the
   // limit. Returns 0, or the errno of a failed accept other than EAGAIN and EINTR (out of
-  // descriptors, say: the connection stays queued for a later call).
+  // descriptors, say): the connection stays queued for a later call, and the listener is left
+  // out of listenerPollFd() for kAcceptBackoff, since it stays readable and polling it would
+  // spin.
   int acceptAll(int listenFd, Clock::time_point deadline, std::vector<std::string>& dropped);
+  // The listener's pollfd: POLLIN, or no events while a failed accept backs off (then `wake`
+  // is lowered to the back-off's end).
+  pollfd listenerPollFd(int listenFd, Clock::time_point& wake) const;
+  // While accepts fail: what failed, how often and since when, and for EMFILE / ENFILE the
+  // open-file limit ("accept failed 12 times over 600 ms: Too many open files (errno 24); the
+  // connections wait in the listen queue; this process may open 64 descriptors (ulimit -n)").
+  // Empty once an accept succeeded or none failed.
+  std::string acceptFailure() const;
   // Appends one pollfd per handshake to `fds` (POLLIN) and lowers `wake` to the earliest
   // handshake deadline.
   void addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const;
@@ -171,6 +184,9 @@ class InboundSet {
  private:
   size_t openingBytes_, limit_;
   std::vector<Inbound> pending_;
+  int acceptErrno_ = 0;        // the last failed accept's, until one succeeds
+  size_t acceptFailures_ = 0;  // failed accepts since the first of this run of failures
+  Clock::time_point failingSince_{}, backoffUntil_{};
 };
 
 }  // namespace loom::auth
