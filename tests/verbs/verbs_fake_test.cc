@@ -506,7 +506,7 @@ TEST(VerbsFake, SignatureMismatchFailsBothSidesWithBothSignatures) {
 
 // The same collective with different arguments over the verbs Context (the comm/ algorithms
 // open the signature scope): both ranks fail with both signatures, found in the first message,
-// as over tcp and shm (tests/comm/transport_test.cc).
+// as over tcp and shm (tests/comm/transport_errors_test.cc).
 TEST(VerbsFake, MismatchedCollectivesPrintBothSignaturesOnBothRanks) {
   struct Case {
     const char* name;
