@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <thread>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -213,6 +215,43 @@ TEST(ShmWindowProcesses, EveryCollectiveMatchesAndPeersMapTheWindows) {
           LOOM_CHECK_EQ(rs[i], size * (rank * 100000 + static_cast<int>(i % 1000)),
                         "reduce-scatter at ", i);
         }
+        // reduce in place to a root that moves with the count (a root >= 2 folds its own
+        // operand through the bounce buffer); every rank writes its segment into the root's
+        // window, and the other ranks' inputs stay as they were
+        const int root = static_cast<int>(count % static_cast<size_t>(size));
+        for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(rank + 1 + i % 5);
+        ++opts.seq;
+        reduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, root, opts);
+        for (size_t i = 0; i < count; ++i) {
+          const float want = rank == root
+                                 ? static_cast<float>(size * (size + 1) / 2 + size * (i % 5))
+                                 : static_cast<float>(rank + 1 + i % 5);
+          LOOM_CHECK_EQ(f[i], want, "reduce in place at ", i, " of ", count, " (root ", root, ")");
+        }
+        // out of place: double avg into the root's window; int64 max into a root output outside
+        // any window (the root then folds every input alone)
+        auto* davg = reinterpret_cast<double*>(base);
+        auto* dout = davg + count;
+        for (size_t i = 0; i < count; ++i) davg[i] = rank * 2.0 + static_cast<double>(i % 3);
+        ++opts.seq;
+        reduce(*ctx, davg, rank == root ? dout : nullptr, count, DType::kFloat64, ReduceOp::kAvg,
+               root, opts);
+        if (rank == root) {
+          for (size_t i = 0; i < count; ++i) {
+            LOOM_CHECK_EQ(dout[i], static_cast<double>(size - 1 + i % 3), "reduce avg at ", i);
+          }
+        }
+        for (size_t i = 0; i < count; ++i) m[i] = (rank * 7919 + static_cast<int64_t>(i)) % 1000;
+        std::vector<int64_t> plain(rank == root ? count : 0, -1);
+        ++opts.seq;
+        reduce(*ctx, m, plain.data(), count, DType::kInt64, ReduceOp::kMax, root, opts);
+        for (size_t i = 0; i < plain.size(); ++i) {
+          int64_t want = 0;
+          for (int q = 0; q < size; ++q) {
+            want = std::max<int64_t>(want, (q * 7919 + static_cast<int64_t>(i)) % 1000);
+          }
+          LOOM_CHECK_EQ(plain[i], want, "reduce max into ordinary memory at ", i);
+        }
       }
       ++opts.seq;
       barrier(*ctx, opts);
@@ -333,37 +372,45 @@ TEST(ShmWindowProcesses, PeerStoppedOrKilledMidAllReduceFailsTheOthersNamingIt) 
   }
 }
 
-// Rank 0 passes a window, rank 1 ordinary memory: both fail at once with the two paths named.
+// Rank 0 passes a window, rank 1 ordinary memory: both fail at once with the two paths named,
+// for the all-reduce and for the reduce (whose root output does not decide the path).
 TEST(ShmWindowProcesses, RanksThatDisagreeFailOnEveryRankNamingBothPaths) {
-  auto body = [&](int rank, Context* ctx) {
-    const size_t count = 256 << 10;
-    std::shared_ptr<Window> win;
-    std::vector<float> ordinary;
-    float* buf = nullptr;
-    if (rank == 0) {
-      win = Window::allocate(count * sizeof(float));
-      buf = static_cast<float*>(win->data());
-    } else {
-      ordinary.assign(count, 1.0f);
-      buf = ordinary.data();
-    }
-    CollectiveOptions opts;
-    opts.seq = 1;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      allreduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      LOOM_CHECK(what.find("zero-copy window") != std::string::npos &&
-                     what.find("staged") != std::string::npos,
-                 "rank ", rank, ": the error does not name both paths: ", what);
-      LOOM_CHECK(std::chrono::steady_clock::now() - start < 10s, "rank ", rank,
-                 " failed only after ", (std::chrono::steady_clock::now() - start) / 1ms, " ms");
-      return;
-    }
-    LOOM_THROW(Error, "rank ", rank, ": a window rank and a staged rank completed an all-reduce");
-  };
-  EXPECT_EQ(runProcessRanks(2, windowsFrom(0), body), "");
+  for (const char* collective : {"all-reduce", "reduce"}) {
+    auto body = [&](int rank, Context* ctx) {
+      const size_t count = 256 << 10;
+      std::shared_ptr<Window> win;
+      std::vector<float> ordinary;
+      float* buf = nullptr;
+      if (rank == 0) {
+        win = Window::allocate(count * sizeof(float));
+        buf = static_cast<float*>(win->data());
+      } else {
+        ordinary.assign(count, 1.0f);
+        buf = ordinary.data();
+      }
+      CollectiveOptions opts;
+      opts.seq = 1;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        if (std::string(collective) == "reduce") {
+          reduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, 1, opts);
+        } else {
+          allreduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+        }
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        LOOM_CHECK(what.find("zero-copy window") != std::string::npos &&
+                       what.find("staged") != std::string::npos,
+                   "rank ", rank, ": the error does not name both paths: ", what);
+        LOOM_CHECK(std::chrono::steady_clock::now() - start < 10s, "rank ", rank,
+                   " failed only after ", (std::chrono::steady_clock::now() - start) / 1ms, " ms");
+        return;
+      }
+      LOOM_THROW(Error, "rank ", rank, ": a window rank and a staged rank completed the ",
+                 collective);
+    };
+    EXPECT_EQ(runProcessRanks(2, windowsFrom(0), body), "") << collective;
+  }
 }
 
 // LOOM_SHM_WINDOWS=0 on one rank: no rank takes the window path, window buffers are reduced
@@ -502,6 +549,28 @@ TEST(ShmWindowThreads, EveryCollectiveBetweenThreadRanks) {
       ++opts.seq;
       broadcast(*ctx, in, count, DType::kInt32, 1, opts);
       for (size_t i = 0; i < count; ++i) LOOM_CHECK_EQ(in[i], k);
+      // A float reduce to rank 2 gives the staged path's bits: the same values reduced from
+      // ordinary memory (staged) and in place in the windows.
+      const int root = 2;
+      std::vector<float> staged(count), stagedOut(count);
+      for (size_t i = 0; i < count; ++i) {
+        staged[i] = f[i] =
+            std::ldexp(static_cast<float>((i * 2654435761u + rank * 40503u) % 1000003),
+                       -static_cast<int>(i % 23)) *
+            (rank == 1 ? -1.0f : 1.0f);
+      }
+      ++opts.seq;
+      reduce(*ctx, staged.data(), stagedOut.data(), count, DType::kFloat32, ReduceOp::kSum, root,
+             opts);
+      ++opts.seq;
+      reduce(*ctx, f, f, count, DType::kFloat32, ReduceOp::kSum, root, opts);
+      if (rank == root) {
+        LOOM_CHECK(std::memcmp(f, stagedOut.data(), count * sizeof(float)) == 0,
+                   "the window reduce's bits differ from the staged path's");
+      } else {
+        LOOM_CHECK(std::memcmp(f, staged.data(), count * sizeof(float)) == 0, "rank ", rank,
+                   "'s input changed");
+      }
     }
   });
 }

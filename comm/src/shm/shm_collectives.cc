@@ -294,12 +294,21 @@ void allreduce(Arena& arena, const CollectiveOptions& opts, const void* in, void
 
 void reduce(Arena& arena, const CollectiveOptions& opts, const void* in, void* out, size_t count,
             DType dtype, ReduceOp op, int root) {
-  const Arena::Call call =
+  Arena::Call call =
       makeCall(arena, OpType::kReduce, opts, count, dtype, static_cast<int>(op), root);
   if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
+  // The peers read the inputs; the root's output (which only the root can look up) decides
+  // inside the window path. There is no cross-memory reduce: that choice stages.
+  WindowRef windows[2];
+  call.access =
+      choosePeerAccess(arena, OpType::kReduce, count * es, in, count * es, nullptr, 0, windows);
+  if (call.access == PeerAccess::kWindow) {
+    return windowReduce(arena, call, windows, in, out, count, dtype, op, root);
+  }
+  call.access = PeerAccess::kStaged;
   const size_t chunk = chunkElements(arena, es, 1, count * es);
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);

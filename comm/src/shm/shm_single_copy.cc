@@ -34,14 +34,21 @@ void finish(Arena& arena, const Arena::Call& call) {
   arena.waitFinishedAll(call);
 }
 
+// Where reduceFromPeers' window path puts each reduced block besides dst.
+enum class Deliver {
+  kHere,       // dst is this rank's memory
+  kEveryPeer,  // also at `offset` of every peer's output (the window all-reduce's second half)
+  kIntoPeer,   // dst lies in a peer's window (a reduce's root): accumulate in the bounce buffer
+};
+
 // dst[0, n) = the fold (fold.h: x_0 op x_1 op ..., rank order, whichever rank owns the range,
 // so the bits are the staged path's) of every rank's elements at byte offset `offset` of its
 // input, this rank's own operand being `own`. dst may equal own.
-// `toPeers` (window path only): each reduced block (divided by the size for AVG) is also
-// written at byte `offset` of every peer's output, the window all-reduce's second half.
+// Window path only: `deliver` (above), and `op` kAvg divides each reduced block by the size
+// before it is delivered (the cross-memory path leaves that to the caller).
 void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType dtype,
-                     const void* own, void* dst, size_t offset, size_t n, bool toPeers = false,
-                     ReduceOp op = ReduceOp::kSum) {
+                     const void* own, void* dst, size_t offset, size_t n,
+                     Deliver deliver = Deliver::kHere, ReduceOp op = ReduceOp::kSum) {
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
@@ -50,9 +57,12 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
   // When dst overlaps this rank's own operand (in place) and that operand is not among the
   // first two of the fold (x_0, x_1: read before the accumulator is first written), or dst is
   // shifted against it, blocks are accumulated in the bounce buffer and copied to dst when
-  // done (own must still be read).
+  // done (own must still be read). So are they when dst is a peer's: each block is then
+  // written there once, and the root's operand, which may be that very memory (a reduce in
+  // place), is read before.
   const bool overlap = d < o + n * es && o < d + n * es;
-  const bool viaBounce = overlap && (me >= 2 || d != o);
+  const bool viaBounce = (overlap && (me >= 2 || d != o)) || deliver == Deliver::kIntoPeer;
+  const bool toPeers = deliver == Deliver::kEveryPeer;
   if (n == 0) return;
   uint8_t* bounce = arena.bounce();
   if (call.access == PeerAccess::kWindow) {
@@ -79,9 +89,9 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
         },
         [&](size_t, void* acc, size_t begin, size_t m) {
           void* out = at(dst, begin * es);
+          if (op == ReduceOp::kAvg) divideBy(acc, m, dtype, size);
           if (viaBounce) std::memcpy(out, acc, m * es);
           if (toPeers) {
-            if (op == ReduceOp::kAvg) divideBy(out, m, dtype, size);
             for (int k = 1; k < size; ++k) {
               const int q = (me + k) % size;
               std::memcpy(outputs[q] + begin * es, out, m * es);
@@ -174,7 +184,7 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
   if (call.access == PeerAccess::kWindow) {
     // One pass: this rank's segment reduced and written into every rank's output at once.
     reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), at(out, begin * es), begin * es, n,
-                    /*toPeers=*/true, op);
+                    Deliver::kEveryPeer, op);
     arena.markReduced();         // this rank's reads and writes of peers' buffers are done
     arena.waitReducedAll(call);  // and so are theirs of this rank's: nothing left to wait for
     arena.finishStep();
@@ -280,6 +290,45 @@ void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const Window
   reduceFromPeers(arena, call, fn, dtype, at(in, mine), out, mine, count);
   if (op == ReduceOp::kAvg) divideBy(out, count, dtype, arena.size());
   finish(arena, call);
+}
+
+namespace {
+constexpr uint32_t kRootOutputInWindow = 1;  // Arena::Call::variant of a window reduce
+}  // namespace
+
+void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in, void* out,
+                  size_t count, DType dtype, ReduceOp op, int root) {
+  const ReduceFn fn = reduceFunction(dtype, op);
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  if (me == root) {
+    // The root alone knows where its output lies; it posts that as the step's variant.
+    const auto outWindow = findWindow(out, count * es);
+    if (outWindow) windows[kOut] = *outWindow;
+    call.variant = outWindow ? kRootOutputInWindow : 0;
+    postBuffers(arena, call, windows, in, out);
+  } else {
+    postBuffers(arena, call, windows, in, nullptr);
+  }
+  arena.waitPostedAll(call);
+  if (arena.postedVariant(root) == kRootOutputInWindow) {
+    // Rank r folds segment r of every input, read in place, and writes it into the root's
+    // output: every rank reduces 1/n of the buffer, and nothing is staged or copied out.
+    const size_t begin = segmentBegin(count, size, me);
+    const size_t n = segmentCount(count, size, me);
+    void* dst =
+        me == root ? at(out, begin * es) : arena.peerWindowForWrite(call, root, kOut) + begin * es;
+    reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), dst, begin * es, n,
+                    me == root ? Deliver::kHere : Deliver::kIntoPeer, op);
+  } else if (me == root) {
+    // An output outside any window cannot be written by peers: the root folds it all, reading
+    // every input in place.
+    reduceFromPeers(arena, call, fn, dtype, in, out, 0, count, Deliver::kHere, op);
+  }
+  arena.markReduced();         // this rank's reads (and writes into the root's output) are done
+  arena.waitReducedAll(call);  // and so are the peers' of this rank's input
+  arena.finishStep();
 }
 
 // Whether a window broadcast's root helps copy (see singleCopyBroadcast): when that spreads

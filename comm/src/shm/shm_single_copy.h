@@ -83,6 +83,14 @@ void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef 
                          void* buf, size_t count, DType dtype, int root);
 void singleCopyAllgather(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          const void* in, void* out, size_t count, DType dtype);
+// The reduce over Windows (call.access kWindow: every rank's input in a Window). The root posts
+// whether its output lies in one too. Then rank r folds segment r of every rank's input, read in
+// place, in rank order (the staged path's bits), and writes it into segment r of the root's
+// output, through the bounce buffer (so a reduce in place reads the root's operand before it
+// is overwritten); otherwise the root folds the whole buffer alone. Every rank then waits until
+// no peer reads its input. Only non-root ranks may pass a null output.
+void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in, void* out,
+                  size_t count, DType dtype, ReduceOp op, int root);
 // allreduceRows (shm_collectives.h) over Windows (call.access kWindow): the window all-reduce's
 // one pass with the n-ary reduction. Rank r reduces segment r a bounce buffer at a time,
 // reading every peer's operand in place, and writes each result block into segment r of every
