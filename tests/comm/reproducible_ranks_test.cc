@@ -194,10 +194,12 @@ TEST(ReproducibleRanks, EveryFormAlgorithmTransport) {
 // path's one pass (shm::windowAllreduceRows), from 1 byte (windowMinBytes 1) to several bounce
 // buffers per segment, out of place and in place, with the 2-rank pair path (AVG of float16)
 // too; the exact reduce-scatter reads every rank's input in place (shm::windowReduceScatterRows)
-// out of place and in place. Bit for bit against the
+// out of place and in place; the exact reduce writes each rank's segment into the root's window
+// (shm::windowReduceRows), in place, or the root reduces alone into ordinary memory. Bit for bit
+// against the
 // exact reference with permuted ranks; and a rank whose buffer is not in a Window fails every
-// rank naming both paths, for both collectives, which a mode that staged window buffers would
-// not.
+// rank naming both paths, for all three collectives, which a mode that staged window buffers
+// would not.
 TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
   const Config config{true, Algorithm::kAuto, 512 << 10, false, 1};
   uint64_t seed = 77;
@@ -224,6 +226,27 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
         opts.seq = 2;
         allreduce(ctx, buf, buf, count, d, ReduceOp::kAvg, opts);
         EXPECT_EQ(mismatches(in, avg, buf, 0, count, what + " avg in place"), 0);
+        // The exact reduce to a root that moves with the count: in place (SUM), every rank
+        // writing its segment into the root's window while the others' inputs stay as they
+        // were; then AVG into a root output outside any window (the root reduces alone).
+        const int root = static_cast<int>(count % static_cast<size_t>(n));
+        std::memcpy(buf, in.data[perm[r]].data(), bytes);
+        opts.seq = 3;
+        reduce(ctx, buf, buf, count, d, ReduceOp::kSum, root, opts);
+        if (r == root) {
+          EXPECT_EQ(mismatches(in, sum, buf, 0, count, what + " reduce sum in place"), 0);
+        } else {
+          EXPECT_EQ(std::memcmp(buf, in.data[perm[r]].data(), bytes), 0)
+              << what << ": rank " << r << "'s input changed";
+        }
+        std::memcpy(buf + bytes, in.data[perm[r]].data(), bytes);
+        std::vector<unsigned char> plain(r == root ? bytes : 0);
+        opts.seq = 4;
+        reduce(ctx, buf + bytes, r == root ? plain.data() : nullptr, count, d, ReduceOp::kAvg, root,
+               opts);
+        if (r == root) {
+          EXPECT_EQ(mismatches(in, avg, plain.data(), 0, count, what + " reduce avg"), 0);
+        }
       });
       // Reduce-scatter of n blocks of `block` elements: out of place (AVG) and in place (out is
       // this rank's block of the input, SUM); shifted one element against it is refused.
@@ -294,6 +317,11 @@ TEST(ReproducibleRanks, WindowBuffersTakeTheZeroCopyPath) {
     CollectiveOptions opts;
     opts.seq = 3;
     allreduce(ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, opts);
+  });
+  bothPathsNamed(count, [&](Context& ctx, float* buf) {
+    CollectiveOptions opts;
+    opts.seq = 5;
+    reduce(ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, 1, opts);
   });
   const size_t block = 7001;
   bothPathsNamed(block * n, [&](Context& ctx, float* buf) {

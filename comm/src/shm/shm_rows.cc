@@ -90,6 +90,15 @@ void reduceRows(Arena& arena, const CollectiveOptions& opts, const void* in, voi
       makeCall(arena, OpType::kReduce, opts, count, dtype, static_cast<int>(op), root, true);
   if (count == 0) return zeroCountStep(arena, call, Meet::kAll);
   const size_t es = dtypeSize(dtype);
+  // Inputs in Windows on every rank: read in place (shm_single_copy.h, windowReduceRows). No
+  // cross-memory path: every rank stages instead.
+  WindowRef windows[2];
+  call.access =
+      choosePeerAccess(arena, OpType::kReduce, count * es, in, count * es, nullptr, 0, windows);
+  if (call.access == PeerAccess::kWindow) {
+    return windowReduceRows(arena, call, windows, in, out, count, dtype, root, reduce);
+  }
+  call.access = PeerAccess::kStaged;
   std::vector<const void*> rows(arena.size());
   const size_t chunk = chunkElements(arena, es, 1, count * es);
   for (size_t offset = 0; offset < count; offset += chunk) {

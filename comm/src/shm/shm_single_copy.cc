@@ -34,6 +34,24 @@ void finish(Arena& arena, const Arena::Call& call) {
   arena.waitFinishedAll(call);
 }
 
+constexpr uint32_t kRootOutputInWindow = 1;  // Arena::Call::variant of a window reduce
+
+// A window reduce's post: every rank's input; the root, which alone knows where its output
+// lies, posts it too, with whether it is in a window as the step's variant. Returns once every
+// rank posted.
+void postRootOutput(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
+                    void* out, size_t bytes, int root) {
+  if (arena.rank() == root) {
+    const auto outWindow = findWindow(out, bytes);
+    if (outWindow) windows[kOut] = *outWindow;
+    call.variant = outWindow ? kRootOutputInWindow : 0;
+    postBuffers(arena, call, windows, in, out);
+  } else {
+    postBuffers(arena, call, windows, in, nullptr);
+  }
+  arena.waitPostedAll(call);
+}
+
 // Where reduceFromPeers' window path puts each reduced block besides dst.
 enum class Deliver {
   kHere,       // dst is this rank's memory
@@ -206,6 +224,41 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
   finish(arena, call);
 }
 
+namespace {
+
+// Every rank's operand at element `begin` of its input: this rank's own, the peers' read in
+// place from their windows.
+std::vector<const uint8_t*> operandsAt(Arena& arena, const Arena::Call& call, const void* in,
+                                       size_t begin, size_t es) {
+  std::vector<const uint8_t*> operands(static_cast<size_t>(arena.size()));
+  for (int q = 0; q < arena.size(); ++q) {
+    operands[q] = q == arena.rank() ? static_cast<const uint8_t*>(at(in, begin * es))
+                                    : arena.peerWindow(call, q, kIn) + begin * es;
+  }
+  return operands;
+}
+
+// n elements of every rank's operand reduced with the n-ary reducer, a bounce buffer at a time
+// (so that no target aliases an operand being read), each block copied to every target in
+// order (the caller rotates them).
+void reduceRowsInto(Arena& arena, const Arena::Call& call,
+                    const std::vector<const uint8_t*>& operands,
+                    const std::vector<uint8_t*>& targets, size_t n, size_t es,
+                    const RowsReducer& reduce) {
+  std::vector<const void*> rows(operands.size());
+  uint8_t* bounce = arena.bounce();
+  const size_t block = std::max<size_t>(1, Arena::kBounceBytes / es);
+  for (size_t b = 0; b < n; b += block) {
+    const size_t m = std::min(block, n - b);
+    for (size_t q = 0; q < operands.size(); ++q) rows[q] = operands[q] + b * es;
+    reduce(rows, m, bounce);
+    for (uint8_t* t : targets) std::memcpy(t + b * es, bounce, m * es);
+    call.done += m * es;
+  }
+}
+
+}  // namespace
+
 void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          const void* in, void* out, size_t count, DType dtype,
                          const RowsReducer& reduce) {
@@ -215,32 +268,39 @@ void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef 
   postBuffers(arena, call, windows, in, out);
   arena.waitPostedAll(call);
   const size_t begin = segmentBegin(count, size, me);
-  const size_t n = segmentCount(count, size, me);
-  // Every rank's operand and output of segment `me`, resolved once.
-  std::vector<const uint8_t*> operands(static_cast<size_t>(size));
-  std::vector<uint8_t*> outputs(static_cast<size_t>(size));
-  for (int q = 0; q < size; ++q) {
-    operands[q] = q == me ? static_cast<const uint8_t*>(at(in, begin * es))
-                          : arena.peerWindow(call, q, kIn) + begin * es;
-    outputs[q] = q == me ? static_cast<uint8_t*>(at(out, begin * es))
-                         : arena.peerWindowForWrite(call, q, kOut) + begin * es;
+  // Segment `me` of every rank's output, rotated, so that the ranks write different peers at a
+  // time; this rank's own output last (in place, its operand was one of the rows just read).
+  std::vector<uint8_t*> targets;
+  for (int k = 1; k <= size; ++k) {
+    const int q = (me + k) % size;
+    targets.push_back(q == me ? static_cast<uint8_t*>(at(out, begin * es))
+                              : arena.peerWindowForWrite(call, q, kOut) + begin * es);
   }
-  std::vector<const void*> rows(static_cast<size_t>(size));
-  uint8_t* bounce = arena.bounce();
-  const size_t block = std::max<size_t>(1, Arena::kBounceBytes / es);
-  for (size_t b = 0; b < n; b += block) {
-    const size_t m = std::min(block, n - b);
-    for (int q = 0; q < size; ++q) rows[q] = operands[q] + b * es;
-    reduce(rows, m, bounce);
-    // Rotated, so that the ranks write different peers at a time; this rank's own output last
-    // (in place, its operand was one of the rows just read).
-    for (int k = 1; k <= size; ++k) {
-      std::memcpy(outputs[(me + k) % size] + b * es, bounce, m * es);
-    }
-    call.done += m * es;
-  }
+  reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), targets,
+                 segmentCount(count, size, me), es, reduce);
   arena.markReduced();         // this rank's reads and writes of peers' buffers are done
   arena.waitReducedAll(call);  // and so are theirs of this rank's
+  arena.finishStep();
+}
+
+void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
+                      void* out, size_t count, DType dtype, int root, const RowsReducer& reduce) {
+  const size_t es = dtypeSize(dtype);
+  const int me = arena.rank();
+  const int size = arena.size();
+  postRootOutput(arena, call, windows, in, out, count * es, root);
+  if (arena.postedVariant(root) == kRootOutputInWindow) {
+    const size_t begin = segmentBegin(count, size, me);
+    uint8_t* target = me == root ? static_cast<uint8_t*>(at(out, begin * es))
+                                 : arena.peerWindowForWrite(call, root, kOut) + begin * es;
+    reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), {target},
+                   segmentCount(count, size, me), es, reduce);
+  } else if (me == root) {
+    reduceRowsInto(arena, call, operandsAt(arena, call, in, 0, es), {static_cast<uint8_t*>(out)},
+                   count, es, reduce);
+  }
+  arena.markReduced();
+  arena.waitReducedAll(call);
   arena.finishStep();
 }
 
@@ -292,26 +352,13 @@ void singleCopyReduceScatter(Arena& arena, const Arena::Call& call, const Window
   finish(arena, call);
 }
 
-namespace {
-constexpr uint32_t kRootOutputInWindow = 1;  // Arena::Call::variant of a window reduce
-}  // namespace
-
 void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in, void* out,
                   size_t count, DType dtype, ReduceOp op, int root) {
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
   const int me = arena.rank();
   const int size = arena.size();
-  if (me == root) {
-    // The root alone knows where its output lies; it posts that as the step's variant.
-    const auto outWindow = findWindow(out, count * es);
-    if (outWindow) windows[kOut] = *outWindow;
-    call.variant = outWindow ? kRootOutputInWindow : 0;
-    postBuffers(arena, call, windows, in, out);
-  } else {
-    postBuffers(arena, call, windows, in, nullptr);
-  }
-  arena.waitPostedAll(call);
+  postRootOutput(arena, call, windows, in, out, count * es, root);
   if (arena.postedVariant(root) == kRootOutputInWindow) {
     // Rank r folds segment r of every input, read in place, and writes it into the root's
     // output: every rank reduces 1/n of the buffer, and nothing is staged or copied out.

@@ -99,6 +99,11 @@ void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const v
 void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
                          const void* in, void* out, size_t count, DType dtype,
                          const RowsReducer& reduce);
+// reduceRows (shm_collectives.h) over Windows: windowReduce's protocol with the n-ary
+// reduction, each block reduced into the bounce buffer and copied into the root's output (or,
+// when that lies outside any window, the root reducing the whole buffer alone).
+void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
+                      void* out, size_t count, DType dtype, int root, const RowsReducer& reduce);
 // reduceScatterRows (shm_collectives.h) over Windows: rank r reduces slice r of every rank's
 // input, read in place, into its output with the n-ary reduction, then waits until no peer
 // reads its input any more. In place (the output is this rank's slice of the input) the slice is
