@@ -240,6 +240,15 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
       const auto wg = shm::windowAllgatherTraffic(c, es, n, /*inPlace=*/true);
       EXPECT_EQ(wg.read, (n - 1) * S);
       EXPECT_EQ(wg.written, (n - 1) * S);
+      // window reduce to rank 1: the root reads S, a non-root (1 + 1/n) S, each writes S/n;
+      // with the root's output outside any window the root reads n S and writes S alone.
+      const auto wd = shm::windowReduceTraffic(c, es, n, r, 1, true);
+      EXPECT_EQ(wd.read, r == 1 ? S : S + S / n);
+      EXPECT_EQ(wd.written, S / n);
+      EXPECT_EQ(wd.waits, 2 * (n - 1));
+      const auto wdAlone = shm::windowReduceTraffic(c, es, n, r, 1, false);
+      EXPECT_EQ(wdAlone.read, r == 1 ? n * S : 0);
+      EXPECT_EQ(wdAlone.written, r == 1 ? S : 0);
       // window broadcast: unassisted S per receiver; assisted (n-1)/n S per rank, root too.
       const auto wb = shm::windowBroadcastTraffic(c, es, n, r, 1, false);
       EXPECT_EQ(wb.read, r == 1 ? 0 : S);
@@ -259,6 +268,11 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
         EXPECT_EQ(rx.written + fromRoot, odd * es) << "receiver " << r;
       }
       EXPECT_EQ(root.written, rootWrites);
+      // The window reduce's segments fill the root's output once.
+      size_t reduced = 0;
+      for (int r = 0; r < n; ++r)
+        reduced += shm::windowReduceTraffic(odd, es, n, r, 0, true).written;
+      EXPECT_EQ(reduced, odd * es);
     }
     // Uneven splits: summed over the ranks, the reductions read every operand byte once.
     const size_t odd = 1000003;
@@ -277,8 +291,8 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
 enum class Path { kStaged, kWindow, kCrossMemory };
 
 // Runs an in-place float all-reduce (sum, then avg), a reduce-scatter out of place and in
-// place, and a reduce to the last rank over `size` thread ranks on `path`, inputs
-// awkward(seed = 1000 + rank); returns every rank's results, in that order.
+// place, and a reduce to the last rank out of place and in place over `size` thread ranks on
+// `path`, inputs awkward(seed = 1000 + rank); returns every rank's results, in that order.
 std::vector<std::vector<float>> runPath(Path path, int size, size_t count) {
   HashStore store;
   std::vector<std::vector<float>> results(size);
@@ -325,11 +339,15 @@ std::vector<std::vector<float>> runPath(Path path, int size, size_t count) {
     ++opts.seq;
     reduceScatter(*ctx, buf, own, count, DType::kFloat32, ReduceOp::kSum, opts);
     got.insert(got.end(), own, own + count);
-    // The rooted reduce (staged on every path), to the last rank.
+    // The rooted reduce to the last rank, out of place and in place (on the window path every
+    // rank writes its segment into the root's window; the cross-memory path stages it).
     std::memcpy(buf, in.data(), count * sizeof(float));
     ++opts.seq;
     reduce(*ctx, buf, out, count, DType::kFloat32, ReduceOp::kSum, size - 1, opts);
     if (rank == size - 1) got.insert(got.end(), out, out + count);
+    ++opts.seq;
+    reduce(*ctx, buf, buf, count, DType::kFloat32, ReduceOp::kSum, size - 1, opts);
+    if (rank == size - 1) got.insert(got.end(), buf, buf + count);
   });
   return results;
 }
@@ -354,6 +372,7 @@ TEST(ShmPaths, StagedWindowAndCrossMemoryGiveTheSameBits) {
           << "staged reduce-scatter in place, rank " << r << " at " << i;
       if (r == size - 1) {
         ASSERT_EQ(std::memcmp(&staged[r][4 * count + i], &sum, 4), 0) << "reduce at " << i;
+        ASSERT_EQ(std::memcmp(&staged[r][5 * count + i], &sum, 4), 0) << "reduce in place at " << i;
       }
     }
   }
@@ -367,7 +386,8 @@ TEST(ShmPaths, StagedWindowAndCrossMemoryGiveTheSameBits) {
             << " ("
             << (i < count       ? "sum"
                 : i < 2 * count ? "avg"
-                                : "reduce-scatter")
+                : i < 4 * count ? "reduce-scatter"
+                                : "reduce")
             << ")";
       }
     }

@@ -101,6 +101,25 @@ inline StepTraffic windowReduceScatterTraffic(size_t c, size_t es, int n, int /*
   t.waits = 2 * (n - 1);  // every post, every peer finished reading this rank's input
   return t;
 }
+// The window reduce of `c` elements (one step). With the root's output in a window, rank r
+// folds its segment from n inputs in place (into the bounce buffer unless it is the root) and
+// writes it into the root's output: the non-roots also read the bounce buffer's block once.
+// Otherwise the root folds all c elements alone and the others only post and wait.
+inline StepTraffic windowReduceTraffic(size_t c, size_t es, int n, int r, int root,
+                                       bool rootOutputInWindow) {
+  StepTraffic t;
+  t.publishes = 3;        // post, markReduced, finishStep
+  t.waits = 2 * (n - 1);  // every post, every peer's reduced mark
+  if (!rootOutputInWindow) {
+    t.read = r == root ? c * es * n : 0;
+    t.written = r == root ? c * es : 0;
+    return t;
+  }
+  const size_t own = segmentCount(c, n, r) * es;
+  t.read = own * n + (r == root ? 0 : own);
+  t.written = own;
+  return t;
+}
 // The window all-gather (`c` elements per rank, one step): each rank copies the n-1 peers'
 // inputs into its output, and its own input unless in place.
 inline StepTraffic windowAllgatherTraffic(size_t c, size_t es, int n, bool inPlace) {
