@@ -33,28 +33,21 @@ START=$(date +%s)
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
 declare -a ROWS=()
 FAILED=0
+# shellcheck source=scripts/lib/budgeted_step.sh
+source "$ROOT/scripts/lib/budgeted_step.sh"
 
+# step NAME LIMIT CMD...: CMD within the budget (10 s kept for the summary), its status a row.
 step() {
-  local name=$1 limit=$2
-  shift 2
-  local remaining
-  remaining=$(($(left) - 10))
-  if [ "$remaining" -lt 8 ]; then
-    ROWS+=("| $name | skipped: the ${BUDGET_S} s budget is spent |")
-    return 0
-  fi
-  [ "$limit" -gt "$remaining" ] && limit=$remaining
-  local t0 rc
-  t0=$(date +%s)
-  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  rc=$?
-  local took=$(($(date +%s) - t0))
-  if [ $rc -eq 0 ]; then
-    ROWS+=("| $name | ok, ${took} s |")
+  local name=$1
+  budgeted_step "$1" "$2" 10 "${@:3}"
+  local rc=$STEP_RC
+  [ "$rc" -eq -1 ] && return 0
+  if [ "$rc" -eq 0 ]; then
+    ROWS+=("| $name | ok, ${STEP_TOOK} s |")
   else
     local why="timed out"
-    [ $rc -eq 124 ] || why=$(tail -1 "$LOGS/$name.log" | cut -c1-120 | tr '|' '/')
-    ROWS+=("| $name | **rc $rc** ($why), ${took} s |")
+    [ "$rc" -eq 124 ] || why=$(tail -1 "$LOGS/$name.log" | cut -c1-120 | tr '|' '/')
+    ROWS+=("| $name | **rc $rc** ($why), ${STEP_TOOK} s |")
     FAILED=1
   fi
 }

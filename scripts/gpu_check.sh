@@ -182,30 +182,22 @@ elapsed() { echo $(($(date +%s) - START)); }
 left() { echo $((BUDGET_S - $(elapsed))); }
 declare -a ROWS=()
 FAILED=0
+# shellcheck source=scripts/lib/budgeted_step.sh
+source "$ROOT/scripts/lib/budgeted_step.sh"
 
-# step NAME TIMEOUT CMD...: runs CMD (logged), bounded by TIMEOUT and what is left of the budget.
+# step NAME LIMIT CMD...: CMD within the budget (15 s kept for the summary), its verdict a row.
 step() {
-  local name=$1 limit=$2
-  shift 2
-  local remaining
-  remaining=$(($(left) - 15))
-  if [ "$remaining" -lt 10 ]; then
-    ROWS+=("| $name | skipped: the ${BUDGET_S} s budget is spent |")
-    return 0
-  fi
-  [ "$limit" -gt "$remaining" ] && limit=$remaining
-  local t0 rc
-  t0=$(date +%s)
-  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  rc=$?
-  local took=$(($(date +%s) - t0))
+  local name=$1
+  budgeted_step "$1" "$2" 15 "${@:3}"
+  local rc=$STEP_RC
+  [ "$rc" -eq -1 ] && return 0
   local verdict
-  if [ $rc -eq 0 ] && grep -q '\[  SKIPPED \]\|# skipped' "$LOGS/$name.log"; then
+  if [ "$rc" -eq 0 ] && grep -q '\[  SKIPPED \]\|# skipped' "$LOGS/$name.log"; then
     verdict="skipped ($(grep -m1 -o 'no CUDA device[^"]*' "$LOGS/$name.log" || echo see log))"
-  elif [ $rc -eq 0 ]; then
+  elif [ "$rc" -eq 0 ]; then
     verdict="passed"
-  elif [ $rc -eq 124 ]; then
-    verdict="**timed out** after ${limit} s"
+  elif [ "$rc" -eq 124 ]; then
+    verdict="**timed out** after ${STEP_LIMIT} s"
     FAILED=1
   else
     local why
@@ -213,7 +205,7 @@ step() {
     verdict="**failed** (rc $rc): $(echo "$why" | cut -c1-160 | tr '|' '/')"
     FAILED=1
   fi
-  ROWS+=("| $name | $verdict, ${took} s |")
+  ROWS+=("| $name | $verdict, ${STEP_TOOK} s |")
 }
 
 # Field `col` (1-based) of the out-of-place row of `size` in an nccl-tests style log.
