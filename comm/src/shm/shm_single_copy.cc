@@ -52,6 +52,21 @@ void postRootOutput(Arena& arena, Arena::Call& call, WindowRef windows[2], const
   arena.waitPostedAll(call);
 }
 
+// Where this rank writes its reduced segment at byte `offset` of a window reduce's root's output.
+uint8_t* rootOutputAt(Arena& arena, const Arena::Call& call, void* out, size_t offset, int root) {
+  return arena.rank() == root ? static_cast<uint8_t*>(at(out, offset))
+                              : arena.peerWindowForWrite(call, root, kOut) + offset;
+}
+
+// The end of a one-pass window step: this rank's reads and writes of peers' buffers are done
+// (its mark), and so are theirs of this rank's once every peer marked; nothing is left to wait
+// for at the step's end.
+void endOnePass(Arena& arena, const Arena::Call& call) {
+  arena.markReduced();
+  arena.waitReducedAll(call);
+  arena.finishStep();
+}
+
 // Where reduceFromPeers' window path puts each reduced block besides dst.
 enum class Deliver {
   kHere,       // dst is this rank's memory
@@ -208,9 +223,7 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
     // One pass: this rank's segment reduced and written into every rank's output at once.
     reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), at(out, begin * es), begin * es, n,
                     Deliver::kEveryPeer, op);
-    arena.markReduced();         // this rank's reads and writes of peers' buffers are done
-    arena.waitReducedAll(call);  // and so are theirs of this rank's: nothing left to wait for
-    arena.finishStep();
+    endOnePass(arena, call);
     return;
   }
   reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), at(out, begin * es), begin * es, n);
@@ -283,9 +296,7 @@ void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef 
   }
   reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), targets,
                  segmentCount(count, size, me), es, reduce);
-  arena.markReduced();         // this rank's reads and writes of peers' buffers are done
-  arena.waitReducedAll(call);  // and so are theirs of this rank's
-  arena.finishStep();
+  endOnePass(arena, call);
 }
 
 void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
@@ -296,17 +307,14 @@ void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], con
   postRootOutput(arena, call, windows, in, out, count * es, root);
   if (arena.postedVariant(root) == kRootOutputInWindow) {
     const size_t begin = segmentBegin(count, size, me);
-    uint8_t* target = me == root ? static_cast<uint8_t*>(at(out, begin * es))
-                                 : arena.peerWindowForWrite(call, root, kOut) + begin * es;
-    reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), {target},
+    reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es),
+                   {rootOutputAt(arena, call, out, begin * es, root)},
                    segmentCount(count, size, me), es, reduce);
   } else if (me == root) {
     reduceRowsInto(arena, call, operandsAt(arena, call, in, 0, es), {static_cast<uint8_t*>(out)},
                    count, es, reduce);
   }
-  arena.markReduced();
-  arena.waitReducedAll(call);
-  arena.finishStep();
+  endOnePass(arena, call);
 }
 
 void windowReduceScatterRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
@@ -369,18 +377,15 @@ void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const v
     // output: every rank reduces 1/n of the buffer, and nothing is staged or copied out.
     const size_t begin = segmentBegin(count, size, me);
     const size_t n = segmentCount(count, size, me);
-    void* dst =
-        me == root ? at(out, begin * es) : arena.peerWindowForWrite(call, root, kOut) + begin * es;
-    reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), dst, begin * es, n,
+    reduceFromPeers(arena, call, fn, dtype, at(in, begin * es),
+                    rootOutputAt(arena, call, out, begin * es, root), begin * es, n,
                     me == root ? Deliver::kHere : Deliver::kIntoPeer, op);
   } else if (me == root) {
     // An output outside any window cannot be written by peers: the root folds it all, reading
     // every input in place.
     reduceFromPeers(arena, call, fn, dtype, in, out, 0, count, Deliver::kHere, op);
   }
-  arena.markReduced();         // this rank's reads (and writes into the root's output) are done
-  arena.waitReducedAll(call);  // and so are the peers' of this rank's input
-  arena.finishStep();
+  endOnePass(arena, call);  // this rank's reads and writes, and the peers' of its input, done
 }
 
 // Whether a window broadcast's root helps copy (see singleCopyBroadcast): when that spreads

@@ -6,8 +6,10 @@
 // - All ranks of the Context call the same collectives in the same order with matching
 //   arguments (count, dtype, op, root). `opts.seq` is the collective's sequence number (the
 //   caller increments it per collective, below 2^40); it travels in every message header so
-//   that a mismatch (ranks running different collectives under one seq) is detected and
-//   named. seq 0 turns that check off (messages are still matched in order).
+//   that a mismatch (ranks running different collectives under one seq, or a rank that
+//   skipped a collective the others ran: a message of another seq where one of this
+//   collective is awaited) is detected and named at once. seq 0 turns that check off
+//   (messages are still matched in order).
 // - In-place when the output pointer equals the input pointer (or the documented slot of it:
 //   all-gather and gather in == out + rank * count, reduce-scatter and scatter out == in +
 //   rank * count; the v forms at the rank's offset). Buffers that overlap in any other way are
