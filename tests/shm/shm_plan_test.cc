@@ -209,6 +209,12 @@ TEST(Traffic, PerRankCountsMatchTheDocumentedFormulas) {
       EXPECT_EQ(ar.waits, 2 * (n - 1));
       // its reduction part is what the fold reads: n operands of the own sub-slice.
       EXPECT_EQ(ar.read - (S - S / n) - S, segmentCount(c, n, r) * es * n);
+      // staged reduce to rank 0: the root reads (3 - 1/n) S and writes 2 S as the all-reduce;
+      // the others skip the copy out: (2 - 1/n) S and S.
+      const auto rd = shm::stagedReduceTraffic(c, es, n, r, 0);
+      EXPECT_EQ(rd.read, r == 0 ? 3 * S - S / n : 2 * S - S / n);
+      EXPECT_EQ(rd.written, r == 0 ? 2 * S : S);
+      EXPECT_EQ(rd.waits, (r == 0 ? 3 : 2) * (n - 1));
       // staged reduce-scatter (output c per rank): reads 2 n S, writes (n + 1) S.
       const auto rs = shm::stagedReduceScatterTraffic(c, es, n, r);
       EXPECT_EQ(rs.read, 2 * n * S);

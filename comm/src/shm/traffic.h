@@ -36,6 +36,19 @@ inline StepTraffic stagedAllreduceTraffic(size_t c, size_t es, int n, int r) {
   t.waits = 2 * (n - 1);  // every post, every peer's reduced mark
   return t;
 }
+// The staged reduce (the split path, rooted): as the all-reduce's copy in and fold; only the
+// root copies the n reduced sub-slices out. Rooted steps announce their consumed counter, and
+// every rank's acquireSlot waits on the peers' (counted here per step).
+inline StepTraffic stagedReduceTraffic(size_t c, size_t es, int n, int r, int root) {
+  const size_t own = segmentCount(c, n, r) * es, all = c * es;
+  const bool isRoot = r == root;
+  StepTraffic t;
+  t.read = (all - own) + own * n + (isRoot ? all : 0);
+  t.written = (all - own) + own + (isRoot ? all : 0);
+  t.publishes = 3;                       // post, markReduced, consumed
+  t.waits = (isRoot ? 3 : 2) * (n - 1);  // slot, posts; the root also every reduced mark
+  return t;
+}
 // The staged reduce-scatter: `c` elements per rank's output; the rank stages all n slices of
 // its input (n * c), then folds its slice of every slot (n reads of c) into its output.
 inline StepTraffic stagedReduceScatterTraffic(size_t c, size_t es, int n, int /*r*/) {
