@@ -67,6 +67,26 @@ void endOnePass(Arena& arena, const Arena::Call& call) {
   arena.finishStep();
 }
 
+// The window reduce's protocol (shm_single_copy.h, windowReduce) around foldInto(begin, n,
+// target, intoPeer), which folds elements [begin, begin + n) of every rank's input into
+// `target`: with the root's output in a window, every rank its own segment into the root's
+// output (`intoPeer` on the others: it lies in the root's window); otherwise the root the whole
+// buffer into its output. Then the one-pass end: no input is read any more.
+template <class FoldInto>
+void windowReduceSteps(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
+                       void* out, size_t count, size_t es, int root, FoldInto&& foldInto) {
+  const int me = arena.rank();
+  postRootOutput(arena, call, windows, in, out, count * es, root);
+  if (arena.postedVariant(root) == kRootOutputInWindow) {
+    const size_t begin = segmentBegin(count, arena.size(), me);
+    foldInto(begin, segmentCount(count, arena.size(), me),
+             rootOutputAt(arena, call, out, begin * es, root), me != root);
+  } else if (me == root) {
+    foldInto(0, count, static_cast<uint8_t*>(out), false);
+  }
+  endOnePass(arena, call);
+}
+
 // Where reduceFromPeers' window path puts each reduced block besides dst.
 enum class Deliver {
   kHere,       // dst is this rank's memory
@@ -302,19 +322,12 @@ void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef 
 void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], const void* in,
                       void* out, size_t count, DType dtype, int root, const RowsReducer& reduce) {
   const size_t es = dtypeSize(dtype);
-  const int me = arena.rank();
-  const int size = arena.size();
-  postRootOutput(arena, call, windows, in, out, count * es, root);
-  if (arena.postedVariant(root) == kRootOutputInWindow) {
-    const size_t begin = segmentBegin(count, size, me);
-    reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es),
-                   {rootOutputAt(arena, call, out, begin * es, root)},
-                   segmentCount(count, size, me), es, reduce);
-  } else if (me == root) {
-    reduceRowsInto(arena, call, operandsAt(arena, call, in, 0, es), {static_cast<uint8_t*>(out)},
-                   count, es, reduce);
-  }
-  endOnePass(arena, call);
+  windowReduceSteps(arena, call, windows, in, out, count, es, root,
+                    [&](size_t begin, size_t n, uint8_t* target, bool /*intoPeer*/) {
+                      // Through the bounce buffer already: no target aliases an operand.
+                      reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), {target},
+                                     n, es, reduce);
+                    });
 }
 
 void windowReduceScatterRows(Arena& arena, const Arena::Call& call, const WindowRef windows[2],
@@ -369,23 +382,12 @@ void windowReduce(Arena& arena, Arena::Call& call, WindowRef windows[2], const v
                   size_t count, DType dtype, ReduceOp op, int root) {
   const ReduceFn fn = reduceFunction(dtype, op);
   const size_t es = dtypeSize(dtype);
-  const int me = arena.rank();
-  const int size = arena.size();
-  postRootOutput(arena, call, windows, in, out, count * es, root);
-  if (arena.postedVariant(root) == kRootOutputInWindow) {
-    // Rank r folds segment r of every input, read in place, and writes it into the root's
-    // output: every rank reduces 1/n of the buffer, and nothing is staged or copied out.
-    const size_t begin = segmentBegin(count, size, me);
-    const size_t n = segmentCount(count, size, me);
-    reduceFromPeers(arena, call, fn, dtype, at(in, begin * es),
-                    rootOutputAt(arena, call, out, begin * es, root), begin * es, n,
-                    me == root ? Deliver::kHere : Deliver::kIntoPeer, op);
-  } else if (me == root) {
-    // An output outside any window cannot be written by peers: the root folds it all, reading
-    // every input in place.
-    reduceFromPeers(arena, call, fn, dtype, in, out, 0, count, Deliver::kHere, op);
-  }
-  endOnePass(arena, call);  // this rank's reads and writes, and the peers' of its input, done
+  windowReduceSteps(arena, call, windows, in, out, count, es, root,
+                    [&](size_t begin, size_t n, uint8_t* target, bool intoPeer) {
+                      reduceFromPeers(arena, call, fn, dtype, at(in, begin * es), target,
+                                      begin * es, n, intoPeer ? Deliver::kIntoPeer : Deliver::kHere,
+                                      op);
+                    });
 }
 
 // Whether a window broadcast's root helps copy (see singleCopyBroadcast): when that spreads
