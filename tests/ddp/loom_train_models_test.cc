@@ -24,14 +24,12 @@ namespace {
 
 using loom::testing::readLosses;
 using std::chrono::milliseconds;
-// 32 ports per test binary, below Linux's ephemeral range (see loom_train_test.cc).
-int nextPort = 22000 + static_cast<int>(::getpid() % 300) * 32;
 
 // Runs loom-train on 2 process ranks, rank 0's stdout into `out`; "" or the failures.
 std::string runLoomTrain(const std::vector<std::string>& args, const std::string& out) {
   return loom::testing::runLoomTrainRanks(
       args, {.world = 2,
-             .port = nextPort++,
+             .port = loom::testing::freePort(),
              .env = {{"LOOM_AUTOGRAD_THREADS", "1"}},
              .stdoutPath = [&](int r) { return r == 0 ? out : std::string("/dev/null"); },
              .deadline = milliseconds(90000)});

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/common/socket.h"
 #include "loom/testing/ranks.h"
 
 #ifndef LOOM_TRAIN_BIN
@@ -26,7 +27,7 @@ namespace loom::testing {
 
 struct LoomTrainRanks {
   int world = 2;
-  int port = 0;  // MASTER_PORT: rank 0's store; one per run, outside the ephemeral range
+  int port = 0;  // MASTER_PORT: rank 0's store; one per run (freePort())
   // Set in every rank before the launcher's variables (which win over a name repeated here).
   std::vector<std::pair<std::string, std::string>> env;
   // The file rank r's stdout is written to (created or truncated, "/dev/null" to drop it);
@@ -34,6 +35,15 @@ struct LoomTrainRanks {
   std::function<std::string(int rank)> stdoutPath;
   std::chrono::milliseconds deadline{60000};  // for all ranks; a rank still running is killed
 };
+
+// A port nothing on this machine listens on now, for a run's MASTER_PORT: the kernel's pick for a
+// socket bound to port 0, closed before rank 0 binds it (as torch's tests' find_free_port). The
+// fixed per-binary ranges used before overlapped between the loom_train*_test binaries, which
+// ctest runs at once, so two runs could take one port.
+inline int freePort() {
+  net::Socket s = net::listenOn("0.0.0.0", 0);
+  return net::localPort(s.fd());
+}
 
 // Runs `args` (loom-train's flags) on the ranks of `run`; returns "" when every rank exited 0,
 // else a description of each failure (exit 126: stdout could not be redirected, 127: no exec).

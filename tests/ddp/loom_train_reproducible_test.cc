@@ -27,13 +27,11 @@ namespace {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 
-int nextPort = 21000 + static_cast<int>(::getpid() % 300) * 10;
-
 // Runs loom-train on `world` process ranks with `env` set in each; "" or the failures.
 std::string runLoomTrain(int world, const std::vector<std::string>& args, const Env& env) {
   return loom::testing::runLoomTrainRanks(
       args, {.world = world,
-             .port = nextPort++,
+             .port = loom::testing::freePort(),
              .env = env,
              .stdoutPath = [](int) { return std::string("/dev/null"); },
              .deadline = std::chrono::milliseconds(90000)});

@@ -34,9 +34,6 @@ namespace {
 using loom::testing::readLosses;
 using std::chrono::milliseconds;
 const std::string kFixtures = std::string(LOOM_DDP_FIXTURES) + "/torch_ddp/";
-// 40 ports per test binary (it uses 34), below Linux's ephemeral range (32768 and up), so that
-// neither concurrent binaries nor outgoing connections take a rank 0's port.
-int nextPort = 19000 + static_cast<int>(::getpid() % 300) * 40;
 
 // Runs loom-train on `world` process ranks, with `env` set in each and rank r's stdout in
 // `stdoutPrefix` + r when given; returns "" or a description of the failures.
@@ -45,7 +42,7 @@ std::string runLoomTrain(int world, const std::vector<std::string>& args,
                          const std::string& stdoutPrefix = "") {
   loom::testing::LoomTrainRanks run;
   run.world = world;
-  run.port = nextPort++;
+  run.port = loom::testing::freePort();
   run.env = env;
   if (!stdoutPrefix.empty()) {
     run.stdoutPath = [&](int r) { return stdoutPrefix + std::to_string(r); };
