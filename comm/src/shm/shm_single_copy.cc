@@ -87,6 +87,19 @@ void windowReduceSteps(Arena& arena, Arena::Call& call, WindowRef windows[2], co
   endOnePass(arena, call);
 }
 
+// Every rank's operand at byte `offset` of its input, for the window path: this rank's own
+// (`own`), the peers' read in place from their mapped windows. Resolved once per call (a lookup
+// per block would cost a few percent of it).
+std::vector<const uint8_t*> operandsAt(Arena& arena, const Arena::Call& call, const void* own,
+                                       size_t offset) {
+  std::vector<const uint8_t*> operands(static_cast<size_t>(arena.size()));
+  for (int q = 0; q < arena.size(); ++q) {
+    operands[q] = q == arena.rank() ? static_cast<const uint8_t*>(own)
+                                    : arena.peerWindow(call, q, kIn) + offset;
+  }
+  return operands;
+}
+
 // Where reduceFromPeers' window path puts each reduced block besides dst.
 enum class Deliver {
   kHere,       // dst is this rank's memory
@@ -125,13 +138,11 @@ void reduceFromPeers(Arena& arena, const Arena::Call& call, ReduceFn fn, DType d
     // peers' lines, or prefetchw of dst's, changed nothing.)
     const size_t block = foldBlockElements(size, es, n, Arena::kBounceBytes);
     const size_t inFlight = static_cast<size_t>(size - 1);
-    // Every peer's operand and output resolved once (a lookup per small block would cost a
-    // few percent of it).
-    std::vector<const uint8_t*> operands(static_cast<size_t>(size));
+    // Every peer's operand and output resolved once.
+    const std::vector<const uint8_t*> operands = operandsAt(arena, call, own, offset);
     std::vector<uint8_t*> outputs(toPeers ? static_cast<size_t>(size) : 0);
-    for (int q = 0; q < size; ++q) {
-      operands[q] = q == me ? o : arena.peerWindow(call, q, kIn) + offset;
-      if (toPeers && q != me) outputs[q] = arena.peerWindowForWrite(call, q, kOut) + offset;
+    for (int q = 0; q < size && toPeers; ++q) {
+      if (q != me) outputs[q] = arena.peerWindowForWrite(call, q, kOut) + offset;
     }
     fold(
         fn, size, me, n, block, arena.foldSkew(),
@@ -264,18 +275,6 @@ void singleCopyAllreduce(Arena& arena, const Arena::Call& call, const WindowRef 
 
 namespace {
 
-// Every rank's operand at element `begin` of its input: this rank's own, the peers' read in
-// place from their windows.
-std::vector<const uint8_t*> operandsAt(Arena& arena, const Arena::Call& call, const void* in,
-                                       size_t begin, size_t es) {
-  std::vector<const uint8_t*> operands(static_cast<size_t>(arena.size()));
-  for (int q = 0; q < arena.size(); ++q) {
-    operands[q] = q == arena.rank() ? static_cast<const uint8_t*>(at(in, begin * es))
-                                    : arena.peerWindow(call, q, kIn) + begin * es;
-  }
-  return operands;
-}
-
 // n elements of every rank's operand reduced with the n-ary reducer, a bounce buffer at a time
 // (so that no target aliases an operand being read), each block copied to every target in
 // order (the caller rotates them).
@@ -314,7 +313,7 @@ void windowAllreduceRows(Arena& arena, const Arena::Call& call, const WindowRef 
     targets.push_back(q == me ? static_cast<uint8_t*>(at(out, begin * es))
                               : arena.peerWindowForWrite(call, q, kOut) + begin * es);
   }
-  reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), targets,
+  reduceRowsInto(arena, call, operandsAt(arena, call, at(in, begin * es), begin * es), targets,
                  segmentCount(count, size, me), es, reduce);
   endOnePass(arena, call);
 }
@@ -325,8 +324,9 @@ void windowReduceRows(Arena& arena, Arena::Call& call, WindowRef windows[2], con
   windowReduceSteps(arena, call, windows, in, out, count, es, root,
                     [&](size_t begin, size_t n, uint8_t* target, bool /*intoPeer*/) {
                       // Through the bounce buffer already: no target aliases an operand.
-                      reduceRowsInto(arena, call, operandsAt(arena, call, in, begin, es), {target},
-                                     n, es, reduce);
+                      reduceRowsInto(arena, call,
+                                     operandsAt(arena, call, at(in, begin * es), begin * es),
+                                     {target}, n, es, reduce);
                     });
 }
 
@@ -341,10 +341,7 @@ void windowReduceScatterRows(Arena& arena, const Arena::Call& call, const Window
   arena.waitPostedAll(call);
   const auto* own = static_cast<const uint8_t*>(at(in, mine));
   auto* dst = static_cast<uint8_t*>(out);
-  std::vector<const uint8_t*> operands(static_cast<size_t>(size));
-  for (int q = 0; q < size; ++q) {
-    operands[q] = q == me ? own : arena.peerWindow(call, q, kIn) + mine;
-  }
+  const std::vector<const uint8_t*> operands = operandsAt(arena, call, own, mine);
   std::vector<const void*> rows(static_cast<size_t>(size));
   // In place (the one overlap the collectives' validation lets through), through the bounce
   // buffer: the reducer's output must not be one of its operands. Otherwise straight into the
