@@ -197,7 +197,6 @@ void Server::acceptLoop() {
     for (auto& a : done) serve(std::move(a.socket));
     if ((fds[0].revents & POLLIN) == 0) continue;
     std::vector<std::string> dropped;
-    const bool failing = !pending.acceptFailure().empty();
     const int error = pending.acceptAll(
         listen_.fd(), Clock::now() + std::min(core_->timeout, kHandshakeTimeout), dropped);
     for (const std::string& address : dropped) {
@@ -205,7 +204,7 @@ void Server::acceptLoop() {
                        ": ", kMaxHandshakes,
                        " handshakes were in progress (a flood of connections?)");
     }
-    if (error != 0 && !failing) {
+    if (error != 0) {
       // Out of descriptors, say: the connection stays queued and the listener backs off
       // (InboundSet::listenerPollFd); logged once per run of failures.
       LOOM_LOG_WARNING("rpc: ", core_->self.name, ": ", pending.acceptFailure());

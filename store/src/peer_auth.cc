@@ -182,11 +182,12 @@ int InboundSet::acceptAll(int listenFd, Clock::time_point deadline,
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
       const int error = errno;
       const Clock::time_point now = Clock::now();
-      if (acceptErrno_ == 0) failingSince_ = now;
+      const bool first = acceptErrno_ == 0;
+      if (first) failingSince_ = now;
       acceptErrno_ = error;
       ++acceptFailures_;
       backoffUntil_ = now + kAcceptBackoff;
-      return error;
+      return first ? error : 0;
     }
     acceptErrno_ = 0;
     acceptFailures_ = 0;

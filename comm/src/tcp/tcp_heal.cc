@@ -371,9 +371,7 @@ void TcpTransport::acceptResume() {
   std::vector<std::string> dropped;
   // A failed accept (out of descriptors): the connection stays queued, the listener backs off
   // (healLoop's poll would spin on it), and the failure is logged once per run of failures.
-  const bool failing = !resuming_.acceptFailure().empty();
-  if (resuming_.acceptAll(listener_.fd(), Clock::now() + kAttemptTimeout, dropped) != 0 &&
-      !failing) {
+  if (resuming_.acceptAll(listener_.fd(), Clock::now() + kAttemptTimeout, dropped) != 0) {
     LOOM_LOG_WARNING("rank ", rank_,
                      ": a peer's reconnection cannot be taken: ", resuming_.acceptFailure());
   }

@@ -277,11 +277,9 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
       std::vector<std::string> dropped;
       // A failed accept (out of descriptors): the connection stays queued, the listener backs
       // off, and the failure is logged once and named if the setup times out.
-      const bool failing = !pending.acceptFailure().empty();
       if (pending.acceptAll(listener.fd(),
                             std::min(Clock::now() + kHandshakeTimeout, deadline.end()),
-                            dropped) != 0 &&
-          !failing) {
+                            dropped) != 0) {
         LOOM_LOG_WARNING("rank ", rank, ": tcp setup: ", pending.acceptFailure(),
                          "; still waiting for rank(s) ", missingRanks());
       }

@@ -153,10 +153,10 @@ class InboundSet {
 
   // Accepts every connection waiting on the non-blocking `listenFd`, each to finish its
   // handshake by `deadline`. `dropped` gets the address of each handshake dropped for the
-  // limit. Returns 0, or the errno of a failed accept other than EAGAIN and EINTR (out of
-  // descriptors, say): the connection stays queued for a later call, and the listener is left
-  // out of listenerPollFd() for kAcceptBackoff, since it stays readable and polling it would
-  // spin.
+  // limit. A failed accept other than EAGAIN and EINTR (out of descriptors, say) leaves the
+  // connection queued for a later call and the listener out of listenerPollFd() for
+  // kAcceptBackoff, since it stays readable and polling it would spin. Returns that errno when
+  // it begins a run of failures (the caller logs acceptFailure() once), else 0.
   int acceptAll(int listenFd, Clock::time_point deadline, std::vector<std::string>& dropped);
   // The listener's pollfd: POLLIN, or no events while a failed accept backs off (then `wake`
   // is lowered to the back-off's end).
