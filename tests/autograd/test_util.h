@@ -16,7 +16,12 @@
 namespace loom::ag::test_util {
 
 inline std::string fixturePath(const std::string& name) {
-  return std::string(LOOM_AG_FIXTURE_DIR) + "/" + name;
+  // Appended rather than `std::string(DIR) + "/" + name`: GCC 12 inlines that chain into a
+  // false -Warray-bounds (its PR 105651) when gtest's headers come precompiled.
+  std::string path = LOOM_AG_FIXTURE_DIR;
+  path += '/';
+  path += name;
+  return path;
 }
 
 inline nlohmann::json loadJson(const std::string& name) {
