@@ -46,6 +46,19 @@ elseif(NOT LOOM_SANITIZE STREQUAL "")
   message(FATAL_ERROR "LOOM_SANITIZE must be address, thread, undefined, fuzzer or empty, got '${LOOM_SANITIZE}'")
 endif()
 
+# Test code (the test files, not the libraries they test) in optimised builds compiles at
+# LOOM_TEST_OPT_FLAGS, -O1 by default: test bodies are assertions and setup, and -O1 takes a
+# third off their compile time against -O2 (transport_test.cc: 2.3 s -> 1.55 s) while the code
+# under test keeps the build type's flags. Empty keeps the build type's flags for tests too.
+set(LOOM_TEST_OPT_FLAGS "-O1" CACHE STRING "Extra flags for test files in Release/RelWithDebInfo builds (empty: none)")
+function(loom_test_compile_defaults target)
+  loom_target_defaults(${target})
+  if(LOOM_TEST_OPT_FLAGS)
+    target_compile_options(${target} PRIVATE
+      "$<$<CONFIG:Release,RelWithDebInfo>:${LOOM_TEST_OPT_FLAGS}>")
+  endif()
+endfunction()
+
 # loom_add_library(NAME loom_store FOLDER store SOURCES ... DEPS ... [PRIVATE_DEPS ...])
 # A layer library with public headers in FOLDER/include and an exported loom:: alias.
 function(loom_add_library)
@@ -88,7 +101,7 @@ function(loom_add_test)
   if(LOOM_SANITIZE STREQUAL "thread")
     target_sources(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/tsan_suppressions.cc)
   endif()
-  loom_target_defaults(${ARG_NAME})
+  loom_test_compile_defaults(${ARG_NAME})
   if(LOOM_TEST_PCH)
     target_precompile_headers(${ARG_NAME} REUSE_FROM loom_test_pch)
   endif()
