@@ -59,6 +59,29 @@ function(loom_test_compile_defaults target)
   endif()
 endfunction()
 
+# ctest's time limits in sanitizer builds: every TIMEOUT a test sets is multiplied by
+# LOOM_TEST_TIMEOUT_SCALE, which defaults to 4 under ThreadSanitizer and 2 under AddressSanitizer
+# and UndefinedBehaviorSanitizer (the code under test runs 2-15x slower there; under TSan the
+# reproducible-sum sweep takes 180 s against its 120 s). The limits are outer guards: every test
+# has its own deadlines inside, which do not scale.
+if(NOT DEFINED LOOM_TEST_TIMEOUT_SCALE)
+  if(LOOM_SANITIZE STREQUAL "thread")
+    set(LOOM_TEST_TIMEOUT_SCALE 4)
+  elseif(LOOM_SANITIZE STREQUAL "address" OR LOOM_SANITIZE STREQUAL "undefined")
+    set(LOOM_TEST_TIMEOUT_SCALE 2)
+  else()
+    set(LOOM_TEST_TIMEOUT_SCALE 1)
+  endif()
+endif()
+if(NOT LOOM_TEST_TIMEOUT_SCALE MATCHES "^[1-9][0-9]*$")
+  message(FATAL_ERROR "LOOM_TEST_TIMEOUT_SCALE must be a positive integer, got '${LOOM_TEST_TIMEOUT_SCALE}'")
+endif()
+# loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
+function(loom_test_timeout out seconds)
+  math(EXPR scaled "${seconds} * ${LOOM_TEST_TIMEOUT_SCALE}")
+  set(${out} ${scaled} PARENT_SCOPE)
+endfunction()
+
 # loom_add_library(NAME loom_store FOLDER store SOURCES ... DEPS ... [PRIVATE_DEPS ...])
 # A layer library with public headers in FOLDER/include and an exported loom:: alias.
 function(loom_add_library)
@@ -109,6 +132,7 @@ function(loom_add_test)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
+  loom_test_timeout(ARG_TIMEOUT ${ARG_TIMEOUT})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
