@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The many-core check (issue 41), for a lent machine with many cores: the shared-memory
 # all-reduce at 4, 8 and 16 ranks (default staged path, single copy forced on, Loom windows with
-# and without --touch) beside torch's gloo and the memory limits measured in the same run, and
-# which BLAS kernel autograd_lite runs. Runs from the bundle scripts/gpu_check.sh prep makes (it
+# and without --touch) beside torch's gloo and the memory limits measured in the same run, the
+# reduce's window and staged paths at 8 ranks, and which BLAS kernel autograd_lite runs. Runs from the bundle scripts/gpu_check.sh prep makes (it
 # carries loom-run, loom-bench, loom-memcpy-bound, loom-train and the torch references), so one
 # device call runs both checks:
 #
@@ -124,6 +124,19 @@ run() {
     step "gloo_n$n" 90 "${torch_env[@]}" python3 "$bundle/nccl_ref.py" "$n" 256K,1M,4M,16M,64M --iters 10 \
       --backend gloo --port $((29700 + n))
   done
+  # The reduce's window path against its staged one (the window reduce's 16 KiB crossover was
+  # measured on 2 vCPUs only), at one rank count: 8 when there are 8 cores, else the largest.
+  # Last, so that a short budget skips it before anything above.
+  local rn=""
+  for n in "${ranks[@]}"; do
+    if [ -z "$rn" ] || [ "$n" -le 8 ]; then rn=$n; fi
+  done
+  local reduce_bench=("$B/loom-bench" --op reduce -b 4K -e 64M -f 4 -n 20 -w 3 -c 1)
+  if [ -n "$rn" ]; then
+    step "reduce_staged_n$rn" 60 "$B/loom-run" --nproc-per-node "$rn" "${reduce_bench[@]}"
+    step "reduce_windows_n$rn" 60 "$B/loom-run" --nproc-per-node "$rn" "${reduce_bench[@]}" -R 1
+    step "reduce_windows_touch_n$rn" 60 "$B/loom-run" --nproc-per-node "$rn" "${reduce_bench[@]}" -R 1 --touch
+  fi
   local bw64
   bw64=$(awk -F'|' '$2 + 0 == 67108864 {gsub(/ /, "", $3); print $3; exit}' "$LOGS/memcpy.log")
   echo "## many-core check ($(($(date +%s) - START)) s of ${BUDGET_S} s)"
@@ -221,9 +234,24 @@ run() {
   echo "- helpers >= 10 GB/s at 8 ranks: ${#pass_helpers[@]} cells pass; miss: $(list "${miss_helpers[@]}")"
   echo "- windows --touch >= 60% of 4(n-1)B/(3n-1): ${#pass_touch[@]} cells pass; miss: $(list "${miss_touch[@]}")"
   echo
+  if [ -n "$rn" ]; then
+    echo "### reduce (root 0) float sum at $rn ranks, in place, busbw GB/s"
+    echo
+    echo "staged: ordinary buffers; windows: -R 1, from 16 KiB (LOOM_SHM_WINDOW_MIN_BYTES; below"
+    echo "it the window buffers take the staged path too); touch: -R 1 --touch."
+    echo
+    echo "| bytes | staged | windows | windows touch |"
+    echo "|---:|---:|---:|---:|"
+    for s in 4096 16384 65536 262144 1048576 4194304 16777216 67108864; do
+      echo "| $s | $(ip_busbw "$LOGS/reduce_staged_n$rn.log" "$s") |" \
+        "$(ip_busbw "$LOGS/reduce_windows_n$rn.log" "$s") | $(ip_busbw "$LOGS/reduce_windows_touch_n$rn.log" "$s") |"
+    done
+    echo
+  fi
   echo "#wrong over every loom-bench run (must be 0):"
   local wrong
-  wrong=$(cat "$LOGS"/staged_*n*.log "$LOGS"/single_copy_n*.log "$LOGS"/windows*_n*.log 2>/dev/null |
+  wrong=$(cat "$LOGS"/staged_*n*.log "$LOGS"/single_copy_n*.log "$LOGS"/windows*_n*.log \
+    "$LOGS"/reduce_*_n*.log 2>/dev/null |
     awk '!/^#/ && NF >= 13 {w += $9 + $13} END {print w + 0}')
   echo "    $wrong"
   [ "${wrong:-0}" -eq 0 ] || FAILED=1
