@@ -15,6 +15,7 @@
 #include "tag.h"
 #include "tcp/peer.h"
 #include "tcp/tcp_transport.h"
+#include "tcp/tsan_wire.h"
 
 namespace loom::comm::tcp {
 
@@ -205,8 +206,11 @@ Fault TcpTransport::progressSendLocked(Peer& p) {
   // After a reconnect: what the peer had not consumed of the messages already finished.
   while (p.replayOffset < p.replay.size()) {
     const size_t n = std::min(p.replay.size() - p.replayOffset, sendStep_);
-    const ssize_t w =
-        ::send(p.sock.fd(), p.replay.data() + p.replayOffset, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec iov{p.replay.data() + p.replayOffset, n};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    const ssize_t w = wireSendmsg(p.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
       if (errno == EINTR) continue;
@@ -238,7 +242,7 @@ Fault TcpTransport::progressSendLocked(Peer& p) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t w = ::sendmsg(p.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t w = wireSendmsg(p.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
@@ -256,7 +260,10 @@ Fault TcpTransport::progressSendLocked(Peer& p) {
     p.sendQueue.pop_front();
     p.sendOffset = 0;
     // Kept before it completes: the caller may reuse its buffer from then on.
-    if (p.heals) keepForReplayLocked(p, *done);
+    if (p.heals) {
+      keepForReplayLocked(p, *done);
+      wireSent();  // the replay copy read the buffer too (tsan_wire.h)
+    }
     done->complete();
     if (Fault f = testReset()) return f;
   }
@@ -355,6 +362,7 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
         }
       } else {
         const size_t take = std::min(p.remaining, avail);
+        wireReceiving();
         std::memcpy(p.target, src, take);
         p.target += take;
         p.remaining -= take;
@@ -376,6 +384,7 @@ Fault TcpTransport::progressRecvLocked(Peer& p) {
     ssize_t r;
     const bool direct = !p.readingHeader && p.remaining >= kDirectBytes;
     if (direct) {
+      wireReceiving();
       r = ::recv(p.sock.fd(), p.target, p.remaining, MSG_DONTWAIT);
     } else {
       r = ::recv(p.sock.fd(), p.stage.get(), kStageBytes, MSG_DONTWAIT);
