@@ -48,8 +48,12 @@ namespace loom::comm::tcp {
 
 #ifdef LOOM_TSAN_WIRE
 inline char tsanWireClock;  // only its address is used
-inline void wireSent() { __tsan_release(&tsanWireClock); }
-inline void wireReceiving() { __tsan_acquire(&tsanWireClock); }
+inline void wireSent() {
+  __tsan_release(&tsanWireClock);
+}
+inline void wireReceiving() {
+  __tsan_acquire(&tsanWireClock);
+}
 // sendmsg(2): the payload's read recorded and released before the call.
 inline ssize_t wireSendmsg(int fd, const msghdr* msg, int flags) {
   for (size_t i = 0; i < msg->msg_iovlen; ++i) {
