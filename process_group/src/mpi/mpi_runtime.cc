@@ -1,6 +1,8 @@
 #include "mpi/mpi_runtime.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "loom/comm/reduce.h"
@@ -148,10 +150,20 @@ int halfOpIndex(ReduceOp op) {
 
 }  // namespace
 
+// A mutex and a flag, not std::call_once: initialize() throws when MPI's thread level is too low,
+// and a later call must try again (and throw again). An exception out of std::call_once leaves
+// its flag "in progress" where pthread_once does not unwind (ThreadSanitizer's interceptor, some
+// libcs), and the next call waited forever: pg_mpi_funneled_test hung under TSan.
 const MpiWorld& ensureInitialized() {
-  static std::once_flag once;
+  static std::mutex mu;
+  static std::atomic<bool> done{false};
   Runtime& r = runtime();
-  std::call_once(once, [&] { initialize(r); });
+  if (done.load(std::memory_order_acquire)) return r.world;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.load(std::memory_order_relaxed)) {
+    initialize(r);
+    done.store(true, std::memory_order_release);
+  }
   return r.world;
 }
 
