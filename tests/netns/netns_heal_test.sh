@@ -58,6 +58,9 @@ STEPS=3000
 TRAIN=("$LOOM_TRAIN" --steps "$STEPS" --in 32 --hidden 256,256 --classes 10 --batch 64
   --samples 4096 --seed 7)
 
+# Each job's bound: 150 s, times LOOM_TEST_TIMEOUT_SCALE in a sanitizer build (ctest sets it).
+JOB_LIMIT_S=$((150 * ${LOOM_TEST_TIMEOUT_SCALE:-1}))
+
 # start_job NAME PORT [VAR=VALUE...]: one loom-run per host in the background; the losses go to
 # $TMP/NAME.csv (rank 0, on h0), the output of host h to $TMP/NAME-h<h>.log.
 JOB_PIDS=()
@@ -66,7 +69,7 @@ start_job() {
   shift 2
   JOB_PIDS=()
   for h in 0 1; do
-    ip netns exec "${P}-h$h" env -u LOOM_HOST "$@" timeout -k 5 150 \
+    ip netns exec "${P}-h$h" env -u LOOM_HOST "$@" timeout -k 5 "$JOB_LIMIT_S" \
       "$LOOM_RUN" --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr "$MASTER" \
       --master-port "$port" --run-id "$name" --redirect-prefix \
       "${TRAIN[@]}" --log "$TMP/$name.csv" >"$TMP/$name-h$h.log" 2>&1 &

@@ -1,14 +1,9 @@
-// ThreadSanitizer suppressions compiled into every test binary of a LOOM_SANITIZE=thread build
-// (cmake/LoomHelpers.cmake, loom_add_test).
+// ThreadSanitizer suppressions and options compiled into every test binary of a
+// LOOM_SANITIZE=thread build (cmake/LoomHelpers.cmake loom_add_test, and the MPI tests).
 //
-// race:sendmsg — the kernel's read of a send payload (the sendmsg interceptor) against a later
-// receive into the same buffer (the tcp transport's recv or memcpy into a posted receive). The
-// collectives reuse buffers by causality through the network: in the ring all-reduce in place,
-// the all-gather data for a segment can only arrive after the peer received (so the kernel had
-// copied) this rank's reduce-scatter bytes from that segment. Thread ranks share one process,
-// and TSan, which cannot see ordering through a TCP connection (each end is a different fd),
-// reports these pairs. Nothing else is suppressed: races on the transport's own state have no
-// sendmsg frame.
+// The tcp transport orders its receives after its sends for TSan itself (comm/src/tcp/
+// tsan_wire.h): the collectives reuse buffers by causality through the network, which TSan
+// cannot see. No sendmsg report is suppressed.
 //
 // race:std::__exception_ptr::exception_ptr::_M_release — a failed Work's error (an
 // exception_ptr) destroyed on the thread that drops the Work's last reference (the worker
@@ -16,13 +11,29 @@
 // exception object's reference count lives in libstdc++ (uninstrumented), so TSan sees the
 // destructor's writes but not the count that orders them after the catch. Only reports whose
 // writer is that release match.
+//
+// deadlock:mca_btl_tcp_add_procs — inside MPI_Init (the MPI tests), Open MPI's tcp transport
+// takes two of its own locks in both orders on one thread (mca_btl_tcp_add_procs and
+// mca_btl_tcp_proc_remove); no Loom lock is in the cycle.
+//
+// race:opal_convertor_unpack, race:mca_pml_ob1.so — Open MPI (uninstrumented) copying a message
+// into a receive buffer from whichever thread drives its progress engine: with two MPI groups,
+// one group's worker can complete the other's receive. Open MPI orders that copy before the
+// request's completion with its own atomics, which TSan does not see, so the owner's later read
+// of the buffer looks like a race. Only reports with one of these copies in a stack match.
 extern "C" const char* __tsan_default_suppressions() {
-  return "race:sendmsg\nrace:std::__exception_ptr::exception_ptr::_M_release\n";
+  return "race:std::__exception_ptr::exception_ptr::_M_release\n"
+         "deadlock:mca_btl_tcp_add_procs\n"
+         "race:opal_convertor_unpack\n"
+         "race:mca_pml_ob1.so\n";
 }
 
-// The largest history TSan keeps per thread: a suppression matches only a report whose earlier
-// access has a stack, and with the default history the large sweeps (long-lived thread-rank
-// worlds moving MiBs per case) report sendmsg pairs with "failed to restore the stack".
+// history_size=7: the largest history TSan keeps per thread. A suppression matches only a report
+// whose earlier access has a stack, and the large sweeps (long-lived thread-rank worlds moving
+// MiBs per case) outrun the default history.
+// handle_segv=0: Loom's own fatal-signal handler is under test (a rank that segfaults still
+// writes its trace and dies of SIGSEGV, pg_diagnostics_test); TSan's handler would take the
+// signal first and end the process its own way.
 extern "C" const char* __tsan_default_options() {
-  return "history_size=7";
+  return "history_size=7:handle_segv=0";
 }
