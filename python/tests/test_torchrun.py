@@ -31,17 +31,33 @@ def to_loom(source):
     return out.replace('dist.init_process_group("gloo")', 'dist.init_process_group("loom")', 1)
 
 
-def torchrun(script, timeout=180):
+# torch's own gloo, the reference run, can abort while its process exits, after the script
+# finished and destroy_process_group() returned: "terminate called without an active
+# exception" (a joinable thread of gloo's destroyed at exit). Seen once in 2026-11 with torch
+# 2.15 on a 2-vCPU VM; every figure had been printed. The reference gets a second run when
+# that happens; Loom's run never does.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def torchrun(script, timeout=180, reference=False):
     # torchrun is `python -m torch.distributed.run` (the same entry point; this interpreter's).
     # torch 1.13 spells the option --nproc_per_node and, under Python 3.11, needs --redirects
     # 1 --tee 1 (docs/torch.md, "Known issue").
     nproc = ["--nproc-per-node", "2"] if TORCH_2 else ["--nproc_per_node", "2", "--redirects",
                                                        "1", "--tee", "1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *nproc, "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(script)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    out = done.stdout + done.stderr
+    for attempt in (1, 2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", *nproc, "--master_addr",
+               "127.0.0.1", "--master_port", str(free_port()), str(script)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        out = done.stdout + done.stderr
+        exit_abort = (done.returncode != 0 and GLOO_EXIT_ABORT in out
+                      and len(re.findall(r"^rank \d params ", out, re.M)) == 2)
+        if reference and exit_abort and attempt == 1:
+            print(f"the reference run aborted at exit ({GLOO_EXIT_ABORT}); running it again",
+                  file=sys.stderr)
+            continue
+        break
     assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{out}"
     return out
 
@@ -66,7 +82,7 @@ def test_torchrun_unchanged_ddp_script_on_loom_equals_gloo(tmp_path):
     loom_script = tmp_path / "ddp_loom_script.py"
     loom_script.write_text(loom_source)
 
-    gloo = figures(torchrun(HERE / "ddp_gloo_script.py"))
+    gloo = figures(torchrun(HERE / "ddp_gloo_script.py", reference=True))
     loom = figures(torchrun(loom_script))
     assert len(gloo) == 2 * 11, gloo  # 10 losses and the parameters' sums, per rank
     assert loom.keys() == gloo.keys(), (loom, gloo)
