@@ -5,10 +5,15 @@
 // once per process).
 #include "loom/common/settings.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
 
 #include <fstream>
 #include <set>
@@ -231,6 +236,36 @@ TEST(Settings, BadLogLevelIsAWarningAndMeansWarning) {
   EXPECT_THAT(err, HasSubstr("LOOM_LOG_LEVEL='verbose' is not valid"));
   EXPECT_THAT(err, HasSubstr("debug, info, warning"));
   EXPECT_THAT(err, HasSubstr("still logging"));
+}
+
+// A thread may still log while its process exits (a detached thread of the flight recorder,
+// when the store host exited first): logging must survive the static destructors. Each child
+// starts a thread that logs without pause and returns from exit() under it; 20 children, each
+// must exit 0 (the logger destroyed at exit made them die of SIGSEGV).
+TEST(Logging, AThreadThatLogsWhileTheProcessExitsDoesNotCrashIt) {
+  for (int child = 0; child < 20; ++child) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);
+      std::atomic<int> logged{0};
+      std::thread([&logged] {
+        for (;;) {
+          LOOM_LOG_WARNING("logging while the process exits");
+          logged.fetch_add(1, std::memory_order_relaxed);
+        }
+      }).detach();
+      while (logged.load(std::memory_order_relaxed) < 100) std::this_thread::yield();
+      std::exit(0);  // static destructors run while the thread logs
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << child << " "
+        << (WIFSIGNALED(status) ? "died of signal " + std::to_string(WTERMSIG(status))
+                                : "exited " + std::to_string(WEXITSTATUS(status)));
+  }
 }
 
 }  // namespace
