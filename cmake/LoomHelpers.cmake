@@ -59,6 +59,18 @@ function(loom_test_compile_defaults target)
   endif()
 endfunction()
 
+# What every test binary gets (loom_add_test, and the MPI tests' own function): the test files'
+# flags, the shared precompiled header (LOOM_TEST_PCH) and, under TSan, the suppressions.
+function(loom_test_binary_defaults target)
+  if(LOOM_SANITIZE STREQUAL "thread")
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/tsan_suppressions.cc)
+  endif()
+  loom_test_compile_defaults(${target})
+  if(LOOM_TEST_PCH)
+    target_precompile_headers(${target} REUSE_FROM loom_test_pch)
+  endif()
+endfunction()
+
 # ctest's time limits in sanitizer builds: every TIMEOUT a test sets is multiplied by
 # LOOM_TEST_TIMEOUT_SCALE, which defaults to 4 under ThreadSanitizer and 2 under AddressSanitizer
 # and UndefinedBehaviorSanitizer (the code under test runs 2-15x slower there; under TSan the
@@ -121,13 +133,7 @@ function(loom_add_test)
   cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS;ARGS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} loom_test_support GTest::gtest GTest::gmock)
-  if(LOOM_SANITIZE STREQUAL "thread")
-    target_sources(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/tsan_suppressions.cc)
-  endif()
-  loom_test_compile_defaults(${ARG_NAME})
-  if(LOOM_TEST_PCH)
-    target_precompile_headers(${ARG_NAME} REUSE_FROM loom_test_pch)
-  endif()
+  loom_test_binary_defaults(${ARG_NAME})
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
