@@ -38,7 +38,7 @@ spdlog::logger& logger() {
   // Never destroyed: a detached thread may log while the process exits (the flight record
   // listener's stop request, when the store host exited first), after static destructors ran. A
   // static shared_ptr freed the logger and its sink there, and that thread's log line crashed
-  // loom-bench at exit (bench_programs_test, 1 run in 15 under load). The object is reachable
+  // loom-bench at exit (bench_programs_test; 4-6 runs in 60 under load). The object is reachable
   // through this pointer, so leak checkers do not report it.
   static spdlog::logger* const instance = [] {
     auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
