@@ -39,6 +39,13 @@ def to_loom(source):
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
+def reference_aborted_at_exit(returncode, out):
+    """True when a run failed only by torch's gloo aborting at exit, after both ranks printed
+    their parameters (the script had finished)."""
+    return (returncode != 0 and GLOO_EXIT_ABORT in out
+            and len(re.findall(r"^rank \d params ", out, re.M)) == 2)
+
+
 def torchrun(script, timeout=180, reference=False):
     # torchrun is `python -m torch.distributed.run` (the same entry point; this interpreter's).
     # torch 1.13 spells the option --nproc_per_node and, under Python 3.11, needs --redirects
@@ -51,15 +58,24 @@ def torchrun(script, timeout=180, reference=False):
                "127.0.0.1", "--master_port", str(free_port()), str(script)]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         out = done.stdout + done.stderr
-        exit_abort = (done.returncode != 0 and GLOO_EXIT_ABORT in out
-                      and len(re.findall(r"^rank \d params ", out, re.M)) == 2)
-        if reference and exit_abort and attempt == 1:
+        if reference and attempt == 1 and reference_aborted_at_exit(done.returncode, out):
             print(f"the reference run aborted at exit ({GLOO_EXIT_ABORT}); running it again",
                   file=sys.stderr)
             continue
         break
     assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{out}"
     return out
+
+
+def test_only_an_abort_at_exit_after_both_ranks_finished_gets_a_second_reference_run():
+    both = "rank 0 params 1.0 2.0\nrank 1 params 1.0 2.0\n"
+    assert reference_aborted_at_exit(-6, both + GLOO_EXIT_ABORT + "\n")
+    # A clean exit, another failure, or an abort before a rank finished is not retried.
+    assert not reference_aborted_at_exit(0, both + GLOO_EXIT_ABORT)
+    assert not reference_aborted_at_exit(1, both + "RuntimeError: connection reset")
+    assert not reference_aborted_at_exit(-6, "rank 0 params 1.0 2.0\n" + GLOO_EXIT_ABORT)
+    assert not reference_aborted_at_exit(-6, "x rank 0 params 1\nx rank 1 params 1\n"
+                                         + GLOO_EXIT_ABORT)
 
 
 def figures(out):
