@@ -173,8 +173,10 @@ class Joiner {
       if (got == c.pid) {
         c.running = false;
         c.status = status;
-        // The message was written before exit: read what is left now.
-        while (c.pipeFd >= 0) drain(c);
+        // The message was written before exit, so the pipe holds all of it now: read until
+        // empty and close. Not until EOF: a process the rank forked without exec holds the
+        // write end too, for as long as it lives.
+        drainAfterExit(c);
         if (failed(status)) newlyFailed.push_back(&c);
       } else if (got < 0 && errno != EINTR) {
         LOOM_SYSCHECK(got, "waitpid(", c.pid, ") for rank ", c.rank);
@@ -211,6 +213,22 @@ class Joiner {
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
     ::close(c.pipeFd);
     c.pipeFd = -1;
+  }
+
+  // The read end is non-blocking: every read returns at once, and EAGAIN means the exited
+  // child wrote nothing more.
+  void drainAfterExit(Child& c) {
+    char buf[4096];
+    while (c.pipeFd >= 0) {
+      const ssize_t r = ::read(c.pipeFd, buf, sizeof(buf));
+      if (r > 0) {
+        if (c.message.size() < kMaxChildMessage) c.message.append(buf, static_cast<size_t>(r));
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      ::close(c.pipeFd);
+      c.pipeFd = -1;
+    }
   }
 
   std::vector<Child>& children_;
@@ -275,6 +293,14 @@ void spawn(int nprocs, const SpawnFn& fn, const SpawnOptions& options) {
   for (int rank = 0; rank < nprocs; ++rank) {
     int fds[2];
     LOOM_SYSCHECK(::pipe2(fds, O_CLOEXEC), "spawn: pipe for rank ", rank);
+    // The parent's read end never blocks (Joiner::drainAfterExit); the child's write end does.
+    if (::fcntl(fds[0], F_SETFL, O_NONBLOCK) != 0) {
+      const int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      LOOM_THROW(IoError, "spawn: O_NONBLOCK on rank ", rank, "'s pipe failed: ",
+                 detail::errnoText(err), " (the ranks started are stopped)");
+    }
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(fds[0]);

@@ -175,6 +175,39 @@ TEST(SpawnTest, ExitCodeIsCarried) {
   }
 }
 
+// A rank that forks a process without exec leaves it holding the rank's pipe: spawn() must not
+// wait for that process to close it (it waited for EOF on a blocking read: as long as the
+// grandchild lived).
+TEST(SpawnTest, AProcessARankForkedDoesNotHoldUpSpawn) {
+  TempDir dir;
+  const auto grandchild = [&](int rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::sleep(30);
+      ::_exit(0);
+    }
+    writeFile(dir.file("grandchild" + std::to_string(rank)), std::to_string(pid));
+  };
+  const auto started = std::chrono::steady_clock::now();
+  spawn(2, [&](int rank) { grandchild(rank); });
+  const auto returned = std::chrono::steady_clock::now() - started;
+  try {
+    spawn(2, [&](int rank) {
+      grandchild(rank + 2);
+      if (rank == 1) throw InvalidArgumentError("rank 1 gave up");
+    });
+    ADD_FAILURE() << "spawn returned although rank 1 threw";
+  } catch (const SpawnError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.childMessage(), "loom::InvalidArgumentError: rank 1 gave up");
+  }
+  const auto failed = std::chrono::steady_clock::now() - started;
+  for (int r = 0; r < 4; ++r) ::kill(readPid(dir.file("grandchild" + std::to_string(r))), SIGKILL);
+  // The grandchildren sleep 30 s; spawn's own tick is 20 ms.
+  EXPECT_LT(returned, std::chrono::seconds(20));
+  EXPECT_LT(failed, std::chrono::seconds(20));
+}
+
 TEST(SpawnTest, HungRankTimesOutAndIsKilledEvenWhenItIgnoresSigterm) {
   SpawnOptions options;
   options.timeout = milliseconds(1500);
