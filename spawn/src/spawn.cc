@@ -298,8 +298,8 @@ void spawn(int nprocs, const SpawnFn& fn, const SpawnOptions& options) {
       const int err = errno;
       ::close(fds[0]);
       ::close(fds[1]);
-      LOOM_THROW(IoError, "spawn: O_NONBLOCK on rank ", rank, "'s pipe failed: ",
-                 detail::errnoText(err), " (the ranks started are stopped)");
+      LOOM_THROW(IoError, "spawn: O_NONBLOCK on rank ", rank,
+                 "'s pipe failed: ", detail::errnoText(err), " (the ranks started are stopped)");
     }
     const pid_t pid = ::fork();
     if (pid == 0) {
