@@ -3,9 +3,13 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "crc32.h"
@@ -45,11 +49,58 @@ void checkKey(const std::string& key) {
 
 }  // namespace
 
-// flock for the length of a scope; shared for readers, exclusive for writers.
+namespace {
+
+// The processes that hold a flock on the file open at `fd`, from /proc/locks ("1: FLOCK
+// ADVISORY WRITE 4242 08:01:1234 0 EOF": the pid, then major:minor:inode, the first two in hex).
+// Empty where /proc/locks is unreadable or names none (a lock held on another NFS client).
+std::string flockHolders(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {};
+  std::ifstream locks("/proc/locks");
+  std::string line, holders;
+  while (std::getline(locks, line)) {
+    std::istringstream in(line);
+    std::string number, kind, advisory, mode, pid, id;
+    if (!(in >> number >> kind) || kind != "FLOCK") continue;
+    if (!(in >> advisory >> mode >> pid >> id)) continue;
+    unsigned major = 0, minor = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(id.c_str(), "%x:%x:%llu", &major, &minor, &inode) != 3) continue;
+    if (major != ::major(st.st_dev) || minor != ::minor(st.st_dev) || inode != st.st_ino) continue;
+    const bool self = std::to_string(::getpid()) == pid;  // another FileStore of this process
+    holders += detail::str(holders.empty() ? "" : ", ", "pid ", pid, " (", mode,
+                           self ? ", this process" : "", ")");
+  }
+  return holders;
+}
+
+}  // namespace
+
+// flock for the length of a scope; shared for readers, exclusive for writers. Taken without
+// blocking and retried until `deadline`: a holder that stopped (SIGSTOP, a frozen host with the
+// file on NFS) makes a TimeoutError naming the holder, not a wait without end.
 class FileStore::FileLock {
  public:
-  FileLock(int fd, bool exclusive, const std::string& path) : fd_(fd) {
-    LOOM_SYSCHECK(::flock(fd_, exclusive ? LOCK_EX : LOCK_SH), "flock on FileStore ", path);
+  FileLock(int fd, bool exclusive, const std::string& path, const Deadline& deadline) : fd_(fd) {
+    milliseconds pause(1);
+    for (;;) {
+      if (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return;
+      if (errno == EINTR) continue;
+      LOOM_CHECK_T(IoError, errno == EWOULDBLOCK, "flock on FileStore ", path, ": ",
+                   detail::errnoText(errno));
+      if (deadline.expired()) {
+        const std::string holders = flockHolders(fd_);
+        LOOM_THROW(TimeoutError, "FileStore ", path, ": could not take its ",
+                   exclusive ? "exclusive" : "shared", " file lock in ", deadline.elapsed().count(),
+                   " ms: another process holds it",
+                   holders.empty() ? " (/proc/locks names no holder on this host)"
+                                   : " (holder: " + holders + ")",
+                   "; a process stopped or frozen while it holds the lock keeps every rank out");
+      }
+      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+      pause = std::min(pause * 2, milliseconds(20));
+    }
   }
   ~FileLock() { ::flock(fd_, LOCK_UN); }
   FileLock(const FileLock&) = delete;
@@ -181,7 +232,7 @@ void FileStore::set(const std::string& key, const Bytes& value) {
   checkKey(key);
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, true, path_);
+  FileLock lock(fd_, true, path_, Deadline(timeout()));
   appendLocked({Record{false, key, value}});
 }
 
@@ -197,7 +248,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   checkKey(key);
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, true, path_);
+  FileLock lock(fd_, true, path_, Deadline(timeout()));
   refreshLocked();
   int64_t current = 0;
   auto it = data_.find(key);
@@ -216,7 +267,7 @@ Bytes FileStore::compareSet(const std::string& key, const Bytes& expected, const
   checkKey(key);
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, true, path_);
+  FileLock lock(fd_, true, path_, Deadline(timeout()));
   refreshLocked();
   auto it = data_.find(key);
   if (it == data_.end()) {
@@ -233,7 +284,7 @@ bool FileStore::deleteKey(const std::string& key) {
   checkKey(key);
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, true, path_);
+  FileLock lock(fd_, true, path_, Deadline(timeout()));
   refreshLocked();
   if (data_.count(key) == 0) return false;
   appendLocked({Record{true, key, {}}});
@@ -244,7 +295,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
   for (const auto& key : keys) checkKey(key);
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, false, path_);
+  FileLock lock(fd_, false, path_, Deadline(timeout()));
   refreshLocked();
   return missingLocked(keys).empty();
 }
@@ -263,7 +314,7 @@ std::vector<Bytes> FileStore::waitFor(const std::vector<std::string>& keys, mill
     {
       std::lock_guard<std::mutex> guard(mu_);
       reopenIfForked();
-      FileLock lock(fd_, false, path_);
+      FileLock lock(fd_, false, path_, deadline);
       refreshLocked();
       missing = missingLocked(keys);
       if (missing.empty()) {
@@ -288,7 +339,7 @@ std::vector<Bytes> FileStore::waitFor(const std::vector<std::string>& keys, mill
 int64_t FileStore::numKeys() {
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, false, path_);
+  FileLock lock(fd_, false, path_, Deadline(timeout()));
   refreshLocked();
   return static_cast<int64_t>(data_.size());
 }
@@ -303,7 +354,7 @@ void FileStore::multiSet(const std::vector<std::string>& keys, const std::vector
   }
   std::lock_guard<std::mutex> guard(mu_);
   reopenIfForked();
-  FileLock lock(fd_, true, path_);
+  FileLock lock(fd_, true, path_, Deadline(timeout()));
   appendLocked(records);
 }
 

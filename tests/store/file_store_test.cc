@@ -1,14 +1,19 @@
-// FileStore specifics: crash-torn records, corrupt records, a full disk.
+// FileStore specifics: crash-torn records, corrupt records, a full disk, a lock holder that
+// stopped.
 #include "loom/store/file_store.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 
 #include "loom/common/error.h"
+#include "loom/testing/errors.h"
 #include "loom/testing/ranks.h"
 
 namespace loom {
@@ -18,6 +23,48 @@ off_t fileSize(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(::stat(path.c_str(), &st), 0);
   return st.st_size;
+}
+
+// A process that holds the file's lock and does not let go (stopped, or its NFS host frozen)
+// makes every operation a TimeoutError at the store's timeout that names the holder; it
+// blocked in flock() without end.
+TEST(FileStoreLog, AHolderThatKeepsTheLockIsATimeoutNamingIt) {
+  testing::TempDir dir;
+  const std::string path = dir.file("store");
+  FileStoreOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  FileStore store(path, options);
+  store.set("before", std::string_view("1"));
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    if (::write(ready[1], "x", 1) != 1) ::_exit(1);
+    ::sleep(60);  // the test kills it long before
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  const std::string name = "pid " + std::to_string(holder) + " (WRITE)";
+  const std::string set = testing::messageOf<TimeoutError>([&] { store.set("a", "1"); });
+  EXPECT_NE(set.find("FileStore " + path + ": could not take its exclusive file lock"),
+            std::string::npos)
+      << set;
+  EXPECT_NE(set.find(name), std::string::npos) << set;
+  const std::string get = testing::messageOf<TimeoutError>([&] { store.get("before"); });
+  EXPECT_NE(get.find("shared file lock"), std::string::npos) << get;
+  EXPECT_NE(get.find(name), std::string::npos) << get;
+  ::kill(holder, SIGKILL);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  // Once the holder is gone, nothing is lost and the store works on.
+  store.set("a", std::string_view("2"));
+  EXPECT_EQ(store.getString("a"), "2");
+  EXPECT_EQ(store.getString("before"), "1");
 }
 
 TEST(FileStoreLog, TornTailIsIgnoredAndCutOffByTheNextWriter) {
