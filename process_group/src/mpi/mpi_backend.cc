@@ -80,7 +80,9 @@ void waitOrLeak(std::unique_ptr<T>& state, MPI_Request& request, const Deadline&
                 const std::string& who, const std::string& what) {
   try {
     mpi_detail::waitRequest(request, deadline, who, what);
-  } catch (const TimeoutError&) {
+  } catch (const TimeoutError& e) {
+    // Some rank did not join: MPI_Finalize at exit may wait for it (noteGroupFailure).
+    mpi_detail::noteGroupFailure(e.what(), deadline.elapsed());
     // MPI may still write into it: never freed, and LeakSanitizer is told so.
     T* leaked = state.release();
 #if defined(__SANITIZE_ADDRESS__)
@@ -268,6 +270,7 @@ std::string ProcessGroupMpi::markBroken(const std::string& cause) {
   if (!broken_.load(std::memory_order_relaxed)) {
     cause_ = cause;
     broken_.store(true, std::memory_order_release);
+    mpi_detail::noteGroupFailure(cause, options().timeout);
   }
   return cause_;
 }
@@ -615,6 +618,10 @@ std::shared_ptr<ProcessGroup> newGroupMpi(ProcessGroup& parent, const std::vecto
   const bool member = it != ranks.end();
   MPI_Comm comm = MPI_COMM_NULL;
   {
+    // Blocking (MPI has no non-blocking split), but every rank of the parent has entered
+    // newGroup (the all-gather above). A rank whose wait for that all-gather timed out as the
+    // others' completed leaves them here: it noted the failure, so when it exits its
+    // MPI_Finalize gives up after the timeout, and mpirun then ends the job (noteGroupFailure).
     CallGuard guard;
     mpi_detail::check(MPI_Comm_split(control, member ? 0 : MPI_UNDEFINED, parent.rank(), &comm),
                       who, "newGroup #" + std::to_string(id) + " (MPI_Comm_split)");

@@ -1,12 +1,18 @@
 #include "mpi/mpi_runtime.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "loom/comm/reduce.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
 
 namespace loom::mpi_detail {
 
@@ -17,7 +23,7 @@ std::mutex& callMutex() {
   return mu;
 }
 
-// Set once by ensureInitialized (under its once_flag) and read-only afterwards.
+// Set once by ensureInitialized (under its mutex) and read-only afterwards.
 struct Runtime {
   MpiWorld world;
   bool serialized = false;  // MPI_THREAD_SERIALIZED: CallGuard locks
@@ -75,11 +81,66 @@ MPI_Datatype createHalfType(const char* name) {
   return type;
 }
 
+struct FailureNote {
+  std::mutex mu;
+  std::string cause;  // the first failure; "" while none
+  std::chrono::milliseconds timeout{0};
+};
+
+FailureNote& failureNote() {
+  static auto* note = new FailureNote;  // never destroyed: read by the atexit handler
+  return *note;
+}
+
+// Ends the process with status 1 if MPI_Finalize has not returned within `bound` (see
+// noteGroupFailure). Heap state that is never freed: the thread may outlive main's statics.
+class FinalizeWatchdog {
+ public:
+  FinalizeWatchdog(std::string cause, std::chrono::milliseconds bound) : state_(new State) {
+    State* state = state_;
+    std::thread([state, cause = std::move(cause), bound] {
+      std::unique_lock<std::mutex> lock(state->mu);
+      if (state->cv.wait_for(lock, bound, [state] { return state->returned; })) return;
+      LOOM_LOG_ERROR("mpi backend: MPI_Finalize did not return within ", bound.count(),
+                     " ms (the failed group's timeout) after an mpi group of this process failed (",
+                     cause,
+                     "): a rank has not reached MPI_Finalize, stuck in the failure or still "
+                     "running; exiting with status 1 without it, so that mpirun ends the job");
+      std::fflush(nullptr);
+      ::_exit(1);
+    }).detach();
+  }
+  ~FinalizeWatchdog() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->returned = true;
+    state_->cv.notify_all();
+  }
+  FinalizeWatchdog(const FinalizeWatchdog&) = delete;
+  FinalizeWatchdog& operator=(const FinalizeWatchdog&) = delete;
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool returned = false;
+  };
+  State* state_;
+};
+
 // Registered with atexit when Loom initialized MPI.
 void finalizeAtExit() {
   int done = 0;
   MPI_Finalized(&done);
   if (done) return;
+  const auto [failure, bound] = groupFailure();
+  std::optional<FinalizeWatchdog> watchdog;
+  if (!failure.empty()) {
+    LOOM_LOG_INFO(
+        "mpi backend: finalizing MPI after an mpi group of this process failed; "
+        "waiting at most ",
+        bound.count(), " ms for every rank to reach MPI_Finalize");
+    watchdog.emplace(failure, bound);
+  }
   Runtime& r = runtime();
   for (MPI_Op* ops : {r.halfOps, r.bfloat16Ops}) {
     for (int i = 0; i < 4; ++i) {
@@ -90,6 +151,24 @@ void finalizeAtExit() {
   if (r.bfloat16 != MPI_DATATYPE_NULL) MPI_Type_free(&r.bfloat16);
   MPI_Finalize();
 }
+
+}  // namespace
+
+void noteGroupFailure(const std::string& cause, std::chrono::milliseconds timeout) {
+  FailureNote& note = failureNote();
+  std::lock_guard<std::mutex> lock(note.mu);
+  if (!note.cause.empty()) return;
+  note.cause = cause.empty() ? "(no reason given)" : cause;
+  note.timeout = std::max(timeout, std::chrono::milliseconds(1000));
+}
+
+std::pair<std::string, std::chrono::milliseconds> groupFailure() {
+  FailureNote& note = failureNote();
+  std::lock_guard<std::mutex> lock(note.mu);
+  return {note.cause, note.timeout};
+}
+
+namespace {
 
 void initialize(Runtime& r) {
   int initialized = 0, done = 0;

@@ -18,8 +18,10 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "loom/comm/types.h"
 #include "loom/process_group/mpi.h"
@@ -32,6 +34,18 @@ const MpiWorld& ensureInitialized();
 
 // True once MPI_Finalize ran (an mpi group destroyed after that makes no MPI call).
 bool finalized();
+
+// Remembers the first failure of an mpi group in this process (an operation that timed out or
+// failed in MPI, an abort, a group creation that timed out) with that group's timeout. When
+// Loom initialized MPI, the MPI_Finalize it runs at exit is then bounded by that timeout:
+// MPI_Finalize waits until every rank calls it (Open MPI fences there), and a rank stuck in the
+// failure would keep this one from ever exiting while the launcher sees nothing wrong. Past the
+// bound the process logs why and exits with status 1 without it, and mpirun ends the job.
+// Without a failure, MPI_Finalize is not bounded: a rank may legitimately finish long before
+// the others.
+void noteGroupFailure(const std::string& cause, std::chrono::milliseconds timeout);
+// The failure noteGroupFailure() remembered first ("" while none), and its timeout.
+std::pair<std::string, std::chrono::milliseconds> groupFailure();
 
 // Held around every MPI call the backend makes: empty (no lock) with MPI_THREAD_MULTIPLE, the
 // process-wide MPI lock with MPI_THREAD_SERIALIZED.
