@@ -64,6 +64,8 @@ endfunction()
 function(loom_test_binary_defaults target)
   if(LOOM_SANITIZE STREQUAL "thread")
     target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/tsan_suppressions.cc)
+  elseif(LOOM_SANITIZE STREQUAL "address")
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/asan_options.cc)
   endif()
   loom_test_compile_defaults(${target})
   if(LOOM_TEST_PCH)
@@ -87,6 +89,18 @@ if(NOT DEFINED LOOM_TEST_TIMEOUT_SCALE)
 endif()
 if(NOT LOOM_TEST_TIMEOUT_SCALE MATCHES "^[1-9][0-9]*$")
   message(FATAL_ERROR "LOOM_TEST_TIMEOUT_SCALE must be a positive integer, got '${LOOM_TEST_TIMEOUT_SCALE}'")
+endif()
+# The environment of tests that run Open MPI (the mpi tests, bench_programs_test): under
+# AddressSanitizer, LeakSanitizer suppresses Open MPI's own allocations by library, which needs
+# whole stacks and Open MPI's components kept loaded (tests/support/lsan_open_mpi.supp). ASan
+# reads ASAN_OPTIONS after the binary's own defaults (asan_options.cc), which stay in force.
+set(LOOM_TEST_OPEN_MPI_ENV "")
+if(LOOM_SANITIZE STREQUAL "address")
+  set(LOOM_TEST_OPEN_MPI_ENV
+      "ASAN_OPTIONS=fast_unwind_on_malloc=0"
+      "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan_open_mpi.supp"
+      "OMPI_MCA_mca_base_component_disable_dlclose=1"
+      "PMIX_MCA_mca_base_component_disable_dlclose=1")
 endif()
 # loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
 function(loom_test_timeout out seconds)
