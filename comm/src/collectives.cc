@@ -194,6 +194,16 @@ EngineSet& defaultEngines() {
   return engines;
 }
 
+// The caller's options with the deadline resolved: zero takes the Context's timeout.
+CollectiveOptions resolved(const Context& ctx, const CollectiveOptions& opts) {
+  LOOM_CHECK(opts.timeout.count() >= 0, "rank ", ctx.rank(), ": CollectiveOptions::timeout is ",
+             opts.timeout.count(), " ms; expected a positive deadline, or 0 for the Context's (",
+             ctx.timeout().count(), " ms)");
+  CollectiveOptions o = opts;
+  if (o.timeout.count() == 0) o.timeout = ctx.timeout();
+  return o;
+}
+
 // A validated even collective on the Context's engine. Every message of the collective carries
 // its signature (signature.h).
 void runOnEngine(const CollectiveCall& c, const Shape& shape) {
@@ -294,70 +304,73 @@ void alltoallv(Context& ctx, const void* in, std::span<const size_t> inCounts, v
                std::span<const size_t> outCounts, DType dtype, const CollectiveOptions& opts) {
   const size_t total = std::accumulate(inCounts.begin(), inCounts.end(), size_t{0}) +
                        std::accumulate(outCounts.begin(), outCounts.end(), size_t{0});
-  runUneven({ctx, opts, OpType::kAlltoallv, in, out, total, dtype, ReduceOp::kSum, 0, inCounts,
-             outCounts});
+  runUneven({ctx, resolved(ctx, opts), OpType::kAlltoallv, in, out, total, dtype, ReduceOp::kSum, 0,
+             inCounts, outCounts});
 }
 
 void allgatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
                 DType dtype, const CollectiveOptions& opts) {
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  runUneven({ctx, opts, OpType::kAllgatherv, in, out, total, dtype, ReduceOp::kSum, 0, counts});
+  runUneven({ctx, resolved(ctx, opts), OpType::kAllgatherv, in, out, total, dtype, ReduceOp::kSum,
+             0, counts});
 }
 
 void gatherv(Context& ctx, const void* in, void* out, std::span<const size_t> counts, DType dtype,
              int root, const CollectiveOptions& opts) {
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  runUneven({ctx, opts, OpType::kGatherv, in, out, total, dtype, ReduceOp::kSum, root, counts});
+  runUneven({ctx, resolved(ctx, opts), OpType::kGatherv, in, out, total, dtype, ReduceOp::kSum,
+             root, counts});
 }
 
 void reduceScatterv(Context& ctx, const void* in, void* out, std::span<const size_t> counts,
                     DType dtype, ReduceOp op, const CollectiveOptions& opts) {
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  runUneven({ctx, opts, OpType::kReduceScatterv, in, out, total, dtype, op, 0, counts});
+  runUneven(
+      {ctx, resolved(ctx, opts), OpType::kReduceScatterv, in, out, total, dtype, op, 0, counts});
 }
 
 void allreduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kAllreduce, in, out, count, dtype, op});
+  run({ctx, resolved(ctx, opts), OpType::kAllreduce, in, out, count, dtype, op});
 }
 
 void broadcast(Context& ctx, void* buf, size_t count, DType dtype, int root,
                const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kBroadcast, buf, buf, count, dtype, ReduceOp::kSum, root});
+  run({ctx, resolved(ctx, opts), OpType::kBroadcast, buf, buf, count, dtype, ReduceOp::kSum, root});
 }
 
 void reduce(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
             int root, const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kReduce, in, out, count, dtype, op, root});
+  run({ctx, resolved(ctx, opts), OpType::kReduce, in, out, count, dtype, op, root});
 }
 
 void allgather(Context& ctx, const void* in, void* out, size_t count, DType dtype,
                const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kAllgather, in, out, count, dtype});
+  run({ctx, resolved(ctx, opts), OpType::kAllgather, in, out, count, dtype});
 }
 
 void reduceScatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                    const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kReduceScatter, in, out, count, dtype, op});
+  run({ctx, resolved(ctx, opts), OpType::kReduceScatter, in, out, count, dtype, op});
 }
 
 void gather(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
             const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kGather, in, out, count, dtype, ReduceOp::kSum, root});
+  run({ctx, resolved(ctx, opts), OpType::kGather, in, out, count, dtype, ReduceOp::kSum, root});
 }
 
 void scatter(Context& ctx, const void* in, void* out, size_t count, DType dtype, int root,
              const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kScatter, in, out, count, dtype, ReduceOp::kSum, root});
+  run({ctx, resolved(ctx, opts), OpType::kScatter, in, out, count, dtype, ReduceOp::kSum, root});
 }
 
 void alltoall(Context& ctx, const void* in, void* out, size_t count, DType dtype,
               const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kAlltoall, in, out, count, dtype});
+  run({ctx, resolved(ctx, opts), OpType::kAlltoall, in, out, count, dtype});
 }
 
 void barrier(Context& ctx, const CollectiveOptions& opts) {
-  run({ctx, opts, OpType::kBarrier});
+  run({ctx, resolved(ctx, opts), OpType::kBarrier});
 }
 
 uint64_t pointToPointTag(uint64_t tag) {
@@ -372,7 +385,7 @@ void send(Context& ctx, const void* buf, size_t count, DType dtype, int peer, ui
              ctx.rank(), ")");
   LOOM_CHECK(tag <= kMaxP2PTag, "send: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
   checkBuffer(buf, count, "send", "buffer");
-  CollectiveOptions o2 = opts;
+  CollectiveOptions o2 = resolved(ctx, opts);
   o2.seq = 0;  // the user's tag, not the sequence number, identifies point-to-point messages
   Op o(ctx, OpType::kSend, o2);
   auto r = o.sendTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
@@ -386,7 +399,7 @@ void recv(Context& ctx, void* buf, size_t count, DType dtype, int peer, uint64_t
              ctx.rank(), ")");
   LOOM_CHECK(tag <= kMaxP2PTag, "recv: tag ", tag, " exceeds the maximum ", kMaxP2PTag);
   checkBuffer(buf, count, "recv", "buffer");
-  CollectiveOptions o2 = opts;
+  CollectiveOptions o2 = resolved(ctx, opts);
   o2.seq = 0;
   Op o(ctx, OpType::kRecv, o2);
   auto r = o.recvTagged(peer, buf, count * dtypeSize(dtype), makeP2PTag(tag));
@@ -406,7 +419,8 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
   static thread_local int start = 0;
   Transport& transport = ctx.transport();
   const uint64_t wireTag = makeP2PTag(tag);
-  const Deadline deadline(opts.timeout);
+  const CollectiveOptions o = resolved(ctx, opts);
+  const Deadline deadline(o.timeout);
   int source = -1;
   for (int round = 0; source < 0; ++round) {
     for (int i = 1; i < ctx.size() && source < 0; ++i) {
@@ -420,7 +434,7 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
     }
     if (deadline.expired()) {
       LOOM_THROW(TimeoutError, "rank ", ctx.rank(), ": recv from any source timed out after ",
-                 opts.timeout.count(), " ms: no rank of ", ctx.size(), " sent tag ", tag, " (",
+                 o.timeout.count(), " ms: no rank of ", ctx.size(), " sent tag ", tag, " (",
                  count * dtypeSize(dtype), " bytes)");
     }
     if (round < 64) continue;
@@ -432,7 +446,7 @@ int recvAny(Context& ctx, void* buf, size_t count, DType dtype, uint64_t tag,
     }
   }
   start = (source - ctx.rank() + ctx.size()) % ctx.size();
-  recv(ctx, buf, count, dtype, source, tag, opts);
+  recv(ctx, buf, count, dtype, source, tag, o);
   return source;
 }
 

@@ -363,6 +363,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   static_cast<Context&>(*ctx).tuning_ = std::move(tuning.summary);
   static_cast<Context&>(*ctx).crossMemory_ = crossMemory;
   static_cast<Context&>(*ctx).reproducible_ = options.reproducible;
+  static_cast<Context&>(*ctx).timeout_ = options.timeout;
   return ctx;
 }
 

@@ -315,6 +315,41 @@ TEST(Transport, TimeoutNamesOperationSeqPeerAndBytes) {
   });
 }
 
+// CollectiveOptions' default deadline is the Context's (ContextOptions::timeout): it was a fixed
+// 5 minutes, whatever the Context was created with. A negative one is refused, naming it.
+TEST(Transport, ACollectiveWithoutItsOwnTimeoutTakesTheContexts) {
+  HashStore store;
+  std::latch done(1);
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    auto ctx = Context::create(store, rank, 2, localOptions(400ms));
+    EXPECT_EQ(ctx->timeout(), 400ms);
+    if (rank == 1) {
+      done.wait();  // stays alive but never joins the collective
+      return;
+    }
+    std::vector<float> buf(16, 1.0f);
+    CollectiveOptions negative;
+    negative.timeout = -5ms;
+    try {
+      allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum,
+                negative);
+      ADD_FAILURE() << "a negative timeout was accepted";
+    } catch (const InvalidArgumentError& e) {
+      expectContains(e.what(), "CollectiveOptions::timeout is -5 ms");
+      expectContains(e.what(), "or 0 for the Context's (400 ms)");
+    }
+    const auto start = Clock::now();
+    try {
+      allreduce(*ctx, buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "no timeout";
+    } catch (const TimeoutError& e) {
+      expectContains(e.what(), "timed out after 400 ms");
+    }
+    EXPECT_LT(Clock::now() - start, 60s);
+    done.count_down();
+  });
+}
+
 TEST(Transport, AbortFromAnotherThreadFailsBlockedAndPeers) {
   HashStore store;
   std::atomic<int> entered{0};

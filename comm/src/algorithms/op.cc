@@ -11,8 +11,8 @@ Op::Op(Context& ctx, OpType kind, const CollectiveOptions& opts, size_t chunkByt
       seq_(opts.seq),
       rank_(ctx.rank()),
       size_(ctx.size()),
-      timeout_(opts.timeout),
-      deadline_(opts.timeout),
+      timeout_(opts.timeout.count() > 0 ? opts.timeout : ctx.timeout()),
+      deadline_(timeout_),
       chunkBytes_(chunkBytes) {
   LOOM_CHECK(opts.seq <= kMaxSeq, "sequence number ", opts.seq, " exceeds the maximum ", kMaxSeq);
 }

@@ -19,8 +19,12 @@ namespace loom::comm::shm {
 
 Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, size_t count,
                      DType dtype, int op, int root, bool exact) {
+  // The public collectives resolve a zero timeout to the Context's (collectives.cc); a caller
+  // of this layer that did not (a test driving an arena directly) gets the Context's default.
+  const std::chrono::milliseconds timeout =
+      opts.timeout.count() > 0 ? opts.timeout : ContextOptions{}.timeout;
   Arena::Call call{0,
-                   opts.timeout,
+                   timeout,
                    count * dtypeSize(dtype),
                    packSignature(kind, dtype, count, op >= 0,
                                  static_cast<ReduceOp>(op >= 0 ? op : 0), root >= 0, root, exact),

@@ -26,8 +26,9 @@ struct FreeDeleter {
 class VerbsContext : public Context {
  public:
   VerbsContext(int rank, int size, std::unique_ptr<Transport> transport,
-               const GenericEngineOptions& generic)
+               const GenericEngineOptions& generic, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), transport_(std::move(transport)) {
+    setTimeout(timeout);
     setEngines(std::make_unique<EngineSet>(makeGenericEngine(generic), nullptr,
                                            generic.algorithm != Algorithm::kAuto));
   }
@@ -93,7 +94,7 @@ std::shared_ptr<Context> createContextWithOps(Store& store, int rank, int size,
   GenericEngineOptions generic;
   generic.algorithm = options.algorithm;
   generic.chunkBytes = options.chunkBytes;
-  return std::make_shared<VerbsContext>(rank, size, std::move(transport), generic);
+  return std::make_shared<VerbsContext>(rank, size, std::move(transport), generic, options.timeout);
 }
 
 }  // namespace verbs

@@ -49,7 +49,9 @@ const char* algorithmName(Algorithm algorithm);
 Algorithm parseAlgorithm(std::string_view name);  // "auto", "ring", "rd", "hd", "direct", ...
 
 struct CollectiveOptions {
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The call's deadline; zero (the default) takes the Context's (ContextOptions::timeout,
+  // LOOM_TIMEOUT). A negative one is an InvalidArgumentError.
+  std::chrono::milliseconds timeout{0};
   uint64_t seq = 0;
   Algorithm algorithm = Algorithm::kAuto;
   // Reproducible mode for this call (loom/comm/reproducible.h): SUM and AVG over floating dtypes

@@ -218,9 +218,14 @@ class Context {
   bool crossMemory() const { return crossMemory_; }
   // Whether every reduction runs in reproducible mode (ContextOptions::reproducible).
   bool reproducible() const { return reproducible_; }
+  // The deadline of a collective whose CollectiveOptions::timeout is zero, the default
+  // (ContextOptions::timeout, LOOM_TIMEOUT).
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  protected:
   Context();
+  // Called by an implementation's factory with ContextOptions::timeout (Context::create does).
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Called once by the implementation's constructor, after its transport exists.
   void setEngines(std::unique_ptr<EngineSet> engines);
   // Destroys the engines now: an implementation whose engines use its transport calls this
@@ -233,6 +238,7 @@ class Context {
   std::string tuning_;
   bool crossMemory_ = false;
   bool reproducible_ = false;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
 };
 
 }  // namespace loom::comm
