@@ -12,7 +12,9 @@ inline uint16_t fromFloat(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t a = x & 0x7fffffffu;
   if (a >= 0x7f800000u) {  // infinity or NaN (NaN stays quiet NaN)
-    return static_cast<uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | (a >> 13) : 0u));
+    // A NaN keeps its sign and the top 10 bits of its payload, made quiet (as F16C's vcvtps2ph).
+    return static_cast<uint16_t>(sign | 0x7c00u |
+                                 (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
   }
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to infinity
   if (a < 0x38800000u) {

@@ -1,5 +1,6 @@
 // Reduction kernels built with -mavx2 -mfma -mf16c; only called when the CPU has them.
 #include <immintrin.h>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>

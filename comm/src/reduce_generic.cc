@@ -1,4 +1,5 @@
 // Reduction kernels for any x86-64 (or other) CPU; see reduce_kernels.inc.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>

@@ -3,6 +3,8 @@
 // body and the tails, in place and out of place; fp16/bf16 rounding; NaN in min/max.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -236,6 +238,50 @@ TEST(Kernels, MinMaxPropagateNaN) {
   }
 }
 
+// -0 orders below +0 (IEEE 754-2019 minimum / maximum): the result does not depend on which
+// operand comes first, in the vector body and the tail, for every floating dtype.
+TEST(Kernels, MinMaxOrderNegativeZeroBelowPositiveZeroInEitherOrder) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const size_t es = dtypeSize(dtype);
+    const auto zero = [&](bool negative, void* at) {
+      switch (dtype) {
+        case DType::kFloat32:
+          *static_cast<float*>(at) = negative ? -0.0f : 0.0f;
+          break;
+        case DType::kFloat64:
+          *static_cast<double*>(at) = negative ? -0.0 : 0.0;
+          break;
+        default:
+          *static_cast<uint16_t*>(at) = negative ? 0x8000 : 0x0000;
+          break;
+      }
+    };
+    const auto negative = [&](const void* at) {
+      switch (dtype) {
+        case DType::kFloat32:
+          return std::signbit(*static_cast<const float*>(at));
+        case DType::kFloat64:
+          return std::signbit(*static_cast<const double*>(at));
+        default:
+          return (*static_cast<const uint16_t*>(at) & 0x8000) != 0;
+      }
+    };
+    const size_t n = 37;  // vector bodies and a tail
+    std::vector<unsigned char> a(n * es), b(n * es), out(n * es);
+    for (size_t i = 0; i < n; ++i) {
+      zero(i % 2 == 0, a.data() + i * es);
+      zero(i % 2 != 0, b.data() + i * es);
+    }
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+      reduceFunction(dtype, op)(out.data(), a.data(), b.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(negative(out.data() + i * es), op == ReduceOp::kMin)
+            << dtypeName(dtype) << " " << reduceOpName(op) << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(Kernels, HalfSumRoundsOnce) {
   // 2048 + 1 is not representable in fp16 (spacing 2 there): a tie, rounds to even 2048;
   // 2048 + 3 = 2051 rounds to 2052. Widening to float and rounding once gives exactly that.
@@ -265,7 +311,8 @@ TEST(Kernels, HalfTypesOnEveryBitPatternMatchWidenApplyRoundOnce) {
           a[i] = static_cast<uint16_t>(n > 65536 && i < 65536 ? i : bits(rng));
           b[i] = static_cast<uint16_t>(bits(rng));
         }
-        // Pairs random patterns rarely meet: +0 and -0 (min / max pick by order), infinities
+        // Pairs random patterns rarely meet: +0 and -0 (min takes -0, max +0, in either order),
+        // infinities
         // of both signs (their sum is NaN), the largest finite values (the sum overflows).
         const uint16_t inf = bf16 ? 0x7f80 : 0x7c00, big = bf16 ? 0x7f7f : 0x7bff;
         const uint16_t special[][2] = {
@@ -288,10 +335,10 @@ TEST(Kernels, HalfTypesOnEveryBitPatternMatchWidenApplyRoundOnce) {
               r = x * y;
               break;
             case ReduceOp::kMin:
-              r = (x < y || x != x) ? x : y;
+              r = (x < y || x != x || (x == y && std::signbit(x))) ? x : y;
               break;
             default:
-              r = (x > y || x != x) ? x : y;
+              r = (x > y || x != x || (x == y && !std::signbit(x))) ? x : y;
               break;
           }
           if (std::isnan(r)) {
@@ -321,6 +368,27 @@ TEST(Kernels, DivideByForAvg) {
   divideBy(h, 1, DType::kFloat16, 2);
   EXPECT_EQ(halfToFloat(h[0]), 1.5f);
   EXPECT_THROW(divideBy(f, 3, DType::kFloat32, 0), InvalidArgumentError);
+  // The divisor is the world size, which need not fit the element type: int8 at 128 ranks
+  // divided by -128, uint8 at 256 by zero (SIGFPE).
+  int8_t minusOne[2] = {-128, 100};
+  divideBy(minusOne, 2, DType::kInt8, 128);
+  EXPECT_EQ(minusOne[0], -1);
+  EXPECT_EQ(minusOne[1], 0);
+  uint8_t u[2] = {200, 255};
+  divideBy(u, 2, DType::kUInt8, 300);
+  EXPECT_EQ(u[0], 0);
+  EXPECT_EQ(u[1], 0);
+  uint8_t w[1] = {255};
+  divideBy(w, 1, DType::kUInt8, 256);
+  EXPECT_EQ(w[0], 0);
+}
+
+// A NaN keeps its sign in float16 (the scalar conversion set the sign bit of every NaN, so
+// the generic kernels and a vector loop's tail disagreed with F16C's body).
+TEST(Half, NaNKeepsItsSign) {
+  EXPECT_EQ(floatToHalf(std::numeric_limits<float>::quiet_NaN()), 0x7e00);
+  EXPECT_EQ(floatToHalf(-std::numeric_limits<float>::quiet_NaN()), 0xfe00);
+  EXPECT_EQ(floatToHalf(std::bit_cast<float>(0x7fffffffu)), 0x7fff);
 }
 
 TEST(Kernels, IsaReported) {

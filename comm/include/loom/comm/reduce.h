@@ -8,10 +8,14 @@
 //   is no undefined behaviour). bool: sum/max/bor are logical or, prod/min/band logical and,
 //   bxor exclusive or; inputs must be 0 or 1.
 // - Floating-point min and max propagate NaN (a NaN in either operand gives a NaN), unlike
-//   std::fmin/fmax. float16 and bfloat16 are widened to float, combined, and rounded once
-//   (round to nearest even; NaN stays NaN, overflow gives infinity).
+//   std::fmin/fmax, and order -0 below +0 (IEEE 754-2019 minimum / maximum), so that the result
+//   does not depend on the operands' order (only a NaN's payload may). float16 and bfloat16
+//   are widened to float, combined, and rounded once (round to nearest even; NaN stays NaN with
+//   its sign, overflow gives infinity).
 // - avg: the kernel is the sum's; algorithms divide once at the end with divideBy (integers:
-//   C++ integer division, truncating toward zero).
+//   C++ integer division of the wrapped sum by the world size, truncating toward zero). For
+//   float16 and bfloat16 the collectives (collectives.cc) divide every input first and sum,
+//   as NCCL does: a 16-bit sum overflows where the average fits.
 // - Kernels are compiled twice (generic x86-64 and AVX2+F16C+FMA, both -O3 so the compiler
 //   vectorises the loops); the AVX2 build runs where the CPU supports it unless
 //   setReduceIsa(kGeneric) forced the portable one (Context::create calls it with
