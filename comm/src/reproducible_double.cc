@@ -324,8 +324,12 @@ __attribute__((target("avx2"))) size_t reduceRows64Avx2(std::span<const void* co
       groups.push_back(i);
       continue;
     }
-    // An exact zero keeps s's sign.
-    result = _mm256_blendv_pd(result, s, _mm256_cmp_pd(result, _mm256_setzero_pd(), _CMP_EQ_OQ));
+    // A zero sum of zeros keeps their sign (s, the sum of the zeros: -0 only when every one
+    // was -0); a zero from cancellation is +0, as IEEE's x + (-x).
+    const __m256d zeroPd = _mm256_setzero_pd();
+    result = _mm256_blendv_pd(result, s,
+                              _mm256_and_pd(_mm256_cmp_pd(result, zeroPd, _CMP_EQ_OQ),
+                                            _mm256_cmp_pd(s, zeroPd, _CMP_EQ_OQ)));
     if (divisor != 1) result = _mm256_mul_pd(result, factor);
     _mm256_storeu_pd(out + i, result);
   }
@@ -401,7 +405,8 @@ void reduceOne16(std::span<const void* const> rows, size_t i, int divisor, int s
 }
 
 // float64, one element: the exact sum as an unevaluated pair (s, t) of doubles (see the top),
-// rounded once by fl(s + t); an exact zero keeps s's sign (-0 only from -0 alone). Elements
+// rounded once by fl(s + t); a zero sum of zeros keeps their sign (-0 only from -0 alone) and a
+// zero from cancellation is +0. Elements
 // outside the range, whose pair met an overflow (a non-finite s + t), or whose average would be
 // subnormal (dividing it by the power-of-two divisor could drop bits) go to `rest`.
 void reduceOne64(std::span<const void* const> rows, size_t i, int divisor, int span, double* out,
@@ -431,7 +436,9 @@ void reduceOne64(std::span<const void* const> rows, size_t i, int divisor, int s
     rest.push_back(i);
     return;
   }
-  if (result == 0) result = s;
+  // A zero sum of zeros keeps their sign (s: -0 only when every one was -0); a zero from
+  // cancellation (s and t opposite) is +0, as IEEE's x + (-x).
+  if (result == 0) result = s == 0 ? s : 0.0;
   if (divisor != 1) {
     if (result != 0 && std::abs(result) < 0x1p-1022 * divisor) {  // a subnormal average
       rest.push_back(i);

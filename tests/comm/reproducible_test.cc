@@ -589,6 +589,45 @@ TEST(ReproducibleLocal, Float64PairsOfDoubles) {
   setReduceIsa(ReduceIsa::kAuto);
 }
 
+// A sum that is exactly zero by cancellation is +0, in any order of the ranks: the pair (s, t)
+// can hold s = -t != 0 (a tie rounded to even in the first addition), and s's sign was kept
+// for every zero result (-2^-52 came back, or +0 with the ranks reordered). A sum of -0 alone
+// stays -0. The vector and the scalar loops, and the one-pass path.
+TEST(ReproducibleLocal, Float64CancellationIsPositiveZeroInAnyOrder) {
+  const double a = 1.0 + 0x1p-52;
+  const std::vector<std::vector<double>> orders = {
+      {a, 1.0, -a, -1.0}, {a, -a, 1.0, -1.0}, {-1.0, 1.0, a, -a}, {1.0, a, -1.0, -a}};
+  for (ReduceIsa isa : {ReduceIsa::kAuto, ReduceIsa::kGeneric}) {
+    setReduceIsa(isa);
+    for (const auto& order : orders) {
+      const size_t count = 61;  // vectors and a tail; past the 49 where another path took it
+      std::vector<std::vector<double>> rows;
+      for (double v : order) rows.emplace_back(count, v);
+      rows.emplace_back(count, -0.0);  // a fifth rank of -0 does not make the sum negative
+      std::vector<const void*> ptrs;
+      for (const auto& row : rows) ptrs.push_back(row.data());
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        for (ReproduciblePath path : {ReproduciblePath::kAuto, ReproduciblePath::kOnePass}) {
+          std::vector<double> out(count, 1.0);
+          reproducibleReduceLocal(ptrs, out.data(), count, DType::kFloat64, op, path);
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_TRUE(out[i] == 0.0 && !std::signbit(out[i]))
+                << reduceKernelIsa() << " " << reduceOpName(op) << " order " << order[0] << ", "
+                << order[1] << ", ... element " << i << ": " << out[i];
+          }
+        }
+      }
+    }
+    std::vector<std::vector<double>> zeros(3, std::vector<double>(61, -0.0));
+    std::vector<const void*> ptrs;
+    for (const auto& row : zeros) ptrs.push_back(row.data());
+    std::vector<double> out(61, 1.0);
+    reproducibleReduceLocal(ptrs, out.data(), 61, DType::kFloat64, ReduceOp::kSum);
+    for (double v : out) ASSERT_TRUE(v == 0.0 && std::signbit(v)) << reduceKernelIsa();
+  }
+  setReduceIsa(ReduceIsa::kAuto);
+}
+
 TEST(ReproducibleLocal, RefusesWhatItCannotDo) {
   float a = 1, out = 0;
   const void* ptrs[] = {&a};
