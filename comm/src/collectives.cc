@@ -213,6 +213,30 @@ void runOnEngine(const CollectiveCall& c, const Shape& shape) {
   (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
 }
 
+// float16 and bfloat16 AVG: every rank divides its input by the world size before the sum,
+// as NCCL's ncclAvg does for floating types. Summing first rounds to the 16-bit type at every
+// step, and the sum overflows where the average does not (float16, 2 ranks of 40000: inf
+// instead of 40000). `inCount` elements of c.in are read; an all-reduce in place scales its
+// buffer (which it overwrites anyway), everything else a copy in `scaled`. Returns the call to
+// run: the SUM of the scaled inputs, or `c` itself for any other call.
+CollectiveCall prescaleHalfAvg(const CollectiveCall& c, size_t inCount,
+                               std::vector<uint16_t>& scaled) {
+  if (c.op != ReduceOp::kAvg || (c.dtype != DType::kFloat16 && c.dtype != DType::kBFloat16)) {
+    return c;
+  }
+  void* in = c.out;
+  if (c.type != OpType::kAllreduce || c.in != c.out) {
+    scaled.resize(inCount);
+    if (inCount > 0) std::memcpy(scaled.data(), c.in, inCount * sizeof(uint16_t));
+    in = scaled.data();
+  }
+  if (inCount > 0) divideBy(in, inCount, c.dtype, c.ctx.size());
+  CollectiveCall sum = c;
+  sum.in = in;
+  sum.op = ReduceOp::kSum;
+  return sum;
+}
+
 void run(const CollectiveCall& c) {
   const Shape shape = shapeOf(c.type);
   validate(c, shape);
@@ -224,6 +248,18 @@ void run(const CollectiveCall& c) {
     return;
   }
   if (runReproducible(c)) return;
+  if (shape.reduces && c.op == ReduceOp::kAvg) {
+    // The signature keeps the caller's AVG: a rank that calls SUM is still a mismatch.
+    const SignatureScope signature(
+        packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
+    std::vector<uint16_t> scaled;
+    const size_t inCount =
+        c.type == OpType::kReduceScatter ? c.count * static_cast<size_t>(c.ctx.size()) : c.count;
+    const CollectiveCall sum = prescaleHalfAvg(c, inCount, scaled);
+    EngineSet* engines = c.ctx.engines();
+    (engines != nullptr ? *engines : defaultEngines()).engineFor(sum).run(sum);
+    return;
+  }
   runOnEngine(c, shape);
 }
 
@@ -294,8 +330,10 @@ void runUneven(const CollectiveCall& c) {
   const uint64_t digest = c.type == OpType::kAlltoallv ? 0 : countsDigest(c.counts);
   const SignatureScope signature(
       packUnevenSignature(c.type, c.dtype, shape.reduces, c.op, shape.rooted, c.root, digest));
+  std::vector<uint16_t> scaled;  // float16 / bfloat16 AVG (reduceScatterv): see prescaleHalfAvg
+  const CollectiveCall call = shape.reduces ? prescaleHalfAvg(c, inCount, scaled) : c;
   EngineSet* engines = c.ctx.engines();
-  (engines != nullptr ? *engines : defaultEngines()).generic().run(c);
+  (engines != nullptr ? *engines : defaultEngines()).generic().run(call);
 }
 
 }  // namespace
