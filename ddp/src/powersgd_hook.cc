@@ -21,13 +21,16 @@ struct Matrix {
 
 // Gram-Schmidt on the columns of a (rows x cols) row-major matrix, in place: each column is
 // normalized (divided by its norm, plus epsilon when epsilon > 0), then removed from the
-// columns after it.
+// columns after it. A zero column (with epsilon 0) stays zero: dividing it made NaN, which a
+// zero gradient (a dead layer, an unused parameter's zeros) then carried into every later
+// step through the warm start and the error feedback.
 void orthogonalize(float* a, int64_t rows, int64_t cols, double epsilon) {
   for (int64_t i = 0; i < cols; ++i) {
     double norm = 0;
     for (int64_t r = 0; r < rows; ++r)
       norm += static_cast<double>(a[r * cols + i]) * a[r * cols + i];
     const float divisor = static_cast<float>(std::sqrt(norm) + epsilon);
+    if (divisor == 0) continue;  // all zeros: nothing to normalize or to remove
     for (int64_t r = 0; r < rows; ++r) a[r * cols + i] /= divisor;
     for (int64_t j = i + 1; j < cols; ++j) {
       double dot = 0;
@@ -255,7 +258,22 @@ std::unique_ptr<HookFuture> PowerSgdHook::start(ProcessGroup& pg, GradBucket& bu
 
   if (!job->compressed.empty()) {
     st.p.resize(pTotal);
-    if (!options_.warmStart || st.q.size() != qTotal) {
+    // A warm-start Q with a zero column (the step before compressed a gradient that was zero on
+    // every rank, so Q = M^T P came out zero there) would keep P = M Q zero in that column for
+    // good, whatever the gradients: it is drawn afresh like a first Q. Q is equal on every rank
+    // (all-reduced), so every rank decides alike and draws the same numbers.
+    const auto zeroColumn = [&] {
+      for (const Matrix& m : job->compressed) {
+        const float* q = st.q.data() + m.qOffset;
+        for (int64_t k = 0; k < m.rank; ++k) {
+          bool zero = true;
+          for (int64_t c = 0; c < m.cols && zero; ++c) zero = q[c * m.rank + k] == 0.0f;
+          if (zero) return true;
+        }
+      }
+      return false;
+    };
+    if (!options_.warmStart || st.q.size() != qTotal || zeroColumn()) {
       ag::Generator gen(seeds_() % 1000000000u);
       ag::Tensor draw = ag::randn({static_cast<int64_t>(qTotal)}, gen);
       st.q.assign(draw.data<float>(), draw.data<float>() + qTotal);

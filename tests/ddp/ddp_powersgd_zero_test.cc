@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -101,6 +102,43 @@ TEST(PowerSgd, MatchesTorchOnFixedBuckets) {
                     worst);
     });
   }
+}
+
+// A gradient that is zero on every rank (a dead layer, an unused parameter's zeros) compresses
+// to zeros: its P column has norm 0, and dividing by it (epsilon 0, the default) made NaN,
+// which the warm-started Q and the error feedback then carried into every later step.
+TEST(PowerSgd, AZeroGradientStaysZeroAndLeavesNoNaNBehind) {
+  runGroups(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    PowerSgdOptions o;
+    o.matrixApproximationRank = 1;
+    o.startPowerSgdIter = 2;  // iterations 2 and 3 compress zeros
+    PowerSgdHook hook(o);
+    for (int it = 0; it < 5; ++it) {
+      // Zero for iterations 0-3, then a real gradient.
+      const float value = it < 4 ? 0.0f : 1.0f + static_cast<float>(pg->rank());
+      std::vector<float> data(32 * 24, value);
+      GradBucket g;
+      g.index = 0;
+      g.isLast = true;
+      g.data = data.data();
+      g.count = data.size();
+      g.offsets = {0};
+      g.shapes = {{32, 24}};
+      g.parameterNames = {"weight"};
+      hook.start(*pg, g)->wait();
+      for (size_t i = 0; i < data.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(data[i])) << "iteration " << it << " element " << i;
+        if (it < 4) {
+          ASSERT_EQ(data[i], 0.0f) << "iteration " << it << " element " << i;
+        }
+      }
+      // The mean of 1 and 2 everywhere: a rank-1 matrix, which rank 1 recovers, from a Q drawn
+      // afresh (the zero steps left it zero).
+      if (it == 4) {
+        EXPECT_NEAR(data[0], 1.5f, 1e-4);
+      }
+    }
+  });
 }
 
 TEST(PowerSgd, BadOptionsAreNamed) {
