@@ -12,61 +12,72 @@
 
 namespace loom::comm::testing {
 
+// Element i of a `dtype` buffer, read or written with memcpy: the buffer may be any byte
+// array (a uint8_t scratch on the stack, a byte vector), with no alignment for the type.
+template <typename T>
+inline void storeAt(void* buf, size_t i, T value) {
+  std::memcpy(static_cast<uint8_t*>(buf) + i * sizeof(T), &value, sizeof(T));
+}
+template <typename T>
+inline T loadAt(const void* buf, size_t i) {
+  T value;
+  std::memcpy(&value, static_cast<const uint8_t*>(buf) + i * sizeof(T), sizeof(T));
+  return value;
+}
+
 // Stores `value` (an integer) as element i of a `dtype` buffer (integers wrap modulo 2^bits).
 inline void setElem(void* buf, size_t i, DType dtype, int64_t value) {
-  auto* p = static_cast<uint8_t*>(buf);
   switch (dtype) {
     case DType::kFloat32:
-      reinterpret_cast<float*>(p)[i] = static_cast<float>(value);
+      storeAt(buf, i, static_cast<float>(value));
       break;
     case DType::kFloat64:
-      reinterpret_cast<double*>(p)[i] = static_cast<double>(value);
+      storeAt(buf, i, static_cast<double>(value));
       break;
     case DType::kFloat16:
-      reinterpret_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(value));
+      storeAt(buf, i, floatToHalf(static_cast<float>(value)));
       break;
     case DType::kBFloat16:
-      reinterpret_cast<uint16_t*>(p)[i] = floatToBFloat16(static_cast<float>(value));
+      storeAt(buf, i, floatToBFloat16(static_cast<float>(value)));
       break;
     case DType::kInt8:
-      reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(value);
+      storeAt(buf, i, static_cast<int8_t>(value));
       break;
     case DType::kUInt8:
-      reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(value);
+      storeAt(buf, i, static_cast<uint8_t>(value));
       break;
     case DType::kInt32:
-      reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(value);
+      storeAt(buf, i, static_cast<int32_t>(value));
       break;
     case DType::kInt64:
-      reinterpret_cast<int64_t*>(p)[i] = value;
+      storeAt(buf, i, value);
       break;
     case DType::kBool:
-      p[i] = value != 0 ? 1 : 0;
+      storeAt(buf, i, static_cast<uint8_t>(value != 0 ? 1 : 0));
       break;
   }
 }
 
 inline double getElem(const void* buf, size_t i, DType dtype) {
-  const auto* p = static_cast<const uint8_t*>(buf);
   switch (dtype) {
     case DType::kFloat32:
-      return reinterpret_cast<const float*>(p)[i];
+      return loadAt<float>(buf, i);
     case DType::kFloat64:
-      return reinterpret_cast<const double*>(p)[i];
+      return loadAt<double>(buf, i);
     case DType::kFloat16:
-      return halfToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
+      return halfToFloat(loadAt<uint16_t>(buf, i));
     case DType::kBFloat16:
-      return bfloat16ToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
+      return bfloat16ToFloat(loadAt<uint16_t>(buf, i));
     case DType::kInt8:
-      return reinterpret_cast<const int8_t*>(p)[i];
+      return loadAt<int8_t>(buf, i);
     case DType::kUInt8:
-      return reinterpret_cast<const uint8_t*>(p)[i];
+      return loadAt<uint8_t>(buf, i);
     case DType::kInt32:
-      return reinterpret_cast<const int32_t*>(p)[i];
+      return loadAt<int32_t>(buf, i);
     case DType::kInt64:
-      return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+      return static_cast<double>(loadAt<int64_t>(buf, i));
     case DType::kBool:
-      return p[i];
+      return loadAt<uint8_t>(buf, i);
   }
   return 0;
 }
