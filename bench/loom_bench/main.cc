@@ -342,6 +342,26 @@ int loomBenchMain(int argc, char** argv) {
         LOOM_CHECK(tuneMaxBytes >= (size_t{4} << 10) && tuneMaxBytes <= (size_t{1} << 30),
                    "--tune-max must be 4K to 1G per rank, got ", tuneMax);
         if (!initMethod.empty()) parseInitMethod(initMethod);
+        if (tune->count() > 0) {
+          // --tune times Loom's own algorithms over a tcp Context at its own sizes: the sweep's
+          // flags would be ignored, and the other backends have nothing of Loom's to tune.
+          LOOM_CHECK(backend == "tcp",
+                     "--tune times Loom's own algorithms (the tcp backend: "
+                     "shared memory within a host, tcp between hosts); --backend ",
+                     backend, " has none to tune");
+          for (const char* name :
+               {"--op", "--minbytes", "--maxbytes", "--stepfactor", "--iters", "--small-iters",
+                "--warmup_iters", "--check", "--touch", "--touch-values", "--datatype", "--op_type",
+                "--root", "--json", "--csv", "--plot", "--series", "--algo", "--register"}) {
+            LOOM_CHECK(app.get_option(name)->count() == 0, name,
+                       " has no effect with --tune (it times every algorithm of all-reduce, "
+                       "broadcast, all-gather and reduce-scatter at per-rank sizes 4K to "
+                       "--tune-max); leave it out");
+          }
+        } else {
+          LOOM_CHECK(app.get_option("--tune-max")->count() == 0,
+                     "--tune-max has an effect only with --tune");
+        }
       })) {
     return *code;
   }

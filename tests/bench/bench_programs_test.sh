@@ -24,6 +24,21 @@ for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bog
 done
 grep -q "tune-max must be 4K to 1G per rank, got 2G" "$tmp/bad" ||
   fail "loom-bench --tune-max 2G: $(cat "$tmp/bad")"
+# --tune with what it would ignore, or with a backend it cannot tune (the mpi backend crashed
+# on its missing store), and --tune-max without --tune: refused, named.
+while IFS='|' read -r args want; do
+  # shellcheck disable=SC2086
+  "$bin/loom-bench" $args >"$tmp/bad" 2>&1
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "loom-bench $args exited $rc, expected 2"
+  grep -q -- "$want" "$tmp/bad" || fail "loom-bench $args: no '$want' in: $(head -n 3 "$tmp/bad")"
+done <<'EOF'
+--tune --op broadcast|--op has no effect with --tune
+--tune -d half|--datatype has no effect with --tune
+--tune -R 1|--register has no effect with --tune
+--tune --backend mpi|--backend mpi has none to tune
+--tune-max 1M|--tune-max has an effect only with --tune
+EOF
 
 # ranks N PROGRAM ARGS...: N ranks with torchrun's variables; rank 0's output in $tmp/out.
 port=$((20000 + RANDOM % 10000))  # below the kernel's ephemeral range (32768-)
