@@ -190,7 +190,7 @@ void validate(const CollectiveCall& c, const Shape& shape) {
 
 // The engines of a Context implemented outside comm (Context::engines() is null).
 EngineSet& defaultEngines() {
-  static EngineSet engines(makeGenericEngine({}), nullptr, false);
+  static EngineSet engines(makeGenericEngine({}), nullptr, Algorithm::kAuto);
   return engines;
 }
 

@@ -78,7 +78,7 @@ class ContextImpl : public Context {
       local = makeHierarchicalEngine(std::move(shared.hierarchy), std::move(shared.arena));
     }
     setEngines(std::make_unique<EngineSet>(makeGenericEngine(genericOptions), std::move(local),
-                                           genericOptions.algorithm != Algorithm::kAuto));
+                                           genericOptions.algorithm));
   }
   // The engines go first: the arena is unmapped before the sockets close.
   ~ContextImpl() override { releaseEngines(); }
@@ -329,6 +329,32 @@ AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOption
 
 }  // namespace
 
+namespace {
+
+// Once per process and algorithm: which collectives a forced algorithm (LOOM_ALGO) runs, and
+// which keep their automatic choice, which it cannot run.
+void logForcedAlgorithm(Algorithm forced) {
+  if (forced == Algorithm::kAuto) return;
+  static std::mutex mu;
+  static std::set<Algorithm> told;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!told.insert(forced).second) return;
+  std::string runs, keeps;
+  for (OpType op : {OpType::kAllreduce, OpType::kBroadcast, OpType::kReduce, OpType::kAllgather,
+                    OpType::kReduceScatter, OpType::kGather, OpType::kScatter, OpType::kAlltoall}) {
+    std::string& list = implementsAlgorithm(op, forced) ? runs : keeps;
+    list += detail::str(list.empty() ? "" : ", ", opTypeName(op));
+  }
+  if (keeps.empty()) return;
+  LOOM_LOG_WARNING("algorithm ", algorithmName(forced),
+                   " is forced (LOOM_ALGO / "
+                   "ContextOptions::algorithm) for ",
+                   runs.empty() ? "no collective" : runs, "; ", keeps,
+                   " do not have it and keep their automatic choice");
+}
+
+}  // namespace
+
 std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
                                          const ContextOptions& callerOptions) {
   LOOM_CHECK(size >= 1, "world size must be at least 1, got ", size);
@@ -337,6 +363,7 @@ std::shared_ptr<Context> Context::create(Store& store, int rank, int size,
   const ContextOptions options = withEnvironment(callerOptions);
   validateOptions(options);
   setReduceIsa(options.reduceIsa);
+  logForcedAlgorithm(options.algorithm);
   GenericEngineOptions generic;
   generic.algorithm = options.algorithm;
   generic.chunkBytes = options.chunkBytes;

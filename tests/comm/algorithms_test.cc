@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "algorithms/select.h"
+#include "engine/engine.h"
 #include "loom/comm/transport.h"
 #include "sweep.h"
 
@@ -102,6 +103,33 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, ForcedAlgorithm,
 // even entered the call, while nothing waits on its peer, stays in the socket until posted.
 // (2 ranks are left out: there the paced windows still let a few chunks of one collective
 // arrive while the peer waits in the one before, 0.4-1.7 MB per rank over these 8 calls.)
+// A Context-wide forced algorithm (LOOM_ALGO=tree) takes the transport only for the operations
+// that have it: all-reduce, which has no tree, kept the automatic choice of algorithm but lost
+// the shared-memory engine. A per-call algorithm always takes the transport.
+TEST(EngineChoice, AContextsForcedAlgorithmBypassesSharedMemoryOnlyWhereItApplies) {
+  struct Fake final : Engine {
+    Fake(Kind kind, uint32_t ops) : Engine(kind, ops) {}
+    void run(const CollectiveCall&) override {}
+  };
+  auto generic = std::make_unique<Fake>(Engine::Kind::kGeneric, kAllCollectives);
+  auto local = std::make_unique<Fake>(Engine::Kind::kArena, kAllCollectives);
+  Engine* genericPtr = generic.get();
+  Engine* localPtr = local.get();
+  EngineSet tree(std::move(generic), std::move(local), Algorithm::kTree);
+  HashStore store;
+  auto ctx = Context::create(store, 0, 1);
+  CollectiveOptions automatic, ring;
+  ring.algorithm = Algorithm::kRing;
+  const auto engineFor = [&](OpType type, const CollectiveOptions& opts) {
+    return &tree.engineFor(CollectiveCall{*ctx, opts, type});
+  };
+  EXPECT_EQ(engineFor(OpType::kBroadcast, automatic), genericPtr);  // tree runs it
+  EXPECT_EQ(engineFor(OpType::kReduce, automatic), genericPtr);
+  EXPECT_EQ(engineFor(OpType::kAllreduce, automatic), localPtr);  // no tree: shared memory
+  EXPECT_EQ(engineFor(OpType::kAllgather, automatic), localPtr);
+  EXPECT_EQ(engineFor(OpType::kAllreduce, ring), genericPtr);  // forced by the call
+}
+
 TEST(Rings, PostEveryReceiveInTime) {
   for (int size : {3, 4}) {
     ContextOptions o;

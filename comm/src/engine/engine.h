@@ -24,6 +24,7 @@
 #include <string>
 
 #include "loom/comm/collectives.h"
+#include "loom/comm/tuning.h"
 #include "loom/comm/types.h"
 
 namespace loom::comm {
@@ -86,17 +87,19 @@ class Engine {
 };
 
 // The engines of one Context: always a generic engine, and at most one local engine (arena or
-// hierarchical) that runs the operations it implements unless an algorithm is forced, by the
-// call (CollectiveOptions::algorithm) or by the Context (ContextOptions::algorithm): forcing an
-// algorithm means running it over the transport.
+// hierarchical) that runs the operations it implements unless an algorithm is forced for the
+// operation, by the call (CollectiveOptions::algorithm) or by the Context
+// (ContextOptions::algorithm, LOOM_ALGO): forcing an algorithm means running it over the
+// transport. The Context's applies only to the operations that have it (tree: broadcast and
+// reduce); the others keep their automatic choice, shared memory included.
 class EngineSet {
  public:
-  EngineSet(std::unique_ptr<Engine> generic, std::unique_ptr<Engine> local, bool algorithmForced)
-      : generic_(std::move(generic)), local_(std::move(local)), useLocal_(!algorithmForced) {}
+  EngineSet(std::unique_ptr<Engine> generic, std::unique_ptr<Engine> local, Algorithm forced)
+      : generic_(std::move(generic)), local_(std::move(local)), forced_(forced) {}
 
   Engine& engineFor(const CollectiveCall& call) const {
-    if (local_ != nullptr && useLocal_ && call.opts.algorithm == Algorithm::kAuto &&
-        local_->implements(call.type)) {
+    if (local_ != nullptr && call.opts.algorithm == Algorithm::kAuto &&
+        !implementsAlgorithm(call.type, forced_) && local_->implements(call.type)) {
       return *local_;
     }
     return *generic_;
@@ -114,7 +117,7 @@ class EngineSet {
  private:
   std::unique_ptr<Engine> generic_;
   std::unique_ptr<Engine> local_;
-  const bool useLocal_;
+  const Algorithm forced_;
 };
 
 }  // namespace loom::comm

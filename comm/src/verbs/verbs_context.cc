@@ -29,8 +29,7 @@ class VerbsContext : public Context {
                const GenericEngineOptions& generic, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), transport_(std::move(transport)) {
     setTimeout(timeout);
-    setEngines(std::make_unique<EngineSet>(makeGenericEngine(generic), nullptr,
-                                           generic.algorithm != Algorithm::kAuto));
+    setEngines(std::make_unique<EngineSet>(makeGenericEngine(generic), nullptr, generic.algorithm));
   }
 
   int rank() const override { return rank_; }

@@ -73,8 +73,10 @@ struct ContextOptions {
   // and lower bandwidth where wake-ups are slow, as on VMs). At most 10 s.
   int busyPollUs = -1;
 
-  // Forces one generic algorithm for every collective that implements it (LOOM_ALGO); the
-  // shared-memory engines are then bypassed. kAuto: the automatic choice.
+  // Forces one generic algorithm for every collective that implements it (LOOM_ALGO), over
+  // the transport (the shared-memory engines are bypassed for those); the other collectives keep
+  // their automatic choice, and Context::create says once which those are. kAuto: the automatic
+  // choice.
   Algorithm algorithm = Algorithm::kAuto;
   // Message size of the chunked, pipelined algorithms (ring, halving-doubling, chain), in
   // [4 KiB, 1 GiB] (LOOM_CHUNK_BYTES).
