@@ -87,6 +87,9 @@ def is_reproducible(group=None):
 def _create(store, rank, world_size, timeout):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"loom: the process group's timeout must be positive, got {timeout!r}")
+    # A positive timeout under a millisecond is one millisecond, the unit Loom counts in.
     timeout_ms = max(1, int(timeout.total_seconds() * 1000))
     return _C._create_process_group(store, rank, world_size, timeout_ms, _store_host(store),
                                     _reproducible_default)
@@ -123,6 +126,8 @@ def empty(*size, dtype=torch.float32):
     """
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
+    # torch's own checks and messages (a negative dimension, a bad dtype), with no memory.
+    torch.empty(size, dtype=dtype, device="meta")
     numel = math.prod(size)
     itemsize = torch.empty((), dtype=dtype).element_size()
     raw = _C._window_tensor(max(1, numel * itemsize))

@@ -108,3 +108,14 @@ def test_init_timeout_is_honoured():
     assert message is not None, "all_reduce without the peer returned"
     assert 1.5 < seconds < 8, (seconds, message)
     assert "2000 ms" in message and "rank 1" in message, message
+
+
+def test_a_timeout_that_is_not_positive_is_refused():
+    import datetime
+
+    import loom_torch
+
+    # It was clamped to 1 ms: a group whose every operation timed out at once.
+    for bad in (datetime.timedelta(seconds=-5), datetime.timedelta(0), 0):
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            loom_torch._create(None, 0, 1, bad)

@@ -112,3 +112,14 @@ def _mixed(rank, world, tmp):
 
 def test_a_window_against_an_ordinary_tensor_fails_on_both_ranks():
     ranks.spawn(_mixed, 2, timeout=60)
+
+
+def test_bad_shapes_and_dtypes_are_torchs_errors():
+    import loom_torch
+
+    # torch.empty(-1) raises; a window of a negative dimension came back as a 0-element tensor.
+    with pytest.raises(RuntimeError, match="negative dimension -1"):
+        loom_torch.empty(-1)
+    with pytest.raises(RuntimeError, match="negative dimension -1"):
+        loom_torch.empty(-1, 4)
+    assert loom_torch.empty(0, 3).shape == (0, 3)
