@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -223,7 +224,11 @@ std::string hostFingerprint(const HostFacts& facts) {
 }
 
 std::string tuningCacheDirectory(const std::string& configured) {
-  if (configured == "off") return {};
+  // "off" in any case, as every other settings word ("OFF" was a directory named OFF).
+  std::string lower = configured;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "off") return {};
   if (!configured.empty()) return configured;
   if (const auto xdg = settings::text("XDG_CACHE_HOME"); xdg && !xdg->empty()) {
     return *xdg + "/loom";

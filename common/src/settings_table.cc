@@ -18,8 +18,9 @@ constexpr Setting kTable[] = {
      "auto|shm|ring|rd|recursive_doubling|hd|halving_doubling|rabenseifner|direct|tree|binomial|"
      "chain|pipeline",
      "",
-     "forces one generic algorithm where it is implemented (auto and shm keep the automatic "
-     "choice, the shared-memory arena included)",
+     "forces one generic algorithm, over the transport, for the collectives that implement it; "
+     "the others keep their automatic choice, the shared-memory arena included, and one "
+     "warning per process names them (auto and shm: the automatic choice everywhere)",
      "comm::ContextOptions::algorithm", "Context setup"},
     {"LOOM_CHUNK_BYTES", K::kBytes, S::kRuntime, "512K", 4096, kGiB, "", "",
      "message size of the chunked, pipelined algorithms (ring, halving-doubling, chain)",
@@ -131,7 +132,7 @@ constexpr Setting kTable[] = {
     {"LOOM_TUNING_CACHE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "the directory of the per-host tuning cache that loom-bench --tune writes and every group "
      "reads when LOOM_TUNING_FILE is unset (default: $XDG_CACHE_HOME/loom, else "
-     "$HOME/.cache/loom); off: no cache",
+     "$HOME/.cache/loom); off (in any case): no cache",
      "comm::ContextOptions::tuningCache", "Context setup, loom-bench --tune"},
     {"LOOM_IB_DEVICE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "which RDMA device the verbs transport opens (default: the first)",

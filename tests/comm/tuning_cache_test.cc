@@ -76,6 +76,13 @@ GroupTopology topologyOf(int world, int minPerHost, int maxPerHost, int cpus) {
   return t;
 }
 
+// "off" turns the cache off in any case, as every other settings word; "OFF" was a relative
+// directory that every group read and --tune would have written.
+TEST(TuningCache, OffInAnyCaseTurnsTheCacheOff) {
+  for (const char* off : {"off", "OFF", "Off"}) EXPECT_EQ(tuningCacheDirectory(off), "") << off;
+  EXPECT_EQ(tuningCacheDirectory("/tmp/loom-cache"), "/tmp/loom-cache");
+}
+
 TEST(TuningCache, TheKeyAndTheBuiltInTableFollowTheTopology) {
   GroupTopology even = topologyOf(4, 2, 2, 2);
   EXPECT_EQ(even.key(), "world=4 per_host=2 transport=tcp");
