@@ -2,9 +2,12 @@
 // generator of docs/env.md.
 #include "loom/common/settings.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "loom/common/env.h"
 #include "loom/common/error.h"
@@ -162,6 +165,47 @@ std::map<std::string, std::string> snapshot(Section section) {
 std::vector<std::string> inherited() {
   std::vector<std::string> out;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
+  return out;
+}
+
+namespace {
+
+// Levenshtein distance of a and b, capped: anything above `cap` is cap + 1.
+size_t editDistance(std::string_view a, std::string_view b, size_t cap) {
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > cap) return cap + 1;
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return std::min(row[b.size()], cap + 1);
+}
+
+}  // namespace
+
+std::vector<UnknownVariable> unknownLoomVariables() {
+  std::vector<UnknownVariable> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name.substr(0, 5) != "LOOM_" || find(name) != nullptr) continue;
+    UnknownVariable unknown{std::string(name), ""};
+    size_t best = 3;
+    for (const Setting& s : table()) {
+      const size_t d = editDistance(name, s.name, 2);
+      if (d < best) {
+        best = d;
+        unknown.didYouMean = s.name;
+      }
+    }
+    out.push_back(std::move(unknown));
+  }
   return out;
 }
 

@@ -8,8 +8,10 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include <map>
 
 #include <atomic>
 #include <cstdlib>
@@ -170,6 +172,27 @@ TEST(Settings, UndeclaredOrMistypedReadsAreProgrammingErrors) {
   EXPECT_THAT(errorOf([] { (void)integer("LOOM_NO_SUCH_KNOB"); }),
               HasSubstr("not declared in the settings registry"));
   EXPECT_THAT(errorOf([] { (void)flag("LOOM_CHUNK_BYTES"); }), HasSubstr("another kind"));
+}
+
+// A LOOM_* name no library reads is found; one within two edits of a declared name is named
+// with it (a typo silently left the setting it meant out of force).
+TEST(Settings, UnknownLoomVariablesAreFoundAndLikelyTyposNamed) {
+  // Set directly: ScopedEnv refuses undeclared names.
+  struct RawEnv {
+    const char* name;
+    RawEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~RawEnv() { ::unsetenv(name); }
+  };
+  RawEnv typo("LOOM_TCP_SOCKET", "4");
+  RawEnv script("LOOM_SOMETHING_ELSE_ENTIRELY", "1");
+  ScopedEnv known("LOOM_SHM", "0");
+  std::map<std::string, std::string> found;
+  for (const auto& u : unknownLoomVariables()) found[u.name] = u.didYouMean;
+  ASSERT_EQ(found.count("LOOM_TCP_SOCKET"), 1u);
+  EXPECT_EQ(found["LOOM_TCP_SOCKET"], "LOOM_TCP_SOCKETS");
+  ASSERT_EQ(found.count("LOOM_SOMETHING_ELSE_ENTIRELY"), 1u);
+  EXPECT_EQ(found["LOOM_SOMETHING_ELSE_ENTIRELY"], "");
+  EXPECT_EQ(found.count("LOOM_SHM"), 0u);
 }
 
 TEST(Settings, FillDefaultKeepsAFieldTheCallerSet) {

@@ -6,9 +6,14 @@
 //   loom-settings --all        every declared variable, set or not, with its default
 //   loom-settings --markdown   docs/env.md, generated from the registry
 //
-// Exit status: 0 when every set value is valid, 1 when one is not, 2 on a usage error.
+// LOOM_* variables no library reads are listed too; one within two edits of a declared name
+// (LOOM_TCP_SOCKET for LOOM_TCP_SOCKETS) is an error, since the setting it meant is not in force.
+//
+// Exit status: 0 when every set value is valid, 1 when one is not (or a name is a likely typo),
+// 2 on a usage error.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -48,6 +53,11 @@ std::string valueOf(const st::Setting& s) {
   return st::value(s.name).value_or("");
 }
 
+std::string valueOf(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  return v != nullptr ? v : "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,6 +88,18 @@ int main(int argc, char** argv) {
       std::printf("%-28s (set)  OK\n", s.name);
     } else {
       std::printf("%-28s %s  %s\n", s.name, value.c_str(), error.empty() ? "OK" : error.c_str());
+    }
+  }
+  // LOOM_* names no library reads: a likely typo (within two edits of a declared name) counts
+  // as an error, since the setting it meant is silently not in force.
+  for (const st::UnknownVariable& u : st::unknownLoomVariables()) {
+    if (u.didYouMean.empty()) {
+      std::printf("%-28s %s  not a Loom library setting (a script's, or unknown)\n", u.name.c_str(),
+                  valueOf(u.name).c_str());
+    } else {
+      ++bad;
+      std::printf("%-28s %s  not a Loom setting: did you mean %s?\n", u.name.c_str(),
+                  valueOf(u.name).c_str(), u.didYouMean.c_str());
     }
   }
   return bad == 0 ? 0 : 1;

@@ -97,6 +97,15 @@ std::vector<std::string> inherited();
 // "LOOM_SHM=0 LOOM_ALGO=ring": every declared runtime variable that is set, for logs.
 std::string describeSet();
 
+// A LOOM_* variable of this environment that no Loom library reads, and the declared name it
+// most likely meant: one within two edits ("LOOM_TCP_SOCKET" -> "LOOM_TCP_SOCKETS"), else "".
+// The scripts' own variables (LOOM_BUILD_DIR, LOOM_NPROC, ...) are unknown here too.
+struct UnknownVariable {
+  std::string name;
+  std::string didYouMean;
+};
+std::vector<UnknownVariable> unknownLoomVariables();
+
 // docs/env.md, generated from the table.
 std::string markdown();
 
