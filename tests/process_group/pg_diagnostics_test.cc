@@ -343,6 +343,20 @@ TEST(DiagnosticsProcesses, TraceOfTwoRanksMergesIntoOneValidFile) {
   const int status = ::pclose(pipe);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
 
+  // A merge that reads nothing (a mistyped path) fails and leaves the earlier output whole; it
+  // wrote an empty trace over it.
+  const std::string before = readFile(merged);
+  const std::string typo =
+      std::string(LOOM_TRACE_PATH) + " merge -o " + merged + " " + traces + "-typo 2>&1";
+  FILE* typoPipe = ::popen(typo.c_str(), "r");
+  ASSERT_NE(typoPipe, nullptr);
+  std::string typoOut;
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, typoPipe)) > 0;) typoOut.append(chunk, n);
+  const int typoStatus = ::pclose(typoPipe);
+  EXPECT_TRUE(WIFEXITED(typoStatus) && WEXITSTATUS(typoStatus) == 1) << typoOut;
+  EXPECT_NE(typoOut.find("is not written"), std::string::npos) << typoOut;
+  EXPECT_EQ(readFile(merged), before);
+
   const nlohmann::json doc = nlohmann::json::parse(readFile(merged));
   ASSERT_TRUE(doc.is_object() && doc["traceEvents"].is_array());
   std::set<int> processNames;

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -177,14 +178,25 @@ int merge(const std::string& outPath, const std::vector<std::string>& paths) {
       bad = true;
     }
   }
+  if (bad && pids.empty()) {
+    // Nothing read (a mistyped path, say): an earlier output stays as it was.
+    std::cerr << "loom-trace: no trace could be read; " << outPath << " is not written\n";
+    return 1;
+  }
   json out = {{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
               {"otherData", {{"producer", "loom-trace merge"}, {"dropped", dropped}}}};
-  std::ofstream o(outPath);
-  o << out.dump() << "\n";
-  if (!o) {
-    std::cerr << "loom-trace: could not write " << outPath << "\n";
-    return 1;
+  // Written beside it and renamed: a failed write leaves an earlier output whole.
+  const std::string partial = outPath + ".partial";
+  {
+    std::ofstream o(partial);
+    o << out.dump() << "\n";
+    o.close();
+    if (!o || std::rename(partial.c_str(), outPath.c_str()) != 0) {
+      std::remove(partial.c_str());
+      std::cerr << "loom-trace: could not write " << outPath << "\n";
+      return 1;
+    }
   }
   std::cout << "loom-trace: merged " << files.size() << " file(s), " << pids.size()
             << " rank(s) into " << outPath << "\n";
