@@ -123,6 +123,19 @@ TEST(LoomStoreProgram, JoinTimeoutNamesMissingRanks) {
   EXPECT_NE(out.find("missing ranks: 0, 2"), std::string::npos) << out;
 }
 
+// A --timeout past a year (1e300 overflowed to 0 ms: the join failed at once) and --fsync
+// without a directory to persist to (accepted, no effect) are usage errors.
+TEST(LoomStoreProgram, FlagsThatCouldNotWorkAreUsageErrors) {
+  StoreProgram huge({"--workers", "1", "--timeout", "1e300"});
+  EXPECT_EQ(huge.wait(milliseconds(5000)), 2);
+  EXPECT_NE(huge.readUntil("not in range", milliseconds(2000)).find("--timeout"),
+            std::string::npos);
+  StoreProgram fsync({"--fsync", "never"});
+  EXPECT_EQ(fsync.wait(milliseconds(5000)), 2);
+  EXPECT_NE(fsync.readUntil("--data-dir", milliseconds(2000)).find("--fsync applies to"),
+            std::string::npos);
+}
+
 TEST(LoomStoreProgram, AddressInUseIsReported) {
   StoreProgram first({"--host", "127.0.0.1", "--port", "0"});
   const int port = first.port();

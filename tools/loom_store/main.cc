@@ -8,7 +8,7 @@
 // Prints "loom-store listening on H:P" once it accepts connections (port 0 picks one and the
 // line says which). With --workers N it then reports when N clients have joined, or exits 1
 // after --timeout seconds saying how many joined and which ranks are missing. SIGINT and
-// SIGTERM stop it cleanly (exit 0).
+// SIGTERM stop it cleanly (exit 0). A bad flag exits 2.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -100,8 +100,9 @@ int main(int argc, char** argv) {
                  "shared secret clients must present (default: LOOM_STORE_TOKEN)");
   app.add_option("--workers", workers, "wait for this many clients to join (0: don't wait)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--timeout", timeoutSeconds, "seconds to wait for --workers")
-      ->check(CLI::PositiveNumber)
+  // At most a year: a larger value overflowed the milliseconds it becomes (1e300 gave 0 ms).
+  app.add_option("--timeout", timeoutSeconds, "seconds to wait for --workers (at most a year)")
+      ->check(CLI::Range(0.001, 365.0 * 24 * 3600))
       ->capture_default_str();
   std::string dataDir;
   std::string fsync;
@@ -113,7 +114,17 @@ int main(int argc, char** argv) {
                  "a machine crash), 'never' only writes it (survives loom-store being killed); "
                  "default: LOOM_STORE_FSYNC, or always")
       ->check(CLI::IsMember({"always", "never"}));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag: 2, as Loom's other programs
+  }
+  if (!fsync.empty() && dataDir.empty() && !loom::settings::text("LOOM_STORE_DIR")) {
+    std::cerr << "loom-store: --fsync applies to a store that persists its keys; give --data-dir "
+                 "(or LOOM_STORE_DIR) with it"
+              << std::endl;
+    return 2;
+  }
   try {
     loom::TCPStoreServerOptions options;
     options.host = host;
