@@ -355,6 +355,40 @@ TEST(MpiSweep, ReduceScatterv) {
   }
 }
 
+// float16 / bfloat16 AVG divides every input by the size before the sum: the 16-bit sum
+// overflowed where the average fits (2 ranks of 40000 in float16 gave inf).
+TEST(MpiSweep, HalfAvgThatFitsDoesNotOverflow) {
+  ProcessGroup& pg = world();
+  const int p = pg.size();
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const bool bf16 = dtype == DType::kBFloat16;
+    const double big = bf16 ? 2e38 : 40000.0;  // twice it is past the largest finite value
+    const uint16_t bits = bf16 ? comm::floatToBFloat16(static_cast<float>(big))
+                               : comm::floatToHalf(static_cast<float>(big));
+    const size_t n = 17;
+    const auto filled = [&](size_t count) { return std::vector<uint16_t>(count, bits); };
+    const auto all = [&](size_t) {
+      return bf16 ? comm::bfloat16ToFloat(bits) : comm::halfToFloat(bits);
+    };
+    std::vector<uint16_t> in = filled(n * p), out = filled(n * p);
+    pg.allreduce(bv(in.data(), n, dtype), bv(out.data(), n, dtype), {.reduceOp = ReduceOp::kAvg})
+        ->wait();
+    expectElems("allreduce avg", out.data(), n, dtype, all);
+    pg.allreduce(bv(in.data(), n, dtype), {.reduceOp = ReduceOp::kAvg})->wait();
+    expectElems("allreduce avg in place", in.data(), n, dtype, all);
+    in = filled(n * p);
+    pg.reduce(bv(in.data(), n, dtype), bv(out.data(), n, dtype),
+              {.reduceOp = ReduceOp::kAvg, .root = 0})
+        ->wait();
+    if (pg.rank() == 0) expectElems("reduce avg", out.data(), n, dtype, all);
+    expectElems("reduce avg's input", in.data(), n, dtype, all);
+    pg.reduceScatter(bv(in.data(), n * p, dtype), bv(out.data(), n, dtype),
+                     {.reduceOp = ReduceOp::kAvg})
+        ->wait();
+    expectElems("reduce_scatter avg", out.data(), n, dtype, all);
+  }
+}
+
 TEST(MpiSweep, AllreduceCoalesced) {
   ProcessGroup& pg = world();
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt32}) {

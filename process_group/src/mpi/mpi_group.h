@@ -45,6 +45,8 @@ class ProcessGroupMpi final : public ProcessGroup {
     std::vector<MPI_Request> requests;
     // Input copied aside or output staged (see mpi_backend.h); kept until MPI is done with it.
     std::vector<uint8_t> staging;
+    // float16 / bfloat16 AVG's input divided by the size (mpi_start.cc prescaled()).
+    std::vector<uint8_t> prescaled;
     // Counts and displacements of the v-collectives: MPI reads them until completion.
     std::vector<std::vector<int>> arrays;
     // Runs once every request completed: the division of avg, copying staged output.

@@ -41,9 +41,32 @@ bool inside(const void* inner, const void* outer, size_t count, DType dtype) {
   return i >= o && i < o + count * dtypeSize(dtype);
 }
 
-// avg: the sum divided once by the group's size, on a rank that holds a result.
+// float16 / bfloat16 AVG divides every input by the group's size before the sum (as comm's
+// collectives and NCCL's ncclAvg): the 16-bit sum overflows where the average fits.
+bool prescalesAvg(const OpDesc& op) {
+  return op.reduceOp == ReduceOp::kAvg &&
+         (op.dtype == DType::kFloat16 || op.dtype == DType::kBFloat16);
+}
+
+// The input of a prescaled AVG: `count` elements of `in` divided by `size`, in `in` itself when
+// the call reduces in place (the buffer is overwritten anyway), else in `copy`.
+const void* prescaled(const OpDesc& op, const void* in, bool inPlace, size_t count, int size,
+                      std::vector<uint8_t>& copy) {
+  if (!prescalesAvg(op) || count == 0) return in;
+  void* data = const_cast<void*>(in);
+  if (!inPlace) {
+    copy.assign(static_cast<const uint8_t*>(in),
+                static_cast<const uint8_t*>(in) + count * dtypeSize(op.dtype));
+    data = copy.data();
+  }
+  comm::divideBy(data, count, op.dtype, size);
+  return data;
+}
+
+// avg: the sum divided once by the group's size, on a rank that holds a result (not for the
+// 16-bit floats, whose inputs were divided: prescaled()).
 std::function<void()> averageOf(const OpDesc& op, void* data, size_t count, int size) {
-  if (op.reduceOp != ReduceOp::kAvg || count == 0) return nullptr;
+  if (op.reduceOp != ReduceOp::kAvg || count == 0 || prescalesAvg(op)) return nullptr;
   const DType dtype = op.dtype;
   return [=] { comm::divideBy(data, count, dtype, size); };
 }
@@ -85,8 +108,9 @@ void ProcessGroupMpi::start(Running& r) {
   int rc = MPI_SUCCESS;
   switch (op.type) {
     case OpType::kAllreduce: {
-      const void* send = op.in.data == op.out.data ? MPI_IN_PLACE : op.in.data;
-      rc = MPI_Iallreduce(send, op.out.data, n, dt, mop, comm_, req);
+      const bool inPlace = op.in.data == op.out.data;
+      const void* in = prescaled(op, op.in.data, inPlace, op.count, size(), r.prescaled);
+      rc = MPI_Iallreduce(inPlace ? MPI_IN_PLACE : in, op.out.data, n, dt, mop, comm_, req);
       r.finish = averageOf(op, op.out.data, op.count, size());
       break;
     }
@@ -96,8 +120,10 @@ void ProcessGroupMpi::start(Running& r) {
       rc = MPI_Ibcast(op.out.data, n, dt, op.root, comm_, req);
       break;
     case OpType::kReduce: {
-      const void* send = isRoot && op.in.data == op.out.data ? MPI_IN_PLACE : op.in.data;
-      rc = MPI_Ireduce(send, isRoot ? op.out.data : nullptr, n, dt, mop, op.root, comm_, req);
+      const bool inPlace = isRoot && op.in.data == op.out.data;
+      const void* in = prescaled(op, op.in.data, inPlace, op.count, size(), r.prescaled);
+      rc = MPI_Ireduce(inPlace ? MPI_IN_PLACE : in, isRoot ? op.out.data : nullptr, n, dt, mop,
+                       op.root, comm_, req);
       if (isRoot) r.finish = averageOf(op, op.out.data, op.count, size());
       break;
     }
@@ -125,11 +151,12 @@ void ProcessGroupMpi::start(Running& r) {
       } else {
         r.finish = averageOf(op, op.out.data, mine, size());
       }
+      const void* in = prescaled(op, op.in.data, false, total, size(), r.prescaled);
       if (v) {
         const std::vector<int>& counts = toInts(r, op.inCounts);
-        rc = MPI_Ireduce_scatter(op.in.data, dst, counts.data(), dt, mop, comm_, req);
+        rc = MPI_Ireduce_scatter(in, dst, counts.data(), dt, mop, comm_, req);
       } else {
-        rc = MPI_Ireduce_scatter_block(op.in.data, dst, n, dt, mop, comm_, req);
+        rc = MPI_Ireduce_scatter_block(in, dst, n, dt, mop, comm_, req);
       }
       break;
     }
@@ -206,6 +233,7 @@ void ProcessGroupMpi::start(Running& r) {
       // One all-reduce over the packed buffers (as the comm backend does); a single buffer in
       // place.
       if (op.buffers.size() == 1) {
+        prescaled(op, op.buffers[0].data, true, op.count, size(), r.prescaled);
         rc = MPI_Iallreduce(MPI_IN_PLACE, op.buffers[0].data, n, dt, mop, comm_, req);
         r.finish = averageOf(op, op.buffers[0].data, op.count, size());
         break;
@@ -216,6 +244,7 @@ void ProcessGroupMpi::start(Running& r) {
         if (b.count > 0) std::memcpy(r.staging.data() + offset, b.data, b.bytes());
         offset += b.bytes();
       }
+      prescaled(op, r.staging.data(), true, op.count, size(), r.prescaled);
       rc = MPI_Iallreduce(MPI_IN_PLACE, r.staging.data(), n, dt, mop, comm_, req);
       r.finish = [&r, this] {
         if (auto avg = averageOf(r.op, r.staging.data(), r.op.count, size())) avg();
