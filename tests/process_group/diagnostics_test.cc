@@ -277,6 +277,20 @@ void writeFile(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
+// A malformed --attach is a usage error naming what is wrong (a port with letters after it was
+// taken as the number before them, "abc" printed only "stoi", a relative file:// was accepted).
+TEST(LoomDoctor, AMalformedAttachAddressIsAUsageError) {
+  for (const auto& [url, want] : std::vector<std::pair<std::string, std::string>>{
+           {"tcp://127.0.0.1:abc", "port='abc' is not valid"},
+           {"tcp://127.0.0.1:1x", "port='1x' is not valid"},
+           {"file://relative/path", "the path must be absolute"},
+           {"udp://x:1", "expected tcp://host:port or file:///path"}}) {
+    auto [status, out] = doctor("--attach " + url + " --world-size 2");
+    EXPECT_EQ(status, 2) << url << ": " << out;
+    EXPECT_THAT(out, HasSubstr(want)) << url;
+  }
+}
+
 TEST(LoomDoctor, ExplainsDumpsAndNamesCorruptAndMissingOnes) {
   loom::testing::TempDir dir;
   for (int r = 0; r < 4; ++r) {

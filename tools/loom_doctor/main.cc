@@ -30,6 +30,7 @@
 
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
+#include "loom/process_group/init.h"
 #include "loom/store/file_store.h"
 #include "loom/store/prefix_store.h"
 #include "loom/store/tcp_store.h"
@@ -53,26 +54,27 @@ std::string readAll(const std::string& path) {
   return s.str();
 }
 
-// tcp://host:port or file:///path, as init methods spell them.
+// tcp://host:port or file:///path, checked as init methods are (parseInitMethod: a port in
+// 1..65535 with nothing after it, an absolute path).
 std::shared_ptr<loom::Store> openStore(const std::string& url, std::chrono::milliseconds timeout) {
-  if (url.starts_with("tcp://")) {
-    const std::string rest = url.substr(6);
-    const size_t colon = rest.rfind(':');
-    if (colon == std::string::npos) {
-      throw loom::InvalidArgumentError("--attach " + url + ": expected tcp://host:port");
-    }
+  if (!url.starts_with("tcp://") && !url.starts_with("file://")) {
+    throw loom::InvalidArgumentError("--attach " + url +
+                                     ": expected tcp://host:port or file:///path");
+  }
+  loom::InitMethod method;
+  try {
+    method = loom::parseInitMethod(url);
+  } catch (const loom::InvalidArgumentError& e) {
+    throw loom::InvalidArgumentError(std::string("--attach: ") + e.what());
+  }
+  if (method.kind == loom::InitMethod::Kind::kTcp) {
     loom::TCPStoreOptions options;
     options.timeout = timeout;
-    return std::make_shared<loom::TCPStore>(rest.substr(0, colon),
-                                            std::stoi(rest.substr(colon + 1)), options);
+    return std::make_shared<loom::TCPStore>(method.host, method.port, options);
   }
-  if (url.starts_with("file://")) {
-    loom::FileStoreOptions options;
-    options.timeout = timeout;
-    return std::make_shared<loom::FileStore>(url.substr(7), options);
-  }
-  throw loom::InvalidArgumentError("--attach " + url +
-                                   ": expected tcp://host:port or file:///path");
+  loom::FileStoreOptions options;
+  options.timeout = timeout;
+  return std::make_shared<loom::FileStore>(method.path, options);
 }
 
 int attach(const std::string& url, const std::string& prefix, int size, int waitMs) {
@@ -120,6 +122,9 @@ int main(int argc, char** argv) {
     }
     try {
       return attach(attachUrl, prefix, worldSize, waitMs);
+    } catch (const loom::InvalidArgumentError& e) {  // a malformed --attach: a usage error
+      std::cerr << "loom-doctor: " << e.what() << "\n";
+      return 2;
     } catch (const std::exception& e) {
       std::cerr << "loom-doctor: " << e.what() << "\n";
       return 1;
