@@ -316,6 +316,9 @@ TEST(LoomRun, BadFlagsGiveUsageAndExitCode2) {
       {"--nproc-per-node", "2", "--max-restarts", "-1", "true"},
       {"--nproc-per-node", "2", "--rdzv-endpoint", "no-port", "true"},
       {"--nproc-per-node", "2", "--rdzv-endpoint", "host:99999", "true"},
+      // Trailing characters after the port were dropped (stoi): 29500abc was 29500.
+      {"--nproc-per-node", "2", "--rdzv-endpoint", "host:29500abc", "true"},
+      {"--nproc-per-node", "2", "--rdzv-endpoint", "host:+80", "true"},
   };
   for (const auto& args : bad) {
     const Finished f = runLoomRun(args);

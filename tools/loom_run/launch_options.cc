@@ -197,9 +197,12 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   if (!rdzvEndpoint.empty()) {
     const auto colon = rdzvEndpoint.rfind(':');
     int port = 0;
-    try {
-      port = colon == std::string::npos ? 0 : std::stoi(rdzvEndpoint.substr(colon + 1));
-    } catch (const std::exception&) {
+    if (colon != std::string::npos) {
+      // Digits only, all of them: stoi took "29500abc" as 29500 and "+80.9" as 80.
+      const std::string digits = rdzvEndpoint.substr(colon + 1);
+      const bool number = !digits.empty() && digits.size() <= 5 &&
+                          digits.find_first_not_of("0123456789") == std::string::npos;
+      port = number ? std::stoi(digits) : 0;
     }
     if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535) {
       return fail("--rdzv-endpoint '" + rdzvEndpoint + "' is not HOST:PORT with PORT in 1..65535");
