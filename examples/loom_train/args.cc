@@ -64,6 +64,7 @@ int parseArgs(int argc, char** argv, Args& a) {
                  "directory of checkpoint.safetensors (written at the end, and every "
                  "--checkpoint-every steps)");
   app.add_option("--checkpoint-every", a.checkpointEvery, "steps between checkpoints (0: end only)")
+      ->check(CLI::Range(0, 1000000000))
       ->capture_default_str();
   app.add_flag("--resume", a.resume,
                "continue from the checkpoint in --checkpoint-dir (model, optimizer state, step)");
@@ -120,6 +121,12 @@ int parseArgs(int argc, char** argv, Args& a) {
   for (const char* flag : {"--min-ranks", "--shrink-window-s"}) {
     if (app.count(flag) > 0 && !a.shrinkOnFailure) {
       std::fprintf(stderr, "loom-train: error: %s is for --shrink-on-failure\n", flag);
+      return 1;
+    }
+  }
+  for (const char* flag : {"--powersgd-rank", "--powersgd-start"}) {
+    if (app.count(flag) > 0 && a.commHook != "powersgd") {
+      std::fprintf(stderr, "loom-train: error: %s is for --comm-hook powersgd\n", flag);
       return 1;
     }
   }

@@ -340,6 +340,10 @@ int run(const Args& a) {
       if (leader)
         std::fprintf(stderr, "loom-train: resumed from %s at step %lld\n", ckptPath.c_str(),
                      static_cast<long long>(startStep));
+    } else if (leader) {
+      // Not an error: the first start of a job that loom-run restarts with --resume has none.
+      std::fprintf(stderr, "loom-train: --resume: no checkpoint at %s yet; starting at step 0\n",
+                   ckptPath.c_str());
     }
   }
   if (!ckptPath.empty() && leader) std::filesystem::create_directories(a.checkpointDir);

@@ -183,6 +183,14 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
   std::tie(code, out) = runSingle("--amp fp16 --zero --steps 1");
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("--amp fp16 does not work with --zero"), std::string::npos) << out;
+  // PowerSGD's flags without the hook, and a negative checkpoint interval, were accepted and
+  // did nothing.
+  std::tie(code, out) = runSingle("--comm-hook fp16 --powersgd-rank 0");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("--powersgd-rank is for --comm-hook powersgd"), std::string::npos) << out;
+  std::tie(code, out) = runSingle("--checkpoint-every -3");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--checkpoint-every"), std::string::npos) << out;
 }
 
 }  // namespace
