@@ -195,7 +195,8 @@ std::vector<UnknownVariable> unknownLoomVariables() {
     const std::string_view entry(*e);
     const std::string_view name = entry.substr(0, entry.find('='));
     if (name.substr(0, 5) != "LOOM_" || find(name) != nullptr) continue;
-    UnknownVariable unknown{std::string(name), ""};
+    const std::string_view value = name.size() < entry.size() ? entry.substr(name.size() + 1) : "";
+    UnknownVariable unknown{std::string(name), std::string(value), ""};
     size_t best = 3;
     for (const Setting& s : table()) {
       const size_t d = editDistance(name, s.name, 2);

@@ -187,7 +187,10 @@ TEST(Settings, UnknownLoomVariablesAreFoundAndLikelyTyposNamed) {
   RawEnv script("LOOM_SOMETHING_ELSE_ENTIRELY", "1");
   ScopedEnv known("LOOM_SHM", "0");
   std::map<std::string, std::string> found;
-  for (const auto& u : unknownLoomVariables()) found[u.name] = u.didYouMean;
+  for (const auto& u : unknownLoomVariables()) {
+    found[u.name] = u.didYouMean;
+    if (u.name == "LOOM_TCP_SOCKET") EXPECT_EQ(u.value, "4");
+  }
   ASSERT_EQ(found.count("LOOM_TCP_SOCKET"), 1u);
   EXPECT_EQ(found["LOOM_TCP_SOCKET"], "LOOM_TCP_SOCKETS");
   ASSERT_EQ(found.count("LOOM_SOMETHING_ELSE_ENTIRELY"), 1u);

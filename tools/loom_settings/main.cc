@@ -13,7 +13,6 @@
 // 2 on a usage error.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -53,11 +52,6 @@ std::string valueOf(const st::Setting& s) {
   return st::value(s.name).value_or("");
 }
 
-std::string valueOf(const std::string& name) {
-  const char* v = std::getenv(name.c_str());
-  return v != nullptr ? v : "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,11 +89,11 @@ int main(int argc, char** argv) {
   for (const st::UnknownVariable& u : st::unknownLoomVariables()) {
     if (u.didYouMean.empty()) {
       std::printf("%-28s %s  not a Loom library setting (a script's, or unknown)\n", u.name.c_str(),
-                  valueOf(u.name).c_str());
+                  u.value.c_str());
     } else {
       ++bad;
       std::printf("%-28s %s  not a Loom setting: did you mean %s?\n", u.name.c_str(),
-                  valueOf(u.name).c_str(), u.didYouMean.c_str());
+                  u.value.c_str(), u.didYouMean.c_str());
     }
   }
   return bad == 0 ? 0 : 1;

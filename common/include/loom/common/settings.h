@@ -102,6 +102,7 @@ std::string describeSet();
 // The scripts' own variables (LOOM_BUILD_DIR, LOOM_NPROC, ...) are unknown here too.
 struct UnknownVariable {
   std::string name;
+  std::string value;
   std::string didYouMean;
 };
 std::vector<UnknownVariable> unknownLoomVariables();
