@@ -189,7 +189,9 @@ TEST(Settings, UnknownLoomVariablesAreFoundAndLikelyTyposNamed) {
   std::map<std::string, std::string> found;
   for (const auto& u : unknownLoomVariables()) {
     found[u.name] = u.didYouMean;
-    if (u.name == "LOOM_TCP_SOCKET") EXPECT_EQ(u.value, "4");
+    if (u.name == "LOOM_TCP_SOCKET") {
+      EXPECT_EQ(u.value, "4");
+    }
   }
   ASSERT_EQ(found.count("LOOM_TCP_SOCKET"), 1u);
   EXPECT_EQ(found["LOOM_TCP_SOCKET"], "LOOM_TCP_SOCKETS");
