@@ -95,11 +95,11 @@ class Engine {
 class EngineSet {
  public:
   EngineSet(std::unique_ptr<Engine> generic, std::unique_ptr<Engine> local, Algorithm forced)
-      : generic_(std::move(generic)), local_(std::move(local)), forced_(forced) {}
+      : generic_(std::move(generic)), local_(std::move(local)), forcedOps_(opsWith(forced)) {}
 
   Engine& engineFor(const CollectiveCall& call) const {
     if (local_ != nullptr && call.opts.algorithm == Algorithm::kAuto &&
-        !implementsAlgorithm(call.type, forced_) && local_->implements(call.type)) {
+        (forcedOps_ & opBit(call.type)) == 0 && local_->implements(call.type)) {
       return *local_;
     }
     return *generic_;
@@ -115,9 +115,22 @@ class EngineSet {
   }
 
  private:
+  // The operations that have `forced` (none for kAuto): a mask, so that the choice per call
+  // costs no call.
+  static uint32_t opsWith(Algorithm forced) {
+    uint32_t ops = 0;
+    for (uint32_t bit = 0; bit < 32; ++bit) {
+      if (((kAllCollectives | kUnevenCollectives) >> bit & 1u) != 0 &&
+          implementsAlgorithm(static_cast<OpType>(bit), forced)) {
+        ops |= uint32_t{1} << bit;
+      }
+    }
+    return ops;
+  }
+
   std::unique_ptr<Engine> generic_;
   std::unique_ptr<Engine> local_;
-  const Algorithm forced_;
+  const uint32_t forcedOps_;
 };
 
 }  // namespace loom::comm
