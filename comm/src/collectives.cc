@@ -204,15 +204,6 @@ CollectiveOptions resolved(const Context& ctx, const CollectiveOptions& opts) {
   return o;
 }
 
-// A validated even collective on the Context's engine. Every message of the collective carries
-// its signature (signature.h).
-void runOnEngine(const CollectiveCall& c, const Shape& shape) {
-  const SignatureScope signature(
-      packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
-  EngineSet* engines = c.ctx.engines();
-  (engines != nullptr ? *engines : defaultEngines()).engineFor(c).run(c);
-}
-
 // float16 and bfloat16 AVG: every rank divides its input by the world size before the sum,
 // as NCCL's ncclAvg does for floating types. Summing first rounds to the 16-bit type at every
 // step, and the sum overflows where the average does not (float16, 2 ranks of 40000: inf
@@ -237,6 +228,21 @@ CollectiveCall prescaleHalfAvg(const CollectiveCall& c, size_t inCount,
   return sum;
 }
 
+// A validated even collective on the Context's engine. Every message of the collective carries
+// its signature (signature.h).
+void runOnEngine(const CollectiveCall& c, const Shape& shape) {
+  // The signature keeps the caller's op: a rank that calls SUM where the others call AVG is a
+  // mismatch, whatever prescaleHalfAvg runs.
+  const SignatureScope signature(
+      packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
+  std::vector<uint16_t> scaled;
+  const size_t inCount =
+      c.type == OpType::kReduceScatter ? c.count * static_cast<size_t>(c.ctx.size()) : c.count;
+  const CollectiveCall call = shape.reduces ? prescaleHalfAvg(c, inCount, scaled) : c;
+  EngineSet* engines = c.ctx.engines();
+  (engines != nullptr ? *engines : defaultEngines()).engineFor(call).run(call);
+}
+
 void run(const CollectiveCall& c) {
   const Shape shape = shapeOf(c.type);
   validate(c, shape);
@@ -248,18 +254,6 @@ void run(const CollectiveCall& c) {
     return;
   }
   if (runReproducible(c)) return;
-  if (shape.reduces && c.op == ReduceOp::kAvg) {
-    // The signature keeps the caller's AVG: a rank that calls SUM is still a mismatch.
-    const SignatureScope signature(
-        packSignature(c.type, c.dtype, c.count, shape.reduces, c.op, shape.rooted, c.root));
-    std::vector<uint16_t> scaled;
-    const size_t inCount =
-        c.type == OpType::kReduceScatter ? c.count * static_cast<size_t>(c.ctx.size()) : c.count;
-    const CollectiveCall sum = prescaleHalfAvg(c, inCount, scaled);
-    EngineSet* engines = c.ctx.engines();
-    (engines != nullptr ? *engines : defaultEngines()).engineFor(sum).run(sum);
-    return;
-  }
   runOnEngine(c, shape);
 }
 
