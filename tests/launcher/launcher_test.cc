@@ -299,6 +299,80 @@ TEST(LoomRun, RedirectPrefixTagsEveryLine) {
   EXPECT_EQ(plain.out, "out one 0\nout two 0\npartial 0") << plain.describe();
 }
 
+// A reader of loom-run's stdout that stalls (a paused pager) must not stall loom-run: rank 0
+// floods stdout past what the pipe and loom-run's queue hold, rank 1 fails after 1 s, and
+// loom-run must stop rank 0 while nobody reads. Once the reader is back, every line rank 0 got
+// out before it was stopped arrives, in order.
+TEST(LoomRun, AStalledReaderOfItsOutputDoesNotStopItsSupervision) {
+  TempDir dir;
+  TempDir files;
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const std::string errPath = dir.file("stderr");
+  std::vector<std::string> all = {kLoomRun,
+                                  "--nproc-per-node",
+                                  "2",
+                                  "--redirect-prefix",
+                                  "--grace-period-s",
+                                  "2",
+                                  kWorker,
+                                  "flood",
+                                  files.path(),
+                                  "1",
+                                  "3"};
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto start = Clock::now();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int e = open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out[1], 1);
+    dup2(e, 2);
+    execv(argv[0], argv.data());
+    _exit(126);
+  }
+  close(out[1]);
+  // Nobody reads stdout until rank 0 got loom-run's SIGTERM.
+  const bool stopped = waitForFiles({files.file("sig.0")}, 20s);
+  const auto stoppedAfter = Clock::now() - start;
+  std::string text;
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  int status = 0;
+  bool reaped = false;
+  const auto end = Clock::now() + 30s;
+  for (;;) {
+    char buf[65536];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n > 0) {
+      text.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) break;  // loom-run and everything holding the pipe are gone
+    if (Clock::now() >= end) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    std::this_thread::sleep_for(5ms);  // poll interval, bounded by the deadline
+  }
+  close(out[0]);
+  reaped = waitpid(pid, &status, 0) == pid;
+  const std::string err = readFile(errPath);
+  ASSERT_TRUE(stopped) << "rank 0 was not stopped while stdout was not read\n" << err;
+  EXPECT_LT(stoppedAfter, 15s);
+  ASSERT_TRUE(reaped);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << err;
+  EXPECT_NE(err.find("rank 1 (local rank 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("exited with code 3 (first failure)"), std::string::npos) << err;
+  // More than the pipe (64 KiB) went through, and rank 0's lines arrive whole and in order; its
+  // last line may be cut short by the SIGTERM.
+  const std::vector<std::string> got = lines(text);
+  ASSERT_GT(text.size(), size_t{1} << 20) << "too little output to have filled the pipe";
+  for (size_t i = 0; i + 1 < got.size(); ++i) {
+    ASSERT_EQ(got[i], "[rank 0] flood 0 " + std::to_string(i)) << "line " << i;
+  }
+}
+
 TEST(LoomRun, BadFlagsGiveUsageAndExitCode2) {
   const std::vector<std::vector<std::string>> bad = {
       {},

@@ -9,6 +9,9 @@
 //   stubborn RANK CODE       every rank ignores SIGTERM; RANK exits CODE, the others wait
 //   flaky RANK CODE TIMES    RANK exits CODE while LOOM_RESTART_COUNT < TIMES, else all exit 0
 //   chatter                  two lines on stdout, one on stderr, then a last partial line
+//   flood DIR RANK CODE      RANK exits CODE after 1 s; the others record a received SIGTERM in
+//                            DIR/sig.<rank> and write "flood <rank> <i>" lines, i = 0, 1, ..., to
+//                            stdout for up to 60 s
 //   elastic DIR TAG [fail]   append "tag=TAG round=R rank=K world=W node=N nnodes=M" to
 //                            DIR/rounds, then exit 3 with `fail`, else wait until DIR/finish
 //                            exists (at most 120 s) and exit 0
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "loom/common/settings.h"
@@ -132,6 +136,17 @@ int main(int argc, char** argv) {
       usleep(20 * 1000);
     }
     return 93;
+  }
+  if (mode == "flood" && argc == 5) {
+    if (rank == std::atoi(argv[3])) {
+      sleep(1);
+      return std::atoi(argv[4]);
+    }
+    g_sigFile = std::string(argv[2]) + "/sig." + std::to_string(rank);
+    signal(SIGTERM, onSignal);
+    const time_t end = time(nullptr) + 60;
+    for (long i = 0; time(nullptr) < end; ++i) std::printf("flood %d %ld\n", rank, i);
+    return 94;
   }
   if (mode == "chatter") {
     std::printf("out one %d\nout two %d\n", rank, rank);

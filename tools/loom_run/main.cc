@@ -17,6 +17,7 @@
 #include "loom/common/socket.h"
 #include "loom/store/tcp_store.h"
 #include "loom/store/tcp_store_server.h"
+#include "output.h"
 #include "rendezvous.h"
 #include "rendezvous_store.h"
 #include "shepherd.h"
@@ -492,6 +493,22 @@ class Launcher {
 }  // namespace
 }  // namespace loom::run
 
+namespace {
+
+// Writes out what is still queued (output.h) before loom-run exits: as long as the reader takes
+// it, like any program, but a signal to loom-run ends the wait.
+int exitWith(loom::run::SignalWatcher& signals, int code) {
+  loom::run::output::flush([&] {
+    for (int sig : signals.drain()) {
+      if (sig != SIGCHLD) return true;
+    }
+    return false;
+  });
+  return code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace loom::run;
   // First, before any thread exists: route SIGINT/SIGTERM/SIGHUP/SIGCHLD to a signalfd.
@@ -519,12 +536,13 @@ int main(int argc, char** argv) {
            (o.command.front().find('/') != std::string::npos
                 ? std::string("no executable file at that path")
                 : "no executable of that name in PATH=" + envPath));
-    return 127;
+    return exitWith(*signals, 127);
   }
+  int code = 1;
   try {
-    return Launcher(*signals, o, path).run();
+    code = Launcher(*signals, o, path).run();
   } catch (const std::exception& e) {
     report(std::string("error: ") + e.what());
-    return 1;
   }
+  return exitWith(*signals, code);
 }

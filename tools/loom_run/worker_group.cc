@@ -12,6 +12,7 @@
 
 #include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "output.h"
 #include "shepherd.h"
 
 namespace loom::run {
@@ -20,18 +21,6 @@ namespace {
 std::string& reportPrefix() {
   static std::string prefix = "loom-run: ";
   return prefix;
-}
-
-void writeAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // a closed stdout (EPIPE) must not take loom-run down
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
 }
 
 // Long lines without a newline are flushed in pieces of this size.
@@ -44,8 +33,7 @@ void setReportPrefix(const std::string& prefix) {
 }
 
 void report(const std::string& text) {
-  const std::string line = reportPrefix() + text + "\n";
-  writeAll(2, line.data(), line.size());
+  output::write(2, reportPrefix() + text + "\n");
 }
 
 std::string signalName(int sig) {
@@ -185,14 +173,15 @@ void WorkerGroup::signalAll(int sig) {
 
 void WorkerGroup::flushPartial(Worker& w, Stream& s) {
   if (s.partial.empty()) return;
-  const std::string line = "[rank " + std::to_string(w.spec.rank) + "] " + s.partial + "\n";
-  writeAll(s.out, line.data(), line.size());
+  output::write(s.out, "[rank " + std::to_string(w.spec.rank) + "] " + s.partial + "\n");
   s.partial.clear();
 }
 
-void WorkerGroup::readStream(Worker& w, Stream& s) {
+void WorkerGroup::readStream(Worker& w, Stream& s, bool drainAll) {
   char buf[16384];
   for (;;) {
+    // A stalled reader of loom-run's output stalls the worker, not loom-run (output.h).
+    if (!drainAll && output::pending(s.out) >= output::kHighWater) return;
     const ssize_t n = ::read(s.fd, buf, sizeof(buf));
     if (n > 0) {
       s.partial.append(buf, static_cast<size_t>(n));
@@ -204,7 +193,7 @@ void WorkerGroup::readStream(Worker& w, Stream& s) {
         out.append(s.partial, begin, nl + 1 - begin);
       }
       s.partial.erase(0, begin);
-      if (!out.empty()) writeAll(s.out, out.data(), out.size());
+      if (!out.empty()) output::write(s.out, std::move(out));
       if (s.partial.size() >= kMaxLine) flushPartial(w, s);
       continue;
     }
@@ -218,14 +207,17 @@ void WorkerGroup::readStream(Worker& w, Stream& s) {
   }
 }
 
-void WorkerGroup::pumpStreams(int timeoutMs) {
+void WorkerGroup::pumpStreams(int timeoutMs, bool drainAll) {
   std::vector<pollfd> fds;
   std::vector<std::pair<Worker*, Stream*>> owners;
   fds.push_back({signals_.fd(), POLLIN, 0});
   owners.emplace_back(nullptr, nullptr);
+  fds.push_back({output::wakeFd(), POLLIN, 0});
+  owners.emplace_back(nullptr, nullptr);
   for (auto& w : workers_) {
     for (auto& s : w.streams) {
       if (s.fd < 0) continue;
+      if (!drainAll && output::pending(s.out) >= output::kHighWater) continue;
       fds.push_back({s.fd, POLLIN, 0});
       owners.emplace_back(&w, &s);
     }
@@ -236,8 +228,10 @@ void WorkerGroup::pumpStreams(int timeoutMs) {
     if (fds[i].revents == 0) continue;
     if (i == 0) {
       for (int sig : signals_.drain()) pendingSignals_.push_back(sig);
+    } else if (i == 1) {
+      output::clearWake();  // an output drained: its workers' pipes are polled again
     } else {
-      readStream(*owners[i].first, *owners[i].second);
+      readStream(*owners[i].first, *owners[i].second, drainAll);
     }
   }
 }
@@ -362,7 +356,9 @@ GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInt
     }
   }
 
-  // Phase 3: let the pipes drain (bounded: a leftover grandchild may hold one open).
+  // Phase 3: let the pipes drain (bounded: a leftover grandchild may hold one open). What is in
+  // them is read whole, past kHighWater: the workers are gone, so it is at most a pipe's worth
+  // each, and the writer thread writes it on while loom-run goes on (output.h).
   const Deadline drain(milliseconds(2000));
   for (;;) {
     bool open = false;
@@ -370,7 +366,7 @@ GroupResult WorkerGroup::run(const Tick& tick, std::chrono::milliseconds tickInt
       for (const auto& s : w.streams) open = open || s.fd >= 0;
     }
     if (!open || drain.expired()) break;
-    pumpStreams(drain.pollTimeoutMs(milliseconds(100)));
+    pumpStreams(drain.pollTimeoutMs(milliseconds(100)), /*drainAll=*/true);
   }
   closeStreams();
   return result;

@@ -15,8 +15,11 @@
 //   Stopping sends the signal (SIGTERM, or the one loom-run got) to each worker's process
 //   group, waits up to the grace period, then SIGKILLs what is left; a second signal to
 //   loom-run SIGKILLs at once. Every wait has a deadline.
-// - Single-threaded; not thread-safe. The caller blocks launcherSignals() before any thread
-//   exists (SignalWatcher does it) so that the signals reach the signalfd.
+// - Output goes through output.h's writer thread, so a stalled reader of loom-run's stdout or
+//   stderr never stalls the loop: while an output is backed up the loop stops reading the pipes
+//   that feed it (the workers feel the back-pressure, nothing is dropped) and goes on watching.
+// - Not thread-safe: one thread runs a WorkerGroup. The caller blocks launcherSignals() before
+//   any thread exists (SignalWatcher does it) so that the signals reach the signalfd.
 #pragma once
 
 #include <sys/types.h>
@@ -44,7 +47,8 @@ class SignalWatcher {
   int fd_ = -1;
 };
 
-// Writes "loom-run: <text>\n" (with the node prefix once set) to stderr in one write.
+// Queues "loom-run: <text>\n" (with the node prefix once set) for stderr as one write; never
+// blocks (output.h).
 void report(const std::string& text);
 void setReportPrefix(const std::string& prefix);
 
@@ -118,8 +122,9 @@ class WorkerGroup {
   void noteExitsWhileContinuing(const std::vector<WorkerExit>& exits, GroupResult& result,
                                 int& succeeded, std::optional<WorkerExit>& failedAfterSuccess);
   void signalAll(int sig);
-  void pumpStreams(int timeoutMs);
-  void readStream(Worker& w, Stream& s);
+  // drainAll: read the pipes even while loom-run's output is backed up (output.h).
+  void pumpStreams(int timeoutMs, bool drainAll = false);
+  void readStream(Worker& w, Stream& s, bool drainAll);
   void flushPartial(Worker& w, Stream& s);
   bool anyRunning() const;
   void closeStreams();
