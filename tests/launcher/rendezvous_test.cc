@@ -19,7 +19,9 @@ namespace loom::run {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 RendezvousOptions nodeOptions(int nnodes, int node, int nproc) {
   RendezvousOptions o;
@@ -274,6 +276,32 @@ TEST(LaunchOptions, ErrorsNameTheProblem) {
                      "--rdzv-endpoint", "h:1", "p"})
                   .text,
               HasSubstr("--node-rank has no meaning"));
+}
+
+TEST(LaunchOptions, FlagsThatDoNothingInThisKindOfRunAreNamed) {
+  const auto single = parse({"--nproc-per-node", "2", "--rdzv-endpoint", "localhost:29400",
+                             "--rdzv-timeout-s", "30", "p"});
+  ASSERT_EQ(single.kind, ParseOutcome::kRun) << single.text;
+  EXPECT_THAT(single.unused,
+              ElementsAre(HasSubstr("--rdzv-endpoint has no effect with --nnodes 1"),
+                          HasSubstr("--rdzv-timeout-s has no effect with --nnodes 1")));
+  const auto node0 =
+      parse({"--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "a", "--master-port", "1",
+             "--rdzv-endpoint", "h:2", "--rdzv-last-call-s", "1", "p"});
+  ASSERT_EQ(node0.kind, ParseOutcome::kRun) << node0.text;
+  EXPECT_THAT(node0.unused, ElementsAre(HasSubstr("--rdzv-last-call-s has no effect"),
+                                        HasSubstr("--rdzv-endpoint has no effect on node 0")));
+  // Where they are used, nothing is said.
+  EXPECT_THAT(
+      parse({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "a",
+             "--master-port", "1", "--rdzv-endpoint", "h:2", "--rdzv-timeout-s", "5", "p"})
+          .unused,
+      IsEmpty());
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "--nnodes", "1:2", "--rdzv-endpoint", "h:2",
+                     "--rdzv-last-call-s", "1", "p"})
+                  .unused,
+              IsEmpty());
+  EXPECT_THAT(parse({"--nproc-per-node", "2", "p"}).unused, IsEmpty());
 }
 
 TEST(LaunchOptions, ElasticNodes) {

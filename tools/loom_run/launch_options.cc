@@ -213,6 +213,23 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   if (o.runId.empty() || o.runId.find('/') != std::string::npos) {
     return fail("--run-id '" + o.runId + "' must be non-empty and contain no '/'");
   }
+  // Accepted, as torchrun accepts them, but said: a flag that silently does nothing misleads.
+  const auto unused = [&](const char* flag, const std::string& why) {
+    if (app.count(flag) > 0) out.unused.push_back(std::string(flag) + " has no effect " + why);
+  };
+  if (!o.elastic && o.nnodes == 1) {
+    const std::string why = "with --nnodes 1: a single node holds no rendezvous";
+    for (const char* flag :
+         {"--rdzv-endpoint", "--rdzv-timeout-s", "--node-timeout-s", "--rdzv-last-call-s"}) {
+      unused(flag, why);
+    }
+  } else if (!o.elastic) {
+    unused("--rdzv-last-call-s", "with a fixed --nnodes M: it applies to --nnodes MIN:MAX");
+    if (o.nodeRank == 0) {
+      unused("--rdzv-endpoint",
+             "on node 0, which hosts the rendezvous store at --master-addr:--master-port");
+    }
+  }
   return out;
 }
 

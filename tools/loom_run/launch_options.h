@@ -47,6 +47,9 @@ struct ParseOutcome {
   Kind kind = kRun;
   LaunchOptions options;
   std::string text;  // help text, or the error followed by the usage line
+  // kRun: flags that were given but do nothing in this kind of run (torchrun scripts pass
+  // rendezvous flags to single-node jobs); main() prints each as a note.
+  std::vector<std::string> unused;
 };
 
 ParseOutcome parseLaunchOptions(int argc, const char* const* argv);

@@ -529,6 +529,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const LaunchOptions& o = parsed.options;
+  for (const auto& note : parsed.unused) report("note: " + note);
   const std::string path = resolveProgram(o.command.front());
   if (path.empty()) {
     const std::string envPath = loom::settings::text("PATH").value_or("");
