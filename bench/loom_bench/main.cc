@@ -387,10 +387,14 @@ int loomBenchMain(int argc, char** argv) {
     printSlowestRank(*group.pg);
     return code;
   } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
-    std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;
+    // One write: the ranks share stderr, and piecewise writes interleave mid-line.
+    std::cerr << ("loom-bench: rank " + std::to_string(rank) + ": " + e.what() + "\n")
+              << std::flush;
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "loom-bench: rank " << rank << ": " << e.what() << std::endl;
+    // One write: the ranks share stderr, and piecewise writes interleave mid-line.
+    std::cerr << ("loom-bench: rank " + std::to_string(rank) + ": " + e.what() + "\n")
+              << std::flush;
     return 3;
   }
 }

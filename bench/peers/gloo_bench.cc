@@ -363,10 +363,14 @@ int glooBenchMain(int argc, char** argv) {
     GlooDriver driver(context, algo);
     return runSweep(driver, options, "gloo_bench", std::vector<std::string>(argv, argv + argc));
   } catch (const InvalidArgumentError& e) {  // e.g. -r beyond the world size
-    std::cerr << "gloo_bench: rank " << rank << ": " << e.what() << std::endl;
+    // One write: the ranks share stderr, and piecewise writes interleave mid-line.
+    std::cerr << ("gloo_bench: rank " + std::to_string(rank) + ": " + e.what() + "\n")
+              << std::flush;
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "gloo_bench: rank " << rank << ": " << e.what() << std::endl;
+    // One write: the ranks share stderr, and piecewise writes interleave mid-line.
+    std::cerr << ("gloo_bench: rank " + std::to_string(rank) + ": " + e.what() + "\n")
+              << std::flush;
     return 3;
   }
 }

@@ -191,7 +191,8 @@ int mpiBenchMain(int argc, char** argv) {
   } catch (const std::exception& e) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::cerr << "mpi_bench: rank " << rank << ": " << e.what() << std::endl;
+    // One write: the ranks share stderr, and piecewise writes interleave mid-line.
+    std::cerr << ("mpi_bench: rank " + std::to_string(rank) + ": " + e.what() + "\n") << std::flush;
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
