@@ -61,9 +61,15 @@ std::string cudaDeviceName(int device) {
 }
 
 std::unique_ptr<DeviceMemory> makeCudaMemory(int device) {
-  const int count = cudaDevices();
-  if (count == 0) {
-    LOOM_THROW(NotAvailableError, "--backend nccl: no CUDA device is visible to this process");
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    LOOM_THROW(NotAvailableError, "--backend nccl: no CUDA device is usable by this process (",
+               err == cudaSuccess ? std::string("cudaGetDeviceCount found none")
+                                  : std::string("cudaGetDeviceCount failed: ") +
+                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err),
+               ")");
   }
   if (device < 0 || device >= count) {
     LOOM_THROW(NotAvailableError, "--backend nccl: CUDA device ", device, " requested but ", count,

@@ -330,6 +330,10 @@ constexpr Setting kTable[] = {
      "loom-train keeps it; unset, loom-train switches a generic set OpenBLAS picked for a CPU "
      "model it does not know (Prescott, ...) to the best one the CPU runs",
      "loom::ag::setGenericKernels", "loom-train start"},
+    {"CUDA_VISIBLE_DEVICES", K::kText, S::kOther, "", 0, 0, "", "",
+     "the CUDA devices this process sees, read by CUDA; Loom names its value when the nccl "
+     "backend finds no device",
+     "nccl backend", "nccl group creation without a device"},
     {"XDG_CACHE_HOME", K::kText, S::kOther, "", 0, 0, "", "",
      "where the per-host tuning cache lives (XDG_CACHE_HOME/loom) when LOOM_TUNING_CACHE is "
      "unset",

@@ -40,7 +40,8 @@ void checkAvailable(const std::string& backend) {
   if (backend == "nccl") {
 #ifdef LOOM_HAVE_NCCL
     if (ncclDeviceCount() == 0) {
-      LOOM_THROW(NotAvailableError, "nccl backend: no CUDA device is visible");
+      LOOM_THROW(NotAvailableError, "nccl backend: no CUDA device is usable by this process (",
+                 ncclNoDeviceReason(), ")");
     }
     return;
 #else

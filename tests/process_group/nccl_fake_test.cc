@@ -407,7 +407,7 @@ TEST(NcclUniqueId, DevicePicking) {
   Fixture f;
   f.fake->devices = 0;
   EXPECT_THAT(messageOf<NotAvailableError>([&] { f.group(1); }),
-              HasSubstr("no CUDA device is visible"));
+              HasSubstr("no CUDA device is usable by this process ("));
   EXPECT_EQ(f.store->numKeys(), 0);  // before the store is touched
 }
 

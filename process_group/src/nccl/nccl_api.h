@@ -81,6 +81,9 @@ class NcclApi {
   // --- CUDA (throws IoError on failure) ---
   // Visible devices; 0 when there is none or no driver (never throws).
   virtual int deviceCount() = 0;
+  // Why deviceCount() is 0, for the error that says so: CUDA's own error when it gave one (a
+  // driver older than the runtime, devices busy in exclusive mode, ...), not just "none".
+  virtual std::string whyNoDevice() { return "cudaGetDeviceCount found none"; }
   // The calling thread's current device; -1 when it cannot be read (never throws).
   virtual int currentDevice() = 0;
   virtual void setDevice(int device) = 0;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "loom/common/error.h"
+#include "loom/common/settings.h"
 #include "nccl/nccl_api.h"
 #include "nccl/nccl_backend.h"
 
@@ -62,11 +63,31 @@ class CudaNcclApi final : public NcclApi {
   }
   int deviceCount() override {
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
       cudaGetLastError();  // clear the sticky "no device" error
       return 0;
     }
     return count;
+  }
+  std::string whyNoDevice() override {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    cudaGetLastError();
+    const std::string visible = settings::text("CUDA_VISIBLE_DEVICES").value_or("(unset)");
+    if (err == cudaSuccess && count == 0) {
+      return "cudaGetDeviceCount found none; CUDA_VISIBLE_DEVICES=" + visible;
+    }
+    if (err == cudaSuccess) return "";
+    std::string why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " +
+                      cudaGetErrorString(err);
+    if (err == cudaErrorNoDevice) why += "; CUDA_VISIBLE_DEVICES=" + visible;
+    if (err == cudaErrorInsufficientDriver) {
+      why += " (no NVIDIA driver is loaded, or it is older than the CUDA " +
+             std::to_string(CUDART_VERSION / 1000) + "." +
+             std::to_string(CUDART_VERSION % 1000 / 10) + " runtime Loom was built with)";
+    }
+    return why;
   }
   int currentDevice() override {
     int device = -1;
@@ -89,8 +110,7 @@ class CudaNcclApi final : public NcclApi {
     cudaEvent_t e = nullptr;
     // Plain (not blocking-sync): cudaEventSynchronize then follows the context's scheduling
     // flags, as torch's waits do (nccl_backend.h).
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-          "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     return e;
   }
   void destroyEvent(Event event) noexcept override { cudaEventDestroy(ev(event)); }
@@ -196,6 +216,14 @@ int ncclDeviceCount() noexcept {
     return nccl_detail::cudaApi()->deviceCount();
   } catch (...) {
     return 0;
+  }
+}
+
+std::string ncclNoDeviceReason() {
+  try {
+    return nccl_detail::cudaApi()->whyNoDevice();
+  } catch (const std::exception& e) {
+    return e.what();
   }
 }
 

@@ -64,6 +64,9 @@ void* NcclStreamGuard::current() {
 int ncclDeviceCount() noexcept {
   return 0;
 }
+std::string ncclNoDeviceReason() {
+  return "built without NCCL (LOOM_WITH_NCCL=OFF)";
+}
 #endif
 
 namespace nccl_detail {
@@ -539,8 +542,8 @@ std::shared_ptr<ProcessGroup> createProcessGroupNcclOn(std::shared_ptr<NcclApi> 
   const int count = api->deviceCount();
   if (count == 0) {
     LOOM_THROW(NotAvailableError, "rank ", rank,
-               ": nccl backend: no CUDA device is visible to this process (cudaGetDeviceCount "
-               "found none); use the tcp backend for CPU buffers");
+               ": nccl backend: no CUDA device is usable by this process (", api->whyNoDevice(),
+               "); use the tcp backend for CPU buffers");
   }
   const int device = pickDevice(options.nccl.device, options.nccl.localRank, rank, count);
   return std::make_shared<ProcessGroupNccl>(std::move(api), std::move(store), rank, size, options,

@@ -29,10 +29,10 @@
 //   say (cudaSetDeviceFlags; by default it spins where the cores outnumber the contexts, as
 //   torch's waits do; the events are plain, not blocking-sync: measured on an H200, a
 //   blocking-sync wake-up added ~100 us to a 5 ms operation), bounded by the operation's
-//   deadline and the timeout: the watchdog aborts the communicator when the earlier passes, which ends the
-//   kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the event
-//   and never waits for the operation (it may issue an open point-to-point batch). Buffers stay
-//   valid until the Work completed (isCompleted, or a host-blocking wait).
+//   deadline and the timeout: the watchdog aborts the communicator when the earlier passes, which
+//   ends the kernels and the wait, and the Work fails with TimeoutError. isCompleted() queries the
+//   event and never waits for the operation (it may issue an open point-to-point batch). Buffers
+//   stay valid until the Work completed (isCompleted, or a host-blocking wait).
 // - Point-to-point. Consecutive send / recv operations form one batch, issued as one NCCL group
 //   (ncclGroupStart / ncclGroupEnd) when it ends: at the next other operation, at the end of
 //   batchSendRecv (every batchSendRecv is one group), when one of its Works is waited on or
@@ -71,6 +71,8 @@ class Store;
 // CUDA devices visible to this process; 0 when there is none or the driver is missing (always 0
 // when built without NCCL).
 int ncclDeviceCount() noexcept;
+// When ncclDeviceCount() is 0: why, with CUDA's error (for the NotAvailableError).
+std::string ncclNoDeviceReason();
 
 // With the real device (built with NCCL only).
 std::shared_ptr<ProcessGroup> createProcessGroupNccl(std::shared_ptr<Store> store, int rank,
