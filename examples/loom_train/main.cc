@@ -171,7 +171,7 @@ std::string stepArgs(int64_t step) {
 }
 
 // The straggler table over the flight recorder's last operations (every rank calls it; rank 0
-// prints the slowest rank, as loom-bench does). Skipped when the recorder is off. The barrier
+// prints the slowest rank, as loom-bench does, or why it was not measured). The barrier
 // keeps rank 0, which may host the store, alive until every rank has read the exchange.
 void printSlowestRank(ProcessGroup& pg) {
   if (pg.size() < 2) return;
@@ -181,8 +181,9 @@ void printSlowestRank(ProcessGroup& pg) {
     if (pg.rank() != 0 || table.slowest() < 0) return;
     const std::string text = table.format();
     std::printf("loom-train: %s\n", text.substr(text.rfind('\n') + 1).c_str());
-  } catch (const InvalidArgumentError&) {
-    // LOOM_FLIGHT_RECORDER_ENTRIES=0
+  } catch (const InvalidArgumentError& e) {
+    // LOOM_FLIGHT_RECORDER_ENTRIES=0, or an mpi group without a shared store: said, not waited.
+    if (pg.rank() == 0) std::printf("loom-train: slowest rank: not measured: %s\n", e.what());
   }
 }
 

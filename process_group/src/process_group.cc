@@ -125,6 +125,12 @@ diag::StragglerTable ProcessGroup::stragglers(std::optional<std::chrono::millise
                ": stragglers: the flight recorder is off (flightRecorderEntries = 0, or "
                "LOOM_FLIGHT_RECORDER_ENTRIES=0)");
   }
+  if (!sharedStore()) {
+    LOOM_THROW(InvalidArgumentError, who(),
+               ": stragglers goes through the group's store, and this ", backend_,
+               " group was created without one the ranks share (null store, or initProcessGroup "
+               "without MASTER_ADDR); set MASTER_ADDR and MASTER_PORT, or pass a shared store");
+  }
   // The rank that hosts the store waits until every rank has read the records (rank 0 when the
   // host is unknown or outside this group).
   const int host =

@@ -32,7 +32,7 @@ class ProcessGroupMpi final : public ProcessGroup {
   bool isBroken() const override;
   std::string transportSummary() const override;
 
-  bool sharedStore() const { return sharedStore_; }
+  bool sharedStore() const override { return sharedStore_; }
   // The communicator newGroup splits (its collectives run on the issuing thread, never on the
   // worker's communicator).
   MPI_Comm controlComm() const { return control_; }

@@ -274,6 +274,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const std::string& backendName() const { return backend_; }
   const ProcessGroupOptions& options() const { return options_; }
   const std::shared_ptr<Store>& store() const { return store_; }
+  // Whether store() is shared by the group's ranks. False only for an mpi group created without
+  // one (null store, or initProcessGroup under mpirun without MASTER_ADDR): its store is private
+  // to the rank, and what exchanges through the store (stragglers(), monitored_barrier) is
+  // refused with InvalidArgumentError instead of waiting for ranks that can never answer.
+  virtual bool sharedStore() const { return true; }
   DebugLevel debugLevel() const { return debug_; }
   // Sequence number of the last collective issued (0 before the first).
   uint64_t lastSeq() const;
@@ -389,7 +394,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Each rank publishes its flight record's start times through the store, waits for every
   // rank's (at most `timeout`, default the group's: TimeoutError naming the missing ranks) and
   // returns the table of arrival lateness per rank over the collectives every record holds.
-  // InvalidArgumentError when the recorder is off.
+  // InvalidArgumentError when the recorder is off, or the store is not shared (sharedStore()).
   diag::StragglerTable stragglers(std::optional<std::chrono::milliseconds> timeout = {});
 
  protected:
