@@ -225,6 +225,13 @@ void checkReduceOpFor(const ProcessGroup& pg, const char* opName, ReduceOp op, D
     LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": reduce op ", reduceOpName(op),
                " is bitwise and needs an integer dtype, got ", dtypeName(dtype));
   }
+  // What the engines refuse when they run (comm::checkReduceOp) is refused here too, before
+  // the operation is issued: refused there, it would fail the group on every rank.
+  try {
+    loom::checkReduceOp(op, dtype);
+  } catch (const Error& e) {
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": ", opName, ": ", e.what());
+  }
 }
 
 void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {

@@ -113,22 +113,62 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::workOf(c10d::OpType type,
                                              std::move(finish), sourceRank, completer_));
 }
 
+OptionalTimeout ProcessGroupLoom::timeoutOf(std::chrono::milliseconds timeout) const {
+  const int64_t set = timeoutMs_.load(std::memory_order_relaxed);
+  if ((timeout == c10d::kUnsetTimeout || timeout.count() <= 0) && set > 0) {
+    return std::chrono::milliseconds(set);
+  }
+  return toLoomTimeout(timeout);
+}
+
+void ProcessGroupLoom::setTimeout(std::chrono::milliseconds timeout) {
+  LOOM_CHECK(timeout.count() > 0, "set_timeout: the loom backend's timeout must be positive, got ",
+             timeout.count(), " ms");
+  timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
+}
+
+uint64_t ProcessGroupLoom::getSequenceNumberForGroup() {
+  return pg_->lastSeq();
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::track(c10::intrusive_ptr<WorkLoom> work) {
   if (coalescing_) coalesced_.push_back(work);
+  // Abandoned Works are let go once they completed.
+  std::erase_if(abandoned_, [](const auto& w) { return w->isCompleted(); });
   return work;
+}
+
+void ProcessGroupLoom::abandonCoalescing(const char* opName) {
+  coalescing_ = false;
+  abandonedBy_ = opName;
+  for (auto& w : coalesced_) abandoned_.push_back(std::move(w));
+  coalesced_.clear();
 }
 
 #if LOOM_TORCH_AT_LEAST(2, 1)
 void ProcessGroupLoom::startCoalescing() {
+  abandonedBy_.clear();
   if (coalescing_) {
-    LOOM_THROW(InvalidArgumentError,
-               "startCoalescing: the loom group is coalescing already (endCoalescing first)");
+    // torch pairs every start with an end unless the block's body raised: a Python error
+    // between the operations left the last block open. Its operations run on, abandoned.
+    TORCH_WARN(
+        "loom: a coalescing block was left without endCoalescing (an exception in its "
+        "body); its ",
+        coalesced_.size(), " operation(s) run on without a batch Work");
+    abandonCoalescing("the block's body");
+    abandonedBy_.clear();
   }
   coalescing_ = true;
   coalesced_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
+  if (!coalescing_ && !abandonedBy_.empty()) {
+    const std::string by = abandonedBy_;
+    abandonedBy_.clear();
+    LOOM_THROW(InvalidArgumentError, "endCoalescing: the coalescing block already ended when ", by,
+               " raised in it; the operations issued before it run on");
+  }
   if (!coalescing_) {
     LOOM_THROW(InvalidArgumentError, "endCoalescing: without startCoalescing");
   }

@@ -40,7 +40,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,14 +75,34 @@ class ProcessGroupLoom : public C10dBase {
   ~ProcessGroupLoom() override;
 
   const std::string getBackendName() const override { return "loom"; }
-  loom::ProcessGroup& loomGroup() { return *pg_; }
+  // Loom's collective sequence number (op#seq), the same on every rank after the same
+  // collectives: what TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares across ranks. Loom's
+  // numbers start at 0 on every rank, so there is nothing to set.
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
+  // dist.set_timeout: the deadline of the operations issued from now on whose options leave
+  // theirs unset (must be positive). It overrides c10d::Backend::setTimeout on the torches
+  // that have it; without `override` so that the same source builds on those that do not.
+  void setTimeout(std::chrono::milliseconds timeout);
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
+  loom::ProcessGroup& loomGroup() {
+    return *pg_;
+  }
   // Requests the group has sent to torch's store (store_adapter.h), for tests.
   uint64_t storeRequests() const;
   // Whether the group's reductions run in reproducible mode, as its Loom group decided it
   // (loom::ProcessGroup::reproducible: the option, else LOOM_REPRODUCIBLE).
   bool reproducible() const;
   // The group's own store, as Loom sees it (keys under the group's prefixes; for tests).
-  TorchStore& store() { return *store_; }
+  TorchStore& store() {
+    return *store_;
+  }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -154,12 +176,25 @@ class ProcessGroupLoom : public C10dBase {
                                         std::vector<at::Tensor> outputs,
                                         std::function<void()> finish, int sourceRank = -1);
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<WorkLoom> work);
+  // c10d's timeout as Loom's: kUnsetTimeout is the one setTimeout set, else the group's.
+  OptionalTimeout timeoutOf(std::chrono::milliseconds timeout) const;
+
+  // Ends a coalescing block that an exception left open (CoalescingBlockGuard): torch's
+  // _coalescing_manager has no try/finally, so endCoalescing never comes. The operations issued
+  // in it run on; their Works are kept until they complete, not in a batch nobody waits for.
+  void abandonCoalescing(const char* opName);
+  friend class CoalescingBlockGuard;
 
   const BackendOptions options_;
   std::shared_ptr<TorchStore> store_;
   std::shared_ptr<loom::ProcessGroup> pg_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WorkLoom>> coalesced_;
+  // A block an operation's exception ended (abandonCoalescing): what failed, for the
+  // endCoalescing that may still come, and the Works still running.
+  std::string abandonedBy_;
+  std::vector<c10::intrusive_ptr<WorkLoom>> abandoned_;
+  std::atomic<int64_t> timeoutMs_{0};  // setTimeout's, 0: the group's
   // Completes the futures of this group's Works (work_loom.h). Declared after pg_ so that it
   // goes first: its last tasks wait on operations of a group that still exists.
   std::shared_ptr<FutureCompleter> completer_ = std::make_shared<FutureCompleter>();
@@ -174,5 +209,24 @@ struct LoomReduce {
 LoomReduce toLoomReduce(const c10d::ReduceOp& op, at::ScalarType dtype, const char* opName);
 // c10d's timeout (kUnsetTimeout: the group's) as Loom's.
 OptionalTimeout toLoomTimeout(std::chrono::milliseconds timeout);
+
+// Put first in every operation that can be issued inside a coalescing block: when the
+// operation throws while a block is open, the block is abandoned (ProcessGroupLoom::
+// abandonCoalescing) instead of collecting every later operation's Work for good.
+class CoalescingBlockGuard {
+ public:
+  CoalescingBlockGuard(ProcessGroupLoom& pg, const char* opName)
+      : pg_(pg), opName_(opName), exceptions_(std::uncaught_exceptions()) {}
+  ~CoalescingBlockGuard() {
+    if (std::uncaught_exceptions() > exceptions_ && pg_.coalescing_) pg_.abandonCoalescing(opName_);
+  }
+  CoalescingBlockGuard(const CoalescingBlockGuard&) = delete;
+  CoalescingBlockGuard& operator=(const CoalescingBlockGuard&) = delete;
+
+ private:
+  ProcessGroupLoom& pg_;
+  const char* opName_;
+  int exceptions_;
+};
 
 }  // namespace loom::torch_backend

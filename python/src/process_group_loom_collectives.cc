@@ -99,29 +99,32 @@ BufferView emptyView(const at::Tensor& like, const char* opName) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
+  CoalescingBlockGuard block(*this, "broadcast");
   const char* name = "broadcast";
   checkRootTensor(opts.rootTensor, name);
   at::Tensor& t = single(tensors, name);
   auto buf = stageIn({t}, name);
-  auto work = pg_->broadcast(buf->view(), {.root = static_cast<int>(opts.rootRank),
-                                           .timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->broadcast(
+      buf->view(), {.root = static_cast<int>(opts.rootRank), .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::BROADCAST, std::move(work), {t}, finishing(nullptr, buf));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
+  CoalescingBlockGuard block(*this, "allreduce");
   const char* name = "allreduce";
   at::Tensor& t = single(tensors, name);
   auto buf = stageIn({t}, name);
   const LoomReduce reduce = toLoomReduce(opts.reduceOp, t.scalar_type(), name);
   if (reduce.premul) buf->scale(*reduce.premul);
   auto work =
-      pg_->allreduce(buf->view(), {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
+      pg_->allreduce(buf->view(), {.reduceOp = reduce.op, .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::ALLREDUCE, std::move(work), {t}, finishing(nullptr, buf));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  CoalescingBlockGuard block(*this, "allreduce_coalesced");
   // One Loom operation for every tensor (one sequence number, one pass on the wire).
   const char* name = "allreduce_coalesced";
   LOOM_CHECK(!tensors.empty(), name, ": empty tensor list");
@@ -133,8 +136,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     if (reduce.premul) bufs.back()->scale(*reduce.premul);
     views.push_back(bufs.back()->view());
   }
-  auto work = pg_->allreduceCoalesced(
-      views, {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
+  auto work =
+      pg_->allreduceCoalesced(views, {.reduceOp = reduce.op, .timeout = timeoutOf(opts.timeout)});
   auto finish = [bufs] {
     for (const auto& buf : bufs) buf->copyOut();
   };
@@ -143,6 +146,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
+  CoalescingBlockGuard block(*this, "reduce");
   const char* name = "reduce";
   checkRootTensor(opts.rootTensor, name);
   at::Tensor& t = single(tensors, name);
@@ -151,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   const int root = static_cast<int>(opts.rootRank);
   if (reduce.premul) buf->scale(*reduce.premul);
   auto work = pg_->reduce(
-      buf->view(), {.reduceOp = reduce.op, .root = root, .timeout = toLoomTimeout(opts.timeout)});
+      buf->view(), {.reduceOp = reduce.op, .root = root, .timeout = timeoutOf(opts.timeout)});
   // With PREMUL_SUM the other ranks' tensors keep their values (the scaled copy stays ours,
   // alive until the operation is over).
   const bool copyBack = !reduce.premul || rank_ == root;
@@ -162,6 +166,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  CoalescingBlockGuard block(*this, "allgather");
   const char* name = "allgather";
   at::Tensor& input = single(inputs, name);
   auto& outList = listOf(outputs, size_, name, "output");
@@ -171,24 +176,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
   bool even = true;
   for (size_t c : counts) even = even && c == static_cast<size_t>(input.numel());
   auto work =
-      even ? pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)})
-           : pg_->allgatherv(in->view(), out->view(), counts,
-                             {.timeout = toLoomTimeout(opts.timeout)});
+      even ? pg_->allgather(in->view(), out->view(), {.timeout = timeoutOf(opts.timeout)})
+           : pg_->allgatherv(in->view(), out->view(), counts, {.timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::ALLGATHER, std::move(work), outList, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  CoalescingBlockGuard block(*this, "_allgather_base");
   const char* name = "_allgather_base";
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
-  auto work = pg_->allgather(in->view(), out->view(), {.timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->allgather(in->view(), out->view(), {.timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::_ALLGATHER_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& /*outputs*/, std::vector<at::Tensor>& /*inputs*/,
     const c10d::AllgatherOptions& /*opts*/) {
+  CoalescingBlockGuard block(*this, "allgather_coalesced");
   LOOM_THROW(NotAvailableError, "allgather_coalesced is not supported by the loom backend (torch ",
              kTorchVersion,
              "; use all_gather per tensor, or all_gather_into_tensor on one flat tensor)");
@@ -197,6 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
+  CoalescingBlockGuard block(*this, "gather");
   const char* name = "gather";
   at::Tensor& input = single(inputs, name);
   const int root = static_cast<int>(opts.rootRank);
@@ -212,14 +219,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     LOOM_THROW(InvalidArgumentError, name, ": output tensors are only given on the root (rank ",
                root, "); this is rank ", rank_);
   }
-  auto work =
-      pg_->gather(in->view(), outView, {.root = root, .timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->gather(in->view(), outView, {.root = root, .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::GATHER, std::move(work), results, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
+  CoalescingBlockGuard block(*this, "scatter");
   const char* name = "scatter";
   at::Tensor& output = single(outputs, name);
   const int root = static_cast<int>(opts.rootRank);
@@ -233,14 +240,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
                root, "); this is rank ", rank_);
   }
   auto out = stageOut({output}, name);
-  auto work =
-      pg_->scatter(inView, out->view(), {.root = root, .timeout = toLoomTimeout(opts.timeout)});
+  auto work = pg_->scatter(inView, out->view(), {.root = root, .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::SCATTER, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  CoalescingBlockGuard block(*this, "reduce_scatter");
   const char* name = "reduce_scatter";
   at::Tensor& output = single(outputs, name);
   // Input tensor j goes to rank j: its size is rank j's output size, the same on every rank.
@@ -249,8 +256,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
   auto out = stageOut({output}, name);
   const LoomReduce reduce = toLoomReduce(opts.reduceOp, output.scalar_type(), name);
   if (reduce.premul) in->scale(*reduce.premul);
-  const ReduceScatterOptions loomOpts{.reduceOp = reduce.op,
-                                      .timeout = toLoomTimeout(opts.timeout)};
+  const ReduceScatterOptions loomOpts{.reduceOp = reduce.op, .timeout = timeoutOf(opts.timeout)};
   const std::vector<size_t> counts = countsOf(inList);
   bool even = true;
   for (size_t c : counts) even = even && c == static_cast<size_t>(output.numel());
@@ -261,22 +267,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  CoalescingBlockGuard block(*this, "_reduce_scatter_base");
   const char* name = "_reduce_scatter_base";
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
   const LoomReduce reduce = toLoomReduce(opts.reduceOp, input.scalar_type(), name);
   if (reduce.premul) in->scale(*reduce.premul);
   auto work = pg_->reduceScatter(in->view(), out->view(),
-                                 {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)});
+                                 {.reduceOp = reduce.op, .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 namespace {
 
-// c10d's split sizes (rows of dim 0) as Loom's (elements); empty stays empty (equal blocks).
+// c10d's split sizes (rows of dim 0) as Loom's (elements); empty stays empty (equal blocks),
+// which must then be whole rows, as c10d's checkSplitSizes asks: equal element blocks of a
+// (3, 2) tensor over 2 ranks would cut its middle row in two.
 std::vector<size_t> elementSplits(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
                                   const char* opName, const char* what) {
-  if (splits.empty()) return {};
+  if (splits.empty()) {
+    if (t.dim() >= 1 && t.size(0) % size != 0) {
+      LOOM_THROW(InvalidArgumentError, opName, ": the ", what, " tensor's dim 0 (", t.size(0),
+                 " rows) does not divide equally across the group's ", size,
+                 " ranks; pass split sizes for uneven blocks");
+    }
+    return {};
+  }
   if (static_cast<int>(splits.size()) != size) {
     LOOM_THROW(InvalidArgumentError, opName, ": ", what, " split sizes have ", splits.size(),
                " entries; expected the world size, ", size);
@@ -296,6 +312,7 @@ std::vector<size_t> elementSplits(const at::Tensor& t, const std::vector<int64_t
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+  CoalescingBlockGuard block(*this, "alltoall_base");
   const char* name = "alltoall_base";
   checkTensor(input, name);
   checkTensor(output, name);
@@ -304,13 +321,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(
   auto in = stageIn({input}, name);
   auto out = stageOut({output}, name);
   auto work = pg_->alltoallv(in->view(), inSplits, out->view(), outSplits,
-                             {.timeout = toLoomTimeout(opts.timeout)});
+                             {.timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::ALLTOALL_BASE, std::move(work), {output}, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
+  CoalescingBlockGuard block(*this, "alltoall");
   const char* name = "alltoall";
   if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
     LOOM_THROW(InvalidArgumentError, name, ": expected ", size_, " input and output tensors, got ",
@@ -319,12 +337,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   auto in = stageIn(inputs, name);
   auto out = stageOut(outputs, name);
   auto work = pg_->alltoallv(in->view(), countsOf(inputs), out->view(), countsOf(outputs),
-                             {.timeout = toLoomTimeout(opts.timeout)});
+                             {.timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::ALLTOALL, std::move(work), outputs, finishing(in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                       int tag) {
+  CoalescingBlockGuard block(*this, "send");
   const char* name = "send";
   at::Tensor& t = single(tensors, name);
   auto in = stageIn({t}, name);
@@ -334,6 +353,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                       int tag) {
+  CoalescingBlockGuard block(*this, "recv");
   const char* name = "recv";
   at::Tensor& t = single(tensors, name);
   auto out = stageOut({t}, name);
@@ -343,6 +363,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                int tag) {
+  CoalescingBlockGuard block(*this, "recvAnysource");
   const char* name = "recv_anysource";
   at::Tensor& t = single(tensors, name);
   auto out = stageOut({t}, name);
@@ -352,12 +373,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 }
 
 void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  pg_->monitoredBarrier({.timeout = toLoomTimeout(opts.timeout), .waitAllRanks = waitAllRanks})
-      ->wait();
+  pg_->monitoredBarrier({.timeout = timeoutOf(opts.timeout), .waitAllRanks = waitAllRanks})->wait();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
-  auto work = pg_->barrier({.timeout = toLoomTimeout(opts.timeout)});
+  CoalescingBlockGuard block(*this, "barrier");
+  auto work = pg_->barrier({.timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::BARRIER, std::move(work), {}, finishing(nullptr, nullptr));
 }
 
@@ -412,6 +433,7 @@ std::vector<std::vector<size_t>> byDtype(const std::vector<at::Tensor>& tensors)
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  CoalescingBlockGuard block(*this, "allgather_into_tensor_coalesced");
   // Input i of every rank goes to output i, rank after rank. The inputs travel packed in one
   // buffer (rank r's block of the gathered buffer holds its inputs end to end), and the
   // gathered blocks are unpacked into the outputs: one Loom all-gather per dtype.
@@ -430,7 +452,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
       offset += inputs[i].numel();
     }
     works.push_back(pg_->allgather(bufferView(packed, name), bufferView(gathered, name),
-                                   {.timeout = toLoomTimeout(opts.timeout)}));
+                                   {.timeout = timeoutOf(opts.timeout)}));
     unpacks.push_back([packed, gathered, group, outputs, inputs]() mutable {
       int64_t at = 0;
       for (size_t i : group) {
@@ -450,6 +472,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  CoalescingBlockGuard block(*this, "reduce_scatter_tensor_coalesced");
   // Block r of input i (size blocks of output i's size) goes to rank r. Packed so that block
   // r of the packed buffer holds block r of every input end to end; one Loom reduce-scatter
   // per dtype leaves this rank's block, whose pieces are the outputs.
@@ -473,7 +496,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
     if (reduce.premul) packed.mul_(*reduce.premul);
     works.push_back(
         pg_->reduceScatter(bufferView(packed, name), bufferView(reduced, name),
-                           {.reduceOp = reduce.op, .timeout = toLoomTimeout(opts.timeout)}));
+                           {.reduceOp = reduce.op, .timeout = timeoutOf(opts.timeout)}));
     unpacks.push_back([packed, reduced, group, outputs]() mutable {
       int64_t at = 0;
       for (size_t i : group) {

@@ -1,0 +1,138 @@
+"""Where torch.distributed code written for gloo meets the loom backend: the calls must behave
+as a torch user expects of a CPU backend, or refuse at once with an error that leaves the group
+usable (tests/audit of 2026-11-29)."""
+
+import gc
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not importable (scripts/setup.sh)")
+
+import ranks  # noqa: E402
+
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _still_usable(dist, world):
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(world))), t
+
+
+def _debug_detail(rank, world, tmp):
+    import torch.distributed as dist
+
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp)
+    t = torch.full((4,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((4,), float(world * (world - 1) // 2))), t
+    out = torch.zeros(world * 2)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
+    dist.broadcast(t, src=0)
+    dist.barrier()
+    # The number DETAIL's wrapper compares: the same on every rank.
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    seqs = [None] * world
+    dist.all_gather_object(seqs, backend._get_sequence_number_for_group(), group=gloo)
+    assert len(set(seqs)) == 1 and seqs[0] > 0, seqs
+    if TORCH >= (2, 15):
+        # The wrapper's check names a shape mismatch before Loom sees it; the group goes on.
+        with pytest.raises(RuntimeError, match="(?i)mismatch"):
+            dist.all_reduce(torch.zeros(3 + rank))
+        _still_usable(dist, world)
+    return True
+
+
+@pytest.mark.skipif(TORCH < (2, 1), reason=f"torch {torch.__version__}: DETAIL wraps plugin backends from 2.x")
+def test_torch_distributed_debug_detail_runs_every_collective():
+    ranks.spawn(_debug_detail, 2, timeout=90)
+
+
+def _abandoned_batch(rank, world, tmp):
+    import torch.distributed as dist
+
+    ranks.init_loom_and_gloo(rank, world, tmp)
+    peer = 1 - rank
+    # A batch whose first operation Loom refuses (a dtype it does not move): the coalescing
+    # block torch opened is never closed (its _coalescing_manager has no try/finally).
+    with pytest.raises(RuntimeError, match="does not support dtype"):
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2, dtype=torch.int16), peer),
+                                dist.P2POp(dist.irecv, torch.zeros(2), peer)])
+    # A Python error in the block's body, before any operation reached Loom.
+    with pytest.raises(ValueError):
+        from torch.distributed.distributed_c10d import _coalescing_manager
+        with _coalescing_manager(device=torch.device("cpu")):
+            raise ValueError("the body failed")
+    # The next batch works...
+    got = torch.zeros(3)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), float(rank)), peer),
+                                        dist.P2POp(dist.irecv, got, peer)]):
+        work.wait()
+    assert torch.equal(got, torch.full((3,), float(peer))), got
+    # ...and later operations are not collected into a batch nobody waits for: their tensors are
+    # freed when the caller lets them go.
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    ref = weakref.ref(t)
+    del t
+    gc.collect()
+    assert ref() is None, "an all_reduce's tensor outlived the call (kept by the backend)"
+    _still_usable(dist, world)
+    return True
+
+
+@pytest.mark.skipif(TORCH < (2, 1), reason=f"torch {torch.__version__}: no coalescing before 2.1")
+def test_a_batch_that_raises_leaves_no_coalescing_state():
+    ranks.spawn(_abandoned_batch, 2, timeout=90)
+
+
+def _refused_locally(rank, world, tmp):
+    import torch.distributed as dist
+
+    ranks.init_loom_and_gloo(rank, world, tmp)
+    # all_to_all_single without split sizes takes whole rows of dim 0, as c10d asks.
+    inp = torch.arange(6, dtype=torch.float32).reshape(3, 2) + 100 * rank
+    with pytest.raises(RuntimeError, match="dim 0 \\(3 rows\\) does not divide equally"):
+        dist.all_to_all_single(torch.zeros(3, 2), inp)
+    _still_usable(dist, world)
+    out = torch.zeros(4, 2)
+    dist.all_to_all_single(out, torch.arange(8, dtype=torch.float32).reshape(4, 2) + 100 * rank)
+    want = torch.cat([torch.arange(8, dtype=torch.float32).reshape(4, 2)[2 * rank:2 * rank + 2]
+                      + 100 * r for r in range(world)])
+    assert torch.equal(out, want), (out, want)
+    # AVG over bool: refused before it is issued, not by the engines on every rank.
+    with pytest.raises(RuntimeError, match="avg is not defined for dtype bool"):
+        dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG)
+    _still_usable(dist, world)
+    return True
+
+
+def test_bad_calls_are_refused_and_the_group_goes_on():
+    ranks.spawn(_refused_locally, 2, timeout=90)
+
+
+def _set_timeout(rank, world, tmp):
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    ranks.init_loom_and_gloo(rank, world, tmp, timeout_s=60)
+    dist.set_timeout(timedelta(seconds=1))
+    if rank == 1:
+        time.sleep(6)  # rank 0's all_reduce must give up after 1 s, not the group's 60
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        dist.all_reduce(torch.ones(2))
+    if rank == 0:
+        assert "1000 ms" in str(info.value) or "timed out" in str(info.value), str(info.value)
+        assert time.monotonic() - start < 6, "set_timeout was not applied"
+    return True
+
+
+@pytest.mark.skipif(not hasattr(__import__("torch.distributed").distributed, "set_timeout"),
+                    reason=f"torch {torch.__version__} has no dist.set_timeout")
+def test_set_timeout_applies_to_later_operations():
+    ranks.spawn(_set_timeout, 2, timeout=90)
