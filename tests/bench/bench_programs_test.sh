@@ -5,6 +5,8 @@
 # when they were built. Usage: bench_programs_test.sh BIN_DIR
 set -uo pipefail
 bin=$1
+# Each program run is bounded: 120 s, times the build's LOOM_TEST_TIMEOUT_SCALE (4 under TSan).
+limit=$((120 * ${LOOM_TEST_TIMEOUT_SCALE:-1}))
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 tmp=$(mktemp -d)
@@ -53,7 +55,7 @@ ranks() {
     for ((r = 0; r < n; r++)); do
       if ((r == 0)); then out="$tmp/out"; else out="$tmp/out$r"; fi
       RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LOOM_SHM=0 \
-        timeout 120 "$@" >"$out" 2>&1 &
+        timeout "$limit" "$@" >"$out" 2>&1 &
       pids+=($!)
     done
     wait "${pids[0]}" || rc=$?
@@ -192,7 +194,7 @@ fi
 if [[ -x $bin/mpi_bench ]] && command -v mpirun >/dev/null; then
   root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
   for op in all_reduce reduce_scatter alltoall; do
-    timeout 120 mpirun "${root[@]}" --oversubscribe -np 2 --mca btl self,vader "$bin/mpi_bench" \
+    timeout "$limit" mpirun "${root[@]}" --oversubscribe -np 2 --mca btl self,vader "$bin/mpi_bench" \
       --op "$op" -b 8 -e 8K -f 32 -n 2 -w 1 -c 1 -d all -o all >"$tmp/out" 2>&1 ||
       fail "mpi_bench --op $op exited non-zero"
     grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "mpi_bench --op $op: wrong elements"
@@ -204,7 +206,7 @@ fi
 # and exit 3.
 if [[ -x $bin/mpi_bench ]] && command -v mpirun >/dev/null; then  # MPI found: the backend is in
   root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
-  env -u MASTER_ADDR -u MASTER_PORT timeout 120 mpirun "${root[@]}" --oversubscribe -np 2 \
+  env -u MASTER_ADDR -u MASTER_PORT timeout "$limit" mpirun "${root[@]}" --oversubscribe -np 2 \
     --mca btl self,vader "$bin/loom-bench" --backend mpi -b 8 -e 8K -f 32 -n 2 -w 1 \
     >"$tmp/out" 2>&1 || fail "mpirun loom-bench --backend mpi exited non-zero: $(tail -3 "$tmp/out")"
   grep -q "Out of bounds values : 0 OK" "$tmp/out" || fail "loom-bench --backend mpi: wrong elements"
