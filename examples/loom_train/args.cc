@@ -117,28 +117,32 @@ int parseArgs(int argc, char** argv, Args& a) {
       ->check(CLI::IsMember({"mlp", "gpt", "cnn"}))
       ->capture_default_str();
   addModelOptions(app, a.modelArgs);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kUsageError;
+  }
   for (const char* flag : {"--min-ranks", "--shrink-window-s"}) {
     if (app.count(flag) > 0 && !a.shrinkOnFailure) {
       std::fprintf(stderr, "loom-train: error: %s is for --shrink-on-failure\n", flag);
-      return 1;
+      return kUsageError;
     }
   }
   for (const char* flag : {"--powersgd-rank", "--powersgd-start"}) {
     if (app.count(flag) > 0 && a.commHook != "powersgd") {
       std::fprintf(stderr, "loom-train: error: %s is for --comm-hook powersgd\n", flag);
-      return 1;
+      return kUsageError;
     }
   }
   for (const char* flag : {"--amp-init-scale", "--amp-growth-interval"}) {
     if (app.count(flag) > 0 && a.amp != "fp16") {
       std::fprintf(stderr, "loom-train: error: %s is for --amp fp16 (the loss scaling)\n", flag);
-      return 1;
+      return kUsageError;
     }
   }
   if (const std::string wrong = misplacedFlag(app, a.model); !wrong.empty()) {
     std::fprintf(stderr, "loom-train: error: %s\n", wrong.c_str());
-    return 1;
+    return kUsageError;
   }
   if (a.model != "mlp") {
     const ModelDefaults defaults = modelDefaults(a.model);

@@ -57,8 +57,9 @@ struct Args {
 };
 
 // parseArgs's result when the flags are good and training should run; anything else is the
-// exit status to return (0 after --help, non-zero for a bad flag, the message on stderr).
+// exit status to return (0 after --help, kUsageError for a bad flag, the message on stderr).
 constexpr int kParsed = -1;
+constexpr int kUsageError = 2;  // as Loom's other programs
 
 // Parses argv into `a` (Args' defaults for what is not given; gpt and cnn take their model's
 // optimizer, learning rate and batch unless given) and checks the flags that depend on others.

@@ -298,7 +298,7 @@ TEST(LoomTrainShrink, BelowMinRanksTheSurvivorsFail) {
 TEST(LoomTrainShrink, BadFlagsAreRefusedNamingThem) {
   TempDir dir;
   const Finished minRanks = runProgram(dir, "min", {kLoomTrain, "--min-ranks", "2"});
-  EXPECT_TRUE(minRanks.exitedWith(1)) << minRanks.describe();
+  EXPECT_TRUE(minRanks.exitedWith(2)) << minRanks.describe();
   EXPECT_NE(minRanks.err.find("--min-ranks is for --shrink-on-failure"), std::string::npos)
       << minRanks.describe();
   const Finished kill = runProgram(dir, "kill", {kLoomTrain, "--steps", "1", "--test-kill", "1-3"});

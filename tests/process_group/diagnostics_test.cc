@@ -289,6 +289,11 @@ TEST(LoomDoctor, AMalformedAttachAddressIsAUsageError) {
     EXPECT_EQ(status, 2) << url << ": " << out;
     EXPECT_THAT(out, HasSubstr(want)) << url;
   }
+  // So are an unknown flag and a bad value (CLI11's own codes, 109 and 105, before).
+  for (const std::string args : {"--bogus", "--attach tcp://h:1 --world-size -3"}) {
+    auto [status, out] = doctor(args);
+    EXPECT_EQ(status, 2) << args << ": " << out;
+  }
 }
 
 TEST(LoomDoctor, ExplainsDumpsAndNamesCorruptAndMissingOnes) {

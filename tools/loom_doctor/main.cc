@@ -114,7 +114,11 @@ int main(int argc, char** argv) {
   app.add_option("--wait-ms", waitMs, "with --attach: how long to wait for the ranks' answers")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // a usage error is 2, as docs/diagnostics.md says
+  }
   if (!attachUrl.empty()) {
     if (worldSize <= 0 || !paths.empty()) {
       std::cerr << "loom-doctor: --attach takes --world-size and no dump files\n";
