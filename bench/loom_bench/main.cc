@@ -314,7 +314,7 @@ int loomBenchMain(int argc, char** argv) {
       "instead of the sweep, time every algorithm of all-reduce, broadcast, all-gather and "
       "reduce-scatter at per-rank sizes 4K, 16K, .. up to --tune-max for the job's topology and "
       "write the winners (per-size rules and crossovers; other topologies are kept). Without "
-      "FILE: into this host's tuning cache ($XDG_CACHE_HOME/loom/tuning-<host>.json, "
+      "FILE: into this host's tuning cache ($XDG_CACHE_HOME/loom/tuning-<fingerprint>.json, "
       "LOOM_TUNING_CACHE), which every group on this host then reads; with FILE: a text tuning "
       "file (a JSON cache when FILE ends in .json) that groups load with LOOM_TUNING_FILE");
   tune->expected(0, 1);

@@ -127,7 +127,8 @@ constexpr Setting kTable[] = {
      "reproducible reductions: sum and avg over float, double, half and bfloat16 give the "
      "correctly rounded result, bitwise the same whatever the algorithm, transport, chunk size, "
      "tuning or rank order (docs/reproducible.md); prod over floats is refused; equal on all "
-     "ranks; the nccl and mpi backends, which have no such mode, refuse to start with it",
+     "ranks; the nccl and mpi backends, which have no such mode, refuse to start with it; the "
+     "verbs backend ignores it (createVerbsContext does not take it: docs/reproducible.md)",
      "comm::ContextOptions::reproducible", "Context setup"},
     {"LOOM_TUNING_CACHE", K::kText, S::kRuntime, "", 0, 0, "", "",
      "the directory of the per-host tuning cache that loom-bench --tune writes and every group "
@@ -263,7 +264,9 @@ constexpr Setting kTable[] = {
      "the port of the job's TCPStore; required for env://", "LaunchEnv::masterPort",
      "initProcessGroup"},
     {"NODE_RANK", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
-     "this node's index (loom-run sets it)", "LaunchEnv::nodeRank", "initProcessGroup"},
+     "this node's index, which loom-run gives its workers (as torchrun does); Loom's library "
+     "does not read it",
+     "(the workers)", "loom-run sets it"},
     {"SLURM_PROCID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "rank under srun (read when RANK is unset)", "LaunchEnv::rank", "initProcessGroup"},
     {"SLURM_NTASKS", K::kInteger, S::kLaunch, "", 1, (1LL << 31) - 1, "", "",
@@ -271,7 +274,8 @@ constexpr Setting kTable[] = {
     {"SLURM_LOCALID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
      "local rank under srun", "LaunchEnv::localRank", "initProcessGroup"},
     {"SLURM_NODEID", K::kInteger, S::kLaunch, "", 0, (1LL << 31) - 1, "", "",
-     "node index under srun", "LaunchEnv::nodeRank", "initProcessGroup"},
+     "node index under srun: which entry of SLURM_TASKS_PER_NODE is this node's",
+     "LaunchEnv::localWorldSize", "initProcessGroup"},
     {"SLURM_TASKS_PER_NODE", K::kText, S::kLaunch, "", 0, 0, "", "",
      "tasks per node under srun (\"4(x2)\"), for the local world size", "LaunchEnv::localWorldSize",
      "initProcessGroup"},

@@ -165,7 +165,15 @@ LaunchEnv parseLaunchEnv(const Environment& env, bool needMaster) {
     if (!nodelist) nodelist = find(env, "SLURM_NODELIST");
     if (nodelist) out.masterAddr = firstSlurmHost(*nodelist);
     if (const std::string* job = find(env, "SLURM_JOB_ID")) {
-      out.masterPort = 29500 + parseInt("SLURM_JOB_ID", *job, "the SLURM job id") % 1000;
+      // Job ids pass 2^31 on long-lived clusters: parsed as 64 bits.
+      uint64_t id = 0;
+      const char* end = job->data() + job->size();
+      const auto [ptr, ec] = std::from_chars(job->data(), end, id);
+      if (job->empty() || ec != std::errc() || ptr != end) {
+        LOOM_THROW(InvalidArgumentError, "SLURM_JOB_ID='", *job,
+                   "' is not valid; expected the SLURM job id, a non-negative integer");
+      }
+      out.masterPort = 29500 + static_cast<int>(id % 1000);
     }
   } else if (find(env, "OMPI_COMM_WORLD_RANK")) {
     out.launcher = "openmpi";

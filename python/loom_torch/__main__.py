@@ -88,7 +88,7 @@ def self_test(world, timeout_s):
     missing = [r for r in range(world) if r not in got]
     failed = {r: got[r][0] for r in sorted(got) if got[r][0]}
     what = (f"all_reduce over \"loom\", {world} ranks, {len(DTYPES)} dtypes x {len(SIZES)} sizes "
-            "(up to 4 MiB) against the closed form")
+            "(up to 8 MiB) against the closed form")
     if missing:
         return False, f"FAIL: {what}: ranks {missing} gave no result within {timeout_s + 30:.0f} s"
     if failed:

@@ -104,6 +104,17 @@ TEST(ParseLaunchEnv, Slurm) {
   EXPECT_EQ(env.masterPort, 29500 + 456);
 }
 
+TEST(ParseLaunchEnv, SlurmJobIdsPast2To31) {
+  const LaunchEnv env = parseLaunchEnv({{"SLURM_PROCID", "0"},
+                                        {"SLURM_NTASKS", "1"},
+                                        {"SLURM_JOB_NODELIST", "a1"},
+                                        {"SLURM_JOB_ID", "3000000123"}});
+  EXPECT_EQ(env.masterPort, 29500 + 123);
+  EXPECT_THROW(
+      parseLaunchEnv({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "-1"}}),
+      InvalidArgumentError);
+}
+
 TEST(ParseLaunchEnv, ExplicitMasterWinsOverSlurmDefaults) {
   const LaunchEnv env = parseLaunchEnv({{"SLURM_PROCID", "0"},
                                         {"SLURM_NTASKS", "2"},
