@@ -20,12 +20,10 @@
 // blocks the host rather than only the caller's stream) is when the collective's CUDA event has
 // completed: the device work is in the time, as in nccl-tests.
 //
-// How each op maps onto the ProcessGroup API (whose all_reduce, broadcast and reduce are
-// in place only, like c10d's): out-of-place all_reduce, broadcast (root) and reduce copy the
-// input into the output buffer and run in place there; that copy is part of the time, as it is
-// for a c10d user. all_gather, reduce_scatter, gather, scatter and alltoall pass both buffers
-// (in place: nccl-tests' layout, input inside the output or output inside the input).
-// sendrecv sends to rank+1 and receives from rank-1 (even ranks send first, see run()).
+// How each op maps onto the ProcessGroup API: every op passes both buffers, out of place
+// through the out-of-place overloads of all_reduce, broadcast and reduce (in place: nccl-tests'
+// layout, the same buffer, or input inside the output or output inside the input).
+// sendrecv sends to rank+1 and receives from rank-1 (every rank posts its recv first, see run()).
 //
 // Environment: LOOM_SHM=0 turns the shared-memory path of the tcp backend off (TCP only);
 // LOOM_ALGO forces a comm algorithm (or --algo). --tune [FILE] measures the algorithm choice per
