@@ -68,10 +68,11 @@ void checkAvailable(const std::string& backend) {
              "\"; expected one of: tcp, nccl, verbs, mpi");
 }
 
-// The reproducible mode (docs/reproducible.md) is the comm backend's (tcp, with shared memory
-// within a host; verbs): NCCL and MPI add in orders their own algorithms choose. A group that
-// asked for it on those is refused, rather than reducing without it while the caller trusts
-// its sums to be reproducible.
+// The reproducible mode (docs/reproducible.md) is the tcp backend's (with shared memory within
+// a host): NCCL and MPI add in orders their own algorithms choose. A group that asked for it on
+// those is refused, rather than reducing without it while the caller trusts its sums to be
+// reproducible. A verbs group is not refused, but createVerbsContext does not take
+// ContextOptions::reproducible, so it reduces without the mode.
 void checkReproducible(const std::string& backend, const ProcessGroupOptions& options) {
   if (backend != "nccl" && backend != "mpi") return;
   const bool fromOptions = options.comm.context.reproducible;
