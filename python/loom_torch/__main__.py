@@ -1,7 +1,8 @@
 """python -m loom_torch: the versions, Loom's transports and a self-test.
 
 The self-test forks WORLD ranks (default 2) that form a "loom" group over a file:// rendezvous
-and all-reduce float32, float64 and int64 tensors of 8 B to 4 MiB in which rank r holds
+and all-reduce float32, float64 and int64 tensors of 1, 1000 and 2^20 elements (4 B of
+float32 to 8 MiB of float64 and int64) in which rank r holds
 (r + 1) * (i + 1) at index i; every rank checks the sum against the closed form
 (i + 1) * WORLD * (WORLD + 1) / 2. Exit status 0 when every rank passed, 1 otherwise.
 """
