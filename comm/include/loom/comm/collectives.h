@@ -1,4 +1,4 @@
-// The collective algorithms, written once over the Transport interface (DESIGN.md, comm/).
+// The collective algorithms, written once over the Transport interface (docs/architecture.md).
 //
 // Contract
 // - Every function is blocking and runs on the caller's thread; the ProcessGroup layer runs
