@@ -18,7 +18,8 @@
 //   for step k). A rank writes its slot for step k only once every rank consumed step
 //   k - kSlots, so nobody reads a slot while it is overwritten.
 // - Waiting: spin (up to 1 ms when every rank has a core and the awaited rank last ran on
-//   another CPU; 2-3 µs otherwise), then sched_yield (up to 1 ms, 2 ms when ranks outnumber
+//   another CPU; otherwise no timed spin, only 32 pauses before the first clock read when the
+//   awaited rank last ran on another CPU), then sched_yield (up to 1 ms, 2 ms when ranks outnumber
 //   cores), then FUTEX_WAIT on the awaited rank's futex word with a 20 ms timeout. Publishing
 //   bumps the futex word and calls FUTEX_WAKE only when someone sleeps. Between futex waits
 //   the waiter checks the deadline (TimeoutError naming the operation, its sequence number,

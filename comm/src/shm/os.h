@@ -32,8 +32,8 @@ int usableCpus();
 
 // How long a shm waiter spins, then yields, before it sleeps on a futex (the policy is in
 // arena.h). Spinning only pays while every rank has a core of its own: then spin up to 1 ms;
-// when `localRanks` outnumber the usable CPUs, spin a moment only (3 µs) and yield longer
-// (2 ms instead of 1 ms). `spinUs` / `yieldUs` >= 0 (ContextOptions::shmSpinUs / shmYieldUs,
+// when `localRanks` outnumber the usable CPUs, no timed spin (0) and yield longer (2 ms
+// instead of 1 ms). `spinUs` / `yieldUs` >= 0 (ContextOptions::shmSpinUs / shmYieldUs,
 // validated at Context setup) replace either budget.
 struct WaitBudget {
   int64_t spinNs;

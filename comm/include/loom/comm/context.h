@@ -116,7 +116,7 @@ struct ContextOptions {
   // 0: 1 MiB up to 4 local ranks, else 256 KiB. Equal on all ranks (LOOM_SHM_RING_BYTES).
   size_t shmRingBytes = 0;
   // How long (µs) a shared-memory waiter spins, then yields, before it sleeps on a futex, each
-  // in [0, 10 s]; < 0: 1000 and 1000, or 3 and 2000 when local ranks outnumber CPUs
+  // in [0, 10 s]; < 0: 1000 and 1000, or 0 and 2000 when local ranks outnumber CPUs
   // (LOOM_SHM_SPIN_US, LOOM_SHM_YIELD_US).
   int shmSpinUs = -1;
   int shmYieldUs = -1;
