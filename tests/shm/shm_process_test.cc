@@ -8,10 +8,13 @@
 // an IoError naming it; rank 0 killed inside segment creation leaves nothing in /dev/shm; the
 // named-segment fallback (ContextOptions::shmMemfd = false) works and is unlinked once every
 // rank mapped it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +36,7 @@
 #include "shm/arena.h"
 #include "shm/hierarchy.h"
 #include "shm/ptrace.h"
+#include "shm/segment.h"
 #include "shm/shm.h"
 
 namespace loom::comm::testing {
@@ -507,6 +511,79 @@ TEST(ShmProcesses, NamedSegmentFallbackWorksAndIsUnlinked) {
     }
   });
   EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
+// Ranks that disagree on the segment's layout (here LOOM_SHM_SLOT_BYTES) get the message that
+// names the setting, on every rank, with the memfd and with the named fallback. Before, the
+// memfd fell back silently to the named segment, where the other rank failed with "cannot map
+// ... (N there): <a stale errno>" and rank 0 waited for it, holding the name.
+TEST(ShmProcesses, RanksWithDifferentSlotSizesFailNamingTheSetting) {
+  for (const bool memfd : {true, false}) {
+    loom::testing::TempDir dir;
+    loom::testing::ChildProcesses children;
+    children.spawnRanks(2, [&](int rank) {
+      FileStore store(dir.file("store"));
+      shm::ArenaOptions o;
+      o.timeout = memfd ? 20s : 3s;
+      o.keyPrefix = "layout";
+      o.memfd = memfd;
+      o.slotBytes = rank == 0 ? (size_t{1} << 20) : (size_t{1} << 19);
+      try {
+        shm::Arena::create(store, rank, 2, o);
+      } catch (const TimeoutError& e) {
+        // The named segment's rank 0 learns nothing from rank 1 and times out in the setup.
+        LOOM_CHECK(rank == 0 && !memfd, "rank ", rank, ": ", e.what());
+        return;
+      } catch (const IoError& e) {
+        const std::string what = e.what();
+        LOOM_CHECK(
+            what.find("LOOM_SHM_SLOT_BYTES set differently on the ranks") != std::string::npos,
+            "rank ", rank, ": ", what);
+        FileStore(dir.file("store")).set(detail::str("failed/", rank), what);
+        return;
+      }
+      LOOM_CHECK(false, "rank ", rank, " created a segment of another layout");
+    });
+    const pid_t pid0 = children.pid(0);
+    EXPECT_EQ(children.waitAllOk(60s), "") << (memfd ? "memfd" : "named");
+    FileStore store(dir.file("store"));
+    EXPECT_TRUE(store.check({"failed/1"})) << (memfd ? "memfd" : "named");
+    if (memfd) {
+      EXPECT_TRUE(store.check({"failed/0"}));
+    }
+    EXPECT_TRUE(devShmNamesOf(pid0).empty()) << devShmNamesOf(pid0).front() << " leaked";
+  }
+}
+
+// A named segment whose creator is gone and that is an hour old is removed by the next one
+// made on the host; a fresh one, or one whose creator lives, is left alone.
+TEST(ShmProcesses, StaleNamedSegmentsOfDeadCreatorsAreSweptAway) {
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  auto make = [](const std::string& name, bool old) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    LOOM_CHECK(fd >= 0, "shm_open ", name, ": ", detail::errnoText(errno));
+    LOOM_CHECK(::ftruncate(fd, 4096) == 0, "ftruncate");
+    if (old) {
+      const timespec times[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+      LOOM_CHECK(::futimens(fd, times) == 0, "futimens");
+    }
+    ::close(fd);
+  };
+  const std::string stale = detail::str("/loom-shm-", dead, "-0000000000000001");
+  const std::string fresh = detail::str("/loom-shm-", dead, "-0000000000000002");
+  const std::string alive = detail::str("/loom-shm-", ::getpid(), "-0000000000000003");
+  make(stale, true);
+  make(fresh, false);
+  make(alive, true);
+  EXPECT_GE(shm::sweepStaleNamedSegments(shm::kStaleNamedSegmentAge), 1);
+  EXPECT_FALSE(shmNameExists(stale));
+  EXPECT_TRUE(shmNameExists(fresh));
+  EXPECT_TRUE(shmNameExists(alive));
+  ::shm_unlink(fresh.c_str());
+  ::shm_unlink(alive.c_str());
 }
 
 // The reader a rank names for the single copy under Yama's ptrace_scope 1 (shm/ptrace.h): the

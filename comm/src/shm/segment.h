@@ -11,12 +11,19 @@
 //   says "ok" or why not. Every rank waits for every answer, so all take the same decision:
 //   when all could open it, that is the segment, and rank 0 closes its fd. Nothing ever has a
 //   name, so a SIGKILLed job, at any moment, even inside create, leaves nothing behind.
+// - A rank that maps the memory but finds another layout (ranks with different
+//   LOOM_SHM_SLOT_BYTES or LOOM_SHM_RING_BYTES) says so, and every rank fails with `check`'s
+//   message, which names the settings to compare; no fallback (it would not cure that).
 // - When some rank could not open it (no /proc, or ptrace-style access refused), every rank
 //   drops it and the group falls back to a named POSIX segment (shm_open,
-//   "/loom-shm-<pid>-<random>"): rank 0 creates it, publishes the name, every rank maps it
-//   and says so, and rank 0 unlinks the name once all did (also when that wait fails). Only
-//   this fallback can leak, and only if rank 0 is killed between creating the name and the
-//   last rank mapping it.
+//   "/loom-shm-<pid>-<random>"): rank 0 creates it and publishes the name without waiting;
+//   each other rank opens it, counts itself in the store, and the last to open unlinks the
+//   name. Rank 0 also unlinks it when its setup fails afterwards (the Segment owns the name
+//   until then). Only this fallback can leak: when rank 0 is killed, or another rank dies,
+//   before the last rank opened it. What leaked is removed by the next named segment made on
+//   the host (sweepStaleNamedSegments): a name whose creator's pid is gone and that is older
+//   than an hour, so that no setup still under way (its peers may take the setup timeout to
+//   come) can lose its name, even one whose creator lives in another pid namespace.
 //
 // Thread-safety: create is a collective call; the Segment is then plain memory.
 #pragma once
@@ -32,6 +39,11 @@ class Store;
 }
 
 namespace loom::comm::shm {
+
+// Removes /dev/shm/loom-shm-<pid>-* whose pid is no process (kill says ESRCH) and that are at
+// least `minAge` old; logs a warning for each; returns how many it removed.
+int sweepStaleNamedSegments(std::chrono::seconds minAge);
+inline constexpr std::chrono::seconds kStaleNamedSegmentAge{3600};
 
 class Segment {
  public:
@@ -65,6 +77,7 @@ class Segment {
   void* base_;
   size_t bytes_;
   std::string name_;
+  bool unlinkOnDestroy_ = false;  // rank 0 of a named segment, while the name may exist
 };
 
 }  // namespace loom::comm::shm
