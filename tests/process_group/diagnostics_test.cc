@@ -375,6 +375,34 @@ class CountingStore : public Store {
   std::shared_ptr<Store> inner_;
 };
 
+// A group whose diagnostics fail to start (the store refuses a write while the group is being
+// created) leaves no thread behind: the flight record's listener, started first, held the store
+// and waited on it for good, one more per failed attempt.
+TEST(GroupDiagnosticsStart, AFailedStartLeavesNoListenerHoldingTheStore) {
+  class RefusingStore : public CountingStore {
+   public:
+    RefusingStore() : CountingStore(std::make_shared<HashStore>()) {}
+    void set(const std::string& key, const Bytes& value) override {
+      if (key == "flight/clock/ready") LOOM_THROW(IoError, "the store refused ", key);
+      CountingStore::set(key, value);
+    }
+    void wait(const std::vector<std::string>& keys, milliseconds) override {
+      CountingStore::wait(keys, milliseconds(50));  // the listener's 60 s wait, shortened
+    }
+  };
+  auto store = std::make_shared<RefusingStore>();
+  const std::weak_ptr<Store> held = store;
+  EXPECT_THROW(diag::GroupDiagnostics(diag::Identity{0, 2, "g", "tcp"}, store, 16,
+                                      comm::Algorithm::kAuto, "", milliseconds(100)),
+               IoError);
+  store.reset();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!held.expired() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));  // poll interval, bounded by the deadline
+  }
+  EXPECT_TRUE(held.expired()) << "a thread of the failed start still holds the store";
+}
+
 // Waits (at most 20 s) until rank's heartbeat in `store` carries a clock estimate.
 Heartbeat heartbeatWithClock(Store& store, int rank) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

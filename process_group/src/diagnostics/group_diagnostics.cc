@@ -239,6 +239,10 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
       try {
         core->store->wait({key}, kListenerWait);
       } catch (const TimeoutError&) {
+        // The stop request is posted through the store; a group whose construction failed
+        // never posts it, and says so here.
+        std::lock_guard<std::mutex> lock(core->mu);
+        if (core->stopping) break;
         continue;
       }
       const int64_t woke = core->clockUs();  // t1 of a clock request
@@ -309,15 +313,25 @@ GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> sto
   registerForSignal(core_);
   const int64_t served = core_->store->add(requestCountKey(core_->id.rank), 0);
   std::thread(listen, core_, served).detach();
-  // Clock requests posted from now on are answered (posted before, they are an earlier group's
-  // to the listener, and time out: the rank asks again).
-  if (core_->id.rank == 0 && core_->id.size > 1 && heartbeatInterval.count() > 0) {
-    core_->store->set(kClockReadyKey, "1");
+  try {
+    // Clock requests posted from now on are answered (posted before, they are an earlier
+    // group's to the listener, and time out: the rank asks again).
+    if (core_->id.rank == 0 && core_->id.size > 1 && heartbeatInterval.count() > 0) {
+      core_->store->set(kClockReadyKey, "1");
+    }
+    // The first beat, even with heartbeats off: the analysis can then still look at this
+    // rank's process when it is on the same host.
+    core_->beat();
+    if (heartbeatInterval.count() > 0) std::thread(heartbeat, core_).detach();
+  } catch (...) {
+    // No destructor runs: the listener, which holds the store, ends at its next wait's end.
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      core_->stopping = true;
+    }
+    core_->finished.notify_all();
+    throw;
   }
-  // The first beat, even with heartbeats off: the analysis can then still look at this
-  // rank's process when it is on the same host.
-  core_->beat();
-  if (heartbeatInterval.count() > 0) std::thread(heartbeat, core_).detach();
 }
 
 GroupDiagnostics::~GroupDiagnostics() {
