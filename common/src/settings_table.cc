@@ -312,8 +312,12 @@ constexpr Setting kTable[] = {
      "set by loom-run"},
     {"LOOM_RESTART_COUNT", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "0, then 1, 2, ... per loom-run restart (elastic --nnodes MIN:MAX: the rendezvous round, "
-     "the same on every node), for the training program",
-     "", "set by loom-run"},
+     "the same on every node), for the training program; above 0 the trace file of LOOM_TRACE "
+     "is loom-trace-rank<r>-restart<k>.json, so that a restart keeps the failed attempt's",
+     "", "set by loom-run; read by the trace"},
+    {"TORCHELASTIC_RESTART_COUNT", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
+     "torchrun's restart count, read as LOOM_RESTART_COUNT when that is unset or 0", "",
+     "set by torchrun; read by the trace"},
     {"LOOM_MAX_RESTARTS", K::kInteger, S::kLaunch, "0", 0, (1LL << 31) - 1, "", "",
      "loom-run --max-restarts, for the training program", "", "set by loom-run"},
     {"LOOM_AGENT_STORE", K::kFlag, S::kLaunch, "0", 0, 0, "", "",

@@ -31,6 +31,7 @@
 #include "loom/process_group/trace.h"
 #include "loom/store/barrier.h"
 #include "loom/store/file_store.h"
+#include "loom/store/hash_store.h"
 #include "loom/store/tcp_store.h"
 #include "loom/testing/ranks.h"
 
@@ -457,6 +458,64 @@ TEST(DiagnosticsProcesses, TraceOfRanksThatCrashOrAreKilledStillMerges) {
   }
   const std::vector<std::string> expected = {"allreduce#1", "allreduce#2", "allreduce#3"};
   for (int r = 0; r < 3; ++r) EXPECT_EQ(collectives[r], expected) << "rank " << r;
+}
+
+// One trace per process, whatever its groups do: the group that opened it goes first (the
+// broken group after a shrink) and the other group's operations still reach the file, which
+// ends once, with nothing dropped; a restarted worker (LOOM_RESTART_COUNT 1) writes its own
+// file instead of truncating the failed attempt's; a rank a launcher stops with SIGTERM writes
+// what it had not flushed yet.
+TEST(DiagnosticsProcesses, TraceOutlivesItsFirstGroupKeepsRestartsAndFlushesOnSigterm) {
+  TempDir dir;
+  const std::string traces = dir.file("traces");
+  ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
+  auto traced = [&](const std::string& name) {
+    ProcessGroupOptions options;
+    options.timeout = kTimeout;
+    options.traceDir = traces;
+    options.groupName = name;
+    return createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1, options);
+  };
+  auto allreduces = [](ProcessGroup& pg, int n) {
+    std::vector<float> buf(64, 1.0f);
+    for (int i = 0; i < n; ++i) pg.allreduce(view(buf.data(), buf.size()))->wait();
+  };
+  ChildProcesses first;
+  first.spawn([&] {
+    auto a = traced("first");
+    auto b = traced("second");
+    allreduces(*a, 1);
+    a.reset();  // the group that opened the trace goes first
+    allreduces(*b, 2);
+  });
+  ASSERT_EQ(first.waitAllOk(kChildDeadline), "");
+  const std::string attempt0 = readFile(traces + "/loom-trace-rank0.json");
+  EXPECT_NE(attempt0.find("\"collectives second\""), std::string::npos) << attempt0;
+  // Parses: one whole array, ended once.
+  size_t secondOps = 0;
+  for (const auto& e : nlohmann::json::parse(attempt0)) {
+    if (e["name"] == "trace_end") {
+      EXPECT_EQ(e["args"]["dropped"], 0) << attempt0;
+    }
+    if (e["ph"] == "X" && e["cat"] == "collective" && e["name"] != "allreduce#1") ++secondOps;
+  }
+  EXPECT_EQ(secondOps, 1u) << "the second group's allreduce#2 is missing\n" << attempt0;
+
+  ChildProcesses restarted;
+  restarted.spawn([&] {
+    ::setenv("LOOM_RESTART_COUNT", "1", 1);
+    auto pg = traced("first");
+    allreduces(*pg, 3);
+    ::raise(SIGTERM);  // within the flusher's second, the group open: only the handler writes
+  });
+  const std::vector<testing::ChildExit> exits = restarted.waitAll(kChildDeadline);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal, SIGTERM) << exits[0].describe();
+  EXPECT_EQ(readFile(traces + "/loom-trace-rank0.json"), attempt0) << "attempt 0's trace changed";
+  const std::string attempt1 = readFile(traces + "/loom-trace-rank0-restart1.json");
+  EXPECT_NE(attempt1.find("allreduce#3"), std::string::npos) << attempt1;
+  EXPECT_EQ(attempt1.find("trace_end"), std::string::npos)
+      << "the group was not open: " << attempt1;
 }
 
 // loom-doctor --attach asks a live job's ranks for their records through the store.

@@ -18,8 +18,15 @@
 // flush() and at close. A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT: abort() and
 // std::terminate too) runs onFatalSignal, which write(2)s the pending bytes (async-signal-safe:
 // no lock, no allocation, only complete lines: `pendingLen` is stored after the copy), puts the
-// signal's previous disposition back and raises it again. SIGKILL leaves what was written
-// before it: at most the last second's events are lost.
+// signal's previous disposition back and raises it again. So does SIGTERM, the signal a
+// launcher stops the other ranks with after a failure, when the program left it at its default.
+// SIGKILL leaves what was written before it: at most the last second's events are lost.
+//
+// One trace per process: every group with a trace directory takes a reference (open) and gives
+// it back (close); the file is closed with the last, so a group destroyed first (the broken
+// group after a shrink) does not end the trace of the groups that go on. A restarted worker
+// (LOOM_RESTART_COUNT, or torchrun's TORCHELASTIC_RESTART_COUNT, above 0) writes
+// loom-trace-rank<r>-restart<k>.json, so the attempt that failed keeps its trace.
 #include "diagnostics/tracer.h"
 
 #include <fcntl.h>
@@ -40,6 +47,7 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/settings.h"
 
 namespace loom::trace {
 
@@ -50,11 +58,15 @@ constexpr size_t kPendingBytes = size_t{1} << 20;
 // How often the flusher writes what is pending.
 constexpr std::chrono::milliseconds kFlushInterval{1000};
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+// Flushed on as well when the program has not taken it (its default disposition ends the
+// process without unwinding).
+constexpr int kStopSignals[] = {SIGTERM};
 constexpr int kMaxSignal = 64;
 
 struct Trace {
   std::mutex mu;  // guards everything below but the atomics
   bool open = false;
+  int users = 0;  // the groups that opened it and have not closed it
   std::string path;
   int rank = 0;
   size_t events = 0;
@@ -73,7 +85,8 @@ std::atomic<int> gFd{-1};
 std::atomic<bool> gWriting{false};  // a flush is writing `gPending` (the handler leaves it)
 std::atomic<bool> gCrashWritten{false};
 struct sigaction gPrevious[kMaxSignal + 1];
-bool gHandlersInstalled = false;  // mu
+bool gHandlersInstalled = false;       // mu
+bool gInstalled[kMaxSignal + 1] = {};  // the signals whose handler is ours (mu)
 
 std::atomic<bool> gEnabled{false};
 
@@ -210,13 +223,24 @@ void installHandlers() {
   struct sigaction action {};
   action.sa_handler = onFatalSignal;
   sigemptyset(&action.sa_mask);
-  for (const int sig : kFatalSignals) ::sigaction(sig, &action, &gPrevious[sig]);
+  for (const int sig : kFatalSignals) {
+    gInstalled[sig] = ::sigaction(sig, &action, &gPrevious[sig]) == 0;
+  }
+  for (const int sig : kStopSignals) {
+    struct sigaction current {};
+    if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+      gInstalled[sig] = ::sigaction(sig, &action, &gPrevious[sig]) == 0;
+    }
+  }
   gHandlersInstalled = true;
 }
 
 void removeHandlers() {
   if (!gHandlersInstalled) return;
-  for (const int sig : kFatalSignals) {
+  for (int sig = 1; sig <= kMaxSignal; ++sig) {
+    if (!gInstalled[sig]) continue;
+    gInstalled[sig] = false;
     struct sigaction current {};
     // A handler installed after ours stays; it chains to ours, which now only re-raises.
     if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == onFatalSignal) {
@@ -275,8 +299,14 @@ bool open(const std::string& dir, int rank) {
   }
   Trace& t = state();
   std::lock_guard<std::mutex> lock(t.mu);
-  if (t.open) return false;
-  const std::string path = dir + "/loom-trace-rank" + std::to_string(rank) + ".json";
+  if (t.open) {
+    ++t.users;
+    return true;
+  }
+  int64_t restart = settings::integer("LOOM_RESTART_COUNT").value_or(0);
+  if (restart == 0) restart = settings::integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  const std::string path = dir + "/loom-trace-rank" + std::to_string(rank) +
+                           (restart > 0 ? "-restart" + std::to_string(restart) : "") + ".json";
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     LOOM_THROW(InvalidArgumentError, "rank ", rank, ": cannot create the trace file '", path,
@@ -287,6 +317,7 @@ bool open(const std::string& dir, int rank) {
   gCrashWritten.store(false, std::memory_order_relaxed);
   gFd.store(fd, std::memory_order_release);
   t.open = true;
+  t.users = 1;
   t.rank = rank;
   t.path = path;
   t.events = 0;
@@ -313,7 +344,7 @@ void close() {
   std::thread flusher;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    if (!t.open) return;
+    if (!t.open || --t.users > 0) return;
     t.stopping = true;
     flusher = std::move(t.flusher);
   }

@@ -10,11 +10,12 @@
 
 namespace loom::trace {
 
-// Opens the trace as rank `rank` writing under `dir` when none is open; returns true when this
-// call opened it (the caller then calls close() when it goes). Throws InvalidArgumentError when
-// `dir` is not a writable directory.
+// Takes a reference to the process's trace, opening it as rank `rank` under `dir` when none is
+// open (a later group's dir and rank are those of the trace already open); returns true, and the
+// caller calls close() once when it goes. Throws InvalidArgumentError when `dir` is not a
+// writable directory.
 bool open(const std::string& dir, int rank);
-// Writes the file and closes the trace.
+// Gives the reference back; the last one writes the file's end and closes it.
 void close();
 
 }  // namespace loom::trace
