@@ -590,6 +590,23 @@ TEST(ShmProcesses, StaleNamedSegmentsOfDeadCreatorsAreSweptAway) {
 // one peer itself; for several peers their nearest common ancestor (here the test process,
 // which forked them), never "any process"; nobody for a rank alone in its process. (This
 // machine may have no Yama: only the choice is checked here, not the kernel's answer.)
+// The reader's name is one per process; the arenas that named it hold it, and the last to let
+// go withdraws it (arena.cc: on destruction too, so no permission outlives the groups). The
+// naming itself needs Yama's ptrace_scope 1, which this machine may not have: only the count
+// is checked here.
+TEST(ShmProcesses, TheReadersNameIsWithdrawnWhenTheLastHolderLetsGo) {
+  ASSERT_EQ(shm::readHolders(), 0);
+  shm::holdReads();
+  shm::holdReads();
+  shm::releaseReads();
+  EXPECT_EQ(shm::readHolders(), 1);
+  shm::releaseReads();
+  EXPECT_EQ(shm::readHolders(), 0);
+  shm::releaseReads();  // one too many: never below 0
+  EXPECT_EQ(shm::readHolders(), 0);
+  EXPECT_EQ(shm::readHolders(), 0);
+}
+
 TEST(ShmProcesses, PtracerIsThePeerOrThePeersCommonAncestor) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;

@@ -3,6 +3,7 @@
 #include "shm/arena_layout.h"
 #include "shm/copy_helpers.h"
 #include "shm/os.h"
+#include "shm/ptrace.h"
 #include "shm/segment.h"
 #include "shm/stream_copy.h"
 #include "signature.h"
@@ -182,7 +183,8 @@ Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
 }
 
 Arena::~Arena() {
-  helpers_.reset();  // idle (every task was waited for): stops and joins them
+  helpers_.reset();                   // idle (every task was waited for): stops and joins them
+  if (readersNamed_) releaseReads();  // no read permission outlives the group
   for (auto& peer : mappings_) {
     for (const Mapping& m : peer) ::munmap(m.local, m.bytes);
   }

@@ -122,9 +122,11 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
     pid_t named = 0;
     const std::string why = allowReadsBy(readerPids_, named);
     if (!why.empty()) failure = detail::str("rank ", rank_, ": ", why);
+    // Held before anything can throw: ~Arena lets go of it on every way out.
+    if (named != 0) holdReads();
+    readersNamed_ = named != 0;
     publishProbe(store, prefix + "ptracer/", rank_, size_, why.empty() ? "set" : "none",
                  options.timeout);
-    readersNamed_ = named != 0;
   }
   for (int q = 0; q < size_ && failure.empty(); ++q) {
     if (q == rank_) continue;
@@ -149,7 +151,7 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   // Forced on, the path is in use from the first collective: the name stays. Otherwise it is
   // withdrawn now and given again only if a collective takes the single copy (allowPeerReads).
   if (readersNamed_ && !singleCopyForced_) {
-    revokeReads();
+    releaseReads();
     readersNamed_ = false;
   }
   if (!singleCopy_ && rank_ == 0 && !off) {
@@ -169,6 +171,7 @@ void Arena::allowPeerReads() {
   const std::string why = allowReadsBy(readerPids_, named);
   // The probe named the same readers a moment ago; a failure now is reported by the reader.
   if (!why.empty()) LOOM_LOG_WARNING("shared memory: rank ", rank_, ": ", why);
+  if (named != 0) holdReads();
   readersNamed_ = named != 0;
 }
 

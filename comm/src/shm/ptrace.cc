@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -85,6 +86,26 @@ std::string allowReadsBy(const std::vector<pid_t>& peers, pid_t& named) {
 
 void revokeReads() {
   (void)::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+}
+
+namespace {
+std::mutex gHoldersMu;
+int gHolders = 0;  // gHoldersMu
+}  // namespace
+
+void holdReads() {
+  std::lock_guard<std::mutex> lock(gHoldersMu);
+  ++gHolders;
+}
+
+void releaseReads() {
+  std::lock_guard<std::mutex> lock(gHoldersMu);
+  if (gHolders > 0 && --gHolders == 0) revokeReads();
+}
+
+int readHolders() {
+  std::lock_guard<std::mutex> lock(gHoldersMu);
+  return gHolders;
 }
 
 }  // namespace loom::comm::shm

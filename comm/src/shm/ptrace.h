@@ -44,4 +44,12 @@ std::string allowReadsBy(const std::vector<pid_t>& peers, pid_t& named);
 // Withdraws the name (PR_SET_PTRACER 0): only ancestors may attach again.
 void revokeReads();
 
+// The name is one per process and the arenas of several groups may need it: each arena that
+// named its readers holds it (holdReads, after allowReadsBy succeeded) and lets go when it no
+// longer needs it or goes (releaseReads); the last to let go withdraws the name, so that no
+// permission outlives the groups that needed it. readHolders() is the count, for tests.
+void holdReads();
+void releaseReads();
+int readHolders();
+
 }  // namespace loom::comm::shm
