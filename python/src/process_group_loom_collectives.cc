@@ -33,6 +33,17 @@ StagedPtr stageOut(std::vector<at::Tensor> tensors, const char* opName) {
   return std::make_shared<Staged>(std::move(tensors), opName);
 }
 
+// Point-to-point: any dtype, as bytes when Loom has not the type (tensor_views.h).
+StagedPtr stageInBytes(const at::Tensor& t, const char* opName) {
+  auto staged = std::make_shared<Staged>(std::vector<at::Tensor>{t}, opName, /*bytes=*/true);
+  staged->copyIn();
+  return staged;
+}
+
+StagedPtr stageOutBytes(const at::Tensor& t, const char* opName) {
+  return std::make_shared<Staged>(std::vector<at::Tensor>{t}, opName, /*bytes=*/true);
+}
+
 // Copies `out` back when the operation succeeded; keeps `in` alive until then.
 std::function<void()> finishing(StagedPtr in, StagedPtr out) {
   return [in = std::move(in), out = std::move(out)] {
@@ -346,7 +357,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   CoalescingBlockGuard block(*this, "send");
   const char* name = "send";
   at::Tensor& t = single(tensors, name);
-  auto in = stageIn({t}, name);
+  auto in = stageInBytes(t, name);
   auto work = pg_->send(in->view(), dstRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
   return workOf(c10d::OpType::SEND, std::move(work), {t}, finishing(in, nullptr));
 }
@@ -356,7 +367,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   CoalescingBlockGuard block(*this, "recv");
   const char* name = "recv";
   at::Tensor& t = single(tensors, name);
-  auto out = stageOut({t}, name);
+  auto out = stageOutBytes(t, name);
   auto work = pg_->recv(out->view(), srcRank, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
   return workOf(c10d::OpType::RECV, std::move(work), {t}, finishing(nullptr, out), srcRank);
 }
@@ -366,7 +377,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   CoalescingBlockGuard block(*this, "recvAnysource");
   const char* name = "recv_anysource";
   at::Tensor& t = single(tensors, name);
-  auto out = stageOut({t}, name);
+  auto out = stageOutBytes(t, name);
   auto work = pg_->recvAnySource(out->view(), static_cast<uint64_t>(static_cast<uint32_t>(tag)));
   // sourceRank -1: WorkLoom asks the Loom Work, which knows the sender once it completed.
   return workOf(c10d::OpType::RECVANYSOURCE, std::move(work), {t}, finishing(nullptr, out));

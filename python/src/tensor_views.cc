@@ -33,7 +33,28 @@ DType toLoomDtype(at::ScalarType type, const char* opName) {
   }
 }
 
-void checkTensor(const at::Tensor& t, const char* opName) {
+namespace {
+
+bool loomHas(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void checkTensor(const at::Tensor& t, const char* opName, bool anyDtype) {
   if (!t.defined()) {
     LOOM_THROW(InvalidArgumentError, opName, ": undefined tensor");
   }
@@ -46,7 +67,7 @@ void checkTensor(const at::Tensor& t, const char* opName) {
     LOOM_THROW(InvalidArgumentError, opName,
                ": the loom backend takes dense (strided) tensors, got layout ", t.layout());
   }
-  toLoomDtype(t.scalar_type(), opName);
+  if (!anyDtype) toLoomDtype(t.scalar_type(), opName);
 }
 
 BufferView bufferView(const at::Tensor& t, const char* opName) {
@@ -73,11 +94,12 @@ bool endToEnd(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-Staged::Staged(std::vector<at::Tensor> tensors, const char* opName) : tensors_(std::move(tensors)) {
+Staged::Staged(std::vector<at::Tensor> tensors, const char* opName, bool bytes)
+    : tensors_(std::move(tensors)) {
   LOOM_CHECK(!tensors_.empty(), opName, ": empty tensor list");
   size_t count = 0;
   for (const at::Tensor& t : tensors_) {
-    checkTensor(t, opName);
+    checkTensor(t, opName, bytes);
     if (t.scalar_type() != tensors_.front().scalar_type()) {
       LOOM_THROW(InvalidArgumentError, opName, ": tensors of one list must share a dtype, got ",
                  c10::toString(tensors_.front().scalar_type()), " and ",
@@ -85,13 +107,20 @@ Staged::Staged(std::vector<at::Tensor> tensors, const char* opName) : tensors_(s
     }
     count += static_cast<size_t>(t.numel());
   }
-  const DType dtype = toLoomDtype(tensors_.front().scalar_type(), opName);
+  const at::ScalarType type = tensors_.front().scalar_type();
+  DType dtype = DType::kUInt8;
+  size_t elements = count;
+  if (bytes && !loomHas(type)) {
+    elements = count * tensors_.front().element_size();
+  } else {
+    dtype = toLoomDtype(type, opName);
+  }
   if (endToEnd(tensors_)) {
-    view_ = BufferView{tensors_.front().data_ptr(), count, dtype, Device::cpu()};
+    view_ = BufferView{tensors_.front().data_ptr(), elements, dtype, Device::cpu()};
     return;
   }
   staging_ = at::empty({static_cast<int64_t>(count)}, tensors_.front().options());
-  view_ = BufferView{staging_.data_ptr(), count, dtype, Device::cpu()};
+  view_ = BufferView{staging_.data_ptr(), elements, dtype, Device::cpu()};
 }
 
 void Staged::copyIn() {

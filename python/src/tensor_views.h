@@ -22,8 +22,9 @@ namespace loom::torch_backend {
 
 DType toLoomDtype(at::ScalarType type, const char* opName);
 
-// Throws unless `t` is a dense CPU tensor of a dtype Loom has.
-void checkTensor(const at::Tensor& t, const char* opName);
+// Throws unless `t` is a dense CPU tensor of a dtype Loom has (of any dtype with `anyDtype`:
+// point-to-point moves bytes).
+void checkTensor(const at::Tensor& t, const char* opName, bool anyDtype = false);
 // Also requires `t` to be contiguous.
 BufferView bufferView(const at::Tensor& t, const char* opName);
 
@@ -31,8 +32,10 @@ BufferView bufferView(const at::Tensor& t, const char* opName);
 class Staged {
  public:
   Staged() = default;
-  // Every tensor must have the same dtype; `opName` names the operation in errors.
-  Staged(std::vector<at::Tensor> tensors, const char* opName);
+  // Every tensor must have the same dtype; `opName` names the operation in errors. `bytes`
+  // (send and recv): a dtype Loom has not (int16, uint16/32/64, float8, ...) travels as its
+  // bytes, as gloo moves it; the dtypes Loom has keep their type, so that a mismatch is named.
+  Staged(std::vector<at::Tensor> tensors, const char* opName, bool bytes = false);
 
   BufferView view() const { return view_; }
   bool copies() const { return staging_.defined(); }

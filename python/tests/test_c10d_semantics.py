@@ -55,10 +55,10 @@ def _abandoned_batch(rank, world, tmp):
 
     ranks.init_loom_and_gloo(rank, world, tmp)
     peer = 1 - rank
-    # A batch whose first operation Loom refuses (a dtype it does not move): the coalescing
+    # A batch whose first operation Loom refuses (a peer beyond the group): the coalescing
     # block torch opened is never closed (its _coalescing_manager has no try/finally).
-    with pytest.raises(RuntimeError, match="does not support dtype"):
-        dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2, dtype=torch.int16), peer),
+    with pytest.raises(RuntimeError, match="rank 5"):
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), 5),
                                 dist.P2POp(dist.irecv, torch.zeros(2), peer)])
     # A Python error in the block's body, before any operation reached Loom.
     with pytest.raises(ValueError):
@@ -136,3 +136,32 @@ def _set_timeout(rank, world, tmp):
                     reason=f"torch {torch.__version__} has no dist.set_timeout")
 def test_set_timeout_applies_to_later_operations():
     ranks.spawn(_set_timeout, 2, timeout=90)
+
+
+def _p2p_bytes(rank, world, tmp):
+    import torch.distributed as dist
+
+    ranks.init_loom_and_gloo(rank, world, tmp)
+    peer = 1 - rank
+    dtypes = [torch.int16, torch.uint16, torch.uint32, torch.uint64]
+    dtypes += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    for dtype in [d for d in dtypes if d is not None]:
+        want = torch.arange(7).to(dtype)
+        if rank == 0:
+            dist.send(want, peer)
+            got = torch.zeros(2, 7, dtype=dtype)[:, 0]  # non-contiguous: staged and copied back
+            dist.recv(got, peer)
+            sent = want[:2].view(torch.uint8).tolist()
+            assert got.contiguous().view(torch.uint8).tolist() == sent, dtype
+        else:
+            got = torch.zeros(7, dtype=dtype)
+            dist.recv(got, peer)
+            assert got.view(torch.uint8).tolist() == want.view(torch.uint8).tolist(), dtype
+            dist.send(want[:2].clone(), peer)
+    _still_usable(dist, world)
+    return True
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint16"), reason=f"torch {torch.__version__}: no uint16")
+def test_send_recv_move_any_dtype_as_bytes():
+    ranks.spawn(_p2p_bytes, 2, timeout=90)
