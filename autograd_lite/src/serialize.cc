@@ -42,20 +42,28 @@ std::string readFile(const std::string& path) {
   return data;
 }
 
+// Writes `tmp` and renames it over `path`; on any failure the temporary file is removed, so a
+// failed save (a full disk, say) leaves nothing behind.
 void writeFileAtomically(const std::string& path, const std::string& head, const NamedTensors& ts) {
   const std::string tmp = path + ".tmp";
+  auto fail = [&](const std::string& what) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error(what);
+  };
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(tmp + ": cannot open for writing: " + std::strerror(errno));
+    if (!out) fail(tmp + ": cannot open for writing: " + std::strerror(errno));
     out.write(head.data(), static_cast<std::streamsize>(head.size()));
     for (const auto& [name, t] : ts) {
       out.write(static_cast<const char*>(t.rawData()), static_cast<std::streamsize>(t.nbytes()));
     }
     out.flush();
-    if (!out) throw std::runtime_error(tmp + ": write failed");
+    if (!out) fail(tmp + ": write failed: " + std::strerror(errno));
+    out.close();
+    if (!out) fail(tmp + ": close failed: " + std::strerror(errno));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("rename " + tmp + " -> " + path + " failed: " + std::strerror(errno));
+    fail("rename " + tmp + " -> " + path + " failed: " + std::strerror(errno));
   }
 }
 

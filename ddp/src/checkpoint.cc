@@ -47,16 +47,47 @@ void writeFile(const std::string& path, const ag::nn::Module& model, int64_t ste
   const std::string dir =
       target.has_parent_path() ? target.parent_path().string() : std::string(".");
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  // A failure removes the temporary files (saveSafetensors writes tmp + ".tmp" first), so a job
+  // that keeps failing to save (a full disk) does not pile up full-size copies.
   try {
-    ag::saveSafetensors(tmp, tensors, {{"step", std::to_string(step)}, {"format", "loom-ddp-1"}});
-  } catch (const std::exception& e) {
-    LOOM_THROW(IoError, "checkpoint: writing ", tmp, " failed: ", e.what());
-  }
-  fsyncPath(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    LOOM_THROW(IoError, "checkpoint: rename ", tmp, " -> ", path, ": ", detail::errnoText(errno));
+    try {
+      ag::saveSafetensors(tmp, tensors, {{"step", std::to_string(step)}, {"format", "loom-ddp-1"}});
+    } catch (const std::exception& e) {
+      LOOM_THROW(IoError, "checkpoint: writing ", tmp, " failed: ", e.what());
+    }
+    fsyncPath(tmp, false);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      LOOM_THROW(IoError, "checkpoint: rename ", tmp, " -> ", path, ": ", detail::errnoText(errno));
+    }
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    std::filesystem::remove(tmp + ".tmp", ignored);
+    throw;
   }
   fsyncPath(dir, true);
+}
+
+// Rank 0's error text, sent after a failed outcome (length, then at most kMaxSharedError bytes)
+// so that every rank's exception says why, even when rank 0 is gone before anyone reads its log.
+// Collective: every rank calls it; returns the text as sent (rank 0's, cut at the bound).
+constexpr size_t kMaxSharedError = 4096;
+
+std::string shareRankZeroError(ProcessGroup& pg, const std::string& rankZeroError) {
+  std::string error = pg.rank() == 0 ? rankZeroError : std::string();
+  if (error.size() > kMaxSharedError) {
+    error.resize(kMaxSharedError - 3);
+    error += "...";
+  }
+  int64_t length = static_cast<int64_t>(error.size());
+  pg.broadcast(view(&length, 1))->wait();
+  LOOM_CHECK(length >= 0 && static_cast<size_t>(length) <= kMaxSharedError, pg.who(),
+             ": rank 0 sent an error text of ", length, " bytes");
+  error.resize(static_cast<size_t>(length));
+  if (length > 0) {
+    pg.broadcast(view(reinterpret_cast<uint8_t*>(error.data()), error.size()))->wait();
+  }
+  return error;
 }
 
 // Optimizer entries as text, one per line: name, dtype code, dims (tab-separated); what rank 0
@@ -112,10 +143,16 @@ void saveCollective(ProcessGroup& pg, const std::string& path, Write&& write) {
       error = e.what();
     }
   }
-  if (pg.size() > 1) pg.broadcast(view(&ok, 1))->wait();
+  if (pg.size() > 1) {
+    pg.broadcast(view(&ok, 1))->wait();
+    if (!ok) {
+      std::string sent = shareRankZeroError(pg, error);
+      if (pg.rank() != 0) error = std::move(sent);
+    }
+  }
   if (!ok) {
     if (pg.rank() == 0) throw IoError(error);
-    LOOM_THROW(IoError, pg.who(), ": rank 0 failed to write the checkpoint ", path);
+    LOOM_THROW(IoError, pg.who(), ": rank 0 failed to write the checkpoint ", path, ": ", error);
   }
 }
 
@@ -194,6 +231,10 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
   }
   if (broadcastFromRank0 && pg.size() > 1) {
     pg.broadcast(view(&ok, 1))->wait();
+    if (!ok) {
+      std::string sent = shareRankZeroError(pg, error);
+      if (!reads) error = std::move(sent);
+    }
     if (ok) {
       pg.broadcast(view(&step, 1))->wait();
       if (scheduler != nullptr) {
@@ -232,7 +273,8 @@ Checkpoint loadImpl(ProcessGroup& pg, const std::string& path, ag::nn::Module& m
   }
   if (!ok) {
     if (reads) throw InvalidArgumentError(pg.who() + ": loading checkpoint: " + error);
-    LOOM_THROW(InvalidArgumentError, pg.who(), ": rank 0 failed to load checkpoint ", path);
+    LOOM_THROW(InvalidArgumentError, pg.who(), ": rank 0 failed to load checkpoint ", path, ": ",
+               error);
   }
   if (scheduler != nullptr) restoreScheduler(pg, path, *scheduler, schedEpoch, schedBaseLr);
   return Checkpoint{step};

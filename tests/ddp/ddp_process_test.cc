@@ -1,15 +1,18 @@
 // DDP with ranks as forked processes (tcp groups over a FileStore): training matches one
 // process, checkpoints round-trip (every rank reading, or rank 0 reading and broadcasting),
-// optimizer state round-trips with the model, and a writer SIGKILLed in the middle of a checkpoint
-// write leaves the previous checkpoint intact.
+// optimizer state round-trips with the model, a failed save leaves no temporary file and every
+// rank's error says why, and a writer SIGKILLed in the middle of a checkpoint write leaves the
+// previous checkpoint intact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -172,6 +175,61 @@ TEST(DdpProcesses, CheckpointWithOptimizerState) {
     }
   });
   EXPECT_EQ(ranks.waitAllOk(milliseconds(60000)), "");
+}
+
+// A save that fails on rank 0 (the rename: the checkpoint's name is taken by a non-empty
+// directory) leaves no temporary file behind, and every rank's IoError carries rank 0's reason;
+// a load that fails on rank 0 (a file that is not a checkpoint, broadcastFromRank0) likewise.
+TEST(DdpProcesses, AFailedSaveLeavesNoTemporaryFileAndEveryRankSaysWhy) {
+  loom::testing::TempDir dir;
+  const std::string path = dir.file("ckpt.safetensors");
+  std::filesystem::create_directories(path + "/occupied");
+  const std::string bad = dir.file("bad.safetensors");
+  std::ofstream(bad) << "xyz";
+  const int world = 2;
+  loom::testing::ChildProcesses ranks;
+  ranks.spawnRanks(world, [&](int rank) {
+    auto store = std::make_shared<FileStore>(dir.file("store"));
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::seconds(30);
+    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    auto model = makeMlp({8, 10, 3});
+    ag::optim::SGD opt(model->parameters(), 0.1);
+    for (bool withOptimizer : {false, true}) {
+      try {
+        if (withOptimizer) {
+          saveCheckpoint(*pg, path, *model, 1, opt);
+        } else {
+          saveCheckpoint(*pg, path, *model, 1);
+        }
+        LOOM_THROW(Error, "saving over a non-empty directory did not fail");
+      } catch (const IoError& e) {
+        const std::string what = e.what();
+        LOOM_CHECK(what.find("rename " + path + ".tmp-") != std::string::npos &&
+                       what.find(std::strerror(EISDIR)) != std::string::npos,
+                   "rank ", rank, " does not say why: ", what);
+        LOOM_CHECK(rank == 0 || what.find("rank 0 failed to write the checkpoint " + path) !=
+                                    std::string::npos,
+                   what);
+      }
+    }
+    try {
+      loadCheckpoint(*pg, bad, *model, {}, true);
+      LOOM_THROW(Error, "loading a file that is not a checkpoint did not fail");
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      LOOM_CHECK(what.find(bad + ": not a safetensors file") != std::string::npos, "rank ", rank,
+                 " does not say why: ", what);
+      LOOM_CHECK(
+          rank == 0 || what.find("rank 0 failed to load checkpoint " + bad) != std::string::npos,
+          what);
+    }
+  });
+  EXPECT_EQ(ranks.waitAllOk(milliseconds(60000)), "");
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos)
+        << "left behind: " << entry.path();
+  }
 }
 
 // Every tensor of a checkpoint written at step s holds the value s, so a torn or mixed file

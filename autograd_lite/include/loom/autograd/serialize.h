@@ -21,7 +21,8 @@ namespace loom::ag {
 
 using nn::NamedTensors;
 
-// Writes tensors in the given order (written to path.tmp, then renamed over path).
+// Writes tensors in the given order (written to path.tmp, then renamed over path; a failure
+// removes path.tmp and throws std::runtime_error naming the file and the cause).
 void saveSafetensors(const std::string& path, const NamedTensors& tensors,
                      const std::map<std::string, std::string>& metadata = {});
 // Reads every tensor, in file (data offset) order.
