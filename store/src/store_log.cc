@@ -292,29 +292,52 @@ void StoreLog::openLog() {
 
 void StoreLog::append(const std::vector<Change>& changes) {
   if (changes.empty()) return;
+  if (!broken_.empty()) {
+    LOOM_THROW(IoError, "store log ", path("log", gen_), " is broken: ", broken_,
+               "; every change is refused until the server restarts (a restart cuts the torn "
+               "record and serves again); the change was not stored");
+  }
+  auto fault = [&](const char* step) {
+    return options_.faultForTest ? options_.faultForTest(step, logFd_) : 0;
+  };
   const std::vector<uint8_t> record = encodeRecord(changes);
-  int err = writeAll(logFd_, record.data(), record.size());
+  int err = fault("write");
+  if (err == 0) err = writeAll(logFd_, record.data(), record.size());
   const char* step = "write";
-  if (err == 0 && options_.fsync == StoreFsync::kAlways && ::fdatasync(logFd_) != 0) {
-    err = errno;
+  if (err == 0 && options_.fsync == StoreFsync::kAlways) {
     step = "fdatasync";
+    err = fault(step);
+    if (err == 0 && ::fdatasync(logFd_) != 0) err = errno;
   }
   if (err != 0) {
+    const std::string failure =
+        detail::str(step, " of a ", record.size(), "-byte record at offset ", logBytes_,
+                    " failed: ", detail::errnoText(err));
     // Cut back to the last whole record so that the log never holds what was refused.
-    if (::ftruncate(logFd_, static_cast<off_t>(logBytes_)) != 0 ||
-        ::lseek(logFd_, static_cast<off_t>(logBytes_), SEEK_SET) < 0) {
-      LOOM_LOG_ERROR("store log ", path("log", gen_),
-                     ": cannot cut a failed record back to offset ", logBytes_, ": ",
-                     detail::errnoText(errno), "; the next restart drops it as a torn record");
+    int cutErr = fault("cut");
+    if (cutErr == 0 && (::ftruncate(logFd_, static_cast<off_t>(logBytes_)) != 0 ||
+                        ::lseek(logFd_, static_cast<off_t>(logBytes_), SEEK_SET) < 0)) {
+      cutErr = errno;
     }
-    LOOM_THROW(IoError, "store log ", path("log", gen_), ": ", step, " of a ", record.size(),
-               "-byte record at offset ", logBytes_, " failed: ", detail::errnoText(err),
+    if (cutErr != 0) {
+      // Records appended after a partial one would be acknowledged, then dropped by the next
+      // replay (it stops at the torn record): refuse every later change instead.
+      broken_ = detail::str(failure, ", and cutting it back to offset ", logBytes_,
+                            " failed: ", detail::errnoText(cutErr));
+      LOOM_LOG_ERROR("store log ", path("log", gen_), ": ", broken_,
+                     "; refusing every change until the server restarts");
+      LOOM_THROW(IoError, "store log ", path("log", gen_), ": ", broken_,
+                 "; the change was not stored, and the store refuses every change until the "
+                 "server restarts");
+    }
+    LOOM_THROW(IoError, "store log ", path("log", gen_), ": ", failure,
                "; the change was not stored");
   }
   logBytes_ += record.size();
 }
 
 void StoreLog::maybeCompact(const std::unordered_map<std::string, Bytes>& data) {
+  if (!broken_.empty()) return;  // nothing is appended any more
   if (logBytes_ < options_.compactBytes || logBytes_ < snapshotBytes_) return;
   try {
     compact(data);

@@ -16,7 +16,10 @@
 // A write or fsync that fails (a full disk: ENOSPC, EDQUOT, EIO) cuts the log back to its last
 // whole record and throws IoError naming the file, the offset and the error; the server then
 // refuses the request (nothing is applied in memory either), so what is on disk and what
-// clients were told never differ.
+// clients were told never differ. When the cut back itself fails, the log is broken (a partial
+// record may sit at its end, and a restart drops everything after it): every later append
+// throws IoError naming the original failure, so no change is acknowledged that a restart would
+// drop (fail-stop; restarting the server cuts the torn tail and serves again).
 //
 // Loading: snapshot.<N> of the highest N (a corrupt snapshot is an error: it was fsync'ed and
 // renamed into place whole, so damage there is not a torn write), then log.<N>. A log whose
@@ -33,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -47,6 +51,10 @@ struct StoreLogOptions {
   std::string dir;
   StoreFsync fsync = StoreFsync::kAlways;
   uint64_t compactBytes = uint64_t{64} << 20;
+  // Test seam (store_persistence_test), empty otherwise: called before each step of an append,
+  // "write", "fdatasync" and "cut" (the cut back after a failure), with the log's descriptor; a
+  // nonzero return is the errno that step fails with, without running it.
+  std::function<int(const char* step, int fd)> faultForTest;
 };
 
 class StoreLog {
@@ -70,7 +78,8 @@ class StoreLog {
   StoreLog& operator=(const StoreLog&) = delete;
 
   // Appends one record holding `changes`, durable per the fsync policy. IoError on failure,
-  // with the log cut back so that the record is absent.
+  // with the log cut back so that the record is absent; IoError, and nothing written, once a
+  // cut back has failed (broken()).
   void append(const std::vector<Change>& changes);
   // Compacts when the log has grown past compactBytes and past the last snapshot's size.
   void maybeCompact(const std::unordered_map<std::string, Bytes>& data);
@@ -79,6 +88,8 @@ class StoreLog {
   const std::string& dir() const { return options_.dir; }
   uint64_t generation() const { return gen_; }
   uint64_t logBytes() const { return logBytes_; }
+  // Why the log refuses every change ("" while it does not): a cut back that failed.
+  const std::string& broken() const { return broken_; }
 
  private:
   std::string path(const char* kind, uint64_t gen) const;
@@ -92,6 +103,7 @@ class StoreLog {
   uint64_t logBytes_ = 0;
   uint64_t snapshotBytes_ = 0;
   Loaded loaded_;
+  std::string broken_;
 };
 
 }  // namespace loom

@@ -137,8 +137,11 @@ TCPStoreServer::Loop::Loop(const TCPStoreServerOptions& options)
   LOOM_CHECK_LE(token_.size(), store_protocol::kMaxTokenBytes, "LOOM_STORE_TOKEN is too long");
   if (!options.dataDir.empty()) {
     // Loaded before the socket exists: no client ever sees a partial state.
-    const StoreLog::Loaded& loaded =
-        state_.persistTo({options.dataDir, options.fsync, options.compactBytes});
+    StoreLogOptions logOptions;
+    logOptions.dir = options.dataDir;
+    logOptions.fsync = options.fsync;
+    logOptions.compactBytes = options.compactBytes;
+    const StoreLog::Loaded& loaded = state_.persistTo(logOptions);
     keysLoaded_ = static_cast<int64_t>(loaded.keys);
     bytesDropped_ = static_cast<int64_t>(loaded.droppedBytes);
     LOOM_LOG_INFO("TCPStore server: ", loaded.keys, " key(s) loaded from ", options.dataDir, " (",

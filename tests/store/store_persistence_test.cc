@@ -1,7 +1,8 @@
 // A persisting TCPStore server (dataDir): keys survive a restart, a torn last record is
 // dropped and named, compaction keeps every key, a directory serves one server, a full disk
-// refuses the change with an IoError (and nothing of it survives), and clients with a
-// reconnect timeout carry on across a server restart.
+// refuses the change with an IoError (and nothing of it survives), a log whose failed record
+// cannot be cut back refuses every later change, and clients with a reconnect timeout carry on
+// across a server restart.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -9,18 +10,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "loom/common/error.h"
 #include "loom/common/socket.h"
 #include "loom/store/store_protocol.h"
 #include "loom/store/tcp_store.h"
 #include "loom/store/tcp_store_server.h"
+#include "store_log.h"
 
 namespace loom {
 namespace {
@@ -234,6 +239,65 @@ TEST(StorePersistenceTest, AFullDiskRefusesTheChangeAndLosesNothing) {
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a tmpfs (needs root)";
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A failed append whose cut back fails too (injected through StoreLogOptions::faultForTest: the
+// write leaves a partial record and fails with ENOSPC, the cut back fails with EIO): the log is
+// broken, and every later change is refused with an IoError naming both failures instead of
+// being acknowledged and then dropped by the next replay, which stops at the partial record.
+// A restart cuts the torn record and has every change that was acknowledged.
+TEST(StorePersistenceTest, ALogThatCannotBeCutBackRefusesEveryLaterChange) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  const std::string log = data + "/log.0";
+  {
+    std::unordered_map<std::string, Bytes> keys;
+    bool fail = false;
+    StoreLogOptions options;
+    options.dir = data;
+    options.faultForTest = [&](const char* step, int fd) -> int {
+      if (!fail) return 0;
+      if (std::strcmp(step, "write") == 0) {
+        const ssize_t n = ::write(fd, "LSL1", 4);  // the start of a record, then the disk is full
+        return n == 4 ? ENOSPC : EIO;
+      }
+      return std::strcmp(step, "cut") == 0 ? EIO : 0;
+    };
+    StoreLog storeLog(options, keys);
+    storeLog.append({{"before", Bytes{'1'}}});
+    fail = true;
+    try {
+      storeLog.append({{"refused", Bytes{'2'}}});
+      ADD_FAILURE() << "an append whose write failed succeeded";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("No space left"), std::string::npos) << e.what();
+    }
+    fail = false;
+    for (const char* key : {"after", "later"}) {
+      try {
+        storeLog.append({{key, Bytes{'3'}}});
+        ADD_FAILURE() << "'" << key << "' was stored after a partial record that was not cut back";
+      } catch (const IoError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(log), std::string::npos) << what;
+        EXPECT_NE(what.find("No space left"), std::string::npos) << what;
+        EXPECT_NE(what.find("cutting it back"), std::string::npos) << what;
+        EXPECT_NE(what.find("Input/output error"), std::string::npos) << what;
+      }
+    }
+    EXPECT_NE(storeLog.broken(), "");
+  }
+  std::unordered_map<std::string, Bytes> keys;
+  testing::internal::CaptureStderr();  // the warning about the torn record
+  StoreLogOptions options;
+  options.dir = data;
+  StoreLog again(options, keys);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(again.loaded().droppedBytes, 4u);
+  EXPECT_EQ(keys.size(), 1u);
+  EXPECT_EQ(keys.count("before"), 1u);
+  EXPECT_EQ(again.broken(), "");
+  again.append({{"after", Bytes{'3'}}});
 }
 
 TEST(StorePersistenceTest, ClientsCarryOnAcrossAServerRestart) {
