@@ -7,6 +7,7 @@
 
 #include "loom/common/logging.h"
 #include "loom/store/peer_auth.h"
+#include "thread_start.h"
 
 namespace loom::rpc::detail {
 
@@ -25,7 +26,7 @@ Channel::~Channel() {
   close("the agent shut down");
 }
 
-void Channel::ensureConnected(const Deadline& deadline) {
+void Channel::ensureConnected(const Deadline& deadline, const std::string& description) {
   if (sock_.valid()) return;
   const WorkerInfo& peer = core_.workers[static_cast<size_t>(peer_)];
   net::Socket s = net::connectTo(peer.host, peer.port, deadline.remaining());
@@ -42,7 +43,15 @@ void Channel::ensureConnected(const Deadline& deadline) {
   wire::writeFrame(s.fd(), wire::Kind::kHello, static_cast<uint64_t>(core_.self.rank), 0, 0,
                    core_.self.name, {}, deadline, what_);
   sock_ = std::move(s);
-  reader_ = std::thread([this] { readerLoop(); });
+  try {
+    reader_ = startThread(failReaderThreadStarts, [this] { readerLoop(); });
+  } catch (const std::system_error& e) {
+    // Without its reader the connection would take requests and never deliver an answer (every
+    // call would time out): close it, so that the next call connects again.
+    sock_.reset();
+    LOOM_THROW(IoError, "rpc: ", description, ": connected to ", what_,
+               " but cannot start the thread that reads its answers: ", e.what());
+  }
 }
 
 std::shared_ptr<CallState> Channel::call(wire::Kind kind, uint64_t id, const std::string& function,
@@ -58,7 +67,7 @@ std::shared_ptr<CallState> Channel::call(wire::Kind kind, uint64_t id, const std
         LOOM_THROW(IoError, "rpc: ", description, " failed: the connection to ", what_,
                    " broke earlier: ", broken_);
       }
-      ensureConnected(state->deadline());
+      ensureConnected(state->deadline(), description);
     } catch (const TimeoutError& e) {
       state->fail(std::make_exception_ptr(
           TimeoutError("rpc: " + description + ": cannot reach " + what_ + ": " + e.what())));

@@ -45,7 +45,9 @@ class Channel {
   void close(const std::string& why);
 
  private:
-  void ensureConnected(const Deadline& deadline);  // mu_ held
+  // mu_ held. Connects and starts the reader; IoError naming the call (`description`) and the
+  // peer when either fails, with no connection kept.
+  void ensureConnected(const Deadline& deadline, const std::string& description);
   void readerLoop();
   void breakWith(const std::string& why);
   void deliver(wire::Frame& frame);

@@ -10,6 +10,7 @@
 
 #include "loom/common/logging.h"
 #include "loom/store/peer_auth.h"
+#include "thread_start.h"
 
 namespace loom::rpc::detail {
 
@@ -158,7 +159,16 @@ Server::~Server() {
 
 void Server::start() {
   pool_ = Pool::start(std::max(1, core_->numThreads));
-  acceptor_ = std::thread([this] { acceptLoop(); });
+  acceptor_ = std::thread([this] {
+    // A background thread never lets an exception escape (std::terminate would end the
+    // process); serve() handles a failed thread start itself, so this is a last resort.
+    try {
+      acceptLoop();
+    } catch (const std::exception& e) {
+      LOOM_LOG_ERROR("rpc: worker '", core_->self.name,
+                     "' stopped accepting connections: ", e.what());
+    }
+  });
 }
 
 // Accepted connections first run the authentication handshake (wire.h), all of them side by
@@ -194,7 +204,13 @@ void Server::acceptLoop() {
       LOOM_LOG_WARNING("rpc: worker '", core_->self.name, "' refused a connection from ", r.address,
                        ": ", r.why);
     }
-    for (auto& a : done) serve(std::move(a.socket));
+    for (auto& a : done) {
+      try {
+        serve(std::move(a.socket));
+      } catch (const std::exception& e) {
+        LOOM_LOG_ERROR("rpc: worker '", core_->self.name, "' refused a connection: ", e.what());
+      }
+    }
     if ((fds[0].revents & POLLIN) == 0) continue;
     std::vector<std::string> dropped;
     const int error = pending.acceptAll(
@@ -225,11 +241,25 @@ void Server::serve(net::Socket s) {
   auto conn = std::make_shared<Connection>();
   conn->what = "a caller at " + net::peerAddressOf(s.fd());
   conn->sock = std::move(s);
+  // The two lists grow together or not at all: room first (a push_back that throws after the
+  // thread started would leave a joinable thread nobody joins), then the thread, then both.
+  connections_.reserve(connections_.size() + 1);
+  threads_.reserve(threads_.size() + 1);
+  std::thread reader;
+  try {
+    reader = startThread(failConnectionThreadStarts, [this, conn] {
+      connectionLoop(conn);
+      conn->finished = true;
+    });
+  } catch (const std::system_error& e) {
+    // Out of threads (EAGAIN): refuse this one connection (closed as conn goes); the caller
+    // sees it closed and its call fails, and the connections already served go on.
+    LOOM_LOG_ERROR("rpc: worker '", core_->self.name, "' refused ", conn->what,
+                   ": cannot start its reader thread: ", e.what());
+    return;
+  }
   connections_.push_back(conn);
-  threads_.emplace_back([this, conn] {
-    connectionLoop(conn);
-    conn->finished = true;
-  });
+  threads_.push_back(std::move(reader));
 }
 
 void Server::reap() {

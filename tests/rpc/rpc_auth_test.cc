@@ -4,7 +4,8 @@
 //   made with a wrong key) are refused and never run, a silent connection stalls nobody, and
 //   the workers' own calls go on;
 // - the server listens on the address it publishes only;
-// - connections beyond RpcOptions::maxConnections are refused, and the calls on the others go on.
+// - connections beyond RpcOptions::maxConnections are refused, and the calls on the others go on;
+// - a connection whose reader thread cannot start fails alone, on the callee and on the caller.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include "loom/store/hash_store.h"
 #include "loom/store/peer_auth.h"
 #include "start_agents.h"
+#include "thread_start.h"
 #include "wire.h"
 
 namespace loom::rpc {
@@ -136,6 +138,47 @@ TEST(RpcAuth, ConnectionsBeyondTheMaximumAreRefused) {
   }
   EXPECT_EQ(agents[1]->rpcSync("w0", "one").get<int>(), 1);  // the served one goes on
   EXPECT_EQ(agents[2]->rpcSync("w1", "one").get<int>(), 1);
+  for (auto& a : agents) a->shutdown(false);
+}
+
+// A reader thread that cannot start (std::system_error, EAGAIN; injected through startThread's
+// seam, rpc/src/thread_start.h). On the callee, that one connection is refused (logged and
+// closed): the process lives on (the failure escaped the acceptor thread: std::terminate) and
+// serves the others. On the caller, the call fails with an IoError naming the call and the
+// callee, and the next call connects again (the connection without a reader was kept: every
+// later call to that worker timed out).
+TEST(RpcAuth, AReaderThreadThatCannotStartFailsOneConnectionOnly) {
+  Registry functions;
+  functions.addRaw("one", [](const Value&, const CallContext&) { return Value(1); });
+  RpcOptions options;
+  options.timeout = milliseconds(10000);
+  auto agents = startAgents(3, functions, options);
+
+  detail::failConnectionThreadStarts = 1;
+  try {
+    agents[1]->rpcSync("w0", "one");
+    ADD_FAILURE() << "a call over a connection the callee could not serve succeeded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(dynamic_cast<const TimeoutError*>(&e), nullptr) << e.what();
+  }
+  EXPECT_EQ(detail::failConnectionThreadStarts.load(), 0);
+  EXPECT_EQ(agents[2]->rpcSync("w0", "one").get<int>(), 1);  // w0 serves the others
+
+  detail::failReaderThreadStarts = 1;
+  try {
+    agents[2]->rpcSync("w1", "one");
+    ADD_FAILURE() << "a call without a reader for its answer succeeded";
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(dynamic_cast<const TimeoutError*>(&e), nullptr) << what;
+    EXPECT_NE(what.find("'one' to worker 'w1' (rank 1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("cannot start the thread that reads its answers"), std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(detail::failReaderThreadStarts.load(), 0);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(agents[2]->rpcSync("w1", "one").get<int>(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   for (auto& a : agents) a->shutdown(false);
 }
 
