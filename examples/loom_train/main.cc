@@ -21,6 +21,7 @@
 // weights then do not depend on the algorithm, transport, bucket size, tuning or overlap.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -367,16 +368,30 @@ int run(const Args& a) {
   splitData();
 
   std::ofstream log;
+  // A failed write of the log is an error naming it (a loom::Error, not an IoError: it is no
+  // peer's failure, and --shrink-on-failure must not take it for one), never a silent loss.
+  auto checkLog = [&](const char* what) {
+    if (log) return;
+    const int err = errno;
+    LOOM_THROW(Error, "--log: cannot ", what, " ", a.log, ": ", detail::errnoText(err));
+  };
+  auto closeLog = [&] {
+    if (!log.is_open()) return;
+    log.close();
+    checkLog("write");
+  };
   // Rank 0 writes the log; after a resume or a shrink, the rows past the step training goes on
   // from are dropped (those steps are trained and logged again).
   auto openLog = [&](int64_t fromStep) {
     if (!leader || a.log.empty()) return;
-    if (log.is_open()) log.close();
+    closeLog();
     if (fromStep > 0) truncateLog(a.log, fromStep);
+    log.clear();
     log.open(a.log, fromStep > 0 ? std::ios::app : std::ios::trunc);
     LOOM_CHECK(static_cast<bool>(log), "--log: cannot open ", a.log, " for writing");
     log.precision(9);
     if (fromStep == 0) log << "step,loss\n";
+    checkLog("write");
   };
   openLog(startStep);
   const bool tty = leader && ::isatty(STDERR_FILENO);
@@ -467,8 +482,11 @@ int run(const Args& a) {
     if (leader && log.is_open()) {
       log << step + 1 << "," << lastLoss << "\n";
       // The log holds what a checkpoint holds: a worker stopped by a signal then loses only rows
-      // past its last checkpoint, which a resume drops anyway.
-      if (checkpointNow) log.flush();
+      // past its last checkpoint, which a resume drops anyway. With --shrink-on-failure every
+      // row is flushed: the survivors go on from the last step all of them finished, and rows
+      // a dead leader held in its buffer would be missing from the log.
+      if (checkpointNow || a.shrinkOnFailure) log.flush();
+      checkLog("write");
     }
     if (checkpointNow) save(step + 1);
     if (task && a.modelArgs.evalEvery > 0 && (step + 1) % a.modelArgs.evalEvery == 0 &&
@@ -591,6 +609,7 @@ int run(const Args& a) {
   if (!ckptPath.empty() && a.steps > startStep) {
     save(a.steps);
   }
+  closeLog();
   size_t stateBytes = 0;
   for (const auto& [name, t] : optimizer.stateDict()) {
     stateBytes += static_cast<size_t>(t.numel()) * ag::dtypeSize(t.dtype());

@@ -1,6 +1,8 @@
 #include "shrink.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -159,7 +161,7 @@ std::vector<KillPoint> parseKills(const std::vector<std::string>& specs) {
 
 void truncateLog(const std::string& path, int64_t step) {
   std::ifstream in(path);
-  if (!in) return;
+  if (!in) return;  // no log yet
   std::string kept, line;
   bool first = true;
   while (std::getline(in, line)) {
@@ -175,14 +177,27 @@ void truncateLog(const std::string& path, int64_t step) {
     first = false;
     if (keep) kept += line + "\n";
   }
-  in.close();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    LOOM_CHECK(static_cast<bool>(out), "--log: cannot write ", tmp);
-    out << kept;
+  if (in.bad()) {
+    LOOM_THROW(Error, "--log: cannot read ", path, ": ", detail::errnoText(errno),
+               "; it is left as it was");
   }
-  std::filesystem::rename(tmp, path);
+  in.close();
+  // The rows are written whole to tmp before it replaces the log: a failed write (a full disk)
+  // removes tmp and leaves the log as it was, instead of replacing it with a cut one.
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](const char* what, int err) {
+    std::remove(tmp.c_str());
+    LOOM_THROW(Error, "--log: ", what, " ", tmp, " (the rows of ", path, " up to step ", step,
+               "): ", detail::errnoText(err), "; ", path, " is left as it was");
+  };
+  std::ofstream out(tmp, std::ios::trunc);
+  if (!out) fail("cannot open", errno);
+  out << kept;
+  out.flush();
+  if (!out) fail("cannot write", errno);
+  out.close();
+  if (!out) fail("cannot close", errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename", errno);
 }
 
 }  // namespace loom::train

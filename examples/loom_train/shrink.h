@@ -100,7 +100,9 @@ struct KillPoint {
 std::vector<KillPoint> parseKills(const std::vector<std::string>& specs);
 
 // Keeps the header and the rows of steps <= `step` of the CSV log at `path` (the steps after it
-// are trained again after a shrink or a resume, and logged then).
+// are trained again after a shrink or a resume, and logged then). The rows are written to
+// path.tmp and renamed over the log; a failure removes path.tmp, leaves the log as it was and
+// throws loom::Error naming the file and errno.
 void truncateLog(const std::string& path, int64_t step);
 
 }  // namespace loom::train

@@ -1,8 +1,9 @@
 // loom-train --model gpt and --model cnn end to end on 2 process ranks (the launcher's
 // environment): a short run lowers the loss and reports a validation result (and, for the gpt,
 // sampled text); --resume from a mid-run checkpoint gives the same per-step losses as the
-// uninterrupted run; bad model flags fail with a message that names them. Small models and few
-// steps, so each run takes seconds.
+// uninterrupted run; bad model flags fail with a message that names them; a --log write that
+// fails is an error naming the log, and a failed rewrite on --resume leaves the log as it was.
+// Small models and few steps, so each run takes seconds.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,8 +45,9 @@ std::string readFile(const std::string& path) {
 }
 
 // Single process (no launcher environment); returns the exit status and stdout + stderr.
-std::pair<int, std::string> runSingle(const std::string& args) {
-  const std::string cmd = std::string(LOOM_TRAIN_BIN) + " " + args + " 2>&1";
+// `shell` runs before it, in the same shell (limits it inherits).
+std::pair<int, std::string> runSingle(const std::string& args, const std::string& shell = "") {
+  const std::string cmd = shell + "exec " + std::string(LOOM_TRAIN_BIN) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -191,6 +194,42 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
   std::tie(code, out) = runSingle("--checkpoint-every -3");
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--checkpoint-every"), std::string::npos) << out;
+}
+
+// --log on a full device: the failed writes are an error naming the log and errno (they were
+// silent: the run exited 0 with no log).
+TEST(LoomTrainLog, AFailedWriteIsAnErrorNamingTheLog) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full";
+  for (const char* more : {"", " --shrink-on-failure"}) {
+    auto [code, out] = runSingle(std::string("--steps 3 --log /dev/full") + more);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("--log: cannot write /dev/full: No space left on device"), std::string::npos)
+        << out;
+  }
+}
+
+// --resume cuts the log's rows past the checkpoint's step by rewriting it through LOG.tmp; when
+// that write fails (here a file size limit of one block), the log stays as it was, LOG.tmp is
+// removed and the run fails naming it (the rename ran regardless and left a cut log).
+TEST(LoomTrainLog, AFailedRewriteOnResumeLeavesTheLogAsItWas) {
+  loom::testing::TempDir dir;
+  const std::string log = dir.file("log.csv");
+  auto [code, out] = runSingle("--steps 4 --checkpoint-dir " + dir.path() + " --log " + log);
+  ASSERT_EQ(code, 0) << out;
+  // Rows long enough that the four kept ones exceed the limit; rows 5-8 are past the checkpoint.
+  std::string rows = "step,loss\n";
+  for (int step = 1; step <= 8; ++step) {
+    rows += std::to_string(step) + ",0.5" + std::string(400, '0') + "\n";
+  }
+  std::ofstream(log, std::ios::trunc) << rows;
+  std::tie(code, out) =
+      runSingle("--steps 8 --resume --checkpoint-dir " + dir.path() + " --log " + log,
+                "trap '' XFSZ; ulimit -f 1; ");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--log: cannot write " + log + ".tmp"), std::string::npos) << out;
+  EXPECT_NE(out.find("File too large"), std::string::npos) << out;
+  EXPECT_EQ(readFile(log), rows);
+  EXPECT_FALSE(std::filesystem::exists(log + ".tmp"));
 }
 
 }  // namespace
