@@ -1,7 +1,9 @@
-// safetensors and .npy: round trips, files made by Python, and errors for bad files.
+// safetensors and .npy: round trips, files made by Python, errors for bad files, and a failed
+// save that leaves no temporary file.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "loom/testing/ranks.h"
@@ -104,6 +106,17 @@ TEST(Safetensors, BadFiles) {
   std::memcpy(big.data(), &huge, 8);
   writeBytes(p, big + "{}");
   expectError<std::runtime_error>([&] { loadSafetensors(p); }, "exceeds the file");
+}
+
+// A save that fails (here the rename: the name is taken by a non-empty directory) throws naming
+// the cause and leaves no path.tmp behind (a job failing to save on a full disk piled them up).
+TEST(Safetensors, AFailedSaveRemovesItsTemporaryFile) {
+  loom::testing::TempDir dir;
+  const std::string p = dir.path() + "/w.safetensors";
+  std::filesystem::create_directories(p + "/occupied");
+  const NamedTensors tensors{{"w", zeros({4, 4})}};
+  expectError<std::runtime_error>([&] { saveSafetensors(p, tensors); }, "rename " + p + ".tmp");
+  EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
 }
 
 TEST(Npy, FilesWrittenByNumpy) {
