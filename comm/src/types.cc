@@ -167,7 +167,9 @@ void checkReduceOp(ReduceOp op, DType dtype) {
                "integer dtype (int8, uint8, int32, int64, bool), got ", dtypeName(dtype));
   }
   if (dtype == DType::kBool && op == ReduceOp::kAvg) {
-    LOOM_THROW(InvalidArgumentError, "reduce op avg is not defined for dtype bool");
+    LOOM_THROW(InvalidArgumentError,
+               "reduce op avg is not defined for dtype bool; use sum (logical or) or an integer "
+               "dtype");
   }
 }
 

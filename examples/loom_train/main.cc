@@ -320,9 +320,15 @@ int run(const Args& a) {
       // A copy beside the latest, under its step (written whole, then renamed into place).
       const std::string kept =
           a.checkpointDir + "/checkpoint-" + std::to_string(step) + ".safetensors";
-      std::filesystem::copy_file(ckptPath, kept + ".tmp",
-                                 std::filesystem::copy_options::overwrite_existing);
-      std::filesystem::rename(kept + ".tmp", kept);
+      try {
+        std::filesystem::copy_file(ckptPath, kept + ".tmp",
+                                   std::filesystem::copy_options::overwrite_existing);
+        std::filesystem::rename(kept + ".tmp", kept);
+      } catch (const std::filesystem::filesystem_error& e) {
+        std::error_code ignored;
+        std::filesystem::remove(kept + ".tmp", ignored);  // no partial copy left behind
+        LOOM_THROW(Error, "--keep-checkpoints: cannot keep ", kept, ": ", e.what());
+      }
     }
   };
   auto load = [&](const std::string& path) {

@@ -232,4 +232,18 @@ TEST(LoomTrainLog, AFailedRewriteOnResumeLeavesTheLogAsItWas) {
   EXPECT_FALSE(std::filesystem::exists(log + ".tmp"));
 }
 
+// --keep-checkpoints copies the checkpoint beside the latest under its step, through a .tmp;
+// when the rename fails (here the name is a non-empty directory) the run fails naming it and
+// leaves no partial copy (the .tmp stayed, a checkpoint's size each time).
+TEST(LoomTrainCheckpoints, AFailedKeepLeavesNoPartialCopy) {
+  loom::testing::TempDir dir;
+  const std::string kept = dir.file("checkpoint-2.safetensors");
+  std::filesystem::create_directories(kept + "/occupied");
+  auto [code, out] =
+      runSingle("--steps 2 --checkpoint-every 2 --keep-checkpoints --checkpoint-dir " + dir.path());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--keep-checkpoints: cannot keep " + kept), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(kept + ".tmp"));
+}
+
 }  // namespace

@@ -60,7 +60,7 @@ TEST(MpiErrors, ArgumentsMpiCannotTake) {
                 pg.allreduce(BufferView{&flag, 1, DType::kBool, Device::cpu()},
                              {.reduceOp = ReduceOp::kAvg});
               }),
-              HasSubstr("avg is not defined for bool"));
+              HasSubstr("avg is not defined for dtype bool; use sum (logical or)"));
   EXPECT_THAT(messageOf<InvalidArgumentError>([&] { pg.monitoredBarrier(); }),
               HasSubstr("created without one"));
   EXPECT_THAT(
