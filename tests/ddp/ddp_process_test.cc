@@ -31,6 +31,15 @@ namespace {
 using namespace loom::ddp::testing;
 using std::chrono::milliseconds;
 
+// A tcp group over a FileStore in `dir`, with a 30 s timeout.
+std::shared_ptr<ProcessGroup> fileStoreGroup(const loom::testing::TempDir& dir, int rank,
+                                             int world) {
+  auto store = std::make_shared<FileStore>(dir.file("store"));
+  ProcessGroupOptions po;
+  po.timeout = std::chrono::seconds(30);
+  return createProcessGroup("tcp", store, rank, world, po);
+}
+
 // Throws (so the child exits 1 with the message) when a and b differ by more than tol.
 void requireClose(const nn::NamedTensors& a, const nn::NamedTensors& b, double tol,
                   const std::string& what) {
@@ -60,10 +69,7 @@ TEST(DdpProcesses, TrainAndCheckpointLikeOneProcess) {
   const int64_t batch = 4;
   loom::testing::ChildProcesses ranks;
   ranks.spawnRanks(world, [&](int rank) {
-    auto store = std::make_shared<FileStore>(dir.file("store"));
-    ProcessGroupOptions po;
-    po.timeout = std::chrono::seconds(30);
-    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    auto pg = fileStoreGroup(dir, rank, world);
     const Dataset d = makeData(world * batch * steps, sizes.front(), sizes.back());
 
     auto ref = makeMlp(sizes);
@@ -121,10 +127,7 @@ TEST(DdpProcesses, CheckpointWithOptimizerState) {
   const int64_t batch = 4;
   loom::testing::ChildProcesses ranks;
   ranks.spawnRanks(world, [&](int rank) {
-    auto store = std::make_shared<FileStore>(dir.file("store"));
-    ProcessGroupOptions po;
-    po.timeout = std::chrono::seconds(30);
-    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    auto pg = fileStoreGroup(dir, rank, world);
     const Dataset d = makeData(world * batch * 2, sizes.front(), sizes.back());
     auto model = makeMlp(sizes);
     DistributedDataParallel ddp(model, pg);
@@ -189,10 +192,7 @@ TEST(DdpProcesses, AFailedSaveLeavesNoTemporaryFileAndEveryRankSaysWhy) {
   const int world = 2;
   loom::testing::ChildProcesses ranks;
   ranks.spawnRanks(world, [&](int rank) {
-    auto store = std::make_shared<FileStore>(dir.file("store"));
-    ProcessGroupOptions po;
-    po.timeout = std::chrono::seconds(30);
-    auto pg = createProcessGroup("tcp", store, rank, world, po);
+    auto pg = fileStoreGroup(dir, rank, world);
     auto model = makeMlp({8, 10, 3});
     ag::optim::SGD opt(model->parameters(), 0.1);
     for (bool withOptimizer : {false, true}) {
