@@ -6,6 +6,8 @@
 // staging buffer), copy staged inputs in, issue the Loom operation, and return a WorkLoom whose
 // finish step copies staged outputs back. The Staged values ride in the finish step, so every
 // tensor Loom reads or writes lives until the operation is over.
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -29,8 +31,30 @@ StagedPtr stageIn(std::vector<at::Tensor> tensors, const char* opName) {
   return staged;
 }
 
+// Refused before the operation is issued: a result cannot be written into a tensor whose
+// elements share memory (an expanded view); torch would refuse the copy back only after the
+// collective ran.
+void checkWritable(const std::vector<at::Tensor>& tensors, const char* opName) {
+  for (const at::Tensor& t : tensors) {
+    // Other layouts and devices are refused by Staged's own checks, with their reason.
+    if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu()) continue;
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+      LOOM_THROW(InvalidArgumentError, opName,
+                 ": the output tensor has elements that share memory (an expanded view, stride "
+                 "0); pass one that owns its elements (.clone() or .contiguous())");
+    }
+  }
+}
+
 StagedPtr stageOut(std::vector<at::Tensor> tensors, const char* opName) {
+  checkWritable(tensors, opName);
   return std::make_shared<Staged>(std::move(tensors), opName);
+}
+
+// A buffer that is input and output (in place).
+StagedPtr stageInPlace(const at::Tensor& t, const char* opName) {
+  checkWritable({t}, opName);
+  return stageIn({t}, opName);
 }
 
 // Point-to-point: any dtype, as bytes when Loom has not the type (tensor_views.h).
@@ -41,6 +65,7 @@ StagedPtr stageInBytes(const at::Tensor& t, const char* opName) {
 }
 
 StagedPtr stageOutBytes(const at::Tensor& t, const char* opName) {
+  checkWritable({t}, opName);
   return std::make_shared<Staged>(std::vector<at::Tensor>{t}, opName, /*bytes=*/true);
 }
 
@@ -114,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tenso
   const char* name = "broadcast";
   checkRootTensor(opts.rootTensor, name);
   at::Tensor& t = single(tensors, name);
-  auto buf = stageIn({t}, name);
+  auto buf = stageInPlace(t, name);
   auto work = pg_->broadcast(
       buf->view(), {.root = static_cast<int>(opts.rootRank), .timeout = timeoutOf(opts.timeout)});
   return workOf(c10d::OpType::BROADCAST, std::move(work), {t}, finishing(nullptr, buf));
@@ -125,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
   CoalescingBlockGuard block(*this, "allreduce");
   const char* name = "allreduce";
   at::Tensor& t = single(tensors, name);
-  auto buf = stageIn({t}, name);
+  auto buf = stageInPlace(t, name);
   const LoomReduce reduce = toLoomReduce(opts.reduceOp, t.scalar_type(), name);
   if (reduce.premul) buf->scale(*reduce.premul);
   auto work =
@@ -143,7 +168,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   std::vector<StagedPtr> bufs;
   std::vector<BufferView> views;
   for (const at::Tensor& t : tensors) {
-    bufs.push_back(stageIn({t}, name));
+    bufs.push_back(stageInPlace(t, name));
     if (reduce.premul) bufs.back()->scale(*reduce.premul);
     views.push_back(bufs.back()->view());
   }
@@ -161,7 +186,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
   const char* name = "reduce";
   checkRootTensor(opts.rootTensor, name);
   at::Tensor& t = single(tensors, name);
-  auto buf = stageIn({t}, name);
+  auto buf = stageInPlace(t, name);
   const LoomReduce reduce = toLoomReduce(opts.reduceOp, t.scalar_type(), name);
   const int root = static_cast<int>(opts.rootRank);
   if (reduce.premul) buf->scale(*reduce.premul);

@@ -102,6 +102,10 @@ def _refused_locally(rank, world, tmp):
     want = torch.cat([torch.arange(8, dtype=torch.float32).reshape(4, 2)[2 * rank:2 * rank + 2]
                       + 100 * r for r in range(world)])
     assert torch.equal(out, want), (out, want)
+    # An expanded output (stride 0): refused before the collective runs, not at the copy back.
+    with pytest.raises(RuntimeError, match="elements that share memory"):
+        dist.all_reduce(torch.ones(1).expand(4))
+    _still_usable(dist, world)
     # AVG over bool: refused before it is issued, not by the engines on every rank.
     with pytest.raises(RuntimeError, match="avg is not defined for dtype bool"):
         dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG)
