@@ -305,8 +305,9 @@ int loomBenchMain(int argc, char** argv) {
   app.add_option("--init-method", initMethod,
                  "env:// (default; LOOM_INIT_METHOD), tcp://host:port or file:///path");
   app.add_option("--algo", algo,
-                 "force a comm algorithm for every collective (auto, ring, rd, hd, direct, tree, "
-                 "chain); default: LOOM_ALGO or automatic");
+                 "force a comm algorithm (ring, rd, hd, direct, tree, chain) on the collectives "
+                 "that have it, over the transport (they leave shared memory); the others keep "
+                 "their automatic choice. auto, or absent: LOOM_ALGO when set, else automatic");
   CLI::Option* tune = app.add_option(
       "--tune", tuneFile,
       "instead of the sweep, time every algorithm of all-reduce, broadcast, all-gather and "
