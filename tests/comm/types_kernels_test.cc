@@ -6,6 +6,7 @@
 #include <bit>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -280,6 +281,45 @@ TEST(Kernels, MinMaxOrderNegativeZeroBelowPositiveZeroInEitherOrder) {
       }
     }
   }
+}
+
+// float and double min / max (their own vector kernels) against the scalar rule, bit for bit,
+// over random values mixed with NaN, both infinities and both zeros, in the vector body and
+// the tail.
+template <typename T>
+void minMaxMatchesScalarRule(DType dtype) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<T> value(-4, 4);
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(),
+                        std::numeric_limits<T>::infinity(),
+                        -std::numeric_limits<T>::infinity(),
+                        T(0),
+                        -T(0),
+                        T(1),
+                        T(-1)};
+  const size_t n = 1003;
+  std::vector<T> a(n), b(n), out(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = i % 3 == 0 ? specials[rng() % 7] : value(rng);
+    b[i] = i % 5 == 0 ? specials[rng() % 7] : (i % 7 == 0 ? a[i] : value(rng));
+  }
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    reduceFunction(dtype, op)(out.data(), a.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const T x = a[i], y = b[i];
+      const T want = op == ReduceOp::kMin
+                         ? ((x < y || x != x || (x == y && std::signbit(x))) ? x : y)
+                         : ((x > y || x != x || (x == y && !std::signbit(x))) ? x : y);
+      ASSERT_EQ(std::memcmp(&out[i], &want, sizeof(T)), 0)
+          << dtypeName(dtype) << " " << reduceOpName(op) << " i=" << i << " a=" << x << " b=" << y
+          << " got " << out[i];
+    }
+  }
+}
+
+TEST(Kernels, FloatAndDoubleMinMaxMatchTheScalarRuleBitForBit) {
+  minMaxMatchesScalarRule<float>(DType::kFloat32);
+  minMaxMatchesScalarRule<double>(DType::kFloat64);
 }
 
 TEST(Kernels, HalfSumRoundsOnce) {
