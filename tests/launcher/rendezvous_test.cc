@@ -272,6 +272,16 @@ TEST(LaunchOptions, ErrorsNameTheProblem) {
               HasSubstr("--nnodes '3:2' is not valid"));
   EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "0", "p"}).text,
               HasSubstr("--nnodes '0' is not valid"));
+  // A value that is not a number is named as such, not as out of range (CLI::Range's wording).
+  EXPECT_THAT(parse({"--nproc-per-node", "x", "p"}).text,
+              HasSubstr("'x' is not a whole number; expected 1 to 4096"));
+  EXPECT_THAT(parse({"--nproc-per-node", "2.5", "p"}).text, HasSubstr("not a whole number"));
+  EXPECT_THAT(parse({"--nproc-per-node", "0", "p"}).text,
+              HasSubstr("'0' is out of range; expected 1 to 4096"));
+  EXPECT_THAT(parse({"--nproc-per-node", "1", "--grace-period-s", "abc", "p"}).text,
+              HasSubstr("'abc' is not a number; expected 0 to 3600"));
+  EXPECT_EQ(parse({"--nproc-per-node", "1", "--grace-period-s", "0.25", "p"}).kind,
+            ParseOutcome::kRun);
   EXPECT_THAT(parse({"--nproc-per-node", "1", "--nnodes", "1:2", "--node-rank", "0",
                      "--rdzv-endpoint", "h:1", "p"})
                   .text,
