@@ -28,10 +28,21 @@ class Pool {
  public:
   using Task = std::function<void()>;
 
-  static std::shared_ptr<Pool> start(int threads) {
+  // `threads` idle threads; when one cannot start, the ones started are joined and the error
+  // names `who` (they waited for good, each holding the pool).
+  static std::shared_ptr<Pool> start(int threads, const std::string& who) {
     auto pool = std::make_shared<Pool>();
-    for (int i = 0; i < threads; ++i) {
-      pool->threads_.emplace_back([pool] { pool->run(); });
+    try {
+      for (int i = 0; i < threads; ++i) {
+        pool->threads_.push_back(detail::startThread(
+            detail::failPoolThreadStarts, [pool] { pool->run(); },
+            &detail::poolThreadStartsBeforeFailure));
+      }
+    } catch (const std::system_error& e) {
+      const size_t started = pool->threads_.size();
+      pool->stop(milliseconds(0));  // idle: they are joined
+      LOOM_THROW(IoError, who, ": cannot start request thread ", started + 1, " of ", threads,
+                 " (RpcOptions::numThreads, LOOM_RPC_THREADS): ", e.what());
     }
     return pool;
   }
@@ -158,7 +169,9 @@ Server::~Server() {
 }
 
 void Server::start() {
-  pool_ = Pool::start(std::max(1, core_->numThreads));
+  pool_ = Pool::start(
+      std::max(1, core_->numThreads),
+      loom::detail::str("rpc: worker '", core_->self.name, "' (rank ", core_->self.rank, ")"));
   acceptor_ = std::thread([this] {
     // A background thread never lets an exception escape (std::terminate would end the
     // process); serve() handles a failed thread start itself, so this is a last resort.

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "loom/common/socket.h"
@@ -180,6 +181,41 @@ TEST(RpcAuth, AReaderThreadThatCannotStartFailsOneConnectionOnly) {
   EXPECT_EQ(agents[2]->rpcSync("w1", "one").get<int>(), 1);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   for (auto& a : agents) a->shutdown(false);
+}
+
+// Threads of this process now (/proc/self/task).
+size_t threadCount() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A request pool that cannot start all its threads: the agent's creation fails naming the
+// worker, the thread and the setting, and the threads that had started are joined (they waited
+// for good, each holding the pool).
+TEST(RpcAuth, ARequestPoolThatCannotStartFailsTheAgentAndLeavesNoThread) {
+  Registry functions;
+  RpcOptions options;
+  options.numThreads = 4;
+  const size_t before = threadCount();
+  detail::poolThreadStartsBeforeFailure = 2;
+  detail::failPoolThreadStarts = 1;
+  try {
+    startAgents(1, functions, options);
+    ADD_FAILURE() << "an agent without its request threads started";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("rpc: worker 'w0' (rank 0): cannot start request "
+                                         "thread 3 of 4 (RpcOptions::numThreads"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(detail::failPoolThreadStarts.load(), 0);
+  EXPECT_EQ(detail::poolThreadStartsBeforeFailure.load(), 0);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (threadCount() > before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);  // poll interval, bounded by the deadline
+  }
+  EXPECT_EQ(threadCount(), before);
 }
 
 }  // namespace
