@@ -1,12 +1,16 @@
 #include "tensor_views.h"
 
+#include <optional>
 #include <string>
 
 #include "loom/common/error.h"
 
 namespace loom::torch_backend {
 
-DType toLoomDtype(at::ScalarType type, const char* opName) {
+namespace {
+
+// Loom's dtype for a torch scalar type; none for the types Loom has no kernels for.
+std::optional<DType> loomDtypeOf(at::ScalarType type) {
   switch (type) {
     case at::kFloat:
       return DType::kFloat32;
@@ -27,32 +31,18 @@ DType toLoomDtype(at::ScalarType type, const char* opName) {
     case at::kBool:
       return DType::kBool;
     default:
-      LOOM_THROW(InvalidArgumentError, opName, ": the loom backend does not support dtype ",
-                 c10::toString(type),
-                 " (float, double, half, bfloat16, int8, uint8, int32, int64, bool)");
-  }
-}
-
-namespace {
-
-bool loomHas(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kChar:
-    case at::kByte:
-    case at::kInt:
-    case at::kLong:
-    case at::kBool:
-      return true;
-    default:
-      return false;
+      return std::nullopt;
   }
 }
 
 }  // namespace
+
+DType toLoomDtype(at::ScalarType type, const char* opName) {
+  if (const std::optional<DType> dtype = loomDtypeOf(type)) return *dtype;
+  LOOM_THROW(InvalidArgumentError, opName, ": the loom backend does not support dtype ",
+             c10::toString(type),
+             " (float, double, half, bfloat16, int8, uint8, int32, int64, bool)");
+}
 
 void checkTensor(const at::Tensor& t, const char* opName, bool anyDtype) {
   if (!t.defined()) {
@@ -110,7 +100,7 @@ Staged::Staged(std::vector<at::Tensor> tensors, const char* opName, bool bytes)
   const at::ScalarType type = tensors_.front().scalar_type();
   DType dtype = DType::kUInt8;
   size_t elements = count;
-  if (bytes && !loomHas(type)) {
+  if (bytes && !loomDtypeOf(type)) {
     elements = count * tensors_.front().element_size();
   } else {
     dtype = toLoomDtype(type, opName);

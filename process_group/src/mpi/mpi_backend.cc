@@ -226,12 +226,6 @@ void ProcessGroupMpi::checkDevice(const BufferView& buf, const char* opName) con
 
 void ProcessGroupMpi::checkOp(const OpDesc& op) const {
   const char* name = opTypeName(op.type);
-  if (pg_checks::isReduction(op.type) && op.dtype == DType::kBool &&
-      op.reduceOp == ReduceOp::kAvg) {
-    LOOM_THROW(InvalidArgumentError, who(), ": ", name,
-               ": reduce op avg is not defined for bool; use sum (logical or) or an integer "
-               "dtype");
-  }
   switch (op.type) {
     case OpType::kSend:
     case OpType::kRecv:
