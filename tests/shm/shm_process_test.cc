@@ -586,27 +586,63 @@ TEST(ShmProcesses, StaleNamedSegmentsOfDeadCreatorsAreSweptAway) {
   ::shm_unlink(alive.c_str());
 }
 
+// Yama keeps one reader's name per process, and several groups may need one (shm/ptrace.h):
+// the name always covers every held grant's readers, so a second group's grant widens it (here
+// from the one peer to the test process, the peers' common ancestor) instead of taking the
+// first group's reader away; ending a grant narrows it again, and the last withdraws it (also
+// on an arena's destruction, arena.cc). A grant whose readers share no ancestor but init with
+// the held ones is refused with the reason, and the name stays. This machine may have no Yama,
+// so the prctl is replaced and the names are read back from the registry.
+std::vector<pid_t> gPtracerCalls;
+int recordPtracerCall(pid_t pid) {
+  gPtracerCalls.push_back(pid);
+  return 0;
+}
+
+TEST(ShmProcesses, OneReadersNameCoversTheReadersOfEveryGroupThatNeedsOne) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  for (int i = 0; i < 2; ++i) {
+    children.spawn([&] {
+      FileStore store(dir.file("store"));
+      store.wait({"done"}, 60s);
+    });
+  }
+  const pid_t a = children.pid(0), b = children.pid(1), self = ::getpid();
+  shm::setPtracerCallForTest(recordPtracerCall);
+  ASSERT_EQ(shm::readGrants(), 0);
+  int pair = 0, world = 0, alone = 0, stranger = 0;
+  EXPECT_EQ(shm::grantReads({self}, alone), "");  // no reader: nothing named
+  EXPECT_EQ(alone, 0);
+  EXPECT_EQ(shm::grantReads({self, a}, pair), "");  // a subgroup with one peer: that peer
+  EXPECT_NE(pair, 0);
+  EXPECT_EQ(shm::namedReader(), a);
+  EXPECT_EQ(shm::grantReads({self, a, b}, world), "");  // a group with both: their ancestor
+  EXPECT_NE(world, 0);
+  EXPECT_EQ(shm::namedReader(), self);
+  const std::string why = shm::grantReads({self, 1}, stranger);  // init's child: refused
+  EXPECT_EQ(stranger, 0);
+  EXPECT_NE(why.find("other group(s) of this process"), std::string::npos) << why;
+  EXPECT_EQ(shm::namedReader(), self);
+  EXPECT_EQ(shm::readGrants(), 2);
+  shm::endGrant(world);  // narrows back to the pair's one reader
+  EXPECT_EQ(shm::namedReader(), a);
+  shm::endGrant(world);  // ended already: nothing changes
+  shm::endGrant(0);
+  EXPECT_EQ(shm::readGrants(), 1);
+  shm::endGrant(pair);  // the last: withdrawn
+  EXPECT_EQ(shm::namedReader(), 0);
+  EXPECT_EQ(shm::readGrants(), 0);
+  EXPECT_EQ(gPtracerCalls, (std::vector<pid_t>{a, self, a, 0}));
+  shm::setPtracerCallForTest(nullptr);
+  FileStore(dir.file("store")).set("done", "1");
+  EXPECT_EQ(children.waitAllOk(60s), "");
+}
+
 // The reader a rank names for the single copy under Yama's ptrace_scope 1 (shm/ptrace.h): the
 // one peer itself; for several peers their nearest common ancestor (here the test process,
 // which forked them), never "any process"; nobody for a rank alone in its process. (This
 // machine may have no Yama: only the choice is checked here, not the kernel's answer.)
-// The reader's name is one per process; the arenas that named it hold it, and the last to let
-// go withdraws it (arena.cc: on destruction too, so no permission outlives the groups). The
-// naming itself needs Yama's ptrace_scope 1, which this machine may not have: only the count
-// is checked here.
-TEST(ShmProcesses, TheReadersNameIsWithdrawnWhenTheLastHolderLetsGo) {
-  ASSERT_EQ(shm::readHolders(), 0);
-  shm::holdReads();
-  shm::holdReads();
-  shm::releaseReads();
-  EXPECT_EQ(shm::readHolders(), 1);
-  shm::releaseReads();
-  EXPECT_EQ(shm::readHolders(), 0);
-  shm::releaseReads();  // one too many: never below 0
-  EXPECT_EQ(shm::readHolders(), 0);
-  EXPECT_EQ(shm::readHolders(), 0);
-}
-
 TEST(ShmProcesses, PtracerIsThePeerOrThePeersCommonAncestor) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;

@@ -183,8 +183,8 @@ Arena::Arena(int rank, int size, size_t slotBytes, WaitBudget budget,
 }
 
 Arena::~Arena() {
-  helpers_.reset();                   // idle (every task was waited for): stops and joins them
-  if (readersNamed_) releaseReads();  // no read permission outlives the group
+  helpers_.reset();      // idle (every task was waited for): stops and joins them
+  endGrant(readGrant_);  // no read permission outlives the group
   for (auto& peer : mappings_) {
     for (const Mapping& m : peer) ::munmap(m.local, m.bytes);
   }

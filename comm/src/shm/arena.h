@@ -386,7 +386,7 @@ class Arena {
   uint64_t probeWord_ = 0;         // read by the peers' probes
   std::vector<pid_t> readerPids_;  // every rank's pid (the probe's), for allowPeerReads
   bool ptracerNeeded_ = false;     // Yama's ptrace_scope is 1 (read once, by the probe)
-  bool readersNamed_ = false;      // PR_SET_PTRACER names them now
+  int readGrant_ = 0;              // ptrace.h's grant: PR_SET_PTRACER covers them now
   bool windows_ = false;
   size_t windowMinBytes_ = 0;
   bool oversubscribed_ = false;

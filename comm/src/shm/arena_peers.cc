@@ -119,12 +119,9 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   for (const Entry& e : entries) readerPids_.push_back(static_cast<pid_t>(e.pid));
   ptracerNeeded_ = ptracerNeeded();
   if (failure.empty() && ptracerNeeded_) {
-    pid_t named = 0;
-    const std::string why = allowReadsBy(readerPids_, named);
+    // Held before anything can throw: ~Arena ends it on every way out.
+    const std::string why = grantReads(readerPids_, readGrant_);
     if (!why.empty()) failure = detail::str("rank ", rank_, ": ", why);
-    // Held before anything can throw: ~Arena lets go of it on every way out.
-    if (named != 0) holdReads();
-    readersNamed_ = named != 0;
     publishProbe(store, prefix + "ptracer/", rank_, size_, why.empty() ? "set" : "none",
                  options.timeout);
   }
@@ -150,9 +147,9 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
   singleCopyForced_ = singleCopy_ && allForced;
   // Forced on, the path is in use from the first collective: the name stays. Otherwise it is
   // withdrawn now and given again only if a collective takes the single copy (allowPeerReads).
-  if (readersNamed_ && !singleCopyForced_) {
-    releaseReads();
-    readersNamed_ = false;
+  if (!singleCopyForced_) {
+    endGrant(readGrant_);
+    readGrant_ = 0;
   }
   if (!singleCopy_ && rank_ == 0 && !off) {
     if (forced) {
@@ -166,13 +163,10 @@ void Arena::probeSingleCopy(Store& store, const ArenaOptions& options) {
 }
 
 void Arena::allowPeerReads() {
-  if (readersNamed_ || !singleCopy_ || !ptracerNeeded_) return;
-  pid_t named = 0;
-  const std::string why = allowReadsBy(readerPids_, named);
+  if (readGrant_ != 0 || !singleCopy_ || !ptracerNeeded_) return;
   // The probe named the same readers a moment ago; a failure now is reported by the reader.
+  const std::string why = grantReads(readerPids_, readGrant_);
   if (!why.empty()) LOOM_LOG_WARNING("shared memory: rank ", rank_, ": ", why);
-  if (named != 0) holdReads();
-  readersNamed_ = named != 0;
 }
 
 void Arena::publishBuffers(const void* in, const void* out, const WindowRef* inWindow,

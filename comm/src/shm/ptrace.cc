@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -72,40 +73,75 @@ pid_t ptracerFor(const std::vector<pid_t>& peers, std::string& why) {
   return common.front();
 }
 
-std::string allowReadsBy(const std::vector<pid_t>& peers, pid_t& named) {
-  named = 0;
+namespace {
+
+int ptracerCall(pid_t pid) {
+  return ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(pid), 0, 0, 0) == 0 ? 0 : errno;
+}
+
+std::mutex gGrantsMu;
+int (*gCall)(pid_t) = ptracerCall;          // gGrantsMu
+std::map<int, std::vector<pid_t>> gGrants;  // gGrantsMu: grant -> its readers
+int gLastGrant = 0;                         // gGrantsMu
+pid_t gNamed = 0;                           // gGrantsMu: what PR_SET_PTRACER names now
+
+// Every held grant's readers, and `more`.
+std::vector<pid_t> heldReadersAnd(const std::vector<pid_t>& more) {
+  std::vector<pid_t> all = more;
+  for (const auto& [id, readers] : gGrants) all.insert(all.end(), readers.begin(), readers.end());
+  return all;
+}
+
+}  // namespace
+
+std::string grantReads(const std::vector<pid_t>& peers, int& grant) {
+  grant = 0;
+  std::lock_guard<std::mutex> lock(gGrantsMu);
   std::string why;
-  const pid_t target = ptracerFor(peers, why);
-  if (target == 0) return why;
-  if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(target), 0, 0, 0) != 0) {
-    return detail::str("prctl(PR_SET_PTRACER, ", target, ") failed: ", detail::errnoText(errno));
+  if (ptracerFor(peers, why) == 0) return why;  // no reader (""), or none fits on their own
+  const pid_t target = ptracerFor(heldReadersAnd(peers), why);
+  if (target == 0) {
+    return detail::str(why, "; that counts the readers of ", gGrants.size(),
+                       " other group(s) of this process, which hold the one name Yama keeps");
   }
-  named = target;
+  if (target != gNamed) {
+    const int err = gCall(target);
+    if (err != 0) {
+      return detail::str("prctl(PR_SET_PTRACER, ", target, ") failed: ", detail::errnoText(err));
+    }
+    gNamed = target;
+  }
+  grant = ++gLastGrant;
+  gGrants.emplace(grant, peers);
   return {};
 }
 
-void revokeReads() {
-  (void)::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+void endGrant(int grant) {
+  std::lock_guard<std::mutex> lock(gGrantsMu);
+  if (grant == 0 || gGrants.erase(grant) == 0) return;
+  std::string why;
+  const pid_t target = gGrants.empty() ? 0 : ptracerFor(heldReadersAnd({}), why);
+  // A reader that has gone makes the narrower name unknown: the wider one stays until the last
+  // grant ends.
+  if (!gGrants.empty() && target == 0) return;
+  if (target == gNamed) return;
+  const int err = gCall(target);
+  if (err == 0 || target == 0) gNamed = target;  // a failed withdrawal names nothing we know of
 }
 
-namespace {
-std::mutex gHoldersMu;
-int gHolders = 0;  // gHoldersMu
-}  // namespace
-
-void holdReads() {
-  std::lock_guard<std::mutex> lock(gHoldersMu);
-  ++gHolders;
+pid_t namedReader() {
+  std::lock_guard<std::mutex> lock(gGrantsMu);
+  return gNamed;
 }
 
-void releaseReads() {
-  std::lock_guard<std::mutex> lock(gHoldersMu);
-  if (gHolders > 0 && --gHolders == 0) revokeReads();
+int readGrants() {
+  std::lock_guard<std::mutex> lock(gGrantsMu);
+  return static_cast<int>(gGrants.size());
 }
 
-int readHolders() {
-  std::lock_guard<std::mutex> lock(gHoldersMu);
-  return gHolders;
+void setPtracerCallForTest(int (*call)(pid_t)) {
+  std::lock_guard<std::mutex> lock(gGrantsMu);
+  gCall = call != nullptr ? call : ptracerCall;
 }
 
 }  // namespace loom::comm::shm

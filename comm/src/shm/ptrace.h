@@ -36,20 +36,27 @@ inline bool ptracerNeeded() {
 // ignored): 0 when there is none to name (no other reader; or `why` says why none fits).
 pid_t ptracerFor(const std::vector<pid_t>& peers, std::string& why);
 
-// Names the process that may read this one (see above) for readers `peers` (this process's own
-// pid among them is ignored). Returns "" on success (or when nothing was needed), else why not.
-// `named` receives the pid named (0: none).
-std::string allowReadsBy(const std::vector<pid_t>& peers, pid_t& named);
-
-// Withdraws the name (PR_SET_PTRACER 0): only ancestors may attach again.
-void revokeReads();
-
-// The name is one per process and the arenas of several groups may need it: each arena that
-// named its readers holds it (holdReads, after allowReadsBy succeeded) and lets go when it no
-// longer needs it or goes (releaseReads); the last to let go withdraws the name, so that no
-// permission outlives the groups that needed it. readHolders() is the count, for tests.
-void holdReads();
-void releaseReads();
-int readHolders();
+// Yama keeps one name per process, and the arenas of several groups may each need readers
+// named (a world group and a subgroup whose peers differ). Each arena that needs them holds a
+// grant for its readers, and the name is always the process that covers the readers of every
+// grant held: ptracerFor over their union (the one reader when every grant names the same one,
+// else their nearest common ancestor). So a second group widens the name instead of taking the
+// first group's readers away, and a grant that ends narrows it again; the last to end withdraws
+// it (PR_SET_PTRACER 0: only ancestors may attach again), so no permission outlives the groups
+// that needed it.
+//
+// grantReads names the readers `peers` (this process's own pid among them is ignored) and
+// returns "" with `grant` != 0 when they may read now; "" with `grant` 0 when there is no reader
+// to name; else why not (grant 0: no readers that share no ancestor but init with the other
+// grants' are named, and the name stays as it was).
+std::string grantReads(const std::vector<pid_t>& peers, int& grant);
+// Ends a grant (0 and unknown grants are ignored).
+void endGrant(int grant);
+// The pid named now (0: none), and the grants held; for tests.
+pid_t namedReader();
+int readGrants();
+// Replaces prctl(PR_SET_PTRACER, pid) for tests (the call returns 0 or an errno); nullptr
+// restores prctl. Without Yama the kernel refuses the prctl, so only a test can see the names.
+void setPtracerCallForTest(int (*call)(pid_t));
 
 }  // namespace loom::comm::shm
