@@ -1,6 +1,7 @@
 #include "loom/ddp/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,8 @@
 
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
+#include "loom/common/logging.h"
+#include "loom/common/socket.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/ddp/tensor_view.h"
 #include "loom/ddp/zero_optimizer.h"
@@ -36,6 +39,42 @@ ag::nn::NamedTensors schedulerState(const ag::optim::LRScheduler* scheduler) {
           {"base_lr", ag::scalarTensor(scheduler->baseLr(), ag::DType::kFloat64)}};
 }
 
+// The temporary file of a write of `path` by this process: path.tmp-<host>-<pid> (the host
+// because a checkpoint directory may be shared by hosts, and a pid means something on its own).
+std::string tempPathOf(const std::string& path) {
+  return path + ".tmp-" + net::hostname() + "-" + std::to_string(::getpid());
+}
+
+// A writer killed mid-write (SIGKILL, the OOM killer) leaves its temporary file, full-size. The
+// next write of `path` removes those of writers on this host that are gone (their pid is not a
+// live process); a live writer's (another job writing the same path) and other hosts' are left.
+void sweepDeadWritersTemps(const std::string& path, const std::string& dir) {
+  const std::string prefix =
+      std::filesystem::path(path).filename().string() + ".tmp-" + net::hostname() + "-";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return;  // the write itself will say what is wrong with the directory
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string digits = name.substr(prefix.size());
+    if (digits.size() > 4 && digits.compare(digits.size() - 4, 4, ".tmp") == 0) {
+      digits.resize(digits.size() - 4);  // saveSafetensors' own temporary file
+    }
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code removeError;
+    if (std::filesystem::remove(entry.path(), removeError)) {
+      LOOM_LOG_WARNING("checkpoint: removed ", entry.path().string(), ", left by pid ", pid,
+                       " on this host, which died while writing ", path);
+    }
+  }
+}
+
 void writeFile(const std::string& path, const ag::nn::Module& model, int64_t step,
                const ag::nn::NamedTensors& extra,
                const ag::optim::LRScheduler* scheduler = nullptr) {
@@ -46,7 +85,8 @@ void writeFile(const std::string& path, const ag::nn::Module& model, int64_t ste
   const std::filesystem::path target(path);
   const std::string dir =
       target.has_parent_path() ? target.parent_path().string() : std::string(".");
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  sweepDeadWritersTemps(path, dir);
+  const std::string tmp = tempPathOf(path);
   // A failure removes the temporary files (saveSafetensors writes tmp + ".tmp" first), so a job
   // that keeps failing to save (a full disk) does not pile up full-size copies.
   try {

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "ddp_test_util.h"
 #include "loom/autograd/serialize.h"
 #include "loom/common/error.h"
+#include "loom/common/socket.h"
 #include "loom/ddp/checkpoint.h"
 #include "loom/ddp/distributed_data_parallel.h"
 #include "loom/process_group/factory.h"
@@ -253,17 +255,21 @@ void expectConsistent(const std::string& path) {
   }
 }
 
+// A writer SIGKILLed mid-write leaves the previous checkpoint whole, and its temporary file
+// (nothing runs to remove it); the next write of that path on this host removes the files of
+// writers that are gone, and leaves a live writer's and another host's.
 TEST(DdpProcesses, SigkillMidWriteLeavesTheOldCheckpoint) {
   loom::testing::TempDir dir;
   const std::string path = dir.file("ckpt.safetensors");
   writeCheckpointFile(path, *filled(0), 0);
+  const std::string tmpOf = path + ".tmp-" + net::hostname() + "-";
   int killedMidWrite = 0;
   for (int round = 0; round < 5; ++round) {
     loom::testing::ChildProcesses writer;
     writer.spawn([&] {
       for (int64_t step = 1;; ++step) writeCheckpointFile(path, *filled(step), step);
     });
-    const std::string tmp = path + ".tmp-" + std::to_string(writer.pid(0));
+    const std::string tmp = tmpOf + std::to_string(writer.pid(0));
     // Kill as soon as a write is in progress (its temporary file exists), after a few writes.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     int seen = 0;
@@ -279,11 +285,29 @@ TEST(DdpProcesses, SigkillMidWriteLeavesTheOldCheckpoint) {
     EXPECT_EQ(exit.signal, SIGKILL) << exit.describe();
     if (std::filesystem::exists(tmp) || std::filesystem::exists(tmp + ".tmp")) ++killedMidWrite;
     expectConsistent(path);
-    std::filesystem::remove(tmp);
-    std::filesystem::remove(tmp + ".tmp");
   }
   // The kills must actually have landed inside writes for the test to mean anything.
   EXPECT_GE(killedMidWrite, 1);
+  // A live writer's file (a process still running) and another host's stay.
+  loom::testing::ChildProcesses live;
+  live.spawn([&] { FileStore(dir.file("store")).wait({"done"}, std::chrono::seconds(60)); });
+  const std::string liveTmp = tmpOf + std::to_string(live.pid(0));
+  const std::string otherHost = path + ".tmp-elsewhere.example-" + std::to_string(::getpid());
+  std::ofstream(liveTmp) << "x";
+  std::ofstream(otherHost) << "x";
+  writeCheckpointFile(path, *filled(7), 7);
+  expectConsistent(path);
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    const std::string name = entry.path().string();
+    if (name.find(".tmp") != std::string::npos) left.push_back(name);
+  }
+  std::sort(left.begin(), left.end());
+  std::vector<std::string> kept = {liveTmp, otherHost};
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(left, kept);
+  FileStore(dir.file("store")).set("done", "1");
+  EXPECT_EQ(live.waitAllOk(milliseconds(60000)), "");
 }
 
 }  // namespace
