@@ -39,6 +39,7 @@
 #include "cuda_memory.h"
 #include "loom/bench/runner.h"
 #include "loom/bench/sizes.h"
+#include "loom/cli/checks.h"
 #include "loom/comm/collectives.h"
 #include "loom/comm/window.h"
 #include "loom/common/error.h"
@@ -322,13 +323,14 @@ int loomBenchMain(int argc, char** argv) {
                  "last rule holds above it")
       ->capture_default_str();
   app.add_option("--timeout", timeoutS, "deadline of setup and of every operation, seconds")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str();
   app.add_option("-R,--register", registerMode,
                  "0: the collectives' buffers are ordinary host memory; 1: they are Loom windows "
                  "(loom::comm::Window, zero-copy shared memory: same-host peers read them "
                  "directly, and a broadcast's root may write the receivers'; tcp backend only), "
                  "as nccl-tests -R registers its buffers")
-      ->check(CLI::IsMember({0, 1}))
+      ->check(cli::wholeIn(0, 1))
       ->capture_default_str();
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
   if (auto code = parseCommandLine(app, argc, argv, [&] {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "loom/bench/sizes.h"
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/process_group/init.h"
 #include "loom/store/tcp_store.h"
@@ -157,9 +158,9 @@ int run(int argc, char** argv) {
   app.add_option("-b,--minbytes", minText, "smallest size (8, 64K, 16M)");
   app.add_option("-e,--maxbytes", maxText, "largest size");
   app.add_option("-f,--stepfactor", factor, "size factor between rows");
-  app.add_option("-n,--iters", iters, "timed calls per size")->check(CLI::PositiveNumber);
+  app.add_option("-n,--iters", iters, "timed calls per size")->check(loom::cli::wholeAtLeast(1));
   app.add_option("-w,--warmup_iters", warmup, "untimed calls per size")
-      ->check(CLI::NonNegativeNumber);
+      ->check(loom::cli::wholeAtLeast(0));
   app.add_option("-c,--check", check, "1: count wrong elements (#wrong)");
   app.add_option("-s,--sync_each", syncEach,
                  "1: synchronize the stream after every call (the per-operation cost, as "
@@ -169,7 +170,7 @@ int run(int argc, char** argv) {
                  "cudaEventSynchronize; 3: 2 and before the call an event recorded on the legacy "
                  "default stream that the stream waits for (the caller-stream order); 4: 3 with "
                  "a plain event queried until done")
-      ->check(CLI::Range(0, 4));
+      ->check(loom::cli::wholeIn(0, 4));
   app.add_option("-d,--datatype", typeName, "float, double, int8, uint8, int32, int64");
   app.add_option("-o,--op", opName, "sum, prod, min, max, avg");
   CLI11_PARSE(app, argc, argv);

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "loom/cli/checks.h"
 #include "loom/common/settings.h"
 #include "loom/rpc/agent.h"
 #include "loom/spawn/spawn.h"
@@ -166,11 +167,13 @@ int main(int argc, char** argv) {
   Config c;
   CLI::App app{"Loom RPC round trip and call rate, 2 processes on this host"};
   app.add_option("--callers", c.callers, "caller thread counts, one row each")->delimiter(',');
-  app.add_option("--seconds", c.seconds, "time per row")->check(CLI::Range(0.01, 3600.0));
-  app.add_option("--payload", c.payload, "bytes of the echoed blob")->check(CLI::Range(0, 1 << 26));
-  app.add_option("--threads", c.threads, "server request threads")->check(CLI::Range(1, 1024));
+  app.add_option("--seconds", c.seconds, "time per row")->check(loom::cli::numberIn(0.01, 3600.0));
+  app.add_option("--payload", c.payload, "bytes of the echoed blob")
+      ->check(loom::cli::wholeIn(0, 1 << 26));
+  app.add_option("--threads", c.threads, "server request threads")
+      ->check(loom::cli::wholeIn(1, 1024));
   app.add_option("--async-depth", c.asyncDepth, "also rows with this many rpcAsync in flight")
-      ->check(CLI::Range(0, 100000));
+      ->check(loom::cli::wholeIn(0, 100000));
   CLI11_PARSE(app, argc, argv);
   loom::SpawnOptions options;
   options.timeout = std::chrono::milliseconds(

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "loom/bench/sizes.h"
+#include "loom/cli/checks.h"
 
 namespace {
 
@@ -117,10 +118,10 @@ int main(int argc, char** argv) {
                  "and size)")
       ->capture_default_str();
   app.add_option("--seconds", seconds, "time per round and size")
-      ->check(CLI::Range(0.01, 10.0))
+      ->check(loom::cli::numberIn(0.01, 10.0))
       ->capture_default_str();
   app.add_option("--rounds", rounds, "rounds per figure; the median is printed")
-      ->check(CLI::Range(1, 101))
+      ->check(loom::cli::wholeIn(1, 101))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

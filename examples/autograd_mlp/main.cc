@@ -14,6 +14,7 @@
 
 #include "loom/autograd/autograd.h"
 #include "loom/autograd/parallel.h"
+#include "loom/cli/checks.h"
 #include "loom/common/settings.h"
 
 using namespace loom::ag;
@@ -61,16 +62,16 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   app.add_option("--x", xPath, "inputs, float32 [N, D] .npy");
   app.add_option("--y", yPath, "labels, int64 [N] .npy");
-  app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", layers, "hidden layers")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--epochs", epochs, "epochs")->check(CLI::NonNegativeNumber);
+  app.add_option("--hidden", hidden, "hidden width")->check(loom::cli::wholeAtLeast(1));
+  app.add_option("--layers", layers, "hidden layers")->check(loom::cli::wholeAtLeast(0));
+  app.add_option("--batch", batch, "batch size")->check(loom::cli::wholeAtLeast(1));
+  app.add_option("--epochs", epochs, "epochs")->check(loom::cli::wholeAtLeast(0));
   app.add_option("--lr", lr, "learning rate");
   app.add_option("--optimizer", optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--seed", seed, "seed for init and synthetic data");
-  app.add_option("--samples", n, "synthetic: samples")->check(CLI::PositiveNumber);
-  app.add_option("--dim", dim, "synthetic: input dimension")->check(CLI::PositiveNumber);
-  app.add_option("--classes", classes, "synthetic: classes")->check(CLI::Range(2, 1000));
+  app.add_option("--samples", n, "synthetic: samples")->check(loom::cli::wholeAtLeast(1));
+  app.add_option("--dim", dim, "synthetic: input dimension")->check(loom::cli::wholeAtLeast(1));
+  app.add_option("--classes", classes, "synthetic: classes")->check(loom::cli::wholeIn(2, 1000));
   app.add_option("--save", savePath, "write the final weights (safetensors)");
   app.add_option("--load", loadPath, "initial weights (safetensors)");
   CLI11_PARSE(app, argc, argv);

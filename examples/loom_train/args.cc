@@ -3,39 +3,58 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "loom/cli/checks.h"
+
 namespace loom::train {
 
 int parseArgs(int argc, char** argv, Args& a) {
   CLI::App app{"loom-train: trains an MLP with DistributedDataParallel (run under loom-run)"};
-  app.add_option("--in", a.in, "input features")->capture_default_str();
-  app.add_option("--classes", a.classes, "output classes")->capture_default_str();
+  app.add_option("--in", a.in, "input features")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str();
+  app.add_option("--classes", a.classes, "output classes")
+      ->check(cli::wholeAtLeast(2))
+      ->capture_default_str();
   app.add_option("--hidden", a.hidden, "hidden layer sizes, comma-separated")
       ->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size per rank")->capture_default_str();
+  app.add_option("--batch", a.batch, "batch size per rank")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
-  app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")
+      ->check(cli::numberAtLeast(0))
+      ->capture_default_str();
+  app.add_option("--momentum", a.momentum, "SGD momentum")
+      ->check(cli::numberAtLeast(0))
+      ->capture_default_str();
   app.add_flag("--nesterov", a.nesterov, "SGD with Nesterov momentum");
   app.add_option("--weight-decay", a.weightDecay,
                  "weight decay (SGD, Adam: added to the gradient; AdamW: decoupled)")
+      ->check(cli::numberAtLeast(0))
       ->capture_default_str();
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--steps", a.steps, "optimizer steps")
+      ->check(cli::wholeAtLeast(0))
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "seed of the weights, synthetic data and shuffling")
       ->capture_default_str();
   app.add_option("--bucket-cap-mb", a.bucketCapMb, "DDP gradient bucket size (MiB)")
+      ->check(cli::numberAbove(0))
       ->capture_default_str();
   app.add_option("--accumulate", a.accumulate,
                  "micro-batches per step (noSync for all but the last)")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str();
   app.add_option("--comm-hook", a.commHook, "none, fp16, bf16 or powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}))
       ->capture_default_str();
   app.add_option("--powersgd-rank", a.powerSgdRank, "PowerSGD matrix approximation rank")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str();
   app.add_option("--powersgd-start", a.powerSgdStart,
                  "PowerSGD: plain all-reduce before this iteration (> 1)")
+      ->check(cli::wholeAtLeast(2))
       ->capture_default_str();
   app.add_option("--lr-schedule", a.lrSchedule,
                  "none, step:SIZE:GAMMA (StepLR) or cosine:TMAX[:ETA_MIN], stepped once per "
@@ -64,7 +83,7 @@ int parseArgs(int argc, char** argv, Args& a) {
                  "directory of checkpoint.safetensors (written at the end, and every "
                  "--checkpoint-every steps)");
   app.add_option("--checkpoint-every", a.checkpointEvery, "steps between checkpoints (0: end only)")
-      ->check(CLI::Range(0, 1000000000))
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str();
   app.add_flag("--resume", a.resume,
                "continue from the checkpoint in --checkpoint-dir (model, optimizer state, step)");
@@ -77,11 +96,13 @@ int parseArgs(int argc, char** argv, Args& a) {
       ->group("Shrink in place");
   app.add_option("--min-ranks", a.minRanks,
                  "--shrink-on-failure: fail as without it when fewer ranks would remain")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str()
       ->group("Shrink in place");
   app.add_option("--shrink-window-s", a.shrinkWindowS,
                  "--shrink-on-failure: how long the survivors wait for ranks whose state is "
                  "unknown (ranks found dead are not waited for)")
+      ->check(cli::numberAtLeast(0))
       ->capture_default_str()
       ->group("Shrink in place");
   app.add_option("--test-kill", a.testKill,
@@ -91,6 +112,7 @@ int parseArgs(int argc, char** argv, Args& a) {
   app.add_option("--test-step-delay-ms", a.testStepDelayMs,
                  "TEST ONLY: sleep this long after every step (keeps a short job running while a "
                  "test acts on it)")
+      ->check(cli::wholeAtLeast(0))
       ->group("Testing");
   app.add_option("--amp", a.amp,
                  "mixed precision: none (float32), bf16 (the training forward pass and loss "
@@ -103,13 +125,17 @@ int parseArgs(int argc, char** argv, Args& a) {
       ->capture_default_str()
       ->group("Mixed precision");
   app.add_option("--amp-init-scale", a.ampInitScale, "--amp fp16: the initial loss scale")
+      ->check(cli::numberAbove(0))
       ->capture_default_str()
       ->group("Mixed precision");
   app.add_option("--amp-growth-interval", a.ampGrowthInterval,
                  "--amp fp16: clean steps before the loss scale doubles")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str()
       ->group("Mixed precision");
-  app.add_option("--samples", a.samples, "rows of synthetic data")->capture_default_str();
+  app.add_option("--samples", a.samples, "rows of synthetic data")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str();
   app.add_option("--model", a.model,
                  "mlp (synthetic or --data), gpt (a character-level transformer on --text) or cnn "
                  "(a conv net on the 8x8 digits in --data-dir); gpt and cnn default to "
@@ -120,7 +146,7 @@ int parseArgs(int argc, char** argv, Args& a) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : kUsageError;
+    return cli::exitFor(app, e, "loom-train");  // a usage error: 2 (kUsageError)
   }
   for (const char* flag : {"--min-ranks", "--shrink-window-s"}) {
     if (app.count(flag) > 0 && !a.shrinkOnFailure) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/ddp/eval.h"
 #include "loom/ddp/sampler.h"
@@ -18,20 +19,31 @@ void addModelOptions(CLI::App& app, ModelArgs& a) {
       ->capture_default_str()
       ->group(gpt);
   app.add_option("--layers", a.layers, "gpt: transformer blocks")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str()
       ->group(gpt);
-  app.add_option("--heads", a.heads, "gpt: attention heads")->capture_default_str()->group(gpt);
-  app.add_option("--width", a.width, "gpt: embedding width")->capture_default_str()->group(gpt);
+  app.add_option("--heads", a.heads, "gpt: attention heads")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str()
+      ->group(gpt);
+  app.add_option("--width", a.width, "gpt: embedding width")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str()
+      ->group(gpt);
   app.add_option("--context", a.context, "gpt: context length (characters)")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str()
       ->group(gpt);
   app.add_option("--val-fraction", a.valFraction, "gpt: the share of the text kept for validation")
+      ->check(cli::numberIn(0, 1))
       ->capture_default_str()
       ->group(gpt);
   app.add_option("--sample-chars", a.sampleChars, "gpt: characters sampled at the end (0: none)")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str()
       ->group(gpt);
   app.add_option("--temperature", a.temperature, "gpt: sampling temperature")
+      ->check(cli::numberAbove(0))
       ->capture_default_str()
       ->group(gpt);
   app.add_option("--data-dir", a.dataDir,
@@ -39,9 +51,11 @@ void addModelOptions(CLI::App& app, ModelArgs& a) {
                  "(examples/loom_train/data/make_digits.py writes them)")
       ->group(cnn);
   app.add_option("--eval-every", a.evalEvery, "steps between validation passes (0: at the end)")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str()
       ->group(both);
   app.add_option("--eval-batch", a.evalBatch, "rows per validation forward")
+      ->check(cli::wholeAtLeast(1))
       ->capture_default_str()
       ->group(both);
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "loom/cli/checks.h"
 #include "loom/common/settings.h"
 #include "parameter_server.h"
 
@@ -17,12 +18,12 @@ int main(int argc, char** argv) {
   loom::examples::PsConfig c;
   bool check = false;
   CLI::App app{"Parameter server over Loom RPC: 1 server, N trainers, synchronous rounds"};
-  app.add_option("--trainers", c.trainers, "trainer processes")->check(CLI::Range(1, 64));
-  app.add_option("--rounds", c.rounds, "synchronous rounds")->check(CLI::Range(1, 100000));
+  app.add_option("--trainers", c.trainers, "trainer processes")->check(loom::cli::wholeIn(1, 64));
+  app.add_option("--rounds", c.rounds, "synchronous rounds")->check(loom::cli::wholeIn(1, 100000));
   app.add_option("--batch", c.perTrainerBatch, "samples per trainer per round")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--vocab", c.vocab, "embedding rows")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--dim", c.dim, "embedding width")->check(CLI::Range(1, 4096));
+      ->check(loom::cli::wholeIn(1, 1 << 20));
+  app.add_option("--vocab", c.vocab, "embedding rows")->check(loom::cli::wholeIn(1, 1 << 24));
+  app.add_option("--dim", c.dim, "embedding width")->check(loom::cli::wholeIn(1, 4096));
   app.add_option("--lr", c.lr, "SGD learning rate");
   app.add_option("--seed", c.seed, "data and initial weights");
   app.add_flag("--check", check, "compare with the same training in one process");

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/cli/checks.h"
 #include "loom/common/deadline.h"
 #include "loom/common/socket.h"
 #include "loom/store/barrier.h"
@@ -85,9 +86,9 @@ int main(int argc, char** argv) {
   CLI::App app{"store_demo: processes rendezvous through a TCPStore"};
   int nproc = 4;
   int timeoutMs = 4000;
-  app.add_option("--nproc", nproc, "number of processes")->check(CLI::Range(1, 64));
+  app.add_option("--nproc", nproc, "number of processes")->check(loom::cli::wholeIn(1, 64));
   app.add_option("--timeout-ms", timeoutMs, "deadline for the whole demo")
-      ->check(CLI::PositiveNumber);
+      ->check(loom::cli::wholeAtLeast(1));
   CLI11_PARSE(app, argc, argv);
 
   int fds[2];

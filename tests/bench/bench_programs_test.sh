@@ -22,7 +22,10 @@ for bad in "--op allreduse" "-b 1Q" "-b 16M -e 1M" "-d float128" "-o xor" "--bog
   "$bin/loom-bench" $bad >"$tmp/bad" 2>&1
   rc=$?
   [[ $rc -eq 2 ]] || fail "loom-bench $bad exited $rc, expected 2"
-  grep -q "Usage" "$tmp/bad" || fail "loom-bench $bad printed no usage"
+  # The error first, naming the program, then where the flags are explained (not the whole help,
+  # which would push the error off the screen).
+  head -1 "$tmp/bad" | grep -q "^loom-bench: " || fail "loom-bench $bad: no error first: $(head -1 "$tmp/bad")"
+  grep -q "Run 'loom-bench --help' for the flags" "$tmp/bad" || fail "loom-bench $bad: no pointer to --help"
 done
 grep -q "tune-max must be 4K to 1G per rank, got 2G" "$tmp/bad" ||
   fail "loom-bench --tune-max 2G: $(cat "$tmp/bad")"

@@ -188,9 +188,20 @@ TEST(LoomTrainModels, BadFlagsAreNamed) {
   EXPECT_NE(out.find("--amp fp16 does not work with --zero"), std::string::npos) << out;
   // PowerSGD's flags without the hook, and a negative checkpoint interval, were accepted and
   // did nothing.
-  std::tie(code, out) = runSingle("--comm-hook fp16 --powersgd-rank 0");
+  std::tie(code, out) = runSingle("--comm-hook fp16 --powersgd-rank 2");
   EXPECT_EQ(code, 2);  // a usage error, as Loom's other programs
   EXPECT_NE(out.find("--powersgd-rank is for --comm-hook powersgd"), std::string::npos) << out;
+  // A numeric flag's value is checked when it is read, and named with what is expected.
+  std::tie(code, out) = runSingle("--comm-hook powersgd --powersgd-rank 0");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("loom-train: --powersgd-rank: '0' is out of range; expected at least 1"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) = runSingle("--steps ten");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("--steps: 'ten' is not a whole number; expected at least 0"),
+            std::string::npos)
+      << out;
   std::tie(code, out) = runSingle("--checkpoint-every -3");
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--checkpoint-every"), std::string::npos) << out;

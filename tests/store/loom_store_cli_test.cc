@@ -128,7 +128,7 @@ TEST(LoomStoreProgram, JoinTimeoutNamesMissingRanks) {
 TEST(LoomStoreProgram, FlagsThatCouldNotWorkAreUsageErrors) {
   StoreProgram huge({"--workers", "1", "--timeout", "1e300"});
   EXPECT_EQ(huge.wait(milliseconds(5000)), 2);
-  EXPECT_NE(huge.readUntil("not in range", milliseconds(2000)).find("--timeout"),
+  EXPECT_NE(huge.readUntil("out of range", milliseconds(2000)).find("--timeout"),
             std::string::npos);
   StoreProgram fsync({"--fsync", "never"});
   EXPECT_EQ(fsync.wait(milliseconds(5000)), 2);

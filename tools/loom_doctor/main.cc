@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/process_group/diagnostics.h"
 #include "loom/process_group/init.h"
@@ -108,16 +109,16 @@ int main(int argc, char** argv) {
   app.add_option("paths", paths, "dump files, or directories holding loom-flight-*.json");
   app.add_option("--attach", attachUrl, "a live job's store: tcp://host:port or file:///path");
   app.add_option("--world-size", worldSize, "with --attach: the group's size")
-      ->check(CLI::PositiveNumber);
+      ->check(loom::cli::wholeAtLeast(1));
   app.add_option("--prefix", prefix, "with --attach: the group's store prefix")
       ->capture_default_str();
   app.add_option("--wait-ms", waitMs, "with --attach: how long to wait for the ranks' answers")
-      ->check(CLI::PositiveNumber)
+      ->check(loom::cli::wholeAtLeast(1))
       ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // a usage error is 2, as docs/diagnostics.md says
+    return loom::cli::exitFor(app, e, "loom-doctor");  // a usage error: 2 (docs/diagnostics.md)
   }
   if (!attachUrl.empty()) {
     if (worldSize <= 0 || !paths.empty()) {

@@ -1,10 +1,11 @@
 #include "launch_options.h"
 
 #include <CLI/CLI.hpp>
-
 #include <cmath>
 #include <sstream>
 #include <string>
+
+#include "loom/cli/checks.h"
 
 namespace loom::run {
 namespace {
@@ -45,35 +46,6 @@ std::chrono::milliseconds seconds(double s) {
   return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
 }
 
-// CLI::Range, but a value that is not a number is named as such (CLI::Range said "Value x not
-// in range 1 to 4096"). `whole`: an integer is expected.
-CLI::Validator numberIn(double lo, double hi, bool whole) {
-  const auto text = [](double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  };
-  const std::string range = text(lo) + " to " + text(hi);
-  return CLI::Validator(
-      [=](std::string& value) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        const bool number = used == value.size() && !value.empty() && std::isfinite(v);
-        if (!number || (whole && v != std::floor(v))) {
-          return "'" + value + "' is not " + (whole ? "a whole number" : "a number") +
-                 "; expected " + range;
-        }
-        if (v < lo || v > hi) return "'" + value + "' is out of range; expected " + range;
-        return "";
-      },
-      (whole ? "INT in [" : "NUMBER in [") + range + "]");
-}
-
 }  // namespace
 
 ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
@@ -87,21 +59,21 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
   double lastCall = 2.0;
 
   app.add_option("--nproc-per-node", o.nprocPerNode, "worker processes to start on this node")
-      ->check(numberIn(1, 4096, true));
+      ->check(loom::cli::wholeIn(1, 4096));
   std::string nnodes = "1";
   app.add_option("--nnodes", nnodes,
                  "number of nodes (one loom-run each), or MIN:MAX for an elastic job; default 1");
   app.add_option("--node-rank", o.nodeRank, "this node's index in [0, nnodes); default 0")
-      ->check(numberIn(0, 65535, true));
+      ->check(loom::cli::wholeIn(0, 65535));
   app.add_option("--master-addr", o.masterAddr,
                  "address of node 0, where the rendezvous store runs; default 127.0.0.1");
   app.add_option("--master-port", o.masterPort,
                  "port of the rendezvous store on node 0 (required with --nnodes > 1); "
                  "0 or absent on a single node picks a free port")
-      ->check(numberIn(0, 65535, true));
+      ->check(loom::cli::wholeIn(0, 65535));
   app.add_option("--max-restarts", o.maxRestarts,
                  "restart the worker group up to K times after a failure; default 0")
-      ->check(numberIn(0, 1000000, true));
+      ->check(loom::cli::wholeIn(0, 1000000));
   std::string onFailure = "stop";
   app.add_option("--on-worker-failure", onFailure,
                  "stop: stop every worker when one fails (default); continue: report it and let "
@@ -111,17 +83,17 @@ ParseOutcome parseLaunchOptions(int argc, const char* const* argv) {
                "prefix every line of worker output with '[rank R] '");
   app.add_option("--grace-period-s", grace,
                  "seconds between SIGTERM and SIGKILL when stopping workers; default 5")
-      ->check(numberIn(0.0, 3600.0, false));
+      ->check(loom::cli::numberIn(0.0, 3600.0));
   app.add_option("--rdzv-timeout-s", rdzvTimeout,
                  "seconds to wait for every node at a rendezvous; default 60")
-      ->check(numberIn(0.1, 86400.0, false));
+      ->check(loom::cli::numberIn(0.1, 86400.0));
   app.add_option("--node-timeout-s", nodeTimeout,
                  "a node whose heartbeat stops for this long fails the job; default 30")
-      ->check(numberIn(0.5, 86400.0, false));
+      ->check(loom::cli::numberIn(0.5, 86400.0));
   app.add_option("--rdzv-last-call-s", lastCall,
                  "elastic: once MIN nodes are in a round, close it after this many seconds "
                  "without a new arrival (MAX nodes close it at once); default 2")
-      ->check(numberIn(0.0, 3600.0, false));
+      ->check(loom::cli::numberIn(0.0, 3600.0));
   app.add_option("--run-id", o.runId,
                  "job id shared by all nodes, namespaces the rendezvous keys; default "
                  "'default'");

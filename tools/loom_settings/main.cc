@@ -16,6 +16,7 @@
 #include <iostream>
 #include <string>
 
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
 
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return loom::cli::exitFor(app, e, "loom-settings");
   }
   if (markdown) {
     std::cout << st::markdown();

@@ -18,6 +18,7 @@
 #include <iostream>
 #include <thread>
 
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/common/settings.h"
@@ -94,15 +95,15 @@ int main(int argc, char** argv) {
   double timeoutSeconds = 300;
   app.add_option("--host", host, "address to listen on (default: all interfaces)");
   app.add_option("--port", port, "port to listen on; 0 picks a free one")
-      ->check(CLI::Range(0, 65535))
+      ->check(loom::cli::wholeIn(0, 65535))
       ->capture_default_str();
   app.add_option("--token", token,
                  "shared secret clients must present (default: LOOM_STORE_TOKEN)");
   app.add_option("--workers", workers, "wait for this many clients to join (0: don't wait)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(loom::cli::wholeAtLeast(0));
   // At most a year: a larger value overflowed the milliseconds it becomes (1e300 gave 0 ms).
   app.add_option("--timeout", timeoutSeconds, "seconds to wait for --workers (at most a year)")
-      ->check(CLI::Range(0.001, 365.0 * 24 * 3600))
+      ->check(loom::cli::numberIn(0.001, 365.0 * 24 * 3600))
       ->capture_default_str();
   std::string dataDir;
   std::string fsync;
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag: 2, as Loom's other programs
+    return loom::cli::exitFor(app, e, "loom-store");
   }
   if (!fsync.empty() && dataDir.empty() && !loom::settings::text("LOOM_STORE_DIR")) {
     std::cerr << "loom-store: --fsync applies to a store that persists its keys; give --data-dir "

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/cli/checks.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -216,7 +218,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return loom::cli::exitFor(app, e, "loom-trace");
   }
   return merge(out, paths);
 }

@@ -15,6 +15,7 @@
 #include "loom/bench/data.h"
 #include "loom/bench/plot.h"
 #include "loom/bench/sizes.h"
+#include "loom/cli/checks.h"
 #include "loom/common/error.h"
 #include "loom/common/settings.h"
 
@@ -342,16 +343,22 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
   app.add_option("-e,--maxbytes", f.maxBytes, "largest size (bytes; K, M, G suffixes)")
       ->capture_default_str();
   app.add_option("-f,--stepfactor", f.stepFactor, "multiply the size by this between rows (>= 2)")
+      ->check(cli::wholeAtLeast(2))
       ->capture_default_str();
-  app.add_option("-n,--iters", f.iters, "timed iterations per size")->capture_default_str();
+  app.add_option("-n,--iters", f.iters, "timed iterations per size")
+      ->check(cli::wholeAtLeast(1))
+      ->capture_default_str();
   app.add_option("--small-iters", f.smallIters,
                  "timed iterations per size below 64 KiB (0: as -n); small sizes take "
                  "microseconds and need more samples for a steady p50")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str();
   app.add_option("-w,--warmup_iters", f.warmupIters, "untimed iterations before timing")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str();
   app.add_option("-c,--check", f.check,
                  "check results this many times per size (0: no check, #wrong shows N/A)")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str();
   app.add_flag("--touch", f.touch,
                "rewrite each rank's input before every iteration (untimed), as a training step "
@@ -368,6 +375,7 @@ void addSweepFlags(CLI::App& app, SweepFlags& f) {
   app.add_option("-o,--op_type", f.redop, "reduction: sum, prod, min, max, avg, or all")
       ->capture_default_str();
   app.add_option("-r,--root", f.root, "root rank of broadcast, reduce, gather, scatter")
+      ->check(cli::wholeAtLeast(0))
       ->capture_default_str();
   app.add_option("--json", f.jsonPath, "write nccl-tests' JSON document to this file (rank 0)");
   app.add_option("--csv", f.csvPath, "write the rows as CSV to this file (rank 0)");
@@ -395,14 +403,14 @@ std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv,
   try {
     app.parse(argc, argv);
     resolve();
-  } catch (const CLI::CallForHelp&) {
-    if (speak) std::cout << app.help();
-    return 0;
   } catch (const CLI::ParseError& e) {
-    if (speak) std::cerr << app.get_name() << ": " << e.what() << "\n\n" << app.help();
-    return 2;
+    if (!speak) return e.get_exit_code() == 0 ? 0 : 2;
+    return cli::exitFor(app, e, app.get_name());
   } catch (const InvalidArgumentError& e) {
-    if (speak) std::cerr << app.get_name() << ": " << e.what() << "\n\n" << app.help();
+    if (speak) {
+      std::cerr << app.get_name() << ": " << e.what() << "\nRun '" << app.get_name()
+                << " --help' for the flags.\n";
+    }
     return 2;
   }
   return std::nullopt;
