@@ -24,11 +24,18 @@ namespace {
 // Delivered to the shepherd by the kernel when loom-run (the thread that forked it) dies.
 constexpr int kParentDiedSignal = SIGUSR1;
 
-// Async-signal-safe write of a message to stderr.
+// Async-signal-safe write of a message to stderr, bounded: stderr is loom-run's own (a terminal,
+// a pipe), and a reader that has stalled must not wedge a shepherd that blocks SIGTERM. Each
+// piece waits at most 2 s for room (a pipe or terminal with room takes a short message whole),
+// then the message is dropped: the exit status still says what happened.
 void rawSay(const char* a, const char* b = "", const char* c = "") {
   for (const char* s : {a, b, c}) {
     size_t n = std::strlen(s);
     while (n > 0) {
+      pollfd out{2, POLLOUT, 0};
+      const int ready = ::poll(&out, 1, 2000);
+      if (ready == 0 || (ready < 0 && errno != EINTR)) return;
+      if (ready < 0) continue;
       const ssize_t w = ::write(2, s, n);
       if (w <= 0) {
         if (w == -1 && errno == EINTR) continue;
