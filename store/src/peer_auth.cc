@@ -224,6 +224,11 @@ std::string InboundSet::acceptFailure() const {
                      "; the connections wait in the listen queue", limit);
 }
 
+Clock::duration InboundSet::outOfDescriptorsFor() const {
+  if (acceptErrno_ != EMFILE && acceptErrno_ != ENFILE) return Clock::duration::zero();
+  return Clock::now() - failingSince_;
+}
+
 void InboundSet::addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const {
   for (const Inbound& in : pending_) {
     fds.push_back({in.fd(), POLLIN, 0});

@@ -379,6 +379,8 @@ TEST(Auth, InboundSetBacksOffWhileAcceptFailsAndNamesTheLimit) {
     ++passes;
   }
   const std::string later = set.acceptFailure();
+  // How long the shortage has lasted, which the tcp setup gives up after (kOutOfDescriptorsGrace).
+  const Clock::duration shortage = set.outOfDescriptorsFor();
   // Right after a failed accept the listener is out of the poll (the loop may have ended after
   // its back-off expired, so fail one more here; a later failure of the run returns 0).
   EXPECT_EQ(set.acceptAll(listener.fd(), Clock::now() + 5s, dropped), 0);
@@ -393,6 +395,7 @@ TEST(Auth, InboundSetBacksOffWhileAcceptFailsAndNamesTheLimit) {
   EXPECT_LE(passes, 40) << "the loop spun on the readable listener";
   EXPECT_GE(passes, 2);
   EXPECT_NE(later.find(" times over "), std::string::npos) << later;
+  EXPECT_GE(shortage, 400ms);
   EXPECT_EQ(backingOff.events, 0);
   EXPECT_LE(wake, Clock::now() + Clock::duration(auth::InboundSet::kAcceptBackoff));
   // A descriptor is free again: the queued connection is taken and the failure forgotten.
@@ -402,6 +405,7 @@ TEST(Auth, InboundSetBacksOffWhileAcceptFailsAndNamesTheLimit) {
   EXPECT_EQ(set.acceptAll(listener.fd(), Clock::now() + 5s, dropped), 0);
   EXPECT_EQ(set.size(), 1u);
   EXPECT_EQ(set.acceptFailure(), "");
+  EXPECT_EQ(set.outOfDescriptorsFor(), Clock::duration::zero());
 }
 
 }  // namespace

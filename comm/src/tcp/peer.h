@@ -81,6 +81,10 @@ constexpr milliseconds kHandshakeTimeout{10000};
 // Handshakes in progress at once on one listener; a new connection beyond it drops the oldest
 // (a flood of silent connections cannot keep a real peer out for long).
 constexpr size_t kMaxHandshakes = 64;
+// How long setup keeps retrying accepts that fail for want of descriptors (EMFILE, ENFILE)
+// before it fails naming the limit: long enough for a passing shortage (another thread's files
+// closing), not the whole setup timeout for a limit nothing will raise.
+constexpr milliseconds kOutOfDescriptorsGrace{5000};
 
 inline Hello makeHello(uint32_t magic, int rank, int to, int size, int lane, int lanes, bool heals,
                        uint64_t consumed) {

@@ -234,6 +234,13 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
                  acceptFailure.empty() ? "" : " (", acceptFailure,
                  acceptFailure.empty() ? "" : ")");
     }
+    // Out of descriptors past the grace: nothing here will free one, and waiting out the whole
+    // setup timeout only hides the cause from the ranks that wait for this one.
+    if (pending.outOfDescriptorsFor() >= kOutOfDescriptorsGrace) {
+      LOOM_THROW(IoError, "rank ", rank, ": tcp transport setup cannot take the connections of ",
+                 "rank(s) ", missingRanks(), ": ", pending.acceptFailure(),
+                 "; raise the limit (ulimit -n) or use fewer descriptors in this process");
+    }
     Clock::time_point wake = deadline.end();
     std::vector<pollfd> fds{pending.listenerPollFd(listener.fd(), wake)};
     pending.addPollFds(fds, wake);

@@ -166,6 +166,9 @@ class InboundSet {
   // connections wait in the listen queue; this process may open 64 descriptors (ulimit -n)").
   // Empty once an accept succeeded or none failed.
   std::string acceptFailure() const;
+  // How long accepts have been failing for want of descriptors (EMFILE or ENFILE), without one
+  // that succeeded in between; zero when the last accept did not fail so.
+  Clock::duration outOfDescriptorsFor() const;
   // Appends one pollfd per handshake to `fds` (POLLIN) and lowers `wake` to the earliest
   // handshake deadline.
   void addPollFds(std::vector<pollfd>& fds, Clock::time_point& wake) const;
