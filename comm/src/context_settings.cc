@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loom/common/error.h"
+#include "loom/common/interfaces.h"
 #include "loom/common/settings.h"
 
 namespace loom::comm {
@@ -40,6 +41,7 @@ ContextOptions withEnvironment(ContextOptions o) {
     s::fillDefault(o.reduceIsa, d.reduceIsa, std::optional<ReduceIsa>(v));
   }
   s::fillDefault(o.host, d.host, s::text("LOOM_HOST"));
+  if (o.host.empty()) o.host = net::defaultListenAddress("");  // LOOM_SOCKET_IFNAME's choice
   s::fillDefault(o.busyPollUs, d.busyPollUs, s::integer("LOOM_TCP_BUSY_US"));
   s::fillDefault(o.tcpSendBytes, d.tcpSendBytes, s::bytes("LOOM_TCP_SEND_BYTES"));
   // "auto" is the kernel's autotuning, which the option spells as a negative size.

@@ -34,6 +34,12 @@ constexpr Setting kTable[] = {
      "name; initProcessGroup: the address on the route to the store's host); loom-run sets it "
      "on multi-node jobs",
      "comm::ContextOptions::host", "Context setup, initProcessGroup, loom-run"},
+    {"LOOM_SOCKET_IFNAME", K::kText, S::kRuntime, "", 0, 0, "", "",
+     "the network interface the tcp transport listens on when neither ContextOptions::host nor "
+     "LOOM_HOST names an address, in NCCL_SOCKET_IFNAME's syntax: name prefixes (eth,ib), ^ "
+     "to exclude them (^docker,lo), = for exact names (=eth0); its first IPv4 address, else "
+     "IPv6 (loom-run passes it on as LOOM_HOST; docs/launcher.md)",
+     "comm::ContextOptions::host", "Context setup, initProcessGroup, torch backend, loom-run"},
     {"LOOM_TCP_BUSY_US", K::kInteger, S::kRuntime, "1000", 0, kMicros10s, "", "µs",
      "how long a thread driving the sockets polls without blocking while bytes flow (0: block "
      "at once)",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/common/error.h"
+#include "loom/common/interfaces.h"
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
@@ -313,11 +314,12 @@ InitResult initProcessGroup(const InitOptions& userOptions) {
     pgOptions.storeHostRank = 0;
   }
   if (pgOptions.comm.context.host.empty() && method.kind != InitMethod::Kind::kFile) {
-    // Listen where the peers can reach us: the address on the route to the store's host, not
-    // the host name (Debian maps it to 127.0.1.1, useless to ranks on other machines).
+    // Listen where the peers can reach us: LOOM_SOCKET_IFNAME's interface, else the address on
+    // the route to the store's host, not the host name (Debian maps it to 127.0.1.1, useless
+    // to ranks on other machines).
     const std::string storeHost =
         method.kind == InitMethod::Kind::kTcp ? method.host : result.env.masterAddr;
-    pgOptions.comm.context.host = net::localAddressTowards(storeHost);
+    pgOptions.comm.context.host = net::defaultListenAddress(storeHost);
   }
   auto pgStore = std::make_shared<PrefixStore>("default_pg", result.store);
   result.pg = createProcessGroup(options.backend, pgStore, rank, size, pgOptions);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "loom/common/error.h"
+#include "loom/common/interfaces.h"
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/process_group/factory.h"
@@ -17,11 +18,11 @@ ProcessGroupOptions loomOptions(const BackendOptions& options) {
   ProcessGroupOptions pg;
   pg.timeout = options.timeout;
   pg.comm.context.reproducible = options.reproducible;
-  // As initProcessGroup does: peers on other hosts reach us on the address on the route to
-  // the store's host (the host name may resolve to 127.0.1.1 on Debian).
-  if (!options.storeHost.empty() && !settings::text("LOOM_HOST")) {
-    pg.comm.context.host = net::localAddressTowards(options.storeHost);
-  }
+  // As initProcessGroup does: peers on other hosts reach us on LOOM_SOCKET_IFNAME's interface,
+  // else on the address on the route to the store's host (the host name may resolve to
+  // 127.0.1.1 on Debian).
+  if (!settings::text("LOOM_HOST"))
+    pg.comm.context.host = net::defaultListenAddress(options.storeHost);
   return pg;
 }
 

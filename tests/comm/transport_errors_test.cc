@@ -21,8 +21,10 @@
 #include "loom/comm/context.h"
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
+#include "loom/common/interfaces.h"
 #include "loom/store/hash_store.h"
 #include "loom/testing/ranks.h"
+#include "loom/testing/scoped_env.h"
 #include "transport_support.h"
 
 namespace loom::comm {
@@ -54,6 +56,45 @@ TEST(Transport, AnAddressThatIsNotThisHostsIsAnError) {
   expectContains(error0, "cannot listen on 203.0.113.7");
   expectContains(error0, "ContextOptions::host");
   EXPECT_TRUE(rank1Failed);
+}
+
+// LOOM_SOCKET_IFNAME picks the interface the ranks listen on (and publish) when no address is
+// named; one that selects nothing is an error naming what there is, not a silent fallback.
+TEST(Transport, LoomSocketIfnameChoosesTheAddressTheRanksListenOn) {
+  std::string name = "lo", address = "127.0.0.1";
+  for (const net::InterfaceAddress& a : net::interfaceAddresses()) {
+    if (a.up && !a.ipv6 && a.name != "lo") {
+      name = a.name;
+      address = a.address;
+      break;
+    }
+  }
+  loom::testing::ScopedEnv ifname("LOOM_SOCKET_IFNAME", ("=" + name).c_str());
+  HashStore store;
+  auto create = [&](int rank) {
+    ContextOptions o = localOptions(10s);
+    o.host.clear();  // nothing named: LOOM_SOCKET_IFNAME chooses
+    return Context::create(store, rank, 2, o);
+  };
+  std::shared_ptr<Context> rank1;
+  std::thread t([&] { rank1 = create(1); });
+  const std::shared_ptr<Context> rank0 = create(0);
+  t.join();
+  for (int r = 0; r < 2; ++r) {
+    const Bytes published = store.get(detail::str("comm/tcp/addr/", r));
+    expectContains(std::string(published.begin(), published.end()), address + ":");
+  }
+  loom::testing::ScopedEnv none("LOOM_SOCKET_IFNAME", "=no-such-interface");
+  HashStore other;
+  try {
+    ContextOptions o = localOptions(3s);
+    o.host.clear();
+    Context::create(other, 0, 2, o);
+    ADD_FAILURE() << "an interface that does not exist was accepted";
+  } catch (const InvalidArgumentError& e) {
+    expectContains(e.what(), "LOOM_SOCKET_IFNAME='=no-such-interface' selects no interface");
+    expectContains(e.what(), name + " " + address);
+  }
 }
 
 TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {

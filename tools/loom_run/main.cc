@@ -13,6 +13,7 @@
 #include "elastic_rendezvous.h"
 #include "launch_options.h"
 #include "loom/common/error.h"
+#include "loom/common/interfaces.h"
 #include "loom/common/settings.h"
 #include "loom/common/socket.h"
 #include "loom/store/tcp_store.h"
@@ -169,9 +170,9 @@ class Launcher {
   }
 
   int runMultiNode() {
-    // The workers' transports listen on this node's address towards node 0, unless the user
-    // chose one (LOOM_HOST).
-    if (!settings::text("LOOM_HOST")) loomHost_ = net::localAddressTowards(o_.masterAddr);
+    // The workers' transports listen on this node's address towards node 0 (or on the
+    // interface LOOM_SOCKET_IFNAME selects), unless the user chose one (LOOM_HOST).
+    if (!settings::text("LOOM_HOST")) loomHost_ = net::defaultListenAddress(o_.masterAddr);
     std::unique_ptr<RendezvousStore> rs = openRendezvousStore(o_);
     RendezvousOptions ro;
     ro.runId = o_.runId;
@@ -300,12 +301,13 @@ class Launcher {
   int runElastic() {
     const std::string endpoint = o_.rdzvHost + ":" + std::to_string(o_.rdzvPort);
     // This node's address for its peers (node 0's becomes the workers' MASTER_ADDR): the
-    // user's LOOM_HOST, else the local address on the route to the store.
+    // user's LOOM_HOST, else LOOM_SOCKET_IFNAME's interface, else the local address on the
+    // route to the store.
     std::string address;
     if (auto chosen = settings::text("LOOM_HOST")) {
       address = *chosen;
     } else {
-      address = net::localAddressTowards(o_.rdzvHost);
+      address = net::defaultListenAddress(o_.rdzvHost);
       loomHost_ = address;
     }
     TCPStoreOptions so;
