@@ -104,6 +104,7 @@ ProcessGroupComm::CommWork* ProcessGroupComm::directHeadLocked() {
 }
 
 bool ProcessGroupComm::CommWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout <= std::chrono::milliseconds::zero()) return wait();  // c10d's kNoTimeout
   if (!isCompleted()) {
     if (auto group = lockGroup()) group->wakeForWaiter(this);
   }

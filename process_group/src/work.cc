@@ -83,6 +83,7 @@ bool Work::wait() {
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
+  if (timeout <= std::chrono::milliseconds::zero()) return wait();  // c10d's kNoTimeout
   return waitUntil(std::chrono::steady_clock::now() + timeout, true);
 }
 

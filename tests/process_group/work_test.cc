@@ -52,6 +52,30 @@ TEST(Work, FailureIsStoredAndRethrownByEveryWait) {
   }
 }
 
+// c10d's kNoTimeout is 0 ms: wait(0) and a negative timeout mean "no deadline of the caller's",
+// not an instant one that would abort the group (AbortingWork below: the hook is the abort).
+class CountingTimeoutWork final : public Work {
+ public:
+  CountingTimeoutWork() : Work("allreduce", 2, 0) {}
+  std::atomic<int> hookCalls{0};
+
+ protected:
+  void onWaitTimeout(const std::string&) override { ++hookCalls; }
+};
+
+TEST(Work, AZeroOrNegativeTimeoutIsNoTimeoutAsInC10d) {
+  for (const milliseconds timeout : {milliseconds(0), milliseconds(-5)}) {
+    CountingTimeoutWork work;
+    std::thread completer([&] {
+      std::this_thread::sleep_for(milliseconds(50));
+      work.markCompleted();
+    });
+    EXPECT_TRUE(work.wait(timeout));
+    completer.join();
+    EXPECT_EQ(work.hookCalls.load(), 0) << timeout.count() << " ms aborted the group";
+  }
+}
+
 // A backend's Work aborts its group in onWaitTimeout.
 class AbortingWork final : public Work {
  public:

@@ -53,6 +53,7 @@ class MpiWork final : public Work {
     return Work::wait();
   }
   bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout <= std::chrono::milliseconds::zero()) return wait();  // c10d's kNoTimeout
     spinBriefly();
     return Work::wait(timeout);
   }

@@ -41,6 +41,7 @@ bool NcclWork::wait() {
 }
 
 bool NcclWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout <= std::chrono::milliseconds::zero()) return wait();  // c10d's kNoTimeout
   return hostWait(Clock::now() + timeout, timeout);
 }
 

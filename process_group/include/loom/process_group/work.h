@@ -17,7 +17,9 @@
 //   completes, wait throws TimeoutError naming the operation and its sequence number, and the
 //   group is aborted first (like NCCL's watchdog): a TimeoutError is an IoError and always
 //   means the group is unusable. Use isCompleted() to poll without that consequence. A
-//   bounded wait never runs the operation itself, so its deadline holds.
+//   bounded wait never runs the operation itself, so its deadline holds. A timeout of zero or
+//   less is c10d's kNoTimeout: wait(0ms) is wait(), not an instant deadline that would abort
+//   the group.
 // - The buffers an operation reads and writes must stay valid until its Work completes.
 // - Thread-safe: any thread may wait on or query a Work. Completion wakes sleeping waiters
 //   only: completing a Work nobody sleeps on makes no system call.
