@@ -38,7 +38,26 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   pg_ = createProcessGroup("tcp", store_, rank, size, loomOptions(options));
 }
 
-ProcessGroupLoom::~ProcessGroupLoom() = default;
+ProcessGroupLoom::~ProcessGroupLoom() {
+  // The completer (destroyed first) would wait for dropped Works' operations to the end of
+  // their timeout; nobody can wait for them any more.
+  endOrphans("the group was destroyed");
+}
+
+void ProcessGroupLoom::abort() {
+  pg_->abort("aborted through torch (ProcessGroup.abort / _abort_process_group)");
+}
+
+void ProcessGroupLoom::shutdown() {
+  endOrphans("the group was shut down (destroy_process_group)");
+}
+
+void ProcessGroupLoom::endOrphans(const char* why) {
+  const int orphans = completer_->orphans();
+  if (orphans == 0 || pg_->isBroken()) return;
+  pg_->abort(detail::str(why, " while ", orphans,
+                         " operation(s) whose Work was dropped before it completed still ran"));
+}
 
 bool ProcessGroupLoom::reproducible() const {
   return pg_->reproducible();

@@ -88,6 +88,15 @@ class ProcessGroupLoom : public C10dBase {
   // theirs unset (must be positive). It overrides c10d::Backend::setTimeout on the torches
   // that have it; without `override` so that the same source builds on those that do not.
   void setTimeout(std::chrono::milliseconds timeout);
+  // torch's abort (dist.distributed_c10d._abort_process_group, ProcessGroup.abort): every
+  // blocked, queued and later operation fails at once (loom::ProcessGroup::abort). torch 2.x;
+  // without `override` for the torches whose Backend has no abort().
+  void abort();
+  // torch's shutdown (destroy_process_group on torch 2.x): a normal end. Operations still
+  // running that nobody can wait for any more (their Works were dropped) are aborted, since
+  // nothing would end them but their timeout; an idle group is left to its destructor, so that
+  // peers still finishing the last collective are not failed.
+  void shutdown();
 #if defined(__clang__)
 #pragma clang diagnostic pop
 #endif
@@ -183,6 +192,8 @@ class ProcessGroupLoom : public C10dBase {
   // _coalescing_manager has no try/finally, so endCoalescing never comes. The operations issued
   // in it run on; their Works are kept until they complete, not in a batch nobody waits for.
   void abandonCoalescing(const char* opName);
+  // Aborts the group when dropped Works' operations still run (shutdown, the destructor).
+  void endOrphans(const char* why);
   friend class CoalescingBlockGuard;
 
   const BackendOptions options_;

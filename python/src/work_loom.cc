@@ -34,6 +34,34 @@ void FutureCompleter::enqueue(std::function<void()> task) {
   state_->wake.notify_one();
 }
 
+void FutureCompleter::adopt(std::vector<std::shared_ptr<loom::Work>> works,
+                            std::vector<at::Tensor> tensors, std::function<void()> finish) {
+  state_->orphans.fetch_add(1);
+  enqueue([state = state_, works = std::move(works), tensors = std::move(tensors),
+           finish = std::move(finish)]() mutable {
+    bool ok = true;
+    for (const auto& work : works) {
+      try {
+        work->wait();
+      } catch (...) {  // nobody waits for a dropped Work: its error is the group's to report
+        ok = false;
+      }
+    }
+    try {
+      if (ok && finish) finish();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): as above
+    }
+    finish = nullptr;
+    works.clear();
+    tensors.clear();
+    state->orphans.fetch_sub(1);
+  });
+}
+
+int FutureCompleter::orphans() const {
+  return state_->orphans.load();
+}
+
 void FutureCompleter::run(const std::shared_ptr<State>& state) {
   std::unique_lock<std::mutex> lock(state->mu);
   for (;;) {
@@ -59,8 +87,23 @@ WorkLoom::WorkLoom(int rank, c10d::OpType type, std::vector<std::shared_ptr<loom
       finish_(std::move(finish)) {}
 
 WorkLoom::~WorkLoom() {
-  // Loom may still write into our tensors: never free them under a running operation. Every
-  // operation has a deadline, and a failed group fails the rest at once, so this ends.
+  // Loom may still write into our tensors: never free them under a running operation. Dropped
+  // before it completed (del work, or the interpreter's exit), the Work's operations and
+  // tensors go to the group's completer thread, which keeps them until they complete, so the
+  // caller (who may hold the GIL) does not wait up to the operation's timeout; destroying the
+  // group aborts what is still running then (ProcessGroupLoom::endOrphans).
+  bool running = false;
+  for (const auto& work : works_) running = running || !work->isCompleted();
+  if (!running) return;
+  if (completer_) {
+    std::function<void()> finish;
+    {
+      std::lock_guard<std::mutex> lock(finishMu_);
+      if (!finished_) finish = std::move(finish_);
+    }
+    completer_->adopt(works_, outputs_, std::move(finish));
+    return;
+  }
   for (const auto& work : works_) {
     try {
       work->wait();

@@ -20,6 +20,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -46,6 +47,14 @@ class FutureCompleter {
 
   // `task` must not throw.
   void enqueue(std::function<void()> task);
+  // Keeps the Works of a WorkLoom dropped before they completed (and the tensors they write)
+  // until they complete, on this thread: dropping a Work (del work, the interpreter's exit)
+  // must not block the caller, who may hold the GIL, for up to the operation's timeout.
+  // `finish` (the copy back of staged results) runs once they all succeeded, as wait() would.
+  void adopt(std::vector<std::shared_ptr<loom::Work>> works, std::vector<at::Tensor> tensors,
+             std::function<void()> finish);
+  // Dropped operations still running (adopt): what destroying the group must abort.
+  int orphans() const;
 
  private:
   struct State {
@@ -53,6 +62,7 @@ class FutureCompleter {
     std::condition_variable wake;
     std::deque<std::function<void()>> tasks;
     bool stop = false;
+    std::atomic<int> orphans{0};
   };
   static void run(const std::shared_ptr<State>& state);
 

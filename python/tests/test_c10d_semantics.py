@@ -169,3 +169,59 @@ def _p2p_bytes(rank, world, tmp):
 @pytest.mark.skipif(not hasattr(torch, "uint16"), reason=f"torch {torch.__version__}: no uint16")
 def test_send_recv_move_any_dtype_as_bytes():
     ranks.spawn(_p2p_bytes, 2, timeout=90)
+
+
+def _dropped_work(rank, world, tmp):
+    import time
+
+    import torch.distributed as dist
+
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp, timeout_s=30)
+    x = torch.full((1 << 10,), float(rank + 1))
+    if rank == 0:
+        # Dropping an unfinished Work returns at once (it used to wait for the operation, up to
+        # its timeout, holding the GIL); the operation runs on and its result still lands.
+        work = dist.all_reduce(x, async_op=True)
+        start = time.monotonic()
+        del work
+        gc.collect()
+        assert time.monotonic() - start < 1.0, f"del work took {time.monotonic() - start:.2f} s"
+        dist.barrier(group=gloo)  # now rank 1 joins the all-reduce
+    else:
+        dist.barrier(group=gloo)
+        time.sleep(0.5)
+        dist.all_reduce(x)
+    dist.barrier()  # issued after the all-reduce: it completes after it, in order
+    assert torch.equal(x, torch.full_like(x, float(world * (world + 1) // 2))), x[:4]
+    return True
+
+
+def test_a_dropped_work_does_not_block_and_its_result_lands():
+    ranks.spawn(_dropped_work, 2, timeout=90)
+
+
+def _abort_from_thread(rank, world, tmp):
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    gloo = ranks.init_loom_and_gloo(rank, world, tmp, timeout_s=30)
+    if rank == 1:
+        dist.barrier(group=gloo)  # never joins the all-reduce rank 0 blocks in
+        dist.barrier(group=gloo)
+        return True
+    dist.barrier(group=gloo)
+    group = dist.distributed_c10d._get_default_group()
+    threading.Timer(1.0, group.abort).start()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="aborted"):
+        dist.all_reduce(torch.ones(4))
+    assert time.monotonic() - start < 10, f"abort took {time.monotonic() - start:.1f} s"
+    dist.barrier(group=gloo)
+    return True
+
+
+@pytest.mark.skipif(TORCH < (2, 3), reason=f"torch {torch.__version__}: ProcessGroup.abort is 2.x")
+def test_abort_from_another_thread_ends_a_blocked_collective():
+    ranks.spawn(_abort_from_thread, 2, timeout=90)
