@@ -1,5 +1,7 @@
 #include "loom/process_group/process_group.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <utility>
@@ -7,6 +9,7 @@
 #include "diagnostics/group_diagnostics.h"
 #include "diagnostics/tracer.h"
 #include "loom/common/error.h"
+#include "loom/common/fork.h"
 #include "loom/common/logging.h"
 #include "pg_checks.h"
 
@@ -41,7 +44,9 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
       rank_(rank),
       size_(size),
       options_(std::move(options)),
-      debug_(options_.debug.value_or(DebugLevel::kOff)) {
+      debug_(options_.debug.value_or(DebugLevel::kOff)),
+      forkGeneration_(forkGeneration()),
+      creatorPid_(static_cast<long>(::getpid())) {
   LOOM_CHECK(store_ != nullptr, "a ProcessGroup needs a store");
   LOOM_CHECK(size_ >= 1, "world size must be at least 1, got ", size_);
   LOOM_CHECK(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_,
@@ -245,7 +250,17 @@ void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {
 
 using namespace pg_checks;
 
+void ProcessGroup::checkSameProcess(OpType type) const {
+  if (forkGeneration() == forkGeneration_) return;
+  LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(type),
+             ": this group was created by process ", creatorPid_, ", and this process (",
+             ::getpid(),
+             ") is a child it made with fork(): the group's threads and "
+             "connections stayed in the parent; create a new group in the child");
+}
+
 std::shared_ptr<Work> ProcessGroup::issue(OpDesc&& op, const OptionalTimeout& timeout) {
+  checkSameProcess(op.type);
   prepare(op, timeout);
   std::lock_guard<std::mutex> lock(issueMu_);
   return postLocked(std::move(op));

@@ -202,6 +202,7 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::batchSendRecv(
     prepare(descs.back(), opts.timeout);
   }
   std::vector<std::shared_ptr<Work>> works;
+  if (!descs.empty()) checkSameProcess(descs.front().type);
   std::lock_guard<std::mutex> lock(issueMu_);
   for (auto& d : descs) works.push_back(postLocked(std::move(d)));
   endPointToPointBatch();

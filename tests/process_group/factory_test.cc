@@ -5,9 +5,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/common/error.h"
@@ -160,6 +165,46 @@ TEST(Factory, ReproducibleIsTheContextsDecision) {
   }
   ScopedEnv off("LOOM_REPRODUCIBLE", "0");
   EXPECT_FALSE(createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1)->reproducible());
+}
+
+// A fork() child that issues on its parent's group gets an error naming both processes, not
+// a lock a parent thread held at the fork (the comm backend's worker naps holding its queue's
+// lock): it used to wait for good, with no deadline.
+TEST(Factory, AForkChildThatUsesItsParentsGroupIsToldSo) {
+  auto pg = createProcessGroup("tcp", std::make_shared<HashStore>(), 0, 1);
+  float x = 1;
+  pg->allreduce(BufferView{&x, 1, DType::kFloat32})->wait();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 1;
+    try {
+      pg->allreduce(BufferView{&x, 1, DType::kFloat32});
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      code = what.find("is a child it made with fork()") != std::string::npos &&
+                     what.find(std::to_string(::getppid())) != std::string::npos
+                 ? 0
+                 : 2;
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  pid_t reaped = 0;
+  for (int i = 0; i < 2000 && reaped == 0; ++i) {  // 20 s: the old code waited for good
+    reaped = ::waitpid(child, &status, WNOHANG);
+    if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (reaped == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child's allreduce on its parent's group did not return in 20 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the child's call went through; 2: another message";
+  pg->allreduce(BufferView{&x, 1, DType::kFloat32})->wait();  // the parent's group is unharmed
 }
 
 // The nccl and mpi backends have no reproducible mode: asking for it there (the option or

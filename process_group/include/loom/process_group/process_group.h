@@ -459,6 +459,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const ProcessGroupOptions options_;
   const DebugLevel debug_;
 
+  // The process that made the group (common/fork.h): a fork() child that issues on it gets an
+  // error instead of a lock its parent's thread held at the fork, held for good.
+  const uint64_t forkGeneration_;
+  void checkSameProcess(OpType type) const;  // throws in a fork() child
+  const long creatorPid_;
   mutable std::mutex issueMu_;  // guards the counters below and orders post()
   uint64_t collectiveSeq_ = 0;
   std::vector<uint64_t> sendSeq_;  // per peer
