@@ -111,14 +111,20 @@ std::unique_ptr<TCPStore::Connection> TCPStore::connect(milliseconds limit) {
   const std::string what = "TCPStore server " + address_;
   conn->sock = net::connectTo(host_, port_, limit);
   net::setNoDelay(conn->sock.fd());
-  Deadline deadline(limit);
+  // A Loom store answers the hello at once (its epoll loop does nothing else first); something
+  // else listening on the port (another program, a store of another job) may never answer.
+  // So the hello has its own bound, not the whole timeout (300 s in the programs).
+  const milliseconds helloLimit = std::min(limit, std::max(options_.helloTimeout, milliseconds(1)));
+  Deadline deadline(helloLimit);
   Message hello{Op::kHello, conn->nextId++, options_.rank, {clientId_}, {toBytes(options_.token)}};
   sendFrame(conn->sock.fd(), hello, deadline, what);
   Message reply;
   try {
     reply = readFrame(conn->sock.fd(), deadline, what);
-  } catch (const TimeoutError&) {
-    throw;
+  } catch (const TimeoutError& e) {
+    if (helloLimit == limit) throw;
+    LOOM_THROW(TimeoutError, what, " did not answer the hello within ", helloLimit.count(),
+               " ms (is it a Loom store? something else may listen on that port): ", e.what());
   } catch (const IoError& e) {
     LOOM_THROW(IoError, what, " closed the connection during the hello (is it a Loom store? ",
                "does LOOM_STORE_TOKEN match?): ", e.what());

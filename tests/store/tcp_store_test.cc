@@ -304,6 +304,28 @@ TEST(TCPStoreClient, ConnectTimeoutNamesTheAddress) {
   }
 }
 
+// Something else listens on the store's port and never answers (another program; a store of
+// another job that is stuck): the hello has its own bound, not the whole timeout, and the
+// error says what the silence may mean.
+TEST(TCPStoreClient, AListenerThatNeverAnswersTheHelloIsNamedAfterTheHelloTimeout) {
+  net::Socket silent = net::listenOn("127.0.0.1", 0);  // the kernel accepts; nobody answers
+  const int port = net::localPort(silent.fd());
+  TCPStoreOptions o = quick();
+  o.timeout = milliseconds(60000);
+  o.helloTimeout = milliseconds(300);
+  const Deadline d(milliseconds(60000));
+  try {
+    TCPStore client("127.0.0.1", port, o);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("did not answer the hello within 300 ms (is it a Loom store?"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_LT(d.elapsed().count(), 30000) << "waited out the operation timeout";
+}
+
 TEST(TCPStoreClient, ServerStoppingDuringGetIsAPromptIoErrorNamingTheServer) {
   auto server = std::make_unique<TCPStoreServer>(TCPStoreServerOptions{"127.0.0.1", 0, "", -1});
   const int port = server->port();

@@ -61,6 +61,10 @@ struct TCPStoreOptions {
   std::optional<milliseconds> reconnectTimeout = std::nullopt;
   // With isServer: the in-process server's persistence directory (TCPStoreServerOptions).
   std::string dataDir{};
+  // How long a connection waits for the server's answer to its hello (at most `timeout`). A
+  // Loom store answers at once; something else listening on the port may never answer, and
+  // waiting out the whole timeout for it only hides the cause.
+  milliseconds helloTimeout{30000};
 };
 
 class TCPStore : public Store {
