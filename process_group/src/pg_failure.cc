@@ -122,11 +122,11 @@ FailureOutcome exchangeReports(const ProcessGroup& pg, const OpDesc& op, const F
   out.anyInvalid = cause.invalid;
   // Who hosts the store, for a store that died or stopped answering.
   const int host = pg.options().storeHostRank;
-  const std::string storeHost =
-      host >= 0 && host != pg.rank()
-          ? "rank " + std::to_string(host) + ", which hosts the store,"
-          : "the store's host (" +
-                std::string(host == pg.rank() ? "this process" : "not a rank of this group") + ")";
+  // Unknown (-1: a store the caller made, torch's rendezvous store): no claim either way.
+  const std::string storeHost = host >= 0 && host != pg.rank()
+                                    ? "rank " + std::to_string(host) + ", which hosts the store,"
+                                : host == pg.rank() ? std::string("the store's host (this process)")
+                                                    : std::string("the store's host");
   if (exchange && exchange->waitFor(exchange->done, start + window + storeSlack(window))) {
     std::lock_guard<std::mutex> lock(exchange->mu);
     if (!exchange->storeGone.empty()) {
