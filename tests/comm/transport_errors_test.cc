@@ -97,6 +97,37 @@ TEST(Transport, LoomSocketIfnameChoosesTheAddressTheRanksListenOn) {
   }
 }
 
+// A rank whose transport setup fails (here rank 0 finds that rank 1 has another world size)
+// says why in the store, and the ranks that wait on it stop at once naming that, instead of
+// timing out later with a cause of their own (rank 1 waited for a rank 2 that does not exist).
+TEST(Transport, ASetupFailureOnOneRankStopsTheOthersNamingIt) {
+  HashStore store;
+  std::string error1;
+  const Deadline took(milliseconds(60000));
+  std::thread rank1([&] {
+    try {
+      ContextOptions o = localOptions(30s);
+      o.sharedMemory = false;
+      Context::create(store, 1, 3, o);
+    } catch (const IoError& e) {
+      error1 = e.what();
+    }
+  });
+  std::string error0;
+  try {
+    ContextOptions o = localOptions(30s);
+    o.sharedMemory = false;
+    Context::create(store, 0, 2, o);
+  } catch (const IoError& e) {
+    error0 = e.what();
+  }
+  rank1.join();
+  expectContains(error0, "has world size 3 but this rank has 2");
+  expectContains(error1, "another rank's setup failed");
+  expectContains(error1, "has world size 3 but this rank has 2");
+  EXPECT_LT(took.elapsed().count(), 15000) << error1;
+}
+
 TEST(Transport, SizeMismatchIsAnErrorNamingBoth) {
   HashStore store;
   loom::testing::runThreadRanks(2, [&](int rank) {

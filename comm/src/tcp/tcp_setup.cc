@@ -83,6 +83,36 @@ bool sameHost(int fd) {
   return false;
 }
 
+// Another rank's setup failed and said why under the group's setup-failed key (its kind, a
+// newline, its message): this rank stops waiting for it (and for the ranks that wait on it),
+// with an error of the same kind, instead of timing out with a cause of its own.
+void checkPeerSetup(Store& store, const std::string& failedKey, int rank) {
+  if (!store.check({failedKey})) return;
+  const Bytes value = store.get(failedKey);
+  const std::string text(value.begin(), value.end());
+  const size_t newline = text.find('\n');
+  const std::string kind = newline == std::string::npos ? "" : text.substr(0, newline);
+  const std::string why = detail::str("rank ", rank, ": tcp transport setup stopped: another ",
+                                      "rank's setup failed: ", text.substr(newline + 1));
+  if (kind == "timeout") throw TimeoutError(why);
+  if (kind == "invalid") throw InvalidArgumentError(why);
+  throw IoError(why);
+}
+
+// store.wait(keys) until `deadline`, watching `failedKey` every half second.
+void waitWatching(Store& store, const std::vector<std::string>& keys, const Deadline& deadline,
+                  const std::string& failedKey, int rank) {
+  for (;;) {
+    checkPeerSetup(store, failedKey, rank);
+    try {
+      store.wait(keys, std::min(deadline.remaining(), milliseconds(500)));
+      return;
+    } catch (const TimeoutError&) {
+      if (deadline.expired()) throw;
+    }
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
@@ -115,201 +145,237 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     return t;
   }
   const Deadline deadline(options.timeout);
-  std::string host = options.host;
-  const char* hostFrom = "ContextOptions::host or LOOM_HOST";
-  if (host.empty()) {
-    host = net::hostname();
-    hostFrom = nullptr;
-  }
-  net::Socket listener;
+  // A rank whose setup fails says why under this key (first failure wins), and the ranks that
+  // wait on it, or on ranks that wait on it, stop at once naming it, with an error of the same
+  // kind, instead of each timing out later with a misleading cause of its own.
+  const std::string failedKey = options.keyPrefix + "/setup-failed";
   try {
-    listener = net::listenOn(host, 0);
-  } catch (const IoError& e) {
-    // An address the user chose must work: publishing loopback instead would send the peers
-    // of other hosts to themselves. Only the address derived from the hostname falls back.
-    if (hostFrom != nullptr) {
-      LOOM_THROW(IoError, "rank ", rank, ": cannot listen on ", host, " (from ", hostFrom,
-                 "): ", e.what(), "; expected an address of this host");
+    std::string host = options.host;
+    const char* hostFrom = "ContextOptions::host or LOOM_HOST";
+    if (host.empty()) {
+      host = net::hostname();
+      hostFrom = nullptr;
     }
-    LOOM_LOG_WARNING("rank ", rank, ": cannot listen on ", host, " (the hostname; ", e.what(),
-                     "); using 127.0.0.1, which only peers on this host can reach (set LOOM_HOST)");
-    host = "127.0.0.1";
-    listener = net::listenOn(host, 0);
-  }
-  const int port = net::localPort(listener.fd());
-  // The group's key, before the address is published: whoever connects must prove it holds it.
-  t->key_ = auth::sharedKey(store, options.keyPrefix + "/auth-key");
-  store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
-
-  // Whether a connection heals (tcp_heal.cc): a bound is set, and the peer is on another host
-  // or same-host connections heal too. Both ends decide alike (the hello checks it).
-  auto heals = [&](int fd) {
-    return options.reconnectMs > 0 && (options.healLocal || !sameHost(fd));
-  };
-  bool anyHeals = false;
-  auto setupSocket = [&](net::Socket sock, int peer, int lane) {
-    const int index = peer * lanes + lane;
-    auto p = std::make_unique<Peer>(rank, peer, lane, index);
-    net::setNoDelay(sock.fd());
-    if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
-    net::setNonBlocking(sock.fd(), true);
-    p->addr = net::peerAddressOf(sock.fd());
-    p->heals = heals(sock.fd());
-    p->dialer = peer < rank;
-    if (p->heals) p->ring = ReplayRing(replayBytes(sock.fd(), bufferBytes));
-    anyHeals = anyHeals || p->heals;
-    p->pollFd.store(sock.fd());
-    p->sock = std::move(sock);
-    t->conns_[index] = std::move(p);
-  };
-
-  // Connect to every lower rank (their listen backlog takes us before they accept) and prove
-  // this rank holds the group's key (peer_auth.h); each answers once it is accepting.
-  for (int peer = 0; peer < rank; ++peer) {
-    const std::string key = detail::str(options.keyPrefix, "/addr/", peer);
-    store.wait({key}, deadline.remaining());
-    const std::string addr = store.getString(key);
-    const auto colon = addr.rfind(':');
-    LOOM_CHECK(colon != std::string::npos, "bad address '", addr, "' under store key ", key);
-    std::string peerHost = addr.substr(0, colon);
-    if (peerHost.size() >= 2 && peerHost.front() == '[') {
-      peerHost = peerHost.substr(1, peerHost.size() - 2);
+    net::Socket listener;
+    try {
+      listener = net::listenOn(host, 0);
+    } catch (const IoError& e) {
+      // An address the user chose must work: publishing loopback instead would send the peers
+      // of other hosts to themselves. Only the address derived from the hostname falls back.
+      if (hostFrom != nullptr) {
+        LOOM_THROW(IoError, "rank ", rank, ": cannot listen on ", host, " (from ", hostFrom,
+                   "): ", e.what(), "; expected an address of this host");
+      }
+      LOOM_LOG_WARNING(
+          "rank ", rank, ": cannot listen on ", host, " (the hostname; ", e.what(),
+          "); using 127.0.0.1, which only peers on this host can reach (set LOOM_HOST)");
+      host = "127.0.0.1";
+      listener = net::listenOn(host, 0);
     }
-    const int peerPort = std::stoi(addr.substr(colon + 1));
-    for (int lane = 0; lane < lanes; ++lane) {
-      // A connection the peer dropped before its handshake ended (a flood of strangers
-      // displaced it) is dialled again, within the setup deadline; a wrong MAC is no peer.
-      for (milliseconds pause{10};; pause = std::min(pause * 2, milliseconds(500))) {
-        net::Socket sock = net::connectTo(peerHost, peerPort, deadline.remaining());
-        const Hello hello = makeHello(kMagic, rank, peer, size, lane, lanes, heals(sock.fd()), 0);
-        try {
-          auth::dial(sock.fd(), t->key_, kAuthLabel, bytesOf(hello), deadline,
-                     detail::str("rank ", rank, ": rank ", peer, " at ", addr));
-        } catch (const auth::AuthenticationError&) {
-          throw;
-        } catch (const IoError& e) {
-          if (deadline.expired() || dynamic_cast<const TimeoutError*>(&e) != nullptr) throw;
-          LOOM_LOG_WARNING("rank ", rank, ": the handshake with rank ", peer, " at ", addr,
-                           " failed (", e.what(), "); dialling again");
-          std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
-          continue;
+    const int port = net::localPort(listener.fd());
+    // The group's key, before the address is published: whoever connects must prove it holds it.
+    t->key_ = auth::sharedKey(store, options.keyPrefix + "/auth-key");
+    store.set(detail::str(options.keyPrefix, "/addr/", rank), net::formatHostPort(host, port));
+
+    // Whether a connection heals (tcp_heal.cc): a bound is set, and the peer is on another host
+    // or same-host connections heal too. Both ends decide alike (the hello checks it).
+    auto heals = [&](int fd) {
+      return options.reconnectMs > 0 && (options.healLocal || !sameHost(fd));
+    };
+    bool anyHeals = false;
+    auto setupSocket = [&](net::Socket sock, int peer, int lane) {
+      const int index = peer * lanes + lane;
+      auto p = std::make_unique<Peer>(rank, peer, lane, index);
+      net::setNoDelay(sock.fd());
+      if (bufferBytes > 0) net::setBufferSizes(sock.fd(), bufferBytes);
+      net::setNonBlocking(sock.fd(), true);
+      p->addr = net::peerAddressOf(sock.fd());
+      p->heals = heals(sock.fd());
+      p->dialer = peer < rank;
+      if (p->heals) p->ring = ReplayRing(replayBytes(sock.fd(), bufferBytes));
+      anyHeals = anyHeals || p->heals;
+      p->pollFd.store(sock.fd());
+      p->sock = std::move(sock);
+      t->conns_[index] = std::move(p);
+    };
+
+    // Connect to every lower rank (their listen backlog takes us before they accept) and prove
+    // this rank holds the group's key (peer_auth.h); each answers once it is accepting.
+    for (int peer = 0; peer < rank; ++peer) {
+      const std::string key = detail::str(options.keyPrefix, "/addr/", peer);
+      waitWatching(store, {key}, deadline, failedKey, rank);
+      const std::string addr = store.getString(key);
+      const auto colon = addr.rfind(':');
+      LOOM_CHECK(colon != std::string::npos, "bad address '", addr, "' under store key ", key);
+      std::string peerHost = addr.substr(0, colon);
+      if (peerHost.size() >= 2 && peerHost.front() == '[') {
+        peerHost = peerHost.substr(1, peerHost.size() - 2);
+      }
+      const int peerPort = std::stoi(addr.substr(colon + 1));
+      for (int lane = 0; lane < lanes; ++lane) {
+        // A connection the peer dropped before its handshake ended (a flood of strangers
+        // displaced it) is dialled again, within the setup deadline; a wrong MAC is no peer.
+        for (milliseconds pause{10};; pause = std::min(pause * 2, milliseconds(500))) {
+          net::Socket sock;
+          while (!sock.valid()) {  // in slices, watching for another rank's failure
+            checkPeerSetup(store, failedKey, rank);
+            try {
+              sock = net::connectTo(peerHost, peerPort,
+                                    std::min(deadline.remaining(), milliseconds(1000)));
+            } catch (const TimeoutError& e) {
+              if (!deadline.expired()) continue;
+              LOOM_THROW(TimeoutError, "rank ", rank, ": cannot reach rank ", peer, " at ", addr,
+                         " within the setup timeout of ", options.timeout.count(),
+                         " ms: ", e.what());
+            }
+          }
+          const Hello hello = makeHello(kMagic, rank, peer, size, lane, lanes, heals(sock.fd()), 0);
+          try {
+            auth::dial(sock.fd(), t->key_, kAuthLabel, bytesOf(hello), deadline,
+                       detail::str("rank ", rank, ": rank ", peer, " at ", addr));
+          } catch (const auth::AuthenticationError&) {
+            throw;
+          } catch (const IoError& e) {
+            if (deadline.expired() || dynamic_cast<const TimeoutError*>(&e) != nullptr) throw;
+            LOOM_LOG_WARNING("rank ", rank, ": the handshake with rank ", peer, " at ", addr,
+                             " failed (", e.what(), "); dialling again");
+            std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+            continue;
+          }
+          setupSocket(std::move(sock), peer, lane);
+          break;
         }
-        setupSocket(std::move(sock), peer, lane);
-        break;
       }
     }
-  }
-  // Accept from every higher rank: each connection's handshake runs beside the others' in one
-  // poll loop (a connection that says nothing, or a stranger's, holds up no other), and one
-  // that fails it (no Loom hello for this rank, or a wrong MAC: a process without the group's
-  // key) is logged and dropped while the loop goes on waiting for the real peers.
-  const int expected = (size - 1 - rank) * lanes;
-  int accepted = 0;
-  auth::InboundSet pending(sizeof(Hello), kMaxHandshakes);
-  net::setNonBlocking(listener.fd(), true);
-  auto missingRanks = [&] {
-    std::string missing;
-    for (int peer = rank + 1; peer < size; ++peer) {
-      bool all = true;
-      for (int lane = 0; lane < lanes; ++lane) all = all && t->conns_[peer * lanes + lane];
-      if (!all) missing += detail::str(missing.empty() ? "" : ", ", peer);
-    }
-    return missing;
-  };
-  auto checkOpening = [&](std::span<const uint8_t> bytes) -> std::string {
-    Hello h;
-    std::memcpy(&h, bytes.data(), sizeof(h));
-    if (h.magic != kMagic || h.version != kHelloVersion) {
-      return "not the hello of a Loom tcp transport of this version";
-    }
-    if (h.to != rank) return detail::str("its hello is addressed to rank ", h.to);
-    return {};
-  };
-  while (accepted < expected) {
-    if (deadline.expired()) {
-      const std::string acceptFailure = pending.acceptFailure();
-      LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
-                 deadline.elapsed().count(), " ms waiting for rank(s) ", missingRanks(),
-                 " to connect to ", net::formatHostPort(host, port),
-                 acceptFailure.empty() ? "" : " (", acceptFailure,
-                 acceptFailure.empty() ? "" : ")");
-    }
-    // Out of descriptors past the grace: nothing here will free one, and waiting out the whole
-    // setup timeout only hides the cause from the ranks that wait for this one.
-    if (pending.outOfDescriptorsFor() >= kOutOfDescriptorsGrace) {
-      LOOM_THROW(IoError, "rank ", rank, ": tcp transport setup cannot take the connections of ",
-                 "rank(s) ", missingRanks(), ": ", pending.acceptFailure(),
-                 "; raise the limit (ulimit -n) or use fewer descriptors in this process");
-    }
-    Clock::time_point wake = deadline.end();
-    std::vector<pollfd> fds{pending.listenerPollFd(listener.fd(), wake)};
-    pending.addPollFds(fds, wake);
-    const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
-    const int ready =
-        ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 1000)));
-    LOOM_CHECK_T(IoError, ready >= 0 || errno == EINTR, "rank ", rank,
-                 ": poll during tcp setup: ", detail::errnoText(errno));
-    std::vector<auth::InboundSet::Accepted> done;
-    std::vector<auth::InboundSet::Refused> refused;
-    pending.advance(fds, 1, t->key_, kAuthLabel, checkOpening, done, refused);
-    for (const auto& r : refused) {
-      LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", r.address, ": ",
-                       r.why, "; still waiting for rank(s) ", missingRanks());
-    }
-    for (auto& a : done) {
-      Hello hello;
-      std::memcpy(&hello, a.opening.data(), sizeof(hello));
-      net::Socket sock = std::move(a.socket);
-      // An authenticated peer: what it says now is a configuration to agree on.
-      LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
-                   " has world size ", hello.size, " but this rank has ", size);
-      LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
-                   hello.lanes, " connections per peer but this rank ", lanes,
-                   " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
-      LOOM_CHECK_T(IoError, hello.heals == (heals(sock.fd()) ? 1 : 0), "rank ", rank, ": rank ",
-                   hello.rank, (hello.heals ? " heals" : " does not heal"),
-                   " its connections to this rank but this rank",
-                   (hello.heals ? " does not" : " does"),
-                   " (LOOM_TCP_RECONNECT_MS, zero or not, and LOOM_TCP_HEAL_LOCAL must agree on "
-                   "all ranks)");
-      LOOM_CHECK_T(IoError,
-                   hello.rank > rank && hello.rank < size && hello.lane >= 0 &&
-                       hello.lane < lanes && !t->conns_[hello.rank * lanes + hello.lane],
-                   "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
-                   " (lane ", hello.lane, ")");
-      setupSocket(std::move(sock), hello.rank, hello.lane);
-      ++accepted;
-    }
-    if (fds[0].revents & POLLIN) {
-      std::vector<std::string> dropped;
-      // A failed accept (out of descriptors): the connection stays queued, the listener backs
-      // off, and the failure is logged once and named if the setup times out.
-      if (pending.acceptAll(listener.fd(),
-                            std::min(Clock::now() + kHandshakeTimeout, deadline.end()),
-                            dropped) != 0) {
-        LOOM_LOG_WARNING("rank ", rank, ": tcp setup: ", pending.acceptFailure(),
-                         "; still waiting for rank(s) ", missingRanks());
-      }
-      for (const std::string& address : dropped) {
-        LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", address, ": ",
-                         kMaxHandshakes, " handshakes were in progress (a flood of connections?)");
-      }
-    }
-  }
-  if (anyHeals) {
-    // The listener stays open for replacement connections, and every rank's address is known
-    // (the accepting side of a lost connection checks that the dialler still listens).
+    // Accept from every higher rank: each connection's handshake runs beside the others' in one
+    // poll loop (a connection that says nothing, or a stranger's, holds up no other), and one
+    // that fails it (no Loom hello for this rank, or a wrong MAC: a process without the group's
+    // key) is logged and dropped while the loop goes on waiting for the real peers.
+    const int expected = (size - 1 - rank) * lanes;
+    int accepted = 0;
+    auth::InboundSet pending(sizeof(Hello), kMaxHandshakes);
     net::setNonBlocking(listener.fd(), true);
-    t->listener_ = std::move(listener);
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(detail::str(options.keyPrefix, "/addr/", r));
-    store.wait(keys, deadline.remaining());
-    for (const Bytes& addr : store.multiGet(keys)) {
-      t->peerAddrs_.emplace_back(addr.begin(), addr.end());
+    auto missingRanks = [&] {
+      std::string missing;
+      for (int peer = rank + 1; peer < size; ++peer) {
+        bool all = true;
+        for (int lane = 0; lane < lanes; ++lane) all = all && t->conns_[peer * lanes + lane];
+        if (!all) missing += detail::str(missing.empty() ? "" : ", ", peer);
+      }
+      return missing;
+    };
+    auto checkOpening = [&](std::span<const uint8_t> bytes) -> std::string {
+      Hello h;
+      std::memcpy(&h, bytes.data(), sizeof(h));
+      if (h.magic != kMagic || h.version != kHelloVersion) {
+        return "not the hello of a Loom tcp transport of this version";
+      }
+      if (h.to != rank) return detail::str("its hello is addressed to rank ", h.to);
+      return {};
+    };
+    Clock::time_point nextWatch = Clock::now();
+    while (accepted < expected) {
+      if (Clock::now() >= nextWatch) {
+        checkPeerSetup(store, failedKey, rank);
+        nextWatch = Clock::now() + milliseconds(250);
+      }
+      if (deadline.expired()) {
+        const std::string acceptFailure = pending.acceptFailure();
+        LOOM_THROW(TimeoutError, "rank ", rank, ": tcp transport setup timed out after ",
+                   deadline.elapsed().count(), " ms waiting for rank(s) ", missingRanks(),
+                   " to connect to ", net::formatHostPort(host, port),
+                   acceptFailure.empty() ? "" : " (", acceptFailure,
+                   acceptFailure.empty() ? "" : ")");
+      }
+      // Out of descriptors past the grace: nothing here will free one, and waiting out the whole
+      // setup timeout only hides the cause from the ranks that wait for this one.
+      if (pending.outOfDescriptorsFor() >= kOutOfDescriptorsGrace) {
+        LOOM_THROW(IoError, "rank ", rank, ": tcp transport setup cannot take the connections of ",
+                   "rank(s) ", missingRanks(), ": ", pending.acceptFailure(),
+                   "; raise the limit (ulimit -n) or use fewer descriptors in this process");
+      }
+      Clock::time_point wake = deadline.end();
+      std::vector<pollfd> fds{pending.listenerPollFd(listener.fd(), wake)};
+      pending.addPollFds(fds, wake);
+      const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
+      const int ready =
+          ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 1000)));
+      LOOM_CHECK_T(IoError, ready >= 0 || errno == EINTR, "rank ", rank,
+                   ": poll during tcp setup: ", detail::errnoText(errno));
+      std::vector<auth::InboundSet::Accepted> done;
+      std::vector<auth::InboundSet::Refused> refused;
+      pending.advance(fds, 1, t->key_, kAuthLabel, checkOpening, done, refused);
+      for (const auto& r : refused) {
+        LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", r.address, ": ",
+                         r.why, "; still waiting for rank(s) ", missingRanks());
+      }
+      for (auto& a : done) {
+        Hello hello;
+        std::memcpy(&hello, a.opening.data(), sizeof(hello));
+        net::Socket sock = std::move(a.socket);
+        // An authenticated peer: what it says now is a configuration to agree on.
+        LOOM_CHECK_T(IoError, hello.size == size, "rank ", rank, ": peer rank ", hello.rank,
+                     " has world size ", hello.size, " but this rank has ", size);
+        LOOM_CHECK_T(IoError, hello.lanes == lanes, "rank ", rank, ": rank ", hello.rank, " opens ",
+                     hello.lanes, " connections per peer but this rank ", lanes,
+                     " (LOOM_TCP_SOCKETS / ContextOptions::tcpSockets must be equal on all ranks)");
+        LOOM_CHECK_T(IoError, hello.heals == (heals(sock.fd()) ? 1 : 0), "rank ", rank, ": rank ",
+                     hello.rank, (hello.heals ? " heals" : " does not heal"),
+                     " its connections to this rank but this rank",
+                     (hello.heals ? " does not" : " does"),
+                     " (LOOM_TCP_RECONNECT_MS, zero or not, and LOOM_TCP_HEAL_LOCAL must agree on "
+                     "all ranks)");
+        LOOM_CHECK_T(IoError,
+                     hello.rank > rank && hello.rank < size && hello.lane >= 0 &&
+                         hello.lane < lanes && !t->conns_[hello.rank * lanes + hello.lane],
+                     "rank ", rank, ": unexpected or duplicate connection from rank ", hello.rank,
+                     " (lane ", hello.lane, ")");
+        setupSocket(std::move(sock), hello.rank, hello.lane);
+        ++accepted;
+      }
+      if (fds[0].revents & POLLIN) {
+        std::vector<std::string> dropped;
+        // A failed accept (out of descriptors): the connection stays queued, the listener backs
+        // off, and the failure is logged once and named if the setup times out.
+        if (pending.acceptAll(listener.fd(),
+                              std::min(Clock::now() + kHandshakeTimeout, deadline.end()),
+                              dropped) != 0) {
+          LOOM_LOG_WARNING("rank ", rank, ": tcp setup: ", pending.acceptFailure(),
+                           "; still waiting for rank(s) ", missingRanks());
+        }
+        for (const std::string& address : dropped) {
+          LOOM_LOG_WARNING("rank ", rank, ": tcp setup dropped a connection from ", address, ": ",
+                           kMaxHandshakes,
+                           " handshakes were in progress (a flood of connections?)");
+        }
+      }
     }
+    if (anyHeals) {
+      // The listener stays open for replacement connections, and every rank's address is known
+      // (the accepting side of a lost connection checks that the dialler still listens).
+      net::setNonBlocking(listener.fd(), true);
+      t->listener_ = std::move(listener);
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(detail::str(options.keyPrefix, "/addr/", r));
+      waitWatching(store, keys, deadline, failedKey, rank);
+      for (const Bytes& addr : store.multiGet(keys)) {
+        t->peerAddrs_.emplace_back(addr.begin(), addr.end());
+      }
+    }
+    t->start();
+    return t;
+  } catch (const std::exception& e) {
+    // First failure wins (compareSet creates the key only when absent): a rank stopped by
+    // another's failure republishes nothing.
+    const char* kind = dynamic_cast<const TimeoutError*>(&e) != nullptr           ? "timeout"
+                       : dynamic_cast<const InvalidArgumentError*>(&e) != nullptr ? "invalid"
+                                                                                  : "io";
+    try {
+      store.compareSet(failedKey, Bytes{}, toBytes(detail::str(kind, "\n", e.what())));
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the store may be why
+    }
+    throw;
   }
-  t->start();
-  return t;
 }
 
 void TcpTransport::start() {
