@@ -133,6 +133,9 @@ class Arena {
   // the slot: small steps then cost a waiter one cache-line transfer.
   static constexpr size_t kBoxBytes = 40;
   struct Box;  // arena_layout.h
+  // Steps whose rooted-collective announcements each rank keeps (announceCall; >= 3 needed).
+  static constexpr int kAnnouncements = 4;
+  struct Announcement;  // arena_layout.h
 
   // Collective over the ranks: creates (rank 0) or maps the segment. Throws IoError when the
   // segment cannot be created or mapped and TimeoutError when a rank never arrives.
@@ -244,6 +247,19 @@ class Arena {
   // another rank's progress in the same step, so that post always comes), or its consumed
   // counter says so (ranks that do not post in every step: the rooted collectives).
   void acquireSlot(const Call& call);
+  // The rooted collectives' check of each other's calls (broadcast, scatter, gather; their
+  // count-0 step too), in which not every rank reads every rank's post. At the first step,
+  // before it posts or waits for anything, every rank announces its call (signature and access
+  // mode) for the step; before it returns it has compared every peer's announcement, or the
+  // peer's post of the step, with its own call, so ranks that passed different roots (or
+  // counts, dtypes, paths) all fail with an InvalidArgumentError instead of each running its own
+  // collective. Why this is complete, and its cost: arena.cc (announceCall).
+  void announceCall(const Call& call);
+  // Waits until `peer` announced or posted the current step and compares its call with this
+  // rank's; a rank that posted without announcing runs no rooted collective here: a mismatch.
+  void checkAnnounced(const Call& call, int peer);
+  // checkAnnounced for every peer but `skip` (one already checked; -1: none).
+  void checkAnnouncedAll(const Call& call, int skip = -1);
   // Publishes this rank's slot and box (and the call's signature) for the current step.
   void post(const Call& call);
   // Waits until `peer` posted the current step and checks its signature.
@@ -347,6 +363,11 @@ class Arena {
   void probeWindows(Store& store, const ArenaOptions& options);
 
   Control& control(int rank) const { return *controls_[rank]; }
+  // Fails the group with an InvalidArgumentError naming both calls' signatures.
+  [[noreturn]] void failSignature(const Call& call, int peer, const std::string& theirCall,
+                                  const Signature& theirs);
+  // The same for the access mode (staged, cross-memory, window).
+  [[noreturn]] void failAccess(const Call& call, int peer, PeerAccess theirs);
   // Waits until `value` (one of `peer`'s counters or box stamps) >= target; `what` names the
   // phase for messages. `alt` non-null: also done once *alt reaches `altTarget`.
   void waitFor(const Call& call, int peer, const std::atomic<uint64_t>& value, uint64_t target,

@@ -53,6 +53,22 @@ struct Arena::Box {
 };
 static_assert(sizeof(Arena::Box) == 64, "a box is one cache line");
 
+// What a rank says when it starts a rooted collective (Arena::announceCall), before it posts or
+// waits for anything in that step: the call's signature and access mode, so that ranks that do
+// not otherwise read each other's posts in that step (a broadcast's or scatter's roots and
+// receivers, a gather's senders) can compare their calls. Kept per step in a ring of
+// kAnnouncements; arena.cc says why an entry is never overwritten while a peer may still read it.
+struct Arena::Announcement {
+  // (the step announced) + 1, written only by the owning rank, last.
+  std::atomic<uint64_t> stamp;
+  uint64_t signature;       // Signature::word
+  uint64_t seq;             // Call::seq, for mismatch messages
+  uint32_t signatureExtra;  // Signature::extra (its low 32 bits, as in the box)
+  uint16_t access;          // PeerAccess
+  uint8_t kind;             // OpType, for mismatch messages
+};
+static_assert(sizeof(Arena::Announcement) == 32, "two announcements per cache line");
+
 struct Arena::Control {
   // reduced / consumed: (last step done) + 1, written only by the owning rank. Posting is
   // the box's stamp (Box::posted).
@@ -79,6 +95,8 @@ struct Arena::Control {
   uint64_t windowBytes[kSlots][2];
   // Each slot's announcement (its own cache lines: they are what peers poll).
   alignas(64) Box box[kSlots];
+  // The rooted collectives' announcements, by step % kAnnouncements (polled as the boxes are).
+  alignas(64) Announcement announced[kAnnouncements];
 };
 
 }  // namespace loom::comm::shm

@@ -37,15 +37,24 @@ Arena::Call makeCall(Arena& arena, OpType kind, const CollectiveOptions& opts, s
 void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root) {
   const bool isRoot = arena.rank() == root;
   const bool posts = meet == Meet::kAll || (meet == Meet::kRootPosts) == isRoot;
+  // A rooted meet compares every rank's call as the rooted collectives do (Arena::announceCall):
+  // a gather's root before it waits for the posts, a receiver its root's before it waits for its
+  // post, and the others' before it returns.
+  const bool rooted = meet != Meet::kAll;
+  const bool gatherRoot = meet == Meet::kOthersPost && isRoot;
+  if (rooted) arena.announceCall(call);
+  if (gatherRoot) arena.checkAnnouncedAll(call);
+  if (meet == Meet::kRootPosts && !isRoot) arena.checkAnnounced(call, root);
   if (posts) {
     arena.acquireSlot(call);
     arena.post(call);
   }
-  if (meet == Meet::kAll || (meet == Meet::kOthersPost && isRoot)) {
+  if (meet == Meet::kAll || gatherRoot) {
     arena.waitPostedAll(call);
   } else if (meet == Meet::kRootPosts && !isRoot) {
     arena.waitPosted(call, root);
   }
+  if (rooted && !gatherRoot) arena.checkAnnouncedAll(call, meet == Meet::kRootPosts ? root : -1);
   // Every rank waited for every post (the all-reduce's small path), or a rooted step: then
   // the consumed counter says when the slot is free again, as in the rooted collectives.
   arena.finishStep(meet != Meet::kAll);
@@ -368,6 +377,7 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
   call.access =
       choosePeerAccess(arena, OpType::kBroadcast, count * es, buf, count * es, nullptr, 0, windows);
   if (call.access != PeerAccess::kStaged) {
+    arena.announceCall(call);
     return singleCopyBroadcast(arena, call, windows, buf, count, dtype, root);
   }
   const bool isRoot = arena.rank() == root;
@@ -376,14 +386,20 @@ void broadcast(Arena& arena, const CollectiveOptions& opts, void* buf, size_t co
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
+    // The first step compares every rank's call (Arena::announceCall): the root after its post,
+    // a receiver its root's before it waits for that post and the others' after its copy.
+    const bool first = offset == 0;
+    if (first) arena.announceCall(call);
     if (isRoot) {
       arena.acquireSlot(call);
       std::memcpy(arena.staging(root, c * es), at(buf, offset * es), c * es);
       arena.post(call);
     } else {
+      if (first) arena.checkAnnounced(call, root);
       arena.waitPosted(call, root);
       copyOut(at(buf, offset * es), arena.staging(root, c * es), c * es, stream);
     }
+    if (first) arena.checkAnnouncedAll(call, root);
     arena.finishStep();
   }
   if (stream) fenceStreams();
@@ -432,11 +448,17 @@ void gather(Arena& arena, const CollectiveOptions& opts, const void* in, void* o
   for (size_t offset = 0; offset < count; offset += chunk) {
     const size_t c = std::min(chunk, count - offset);
     call.done = offset * es;
+    // The first step compares every rank's call (Arena::announceCall): a sender after its post,
+    // the root before it waits for the posts.
+    const bool first = offset == 0;
+    if (first) arena.announceCall(call);
     if (me != root) {
       arena.acquireSlot(call);
       std::memcpy(arena.staging(me, c * es), at(in, offset * es), c * es);
       arena.post(call);
+      if (first) arena.checkAnnouncedAll(call);
     } else {
+      if (first) arena.checkAnnouncedAll(call);
       for (int q = 0; q < size; ++q) {
         if (q == me) continue;
         arena.waitPosted(call, q);
@@ -460,15 +482,20 @@ void scatter(Arena& arena, const CollectiveOptions& opts, const void* in, void* 
     const size_t c = std::min(chunk, count - offset);
     const size_t staged = c * es * static_cast<size_t>(size);
     call.done = offset * es;
+    // The first step compares every rank's call as broadcast's does (Arena::announceCall).
+    const bool first = offset == 0;
+    if (first) arena.announceCall(call);
     if (me == root) {
       arena.acquireSlot(call);
       stageSlices(arena.staging(me, staged), in, count, offset, c, es, size, /*skip=*/me);
       arena.post(call);
       copy(at(out, offset * es), at(in, (me * count + offset) * es), c * es);
     } else {
+      if (first) arena.checkAnnounced(call, root);
       arena.waitPosted(call, root);
       std::memcpy(at(out, offset * es), arena.staging(root, staged) + me * c * es, c * es);
     }
+    if (first) arena.checkAnnouncedAll(call, root);
     arena.finishStep();
   }
 }

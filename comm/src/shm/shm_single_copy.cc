@@ -423,6 +423,9 @@ void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef 
     const bool assist = window && broadcastRootAssists(size, arena.cpus());
     call.variant = assist ? kRootAssists : 0;
     postBuffers(arena, call, windows, buf, buf);
+    // Every rank's call, before this rank returns or writes into a receiver's buffer (broadcast()
+    // announced it: Arena::announceCall).
+    arena.checkAnnouncedAll(call);
     if (assist) {
       for (int i = 1; i < size; ++i) {
         const int r = (root + i) % size;
@@ -441,10 +444,12 @@ void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef 
     return;
   }
   postBuffers(arena, call, windows, buf, buf);
+  arena.checkAnnounced(call, root);  // a "root" on another path may never post
   arena.waitPosted(call, root);
   if (arena.postedVariant(root) != kRootAssists) {
     arena.copyFromPeer(call, root, kIn, 0, buf, count * es, stream);
     if (stream) fenceStreams();
+    arena.checkAnnouncedAll(call, root);  // every other rank's call, before this rank returns
     arena.finishStep();
     return;
   }
@@ -458,6 +463,7 @@ void singleCopyBroadcast(Arena& arena, const Arena::Call& call, const WindowRef 
   }
   if (stream) fenceStreams();
   arena.waitReduced(call, root);  // the root wrote segment `mine` of this buffer
+  arena.checkAnnouncedAll(call, root);
   arena.finishStep();
 }
 

@@ -30,7 +30,8 @@ enum class Meet : uint8_t {
 // A collective of 0 elements moves nothing, but its ranks still meet in one step, posted and
 // waited on as the collective's first step is, so that a rank that passed another count (or
 // called another collective) finds the mismatch in the posted signature at once, on whichever
-// side waits, instead of one rank returning while the others wait out their deadline.
+// side waits, instead of one rank returning while the others wait out their deadline. A rooted
+// meet announces and checks the calls (Arena::announceCall) as the rooted collectives do.
 void zeroCountStep(Arena& arena, const Arena::Call& call, Meet meet, int root = 0);
 
 // Elements per chunk when a slot holds `pieces` pieces of the chunk. Collectives that move
