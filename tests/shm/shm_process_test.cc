@@ -586,6 +586,16 @@ TEST(ShmProcesses, StaleNamedSegmentsOfDeadCreatorsAreSweptAway) {
   ::shm_unlink(alive.c_str());
 }
 
+// Two children of this process that wait (for "done" in dir's store) while a test names them.
+void spawnTwoWaiting(loom::testing::ChildProcesses& children, loom::testing::TempDir& dir) {
+  for (int i = 0; i < 2; ++i) {
+    children.spawn([&dir] {
+      FileStore store(dir.file("store"));
+      store.wait({"done"}, 60s);
+    });
+  }
+}
+
 // Yama keeps one reader's name per process, and several groups may need one (shm/ptrace.h):
 // the name always covers every held grant's readers, so a second group's grant widens it (here
 // from the one peer to the test process, the peers' common ancestor) instead of taking the
@@ -602,12 +612,7 @@ int recordPtracerCall(pid_t pid) {
 TEST(ShmProcesses, OneReadersNameCoversTheReadersOfEveryGroupThatNeedsOne) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;
-  for (int i = 0; i < 2; ++i) {
-    children.spawn([&] {
-      FileStore store(dir.file("store"));
-      store.wait({"done"}, 60s);
-    });
-  }
+  spawnTwoWaiting(children, dir);
   const pid_t a = children.pid(0), b = children.pid(1), self = ::getpid();
   shm::setPtracerCallForTest(recordPtracerCall);
   ASSERT_EQ(shm::readGrants(), 0);
@@ -646,12 +651,7 @@ TEST(ShmProcesses, OneReadersNameCoversTheReadersOfEveryGroupThatNeedsOne) {
 TEST(ShmProcesses, PtracerIsThePeerOrThePeersCommonAncestor) {
   loom::testing::TempDir dir;
   loom::testing::ChildProcesses children;
-  for (int i = 0; i < 2; ++i) {
-    children.spawn([&] {
-      FileStore store(dir.file("store"));
-      store.wait({"done"}, 60s);
-    });
-  }
+  spawnTwoWaiting(children, dir);
   const pid_t a = children.pid(0), b = children.pid(1), self = ::getpid();
   std::string why;
   EXPECT_EQ(shm::ptracerFor({self}, why), 0);

@@ -428,6 +428,13 @@ void Arena::waitPosted(const Call& call, int peer) {
   const int s = slotOf(step_);
   const Box& box = theirs.box[s];
   waitFor(call, peer, box.posted, step_ + 1, kPostWhat);
+  checkPostedBox(call, peer);
+}
+
+void Arena::checkPostedBox(const Call& call, int peer) {
+  const Control& theirs = control(peer);
+  const int s = slotOf(step_);
+  const Box& box = theirs.box[s];
   // Both words in the box's one line: counts compare in 64 bits for one more compare.
   if (box.signature != call.signature.word ||
       box.signatureExtra != static_cast<uint32_t>(call.signature.extra)) {
@@ -501,16 +508,7 @@ void Arena::checkAnnounced(const Call& call, int peer) {
   waitFor(call, peer, box.posted, step_ + 1, kAnnounceWhat, &a.stamp, step_ + 1);
   // Its post, when there, says as much as its announcement (an unrooted collective's post too).
   if (box.posted.load(std::memory_order_acquire) >= step_ + 1) {
-    if (box.signature != call.signature.word ||
-        box.signatureExtra != static_cast<uint32_t>(call.signature.extra)) {
-      failSignature(call, peer,
-                    detail::str(opTypeName(static_cast<OpType>(theirs.postedKind[s])), "#",
-                                theirs.postedSeq[s], " (", theirs.postedBytes[s], " bytes)"),
-                    Signature{box.signature, box.signatureExtra});
-    }
-    if (box.access != static_cast<uint16_t>(call.access)) {
-      failAccess(call, peer, static_cast<PeerAccess>(box.access));
-    }
+    checkPostedBox(call, peer);
     return;
   }
   if (a.signature != call.signature.word ||

@@ -263,6 +263,9 @@ class Arena {
   // Publishes this rank's slot and box (and the call's signature) for the current step.
   void post(const Call& call);
   // Waits until `peer` posted the current step and checks its signature.
+  // After `peer` posted the current step: fails the group when its signature or access mode
+  // differs from `call`'s.
+  void checkPostedBox(const Call& call, int peer);
   void waitPosted(const Call& call, int peer);
   void waitPostedAll(const Call& call);
   // The Call::variant `peer` posted the current step with (after waitPosted).
