@@ -244,6 +244,21 @@ std::string Arena::Call::name() const {
   return detail::str(opTypeName(static_cast<OpType>(kind)), "#", seq);
 }
 
+void Arena::throwAborted(const Call& call) {
+  for (int i = 0; i < 1000000 && header_->aborted.load(std::memory_order_acquire) != 2; ++i) {
+    LOOM_SHM_PAUSE();
+  }
+  const std::string reason = header_->reason;
+  const std::string message = detail::str(
+      "rank ", rank_, ": ", call.name(), ": the shared-memory group failed (rank ",
+      header_->abortingRank, " reported, blaming rank ", header_->blamedRank, "): ", reason);
+  if (transport_ != nullptr) transport_->abort(message);
+  // A mismatch found by another rank is the same mistake here: every rank's error has the
+  // root cause's type, whichever rank saw it first.
+  if (header_->abortInvalid != 0) throw InvalidArgumentError(message);
+  throw IoError(message);
+}
+
 void Arena::checkUsable(const Call& call) {
   if (header_->aborted.load(std::memory_order_relaxed) != 0 ||
       (transport_ != nullptr && transport_->failed())) {
@@ -258,26 +273,21 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
   auto published = [&] {
     return counter != nullptr && counter->load(std::memory_order_acquire) >= target;
   };
-  const uint32_t aborted = header_->aborted.load(std::memory_order_acquire);
-  if (aborted != 0) {
-    for (int i = 0; i < 1000000 && header_->aborted.load(std::memory_order_acquire) != 2; ++i) {
-      LOOM_SHM_PAUSE();
-    }
-    const std::string reason = header_->reason;
-    const std::string message = detail::str(
-        "rank ", rank_, ": ", call.name(), ": the shared-memory group failed (rank ",
-        header_->abortingRank, " reported, blaming rank ", header_->blamedRank, "): ", reason);
-    if (transport_ != nullptr) transport_->abort(message);
-    // A mismatch found by another rank is the same mistake here: every rank's error has the
-    // root cause's type, whichever rank saw it first.
-    if (header_->abortInvalid != 0) throw InvalidArgumentError(message);
-    throw IoError(message);
-  }
+  // A rank that fails sets the abort flag before it throws, so before it can exit: a peer seen
+  // dead (or its sockets closed) while the flag is set may be a casualty of the failure the
+  // flag names, and the flag is read again before a death is blamed (a rank that reported rank
+  // 2's death and exited was named as the dead one when it exited between the two reads).
+  const auto throwIfAborted = [&] {
+    if (header_->aborted.load(std::memory_order_acquire) != 0) throwAborted(call);
+  };
+  throwIfAborted();
   if (transport_ != nullptr && transport_->failed()) {
+    throwIfAborted();
     // Usually a peer died and its sockets closed first: name it if so.
     for (int q = 0; q < size_; ++q) {
       const pid_t pid = control(q).pid.load(std::memory_order_acquire);
       if (q != rank_ && pid > 0 && pid != ::getpid() && !processAlive(pid)) {
+        throwIfAborted();
         fail(call, q, detail::str("rank ", q, " (pid ", pid, ") died"), false);
       }
     }
@@ -287,6 +297,7 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
   const pid_t pid = ctl.pid.load(std::memory_order_acquire);
   if (pid > 0 && pid != ::getpid() && !processAlive(pid)) {
     if (published()) return false;
+    throwIfAborted();
     fail(call, peer,
          detail::str("rank ", peer, " (pid ", pid, ") died while rank ", rank_,
                      " waited for it to ", what),
@@ -294,6 +305,7 @@ bool Arena::checkHealth(const Call& call, int peer, const char* what,
   }
   if (ctl.closed.load(std::memory_order_acquire) != 0) {
     if (published()) return false;
+    throwIfAborted();
     fail(call, peer,
          detail::str("rank ", peer, " destroyed its context while rank ", rank_,
                      " waited for it to ", what, " (mismatched collectives?)"),

@@ -226,6 +226,9 @@ class Arena {
   // Arms the call's deadline at `now` (nowNs()) unless armed; returns the nanoseconds left.
   static int64_t armDeadline(const Call& call, int64_t now);
 
+  // Throws the error of the group's abort (the flag is set): InvalidArgumentError for a
+  // mismatch, IoError otherwise.
+  [[noreturn]] void throwAborted(const Call& call);
   // Throws IoError when the group already failed or the Context was aborted.
   void checkUsable(const Call& call);
 
