@@ -7,12 +7,14 @@
 
 namespace loom {
 
+namespace detail {
+std::atomic<uint64_t> gForkGeneration{0};
+}  // namespace detail
+
 namespace {
 
-std::atomic<uint64_t> gGeneration{0};
-
 void countFork() {
-  gGeneration.fetch_add(1, std::memory_order_relaxed);
+  detail::gForkGeneration.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -20,7 +22,7 @@ void countFork() {
 uint64_t forkGeneration() {
   static std::once_flag registered;
   std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, countFork); });
-  return gGeneration.load(std::memory_order_relaxed);
+  return forkGenerationNow();
 }
 
 }  // namespace loom

@@ -251,7 +251,8 @@ void checkTag(const ProcessGroup& pg, const char* opName, uint64_t tag) {
 using namespace pg_checks;
 
 void ProcessGroup::checkSameProcess(OpType type) const {
-  if (forkGeneration() == forkGeneration_) return;
+  if (forkGenerationNow() == forkGeneration_) [[likely]]
+    return;
   LOOM_THROW(InvalidArgumentError, who(), ": ", opTypeName(type),
              ": this group was created by process ", creatorPid_, ", and this process (",
              ::getpid(),

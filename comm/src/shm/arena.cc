@@ -440,14 +440,18 @@ void Arena::waitPosted(const Call& call, int peer) {
   const int s = slotOf(step_);
   const Box& box = theirs.box[s];
   waitFor(call, peer, box.posted, step_ + 1, kPostWhat);
-  checkPostedBox(call, peer);
+  // Both words in the box's one line: counts compare in 64 bits for one more compare.
+  if (box.signature != call.signature.word ||
+      box.signatureExtra != static_cast<uint32_t>(call.signature.extra) ||
+      box.access != static_cast<uint16_t>(call.access)) [[unlikely]] {
+    checkPostedBox(call, peer);  // names the difference
+  }
 }
 
 void Arena::checkPostedBox(const Call& call, int peer) {
   const Control& theirs = control(peer);
   const int s = slotOf(step_);
   const Box& box = theirs.box[s];
-  // Both words in the box's one line: counts compare in 64 bits for one more compare.
   if (box.signature != call.signature.word ||
       box.signatureExtra != static_cast<uint32_t>(call.signature.extra)) {
     failSignature(call, peer,

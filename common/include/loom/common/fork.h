@@ -6,6 +6,7 @@
 // comparison is one relaxed atomic load, so it costs nothing per operation.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace loom {
@@ -13,5 +14,15 @@ namespace loom {
 // How many fork()s separate this process from the first that asked: 0 there, 1 in its child,
 // and so on. The first call registers the pthread_atfork handler that counts.
 uint64_t forkGeneration();
+
+namespace detail {
+extern std::atomic<uint64_t> gForkGeneration;
+}  // namespace detail
+
+// forkGeneration() without the registration: for hot paths of objects whose constructor
+// called forkGeneration() (so the handler counts). One relaxed load.
+inline uint64_t forkGenerationNow() {
+  return detail::gForkGeneration.load(std::memory_order_relaxed);
+}
 
 }  // namespace loom
