@@ -92,9 +92,22 @@ WorkLoom::~WorkLoom() {
   // tensors go to the group's completer thread, which keeps them until they complete, so the
   // caller (who may hold the GIL) does not wait up to the operation's timeout; destroying the
   // group aborts what is still running then (ProcessGroupLoom::endOrphans).
-  bool running = false;
-  for (const auto& work : works_) running = running || !work->isCompleted();
-  if (!running) return;
+  // Completed but never waited for: the staged result's copy back (finish) still runs, so the
+  // caller's tensor gets the result, as with gloo.
+  bool running = false, failed = false;
+  for (const auto& work : works_) {
+    running = running || !work->isCompleted();
+    failed = failed || (work->isCompleted() && !work->isSuccess());
+  }
+  if (!running) {
+    if (!failed) {
+      try {
+        runFinish();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): nobody waits for a dropped Work
+      }
+    }
+    return;
+  }
   if (completer_) {
     std::function<void()> finish;
     {

@@ -193,6 +193,14 @@ def _dropped_work(rank, world, tmp):
         dist.all_reduce(x)
     dist.barrier()  # issued after the all-reduce: it completes after it, in order
     assert torch.equal(x, torch.full_like(x, float(world * (world + 1) // 2))), x[:4]
+    # A non-contiguous tensor is staged: a Work dropped after it completed, never waited for,
+    # still copies the result back (it was lost: the copy back ran only in wait()).
+    y = torch.full((8, 4), float(rank + 1)).t()
+    work = dist.all_reduce(y, async_op=True)
+    dist.barrier()
+    del work
+    gc.collect()
+    assert torch.equal(y, torch.full_like(y, float(world * (world + 1) // 2))), y
     return True
 
 

@@ -83,7 +83,8 @@ run_job() {
     # shellcheck disable=SC2086
     # LOOM_TEST_ADDR: the address loom-run must find for this host and pass on as LOOM_HOST
     # (the hosts share one hostname, which resolves outside the namespaces).
-    ip netns exec "${P}-h$h" env -u LOOM_HOST LOOM_TEST_HOST="h$h" LOOM_TEST_ADDR="$SUBNET.$((10 + h))" \
+    ip netns exec "${P}-h$h" env -u LOOM_HOST LOOM_TEST_HOST="h$h" \
+      LOOM_TEST_ADDR="${ADDR_SUBNET:-$SUBNET}.$((10 + h))" ${JOB_ENV:-} \
       timeout -k 5 60 "$LOOM_RUN" --nnodes "$nnodes" --node-rank "$h" --nproc-per-node "$nproc" \
       --master-addr "$MASTER" --master-port "$PORT" --run-id "$name" --redirect-prefix \
       "${flags[@]}" ${!extra:-} "${program[@]}" >"$TMP/$name-h$h.log" 2>&1 &
@@ -232,5 +233,35 @@ cat "$TMP/lost_master-h0.log" "$TMP/lost_master-h1.log"
 echo "== lost_master took $((SECONDS - start)) s"
 [[ $rc1 -ne 0 ]] || fail "lost_master: h1 exited 0 after losing node 0"
 expect_in lost_master 1 "lost the rendezvous store at $MASTER:$PORT"
+
+# 9. A second network (the "fabric"): each of h0 and h1 also has eth1 on 10.213.8.0/24, a bridge
+# of its own. The store stays on eth0 (MASTER); LOOM_SOCKET_IFNAME=eth1 makes loom-run pass each
+# host's eth1 address on as LOOM_HOST (the worker checks it against LOOM_TEST_ADDR), so the
+# workers' transports listen and connect there, and the collectives run over eth1.
+FABRIC=10.213.8
+run ip -n "${P}-sw" link add br1 type bridge
+run ip -n "${P}-sw" link set br1 up
+for h in 0 1; do
+  run ip link add "${P}c$h" type veth peer name "${P}d$h"
+  run ip link set "${P}c$h" netns "${P}-h$h"
+  run ip link set "${P}d$h" netns "${P}-sw"
+  run ip -n "${P}-h$h" link set "${P}c$h" name eth1
+  run ip -n "${P}-h$h" addr add "$FABRIC.$((10 + h))/24" dev eth1
+  run ip -n "${P}-h$h" link set eth1 up
+  run ip -n "${P}-sw" link set "${P}d$h" master br1
+  run ip -n "${P}-sw" link set "${P}d$h" up
+done
+rx_before=$(ip netns exec "${P}-h1" cat /sys/class/net/eth1/statistics/rx_bytes)
+ADDR_SUBNET=$FABRIC JOB_ENV="LOOM_SOCKET_IFNAME=eth1" \
+  run_job fabric 2 1 0 0 1 -- -- "$WORKER" --nnodes 2 --nproc-per-node 1
+for r in 0 1; do expect_in fabric "$r" "[rank $r] rank $r: hosts, all-reduce"; done
+rx_after=$(ip netns exec "${P}-h1" cat /sys/class/net/eth1/statistics/rx_bytes)
+# The collectives' bytes crossed eth1 (the worker's all-reduces move far more than this).
+((rx_after - rx_before > 100000)) ||
+  fail "fabric: h1's eth1 received only $((rx_after - rx_before)) bytes: the collectives did not use it"
+# A spec that selects nothing is an error naming what the host has, on every node.
+JOB_ENV="LOOM_SOCKET_IFNAME==eth9" \
+  run_job fabric_bad 2 1 nonzero 0 1 -- --rdzv-timeout-s 5 -- "$WORKER" --nnodes 2 --nproc-per-node 1
+expect_in fabric_bad 1 "LOOM_SOCKET_IFNAME='=eth9' selects no interface"
 
 echo "PASS: netns multi-host tests"
