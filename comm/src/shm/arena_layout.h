@@ -57,7 +57,8 @@ static_assert(sizeof(Arena::Box) == 64, "a box is one cache line");
 // waits for anything in that step: the call's signature and access mode, so that ranks that do
 // not otherwise read each other's posts in that step (a broadcast's or scatter's roots and
 // receivers, a gather's senders) can compare their calls. Kept per step in a ring of
-// kAnnouncements; arena.cc says why an entry is never overwritten while a peer may still read it.
+// kAnnouncements; arena_calls.cc says why an entry is never overwritten while a peer may still
+// read it.
 struct Arena::Announcement {
   // (the step announced) + 1, written only by the owning rank, last.
   std::atomic<uint64_t> stamp;
