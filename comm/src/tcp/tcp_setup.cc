@@ -151,7 +151,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   const std::string failedKey = options.keyPrefix + "/setup-failed";
   try {
     std::string host = options.host;
-    const char* hostFrom = "ContextOptions::host or LOOM_HOST";
+    const char* hostFrom = "ContextOptions::host, LOOM_HOST or LOOM_SOCKET_IFNAME";
     if (host.empty()) {
       host = net::hostname();
       hostFrom = nullptr;
