@@ -83,6 +83,21 @@ TEST(FlightRecorder, ReportsExactlyTheCapacityWhenItIsNoPowerOfTwo) {
   EXPECT_EQ(rec.recorded(), 12u);
 }
 
+// snapshot(newest) reads only the newest entries (what a dump of another group needs), never
+// more than the ring keeps.
+TEST(FlightRecorder, SnapshotOfTheNewestEntriesOnly) {
+  FlightRecorder rec(5, comm::Algorithm::kAuto);
+  EXPECT_TRUE(rec.snapshot(3).empty());
+  for (uint64_t seq = 1; seq <= 7; ++seq) rec.recordStart(rec.recordIssue(allreduceOp(seq, 1)));
+  std::vector<OpRecord> got = rec.snapshot(2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].id, 6u);
+  EXPECT_EQ(got[1].id, 7u);
+  EXPECT_EQ(got[1].state, OpState::kRunning);
+  EXPECT_EQ(rec.snapshot(100).size(), 5u);
+  EXPECT_TRUE(rec.snapshot(0).empty());
+}
+
 // Start and end come from the TSC when the CPU says it is invariant (what Linux shows as
 // nonstop_tsc), and are converted to Unix microseconds: an operation that ran across a 20 ms
 // sleep shows at least 20 ms between its start and end, and both lie between the system clock's

@@ -97,7 +97,7 @@ bool FlightRecorder::readEntry(uint64_t id, uint64_t (&w)[kWords]) const {
   return false;  // kept changing
 }
 
-std::vector<OpRecord> FlightRecorder::snapshot() const {
+std::vector<OpRecord> FlightRecorder::snapshot(size_t newest) const {
   // Raw times -> Unix microseconds, anchored now: a time's distance from now on the monotonic
   // clock, subtracted from the system clock now. The TSC's rate is measured over the group's
   // lifetime (its readings against the steady clock's at construction and now: a 40 ns read
@@ -133,7 +133,8 @@ std::vector<OpRecord> FlightRecorder::snapshot() const {
     uint64_t w[kWords];
   };
   const uint64_t last = next_.load(std::memory_order_acquire);
-  const uint64_t first = last > capacity_ ? last - capacity_ + 1 : 1;
+  const uint64_t kept = std::min<uint64_t>(capacity_, newest);
+  const uint64_t first = last > kept ? last - kept + 1 : 1;
   std::vector<Raw> raws;
   raws.reserve(last - first + 1);
   for (uint64_t id = first; id <= last; ++id) {

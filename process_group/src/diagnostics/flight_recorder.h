@@ -64,6 +64,7 @@
 #include <time.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -135,8 +136,9 @@ class FlightRecorder {
     }
   }
 
-  // The entries still in the ring, oldest first.
-  std::vector<OpRecord> snapshot() const;
+  // The entries still in the ring, oldest first; the newest `newest` of them only when fewer
+  // (then the first one read, when a derived in-order collective, starts at its issue).
+  std::vector<OpRecord> snapshot(size_t newest = SIZE_MAX) const;
   // Entries recorded since construction (those before the last `capacity` were overwritten).
   uint64_t recorded() const { return next_.load(std::memory_order_relaxed); }
   // Sequence number of the last collective issued (0 before the first).
