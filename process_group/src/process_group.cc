@@ -64,7 +64,7 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
   }
   if (options_.flightRecorderEntries > 0) {
     diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
-        diag::Identity{rank_, size_, options_.groupName, backend_}, store_,
+        diag::Identity{rank_, size_, options_.groupName, backend_, options_.parentRanks}, store_,
         static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
         options_.dumpDir, options_.heartbeatInterval, options_.diagnosticsClockSkewUs);
     recorder_ = &diagnostics_->recorder();

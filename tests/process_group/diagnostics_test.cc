@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "loom/process_group/diagnostics.h"
 #include "loom/process_group/factory.h"
 #include "loom/store/hash_store.h"
+#include "loom/store/prefix_store.h"
 #include "loom/store/tcp_store.h"
 #include "loom/store/tcp_store_server.h"
 #include "loom/testing/errors.h"
@@ -146,6 +148,20 @@ TEST(FlightRecordAnalysis, MissingRecordAndNothingStuck) {
                         "record arrived (dead, stopped, or cut off from the store)"));
 }
 
+// This process's record of its other group "B" (size 2, parent ranks 0,1): its last collective
+// `lastSeq`, and `op` when it has one.
+OtherGroup groupB(int rank, uint64_t lastSeq, std::optional<OpRecord> op) {
+  OtherGroup g;
+  g.group = "B";
+  g.parentRanks = {0, 1};
+  g.rank = rank;
+  g.size = 2;
+  g.backend = "tcp";
+  g.lastSeq = lastSeq;
+  g.op = op;
+  return g;
+}
+
 // The heartbeat's text round-trips, and the liveness check reads the process it names: this
 // process (alive, heartbeat fresh or stale), a reaped child (dead), another host (only the
 // heartbeat's age).
@@ -237,6 +253,60 @@ TEST(FlightRecordJson, RoundTrip) {
   EXPECT_EQ(back.entries[2].root, 1);
   EXPECT_EQ(back.entries[2].signature(), d.entries[2].signature());
   EXPECT_EQ(back.entries[2].endUs, d.entries[2].endUs);
+}
+
+// Version 2's parent ranks and other groups round-trip; a version 1 dump (written before them)
+// is still read, with none; a bad other group is named by its path.
+TEST(FlightRecordJson, OtherGroupsRoundTripAndVersion1StillReads) {
+  RankDump d = rankWith(1, 2, 2, {});
+  d.group = "A";
+  d.parentRanks = {0, 3};
+  OpRecord inB = record(7, OpType::kBroadcast, OpState::kRunning, 1);
+  d.otherGroups = {groupB(1, 7, inB), groupB(0, 0, std::nullopt)};
+  d.otherGroups[1].group = "";
+  const std::string json = toJson(d);
+  const RankDump back = parseDump(json, "x.json");
+  EXPECT_EQ(back.parentRanks, (std::vector<int>{0, 3}));
+  ASSERT_EQ(back.otherGroups.size(), 2u);
+  const OtherGroup& b = back.otherGroups[0];
+  EXPECT_EQ(b.group, "B");
+  EXPECT_EQ(b.parentRanks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(b.rank, 1);
+  EXPECT_EQ(b.size, 2);
+  EXPECT_EQ(b.backend, "tcp");
+  EXPECT_EQ(b.lastSeq, 7u);
+  ASSERT_TRUE(b.op.has_value());
+  EXPECT_EQ(b.op->signature(), inB.signature());
+  EXPECT_EQ(b.op->state, OpState::kRunning);
+  EXPECT_EQ(b.op->startUs, inB.startUs);
+  EXPECT_EQ(back.otherGroups[1].group, "");
+  EXPECT_FALSE(back.otherGroups[1].op.has_value());
+  EXPECT_EQ(back.entries.size(), 2u);
+  EXPECT_THAT(json, HasSubstr("\"version\": 2,"));
+
+  // Version 1: no parent_ranks, no other_groups.
+  std::string v1 = toJson(rankWith(0, 2, 3, {}));
+  v1.replace(v1.find("\"version\": 2"), 12, "\"version\": 1");
+  v1.erase(v1.find(" \"parent_ranks\""), v1.find(" \"entries\"") - v1.find(" \"parent_ranks\""));
+  ASSERT_EQ(v1.find("other_groups"), std::string::npos) << v1;
+  const RankDump old = parseDump(v1, "v1.json");
+  EXPECT_EQ(old.entries.size(), 3u);
+  EXPECT_TRUE(old.otherGroups.empty());
+  EXPECT_TRUE(old.parentRanks.empty());
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>([&] {
+                parseDump(std::string(v1).replace(v1.find("\"version\": 1"), 12, "\"version\": 3"),
+                          "v3.json");
+              }),
+              HasSubstr("v3.json: format version 3 is not supported"));
+
+  std::string bad = json;
+  bad.replace(bad.find("\"broadcast\""), 11, "\"broadcasx\"");
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>([&] { parseDump(bad, "r.json"); }),
+              HasSubstr("r.json: other_groups[0].op.op: unknown value 'broadcasx'"));
+  bad = json;
+  bad.replace(bad.find("\"parent_ranks\":[0,1]"), 20, "\"parent_ranks\":[0,1.5]");
+  EXPECT_THAT(loom::testing::messageOf<InvalidArgumentError>([&] { parseDump(bad, "r.json"); }),
+              HasSubstr("r.json: other_groups[0].parent_ranks[1]: 1.5 is not an integer"));
 }
 
 TEST(FlightRecordJson, CorruptOrTruncatedNamesTheFileAndOffset) {
@@ -401,6 +471,48 @@ TEST(GroupDiagnosticsStart, AFailedStartLeavesNoListenerHoldingTheStore) {
     std::this_thread::sleep_for(milliseconds(10));  // poll interval, bounded by the deadline
   }
   EXPECT_TRUE(held.expired()) << "a thread of the failed start still holds the store";
+}
+
+// A group's dump says what its process does in its other live groups: group "B"'s running
+// all-reduce in group "A"'s dump, and "A" (nothing issued) in B's. The other groups' recorders
+// are read only when the dump is taken.
+TEST(GroupDiagnosticsDump, NamesWhatTheProcessDoesInItsOtherGroups) {
+  auto store = std::make_shared<HashStore>();
+  diag::GroupDiagnostics a(diag::Identity{0, 1, "A", "tcp", {3}},
+                           std::make_shared<PrefixStore>("A", store), 16, comm::Algorithm::kAuto,
+                           "", milliseconds(0));
+  diag::GroupDiagnostics b(diag::Identity{0, 1, "B", "tcp", {3}},
+                           std::make_shared<PrefixStore>("B", store), 16, comm::Algorithm::kAuto,
+                           "", milliseconds(0));
+  OpDesc op;
+  op.type = OpType::kAllreduce;
+  op.dtype = DType::kFloat32;
+  op.count = 8;
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    op.seq = seq;
+    const uint64_t id = b.recorder().recordIssue(op);
+    b.recorder().recordStart(id);
+    if (seq == 1) b.recorder().recordEnd(id, false);
+  }
+  const RankDump fromA = parseDump(a.recordJson("request"), "A");
+  EXPECT_EQ(fromA.parentRanks, (std::vector<int>{3}));
+  const auto inB = std::find_if(fromA.otherGroups.begin(), fromA.otherGroups.end(),
+                                [](const OtherGroup& g) { return g.group == "B"; });
+  ASSERT_NE(inB, fromA.otherGroups.end());
+  EXPECT_EQ(inB->parentRanks, (std::vector<int>{3}));
+  EXPECT_EQ(inB->lastSeq, 2u);
+  ASSERT_TRUE(inB->op.has_value());
+  EXPECT_EQ(inB->op->describe(), "allreduce#2");
+  EXPECT_EQ(inB->op->state, OpState::kRunning);
+  EXPECT_GT(inB->op->startUs, 0);
+  for (const OtherGroup& g : fromA.otherGroups) EXPECT_NE(g.group, "A");
+
+  const RankDump fromB = parseDump(b.recordJson("request"), "B");
+  const auto inA = std::find_if(fromB.otherGroups.begin(), fromB.otherGroups.end(),
+                                [](const OtherGroup& g) { return g.group == "A"; });
+  ASSERT_NE(inA, fromB.otherGroups.end());
+  EXPECT_EQ(inA->lastSeq, 0u);
+  EXPECT_FALSE(inA->op.has_value());
 }
 
 // Waits (at most 20 s) until rank's heartbeat in `store` carries a clock estimate.

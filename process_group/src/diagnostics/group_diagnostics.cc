@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "diagnostics/group_diagnostics_core.h"
+#include "diagnostics/other_groups.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
 #include "loom/common/socket.h"
@@ -81,6 +82,7 @@ RankDump GroupDiagnostics::Core::snapshot(const std::string& reason) const {
   d.rank = id.rank;
   d.size = id.size;
   d.group = id.group;
+  d.parentRanks = id.parentRanks;
   d.backend = id.backend;
   d.host = host;
   d.pid = ::getpid();
@@ -99,6 +101,7 @@ RankDump GroupDiagnostics::Core::snapshot(const std::string& reason) const {
   d.capacity = recorder.capacity();
   d.recorded = recorder.recorded();
   d.lastSeq = recorder.lastSeq();
+  d.otherGroups = otherGroups(*this, liveGroups());
   return d;
 }
 
@@ -171,20 +174,26 @@ SignalRegistry& registry() {
   return *r;
 }
 
+}  // namespace
+
+std::vector<std::shared_ptr<GroupDiagnostics::Core>> liveGroups() {
+  std::vector<std::shared_ptr<GroupDiagnostics::Core>> live;
+  std::lock_guard<std::mutex> lock(registry().mu);
+  for (const auto& w : registry().groups) {
+    if (auto core = w.lock()) live.push_back(std::move(core));
+  }
+  return live;
+}
+
+namespace {
+
 void watch(int readFd) {
   for (;;) {
     char buf[64];
     const ssize_t n = ::read(readFd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
-    std::vector<std::shared_ptr<GroupDiagnostics::Core>> live;
-    {
-      std::lock_guard<std::mutex> lock(registry().mu);
-      for (const auto& w : registry().groups) {
-        if (auto core = w.lock()) live.push_back(std::move(core));
-      }
-    }
-    for (const auto& core : live) {
+    for (const auto& core : liveGroups()) {
       try {
         core->dump("SIGUSR1");
       } catch (const std::exception& e) {

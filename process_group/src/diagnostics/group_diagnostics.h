@@ -67,6 +67,7 @@ struct Identity {
   int size = 1;
   std::string group;
   std::string backend;
+  std::vector<int> parentRanks{};  // ProcessGroupOptions::parentRanks
 };
 
 class GroupDiagnostics {

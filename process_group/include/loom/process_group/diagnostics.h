@@ -58,12 +58,29 @@ struct OpRecord {
   std::string signature() const;
 };
 
+// What the dumping process does in another of its live groups (with a flight recorder) when
+// the dump is taken: a hang across two groups (a rank blocked in group B's collective never
+// enters group A's) is told from these.
+struct OtherGroup {
+  std::string group;             // its ProcessGroupOptions::groupName ("" unnamed)
+  std::vector<int> parentRanks;  // its ProcessGroupOptions::parentRanks (newGroup's members)
+  int rank = 0;                  // this process's rank in it
+  int size = 0;
+  std::string backend;
+  uint64_t lastSeq = 0;  // sequence number of the last collective issued there
+  // Its oldest unfinished operation (queued or running: the one this process is blocked in or
+  // running there), else its newest operation (done or failed: idle since); nullopt when it
+  // has issued none. Times on the dumping rank's clock, as the dump's.
+  std::optional<OpRecord> op;
+};
+
 // One rank's flight record, as dumped.
 struct RankDump {
   int rank = 0;
   int size = 0;
-  std::string group;    // ProcessGroupOptions::groupName ("" for the default group)
-  std::string backend;  // "tcp", "verbs", "nccl"
+  std::string group;             // ProcessGroupOptions::groupName ("" for the default group)
+  std::vector<int> parentRanks;  // ProcessGroupOptions::parentRanks (empty: not a subgroup)
+  std::string backend;           // "tcp", "verbs", "nccl"
   std::string host;
   int64_t pid = 0;
   std::string reason;     // why it was dumped: "SIGUSR1", "request", "failure", ...
@@ -78,9 +95,13 @@ struct RankDump {
   int64_t clockOffsetUs = 0;
   int64_t clockErrorUs = 0;
   std::vector<OpRecord> entries;  // oldest first
+  // This process's other live groups, in the order they were created (version 2; empty in
+  // older dumps).
+  std::vector<OtherGroup> otherGroups;
 };
 
-inline constexpr int kDumpFormatVersion = 1;
+// 2: parent_ranks and other_groups. parseDump reads versions 1 and 2.
+inline constexpr int kDumpFormatVersion = 2;
 
 std::string toJson(const RankDump& dump);
 // Throws InvalidArgumentError "<source>: ... at byte <offset>" or "<source>: <field>: ...".
