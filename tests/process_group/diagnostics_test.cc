@@ -38,6 +38,7 @@ namespace loom::diag {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 OpRecord record(uint64_t seq, OpType type, OpState state, int root = 0) {
   OpRecord r;
@@ -160,6 +161,75 @@ OtherGroup groupB(int rank, uint64_t lastSeq, std::optional<OpRecord> op) {
   g.lastSeq = lastSeq;
   g.op = op;
   return g;
+}
+
+// Group "A" of the cross-group deadlock (docs/diagnostics.md, "Hangs across groups"): rank 0
+// waits (failed) in A's allreduce #1; rank 1 has nothing in A and is in B's allreduce #1 since
+// 30.1 s before its dump; rank 0's record of B: `rank0InB`.
+std::vector<std::optional<RankDump>> crossGroupDumps(const OtherGroup& rank0InB) {
+  RankDump zero = rankWith(0, 2, 0, {record(1, OpType::kAllreduce, OpState::kFailed)});
+  RankDump one = rankWith(1, 2, 0, {});
+  for (RankDump* d : {&zero, &one}) {
+    d->group = "A";
+    d->parentRanks = {0, 1};
+  }
+  OpRecord inB = record(1, OpType::kAllreduce, OpState::kRunning);
+  inB.startUs = one.timeUs - 30'100'000;
+  one.otherGroups = {groupB(1, 1, inB)};
+  zero.otherGroups = {rank0InB};
+  return {zero, one};
+}
+
+TEST(FlightRecordAnalysis, CrossGroupDeadlockNamesBothGroupsAndTheOrder) {
+  const std::string text = explain(crossGroupDumps(groupB(0, 0, std::nullopt)));
+  EXPECT_EQ(text.substr(0, text.find('\n')),
+            "rank 1 never entered allreduce#1 of group \"A\" (parent ranks 0,1): it is blocked in "
+            "allreduce#1 of group \"B\" (parent ranks 0,1; running for 30.1 s), which rank 0 has "
+            "not entered: the ranks issue collectives on group \"A\" and group \"B\" in different "
+            "orders (a cross-group deadlock); every rank must call collectives on groups that "
+            "share ranks in the same order; rank 0 failed in allreduce#1 (3.9 KiB float)")
+      << text;
+  // Each rank's line says where its process is busy elsewhere.
+  EXPECT_THAT(text, HasSubstr("\n  rank 1 has issued no operation; it is blocked in allreduce#1 of "
+                              "group \"B\" (parent ranks 0,1; running for 30.1 s)"));
+
+  // Rank 0 is rank 1 of B: said so. It idles in B after an earlier collective: still behind.
+  OpRecord done = record(0, OpType::kBarrier, OpState::kDone);
+  EXPECT_THAT(explain(crossGroupDumps(groupB(1, 0, done))),
+              HasSubstr("which rank 0 has not entered (rank 0 is rank 1 there): the ranks"));
+}
+
+TEST(FlightRecordAnalysis, RankBlockedInAnotherGroupWithoutACycleIsNamedWithIt) {
+  // Rank 0 entered B's allreduce #1 too (and finished it): rank 1 waits there for someone
+  // else, no cycle between these two.
+  OpRecord done = record(1, OpType::kAllreduce, OpState::kDone);
+  const std::string text = explain(crossGroupDumps(groupB(0, 1, done)));
+  EXPECT_THAT(text, HasSubstr("rank 1 never entered allreduce#1 of group \"A\" (parent ranks "
+                              "0,1): it is blocked in allreduce#1 of group \"B\" (parent ranks "
+                              "0,1; running for 30.1 s); rank 0 failed in allreduce#1"));
+  EXPECT_THAT(text, Not(HasSubstr("cross-group deadlock")));
+
+  // Unnamed groups (loom_torch's, a createProcessGroup without a name) are told by their size.
+  std::vector<std::optional<RankDump>> dumps = crossGroupDumps(groupB(0, 0, std::nullopt));
+  for (auto& d : dumps) {
+    d->group.clear();
+    d->parentRanks.clear();
+    d->otherGroups[0].group.clear();
+    d->otherGroups[0].parentRanks.clear();
+  }
+  EXPECT_THAT(explain(dumps),
+              HasSubstr("rank 1 never entered allreduce#1 of an unnamed group of 2 ranks: it is "
+                        "blocked in allreduce#1 of an unnamed group of 2 ranks (running for 30.1 "
+                        "s), which rank 0 has not entered: the ranks issue collectives on an "
+                        "unnamed group of 2 ranks and an unnamed group of 2 ranks in different "
+                        "orders (a cross-group deadlock)"));
+
+  // A rank with an unfinished operation of its own group is told as before.
+  dumps = crossGroupDumps(groupB(0, 0, std::nullopt));
+  OpRecord send = record(1, OpType::kSend, OpState::kRunning, 0);
+  dumps[1]->entries = {send};
+  EXPECT_THAT(explain(dumps), HasSubstr("rank 1 never entered collective #1: it is in send#1 to "
+                                        "rank 0 (3.9 KiB float), running for"));
 }
 
 // The heartbeat's text round-trips, and the liveness check reads the process it names: this

@@ -155,6 +155,54 @@ TEST(DiagnosticsProcesses, MismatchedCollectivePrintsBothSignatures) {
             "");
 }
 
+// The classic cross-group deadlock: ranks 0 and 1 share groups "A" and "B" (newGroup of the
+// same two ranks); rank 0 calls all_reduce on A, then on B, rank 1 on B, then on A. A's timeout
+// (2 s) fails rank 0's all-reduce, and the diagnosis, from rank 1's answer, says where rank 1
+// is (in B's all-reduce, which rank 0 has not entered) and that the groups were called in
+// different orders. B's timeout is long: rank 0 enters B's all-reduce once it has A's error
+// (whatever it says), which ends rank 1's wait there, so the test is bounded by A's timeout.
+TEST(DiagnosticsProcesses, CrossGroupOrderDeadlockNamesBothGroupsAndTheOrder) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  children.spawnRanks(2, [&](int rank) {
+    FileStoreOptions storeOptions;
+    storeOptions.timeout = milliseconds(30000);
+    auto store = std::make_shared<FileStore>(path, storeOptions);
+    ProcessGroupOptions options;
+    options.timeout = milliseconds(30000);
+    options.comm.context.sharedMemory = false;
+    auto world = createProcessGroup("tcp", store, rank, 2, options);
+    ProcessGroupOptions optionsA = options;
+    optionsA.groupName = "A";
+    optionsA.timeout = milliseconds(2000);
+    ProcessGroupOptions optionsB = options;
+    optionsB.groupName = "B";
+    auto groupA = newGroup(*world, {0, 1}, optionsA);
+    auto groupB = newGroup(*world, {0, 1}, optionsB);
+    std::vector<float> buf(1000, 1.0f);
+    const BufferView v = view(buf.data(), buf.size());
+    storeBarrier(*store, "groups-made", rank, 2, milliseconds(20000));
+    if (rank == 1) {
+      groupB->allreduce(v)->wait();
+      return;  // never calls A's: rank 0 failed there
+    }
+    const std::string what = failure(
+        0, [&] { groupA->allreduce(v)->wait(); }, optionsA.timeout + milliseconds(5000));
+    groupB->allreduce(v)->wait();
+    requireIn(what,
+              "diagnosis: rank 1 never entered allreduce#1 of group \"A\" (parent ranks 0,1): it ");
+    // Blocked there (running), or failed there when the machine was slow enough for B's 30 s.
+    requireIn(what, "in allreduce#1 of group \"B\" (parent ranks 0,1; ");
+    requireIn(what,
+              "which rank 0 has not entered: the ranks issue collectives on group \"A\" and group "
+              "\"B\" in different orders (a cross-group deadlock); every rank must call "
+              "collectives on groups that share ranks in the same order");
+    require(buf[0] == 2.0f, "B's all-reduce after A's failure");
+  });
+  EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
 // Rank 3 gets `sig` (SIGSTOP or SIGKILL, sent to itself) after allreduce #4; ranks 0-2 run #5
 // and must fail within the timeout + 5 s with `expected` in their error. Returns what went
 // wrong ("" when nothing did).

@@ -11,6 +11,12 @@
 //     are a mismatch, and the summary prints each signature with its ranks; otherwise the
 //     ranks are grouped by state ("wait in", "failed in", "completed");
 //   - missing: no record arrived (dead, stopped, or cut off from the store).
+// A rank that never entered `stuck` and has nothing unfinished here may be blocked in another
+// group of its process (RankDump::otherGroups: the group, and the operation it is in there).
+// Then the summary names that operation and group; when a rank that waits here at `stuck` has
+// not entered that operation (its own record of the same other group has a lower last_seq),
+// each waits for the other: the ranks called the two groups' collectives in different orders
+// (a cross-group deadlock), and the summary says so.
 // Times are told relative to each rank's own dump time, so clocks of different hosts never
 // have to agree.
 #include <algorithm>
@@ -78,6 +84,88 @@ std::string activity(const RankDump& d) {
   return "?";
 }
 
+bool unfinished(const OpRecord& r) {
+  return r.state == OpState::kQueued || r.state == OpState::kRunning;
+}
+
+// How users name a group: 'group "A" (parent ranks 0,1)', 'an unnamed group of 2 ranks';
+// `note`, when not empty, joins the parenthesis: 'group "A" (parent ranks 0,1; <note>)'.
+std::string groupLabel(const std::string& name, const std::vector<int>& parentRanks, int size,
+                       const std::string& note = "") {
+  std::string ranks;
+  for (size_t i = 0; i < parentRanks.size(); ++i) {
+    ranks += (i ? "," : "") + std::to_string(parentRanks[i]);
+  }
+  std::string label;
+  std::string inside;
+  if (!name.empty()) {
+    label = "group \"" + name + "\"";
+    if (!ranks.empty()) inside = "parent ranks " + ranks;
+  } else if (!ranks.empty()) {
+    label = "the unnamed group of parent ranks " + ranks;
+  } else {
+    label = "an unnamed group of " + std::to_string(size) + " ranks";
+  }
+  if (!note.empty()) inside += (inside.empty() ? "" : "; ") + note;
+  return inside.empty() ? label : label + " (" + inside + ")";
+}
+
+// Whether two ranks' records of their other groups are of one group.
+bool sameGroup(const OtherGroup& a, const OtherGroup& b) {
+  return a.group == b.group && a.parentRanks == b.parentRanks && a.size == b.size &&
+         a.backend == b.backend;
+}
+
+// What `d`'s process does in its other group `g` (its op set): 'is blocked in allreduce#1 of
+// group "B" (parent ranks 0,1; running for 30.1 s)'.
+std::string elsewhere(const RankDump& d, const OtherGroup& g) {
+  const OpRecord& op = *g.op;
+  const auto in = [&](const std::string& note) {
+    return op.describe() + " of " + groupLabel(g.group, g.parentRanks, g.size, note);
+  };
+  switch (op.state) {
+    case OpState::kRunning:
+      return "is blocked in " + in("running for " + seconds(d.timeUs - op.startUs));
+    case OpState::kQueued:
+      return "is blocked in " +
+             in("issued " + seconds(d.timeUs - op.issueUs) + " ago, not started");
+    case OpState::kFailed:
+      return "failed in " + in(seconds(d.timeUs - op.endUs) + " before its dump");
+    case OpState::kDone:
+      break;
+  }
+  return "is idle in " + groupLabel(g.group, g.parentRanks, g.size);
+}
+
+// The other group `d`'s rank is inside an operation of: one with an unfinished collective,
+// else an unfinished operation, else a failed one (it got stuck there and gave up); null.
+const OtherGroup* busyElsewhere(const RankDump& d) {
+  const OtherGroup* best = nullptr;
+  int bestScore = 0;
+  for (const OtherGroup& g : d.otherGroups) {
+    if (!g.op) continue;
+    const int score = unfinished(*g.op)                 ? (isCollective(g.op->type) ? 3 : 2)
+                      : g.op->state == OpState::kFailed ? 1
+                                                        : 0;
+    if (score > bestScore) {
+      best = &g;
+      bestScore = score;
+    }
+  }
+  return best;
+}
+
+// 'group "A"' for a named group (the full label otherwise), where a sentence names it again.
+std::string shortLabel(const std::string& name, const std::vector<int>& parentRanks, int size) {
+  return name.empty() ? groupLabel(name, parentRanks, size) : "group \"" + name + "\"";
+}
+
+// A detail line's tail: where the rank's process is busy in another group, if anywhere.
+std::string elsewhereNote(const RankDump& d) {
+  const OtherGroup* g = busyElsewhere(d);
+  return g == nullptr ? "" : "; it " + elsewhere(d, *g);
+}
+
 const OpRecord* collectiveAt(const RankDump& d, uint64_t seq) {
   for (auto it = d.entries.rbegin(); it != d.entries.rend(); ++it) {
     if (isCollective(it->type) && it->seq == seq) return &*it;
@@ -91,6 +179,40 @@ uint64_t firstUnfinished(const RankDump& d) {
     if (isCollective(r.type) && r.state != OpState::kDone) return r.seq;
   }
   return 0;
+}
+
+// Rank `d.rank` never entered collective #`stuck` (`what`: its name, "allreduce#5") and is
+// inside `other`'s operation: where, and, when ranks that entered #`stuck` here and have not
+// finished it have not entered that operation there, the cross-group deadlock.
+std::string blockedElsewhere(const std::vector<std::optional<RankDump>>& dumps, uint64_t stuck,
+                             const std::string& what, const RankDump& d, const OtherGroup& other) {
+  std::string out = "rank " + std::to_string(d.rank) + " never entered " + what + " of " +
+                    groupLabel(d.group, d.parentRanks, d.size) + ": it " + elsewhere(d, other);
+  if (!isCollective(other.op->type)) return out;
+  std::vector<int> behind;  // their ranks here
+  std::string theirRanks;   // their ranks there, when they differ
+  for (const auto& w : dumps) {
+    if (!w || w->rank == d.rank || w->lastSeq < stuck) continue;
+    const OpRecord* mine = collectiveAt(*w, stuck);
+    if (mine == nullptr || mine->state == OpState::kDone) continue;
+    for (const OtherGroup& g : w->otherGroups) {
+      if (!sameGroup(g, other) || g.lastSeq >= other.op->seq) continue;
+      behind.push_back(w->rank);
+      if (g.rank != w->rank) {
+        theirRanks += std::string(theirRanks.empty() ? "" : ", ") + "rank " +
+                      std::to_string(w->rank) + " is rank " + std::to_string(g.rank) + " there";
+      }
+      break;
+    }
+  }
+  if (behind.empty()) return out;
+  out += ", which " + rankList(behind) + (behind.size() == 1 ? " has" : " have") + " not entered" +
+         (theirRanks.empty() ? "" : " (" + theirRanks + ")") + ": the ranks issue collectives on " +
+         shortLabel(d.group, d.parentRanks, d.size) + " and " +
+         shortLabel(other.group, other.parentRanks, other.size) +
+         " in different orders (a cross-group deadlock); every rank must call collectives on "
+         "groups that share ranks in the same order";
+  return out;
 }
 
 }  // namespace
@@ -140,7 +262,9 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps,
   std::vector<std::string> parts;
   std::string details;
   for (const auto& d : dumps) {
-    if (d) details += "\n  rank " + std::to_string(d->rank) + " " + activity(*d);
+    if (d) {
+      details += "\n  rank " + std::to_string(d->rank) + " " + activity(*d) + elsewhereNote(*d);
+    }
   }
   if (stuck == 0) {
     std::string summary = "every rank with a flight record completed every collective it issued";
@@ -186,6 +310,15 @@ std::string explain(const std::vector<std::optional<RankDump>>& dumps,
 
   for (int rank : absent) {
     const RankDump& d = *dumps[rank];
+    // Nothing unfinished here: it may be stuck in another group of its process.
+    const OtherGroup* other =
+        d.entries.empty() || !unfinished(d.entries.back()) ? busyElsewhere(d) : nullptr;
+    if (other != nullptr) {
+      const std::string what = bySignature.size() == 1 ? example.begin()->second->describe()
+                                                       : "collective #" + std::to_string(stuck);
+      parts.push_back(blockedElsewhere(dumps, stuck, what, d, *other));
+      continue;
+    }
     parts.push_back("rank " + std::to_string(rank) + " never entered collective #" +
                     std::to_string(stuck) + ": it " + activity(d));
   }

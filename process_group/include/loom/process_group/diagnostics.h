@@ -111,7 +111,10 @@ RankDump parseDump(const std::string& text, const std::string& source);
 // stopped, or cut off from the store). Finds the first collective that did not complete on
 // every rank and says who never entered it and what they do instead, who issued a different
 // collective at that sequence number (both signatures), who waits in it, and whose record is
-// missing. The first line is the summary; further lines ("  rank 2: ...") give each rank's
+// missing. A rank that never entered it but is inside an operation of another group of its
+// process (RankDump::otherGroups) is named with that operation, and when a rank waiting here
+// has not entered that one, the two groups' different call orders are named (a cross-group
+// deadlock). The first line is the summary; further lines ("  rank 2: ...") give each rank's
 // current operation. `absentWhy[r]`, when given and not empty, says why rank r has no record
 // (from its heartbeat: "dead: ...", "alive but not progressing: ...").
 std::string explain(const std::vector<std::optional<RankDump>>& dumps,
