@@ -585,6 +585,27 @@ TEST(GroupDiagnosticsDump, NamesWhatTheProcessDoesInItsOtherGroups) {
   EXPECT_FALSE(inA->op.has_value());
 }
 
+// Ranks as threads: a process that holds two ranks of a group is not one rank there, and its
+// dumps of that group name no other group (rank 0's would be rank 1's "other group"), nor do
+// its other groups' dumps name that one.
+TEST(GroupDiagnosticsDump, ThreadRanksOfOneGroupNameNoOtherGroup) {
+  auto store = std::make_shared<HashStore>();
+  auto shared = std::make_shared<PrefixStore>("T", store);
+  diag::GroupDiagnostics zero(diag::Identity{0, 2, "T", "tcp"}, shared, 16, comm::Algorithm::kAuto,
+                              "", milliseconds(0));
+  diag::GroupDiagnostics one(diag::Identity{1, 2, "T", "tcp"}, shared, 16, comm::Algorithm::kAuto,
+                             "", milliseconds(0));
+  diag::GroupDiagnostics b(diag::Identity{0, 1, "B", "tcp"},
+                           std::make_shared<PrefixStore>("B", store), 16, comm::Algorithm::kAuto,
+                           "", milliseconds(0));
+  EXPECT_TRUE(parseDump(zero.recordJson("request"), "0").otherGroups.empty());
+  EXPECT_TRUE(parseDump(one.recordJson("request"), "1").otherGroups.empty());
+  // Nor does B's dump name "T": which of its ranks is B's rank's is unknown.
+  for (const OtherGroup& g : parseDump(b.recordJson("request"), "B").otherGroups) {
+    EXPECT_NE(g.group, "T");
+  }
+}
+
 // Waits (at most 20 s) until rank's heartbeat in `store` carries a clock estimate.
 Heartbeat heartbeatWithClock(Store& store, int rank) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -24,14 +24,30 @@ std::optional<OpRecord> currentOp(const std::vector<OpRecord>& entries) {
   return entries.back();
 }
 
+// Whether `a` and `b` are two ranks of one group (ranks as threads of one process).
+bool otherRankOfOneGroup(const Identity& a, const Identity& b) {
+  return a.rank != b.rank && a.group == b.group && a.size == b.size &&
+         a.parentRanks == b.parentRanks && a.backend == b.backend;
+}
+
 }  // namespace
 
 std::vector<OtherGroup> otherGroups(
     const GroupDiagnostics::Core& self,
     const std::vector<std::shared_ptr<GroupDiagnostics::Core>>& live) {
+  // A process that holds several ranks of one group (ranks as threads, in tests) is not one
+  // rank there: what it does elsewhere says nothing of `self`'s rank, and which of them is
+  // `self`'s rank's is unknown.
+  const auto severalRanks = [&](const GroupDiagnostics::Core& group) {
+    for (const auto& core : live) {
+      if (otherRankOfOneGroup(core->id, group.id)) return true;
+    }
+    return false;
+  };
+  if (severalRanks(self)) return {};
   std::vector<OtherGroup> out;
   for (const auto& core : live) {
-    if (core.get() == &self) continue;
+    if (core.get() == &self || severalRanks(*core)) continue;
     OtherGroup g;
     g.group = core->id.group;
     g.parentRanks = core->id.parentRanks;

@@ -28,7 +28,9 @@ inline constexpr size_t kOtherGroupEntries = 64;
 // For `self`'s dump: every group of `live` but `self`, with its oldest unfinished collective
 // (the one the process is blocked in or running there), else its oldest unfinished operation,
 // else its newest one (idle since), among its newest kOtherGroupEntries entries; times on
-// `self`'s clock (its test-only skew added).
+// `self`'s clock (its test-only skew added). A group of which the process holds several ranks
+// (ranks as threads, in tests) is left out, and when it is `self`'s, all are: the process is
+// then not one rank.
 std::vector<OtherGroup> otherGroups(
     const GroupDiagnostics::Core& self,
     const std::vector<std::shared_ptr<GroupDiagnostics::Core>>& live);
