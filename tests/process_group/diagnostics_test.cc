@@ -218,11 +218,11 @@ TEST(FlightRecordAnalysis, RankBlockedInAnotherGroupWithoutACycleIsNamedWithIt) 
     d->otherGroups[0].parentRanks.clear();
   }
   EXPECT_THAT(explain(dumps),
-              HasSubstr("rank 1 never entered allreduce#1 of an unnamed group of 2 ranks: it is "
-                        "blocked in allreduce#1 of an unnamed group of 2 ranks (running for 30.1 "
-                        "s), which rank 0 has not entered: the ranks issue collectives on an "
-                        "unnamed group of 2 ranks and an unnamed group of 2 ranks in different "
-                        "orders (a cross-group deadlock)"));
+              HasSubstr("rank 1 never entered allreduce#1 of this group: it is blocked in "
+                        "allreduce#1 of another unnamed group of 2 ranks (running for 30.1 s), "
+                        "which rank 0 has not entered: the ranks issue collectives on this group "
+                        "and another unnamed group of 2 ranks in different orders (a cross-group "
+                        "deadlock)"));
 
   // A rank with an unfinished operation of its own group is told as before.
   dumps = crossGroupDumps(groupB(0, 0, std::nullopt));

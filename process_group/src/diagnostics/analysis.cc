@@ -110,6 +110,19 @@ std::string groupLabel(const std::string& name, const std::vector<int>& parentRa
   return inside.empty() ? label : label + " (" + inside + ")";
 }
 
+// A group named beside the one analysed: an unnamed one is 'another unnamed group of N ranks'.
+std::string otherLabel(const std::string& name, const std::vector<int>& parentRanks, int size,
+                       const std::string& note = "") {
+  if (!name.empty() || !parentRanks.empty()) return groupLabel(name, parentRanks, size, note);
+  return "another unnamed group of " + std::to_string(size) + " ranks" +
+         (note.empty() ? "" : " (" + note + ")");
+}
+
+// The group analysed, where another is named too: an unnamed one is 'this group'.
+std::string thisLabel(const std::string& name, const std::vector<int>& parentRanks, int size) {
+  return name.empty() && parentRanks.empty() ? "this group" : groupLabel(name, parentRanks, size);
+}
+
 // Whether two ranks' records of their other groups are of one group.
 bool sameGroup(const OtherGroup& a, const OtherGroup& b) {
   return a.group == b.group && a.parentRanks == b.parentRanks && a.size == b.size &&
@@ -121,7 +134,7 @@ bool sameGroup(const OtherGroup& a, const OtherGroup& b) {
 std::string elsewhere(const RankDump& d, const OtherGroup& g) {
   const OpRecord& op = *g.op;
   const auto in = [&](const std::string& note) {
-    return op.describe() + " of " + groupLabel(g.group, g.parentRanks, g.size, note);
+    return op.describe() + " of " + otherLabel(g.group, g.parentRanks, g.size, note);
   };
   switch (op.state) {
     case OpState::kRunning:
@@ -134,7 +147,7 @@ std::string elsewhere(const RankDump& d, const OtherGroup& g) {
     case OpState::kDone:
       break;
   }
-  return "is idle in " + groupLabel(g.group, g.parentRanks, g.size);
+  return "is idle in " + otherLabel(g.group, g.parentRanks, g.size);
 }
 
 // The other group `d`'s rank is inside an operation of: one with an unfinished collective,
@@ -156,8 +169,10 @@ const OtherGroup* busyElsewhere(const RankDump& d) {
 }
 
 // 'group "A"' for a named group (the full label otherwise), where a sentence names it again.
-std::string shortLabel(const std::string& name, const std::vector<int>& parentRanks, int size) {
-  return name.empty() ? groupLabel(name, parentRanks, size) : "group \"" + name + "\"";
+std::string shortLabel(const std::string& name, const std::vector<int>& parentRanks, int size,
+                       bool analysed) {
+  if (!name.empty()) return "group \"" + name + "\"";
+  return analysed ? thisLabel(name, parentRanks, size) : otherLabel(name, parentRanks, size);
 }
 
 // A detail line's tail: where the rank's process is busy in another group, if anywhere.
@@ -187,7 +202,7 @@ uint64_t firstUnfinished(const RankDump& d) {
 std::string blockedElsewhere(const std::vector<std::optional<RankDump>>& dumps, uint64_t stuck,
                              const std::string& what, const RankDump& d, const OtherGroup& other) {
   std::string out = "rank " + std::to_string(d.rank) + " never entered " + what + " of " +
-                    groupLabel(d.group, d.parentRanks, d.size) + ": it " + elsewhere(d, other);
+                    thisLabel(d.group, d.parentRanks, d.size) + ": it " + elsewhere(d, other);
   if (!isCollective(other.op->type)) return out;
   std::vector<int> behind;  // their ranks here
   std::string theirRanks;   // their ranks there, when they differ
@@ -208,8 +223,8 @@ std::string blockedElsewhere(const std::vector<std::optional<RankDump>>& dumps, 
   if (behind.empty()) return out;
   out += ", which " + rankList(behind) + (behind.size() == 1 ? " has" : " have") + " not entered" +
          (theirRanks.empty() ? "" : " (" + theirRanks + ")") + ": the ranks issue collectives on " +
-         shortLabel(d.group, d.parentRanks, d.size) + " and " +
-         shortLabel(other.group, other.parentRanks, other.size) +
+         shortLabel(d.group, d.parentRanks, d.size, true) + " and " +
+         shortLabel(other.group, other.parentRanks, other.size, false) +
          " in different orders (a cross-group deadlock); every rank must call collectives on "
          "groups that share ranks in the same order";
   return out;
