@@ -7,10 +7,15 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "loom/common/error.h"
 
@@ -72,6 +77,53 @@ std::string hostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+bool thisProcessListensOn(int port) {
+  if (port <= 0 || port > 65535) return false;
+  // Lines of /proc/net/tcp: "sl local_address rem_address st ... uid timeout inode ...", the
+  // local address "0100007F:1F90" (hex address, hex port), st 0A = LISTEN.
+  std::set<unsigned long> listening;
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* f = std::fopen(path, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    bool header = true;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::exchange(header, false)) continue;
+      char local[128];
+      char remote[128];
+      unsigned state = 0;
+      unsigned long inode = 0;
+      // sl: local remote st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+      if (std::sscanf(line, " %*s %127s %127s %x %*s %*s %*s %*u %*u %lu", local, remote, &state,
+                      &inode) != 4) {
+        continue;
+      }
+      const char* colon = std::strrchr(local, ':');
+      if (state != 0x0A || colon == nullptr || inode == 0) continue;
+      if (std::strtol(colon + 1, nullptr, 16) == port) listening.insert(inode);
+    }
+    std::fclose(f);
+  }
+  if (listening.empty()) return false;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (const dirent* entry = ::readdir(dir)) {
+    char link[64];
+    const std::string fdPath = std::string("/proc/self/fd/") + entry->d_name;
+    const ssize_t n = ::readlink(fdPath.c_str(), link, sizeof link - 1);
+    if (n <= 0) continue;
+    link[n] = 0;
+    unsigned long inode = 0;
+    if (std::sscanf(link, "socket:[%lu]", &inode) == 1 && listening.count(inode) != 0) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
 }
 
 namespace {

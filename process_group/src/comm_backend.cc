@@ -111,6 +111,7 @@ ProcessGroupComm::~ProcessGroupComm() {
   }
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
+  leave();
   // Lookups already fail (the group's use count is 0); this frees the entry.
   if (registered_) comm_pg::unregisterGroup(registryKey_);
   if (debugLevel() != DebugLevel::kOff) {

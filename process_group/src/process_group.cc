@@ -64,9 +64,11 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
   }
   if (options_.flightRecorderEntries > 0) {
     diagnostics_ = std::make_unique<diag::GroupDiagnostics>(
-        diag::Identity{rank_, size_, options_.groupName, backend_, options_.parentRanks}, store_,
-        static_cast<size_t>(options_.flightRecorderEntries), options_.comm.context.algorithm,
-        options_.dumpDir, options_.heartbeatInterval, options_.diagnosticsClockSkewUs);
+        diag::Identity{rank_, size_, options_.groupName, backend_, options_.parentRanks,
+                       options_.hostsStore.value_or(rank_ == options_.storeHostRank)},
+        store_, static_cast<size_t>(options_.flightRecorderEntries),
+        options_.comm.context.algorithm, options_.dumpDir, options_.heartbeatInterval,
+        options_.diagnosticsClockSkewUs);
     recorder_ = &diagnostics_->recorder();
     recorder_->setPreciseEvery(static_cast<uint64_t>(options_.flightRecorderPreciseEvery));
   }
@@ -83,6 +85,13 @@ ProcessGroup::ProcessGroup(std::string backend, std::shared_ptr<Store> store, in
 
 ProcessGroup::~ProcessGroup() {
   if (traceOwner_) trace::close();
+}
+
+void ProcessGroup::leave() {
+  if (!diagnostics_) return;
+  const bool failed = isBroken();
+  diagnostics_->leave(failed ? std::chrono::milliseconds(0)
+                             : std::min(options_.leaveTimeout, options_.timeout));
 }
 
 void ProcessGroup::traceStart(const OpDesc& op) {

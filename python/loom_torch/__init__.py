@@ -52,13 +52,14 @@ TORCH_BUILT_WITH = _C.TORCH_VERSION
 _check_torch_version(TORCH_BUILT_WITH)
 
 
-def _store_host(store):
-    """The host of the TCPStore under torch's PrefixStores, or "" (FileStore, HashStore)."""
+def _store_address(store):
+    """The host and port of the TCPStore under torch's PrefixStores, or ("", 0) (FileStore,
+    HashStore)."""
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     if isinstance(store, dist.TCPStore):
-        return store.host
-    return ""
+        return store.host, store.port
+    return "", 0
 
 
 _reproducible_default = False
@@ -91,8 +92,9 @@ def _create(store, rank, world_size, timeout):
         raise ValueError(f"loom: the process group's timeout must be positive, got {timeout!r}")
     # A positive timeout under a millisecond is one millisecond, the unit Loom counts in.
     timeout_ms = max(1, int(timeout.total_seconds() * 1000))
-    return _C._create_process_group(store, rank, world_size, timeout_ms, _store_host(store),
-                                    _reproducible_default)
+    host, port = _store_address(store)
+    return _C._create_process_group(store, rank, world_size, timeout_ms, host,
+                                    _reproducible_default, port)
 
 
 def transport_summary(group=None):

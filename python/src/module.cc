@@ -25,12 +25,13 @@ using loom::torch_backend::C10dBase;
 // The creator torch calls: a ProcessGroup on torch 1.13, the backend for "cpu" on 2.x.
 c10::intrusive_ptr<C10dBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, int64_t timeoutMs,
-                                                    const std::string& storeHost,
-                                                    bool reproducible) {
+                                                    const std::string& storeHost, bool reproducible,
+                                                    int storePort) {
   loom::torch_backend::BackendOptions options;
   options.reproducible = reproducible;
   options.timeout = std::chrono::milliseconds(timeoutMs);
   options.storeHost = storeHost;
+  options.storePort = storePort;
   return c10::make_intrusive<loom::torch_backend::ProcessGroupLoom>(store, rank, size, options);
 }
 
@@ -110,7 +111,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<loom::Error>(m, "LoomError", PyExc_RuntimeError);
   m.def("_create_process_group", &createProcessGroupLoom, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout_ms"), py::arg("store_host"),
-        py::arg("reproducible") = false, py::call_guard<py::gil_scoped_release>(),
+        py::arg("reproducible") = false, py::arg("store_port") = 0,
+        py::call_guard<py::gil_scoped_release>(),
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   // The functions that take a group resolve its backend holding the GIL, then release it.
   m.def(

@@ -1,5 +1,7 @@
 #include "process_group_loom.h"
 
+#include <Python.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -23,6 +25,9 @@ ProcessGroupOptions loomOptions(const BackendOptions& options) {
   // 127.0.1.1 on Debian).
   if (!settings::text("LOOM_HOST"))
     pg.comm.context.host = net::defaultListenAddress(options.storeHost);
+  // Torch runs a TCPStore's server in the process that created it (rank 0 under env://, the
+  // agent under torchrun): that process's leaving waits for the others'.
+  pg.hostsStore = options.storePort > 0 && net::thisProcessListensOn(options.storePort);
   return pg;
 }
 
@@ -42,6 +47,23 @@ ProcessGroupLoom::~ProcessGroupLoom() {
   // The completer (destroyed first) would wait for dropped Works' operations to the end of
   // their timeout; nobody can wait for them any more.
   endOrphans("the group was destroyed");
+  leaveWithoutGil();
+}
+
+void ProcessGroupLoom::leaveWithoutGil() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  // A thread that gives the GIL back while the interpreter finalizes may never get it again.
+  if (Py_IsInitialized() && !finalizing && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    pg_->leave();
+    PyEval_RestoreThread(state);
+  } else {
+    pg_->leave();
+  }
 }
 
 void ProcessGroupLoom::abort() {
@@ -50,6 +72,7 @@ void ProcessGroupLoom::abort() {
 
 void ProcessGroupLoom::shutdown() {
   endOrphans("the group was shut down (destroy_process_group)");
+  leaveWithoutGil();
 }
 
 void ProcessGroupLoom::endOrphans(const char* why) {

@@ -62,6 +62,9 @@ struct BackendOptions {
   // The host of the store torch rendezvoused on (TCPStore's host), empty for a FileStore:
   // Loom listens on the address on the route to it unless LOOM_HOST names one.
   std::string storeHost{};
+  // The TCPStore's port (0: not a TCPStore). The process that listens on it hosts the store's
+  // server, and its leaving waits for the other ranks' (ProcessGroup::leave).
+  int storePort = 0;
   // Reproducible reductions (docs/reproducible.md): SUM and AVG over floating tensors give the
   // correctly rounded result, bitwise the same whatever the algorithm, transport or rank order.
   // false leaves LOOM_REPRODUCIBLE in charge.
@@ -95,7 +98,10 @@ class ProcessGroupLoom : public C10dBase {
   // torch's shutdown (destroy_process_group on torch 2.x): a normal end. Operations still
   // running that nobody can wait for any more (their Works were dropped) are aborted, since
   // nothing would end them but their timeout; an idle group is left to its destructor, so that
-  // peers still finishing the last collective are not failed.
+  // peers still finishing the last collective are not failed. Then the group leaves
+  // (loom::ProcessGroup::leave): in the process that hosts torch's TCPStore, that waits (at
+  // most 10 s, without the GIL) for the other ranks to stop using the store before torch
+  // closes it.
   void shutdown();
 #if defined(__clang__)
 #pragma clang diagnostic pop
@@ -105,6 +111,13 @@ class ProcessGroupLoom : public C10dBase {
   }
   // Requests the group has sent to torch's store (store_adapter.h), for tests.
   uint64_t storeRequests() const;
+
+ private:
+  // pg_->leave() without the GIL: its wait must not stop the process's other Python threads
+  // (torch 1.13 has no shutdown(); its destructor runs as Python drops the group, holding it).
+  void leaveWithoutGil();
+
+ public:
   // Whether the group's reductions run in reproducible mode, as its Loom group decided it
   // (loom::ProcessGroup::reproducible: the option, else LOOM_REPRODUCIBLE).
   bool reproducible() const;

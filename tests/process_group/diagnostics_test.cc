@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "diagnostics/flight_recorder.h"
@@ -619,6 +620,110 @@ Heartbeat heartbeatWithClock(Store& store, int rank) {
                ": no heartbeat with a clock estimate within 20 s");
     std::this_thread::sleep_for(milliseconds(10));
   }
+}
+
+// ---- Leaving a group (group_diagnostics.h, "Leaving") ----
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+diag::Identity leaver(int rank, bool hostsStore) {
+  diag::Identity id{rank, 2, "L", "tcp"};
+  id.hostsStore = hostsStore;
+  return id;
+}
+
+// The process that hosts the store returns from leave() only once the other rank has stopped
+// using the store: rank 0 (the host) leaves first and waits for rank 1's goodbye, which rank 1
+// says after its listener, heartbeat and clock round stopped; rank 1 then sends nothing more.
+// Before the goodbye, the host returned at once and its exit failed rank 1's requests (torch's
+// TCPStore client printed each with a backtrace).
+TEST(Leave, TheStoreHostWaitsForTheOtherRanksGoodbye) {
+  auto shared = std::make_shared<HashStore>();
+  auto counted = std::make_shared<CountingStore>(shared);
+  diag::GroupDiagnostics zero(leaver(0, true), shared, 16, comm::Algorithm::kAuto, "",
+                              milliseconds(20));
+  auto one = std::make_unique<diag::GroupDiagnostics>(leaver(1, false), counted, 16,
+                                                      comm::Algorithm::kAuto, "", milliseconds(20));
+  heartbeatWithClock(*shared, 1);  // rank 1's heartbeat and clock rounds run
+  std::thread later([&] {
+    std::this_thread::sleep_for(milliseconds(300));  // the host leaves first
+    one->leave(milliseconds(0));
+  });
+  const auto start = Clock::now();
+  zero.leave(std::chrono::seconds(20));
+  const double waited = secondsSince(start);
+  later.join();
+  EXPECT_GE(waited, 0.25) << "the host left before rank 1 said goodbye";
+  EXPECT_LT(waited, 15.0) << "the host waited out its bound although rank 1 said goodbye";
+  const uint64_t after = counted->requests.load();
+  std::this_thread::sleep_for(milliseconds(300));  // 15 heartbeat intervals
+  EXPECT_EQ(counted->requests.load(), after) << "rank 1 still uses the store after leaving";
+  one.reset();
+  EXPECT_EQ(counted->requests.load(), after) << "rank 1's destructor left a second time";
+}
+
+// The host does not wait for a rank whose process is gone (its heartbeat names a reaped child
+// of this process), nor longer than its bound for a live rank that never leaves.
+TEST(Leave, TheStoreHostWaitsNeitherForADeadRankNorBeyondItsBound) {
+  {
+    auto store = std::make_shared<HashStore>();
+    diag::GroupDiagnostics zero(leaver(0, true), store, 16, comm::Algorithm::kAuto, "",
+                                milliseconds(20));
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) ::_exit(0);
+    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+    Heartbeat hb;
+    hb.timeUs = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+    hb.pid = child;
+    hb.beat = 1;
+    hb.intervalMs = 1000;
+    hb.host = net::hostname();
+    char ns[128] = {};
+    ASSERT_GT(::readlink("/proc/self/ns/pid", ns, sizeof ns - 1), 0);
+    hb.pidNs = ns;
+    store->set("flight/heartbeat/1", toBytes(hb.text()));
+    const auto start = Clock::now();
+    zero.leave(std::chrono::seconds(60));
+    EXPECT_LT(secondsSince(start), 30.0) << "the host waited for a rank whose process is gone";
+  }
+  {
+    auto store = std::make_shared<HashStore>();
+    diag::GroupDiagnostics zero(leaver(0, true), store, 16, comm::Algorithm::kAuto, "",
+                                milliseconds(20));
+    diag::GroupDiagnostics one(leaver(1, false), store, 16, comm::Algorithm::kAuto, "",
+                               milliseconds(20));
+    const auto start = Clock::now();
+    zero.leave(milliseconds(400));
+    const double waited = secondsSince(start);
+    EXPECT_GE(waited, 0.35) << "the host did not wait for a live rank";
+    EXPECT_LT(waited, 30.0) << "the host waited beyond its bound";
+  }
+}
+
+// A rank whose clock round waits for rank 0's answer (rank 0 is ready but never answers)
+// ends that wait as it leaves: once the group is gone, no thread of it holds the store. Before,
+// the round held it until its 5 s wait ran out.
+TEST(Leave, AClockRoundWaitingForAnAnswerEndsWithTheGroup) {
+  auto store = std::make_shared<HashStore>();
+  store->set("flight/clock/ready", toBytes("1"));
+  const std::weak_ptr<Store> held = store;
+  auto one = std::make_unique<diag::GroupDiagnostics>(leaver(1, false), store, 16,
+                                                      comm::Algorithm::kAuto, "", milliseconds(20));
+  store->wait({"flight/request/0/1"}, std::chrono::seconds(20));  // its first clock request
+  one.reset();
+  store.reset();
+  const auto start = Clock::now();
+  while (!held.expired() && secondsSince(start) < 20) {
+    std::this_thread::sleep_for(milliseconds(10));  // poll interval, bounded by the loop
+  }
+  EXPECT_LT(secondsSince(start), 3.0) << "a thread of the group held the store after it went";
 }
 
 // Part of issue 38: an idle group costs Loom's TCPStore about one request per second per rank

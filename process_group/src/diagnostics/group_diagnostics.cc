@@ -30,8 +30,6 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// How long the destructor waits for its listener to see the stop request.
-constexpr milliseconds kListenerStopWait{2000};
 // A listener's single wait on the store; it loops (a TCPStore wait is answered by the server).
 constexpr milliseconds kListenerWait{60000};
 
@@ -43,21 +41,11 @@ std::string failureRingKey(int rank) {
 }
 constexpr const char* kRequestedKey = "flight/requested";
 constexpr const char* kAnalysisKey = "flight/analysis";
-constexpr const char* kStopReason = "stop";
-std::string heartbeatKey(int rank) {
-  return "flight/heartbeat/" + std::to_string(rank);
-}
 
 std::string pidNamespace() {
   char buf[128];
   const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
-
-// Asks `rank`'s listener for a dump with `reason`.
-void requestDump(Store& store, int rank, const std::string& reason) {
-  const int64_t n = store.add(requestCountKey(rank), 1);
-  store.set(requestKey(rank, n), reason);
 }
 
 }  // namespace
@@ -279,6 +267,17 @@ void listen(std::shared_ptr<GroupDiagnostics::Core> core, int64_t served) {
 // other than 0 it also starts the clock estimate's rounds: at start, at every beat until one
 // succeeded, then every kClockRefreshBeats beats.
 void heartbeat(std::shared_ptr<GroupDiagnostics::Core> core) {
+  // Whichever way it returns, leave() learns that the heartbeat no longer uses the store.
+  struct Done {
+    GroupDiagnostics::Core& core;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lock(core.mu);
+        core.heartbeatDone = true;
+      }
+      core.finished.notify_all();
+    }
+  } done{*core};
   const bool estimates = core->id.rank != 0 && core->id.size > 1;
   uint64_t sinceRound = 0;
   for (;;) {
@@ -331,7 +330,16 @@ GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> sto
     // The first beat, even with heartbeats off: the analysis can then still look at this
     // rank's process when it is on the same host.
     core_->beat();
-    if (heartbeatInterval.count() > 0) std::thread(heartbeat, core_).detach();
+    announceStoreHost(*core_);
+    if (heartbeatInterval.count() > 0) {
+      core_->heartbeatDone = false;  // before the thread exists: nothing else reads it yet
+      try {
+        std::thread(heartbeat, core_).detach();
+      } catch (...) {
+        core_->heartbeatDone = true;
+        throw;
+      }
+    }
   } catch (...) {
     // No destructor runs: the listener, which holds the store, ends at its next wait's end.
     {
@@ -344,27 +352,11 @@ GroupDiagnostics::GroupDiagnostics(Identity identity, std::shared_ptr<Store> sto
 }
 
 GroupDiagnostics::~GroupDiagnostics() {
-  {
-    std::lock_guard<std::mutex> lock(core_->mu);
-    core_->stopping = true;
-  }
-  core_->finished.notify_all();
-  // The stop request goes through the store, which may not answer (its host stopped): it is
-  // posted from a thread of its own, and the wait for the listener is bounded.
-  try {
-    std::thread([core = core_] {
-      try {
-        requestDump(*core->store, core->id.rank, kStopReason);
-      } catch (const std::exception& e) {
-        LOOM_LOG_INFO("rank ", core->id.rank,
-                      ": could not stop the flight record listener: ", e.what());
-      }
-    }).detach();
-  } catch (const std::exception&) {
-    return;  // no thread: the listener ends with the store
-  }
-  std::unique_lock<std::mutex> lock(core_->mu);
-  core_->finished.wait_for(lock, kListenerStopWait, [&] { return core_->listenerDone; });
+  leaveGroup(core_, milliseconds(0));
+}
+
+void GroupDiagnostics::leave(milliseconds wait) {
+  leaveGroup(core_, wait);
 }
 
 FlightRecorder& GroupDiagnostics::recorder() {

@@ -42,6 +42,20 @@
 // - SIGUSR1: the first group with a recorder installs a handler when SIGUSR1 has its default
 //   disposition (a program's own handler is never replaced). The handler only writes a byte
 //   to a pipe; a process-wide thread reads it and dumps every live group (reason "SIGUSR1").
+// - Leaving (leave(), the destructor): the listener, the heartbeat and a running clock round are
+//   stopped, and waited for (a stop request to the listener, the clock sample's answer key set
+//   by the leaver; at most kLeaveStopWait in all), so that this rank no longer uses the store.
+//   Then the goodbye, for a store whose server runs in one of the ranks' processes (torch's
+//   TCPStore runs it in rank 0 under env://; initProcessGroup's too): its server must not go
+//   while another rank still uses it, or that rank's requests fail (torch's TCPStore client
+//   prints each failure with a backtrace). The process that hosts it (Identity::hostsStore)
+//   announces itself at construction under flight/store-host (a random nonce); every other rank,
+//   as it leaves, sets flight/bye/<nonce>/<rank>; the host's leave(wait) waits until every other
+//   rank said goodbye, or is dead or stuck (livenessOf), or `wait` passed. Only the host waits:
+//   ranks that leave in different orders across groups never wait on each other. The store
+//   work runs on a thread of its own (a store that does not answer holds up no destructor); the
+//   caller waits for it at most kLeaveStopWait, plus `wait` on the host.
+//   Keys: flight/store-host (the host's nonce), flight/bye/<nonce>/<rank>.
 // - Dump files: <dumpDir>/loom-flight-<group>-rank<r>.json ("default" when the group has no
 //   name), written to a temporary name and renamed, so a reader never sees half a file.
 #pragma once
@@ -68,6 +82,9 @@ struct Identity {
   std::string group;
   std::string backend;
   std::vector<int> parentRanks{};  // ProcessGroupOptions::parentRanks
+  // This process hosts the server of the group's store: its exit takes the store away from
+  // the other ranks ("Leaving").
+  bool hostsStore = false;
 };
 
 class GroupDiagnostics {
@@ -82,6 +99,11 @@ class GroupDiagnostics {
   GroupDiagnostics& operator=(const GroupDiagnostics&) = delete;
 
   FlightRecorder& recorder();
+
+  // Stops this rank's use of the store and says goodbye ("Leaving"); on the process that hosts
+  // the store, waits up to `wait` for every other rank's goodbye. Idempotent (a later call
+  // returns at once); never throws. The destructor calls it with no wait.
+  void leave(std::chrono::milliseconds wait);
 
   // The record as JSON, written whole to the dump directory when one is set (never throws for
   // the file: a failed write is a warning). Returns the JSON of the newest `maxEntries`.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -39,6 +40,19 @@ std::optional<ClockSample> sampleClock(GroupDiagnostics::Core& core, millisecond
   Store& store = *core.store;
   const uint64_t n = ++core.clockRequests;
   const std::string reply = clockReplyKey(core.id.rank, n);
+  {
+    // leaveGroup ends the wait below by setting `reply` (its value then parses as no answer).
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (core.stopping) return std::nullopt;
+    core.clockWaitKey = reply;
+  }
+  struct Clear {
+    GroupDiagnostics::Core& core;
+    ~Clear() {
+      std::lock_guard<std::mutex> lock(core.mu);
+      core.clockWaitKey.clear();
+    }
+  } clear{core};
   const int64_t k = store.add(requestCountKey(0), 1);
   const int64_t t0 = core.clockUs();
   store.set(requestKey(0, k), detail::str(kClockReason, core.id.rank, " ", n));
@@ -92,14 +106,31 @@ void answerClock(GroupDiagnostics::Core& core, const std::string& reason, int64_
 void clockRound(std::shared_ptr<GroupDiagnostics::Core> core) {
   try {
     if (!core->clockReady.load()) {
-      core->store->wait({kClockReadyKey}, kClockWait);
-      core->clockReady.store(true);
+      // In slices, so that a leaving group's round ends within one (only rank 0 sets the key).
+      constexpr milliseconds kSlice{250};
+      for (milliseconds waited{0};; waited += kSlice) {
+        {
+          std::lock_guard<std::mutex> lock(core->mu);
+          if (core->stopping) break;
+        }
+        try {
+          core->store->wait({kClockReadyKey}, kSlice);
+          core->clockReady.store(true);
+          break;
+        } catch (const TimeoutError&) {
+          if (waited + kSlice >= kClockWait) throw;
+        }
+      }
     }
     if (estimateClock(*core, kClockWait)) core->clockEstimated.store(true);
   } catch (const std::exception& e) {
     LOOM_LOG_INFO("rank ", core->id.rank, ": clock estimate: ", e.what());
   }
-  core->clockRoundRunning.store(false);
+  {
+    std::lock_guard<std::mutex> lock(core->mu);  // leaveGroup waits for this under mu
+    core->clockRoundRunning.store(false);
+  }
+  core->finished.notify_all();
 }
 
 }  // namespace loom::diag

@@ -17,6 +17,7 @@
 #include "diagnostics/flight_recorder.h"
 #include "diagnostics/group_diagnostics.h"
 #include "loom/common/socket.h"
+#include "loom/store/store.h"
 
 namespace loom::diag {
 
@@ -26,6 +27,17 @@ inline std::string requestKey(int rank, int64_t n) {
 }
 inline std::string requestCountKey(int rank) {
   return "flight/requests/" + std::to_string(rank);
+}
+inline std::string heartbeatKey(int rank) {
+  return "flight/heartbeat/" + std::to_string(rank);
+}
+// The reason of the request that ends a listener.
+constexpr const char* kStopReason = "stop";
+
+// Asks `rank`'s listener for a dump with `reason`.
+inline void requestDump(Store& store, int rank, const std::string& reason) {
+  const int64_t n = store.add(requestCountKey(rank), 1);
+  store.set(requestKey(rank, n), reason);
 }
 
 inline int64_t unixMicros() {
@@ -50,12 +62,23 @@ struct GroupDiagnostics::Core {
   std::atomic<bool> clockEstimated{false};     // a round succeeded
   std::atomic<bool> clockRoundRunning{false};  // a round's thread runs
 
-  // The listener's end: set by its thread when it returns; the heartbeat's stop.
+  // The threads' ends and stop (under mu, signalled by `finished`): the listener's and the
+  // heartbeat's ends, set by each as it returns; `stopping`, set by leaveGroup (or a failed
+  // construction); `leaving`: leaveGroup ran; `leaverDone`: its thread ended.
   std::mutex mu;
   std::condition_variable finished;
   bool listenerDone = false;
+  bool heartbeatDone = true;  // false while a heartbeat thread runs
   bool stopping = false;
+  bool leaving = false;
+  bool leaverDone = false;
+  // The key a clock sample waits on for rank 0's answer (empty: none), so that leaveGroup can
+  // end the wait by setting it (group_diagnostics_clock.cc).
+  std::string clockWaitKey;
   uint64_t beats = 0;  // heartbeat thread (and the constructor, before it starts)
+  // This process hosts the store's server: the key its goodbye waits on (group_diagnostics.h,
+  // "Leaving"); empty otherwise.
+  std::string storeHostNonce;
 
   Core(Identity i, std::shared_ptr<Store> s, size_t entries, comm::Algorithm algorithm,
        std::string dir, std::chrono::milliseconds heartbeat, int64_t skew)
@@ -89,6 +112,13 @@ constexpr uint64_t kClockRefreshBeats = 60;
 
 // Rank 0's listener, to "clock <rank> <n>": when it woke to the request (t1) and now (t2).
 void answerClock(GroupDiagnostics::Core& core, const std::string& reason, int64_t t1);
+// group_diagnostics_leave.cc (group_diagnostics.h, "Leaving"). announceStoreHost: in the
+// constructor, when this process hosts the store, says so under flight/store-host. leaveGroup:
+// GroupDiagnostics::leave and the destructor.
+void announceStoreHost(GroupDiagnostics::Core& core);
+void leaveGroup(const std::shared_ptr<GroupDiagnostics::Core>& core,
+                std::chrono::milliseconds wait);
+
 // A round of the clock estimate, on a thread of its own (its waits may outlast a heartbeat
 // interval: on a store that polls, rank 0's listener answers up to a second late): waits for
 // rank 0's listener to answer clock requests, then takes the best of its samples as the

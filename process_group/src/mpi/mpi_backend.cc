@@ -188,6 +188,7 @@ ProcessGroupMpi::~ProcessGroupMpi() {
   }
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
+  leave();
   if (mpi_detail::finalized()) {
     LOOM_LOG_WARNING(who(),
                      ": mpi group destroyed after MPI_Finalize; its communicators were "

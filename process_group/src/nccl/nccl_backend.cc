@@ -242,6 +242,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     } catch (...) {
     }
     watchdog_.reset();  // joins its thread (and a diagnosis it runs) before the group goes
+    leave();
   }
 
   void abort(const std::string& reason) override {

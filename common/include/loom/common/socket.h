@@ -56,6 +56,11 @@ int localPort(int fd);
 
 // This machine's hostname (gethostname).
 std::string hostname();
+// Whether this process holds a TCP socket listening on `port` (any address, IPv4 or IPv6, in
+// this network namespace): /proc/net/tcp{,6}'s listening sockets on that port, matched by
+// inode against /proc/self/fd. False when /proc cannot be read. Tells a process that hosts a
+// store's server (torch's TCPStore runs it in the process that created it) from its clients.
+bool thisProcessListensOn(int port);
 // The local address the kernel would use to reach `host` (a connected UDP socket; nothing is
 // sent), e.g. "10.213.7.2". Empty when `host` does not resolve or is unreachable. Used to
 // listen on an address peers can reach, since Debian maps the hostname to 127.0.1.1.

@@ -163,6 +163,13 @@ struct ProcessGroupOptions {
   // TCPStore); -1: not a rank (a standalone loom-store, a FileStore) or unknown. A failure that
   // finds the store gone then names that rank as the store host that died.
   int storeHostRank = -1;
+  // Whether this process hosts the server of the group's store, so that its exit takes the
+  // store away from the other ranks (torch's TCPStore under env://, initProcessGroup's: rank
+  // 0). Leaving the group (leave(), destruction) then waits up to leaveTimeout for every other
+  // rank to stop using the store first: their diagnostics threads' requests would otherwise
+  // fail (docs/diagnostics.md, "Leaving a group"). Unset: rank == storeHostRank.
+  std::optional<bool> hostsStore{};
+  std::chrono::milliseconds leaveTimeout{10000};
   // Where this process writes its Chrome / Perfetto trace (LOOM_TRACE;
   // loom/process_group/trace.h): the first group created with one opens it; empty: no trace.
   std::string traceDir{};
@@ -365,6 +372,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Fails every blocked, queued and future operation with IoError(reason). Thread-safe,
   // idempotent, never blocks for long.
   virtual void abort(const std::string& reason) = 0;
+  // Ends this rank's background use of the group's store (the flight recorder's listener,
+  // heartbeat and clock threads) and tells the other ranks; in the process that hosts the store
+  // (options.hostsStore) of a group that has not failed, then waits up to
+  // min(options.leaveTimeout, options.timeout) until every other rank has left too, or is dead
+  // or stuck, so that the store outlives their use of it. Call it when the group's operations
+  // are done (torch's destroy_process_group calls it through the backend's shutdown()); the
+  // backends' destructors call it after their last operation. Idempotent; never throws.
+  void leave();
   // True once the group failed (or was aborted); every operation then fails at once.
   virtual bool isBroken() const = 0;
   // What carries this rank's data, for logs and benchmark headers: the backend's name, or for
