@@ -26,6 +26,7 @@
 #include "loom/comm/tuning_cache.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/store/setup_failure.h"
 #include "loom/store/store.h"
 #include "shm/hierarchy.h"
 #include "shm/routing_transport.h"
@@ -137,6 +138,16 @@ class ContextImpl : public Context {
   std::array<Buffer, kSlots> scratch_;
 };
 
+// A wait of the setup steps after the tcp transport's: a rank that failed there (a second
+// process with its rank refused while this one was connecting: loom/store/rank_claim.h) said why
+// under the transport's failure key, and this rank stops naming it instead of timing out.
+void waitAfterTcp(Store& store, const std::vector<std::string>& keys, int rank,
+                  const ContextOptions& options) {
+  waitWatchingSetup(store, keys, Deadline(options.timeout),
+                    options.storePrefix + "/tcp/setup-failed",
+                    detail::str("rank ", rank, ": context setup stopped"));
+}
+
 // Same-host ranks get a shared-memory arena and a shared-memory transport. Every rank publishes its
 // host identity (or "off" when shared memory is disabled on it) so that all ranks take the same
 // decision: one arena for the whole Context when all ranks share a host; one arena per host (for
@@ -150,7 +161,7 @@ SharedMemory setupSharedMemory(Store& store, int rank, int size, const ContextOp
             enabled ? shm::hostIdentity(options.shmHostId) : "off");
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "/host/", r));
-  store.wait(keys, options.timeout);
+  waitAfterTcp(store, keys, rank, options);
   const std::vector<Bytes> hosts = store.multiGet(keys);
   std::vector<int> local;  // the ranks on this rank's host, in increasing order
   for (int r = 0; r < size; ++r) {
@@ -257,7 +268,7 @@ AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOption
       detail::str(shm::hostIdentity(options.shmHostId), "\n", facts.cpuMask, "\n", facts.l2Bytes));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "host/", r));
-  store.wait(keys, options.timeout);
+  waitAfterTcp(store, keys, rank, options);
   const std::vector<Bytes> published = store.multiGet(keys);
   GroupTopology topology;
   topology.worldSize = size;
@@ -296,7 +307,7 @@ AgreedTuning agreeOnTuning(Store& store, int rank, int size, const ContextOption
                         rank == 0 ? formatTuning(agreed.key, mine.crossovers, true) : ""));
   keys.clear();
   for (int r = 0; r < size; ++r) keys.push_back(detail::str(prefix, "tuning/", r));
-  store.wait(keys, options.timeout);
+  waitAfterTcp(store, keys, rank, options);
   const std::vector<Bytes> choices = store.multiGet(keys);
   const std::vector<std::string> first = splitLines(toString(choices[0]), 4);
   std::string why;

@@ -3,7 +3,8 @@
 // all-reduces, every other rank gets an IoError naming the dead rank within a few seconds,
 // although the collective timeout is a minute. Ranks whose arguments disagree where nothing
 // else could tell (count 0 against N, another split of an uneven collective) fail at once
-// with both signatures (issue 38). ctest runs it over shared memory (the arena, and the shm
+// with both signatures (issue 38). Two processes with one rank are refused at once, naming both.
+// ctest runs it over shared memory (the arena, and the shm
 // transport for the uneven collectives) and again with --tcp.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -84,6 +85,57 @@ void expectMismatch(int rank, const std::function<void()>& call,
     return;
   }
   LOOM_THROW(Error, "rank ", rank, ": no InvalidArgumentError");
+}
+
+// Two processes started with the same rank (a launcher bug, a copied environment): the second
+// is refused when it claims the rank, and every other process of the group, the one holding
+// the rank included, stops at once with the same InvalidArgumentError naming the rank and both
+// processes, instead of one joining in the other's place or all waiting out the timeout.
+// `claims` is each process's rank: one rank twice, and ranks missing, so that no group forms.
+void expectDuplicateNamedEverywhere(int size, const std::vector<int>& claims, int duplicate) {
+  loom::testing::TempDir dir;
+  loom::testing::ChildProcesses children;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    const int rank = claims[i];
+    children.spawn([&, rank, i] {
+      FileStore store(dir.file("store"));
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        Context::create(store, rank, size, options());
+        LOOM_THROW(Error, "rank ", rank, ": the group formed");
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      LOOM_CHECK(took < kMismatchBound, "rank ", rank, ": the error came after ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                 " ms: ", what);
+      store.set(detail::str("test/error/", i), what);
+    });
+  }
+  ASSERT_EQ(children.waitAllOk(60s), "");
+  FileStore store(dir.file("store"));
+  std::vector<std::string> pids;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    if (claims[i] == duplicate) pids.push_back(detail::str("pid ", children.pid(i)));
+  }
+  ASSERT_EQ(pids.size(), 2u);
+  for (size_t i = 0; i < claims.size(); ++i) {
+    const std::string what = store.getString(detail::str("test/error/", i));
+    SCOPED_TRACE(detail::str("process ", i, " (rank ", claims[i], "): ", what));
+    EXPECT_TRUE(contains(
+        what, detail::str("rank ", duplicate, " of this group is claimed by two processes")));
+    EXPECT_TRUE(contains(what, pids[0]) && contains(what, pids[1]));
+  }
+}
+
+TEST(Processes, RankZeroTwiceOfTwoFailsBothNamingBoth) {
+  expectDuplicateNamedEverywhere(2, {0, 0}, 0);
+}
+
+TEST(Processes, ADuplicateRankStopsTheWholeGroupNamingIt) {
+  expectDuplicateNamedEverywhere(4, {0, 1, 1, 3}, 1);  // rank 2 never comes
 }
 
 // Issue 38: a rank that passes count 0 used to return before any message, leaving the rank

@@ -1,7 +1,9 @@
 // ProcessGroup with ranks as forked processes (tcp backend): every collective after init from
 // the environment (TCPStore hosted by rank 0), 1000 outstanding all-reduces in order, and fault
 // injection: SIGKILL one rank during an all-reduce (the others raise IoError naming it within
-// 2x the timeout) and SIGSTOP one rank (the others raise TimeoutError naming it).
+// 2x the timeout) and SIGSTOP one rank (the others raise TimeoutError naming it); RANK given
+// to two processes fails every process at init naming both, and new group instances on one
+// store (subgroups, a second group, new processes) are not taken for duplicates.
 //
 // Children never use gtest assertions (a failure there would be lost): they throw, and the
 // child exits 1 with the message on stderr. Every child runs under a deadline.
@@ -22,13 +24,16 @@
 #include "loom/process_group/factory.h"
 #include "loom/process_group/init.h"
 #include "loom/store/file_store.h"
+#include "loom/store/prefix_store.h"
 #include "loom/testing/ranks.h"
 
 namespace loom {
 namespace {
 
+using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 using testing::ChildProcesses;
+using ::testing::HasSubstr;
 using testing::TempDir;
 
 constexpr int kWorld = 4;
@@ -81,6 +86,95 @@ TEST(ProcessGroupProcesses, EveryCollectiveAfterInitFromEnvironment) {
     init.pg->barrier()->wait();
   });
   EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
+}
+
+// RANK given to two processes (a launcher bug, a copied environment): every process fails at
+// init, well before the timeout, with an InvalidArgumentError naming the rank and both
+// processes. Rank 1 never comes, so no group could form; without the claim every process waited
+// for the timeout, and which of the two ranks 2 got connected was chance.
+TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  const std::vector<int> ranks = {0, 2, 2};
+  constexpr milliseconds kTimeout(30000);
+  ChildProcesses children;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    children.spawn([&, i] {
+      setenv("RANK", std::to_string(ranks[i]).c_str(), 1);
+      setenv("WORLD_SIZE", "3", 1);
+      InitOptions options;
+      options.initMethod = "file://" + path;
+      options.pg.timeout = kTimeout;
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        initProcessGroup(options);
+        throw std::runtime_error("the group formed");
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      require(took < kTimeout / 3, "the error came after " +
+                                       std::to_string(duration_cast<milliseconds>(took).count()) +
+                                       " ms: " + what);
+      FileStore(path).set("test/error/" + std::to_string(i), what);
+    });
+  }
+  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
+  FileStore store(path);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::string what = store.getString("test/error/" + std::to_string(i));
+    EXPECT_THAT(what, HasSubstr("rank 2 of this group is claimed by two processes")) << i;
+    EXPECT_THAT(what, HasSubstr("pid " + std::to_string(children.pid(1)))) << i;
+    EXPECT_THAT(what, HasSubstr("pid " + std::to_string(children.pid(2)))) << i;
+  }
+}
+
+// Legitimate new group instances on one store are not duplicates: subgroups (one prefix per
+// newGroup), a subgroup of the same ranks again after the first was destroyed, a second world
+// group after the first was destroyed (its own prefix), and then new processes (new pids) with a
+// group of their own on the same store.
+TEST(ProcessGroupProcesses, GroupsCreatedAgainOnOneStoreAreNotDuplicates) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  auto groupOn = [&](const std::string& prefix, int rank) {
+    auto store = std::make_shared<PrefixStore>(prefix, std::make_shared<FileStore>(path));
+    ProcessGroupOptions options;
+    options.timeout = milliseconds(30000);
+    return createProcessGroup("tcp", store, rank, kWorld, options);
+  };
+  auto sumIs = [](ProcessGroup& pg, float expected) {
+    std::vector<float> buf(3, static_cast<float>(pg.rank() + 1));
+    pg.allreduce(view(buf.data(), buf.size()))->wait();
+    require(buf[0] == expected, "all-reduce of group " + pg.options().groupName);
+  };
+  {
+    ChildProcesses first;
+    first.spawnRanks(kWorld, [&](int rank) {
+      auto world = groupOn("a", rank);
+      for (int round = 0; round < 2; ++round) {  // the second time, after the first is gone
+        auto low = newGroup(*world, {0, 1});
+        auto high = newGroup(*world, {1, 2, 3});
+        if (low) sumIs(*low, 3.0f);
+        if (high) sumIs(*high, 6.0f);  // its ranks 0, 1, 2
+      }
+      world->barrier()->wait();
+      world.reset();
+      auto again = groupOn("b", rank);
+      sumIs(*again, 10.0f);
+      again->barrier()->wait();
+    });
+    ASSERT_EQ(first.waitAllOk(kChildDeadline), "");
+  }
+  ChildProcesses second;
+  second.spawnRanks(kWorld, [&](int rank) {
+    auto world = groupOn("c", rank);
+    sumIs(*world, 10.0f);
+    auto sub = newGroup(*world, {0, 1});
+    if (sub) sumIs(*sub, 3.0f);
+    world->barrier()->wait();
+  });
+  EXPECT_EQ(second.waitAllOk(kChildDeadline), "");
 }
 
 TEST(ProcessGroupProcesses, ThousandOutstandingAllreducesCompleteInOrder) {

@@ -18,6 +18,8 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/store/rank_claim.h"
+#include "loom/store/setup_failure.h"
 #include "loom/store/store.h"
 #include "tag.h"
 #include "tcp/peer.h"
@@ -83,36 +85,6 @@ bool sameHost(int fd) {
   return false;
 }
 
-// Another rank's setup failed and said why under the group's setup-failed key (its kind, a
-// newline, its message): this rank stops waiting for it (and for the ranks that wait on it),
-// with an error of the same kind, instead of timing out with a cause of its own.
-void checkPeerSetup(Store& store, const std::string& failedKey, int rank) {
-  if (!store.check({failedKey})) return;
-  const Bytes value = store.get(failedKey);
-  const std::string text(value.begin(), value.end());
-  const size_t newline = text.find('\n');
-  const std::string kind = newline == std::string::npos ? "" : text.substr(0, newline);
-  const std::string why = detail::str("rank ", rank, ": tcp transport setup stopped: another ",
-                                      "rank's setup failed: ", text.substr(newline + 1));
-  if (kind == "timeout") throw TimeoutError(why);
-  if (kind == "invalid") throw InvalidArgumentError(why);
-  throw IoError(why);
-}
-
-// store.wait(keys) until `deadline`, watching `failedKey` every half second.
-void waitWatching(Store& store, const std::vector<std::string>& keys, const Deadline& deadline,
-                  const std::string& failedKey, int rank) {
-  for (;;) {
-    checkPeerSetup(store, failedKey, rank);
-    try {
-      store.wait(keys, std::min(deadline.remaining(), milliseconds(500)));
-      return;
-    } catch (const TimeoutError&) {
-      if (deadline.expired()) throw;
-    }
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int size,
@@ -149,7 +121,15 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
   // wait on it, or on ranks that wait on it, stop at once naming it, with an error of the same
   // kind, instead of each timing out later with a misleading cause of its own.
   const std::string failedKey = options.keyPrefix + "/setup-failed";
+  const std::string stopped = detail::str("rank ", rank, ": tcp transport setup stopped");
+  auto checkPeerSetup = [&] { checkSetupFailure(store, failedKey, stopped); };
+  auto waitWatching = [&](const std::vector<std::string>& keys) {
+    waitWatchingSetup(store, keys, deadline, failedKey, stopped);
+  };
   try {
+    // Before the address is published: a second process with this rank is refused here, and
+    // the failure published below stops the one that holds it and the ranks waiting on it.
+    claimRank(store, detail::str(options.keyPrefix, "/claim/", rank), rank, size);
     std::string host = options.host;
     const char* hostFrom = "ContextOptions::host, LOOM_HOST or LOOM_SOCKET_IFNAME";
     if (host.empty()) {
@@ -203,7 +183,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     // this rank holds the group's key (peer_auth.h); each answers once it is accepting.
     for (int peer = 0; peer < rank; ++peer) {
       const std::string key = detail::str(options.keyPrefix, "/addr/", peer);
-      waitWatching(store, {key}, deadline, failedKey, rank);
+      waitWatching({key});
       const std::string addr = store.getString(key);
       const auto colon = addr.rfind(':');
       LOOM_CHECK(colon != std::string::npos, "bad address '", addr, "' under store key ", key);
@@ -218,7 +198,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
         for (milliseconds pause{10};; pause = std::min(pause * 2, milliseconds(500))) {
           net::Socket sock;
           while (!sock.valid()) {  // in slices, watching for another rank's failure
-            checkPeerSetup(store, failedKey, rank);
+            checkPeerSetup();
             try {
               sock = net::connectTo(peerHost, peerPort,
                                     std::min(deadline.remaining(), milliseconds(1000)));
@@ -276,7 +256,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     Clock::time_point nextWatch = Clock::now();
     while (accepted < expected) {
       if (Clock::now() >= nextWatch) {
-        checkPeerSetup(store, failedKey, rank);
+        checkPeerSetup();
         nextWatch = Clock::now() + milliseconds(250);
       }
       if (deadline.expired()) {
@@ -357,7 +337,7 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
       t->listener_ = std::move(listener);
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) keys.push_back(detail::str(options.keyPrefix, "/addr/", r));
-      waitWatching(store, keys, deadline, failedKey, rank);
+      waitWatching(keys);
       for (const Bytes& addr : store.multiGet(keys)) {
         t->peerAddrs_.emplace_back(addr.begin(), addr.end());
       }
@@ -365,15 +345,8 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
     t->start();
     return t;
   } catch (const std::exception& e) {
-    // First failure wins (compareSet creates the key only when absent): a rank stopped by
-    // another's failure republishes nothing.
-    const char* kind = dynamic_cast<const TimeoutError*>(&e) != nullptr           ? "timeout"
-                       : dynamic_cast<const InvalidArgumentError*>(&e) != nullptr ? "invalid"
-                                                                                  : "io";
-    try {
-      store.compareSet(failedKey, Bytes{}, toBytes(detail::str(kind, "\n", e.what())));
-    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the store may be why
-    }
+    // First failure wins: a rank stopped by another's failure republishes nothing.
+    publishSetupFailure(store, failedKey, e);
     throw;
   }
 }

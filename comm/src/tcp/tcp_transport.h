@@ -1,8 +1,11 @@
 // TcpTransport: the Transport over one TCP connection per peer pair (full mesh).
 //
 // How it works
-// - Setup (create): every rank listens on an ephemeral port and publishes "host:port" under
-//   `<keyPrefix>/addr/<rank>` in the Store; rank r connects to every lower rank and accepts
+// - Setup (create): every rank claims its rank under `<keyPrefix>/claim/<rank>` (a second
+//   process with that rank is refused: loom/store/rank_claim.h), listens on an ephemeral port
+//   and publishes "host:port" under `<keyPrefix>/addr/<rank>` in the Store; a rank whose setup
+//   fails says why under `<keyPrefix>/setup-failed` and the others stop naming it
+//   (loom/store/setup_failure.h); rank r connects to every lower rank and accepts
 //   from every higher one, TcpOptions::sockets connections (lanes) per pair; the connecting
 //   side sends a hello {magic, rank, to, size, lane, lanes, heals, nonce} and the pair runs
 //   the authentication handshake (loom/store/peer_auth.h: each side proves it holds the key

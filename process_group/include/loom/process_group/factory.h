@@ -14,7 +14,10 @@
 //   (mpi.h: mpiWorld()), the store may be null, see docs/mpi.md). A backend that is compiled
 //   out or has no device throws NotAvailableError saying why; an unknown name throws
 //   InvalidArgumentError listing the valid ones; rank/size out of range throw
-//   InvalidArgumentError.
+//   InvalidArgumentError. A rank that another process claimed in this group's store (two
+//   processes given one RANK) throws InvalidArgumentError naming both, and so does every rank
+//   still waiting for the group (loom/store/rank_claim.h; tcp, nccl and verbs; mpi's ranks are
+//   MPI's). The same process creating a group again under the same keys is no duplicate.
 // - Options: fields left at their defaults take the environment's values first (LOOM_DEBUG,
 //   LOOM_PG_GRACE_US, LOOM_PG_NAP_US, LOCAL_RANK; docs/env.md); a bad value is an
 //   InvalidArgumentError naming the variable. The group logs one line at level info saying what
