@@ -1,6 +1,7 @@
 // The nccl backend's failure diagnosis with ranks as processes, on fake devices (nccl_fake.h),
 // no GPU: a rank that is SIGKILLed is named as dead in the surviving rank's error, within the
-// operation's timeout + 5 s. Its own binary: it forks, so no thread may exist before. ~2 s.
+// operation's timeout + 5 s; two processes claiming one rank both fail at creation naming both.
+// Its own binary: it forks, so no thread may exist before. ~2 s.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -70,6 +71,45 @@ TEST(NcclFailureProcesses, ASigkilledRankIsNamedDeadWithinTheTimeoutPlusFiveSeco
   EXPECT_TRUE(exits[0].ok()) << exits[0].describe();
   EXPECT_FALSE(exits[1].exited) << exits[1].describe();
   EXPECT_EQ(exits[1].signal, SIGKILL) << exits[1].describe();
+}
+
+// Two processes started as rank 0 of two (a launcher bug): both are refused at group creation,
+// before any device call, with an InvalidArgumentError naming both, well within the timeout
+// (without the claim one of them met NCCL's rendezvous alone and waited for its timeout).
+TEST(NcclFailureProcesses, RankZeroTwiceFailsBothAtCreationNamingBoth) {
+  testing::TempDir dir;
+  const std::string storePath = dir.file("store");
+  constexpr milliseconds kTimeout(30000);
+  testing::ChildProcesses ranks;
+  for (int i = 0; i < 2; ++i) {
+    ranks.spawn([&, i] {
+      auto store = std::make_shared<FileStore>(storePath);
+      auto fake = std::make_shared<FakeNccl>();
+      ProcessGroupOptions options;
+      options.timeout = kTimeout;
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        createProcessGroupNcclOn(fake, store, 0, 2, options);
+        LOOM_THROW(Error, "process ", i, ": the group formed");
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      LOOM_CHECK(took < kTimeout / 3, "process ", i, ": the error came after ",
+                 std::chrono::duration_cast<milliseconds>(took).count(), " ms: ", what);
+      LOOM_CHECK(fake->calls().empty(), "process ", i, ": the device was used: ", what);
+      store->set("test/error/" + std::to_string(i), what);
+    });
+  }
+  ASSERT_EQ(ranks.waitAllOk(milliseconds(60000)), "");
+  FileStore store(storePath);
+  for (int i = 0; i < 2; ++i) {
+    const std::string what = store.getString("test/error/" + std::to_string(i));
+    EXPECT_THAT(what, ::testing::HasSubstr("rank 0 of this group is claimed by two processes"));
+    EXPECT_THAT(what, ::testing::HasSubstr("pid " + std::to_string(ranks.pid(0))));
+    EXPECT_THAT(what, ::testing::HasSubstr("pid " + std::to_string(ranks.pid(1))));
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "loom/process_group/nccl.h"
 #include "loom/store/hash_store.h"
@@ -70,8 +71,10 @@ struct Fixture {
     options.flightRecorderEntries = 0;
     options.heartbeatInterval = milliseconds(0);
   }
-  // Rank 0 of a group of `size` (the fake needs no peers).
+  // Rank 0 of a group of `size` (the fake needs no peers: their claims of their ranks, which
+  // rank 0 waits for, are put in the store).
   std::shared_ptr<ProcessGroup> group(int size = 2) {
+    for (int r = 1; r < size; ++r) store->set(claimKey(options.groupName, r), toBytes("peer"));
     return createProcessGroupNcclOn(fake, store, 0, size, options);
   }
 };
@@ -395,6 +398,58 @@ TEST(NcclUniqueId, AGroupRecreatedOnTheSameStoreUsesItsNextIncarnation) {
   EXPECT_TRUE(f.store->check({uniqueIdKey("trainer", 1), uniqueIdKey("trainer", 2)}));
   EXPECT_FALSE(f.store->check({uniqueIdKey("trainer", 3)}));
   EXPECT_THAT(f.fake->callsOf({"commInitRank"}), ::testing::SizeIs(2));
+}
+
+// A rank that another process claimed (nccl_backend.h, claimGroupRank): the second claimant is
+// refused before it touches the device, naming both, and a rank waiting for the others' claims
+// stops at once with the same error instead of meeting NCCL's rendezvous alone.
+TEST(NcclClaim, ARankHeldByAnotherProcessIsRefusedAndStopsTheWaitingRanks) {
+  auto store = std::make_shared<HashStore>();
+  store->set(claimKey("g", 1), toBytes("host-b\n4242\nboot\n17"));  // another process's claim
+  std::string waiting;
+  std::thread rank0([&] {
+    waiting = messageOf<InvalidArgumentError>(
+        [&] { claimGroupRank(*store, "g", 0, 3, milliseconds(30000)); });
+  });
+  auto fake = std::make_shared<FakeNccl>();
+  ProcessGroupOptions options;
+  options.groupName = "g";
+  options.timeout = milliseconds(30000);
+  const Deadline took(milliseconds(30000));
+  const std::string refused = messageOf<InvalidArgumentError>(
+      [&] { createProcessGroupNcclOn(fake, store, 1, 3, options); });
+  rank0.join();
+  EXPECT_LT(took.elapsed().count(), 10000);
+  EXPECT_THAT(refused, HasSubstr("rank 1 of this group is claimed by two processes: host host-b, "
+                                 "pid 4242 (first) and host "));
+  EXPECT_THAT(refused, HasSubstr("each process must have its own RANK (0..2)"));
+  EXPECT_THAT(waiting, HasSubstr("rank 0: nccl group setup stopped: another rank's setup failed: "
+                                 "rank 1 of this group is claimed by two processes"));
+  EXPECT_THAT(fake->calls(), ::testing::IsEmpty());  // refused before any device call
+}
+
+TEST(NcclClaim, ARankThatNeverClaimsIsNamedAtTheDeadline) {
+  HashStore store;
+  EXPECT_THAT(messageOf<TimeoutError>([&] { claimGroupRank(store, "", 0, 3, milliseconds(50)); }),
+              HasSubstr("nccl group setup timed out after"));
+  EXPECT_THAT(messageOf<TimeoutError>([&] { claimGroupRank(store, "", 0, 3, milliseconds(50)); }),
+              HasSubstr("rank(s) 1, 2 never joined"));
+}
+
+// The same processes (here threads of one) creating the group again on one store find their
+// own claims: not a duplicate.
+TEST(NcclClaim, TheSameProcessesCreatingTheGroupAgainAreNotDuplicates) {
+  auto store = std::make_shared<HashStore>();
+  loom::testing::runThreadRanks(2, [&](int rank) {
+    ProcessGroupOptions options;
+    options.timeout = milliseconds(30000);
+    options.flightRecorderEntries = 0;
+    options.heartbeatInterval = milliseconds(0);
+    for (int round = 0; round < 2; ++round) {
+      createProcessGroupNcclOn(std::make_shared<FakeNccl>(), store, rank, 2, options).reset();
+    }
+  });
+  EXPECT_TRUE(store->check({uniqueIdKey("", 2)}));
 }
 
 TEST(NcclUniqueId, DevicePicking) {

@@ -547,6 +547,9 @@ std::shared_ptr<ProcessGroup> createProcessGroupNcclOn(std::shared_ptr<NcclApi> 
                "); use the tcp backend for CPU buffers");
   }
   const int device = pickDevice(options.nccl.device, options.nccl.localRank, rank, count);
+  // Before the device is touched: a second process with this rank must not create a context or
+  // join NCCL's rendezvous in the first one's place.
+  claimGroupRank(*store, options.groupName, rank, size, options.timeout);
   return std::make_shared<ProcessGroupNccl>(std::move(api), std::move(store), rank, size, options,
                                             device);
 }

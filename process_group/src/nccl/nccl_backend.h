@@ -93,6 +93,16 @@ std::string uniqueIdKey(const std::string& group, int64_t incarnation);
 // This rank's next incarnation of `group` on `store` (1 for its first).
 int64_t nextIncarnation(Store& store, const std::string& group, int rank);
 
+// Before any device call: this process claims `rank` of `group` on `store` (rank_claim.h, under
+// "nccl/<group>/claim/<rank>"), then waits up to `timeout` until every rank has claimed its own.
+// A second process with this rank is refused (InvalidArgumentError naming both, published under
+// "nccl/<group>/setup-failed"), and the ranks still waiting stop at once with that error; a rank
+// that never claims is a TimeoutError naming it. A group the same processes create again finds
+// every claim in place and returns at once. Nothing for a group of one.
+std::string claimKey(const std::string& group, int rank);
+void claimGroupRank(Store& store, const std::string& group, int rank, int size,
+                    std::chrono::milliseconds timeout);
+
 // Rank 0 publishes `id` under uniqueIdKey(group, its next incarnation) and returns it; the other
 // ranks wait up to `timeout` for their incarnation's key (TimeoutError naming it) and return what
 // they read. A value of the wrong size is an IoError naming the key, its size and `idBytes`.

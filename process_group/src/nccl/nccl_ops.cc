@@ -1,6 +1,9 @@
 // The nccl backend's pure pieces (nccl_backend.h, nccl_api.h): the (dtype, op) -> NCCL mapping,
-// the device choice and the versioned unique-id exchange. No CUDA, no NCCL.
+// the device choice, the claim of a rank and the versioned unique-id exchange. No CUDA, no NCCL.
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
+#include "loom/store/rank_claim.h"
+#include "loom/store/setup_failure.h"
 #include "loom/store/store.h"
 #include "nccl/nccl_api.h"
 #include "nccl/nccl_backend.h"
@@ -128,6 +131,43 @@ int64_t nextIncarnation(Store& store, const std::string& group, int rank) {
   return store.add("nccl/" + (group.empty() ? std::string("default") : group) + "/incarnation/" +
                        std::to_string(rank),
                    1);
+}
+
+std::string claimKey(const std::string& group, int rank) {
+  return "nccl/" + (group.empty() ? std::string("default") : group) + "/claim/" +
+         std::to_string(rank);
+}
+
+void claimGroupRank(Store& store, const std::string& group, int rank, int size,
+                    std::chrono::milliseconds timeout) {
+  if (size == 1) return;
+  const std::string base = "nccl/" + (group.empty() ? std::string("default") : group) + "/";
+  const std::string failedKey = base + "setup-failed";
+  try {
+    claimRank(store, claimKey(group, rank), rank, size);
+  } catch (const InvalidArgumentError& e) {
+    publishSetupFailure(store, failedKey, e);
+    throw;
+  }
+  std::vector<std::string> claims;
+  for (int r = 0; r < size; ++r) claims.push_back(claimKey(group, r));
+  // Every rank claimed (a group created again by the same processes finds its claims there):
+  // no failure of this group's setup concerns this instance.
+  if (store.check(claims)) return;
+  const Deadline deadline(timeout);
+  try {
+    waitWatchingSetup(store, claims, deadline, failedKey,
+                      "rank " + std::to_string(rank) + ": nccl group setup stopped");
+  } catch (const TimeoutError& e) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({claims[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (missing.empty()) return;  // the last one arrived as the deadline passed
+    LOOM_THROW(TimeoutError, "rank ", rank, ": nccl group setup timed out after ",
+               deadline.elapsed().count(), " ms: rank(s) ", missing, " never joined (no key ", base,
+               "claim/<rank>); every rank of the group must create it (", e.what(), ")");
+  }
 }
 
 std::string exchangeUniqueId(Store& store, const std::string& group, int rank,
