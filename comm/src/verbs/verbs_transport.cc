@@ -4,8 +4,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "loom/common/deadline.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/store/rank_claim.h"
+#include "loom/store/setup_failure.h"
 #include "loom/store/store.h"
 #include "request_core.h"
 #include "tag.h"
@@ -106,6 +109,17 @@ std::unique_ptr<VerbsTransport> VerbsTransport::create(Store& store, int rank, i
 }
 
 void VerbsTransport::setup(Store& store) {
+  // Before the device is touched: a second process with this rank is refused (rank_claim.h), and
+  // its error, published under the failure key, stops the ranks that wait in this setup.
+  const std::string failedKey = options_.keyPrefix + "/setup-failed";
+  if (size_ > 1) {
+    try {
+      claimRank(store, detail::str(options_.keyPrefix, "/claim/", rank_), rank_, size_);
+    } catch (const InvalidArgumentError& e) {
+      publishSetupFailure(store, failedKey, e);
+      throw;
+    }
+  }
   const uint32_t slots = options_.slots;
   const size_t ringBytes = size_t{slots} * options_.slotBytes;
   // The rings end in the abort-text area (verbs_ops.h): the receive ring's is written by the
@@ -144,7 +158,8 @@ void VerbsTransport::setup(Store& store) {
   auto waitAll = [&](const std::vector<std::string>& want, const std::vector<int>& ranks,
                      const char* what) {
     try {
-      store.wait(want, options_.timeout);
+      waitWatchingSetup(store, want, Deadline(options_.timeout), failedKey,
+                        detail::str("rank ", rank_, ": verbs setup stopped"));
     } catch (const TimeoutError&) {
       std::string missing;
       for (size_t i = 0; i < want.size(); ++i) {
