@@ -584,6 +584,27 @@ TEST(GroupDiagnosticsDump, NamesWhatTheProcessDoesInItsOtherGroups) {
   ASSERT_NE(inA, fromB.otherGroups.end());
   EXPECT_EQ(inA->lastSeq, 0u);
   EXPECT_FALSE(inA->op.has_value());
+
+  // A fork() child inherits the list of live groups, but A and B are its parent's: the dump of a
+  // group the child makes names neither (B's running all-reduce is not the child's).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 3;
+    try {
+      diag::GroupDiagnostics c(diag::Identity{0, 1, "C", "tcp"},
+                               std::make_shared<PrefixStore>("C", store), 16,
+                               comm::Algorithm::kAuto, "", milliseconds(0));
+      code = parseDump(c.recordJson("request"), "C").otherGroups.empty() ? 0 : 1;
+    } catch (...) {
+      code = 2;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the child's dump named its parent's groups; 2: threw";
 }
 
 // Ranks as threads: a process that holds two ranks of a group is not one rank there, and its

@@ -4,6 +4,8 @@
 // Private to loom_process_group.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -52,6 +54,9 @@ struct GroupDiagnostics::Core {
   FlightRecorder recorder;
   std::string dumpDir;
   std::string host = net::hostname();
+  // The process that made the group: a fork() child inherits its parent's live groups, which
+  // are not its own (other_groups.cc leaves them out of its dumps).
+  const long pid = static_cast<long>(::getpid());
   const std::chrono::milliseconds heartbeatInterval;
   const int64_t clockSkewUs;  // tests only: this rank's clock reads that far off
   // The estimate of this rank's clock minus rank 0's (GroupDiagnostics, "Clocks").

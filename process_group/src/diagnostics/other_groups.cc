@@ -1,5 +1,7 @@
 #include "diagnostics/other_groups.h"
 
+#include <unistd.h>
+
 #include <optional>
 #include <utility>
 
@@ -46,8 +48,10 @@ std::vector<OtherGroup> otherGroups(
   };
   if (severalRanks(self)) return {};
   std::vector<OtherGroup> out;
+  const long pid = static_cast<long>(::getpid());
   for (const auto& core : live) {
-    if (core.get() == &self || severalRanks(*core)) continue;
+    // A group of the process this one was forked from is not this process's.
+    if (core.get() == &self || core->pid != pid || severalRanks(*core)) continue;
     OtherGroup g;
     g.group = core->id.group;
     g.parentRanks = core->id.parentRanks;
