@@ -85,7 +85,7 @@ def is_reproducible(group=None):
     return _C._reproducible(group)
 
 
-def _create(store, rank, world_size, timeout):
+def _create(store, rank, world_size, timeout, name="", parent_ranks=()):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     if timeout.total_seconds() <= 0:
@@ -94,7 +94,21 @@ def _create(store, rank, world_size, timeout):
     timeout_ms = max(1, int(timeout.total_seconds() * 1000))
     host, port = _store_address(store)
     return _C._create_process_group(store, rank, world_size, timeout_ms, host,
-                                    _reproducible_default, port)
+                                    _reproducible_default, port, name, list(parent_ranks))
+
+
+def _create_extended(opts, _backend_options=None):
+    """torch's extended creator API (torch 1.13 and 2.x): a subgroup is named in Loom's errors
+    and flight records after torch's group_desc when one was given, else torch's group name,
+    with the default group's ranks it holds ('rank 0 of torch:1 (parent ranks 0,2)'), so that
+    a hang across groups names both (docs/diagnostics.md). The default group keeps no name."""
+    ranks = list(opts.global_ranks_in_group or [])
+    name = ""
+    if ranks:
+        desc = getattr(getattr(opts, "process_group", None), "group_desc", "")
+        label = desc if desc and desc != "undefined" else str(opts.group_id)
+        name = f"torch:{label}"
+    return _create(opts.store, opts.group_rank, opts.group_size, opts.timeout, name, ranks)
 
 
 def transport_summary(group=None):
@@ -140,10 +154,8 @@ def _register():
     # torch 2.x: "loom" is the backend of a group's CPU tensors; register_backend takes the
     # devices from 2.1 on (without them, torch warns and assumes CPU plus the accelerator).
     params = inspect.signature(dist.Backend.register_backend).parameters
-    if "devices" in params:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-    else:
-        dist.Backend.register_backend(BACKEND, _create)
+    kwargs = {"devices": ["cpu"]} if "devices" in params else {}
+    dist.Backend.register_backend(BACKEND, _create_extended, extended_api=True, **kwargs)
 
 
 if "LOOM" not in dist.Backend._plugins:

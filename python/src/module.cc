@@ -26,8 +26,11 @@ using loom::torch_backend::C10dBase;
 c10::intrusive_ptr<C10dBase> createProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, int64_t timeoutMs,
                                                     const std::string& storeHost, bool reproducible,
-                                                    int storePort) {
+                                                    int storePort, const std::string& name,
+                                                    const std::vector<int>& parentRanks) {
   loom::torch_backend::BackendOptions options;
+  options.groupName = name;
+  options.parentRanks = parentRanks;
   options.reproducible = reproducible;
   options.timeout = std::chrono::milliseconds(timeoutMs);
   options.storeHost = storeHost;
@@ -111,8 +114,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<loom::Error>(m, "LoomError", PyExc_RuntimeError);
   m.def("_create_process_group", &createProcessGroupLoom, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout_ms"), py::arg("store_host"),
-        py::arg("reproducible") = false, py::arg("store_port") = 0,
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("reproducible") = false, py::arg("store_port") = 0, py::arg("name") = "",
+        py::arg("parent_ranks") = std::vector<int>{}, py::call_guard<py::gil_scoped_release>(),
         "Creates the loom ProcessGroup of one rank (collective over the group).");
   // The functions that take a group resolve its backend holding the GIL, then release it.
   m.def(

@@ -28,6 +28,8 @@ ProcessGroupOptions loomOptions(const BackendOptions& options) {
   // Torch runs a TCPStore's server in the process that created it (rank 0 under env://, the
   // agent under torchrun): that process's leaving waits for the others'.
   pg.hostsStore = options.storePort > 0 && net::thisProcessListensOn(options.storePort);
+  pg.groupName = options.groupName;
+  pg.parentRanks = options.parentRanks;
   return pg;
 }
 

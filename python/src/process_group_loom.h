@@ -65,6 +65,10 @@ struct BackendOptions {
   // The TCPStore's port (0: not a TCPStore). The process that listens on it hosts the store's
   // server, and its leaving waits for the other ranks' (ProcessGroup::leave).
   int storePort = 0;
+  // The group as torch names it, and the default group's ranks it holds (empty for the default
+  // group): loom::ProcessGroupOptions::groupName and parentRanks.
+  std::string groupName{};
+  std::vector<int> parentRanks{};
   // Reproducible reductions (docs/reproducible.md): SUM and AVG over floating tensors give the
   // correctly rounded result, bitwise the same whatever the algorithm, transport or rank order.
   // false leaves LOOM_REPRODUCIBLE in charge.

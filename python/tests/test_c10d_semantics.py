@@ -280,3 +280,38 @@ def test_the_store_host_leaves_after_the_others_and_nobody_prints_store_errors()
     for rank in (0, 1):
         text = out[rank][1]
         assert "TCPStore" not in text and "failed" not in text, f"rank {rank}:\n{text}"
+
+
+def _cross_group_deadlock(rank, world, tmp):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import loom_torch
+
+    dist.init_process_group("loom", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=2))
+    g = dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=60))
+    record = loom_torch.flight_record(g)
+    assert record["group"].startswith("torch:") and record["parent_ranks"] == [0, 1], record
+    assert loom_torch.flight_record().get("group", "") == ""
+    t = torch.ones(4)
+    if rank == 1:
+        dist.all_reduce(t, group=g)  # rank 0 calls the default group's first
+        return ""
+    with pytest.raises(RuntimeError) as failed:
+        dist.all_reduce(t)
+    dist.all_reduce(t, group=g)  # ends rank 1's wait
+    return str(failed.value)
+
+
+def test_a_hang_across_torch_groups_names_the_other_group():
+    """Rank 0 all-reduces on the default group, rank 1 on a subgroup: the default group's timeout
+    says that rank 1 is blocked in the subgroup's all-reduce, which rank 0 has not entered (a
+    cross-group deadlock), naming the subgroup as torch does. Loom learns torch's group name and
+    the group's global ranks through torch's extended backend API; before, torch's groups were
+    unnamed in Loom and the hang read as 'rank 1 never entered collective #1: it has issued no
+    operation'."""
+    out = ranks.spawn(_cross_group_deadlock, 2, timeout=90)
+    assert 'blocked in allreduce#1 of group "torch:' in out[0], out[0]
+    assert "cross-group deadlock" in out[0], out[0]
