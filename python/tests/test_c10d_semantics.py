@@ -254,13 +254,26 @@ def _leave_after_the_store_host(rank, world, tmp, port):
     time.sleep(1.2)  # heartbeats beat; rank 1 estimates its clock through rank 0's listener
     if rank == 1:
         time.sleep(0.5)  # rank 0, whose process hosts the store's server, leaves first
+    # A thread that needs the GIL: rank 0's wait for rank 1 must not hold it.
+    import threading
+
+    ticks, stop = [0], threading.Event()
+
+    def tick():
+        while not stop.wait(0.01):
+            ticks[0] += 1
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
     start = time.monotonic()
     dist.destroy_process_group()
     took = time.monotonic() - start
+    stop.set()
+    ticker.join()
     if rank == 1:
         time.sleep(1.0)  # rank 0's process exits meanwhile, and its server with it
     with open(log) as f:
-        return took, f.read()
+        return took, ticks[0], f.read()
 
 
 def test_the_store_host_leaves_after_the_others_and_nobody_prints_store_errors():
@@ -275,10 +288,13 @@ def test_the_store_host_leaves_after_the_others_and_nobody_prints_store_errors()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = ranks.spawn(_leave_after_the_store_host, 2, port, timeout=90)
-    assert out[0][0] >= 0.3, f"rank 0 left {out[0][0]:.3f} s after it began, before rank 1 did"
-    assert out[0][0] < 30, out
+    took, ticks = out[0][0], out[0][1]
+    assert took >= 0.3, f"rank 0 left {took:.3f} s after it began, before rank 1 did"
+    assert took < 30, out
+    # One tick per 10 ms would be ~30 in 0.3 s; 3 says the GIL was free for the wait.
+    assert ticks >= 3, f"rank 0's ticker ran {ticks} times in its {took:.3f} s wait (GIL held)"
     for rank in (0, 1):
-        text = out[rank][1]
+        text = out[rank][2]
         assert "TCPStore" not in text and "failed" not in text, f"rank {rank}:\n{text}"
 
 
