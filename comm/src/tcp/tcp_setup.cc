@@ -277,9 +277,10 @@ std::unique_ptr<TcpTransport> TcpTransport::create(Store& store, int rank, int s
       Clock::time_point wake = deadline.end();
       std::vector<pollfd> fds{pending.listenerPollFd(listener.fd(), wake)};
       pending.addPollFds(fds, wake);
+      // At most one watch interval, so that another rank's failure stops this wait within it.
       const auto waitMs = std::chrono::ceil<milliseconds>(wake - Clock::now()).count();
       const int ready =
-          ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 1000)));
+          ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(waitMs, 0, 250)));
       LOOM_CHECK_T(IoError, ready >= 0 || errno == EINTR, "rank ", rank,
                    ": poll during tcp setup: ", detail::errnoText(errno));
       std::vector<auth::InboundSet::Accepted> done;
