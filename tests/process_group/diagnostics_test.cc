@@ -605,6 +605,12 @@ TEST(GroupDiagnosticsDump, NamesWhatTheProcessDoesInItsOtherGroups) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the child's dump named its parent's groups; 2: threw";
+
+  // A group that left is gone to its user, even while a thread of it still holds it.
+  b.leave(milliseconds(0));
+  for (const OtherGroup& g : parseDump(a.recordJson("request"), "A").otherGroups) {
+    EXPECT_NE(g.group, "B") << "a group that left is still named as another group";
+  }
 }
 
 // Ranks as threads: a process that holds two ranks of a group is not one rank there, and its

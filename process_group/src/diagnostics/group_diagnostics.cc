@@ -168,7 +168,16 @@ std::vector<std::shared_ptr<GroupDiagnostics::Core>> liveGroups() {
   std::vector<std::shared_ptr<GroupDiagnostics::Core>> live;
   std::lock_guard<std::mutex> lock(registry().mu);
   for (const auto& w : registry().groups) {
-    if (auto core = w.lock()) live.push_back(std::move(core));
+    auto core = w.lock();
+    if (!core) continue;
+    // A group that is leaving (or whose construction failed) is gone to its user; a thread of
+    // it may still hold it for a while (a listener's wait, a leaver on a store that does not
+    // answer).
+    {
+      std::lock_guard<std::mutex> coreLock(core->mu);
+      if (core->stopping) continue;
+    }
+    live.push_back(std::move(core));
   }
   return live;
 }
