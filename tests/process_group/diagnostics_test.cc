@@ -236,18 +236,25 @@ TEST(FlightRecordAnalysis, RankBlockedInAnotherGroupWithoutACycleIsNamedWithIt) 
 // The heartbeat's text round-trips, and the liveness check reads the process it names: this
 // process (alive, heartbeat fresh or stale), a reaped child (dead), another host (only the
 // heartbeat's age).
-TEST(Heartbeat, RoundTripAndLiveness) {
+// A heartbeat of process `pid` on this host and in this pid namespace, beating every second.
+Heartbeat localHeartbeat(int64_t pid, int64_t timeUs) {
   Heartbeat hb;
-  hb.timeUs = 1'764'000'000'000'000;
-  hb.pid = ::getpid();
-  hb.beat = 7;
-  hb.lastSeq = 42;
-  hb.recorded = 50;
+  hb.timeUs = timeUs;
+  hb.pid = pid;
+  hb.beat = 1;
   hb.intervalMs = 1000;
   hb.host = net::hostname();
   char ns[128] = {};
-  ASSERT_GT(::readlink("/proc/self/ns/pid", ns, sizeof ns - 1), 0);
+  LOOM_CHECK(::readlink("/proc/self/ns/pid", ns, sizeof ns - 1) > 0, "no /proc/self/ns/pid");
   hb.pidNs = ns;
+  return hb;
+}
+
+TEST(Heartbeat, RoundTripAndLiveness) {
+  Heartbeat hb = localHeartbeat(::getpid(), 1'764'000'000'000'000);
+  hb.beat = 7;
+  hb.lastSeq = 42;
+  hb.recorded = 50;
   const std::optional<Heartbeat> back = Heartbeat::parse(hb.text());
   ASSERT_TRUE(back.has_value()) << hb.text();
   EXPECT_EQ(back->text(), hb.text());
@@ -704,17 +711,10 @@ TEST(Leave, TheStoreHostWaitsNeitherForADeadRankNorBeyondItsBound) {
     ASSERT_GE(child, 0);
     if (child == 0) ::_exit(0);
     ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-    Heartbeat hb;
-    hb.timeUs = std::chrono::duration_cast<std::chrono::microseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
-    hb.pid = child;
-    hb.beat = 1;
-    hb.intervalMs = 1000;
-    hb.host = net::hostname();
-    char ns[128] = {};
-    ASSERT_GT(::readlink("/proc/self/ns/pid", ns, sizeof ns - 1), 0);
-    hb.pidNs = ns;
+    const Heartbeat hb =
+        localHeartbeat(child, std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count());
     store->set("flight/heartbeat/1", toBytes(hb.text()));
     const auto start = Clock::now();
     zero.leave(std::chrono::seconds(60));

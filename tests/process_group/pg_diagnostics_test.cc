@@ -56,11 +56,16 @@ struct Rank {
   std::shared_ptr<ProcessGroup> pg;
 };
 
-Rank join(const std::string& path, int rank, const std::string& dumpDir = "") {
+// The ranks' shared FileStore at `path`, its calls bounded at 30 s.
+std::shared_ptr<FileStore> fileStore(const std::string& path) {
   FileStoreOptions storeOptions;
   storeOptions.timeout = milliseconds(30000);
+  return std::make_shared<FileStore>(path, storeOptions);
+}
+
+Rank join(const std::string& path, int rank, const std::string& dumpDir = "") {
   Rank r;
-  r.store = std::make_shared<FileStore>(path, storeOptions);
+  r.store = fileStore(path);
   ProcessGroupOptions options;
   options.timeout = kTimeout;
   options.dumpDir = dumpDir;
@@ -166,9 +171,7 @@ TEST(DiagnosticsProcesses, CrossGroupOrderDeadlockNamesBothGroupsAndTheOrder) {
   const std::string path = dir.file("store");
   ChildProcesses children;
   children.spawnRanks(2, [&](int rank) {
-    FileStoreOptions storeOptions;
-    storeOptions.timeout = milliseconds(30000);
-    auto store = std::make_shared<FileStore>(path, storeOptions);
+    auto store = fileStore(path);
     ProcessGroupOptions options;
     options.timeout = milliseconds(30000);
     options.comm.context.sharedMemory = false;
@@ -362,9 +365,7 @@ TEST(DiagnosticsProcesses, TraceOfTwoRanksMergesIntoOneValidFile) {
   ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
   ChildProcesses children;
   children.spawnRanks(2, [&](int rank) {
-    FileStoreOptions storeOptions;
-    storeOptions.timeout = milliseconds(30000);
-    auto store = std::make_shared<FileStore>(path, storeOptions);
+    auto store = fileStore(path);
     ProcessGroupOptions options;
     options.timeout = kTimeout;
     options.traceDir = traces;
@@ -458,9 +459,7 @@ TEST(DiagnosticsProcesses, TraceOfRanksThatCrashOrAreKilledStillMerges) {
   ASSERT_EQ(::mkdir(traces.c_str(), 0700), 0);
   ChildProcesses children;
   children.spawnRanks(3, [&](int rank) {
-    FileStoreOptions storeOptions;
-    storeOptions.timeout = milliseconds(30000);
-    auto store = std::make_shared<FileStore>(path, storeOptions);
+    auto store = fileStore(path);
     ProcessGroupOptions options;
     options.timeout = kTimeout;
     options.traceDir = traces;
