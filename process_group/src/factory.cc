@@ -1,6 +1,8 @@
 #include "loom/process_group/factory.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "comm_backend.h"
 #include "loom/comm/context.h"
@@ -18,6 +20,14 @@
 #endif
 
 namespace loom {
+
+namespace {
+
+// How long a failed setup in the process that hosts the store keeps it up for the other ranks
+// to read why (createProcessGroup).
+constexpr std::chrono::milliseconds kSetupFailureLinger{2000};
+
+}  // namespace
 
 std::vector<std::string> backendNames() {
   return {"tcp", "nccl", "verbs", "mpi"};
@@ -98,21 +108,33 @@ std::shared_ptr<ProcessGroup> createProcessGroup(const std::string& backend,
   checkReproducible(backend, options);
   checkAvailable(backend);
   const ProcessGroupOptions effective = withEnvironment(options);
+  const bool hostsStore = effective.hostsStore.value_or(rank == effective.storeHostRank);
   std::shared_ptr<ProcessGroup> pg;
-  if (backend == "tcp") {
-    pg = std::make_shared<ProcessGroupComm>("tcp", std::move(store), rank, size, effective,
-                                            &comm::Context::create);
-  } else if (backend == "verbs") {
-    pg = std::make_shared<ProcessGroupComm>("verbs", std::move(store), rank, size, effective,
-                                            &comm::createVerbsContext);
-  } else if (backend == "mpi") {
+  try {
+    if (backend == "tcp") {
+      pg = std::make_shared<ProcessGroupComm>("tcp", std::move(store), rank, size, effective,
+                                              &comm::Context::create);
+    } else if (backend == "verbs") {
+      pg = std::make_shared<ProcessGroupComm>("verbs", std::move(store), rank, size, effective,
+                                              &comm::createVerbsContext);
+    } else if (backend == "mpi") {
 #ifdef LOOM_HAVE_MPI
-    pg = createProcessGroupMpi(std::move(store), rank, size, effective);
+      pg = createProcessGroupMpi(std::move(store), rank, size, effective);
 #endif
-  } else {
+    } else {
 #ifdef LOOM_HAVE_NCCL
-    pg = createProcessGroupNccl(std::move(store), rank, size, effective);
+      pg = createProcessGroupNccl(std::move(store), rank, size, effective);
 #endif
+    }
+  } catch (const std::exception&) {
+    // The setup failed in the process that hosts the store. The other ranks learn why from the
+    // setup-failed key, which they watch at least every half second; if this process's exit
+    // (initProcessGroup's store goes as this unwinds) took the store first, they would fail
+    // naming a lost store instead. So it stays a moment before it throws.
+    if (hostsStore && size > 1 && backend != "mpi") {
+      std::this_thread::sleep_for(std::min(kSetupFailureLinger, effective.timeout));
+    }
+    throw;
   }
   logGroupReady(*pg);
   return pg;

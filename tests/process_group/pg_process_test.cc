@@ -130,6 +130,45 @@ TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
   }
 }
 
+// The same over tcp://, where rank 0's process hosts the TCPStore and fails too (no rank 1
+// comes): every process, the holder of rank 2 included, names the duplicate, not a lost store.
+TEST(ProcessGroupProcesses, ARankGivenTwiceIsNamedAlsoWhenTheStoresHostFails) {
+  TempDir dir;
+  const std::string results = dir.file("results");
+  int port = 0;
+  {
+    net::Socket probe = net::listenOn("127.0.0.1", 0);
+    port = net::localPort(probe.fd());
+  }
+  const std::vector<int> ranks = {0, 2, 2};
+  constexpr milliseconds kTimeout(30000);
+  ChildProcesses children;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    children.spawn([&, i] {
+      setenv("RANK", std::to_string(ranks[i]).c_str(), 1);
+      setenv("WORLD_SIZE", "3", 1);
+      InitOptions options;
+      options.initMethod = "tcp://127.0.0.1:" + std::to_string(port);
+      options.pg.timeout = kTimeout;
+      std::string what;
+      try {
+        initProcessGroup(options);
+        throw std::runtime_error("the group formed");
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      FileStore(results).set("test/error/" + std::to_string(i), what);
+    });
+  }
+  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
+  FileStore store(results);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    EXPECT_THAT(store.getString("test/error/" + std::to_string(i)),
+                HasSubstr("rank 2 of this group is claimed by two processes"))
+        << i;
+  }
+}
+
 // Legitimate new group instances on one store are not duplicates: subgroups (one prefix per
 // newGroup), a subgroup of the same ranks again after the first was destroyed, a second world
 // group after the first was destroyed (its own prefix), and then new processes (new pids) with a
