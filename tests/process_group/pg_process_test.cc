@@ -88,22 +88,19 @@ TEST(ProcessGroupProcesses, EveryCollectiveAfterInitFromEnvironment) {
   EXPECT_EQ(children.waitAllOk(kChildDeadline), "");
 }
 
-// RANK given to two processes (a launcher bug, a copied environment): every process fails at
-// init, well before the timeout, with an InvalidArgumentError naming the rank and both
-// processes. Rank 1 never comes, so no group could form; without the claim every process waited
-// for the timeout, and which of the two ranks 2 got connected was chance.
-TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
-  TempDir dir;
-  const std::string path = dir.file("store");
+// Processes with RANK 0, 2 and 2 of world 3 init through `initMethod`; no rank 1 comes, so each
+// must fail with an InvalidArgumentError well before the timeout. Returns their messages, in
+// spawn order (children.pid(i) is the i-th process).
+std::vector<std::string> initRankTwoTwice(const std::string& initMethod, ChildProcesses& children,
+                                          const std::string& results) {
   const std::vector<int> ranks = {0, 2, 2};
   constexpr milliseconds kTimeout(30000);
-  ChildProcesses children;
   for (size_t i = 0; i < ranks.size(); ++i) {
     children.spawn([&, i] {
       setenv("RANK", std::to_string(ranks[i]).c_str(), 1);
       setenv("WORLD_SIZE", "3", 1);
       InitOptions options;
-      options.initMethod = "file://" + path;
+      options.initMethod = initMethod;
       options.pg.timeout = kTimeout;
       const auto start = std::chrono::steady_clock::now();
       std::string what;
@@ -117,16 +114,32 @@ TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
       require(took < kTimeout / 3, "the error came after " +
                                        std::to_string(duration_cast<milliseconds>(took).count()) +
                                        " ms: " + what);
-      FileStore(path).set("test/error/" + std::to_string(i), what);
+      FileStore(results).set("test/error/" + std::to_string(i), what);
     });
   }
-  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
-  FileStore store(path);
+  std::vector<std::string> errors;
+  if (children.waitAllOk(kChildDeadline) != "") return errors;
+  FileStore store(results);
   for (size_t i = 0; i < ranks.size(); ++i) {
-    const std::string what = store.getString("test/error/" + std::to_string(i));
-    EXPECT_THAT(what, HasSubstr("rank 2 of this group is claimed by two processes")) << i;
-    EXPECT_THAT(what, HasSubstr("pid " + std::to_string(children.pid(1)))) << i;
-    EXPECT_THAT(what, HasSubstr("pid " + std::to_string(children.pid(2)))) << i;
+    errors.push_back(store.getString("test/error/" + std::to_string(i)));
+  }
+  return errors;
+}
+
+// RANK given to two processes (a launcher bug, a copied environment): every process fails at
+// init, well before the timeout, with an InvalidArgumentError naming the rank and both
+// processes. Rank 1 never comes, so no group could form; without the claim every process waited
+// for the timeout, and which of the two ranks 2 got connected was chance.
+TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
+  TempDir dir;
+  const std::string path = dir.file("store");
+  ChildProcesses children;
+  const std::vector<std::string> errors = initRankTwoTwice("file://" + path, children, path);
+  ASSERT_EQ(errors.size(), 3u) << "a process did not fail as expected (see its output)";
+  for (size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_THAT(errors[i], HasSubstr("rank 2 of this group is claimed by two processes")) << i;
+    EXPECT_THAT(errors[i], HasSubstr("pid " + std::to_string(children.pid(1)))) << i;
+    EXPECT_THAT(errors[i], HasSubstr("pid " + std::to_string(children.pid(2)))) << i;
   }
 }
 
@@ -134,38 +147,17 @@ TEST(ProcessGroupProcesses, ARankGivenTwiceFailsEveryProcessAtInitNamingBoth) {
 // comes): every process, the holder of rank 2 included, names the duplicate, not a lost store.
 TEST(ProcessGroupProcesses, ARankGivenTwiceIsNamedAlsoWhenTheStoresHostFails) {
   TempDir dir;
-  const std::string results = dir.file("results");
   int port = 0;
   {
     net::Socket probe = net::listenOn("127.0.0.1", 0);
     port = net::localPort(probe.fd());
   }
-  const std::vector<int> ranks = {0, 2, 2};
-  constexpr milliseconds kTimeout(30000);
   ChildProcesses children;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    children.spawn([&, i] {
-      setenv("RANK", std::to_string(ranks[i]).c_str(), 1);
-      setenv("WORLD_SIZE", "3", 1);
-      InitOptions options;
-      options.initMethod = "tcp://127.0.0.1:" + std::to_string(port);
-      options.pg.timeout = kTimeout;
-      std::string what;
-      try {
-        initProcessGroup(options);
-        throw std::runtime_error("the group formed");
-      } catch (const InvalidArgumentError& e) {
-        what = e.what();
-      }
-      FileStore(results).set("test/error/" + std::to_string(i), what);
-    });
-  }
-  ASSERT_EQ(children.waitAllOk(kChildDeadline), "");
-  FileStore store(results);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    EXPECT_THAT(store.getString("test/error/" + std::to_string(i)),
-                HasSubstr("rank 2 of this group is claimed by two processes"))
-        << i;
+  const std::vector<std::string> errors =
+      initRankTwoTwice("tcp://127.0.0.1:" + std::to_string(port), children, dir.file("results"));
+  ASSERT_EQ(errors.size(), 3u) << "a process did not fail as expected (see its output)";
+  for (size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_THAT(errors[i], HasSubstr("rank 2 of this group is claimed by two processes")) << i;
   }
 }
 
