@@ -99,15 +99,12 @@ def _create(store, rank, world_size, timeout, name="", parent_ranks=()):
 
 def _create_extended(opts, _backend_options=None):
     """torch's extended creator API (torch 1.13 and 2.x): a subgroup is named in Loom's errors
-    and flight records after torch's group_desc when one was given, else torch's group name,
-    with the default group's ranks it holds ('rank 0 of torch:1 (parent ranks 0,2)'), so that
-    a hang across groups names both (docs/diagnostics.md). The default group keeps no name."""
+    and flight records after torch's group name, with the default group's ranks it holds
+    ('rank 0 of torch:1 (parent ranks 0,2)'), so that a hang across groups names both
+    (docs/diagnostics.md). The default group keeps no name. (torch sets a group's group_desc
+    only after its backend exists, so Loom cannot use it.)"""
     ranks = list(opts.global_ranks_in_group or [])
-    name = ""
-    if ranks:
-        desc = getattr(getattr(opts, "process_group", None), "group_desc", "")
-        label = desc if desc and desc != "undefined" else str(opts.group_id)
-        name = f"torch:{label}"
+    name = f"torch:{opts.group_id}" if ranks else ""
     return _create(opts.store, opts.group_rank, opts.group_size, opts.timeout, name, ranks)
 
 
