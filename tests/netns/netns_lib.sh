@@ -75,14 +75,22 @@ netns_switch_hosts() {
     ns="${P}-h$h"
     run ip netns add "$ns"
     NAMESPACES+=("$ns")
-    run ip link add "${P}a$h" type veth peer name "${P}b$h"
-    run ip link set "${P}a$h" netns "$ns"
-    run ip link set "${P}b$h" netns "${P}-sw"
-    run ip -n "$ns" link set "${P}a$h" name eth0
-    run ip -n "$ns" addr add "$SUBNET.$((10 + h))/24" dev eth0
-    run ip -n "$ns" link set eth0 up
+    attach_host "$h" eth0 br0 "$SUBNET" "${P}a$h" "${P}b$h"
     run ip -n "$ns" link set lo up
-    run ip -n "${P}-sw" link set "${P}b$h" master br0
-    run ip -n "${P}-sw" link set "${P}b$h" up
   done
+}
+
+# attach_host H IFNAME BRIDGE SUBNET VETH_HOST VETH_SWITCH: a veth pair from host H's namespace,
+# named IFNAME there with address SUBNET.(10+H)/24, to BRIDGE in the switch namespace; both ends
+# up.
+attach_host() {
+  local h=$1 ifname=$2 bridge=$3 subnet=$4 a=$5 b=$6
+  run ip link add "$a" type veth peer name "$b"
+  run ip link set "$a" netns "${P}-h$h"
+  run ip link set "$b" netns "${P}-sw"
+  run ip -n "${P}-h$h" link set "$a" name "$ifname"
+  run ip -n "${P}-h$h" addr add "$subnet.$((10 + h))/24" dev "$ifname"
+  run ip -n "${P}-h$h" link set "$ifname" up
+  run ip -n "${P}-sw" link set "$b" master "$bridge"
+  run ip -n "${P}-sw" link set "$b" up
 }

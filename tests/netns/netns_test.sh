@@ -242,14 +242,7 @@ FABRIC=10.213.8
 run ip -n "${P}-sw" link add br1 type bridge
 run ip -n "${P}-sw" link set br1 up
 for h in 0 1; do
-  run ip link add "${P}c$h" type veth peer name "${P}d$h"
-  run ip link set "${P}c$h" netns "${P}-h$h"
-  run ip link set "${P}d$h" netns "${P}-sw"
-  run ip -n "${P}-h$h" link set "${P}c$h" name eth1
-  run ip -n "${P}-h$h" addr add "$FABRIC.$((10 + h))/24" dev eth1
-  run ip -n "${P}-h$h" link set eth1 up
-  run ip -n "${P}-sw" link set "${P}d$h" master br1
-  run ip -n "${P}-sw" link set "${P}d$h" up
+  attach_host "$h" eth1 br1 "$FABRIC" "${P}c$h" "${P}d$h"
 done
 rx_before=$(ip netns exec "${P}-h1" cat /sys/class/net/eth1/statistics/rx_bytes)
 ADDR_SUBNET=$FABRIC JOB_ENV="LOOM_SOCKET_IFNAME=eth1" \
