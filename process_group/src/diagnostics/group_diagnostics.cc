@@ -589,15 +589,21 @@ std::vector<std::optional<RankDump>> collectLive(Store& store, int size, millise
   return dumps;
 }
 
-bool knownDead(Store& store, int rank) {
+std::optional<std::string> storedLiveness(Store& store, int rank, int64_t nowUs) {
   const std::string key = heartbeatKey(rank);
   try {
-    if (!store.check({key})) return false;
+    if (!store.check({key})) return std::nullopt;
     const std::optional<Heartbeat> hb = Heartbeat::parse(store.getString(key));
-    return hb && livenessOf(*hb, unixMicros()).rfind("dead:", 0) == 0;
+    if (!hb) return std::nullopt;
+    return livenessOf(*hb, nowUs);
   } catch (const TimeoutError&) {
-    return false;
+    return std::nullopt;
   }
+}
+
+bool knownDead(Store& store, int rank) {
+  const std::optional<std::string> liveness = storedLiveness(store, rank, unixMicros());
+  return liveness && liveness->rfind("dead:", 0) == 0;
 }
 
 void waitForRanks(Store& store, const std::vector<std::string>& keyOf, Clock::time_point deadline) {

@@ -168,6 +168,9 @@ void publishFailureRecord(Store& store, int rank, int size, const std::string& r
 // Whether rank `rank`'s heartbeat names a process that is gone (same host and pid namespace:
 // no such process, or a zombie). False when it cannot tell (another host, no heartbeat).
 bool knownDead(Store& store, int rank);
+// livenessOf rank `rank`'s heartbeat in `store` at `nowUs` (on rank 0's clock); nullopt when it
+// has none, it is unreadable, or the store timed out.
+std::optional<std::string> storedLiveness(Store& store, int rank, int64_t nowUs);
 // Waits until every non-empty keyOf[r] is set, `deadline` passes, or every rank whose key is
 // still missing is knownDead: a dead rank never publishes, so its wait ends at once instead of
 // at the deadline. Polls liveness every 100 ms; a store that fails (not a timeout) throws.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -36,14 +37,10 @@ std::string byeKey(const std::string& nonce, int rank) {
 // Whether `rank` will not say goodbye: its process is gone, or it stopped progressing (its
 // heartbeat no longer advances). A rank with heartbeats off, or alive, is waited for.
 bool wontLeave(GroupDiagnostics::Core& core, int rank) {
-  Store& store = *core.store;
-  const std::string key = heartbeatKey(rank);
-  if (!store.check({key})) return false;
-  const std::optional<Heartbeat> hb = Heartbeat::parse(store.getString(key));
-  if (!hb) return false;
   const int64_t now = core.clockUs() - core.clockOffsetUs.load(std::memory_order_relaxed);
-  const std::string liveness = livenessOf(*hb, now);
-  return liveness.rfind("dead:", 0) == 0 || liveness.find("not progressing") != std::string::npos;
+  const std::optional<std::string> liveness = storedLiveness(*core.store, rank, now);
+  return liveness && (liveness->rfind("dead:", 0) == 0 ||
+                      liveness->find("not progressing") != std::string::npos);
 }
 
 // The host's wait for every other rank's goodbye, until `deadline`.
