@@ -52,6 +52,15 @@ pid_t readPid(const std::string& path) {
   return static_cast<pid_t>(std::stol(readFile(path)));
 }
 
+// In a child: waits (bounded) until `path` exists.
+void waitForFile(const std::string& path) {
+  const Deadline deadline(milliseconds(30000));
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (deadline.expired()) throw TimeoutError("no " + path + " after 30 s");
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
 // In a child: fail only once every rank has written its pid, so that the test can check that
 // the others were stopped (a rank stopped before it wrote its pid would leave no trace).
 void waitForPidFiles(const TempDir& dir, int n) {
@@ -194,7 +203,13 @@ TEST(SpawnTest, AProcessARankForkedDoesNotHoldUpSpawn) {
   try {
     spawn(2, [&](int rank) {
       grandchild(rank + 2);
-      if (rank == 1) throw InvalidArgumentError("rank 1 gave up");
+      if (rank == 1) {
+        // Fail only once rank 0 has forked and recorded its grandchild: rank 0 stopped before
+        // that would leave no pid to clean up (seen in a clean-clone CI run: stol on a missing
+        // file, and an orphan holding ctest's pipe for 30 s).
+        waitForFile(dir.file("grandchild2"));
+        throw InvalidArgumentError("rank 1 gave up");
+      }
     });
     ADD_FAILURE() << "spawn returned although rank 1 threw";
   } catch (const SpawnError& e) {
@@ -202,7 +217,13 @@ TEST(SpawnTest, AProcessARankForkedDoesNotHoldUpSpawn) {
     EXPECT_EQ(e.childMessage(), "loom::InvalidArgumentError: rank 1 gave up");
   }
   const auto failed = std::chrono::steady_clock::now() - started;
-  for (int r = 0; r < 4; ++r) ::kill(readPid(dir.file("grandchild" + std::to_string(r))), SIGKILL);
+  for (int r = 0; r < 4; ++r) {
+    const std::string file = dir.file("grandchild" + std::to_string(r));
+    if (::access(file.c_str(), F_OK) == 0)
+      ::kill(readPid(file), SIGKILL);
+    else
+      ADD_FAILURE() << "rank " << r % 2 << " of spawn " << r / 2 + 1 << " recorded no grandchild";
+  }
   // The grandchildren sleep 30 s; spawn's own tick is 20 ms.
   EXPECT_LT(returned, std::chrono::seconds(20));
   EXPECT_LT(failed, std::chrono::seconds(20));
