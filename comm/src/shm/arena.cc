@@ -266,11 +266,17 @@ void Arena::checkUsable(const Call& call) {
 }
 
 bool Arena::checkHealth(const Call& call, int peer, const char* what,
-                        const std::atomic<uint64_t>* counter, uint64_t target) {
+                        const std::atomic<uint64_t>* counter, uint64_t target,
+                        const std::atomic<uint64_t>* alt, uint64_t altTarget) {
   // A peer publishes its counter before it closes or exits, so once it is seen gone, one more
-  // read of the counter tells a finished peer from a failed one.
+  // read of the counter tells a finished peer from a failed one. Both counters a wait accepts
+  // are read: a peer that announced a rooted call (its stamp, not a post), finished the call and
+  // destroyed its context between a receiver's last look and this check was blamed for closing
+  // (seen under ctest -j6: "rank 0 destroyed its context while rank 2 waited for it to start
+  // the collective" in a broadcast every rank called with root 3).
   auto published = [&] {
-    return counter != nullptr && counter->load(std::memory_order_acquire) >= target;
+    return (counter != nullptr && counter->load(std::memory_order_acquire) >= target) ||
+           (alt != nullptr && alt->load(std::memory_order_acquire) >= altTarget);
   };
   // A rank that fails sets the abort flag before it throws, so before it can exit: a peer seen
   // dead (or its sockets closed) while the flag is set may be a casualty of the failure the
@@ -359,7 +365,7 @@ void Arena::waitFor(const Call& call, int peer, const std::atomic<uint64_t>& val
     if (ready()) return;
   }
   for (;;) {
-    if (!checkHealth(call, peer, what, &value, target)) return;
+    if (!checkHealth(call, peer, what, &value, target, other, altTarget)) return;
     header_->sleepers.fetch_add(1);
     const uint32_t seen = ctl.wake.load();
     if (ready()) {

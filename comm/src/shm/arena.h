@@ -385,10 +385,12 @@ class Arena {
   // sleepers, if any.
   void announce();
   // Throws when the group failed, `peer` died or closed its context, or the deadline passed.
-  // When `counter` is given, a peer that is gone but had already published `target` is not a
-  // failure: returns false ("the data is there") instead; true means keep waiting.
+  // When `counter` is given, a peer that is gone but had already published `target` (or `alt`
+  // reached `altTarget`: waitFor's alternative) is not a failure: returns false ("the data is
+  // there") instead; true means keep waiting.
   bool checkHealth(const Call& call, int peer, const char* what,
-                   const std::atomic<uint64_t>* counter = nullptr, uint64_t target = 0);
+                   const std::atomic<uint64_t>* counter = nullptr, uint64_t target = 0,
+                   const std::atomic<uint64_t>* alt = nullptr, uint64_t altTarget = 0);
   std::string transportFailure() const;
   void runParallel(const Call& call, int parts, bool (*part)(void*, int, int), void* context);
 
