@@ -103,6 +103,17 @@ if(LOOM_SANITIZE STREQUAL "address")
       "PMIX_MCA_mca_base_component_disable_dlclose=1")
 endif()
 # loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
+# loom_add_noise_test(TEST shm_roots_test TIMEOUT 120): TEST's binary again, under schedule noise
+# (LOOM_SCHEDULE_NOISE_US=10000: random sleeps of up to 10 ms where shared-memory ranks race,
+# docs/architecture.md), as TEST_noise with the label "noise".
+function(loom_add_noise_test)
+  cmake_parse_arguments(ARG "" "TEST;TIMEOUT" "" ${ARGN})
+  add_test(NAME ${ARG_TEST}_noise COMMAND ${ARG_TEST})
+  loom_test_timeout(timeout ${ARG_TIMEOUT})
+  set_tests_properties(${ARG_TEST}_noise PROPERTIES LABELS noise TIMEOUT ${timeout}
+    ENVIRONMENT LOOM_SCHEDULE_NOISE_US=10000)
+endfunction()
+
 function(loom_test_timeout out seconds)
   math(EXPR scaled "${seconds} * ${LOOM_TEST_TIMEOUT_SCALE}")
   set(${out} ${scaled} PARENT_SCOPE)

@@ -188,6 +188,7 @@ Arena::~Arena() {
   for (auto& peer : mappings_) {
     for (const Mapping& m : peer) ::munmap(m.local, m.bytes);
   }
+  LOOM_NOISE();
   control(rank_).closed.store(1, std::memory_order_release);
   control(rank_).wake.fetch_add(1);
   if (header_->sleepers.load() > 0) futexWakeAll(&control(rank_).wake);
@@ -365,6 +366,7 @@ void Arena::waitFor(const Call& call, int peer, const std::atomic<uint64_t>& val
     if (ready()) return;
   }
   for (;;) {
+    LOOM_NOISE();  // the peer may publish, finish and close between the last look and the check
     if (!checkHealth(call, peer, what, &value, target, other, altTarget)) return;
     header_->sleepers.fetch_add(1);
     const uint32_t seen = ctl.wake.load();
@@ -379,6 +381,7 @@ void Arena::waitFor(const Call& call, int peer, const std::atomic<uint64_t>& val
 }
 
 void Arena::publish(int counter, uint64_t value) {
+  LOOM_NOISE();
   control(rank_).counters[counter].store(value, std::memory_order_release);
   announce();
 }
@@ -414,6 +417,7 @@ void Arena::post(const Call& call) {
   mine.postedBytes[s] = call.bytes;
   mine.postedKind[s] = call.kind;
   Box& box = mine.box[s];
+  LOOM_NOISE();
   box.signature = call.signature.word;
   box.signatureExtra = static_cast<uint32_t>(call.signature.extra);
   box.access = static_cast<uint16_t>(call.access);

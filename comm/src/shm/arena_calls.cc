@@ -84,6 +84,7 @@ void Arena::checkPostedBox(const Call& call, int peer) {
 // here every rank finished step k - 3 and read its announcements of step k - 4 and before (3
 // entries would do; 4 keeps the index a mask).
 void Arena::announceCall(const Call& call) {
+  LOOM_NOISE();  // a late rank: its peers already wait for this announcement
   Announcement& mine = control(rank_).announced[step_ % kAnnouncements];
   mine.signature = call.signature.word;
   mine.signatureExtra = static_cast<uint32_t>(call.signature.extra);

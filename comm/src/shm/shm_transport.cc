@@ -71,6 +71,7 @@ ShmTransport::~ShmTransport() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Say goodbye: peers fail only what still needs this rank.
+    LOOM_NOISE();
     mine.closed.store(1, std::memory_order_release);
     if (!failed_.load()) {
       failed_.store(true);
@@ -143,6 +144,7 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
     return req;
   }
   drainLocked(i);  // take what already arrived, so that matching sees it
+  LOOM_NOISE();    // the peer may write its message and close before the match below
   if (failed_.load()) {
     req->fail(failure_, failureKind_);
     return req;
@@ -295,6 +297,7 @@ void ShmTransport::checkHealthLocked() {
     // When tcp failed, usually a peer died and its sockets closed first: name it if so.
     if (!siblingFailed && !p.busy()) continue;
     Control& c = control(i);
+    LOOM_NOISE();
     if (c.closed.load(std::memory_order_acquire) != 0) {
       drainLocked(i);
       if (p.busy()) failClosedPeerLocked(i);
