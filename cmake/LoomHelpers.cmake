@@ -102,7 +102,6 @@ if(LOOM_SANITIZE STREQUAL "address")
       "OMPI_MCA_mca_base_component_disable_dlclose=1"
       "PMIX_MCA_mca_base_component_disable_dlclose=1")
 endif()
-# loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
 # loom_add_noise_test(TEST shm_roots_test TIMEOUT 120): TEST's binary again, under schedule noise
 # (LOOM_SCHEDULE_NOISE_US=10000: random sleeps of up to 10 ms where shared-memory ranks race,
 # docs/architecture.md), as TEST_noise with the label "noise".
@@ -114,6 +113,7 @@ function(loom_add_noise_test)
     ENVIRONMENT LOOM_SCHEDULE_NOISE_US=10000)
 endfunction()
 
+# loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
 function(loom_test_timeout out seconds)
   math(EXPR scaled "${seconds} * ${LOOM_TEST_TIMEOUT_SCALE}")
   set(${out} ${scaled} PARENT_SCOPE)

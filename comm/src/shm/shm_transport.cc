@@ -151,45 +151,44 @@ RequestPtr ShmTransport::irecv(int peer, void* data, size_t bytes, uint64_t tag)
   }
   Peer& p = *peers_[i];
   std::string error;
+  const auto closedWithNothingArriving = [&] {
+    return control(i).closed.load(std::memory_order_acquire) != 0 && !p.matcher.incoming().active;
+  };
+  TagMatcher::Match match = p.matcher.receive(req, error);
   // A peer writes its last messages into the ring before it says it closed: once it is seen
   // closed, the ring is drained once more and the receive matched again before it is called
   // lost (a message written and the transport closed between the drain above and the check
   // would otherwise be blamed on the sender).
-  for (bool drainedAfterClose = false;;) {
-    switch (p.matcher.receive(req, error)) {
-      case TagMatcher::Match::kDone:
-        return req;
-      case TagMatcher::Match::kArriving:
-        break;  // the rest of it lands in the caller's buffer
-      case TagMatcher::Match::kError:
-        failLocked(error, true, true);
-        req->fail(failure_, failureKind_);
-        return req;
-      case TagMatcher::Match::kNone:
-        if (control(i).closed.load(std::memory_order_acquire) != 0 &&
-            !p.matcher.incoming().active) {
-          if (!drainedAfterClose) {
-            drainedAfterClose = true;
-            drainLocked(i);
-            if (failed_.load()) {
-              req->fail(failure_, failureKind_);
-              return req;
-            }
-            continue;
-          }
-          if (failedByAbortLocked()) {
-            req->fail(failure_, failureKind_);
-          } else {
-            req->fail(detail::str("rank ", rank_, ": rank ", peer,
-                                  " closed its shared-memory transport before sending ",
-                                  describeTag(tag)));
-          }
-          return req;
-        }
-        p.matcher.post(req);
-        break;
+  if (match == TagMatcher::Match::kNone && closedWithNothingArriving()) {
+    drainLocked(i);
+    if (failed_.load()) {
+      req->fail(failure_, failureKind_);
+      return req;
     }
-    break;
+    match = p.matcher.receive(req, error);
+  }
+  switch (match) {
+    case TagMatcher::Match::kDone:
+      return req;
+    case TagMatcher::Match::kArriving:
+      break;  // the rest of it lands in the caller's buffer
+    case TagMatcher::Match::kError:
+      failLocked(error, true, true);
+      req->fail(failure_, failureKind_);
+      return req;
+    case TagMatcher::Match::kNone:
+      if (closedWithNothingArriving()) {
+        if (failedByAbortLocked()) {
+          req->fail(failure_, failureKind_);
+        } else {
+          req->fail(detail::str("rank ", rank_, ": rank ", peer,
+                                " closed its shared-memory transport before sending ",
+                                describeTag(tag)));
+        }
+        return req;
+      }
+      p.matcher.post(req);
+      break;
   }
   ring(i, me_).readerWaiting.store(1);
   drainLocked(i);
