@@ -64,14 +64,7 @@ void waitForFile(const std::string& path) {
 // In a child: fail only once every rank has written its pid, so that the test can check that
 // the others were stopped (a rank stopped before it wrote its pid would leave no trace).
 void waitForPidFiles(const TempDir& dir, int n) {
-  const Deadline deadline(milliseconds(30000));
-  for (int r = 0; r < n; ++r) {
-    while (::access(dir.file("pid" + std::to_string(r)).c_str(), F_OK) != 0) {
-      if (deadline.expired())
-        throw std::runtime_error("rank " + std::to_string(r) + " never started");
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-  }
+  for (int r = 0; r < n; ++r) waitForFile(dir.file("pid" + std::to_string(r)));
 }
 
 TEST(SpawnTest, EveryRankRunsWithItsVariables) {
