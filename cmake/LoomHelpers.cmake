@@ -103,7 +103,7 @@ if(LOOM_SANITIZE STREQUAL "address")
       "PMIX_MCA_mca_base_component_disable_dlclose=1")
 endif()
 # loom_add_noise_test(TEST shm_roots_test TIMEOUT 120): TEST's binary again, under schedule noise
-# (LOOM_SCHEDULE_NOISE_US=10000: random sleeps of up to 10 ms where shared-memory ranks race,
+# (LOOM_SCHEDULE_NOISE_US=10000: random sleeps of up to 10 ms where ranks and threads race,
 # docs/architecture.md), as TEST_noise with the label "noise".
 function(loom_add_noise_test)
   cmake_parse_arguments(ARG "" "TEST;TIMEOUT" "" ${ARGN})

@@ -6,8 +6,8 @@
 
 #include "loom/common/error.h"
 #include "loom/common/interfaces.h"
+#include "loom/common/schedule_noise.h"
 #include "loom/common/settings.h"
-#include "shm/os.h"
 
 namespace loom::comm {
 
@@ -84,10 +84,10 @@ ContextOptions withEnvironment(ContextOptions o) {
   s::fillDefault(o.verbs.gidIndex, d.verbs.gidIndex, s::integer("LOOM_IB_GID_INDEX"));
   s::fillDefault(o.verbs.slots, d.verbs.slots, s::integer("LOOM_IB_SLOTS"));
   s::fillDefault(o.verbs.slotBytes, d.verbs.slotBytes, s::bytes("LOOM_IB_SLOT_BYTES"));
-  // Process-wide and test-only (shm/os.h, LOOM_NOISE): read at every Context setup, as
+  // Process-wide and test-only (loom/common/schedule_noise.h): read at every Context setup, as
   // LOOM_REDUCE_ISA is, so that a bad value fails the setup and not a collective.
-  shm::scheduleNoiseUs.store(s::integer("LOOM_SCHEDULE_NOISE_US").value_or(0),
-                             std::memory_order_relaxed);
+  scheduleNoiseUs.store(s::integer("LOOM_SCHEDULE_NOISE_US").value_or(0),
+                        std::memory_order_relaxed);
   return o;
 }
 

@@ -95,10 +95,12 @@ constexpr Setting kTable[] = {
      "2000 when local ranks outnumber CPUs)",
      "comm::ContextOptions::shmYieldUs", "Context setup"},
     {"LOOM_SCHEDULE_NOISE_US", K::kInteger, S::kRuntime, "0", 0, 1'000'000, "", "µs",
-     "test-only: > 0 makes the shared-memory paths sleep a random 0..N µs at the points where "
-     "ranks race (before a health check, before a rank says it started, posted or closed), to "
-     "find races in tests; never for a run that is measured (docs/architecture.md)",
-     "comm::shm::scheduleNoiseUs (process-wide)", "Context setup"},
+     "test-only: > 0 makes the shared-memory paths, the tcp transport's healing and closing and "
+     "the process group's hand-off sleep a random 0..N µs at the points where ranks and "
+     "threads race (before a health check, before a rank says it started, posted or closed, "
+     "before a thread claims an operation), to find races in tests; never for a run that is "
+     "measured (docs/architecture.md)",
+     "loom::scheduleNoiseUs (process-wide)", "Context setup"},
     {"LOOM_SHM_FOLD_SKEW", K::kFlag, S::kRuntime, "0", 0, 0, "", "",
      "1: the shared-memory reductions read their peers skewed and rotated per rank; 0: block "
      "after block in rank order, measured faster on 16 cores (the same bits either way)",

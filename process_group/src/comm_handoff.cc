@@ -10,6 +10,7 @@
 #include "comm_backend_impl.h"
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/schedule_noise.h"
 #include "record_hooks.h"
 
 namespace loom {
@@ -68,6 +69,7 @@ std::shared_ptr<ProcessGroupComm> ProcessGroupComm::CommWork::lockGroup() const 
 }
 
 bool ProcessGroupComm::CommWork::wait() {
+  LOOM_NOISE();  // the worker may take the operation after its grace meanwhile
   if (!isCompleted()) {
     if (direct != nullptr) {
       // When the claim fails, another thread claimed the operation (the worker after the
@@ -84,6 +86,7 @@ bool ProcessGroupComm::CommWork::wait() {
 bool ProcessGroupComm::CommWork::runDirect() {
   // Until the claim succeeds the group may be gone (then the worker claimed this operation
   // while it drained the queue, and the claim fails).
+  LOOM_NOISE();  // the worker's grace may end meanwhile: it claims the operation too
   if (!claim()) return false;
   ProcessGroupComm& group = *direct;
   // One direct run at a time (see directRuns_): a plain increment.
@@ -268,6 +271,7 @@ void ProcessGroupComm::workerLoop() {
     running_ = true;
     ++stats_.workerRuns;
     lock.unlock();
+    LOOM_NOISE();  // waiters may look at the queue, and issues come, while the worker runs
     publishRecorderTick(TimePoint{});
     execute(*item, &item);
     item.reset();  // drop the buffers' Work outside the lock
@@ -280,6 +284,7 @@ void ProcessGroupComm::workerLoop() {
 
 bool ProcessGroupComm::runInline(const Work* work) {
   for (;;) {
+    LOOM_NOISE();  // the worker, or another waiter, may take the head meanwhile
     Item item;
     Item ahead;  // a direct operation running at the head, ahead of `work`
     bool mine = false;
@@ -312,6 +317,7 @@ bool ProcessGroupComm::runInline(const Work* work) {
     }
     execute(*item, &item);
     item.reset();
+    LOOM_NOISE();  // operations may be issued behind it, and waiters sleep on them, meanwhile
     bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,6 @@
 #include "shm/arena.h"
 
+#include "loom/common/schedule_noise.h"
 #include "shm/arena_layout.h"
 #include "shm/copy_helpers.h"
 #include "shm/os.h"

@@ -3,6 +3,7 @@
 // compares every peer's call before it returns (the hot path's inline compare is in
 // Arena::waitPosted, arena.cc).
 #include "loom/common/error.h"
+#include "loom/common/schedule_noise.h"
 #include "shm/arena.h"
 #include "shm/arena_layout.h"
 #include "signature.h"

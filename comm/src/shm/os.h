@@ -44,23 +44,4 @@ WaitBudget waitBudget(int localRanks, int spinUs = -1, int yieldUs = -1);
 // The first line of a file, empty when it cannot be read.
 std::string readFirstLine(const char* path);
 
-// Schedule noise, for finding races between ranks in tests (LOOM_SCHEDULE_NOISE_US;
-// docs/architecture.md "Schedule noise"). LOOM_NOISE() marks a point where what a rank concludes
-// depends on how far its peers got since its last look: after a readiness check and before a
-// health check, before a rank publishes that it started, posted or closed. With the setting at
-// N > 0, each point sleeps a random 0..N microseconds one time in four and yields one time in
-// four, so that a peer can run a whole step inside a window that is a few instructions wide on
-// an idle machine. At 0 (the default) a point costs one relaxed load and a branch; the points
-// are once per step or on slow paths, never in a copy or a spin.
-inline std::atomic<int64_t> scheduleNoiseUs{0};
-void scheduleNoise(int64_t maxUs);
-#define LOOM_NOISE()                                                            \
-  do {                                                                          \
-    if (const int64_t loomNoiseUs_ =                                            \
-            ::loom::comm::shm::scheduleNoiseUs.load(std::memory_order_relaxed); \
-        loomNoiseUs_ > 0) [[unlikely]] {                                        \
-      ::loom::comm::shm::scheduleNoise(loomNoiseUs_);                           \
-    }                                                                           \
-  } while (0)
-
 }  // namespace loom::comm::shm

@@ -1,5 +1,7 @@
 #include "shm/shm_transport_impl.h"
 
+#include "loom/common/schedule_noise.h"
+
 namespace loom::comm::shm {
 
 // ---- setup ----

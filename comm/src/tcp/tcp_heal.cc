@@ -57,6 +57,7 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/schedule_noise.h"
 #include "tcp/peer.h"
 #include "tcp/tcp_transport.h"
 
@@ -168,6 +169,7 @@ void TcpTransport::testResetAfter(int peer, int lane, uint64_t bytes, int times)
 }
 
 void TcpTransport::lose(Peer& p, uint64_t gen, const std::string& why) {
+  LOOM_NOISE();  // the healer may install a new connection, or the transport fail, meanwhile
   {
     std::lock_guard<std::mutex> rlock(p.recvMu);
     std::lock_guard<std::mutex> slock(p.sendMu);
@@ -342,6 +344,7 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
                detail::str("rank ", rank_, ": rank ", p.rank, " at ", peerAddrs_[p.rank]));
     // The accepting side only asked whether the dialler lives (and tells it to redial).
     if (!p.dialer) return;
+    LOOM_NOISE();  // the peer may lose, fail or close its end meanwhile
     ResumeReply reply{};
     net::readFull(s.fd(), &reply, sizeof(reply), deadline, peerAddrs_[p.rank]);
     if (reply.magic != kResumeMagic || reply.status != 0) {
@@ -351,6 +354,7 @@ void TcpTransport::healStep(Peer& p, Clock::time_point now) {
       return;
     }
     std::string error;
+    LOOM_NOISE();  // a send may queue, or the transport fail, before the new connection is in
     {
       std::lock_guard<std::mutex> rlock(p.recvMu);
       std::lock_guard<std::mutex> slock(p.sendMu);
@@ -424,6 +428,7 @@ void TcpTransport::resumeAccepted(const Hello& hello, net::Socket s) {
     std::lock_guard<std::mutex> lock(p.sendMu);
     gen = p.gen;
   }
+  LOOM_NOISE();  // this rank's own reader may find the old connection lost meanwhile
   if (hello.rank < rank_) {
     // The accepting side lost this connection and asks this rank, its dialler, to redial;
     // unless this rank re-established it just now (the probe was sent before that: the
@@ -452,6 +457,7 @@ void TcpTransport::resumeAccepted(const Hello& hello, net::Socket s) {
   }
   ++p.attempts;
   std::string error;
+  LOOM_NOISE();  // the dialler may give up on this attempt and redial meanwhile
   {
     std::lock_guard<std::mutex> rlock(p.recvMu);
     std::lock_guard<std::mutex> slock(p.sendMu);

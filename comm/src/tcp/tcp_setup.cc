@@ -18,6 +18,7 @@
 
 #include "loom/common/error.h"
 #include "loom/common/logging.h"
+#include "loom/common/schedule_noise.h"
 #include "loom/store/rank_claim.h"
 #include "loom/store/setup_failure.h"
 #include "loom/store/store.h"
@@ -393,6 +394,7 @@ TcpTransport::~TcpTransport() {
       std::this_thread::sleep_for(milliseconds(2));
     }
   }
+  LOOM_NOISE();  // a connection may be lost after it looked settled
   // Stop the progress thread first: from now on nothing reads, so a peer closing at the same
   // time (its goodbye unread here, or a reset) cannot turn into a failure broadcast to peers
   // that are still running their last collective.
@@ -403,6 +405,7 @@ TcpTransport::~TcpTransport() {
   }
   if (progress_.joinable()) progress_.join();
   stopHealer();
+  LOOM_NOISE();  // peers may finish, say goodbye and close first
   if (!failed()) {
     // Say goodbye so that peers take our EOF as a clean close, not a crash.
     for (auto& p : conns_) {
