@@ -8,6 +8,7 @@
 
 #include "diagnostics/group_diagnostics.h"
 #include "diagnostics/tracer.h"
+#include "issue_scope.h"
 #include "loom/common/error.h"
 #include "loom/common/fork.h"
 #include "loom/common/logging.h"
@@ -269,7 +270,21 @@ void ProcessGroup::checkSameProcess(OpType type) const {
              "connections stayed in the parent; create a new group in the child");
 }
 
+void ProcessGroup::concurrentIssue(OpType mine, uint64_t other) {
+  const std::string what = detail::str(
+      who(), ": ", opTypeName(mine), " was issued by thread ", issue_scope::threadId(),
+      " while thread ", other >> 8, " was issuing ", opTypeName(static_cast<OpType>(other & 0xff)),
+      " on the same group: two threads issuing at once can take different orders on different "
+      "ranks, which pairs different buffers across ranks (silently wrong results, or a hang). "
+      "Issue a group's operations from one thread at a time (threads may take turns), or give "
+      "each thread its own group (newGroup; torch: dist.new_group)");
+  LOOM_LOG_ERROR(what, "; aborting the group");
+  abort(what);
+  LOOM_THROW(InvalidArgumentError, what);
+}
+
 std::shared_ptr<Work> ProcessGroup::issue(OpDesc&& op, const OptionalTimeout& timeout) {
+  IssueScope scope(*this, op.type);
   checkSameProcess(op.type);
   prepare(op, timeout);
   std::lock_guard<std::mutex> lock(issueMu_);

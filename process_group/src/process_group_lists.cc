@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "issue_scope.h"
 #include "loom/common/error.h"
 #include "loom/process_group/process_group.h"
 #include "pg_checks.h"
@@ -202,7 +203,9 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::batchSendRecv(
     prepare(descs.back(), opts.timeout);
   }
   std::vector<std::shared_ptr<Work>> works;
-  if (!descs.empty()) checkSameProcess(descs.front().type);
+  if (descs.empty()) return works;
+  IssueScope scope(*this, descs.front().type);
+  checkSameProcess(descs.front().type);
   std::lock_guard<std::mutex> lock(issueMu_);
   for (auto& d : descs) works.push_back(postLocked(std::move(d)));
   endPointToPointBatch();

@@ -17,7 +17,13 @@
 //   thread wake-ups), never out of order. Buffers are caller-owned and must stay valid until
 //   the Work completes.
 // - Issue operations on one group from one thread at a time (or serialize the calls): the
-//   issue order defines the sequence numbers.
+//   issue order defines the sequence numbers. Threads may take turns (c10d allows it), but two
+//   threads issuing at once take an order that can differ between ranks, which pairs different
+//   buffers across ranks: silently wrong results, or a hang. A thread that starts to issue while
+//   another thread of the process is inside an issue call on the same group gets an
+//   InvalidArgumentError naming both threads and operations, and the group is aborted with the
+//   same text (its peers fail naming it), since the ranks' orders may already differ. Calls
+//   that do not overlap in time cannot be told from turns and are not caught.
 // - send / recv take the same queue; consecutive send / recv operations are started together
 //   (backends may batch them), so a ring exchange (send right, then recv left) does not
 //   deadlock whatever the size. A send with no matching recv posted behind it may block the
@@ -478,6 +484,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // error instead of a lock its parent's thread held at the fork, held for good.
   const uint64_t forkGeneration_;
   void checkSameProcess(OpType type) const;  // throws in a fork() child
+  // Two threads issuing at once (see the contract): issue() and batchSendRecv() run inside an
+  // IssueScope, which holds the thread's id and operation in issuer_ (0: nobody issues) and
+  // fails a second thread that finds it taken (concurrentIssue: it aborts the group, then
+  // throws).
+  class IssueScope;
+  std::atomic<uint64_t> issuer_{0};
+  [[noreturn]] void concurrentIssue(OpType mine, uint64_t other);
   const long creatorPid_;
   mutable std::mutex issueMu_;  // guards the counters below and orders post()
   uint64_t collectiveSeq_ = 0;
