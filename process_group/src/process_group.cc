@@ -284,8 +284,8 @@ void ProcessGroup::concurrentIssue(OpType mine, uint64_t other) {
 }
 
 std::shared_ptr<Work> ProcessGroup::issue(OpDesc&& op, const OptionalTimeout& timeout) {
+  checkSameProcess(op.type);  // first: a fork() child's copy of issuer_ may name a parent thread
   IssueScope scope(*this, op.type);
-  checkSameProcess(op.type);
   prepare(op, timeout);
   std::lock_guard<std::mutex> lock(issueMu_);
   return postLocked(std::move(op));

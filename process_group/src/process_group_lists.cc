@@ -204,8 +204,8 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::batchSendRecv(
   }
   std::vector<std::shared_ptr<Work>> works;
   if (descs.empty()) return works;
-  IssueScope scope(*this, descs.front().type);
   checkSameProcess(descs.front().type);
+  IssueScope scope(*this, descs.front().type);
   std::lock_guard<std::mutex> lock(issueMu_);
   for (auto& d : descs) works.push_back(postLocked(std::move(d)));
   endPointToPointBatch();

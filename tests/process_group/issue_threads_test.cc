@@ -7,7 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -158,6 +160,47 @@ TEST(IssueThreads, AnIssueCallThatThrowsEndsItsTurn) {
   t.join();
   EXPECT_TRUE(pg.aborts().empty());
   EXPECT_EQ(pg.posts(), 1);
+}
+
+TEST(IssueThreads, AForkChildIsToldItForkedNotThatAParentThreadIssues) {
+  // fork() while a thread is inside an issue call: the child's copy of the group names that
+  // thread as issuing, but what the child must hear is that the group is its parent's.
+  FakeGroup pg;
+  float a[4] = {};
+  pg.closeGate();
+  std::thread first([&] { pg.allreduce(view(a, 4))->wait(); });
+  ASSERT_TRUE(pg.awaitHeld());
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 2;
+    try {
+      pg.allreduce(view(a, 4));
+    } catch (const InvalidArgumentError& e) {
+      code = std::string(e.what()).find("child it made with fork()") != std::string::npos ? 0 : 3;
+    } catch (...) {
+      code = 4;
+    }
+    ::_exit(code);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  pid_t done = 0;
+  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  pg.openGate();
+  first.join();
+  ASSERT_EQ(done, child) << "the child did not end within 20 s";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: nothing thrown, 3: another InvalidArgumentError, 4: another exception";
+  EXPECT_TRUE(pg.aborts().empty());
 }
 
 TEST(IssueThreads, ABatchOfSendsAndReceivesIsOneIssueCall) {
