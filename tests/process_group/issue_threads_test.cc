@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +22,7 @@
 #include "loom/common/error.h"
 #include "loom/process_group/process_group.h"
 #include "loom/store/hash_store.h"
+#include "loom/testing/gate.h"
 
 namespace loom {
 namespace {
@@ -42,20 +42,10 @@ class FakeGroup final : public ProcessGroup {
  public:
   FakeGroup() : ProcessGroup("fake", std::make_shared<HashStore>(), 0, 2, fakeOptions()) {}
 
-  void closeGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    gateClosed_ = true;
-  }
-  void openGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    gateClosed_ = false;
-    cv_.notify_all();
-  }
+  void closeGate() { gate_.close(); }
+  void openGate() { gate_.open(); }
   // Until a thread waits at the closed gate (bounded: a broken test fails, it does not hang).
-  bool awaitHeld() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return held_ > 0; });
-  }
+  bool awaitHeld() { return gate_.awaitHeld(1, std::chrono::seconds(20)); }
 
   std::vector<std::string> aborts() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -75,15 +65,12 @@ class FakeGroup final : public ProcessGroup {
  protected:
   std::shared_ptr<Work> post(OpDesc&& op) override {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       ++posts_;
-      ++held_;
-      cv_.notify_all();
-      // Bounded: when the test never opens it (the second thread was let in and now waits for
-      // the issue lock), the operation goes on after 20 s and the test fails on what it sees.
-      cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !gateClosed_; });
-      --held_;
     }
+    // Bounded: when the test never opens it (the second thread was let in and now waits for
+    // the issue lock), the operation goes on after 20 s and the test fails on what it sees.
+    gate_.pass(std::chrono::seconds(20));
     auto work = std::make_shared<Work>(opTypeName(op.type), op.seq, rank());
     work->markCompleted();
     return work;
@@ -92,9 +79,7 @@ class FakeGroup final : public ProcessGroup {
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool gateClosed_ = false;
-  int held_ = 0;
+  testing::Gate gate_;
   int posts_ = 0;
   std::vector<std::string> aborts_;
 };

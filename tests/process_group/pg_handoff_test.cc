@@ -30,6 +30,7 @@
 #include "loom/comm/transport.h"
 #include "loom/common/error.h"
 #include "loom/store/hash_store.h"
+#include "loom/testing/gate.h"
 #include "loom/testing/ranks.h"
 
 namespace loom {
@@ -44,11 +45,11 @@ using Clock = std::chrono::steady_clock;
 class Recorder {
  public:
   void note() {
-    std::unique_lock<std::mutex> lock(mu_);
-    threads_.insert(std::this_thread::get_id());
-    ++calls_;
-    entered_.notify_all();
-    entered_.wait(lock, [&] { return !gateClosed_; });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      threads_.insert(std::this_thread::get_id());
+    }
+    gate_.pass();
   }
   std::set<std::thread::id> threads() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -57,32 +58,21 @@ class Recorder {
   void reset() {
     std::lock_guard<std::mutex> lock(mu_);
     threads_.clear();
-    calls_ = 0;
+    gate_.resetArrivals();
   }
-  void closeGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    gateClosed_ = true;
-  }
-  void openGate() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      gateClosed_ = false;
-    }
-    entered_.notify_all();
-  }
+  void closeGate() { gate_.close(); }
+  void openGate() { gate_.open(); }
   // Waits until some thread reached note(); returns it (or a default id after `timeout`).
   std::thread::id waitForEntry(milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!entered_.wait_for(lock, timeout, [&] { return calls_ > 0; })) return {};
+    if (!gate_.awaitArrivals(1, timeout)) return {};
+    std::lock_guard<std::mutex> lock(mu_);
     return *threads_.begin();
   }
 
  private:
   std::mutex mu_;
-  std::condition_variable entered_;
   std::set<std::thread::id> threads_;
-  int calls_ = 0;
-  bool gateClosed_ = false;
+  testing::Gate gate_;
 };
 
 class RecordingContext final : public comm::Context {
