@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "loom/common/error.h"
+#include "loom/common/schedule_noise.h"
 
 namespace loom::torch_backend {
 
@@ -70,6 +71,7 @@ void FutureCompleter::run(const std::shared_ptr<State>& state) {
     auto task = std::move(state->tasks.front());
     state->tasks.pop_front();
     lock.unlock();
+    LOOM_NOISE();  // the Work's owner may drop it, or wait on it, meanwhile
     task();
     task = nullptr;  // drop what it holds (the Work and its tensors) outside the lock
     lock.lock();
@@ -99,6 +101,7 @@ WorkLoom::~WorkLoom() {
     running = running || !work->isCompleted();
     failed = failed || (work->isCompleted() && !work->isSuccess());
   }
+  LOOM_NOISE();  // a Work seen running may complete meanwhile (its result must still land)
   if (!running) {
     if (!failed) {
       try {
@@ -201,6 +204,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLoom::getFuture() {
   }
   bool done = true;
   for (const auto& work : works_) done = done && work->isCompleted();
+  LOOM_NOISE();  // an operation seen running may complete meanwhile
   if (done || !completer_) {
     completeFuture();
   } else {
