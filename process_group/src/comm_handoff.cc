@@ -69,7 +69,6 @@ std::shared_ptr<ProcessGroupComm> ProcessGroupComm::CommWork::lockGroup() const 
 }
 
 bool ProcessGroupComm::CommWork::wait() {
-  LOOM_NOISE();  // the worker may take the operation after its grace meanwhile
   if (!isCompleted()) {
     if (direct != nullptr) {
       // When the claim fails, another thread claimed the operation (the worker after the
