@@ -19,6 +19,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   iproute2 procps
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
+  python3-venv python3-pip ca-certificates  # scripts/setup_torch.sh: torch 2.x's environment from PyPI
   libopenblas0-pthread  # torch's BLAS: the reference BLAS makes every torch comparison unfair
   fortunes python3-sklearn  # loom-train --model gpt's default text, --model cnn's digits
   clang libclang-rt-14-dev  # the fuzz targets (tests/fuzz): -fsanitize=fuzzer's runtime

@@ -38,8 +38,24 @@ if [[ -x "$env/bin/python" ]] && "$env/bin/python" -c "$check" "$version" 2>/dev
   exit 0
 fi
 
-if ! timeout 60 "$base_python" -m pip index versions torch >/dev/null 2>&1; then
-  echo "setup_torch: PyPI unreachable (pip index versions torch failed within 60 s); torch $version not installed" >&2
+# A python without pip or venv is a missing install step, not an unreachable PyPI: say which.
+# (Debian's python3 has neither until python3-pip and python3-venv are installed; scripts/setup.sh
+# installs them.)
+for module in pip venv ensurepip; do
+  if ! "$base_python" -c "import $module" 2>/dev/null; then
+    echo "setup_torch: $base_python has no '$module' module, which building torch $version's environment needs; on Debian: apt-get install python3-pip python3-venv (scripts/setup.sh installs them), or point LOOM_BASE_PYTHON at a python that has pip and venv" >&2
+    exit 1
+  fi
+done
+probe_rc=0
+probe_err=$(timeout 60 "$base_python" -m pip index versions torch 2>&1 >/dev/null) || probe_rc=$?
+if ((probe_rc != 0)); then
+  if ((probe_rc == 124)); then
+    why="no answer within 60 s"
+  else
+    why="exit $probe_rc: $(tail -1 <<<"${probe_err:-no output}")"
+  fi
+  echo "setup_torch: PyPI unreachable ('pip index versions torch' failed, $why); torch $version not installed" >&2
   exit 3
 fi
 
