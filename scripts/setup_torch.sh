@@ -53,7 +53,13 @@ if ((probe_rc != 0)); then
   if ((probe_rc == 124)); then
     why="no answer within 60 s"
   else
-    why="exit $probe_rc: $(tail -1 <<<"${probe_err:-no output}")"
+    # pip's last line is often only "No matching distribution found"; the reason (a refused
+    # connection, a certificate it does not trust) is on its "Could not fetch URL" line, or on
+    # its last "Retrying ... after connection broken by" line.
+    line=$(grep -m1 "Could not fetch URL" <<<"$probe_err" ||
+      grep "Retrying" <<<"$probe_err" | tail -1 || true)
+    [[ -n "$line" ]] || line=$(tail -1 <<<"${probe_err:-no output}")
+    why="exit $probe_rc: ${line:0:400}"
   fi
   echo "setup_torch: PyPI unreachable ('pip index versions torch' failed, $why); torch $version not installed" >&2
   exit 3
