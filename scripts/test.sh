@@ -49,10 +49,16 @@ fi
 # As many tests at once as there are CPUs (LOOM_CTEST_JOBS): most multi-rank tests spend their
 # time waiting (deadlines, peers, sockets), and every test is written to pass on a loaded
 # machine; the namespace tests hold one lock (tests/netns).
+# ctest's summary names skipped tests without their reasons; scripts/lib/skip_reasons.sh then
+# prints each one's reason from the build's test log.
+build_dir=${LOOM_BUILD_DIR:-build}
+ctest_out=$(mktemp "${TMPDIR:-/tmp}/loom-ctest.XXXXXX")
 # shellcheck disable=SC2086 # LOOM_CTEST_ARGS is split into words on purpose
-(cd "${LOOM_BUILD_DIR:-build}" &&
-  ctest --output-on-failure --timeout 600 -j "${LOOM_CTEST_JOBS:-$(nproc)}" ${LOOM_CTEST_ARGS:-}) ||
-  status=$?
+(cd "$build_dir" &&
+  ctest --output-on-failure --timeout 600 -j "${LOOM_CTEST_JOBS:-$(nproc)}" ${LOOM_CTEST_ARGS:-}) |
+  tee "$ctest_out" || status=$?
+scripts/lib/skip_reasons.sh "$ctest_out" "$build_dir/Testing/Temporary/LastTest.log" || true
+rm -f "$ctest_out"
 if [[ -n "$fuzz_pid" ]]; then
   fuzz_rc=0
   wait "$fuzz_pid" || fuzz_rc=$?
