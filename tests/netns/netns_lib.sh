@@ -43,6 +43,25 @@ netns_cleanup() {
   rm -rf "$TMP"
 }
 
+# netns_sweep_stale: a run killed outright (SIGKILL: a timeout's, or a user's) never reaches its
+# EXIT trap and leaves its namespaces, and whatever ran in them, behind. Every test names its
+# namespaces ln<letter><its pid>-..., so a namespace whose pid is gone, or is this shell's own
+# (this run has made none yet), is such a leftover: its processes are killed and it is removed.
+# Without this a later run that draws the same pid could not make its namespaces ("File
+# exists"), and leftovers would pile up.
+netns_sweep_stale() {
+  local ns pid
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    [[ $ns =~ ^ln[a-z]([0-9]+)- ]] || continue
+    pid=${BASH_REMATCH[1]}
+    if [[ $pid != "$$" ]] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    if ip netns del "$ns" 2>/dev/null; then
+      echo "netns: removed $ns, left by a run that was killed"
+    fi
+  done
+}
+
 netns_setup() {
   local name=$1 tool
   P=$2
@@ -51,6 +70,7 @@ netns_setup() {
   for tool in ip timeout "$@"; do
     command -v "$tool" >/dev/null || skip "$tool ($(netns_package_of "$tool")) is not installed"
   done
+  netns_sweep_stale
   TMP=$(mktemp -d)
   NAMESPACES=()
   BG_PIDS=()
