@@ -34,7 +34,7 @@ run() {
   "$@" || fail "command failed: $*"
 }
 
-ip netns add "${P}-h0" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
+netns_add_first "${P}-h0"
 NAMESPACES+=("${P}-h0")
 run ip netns add "${P}-h1"
 NAMESPACES+=("${P}-h1")

@@ -7,6 +7,7 @@
 #                                       # sets P=PREFIX, TMP (a fresh directory), NAMESPACES=()
 #                                       # and BG_PIDS=() and installs the cleanup traps
 #   netns_switch_hosts N [ADDR]         # after the test defines run (fail on error): see below
+#   netns_add_first NS                  # the first namespace, or skip with ip's reason
 # Then append every namespace made to NAMESPACES and every background pid to BG_PIDS.
 
 SKIP=77
@@ -62,6 +63,13 @@ netns_sweep_stale() {
   done
 }
 
+# netns_add_first NS: the test's first namespace; if it cannot be made the test skips, saying
+# what ip said (no permission, no netns support). Later namespaces use run (a failure fails).
+netns_add_first() {
+  local err
+  err=$(ip netns add "$1" 2>&1) || skip "'ip netns add $1' failed: ${err:-no message}"
+}
+
 netns_setup() {
   local name=$1 tool
   P=$2
@@ -85,7 +93,7 @@ netns_setup() {
 # through the test's run (its fail).
 netns_switch_hosts() {
   local n=$1 addr=${2:-} h ns
-  ip netns add "${P}-sw" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
+  netns_add_first "${P}-sw"
   NAMESPACES+=("${P}-sw")
   run ip -n "${P}-sw" link set lo up
   run ip -n "${P}-sw" link add br0 type bridge

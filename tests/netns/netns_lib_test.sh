@@ -20,7 +20,7 @@ cleanup() {
 }
 trap cleanup EXIT
 for ns in "${names[@]}"; do
-  ip netns add "$ns" 2>/dev/null || skip "'ip netns add' failed (no permission or no netns support)"
+  netns_add_first "$ns"
 done
 ip netns exec "lnz$dead-h0" sleep 120 &
 inner=$!
