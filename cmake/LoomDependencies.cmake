@@ -6,6 +6,9 @@ find_package(Threads REQUIRED)
 # libcrypto: HMAC-SHA256 of the peer authentication (store/include/loom/store/peer_auth.h).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(spdlog REQUIRED)
+# What loom_common links for logging: Debian's compiled libspdlog (cmake/LoomTorch.cmake switches
+# to its header-only form for a torch of the old libstdc++ ABI).
+set(LOOM_SPDLOG_TARGETS spdlog::spdlog)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)

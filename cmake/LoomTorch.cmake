@@ -24,7 +24,7 @@
 function(loom_torch_probe py tgt)
   set(${tgt}_WHY "" PARENT_SCOPE)
   execute_process(
-    COMMAND "${py}" -c "import os, sys, torch; print(torch.__version__.split('+')[0], int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.distributed.is_available(), os.path.dirname(torch.__file__), '%d.%d' % sys.version_info[:2], sep=';')"
+    COMMAND "${py}" -c "import os, sys, torch; print(torch.__version__.split('+')[0], int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.distributed.is_available(), os.path.dirname(torch.__file__), '%d.%d' % sys.version_info[:2], *(getattr(torch._C, '_PYBIND11_' + k, None) or '-' for k in ('COMPILER_TYPE', 'STDLIB', 'BUILD_ABI')), sep=';')"
     OUTPUT_VARIABLE out ERROR_QUIET RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT rc EQUAL 0)
     set(${tgt}_WHY "${py} does not import torch" PARENT_SCOPE)
@@ -35,6 +35,9 @@ function(loom_torch_probe py tgt)
   list(GET out 2 dist)
   list(GET out 3 dir)
   list(GET out 4 pyver)
+  list(GET out 5 pybind_compiler)
+  list(GET out 6 pybind_stdlib)
+  list(GET out 7 pybind_abi)
   set(${tgt}_PY_VERSION "${pyver}" PARENT_SCOPE)
   if(NOT dist STREQUAL "True")
     set(${tgt}_WHY "torch ${version} was built without torch.distributed" PARENT_SCOPE)
@@ -88,6 +91,15 @@ function(loom_torch_probe py tgt)
   # Debian's 1.13 and for PyPI's 2.x wheels, 0 for older pre-cxx11 wheels); std::string
   # crosses the boundary (store keys, error messages), so the module must match it.
   target_compile_definitions(${tgt} INTERFACE _GLIBCXX_USE_CXX11_ABI=${abi})
+  # pybind11 shares types between modules only when their internals ids agree, and before
+  # pybind11 3 the id carries the compiler's C++ ABI version (__GXX_ABI_VERSION: 1017 for GCC
+  # 12, while torch 2.1-2.8 wheels say 1011 or 1018), so torch's own Store and Backend types
+  # would not convert. Those torches publish their id's parts (torch._C._PYBIND11_*, which
+  # torch.utils.cpp_extension passes the same way); newer ones do not need them.
+  if(NOT pybind_abi STREQUAL "-")
+    target_compile_definitions(${tgt} INTERFACE "PYBIND11_COMPILER_TYPE=\"${pybind_compiler}\""
+      "PYBIND11_STDLIB=\"${pybind_stdlib}\"" "PYBIND11_BUILD_ABI=\"${pybind_abi}\"")
+  endif()
   target_link_libraries(${tgt} INTERFACE ${libs})
   # python/CMakeLists.txt puts a wheel's headers before every other include directory (its
   # pybind11 before any other pybind11 on the system).
@@ -145,10 +157,19 @@ if(_loom_torch_why STREQUAL "")
   # ... and so must the Loom libraries the module links (they pass std::string and
   # std::function through their interfaces): for a torch of the old ABI the whole build uses
   # it. This runs before the libraries' directories are added, so it reaches all of them.
+  # Debian's compiled C++ libraries use the new ABI and cannot be linked from such a build:
+  # spdlog and fmt are used header-only instead, and the GoogleTest and Google Benchmark suites
+  # are left out (the python tests, ctest's python_torch_test, still run).
   if(loom_torch_deps_ABI STREQUAL "0")
     add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=0)
+    find_package(fmt REQUIRED)
+    set(LOOM_SPDLOG_TARGETS spdlog::spdlog_header_only fmt::fmt-header-only)
+    set(LOOM_OLD_CXX_ABI ON)
+    set(LOOM_BUILD_BENCH_SUITES OFF)
     message(STATUS "loom: torch uses the pre-C++11 libstdc++ ABI: building Loom with "
-                   "_GLIBCXX_USE_CXX11_ABI=0 (use a separate build directory)")
+                   "_GLIBCXX_USE_CXX11_ABI=0, spdlog and fmt header-only, without the GoogleTest "
+                   "and Google Benchmark suites (Debian builds them with the new ABI); use a "
+                   "separate build directory")
   endif()
   message(STATUS "loom: torch backend ON (torch ${LOOM_TORCH_VERSION}, ${LOOM_PYTHON})")
 elseif(LOOM_WITH_TORCH STREQUAL "ON")

@@ -237,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::endCoalescing() {
 }
 #endif
 
-#if LOOM_TORCH_AT_LEAST(2, 15)
+#if LOOM_TORCH_HAS_BACKEND_SPLIT
 c10::intrusive_ptr<c10d::Backend> ProcessGroupLoom::split(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<Options>& opts) {

@@ -29,9 +29,10 @@
 //   dtypes differ). startCoalescing / endCoalescing (_coalescing_manager with a device,
 //   batch_isend_irecv): the calls in between are issued at once, in order (Loom runs
 //   back-to-back point-to-point operations as one batch); endCoalescing returns one Work over
-//   all of them, whose future holds all their outputs. From 2.15: supportsSplitting / split
-//   (split_group) make the child group a new Loom group over the members, on the store torch
-//   gives, with the parent's options and the timeout torch passes.
+//   all of them, whose future holds all their outputs; from 2.7 supportsCoalescing says so, and
+//   batch_isend_irecv uses the block. From 2.9: supportsSplitting / split (split_group) make
+//   the child group a new Loom group over the members, on the store torch gives, with the
+//   parent's options and the timeout torch passes.
 // - Issue collectives from one thread at a time (torch does): the issue order is Loom's
 //   sequence order, the same on every rank.
 // - Failures: Loom's exceptions (loom::Error and kinds) reach Python with Loom's message
@@ -182,10 +183,12 @@ class ProcessGroupLoom : public C10dBase {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 #endif
-#if LOOM_TORCH_AT_LEAST(2, 15)
+#if LOOM_TORCH_HAS_SUPPORTS_COALESCING
   bool supportsCoalescing() const override {
     return true;
   }
+#endif
+#if LOOM_TORCH_HAS_BACKEND_SPLIT
   bool supportsSplitting() const override {
     return true;
   }

@@ -60,11 +60,16 @@ def _abandoned_batch(rank, world, tmp):
     with pytest.raises(RuntimeError, match="rank 5"):
         dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), 5),
                                 dist.P2POp(dist.irecv, torch.zeros(2), peer)])
-    # A Python error in the block's body, before any operation reached Loom.
-    with pytest.raises(ValueError):
-        from torch.distributed.distributed_c10d import _coalescing_manager
-        with _coalescing_manager(device=torch.device("cpu")):
-            raise ValueError("the body failed")
+    # A Python error in the block's body, before any operation reached Loom. torch leaves its
+    # own record of the block open (pg_coalesce_state; _coalescing_manager has no try/finally),
+    # so its all_reduce records calls instead of issuing them until the next _coalescing_manager
+    # opens, whatever the backend; batch_isend_irecv opens one from torch 2.7 on, for a backend
+    # that says it supports coalescing (Loom does from 2.7).
+    if TORCH >= (2, 7):
+        with pytest.raises(ValueError):
+            from torch.distributed.distributed_c10d import _coalescing_manager
+            with _coalescing_manager(device=torch.device("cpu")):
+                raise ValueError("the body failed")
     # The next batch works...
     got = torch.zeros(3)
     for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), float(rank)), peer),
@@ -230,7 +235,9 @@ def _abort_from_thread(rank, world, tmp):
     return True
 
 
-@pytest.mark.skipif(TORCH < (2, 3), reason=f"torch {torch.__version__}: ProcessGroup.abort is 2.x")
+@pytest.mark.skipif(not hasattr(torch.distributed, "ProcessGroup")
+                    or not hasattr(torch.distributed.ProcessGroup, "abort"),
+                    reason=f"torch {torch.__version__} has no ProcessGroup.abort (2.8 has)")
 def test_abort_from_another_thread_ends_a_blocked_collective():
     ranks.spawn(_abort_from_thread, 2, timeout=90)
 

@@ -73,6 +73,9 @@ def _fsdp2(rank, world, tmp):
 
 @pytest.mark.skipif(TORCH < (2, 6), reason=f"torch {torch.__version__}: "
                     "torch.distributed.fsdp.fully_shard from 2.6")
+@pytest.mark.skipif(not hasattr(getattr(torch.cpu, "Stream", None), "record_event"),
+                    reason=f"torch {torch.__version__}: fully_shard on CPU needs "
+                    "torch.cpu.Stream.record_event (2.8 has it, 2.6 not), whatever the backend")
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_same_as_gloo(world):
     ranks.spawn(_fsdp2, world, timeout=240)
@@ -120,7 +123,11 @@ def test_functional_collectives_same_as_gloo():
 def _dtensor(rank, world, tmp):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    try:
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    except ImportError:  # torch 2.4: DTensor is public from 2.5; 2.4's Partial is _Partial
+        from torch.distributed._tensor import DTensor, Replicate, Shard, distribute_tensor
+        from torch.distributed._tensor.placement_types import _Partial as Partial
 
     gloo = ranks.init_loom_and_gloo(rank, world, tmp)
     loom = dist.distributed_c10d._get_default_group()
@@ -146,7 +153,7 @@ def _dtensor(rank, world, tmp):
     return True
 
 
-@pytest.mark.skipif(TORCH < (2, 4), reason=f"torch {torch.__version__}: torch.distributed.tensor "
-                    "is public from 2.4")
+@pytest.mark.skipif(TORCH < (2, 4), reason=f"torch {torch.__version__}: DTensor with "
+                    "DeviceMesh.from_group from 2.4 (public as torch.distributed.tensor from 2.5)")
 def test_dtensor_redistribute_same_as_gloo():
     ranks.spawn(_dtensor, 3, timeout=120)

@@ -1,6 +1,6 @@
 """The calls newer torch asks of a CPU backend, on whichever torch runs the suite: PREMUL_SUM
 (both), batch_isend_irecv (both), dist.monitored_barrier (2.15), the *_tensor_coalesced calls and _coalescing_manager
-(torch 2.x), split_group (torch 2.15), and the errors that name an unsupported call and the
+(torch 2.x), split_group (torch 2.9), and the errors that name an unsupported call and the
 torch version."""
 
 import pytest
@@ -15,7 +15,9 @@ FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 
 def _premul(factor):
     import torch.distributed as dist
-    if TORCH >= (2, 0):
+    # ReduceOp.PREMUL_SUM is callable in newer torch (2.13 and 2.15, not 2.11); every 2.x and
+    # 1.13 have the private maker.
+    if callable(dist.ReduceOp.PREMUL_SUM):
         return dist.ReduceOp.PREMUL_SUM(factor)
     return dist._make_nccl_premul_sum(factor)
 
@@ -53,7 +55,7 @@ def _premul_sum(rank, world, tmp):
     # A tensor factor (what FSDP passes on some paths) works as a double does.
     t = torch.ones(3)
     if TORCH >= (2, 0):
-        dist.all_reduce(t, op=dist.ReduceOp.PREMUL_SUM(torch.tensor(0.5)))
+        dist.all_reduce(t, op=_premul(torch.tensor(0.5)))
         _close(t, torch.full((3,), 0.5 * world), "all_reduce PREMUL_SUM tensor factor")
     with pytest.raises(RuntimeError, match="PREMUL_SUM needs a floating-point dtype"):
         dist.all_reduce(torch.ones(3, dtype=torch.int32), op=_premul(f))
@@ -70,6 +72,9 @@ def _batch_p2p(rank, world, tmp):
     import torch.distributed as dist
 
     ranks.init_loom_and_gloo(rank, world, tmp)
+    if TORCH >= (2, 7):  # batch_isend_irecv then runs the batch as one coalescing block
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert backend.supports_coalescing
     right, left = (rank + 1) % world, (rank - 1) % world
     for _ in range(3):
         got = torch.zeros(5)
@@ -156,6 +161,23 @@ def _split(rank, world, tmp):
     ranks.init_loom_and_gloo(rank, world, tmp)
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     assert backend.supports_splitting
+    if TORCH < (2, 15):
+        # torch 2.9 to 2.14: dist.split_group refuses a default group that is not bound to an
+        # accelerator (init_process_group's device_id), which a CPU-only group cannot be, with
+        # any backend. Its C++ half, ProcessGroup.split_group, which splits each of the group's
+        # backends (loom's for "cpu" beside nccl's for "cuda" on a GPU machine), runs here.
+        from datetime import timedelta
+        mine = [1] if rank == 1 else [0, 2]
+        name = "split-" + "-".join(map(str, mine))  # one per child group, as split_group's
+        sub = dist.distributed_c10d._get_default_group().split_group(
+            mine, timeout=timedelta(seconds=30), opts=None, group_name=name, group_desc=name)
+        assert sub is not None and sub.size() == len(mine) and sub.rank() == mine.index(rank)
+        assert sub._get_backend(torch.device("cpu")).name() == "loom"
+        t = torch.full((4,), float(rank))
+        sub.allreduce([t]).wait()
+        assert torch.equal(t, torch.full((4,), float(sum(mine)))), t
+        dist.barrier()
+        return True
     sub = dist.split_group(split_ranks=[[0, 2], [1]])
     if rank == 1:
         assert sub is not None and sub.size() == 1
@@ -168,7 +190,7 @@ def _split(rank, world, tmp):
     return True
 
 
-@pytest.mark.skipif(TORCH < (2, 15), reason=f"torch {torch.__version__}: Backend::split from 2.15")
+@pytest.mark.skipif(TORCH < (2, 9), reason=f"torch {torch.__version__}: Backend::split from 2.9")
 def test_split_group():
     ranks.spawn(_split, 3, timeout=60)
 
