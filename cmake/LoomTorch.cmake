@@ -16,7 +16,9 @@
 # pytest suite under it (python_torch2_test). Sets LOOM_HAVE_TORCH2, LOOM_TORCH2_VERSION and
 # loom_torch2_deps. Both interpreters must be the same Python version (one pybind11 module
 # build). LOOM_TORCH2_SKIP_REASON, when set instead, is what python_torch2_test prints as
-# skipped (scripts/test.sh: "PyPI unreachable").
+# skipped (scripts/test.sh: "PyPI unreachable"). LOOM_TORCH_MORE_PYTHONS adds more torches the
+# same way, each in <build>/python-torch-<version> with its ctest python_torch_<version>_test
+# (below, "More torches").
 
 # loom_torch_probe(PYTHON TARGET): resolves the torch that PYTHON imports. On success creates the
 # INTERFACE target TARGET (torch's headers, libraries and libstdc++ ABI) and sets, in the
@@ -111,6 +113,20 @@ function(loom_torch_probe py tgt)
   set(${tgt}_ABI "${abi}" PARENT_SCOPE)
 endfunction()
 
+# loom_torch_skipped_more(): a skipped ctest python_torch_<VERSION>_test, printing REASON, for
+# each VERSION:REASON of LOOM_TORCH_MORE_SKIPPED.
+function(loom_torch_skipped_more)
+  foreach(entry IN LISTS LOOM_TORCH_MORE_SKIPPED)
+    if(NOT entry MATCHES "^([0-9]+\\.[0-9]+(\\.[0-9]+)?):(.*)$")
+      message(FATAL_ERROR "loom: LOOM_TORCH_MORE_SKIPPED: '${entry}' is not VERSION:REASON")
+    endif()
+    add_test(NAME python_torch_${CMAKE_MATCH_1}_test COMMAND ${CMAKE_COMMAND} -E echo
+             "skipped: torch ${CMAKE_MATCH_1}: ${CMAKE_MATCH_3}")
+    set_tests_properties(python_torch_${CMAKE_MATCH_1}_test PROPERTIES LABELS python TIMEOUT 10
+                         SKIP_REGULAR_EXPRESSION "skipped:")
+  endforeach()
+endfunction()
+
 set(LOOM_HAVE_TORCH OFF)
 set(LOOM_HAVE_TORCH2 OFF)
 if(LOOM_WITH_TORCH STREQUAL "OFF")
@@ -179,6 +195,25 @@ else()
   message(STATUS "loom: torch backend OFF (${_loom_torch_why})")
 endif()
 
+# loom_torch_beside(PYTHON TARGET): probes another interpreter's torch (loom_torch_probe) for a
+# module built beside the first one from the same Loom libraries, and sets TARGET_WHY to why it
+# cannot be (empty when it can): the same Python version (one pybind11 module build) and the same
+# libstdc++ ABI as the Loom libraries.
+function(loom_torch_beside py tgt)
+  loom_torch_probe("${py}" ${tgt})
+  set(why "${${tgt}_WHY}")
+  if(NOT why STREQUAL "")
+  elseif(NOT ${tgt}_PY_VERSION STREQUAL loom_torch_deps_PY_VERSION)
+    string(CONCAT why "${py} is Python ${${tgt}_PY_VERSION}, ${LOOM_PYTHON} "
+           "${loom_torch_deps_PY_VERSION}: use a separate build directory with -DLOOM_PYTHON=${py}")
+  elseif(NOT ${tgt}_ABI STREQUAL loom_torch_deps_ABI)
+    string(CONCAT why "the torch of ${py} uses another libstdc++ ABI (${${tgt}_ABI}) than the "
+           "Loom libraries: use a separate build directory with -DLOOM_PYTHON=${py}")
+  endif()
+  set(${tgt}_WHY "${why}" PARENT_SCOPE)
+  set(${tgt}_VERSION "${${tgt}_VERSION}" PARENT_SCOPE)
+endfunction()
+
 # The second torch.
 set(LOOM_TORCH2_PYTHON "" CACHE FILEPATH
     "A second interpreter whose torch gets its own loom_torch module (build/python-torch2)")
@@ -190,17 +225,9 @@ if(LOOM_TORCH2_WHY STREQUAL "")
          "python>; scripts/test.sh installs torch 2.x with scripts/setup_torch.sh)")
 endif()
 if(LOOM_HAVE_TORCH AND LOOM_TORCH2_PYTHON)
-  loom_torch_probe("${LOOM_TORCH2_PYTHON}" loom_torch2_deps)
+  loom_torch_beside("${LOOM_TORCH2_PYTHON}" loom_torch2_deps)
   if(NOT loom_torch2_deps_WHY STREQUAL "")
     set(LOOM_TORCH2_WHY "${loom_torch2_deps_WHY}")
-  elseif(NOT loom_torch2_deps_PY_VERSION STREQUAL loom_torch_deps_PY_VERSION)
-    string(CONCAT LOOM_TORCH2_WHY "${LOOM_TORCH2_PYTHON} is Python ${loom_torch2_deps_PY_VERSION}, "
-           "${LOOM_PYTHON} ${loom_torch_deps_PY_VERSION}: use a separate build directory with "
-           "-DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
-  elseif(NOT loom_torch2_deps_ABI STREQUAL loom_torch_deps_ABI)
-    string(CONCAT LOOM_TORCH2_WHY "the torch of ${LOOM_TORCH2_PYTHON} uses another libstdc++ "
-           "ABI (${loom_torch2_deps_ABI}) than the Loom libraries: use a separate build "
-           "directory with -DLOOM_PYTHON=${LOOM_TORCH2_PYTHON}")
   else()
     set(LOOM_HAVE_TORCH2 ON)
     set(LOOM_TORCH2_VERSION "${loom_torch2_deps_VERSION}")
@@ -210,4 +237,36 @@ if(LOOM_HAVE_TORCH AND LOOM_TORCH2_PYTHON)
   if(NOT LOOM_HAVE_TORCH2)
     message(WARNING "loom: second torch OFF: ${LOOM_TORCH2_WHY}")
   endif()
+endif()
+
+# More torches, each like the second: its module in <build>/python-torch-<version> (target
+# loom_torch_more<i>) and its pytest run, the ctest python_torch_<version>_test. scripts/test.sh
+# passes the interpreters scripts/setup_torch.sh installed (LOOM_TORCH_MORE_VERSIONS), and as
+# LOOM_TORCH_MORE_SKIPPED the versions it could not install, each VERSION:REASON, which become
+# skipped tests of the same names that print the reason. An interpreter that cannot serve is a
+# configure error: it was asked for by name. Sets LOOM_TORCH_MORE (the indices i) and
+# loom_torch_more<i>_deps (with its _VERSION).
+set(LOOM_TORCH_MORE_PYTHONS "" CACHE STRING
+    "More interpreters (a ;-list) whose torch each gets a loom_torch module (build/python-torch-<version>) and a ctest python_torch_<version>_test")
+set(LOOM_TORCH_MORE_SKIPPED "" CACHE STRING
+    "Torches asked for and not installed, each VERSION:REASON (a ;-list): skipped python_torch_<VERSION>_test")
+set(LOOM_TORCH_MORE "")
+if(LOOM_HAVE_TORCH)
+  set(_i 0)
+  set(_seen "${LOOM_TORCH_VERSION}")
+  foreach(_py IN LISTS LOOM_TORCH_MORE_PYTHONS)
+    loom_torch_beside("${_py}" loom_torch_more${_i}_deps)
+    set(_v "${loom_torch_more${_i}_deps_VERSION}")
+    if(NOT loom_torch_more${_i}_deps_WHY STREQUAL "")
+      message(FATAL_ERROR "loom: LOOM_TORCH_MORE_PYTHONS: ${loom_torch_more${_i}_deps_WHY}")
+    endif()
+    if(_v IN_LIST _seen OR (LOOM_HAVE_TORCH2 AND _v STREQUAL LOOM_TORCH2_VERSION))
+      message(FATAL_ERROR "loom: LOOM_TORCH_MORE_PYTHONS: torch ${_v} (${_py}) already has a "
+                          "module in this build directory")
+    endif()
+    list(APPEND _seen "${_v}")
+    list(APPEND LOOM_TORCH_MORE ${_i})
+    message(STATUS "loom: torch backend also for torch ${_v} (${_py}, build/python-torch-${_v})")
+    math(EXPR _i "${_i} + 1")
+  endforeach()
 endif()

@@ -10,29 +10,51 @@ status=0
 # compiles a second loom_torch module against it (build/python-torch2, from the Loom libraries
 # already built) and ctest runs the pytest suite under it (python_torch2_test). Where PyPI is
 # unreachable, one line says so and python_torch2_test is skipped with that reason.
-# LOOM_TORCH2_VERSION picks the version; LOOM_SKIP_TORCH2=1 leaves it out.
+# LOOM_TORCH2_VERSION picks the version; LOOM_SKIP_TORCH2=1 leaves it out, and the torches below.
+# LOOM_TORCH_MORE_VERSIONS (default 2.11.0: the torch of the lent GPU machines, which lacks calls
+# 2.15 has; docs/torch.md "Torch versions") get the same, each its own module and ctest
+# (python_torch_<version>_test); scripts/torch_matrix.sh runs any other.
+# install_torch VERSION: sets torch_python (installed) or torch_skip (why not; a failed install
+# also fails the command).
+install_torch() {
+  torch_python=""
+  torch_skip=""
+  if [[ "${LOOM_SKIP_TORCH2:-0}" == 1 ]]; then
+    torch_skip="LOOM_SKIP_TORCH2=1"
+  else
+    local rc=0 out
+    out=$(scripts/setup_torch.sh "$1") || rc=$?
+    case "$rc" in
+      0) torch_python=${out##*$'\n'} ;;
+      3) torch_skip="PyPI unreachable, torch $1 not installed" ;;
+      *) torch_skip="scripts/setup_torch.sh $1 failed (exit $rc)"
+         status=1 ;;
+    esac
+  fi
+  if [[ -n "$torch_skip" ]]; then
+    echo "test.sh: torch $1 tests skipped: $torch_skip" >&2
+  fi
+}
 torch2_version=${LOOM_TORCH2_VERSION:-2.15.0}
-torch2_skip=""
-torch2_python=""
-if [[ "${LOOM_SKIP_TORCH2:-0}" == 1 ]]; then
-  torch2_skip="LOOM_SKIP_TORCH2=1"
-else
-  torch2_rc=0
-  torch2_out=$(scripts/setup_torch.sh "$torch2_version") || torch2_rc=$?
-  case "$torch2_rc" in
-    0) torch2_python=${torch2_out##*$'\n'} ;;
-    3) torch2_skip="PyPI unreachable, torch $torch2_version not installed" ;;
-    *) torch2_skip="scripts/setup_torch.sh $torch2_version failed (exit $torch2_rc)"
-       status=1 ;;
-  esac
-fi
-if [[ -n "$torch2_skip" ]]; then
-  echo "test.sh: torch $torch2_version tests skipped: $torch2_skip" >&2
-fi
+install_torch "$torch2_version"
+torch2_python=$torch_python
+torch2_skip=$torch_skip
+more_pythons=""
+more_skipped=""
+read -r -a more_versions <<<"${LOOM_TORCH_MORE_VERSIONS-2.11.0}"
+for version in "${more_versions[@]}"; do
+  install_torch "$version"
+  if [[ -n "$torch_python" ]]; then
+    more_pythons+="${more_pythons:+;}$torch_python"
+  else
+    more_skipped+="${more_skipped:+;}$version:${torch_skip//;/,}"
+  fi
+done
 # Everything on, whatever an earlier scripts/run.sh chose for a fresh build directory.
 scripts/build.sh -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_BENCH_SUITES=ON \
   -DLOOM_BUILD_EXAMPLES=ON "-DLOOM_TORCH2_PYTHON=$torch2_python" \
-  "-DLOOM_TORCH2_SKIP_REASON=$torch2_skip" "$@"
+  "-DLOOM_TORCH2_SKIP_REASON=$torch2_skip" "-DLOOM_TORCH_MORE_PYTHONS=$more_pythons" \
+  "-DLOOM_TORCH_MORE_SKIPPED=$more_skipped" "$@"
 # The fuzz targets (clang, build-fuzz; docs/fuzz.md) build while the suite runs: most
 # multi-rank tests wait on deadlines, peers and sockets, so the CPUs are half idle, and at nice 19
 # the compiler only takes what the tests leave. They run after the suite, each for a fixed number
