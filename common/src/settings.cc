@@ -316,9 +316,11 @@ mpirun's. `loom-run` sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`
 Scripts (not read by the libraries): `scripts/build.sh` reads `LOOM_BUILD_DIR` (default
 `build`), `LOOM_BUILD_TYPE` (default `RelWithDebInfo`) and `LOOM_BUILD_TARGETS` (default: all);
 `scripts/test.sh` reads `LOOM_BUILD_DIR`, `LOOM_CTEST_ARGS`, `LOOM_CTEST_JOBS` (tests at once,
-default: the CPU count), `LOOM_TORCH2_VERSION` (default 2.15.0), `LOOM_SKIP_TORCH2=1` and
+default: the CPU count), `LOOM_TORCH2_VERSION` (default 2.15.0), `LOOM_TORCH_MORE_VERSIONS`
+(default 2.11.0; space-separated, empty: none), `LOOM_SKIP_TORCH2=1` and
 `LOOM_SKIP_FUZZ=1`; `tests/fuzz/run.sh` reads `LOOM_FUZZ_BUILD_DIR` (default `build-fuzz`) and
-`LOOM_FUZZ_STEP` (`build`, `run`, unset: both); `scripts/setup_torch.sh` reads `LOOM_PY_ENVS` (default ~/.cache/loom/py);
+`LOOM_FUZZ_STEP` (`build`, `run`, unset: both); `scripts/setup_torch.sh` reads `LOOM_PY_ENVS` (default ~/.cache/loom/py), and
+`scripts/torch_matrix.sh` `LOOM_MATRIX_DIR` (default `build-torch-matrix`);
 `scripts/run.sh` reads `LOOM_NPROC` (ranks, default 2).
 )";
   return out.str();

@@ -237,7 +237,7 @@ def _abort_from_thread(rank, world, tmp):
 
 @pytest.mark.skipif(not hasattr(torch.distributed, "ProcessGroup")
                     or not hasattr(torch.distributed.ProcessGroup, "abort"),
-                    reason=f"torch {torch.__version__} has no ProcessGroup.abort (2.8 has)")
+                    reason=f"torch {torch.__version__} has no ProcessGroup.abort (2.7 has)")
 def test_abort_from_another_thread_ends_a_blocked_collective():
     ranks.spawn(_abort_from_thread, 2, timeout=90)
 

@@ -75,7 +75,7 @@ def _fsdp2(rank, world, tmp):
                     "torch.distributed.fsdp.fully_shard from 2.6")
 @pytest.mark.skipif(not hasattr(getattr(torch.cpu, "Stream", None), "record_event"),
                     reason=f"torch {torch.__version__}: fully_shard on CPU needs "
-                    "torch.cpu.Stream.record_event (2.8 has it, 2.6 not), whatever the backend")
+                    "torch.cpu.Stream.record_event (2.7 has it, 2.6 not), whatever the backend")
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_same_as_gloo(world):
     ranks.spawn(_fsdp2, world, timeout=240)
