@@ -113,6 +113,14 @@ function(loom_add_noise_test)
     ENVIRONMENT LOOM_SCHEDULE_NOISE_US=10000)
 endfunction()
 
+# loom_add_skipped_test(NAME LABEL REASON): a ctest NAME that only prints "skipped: REASON" and
+# counts as skipped (a suite that cannot run here, and why: scripts/lib/skip_reasons.sh prints it).
+function(loom_add_skipped_test name label reason)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E echo "skipped: ${reason}")
+  set_tests_properties(${name} PROPERTIES LABELS ${label} TIMEOUT 10
+                       SKIP_REGULAR_EXPRESSION "skipped:")
+endfunction()
+
 # loom_test_timeout(OUT SECONDS): SECONDS scaled for this build, in OUT.
 function(loom_test_timeout out seconds)
   math(EXPR scaled "${seconds} * ${LOOM_TEST_TIMEOUT_SCALE}")

@@ -120,10 +120,8 @@ function(loom_torch_skipped_more)
     if(NOT entry MATCHES "^([0-9]+\\.[0-9]+(\\.[0-9]+)?):(.*)$")
       message(FATAL_ERROR "loom: LOOM_TORCH_MORE_SKIPPED: '${entry}' is not VERSION:REASON")
     endif()
-    add_test(NAME python_torch_${CMAKE_MATCH_1}_test COMMAND ${CMAKE_COMMAND} -E echo
-             "skipped: torch ${CMAKE_MATCH_1}: ${CMAKE_MATCH_3}")
-    set_tests_properties(python_torch_${CMAKE_MATCH_1}_test PROPERTIES LABELS python TIMEOUT 10
-                         SKIP_REGULAR_EXPRESSION "skipped:")
+    loom_add_skipped_test(python_torch_${CMAKE_MATCH_1}_test python
+                          "torch ${CMAKE_MATCH_1}: ${CMAKE_MATCH_3}")
   endforeach()
 endfunction()
 
