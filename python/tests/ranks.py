@@ -17,6 +17,9 @@ import traceback
 
 import torch
 
+# torch's (major, minor): what the tests' version skips compare against.
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
 
 def _child(fn, rank, world, tmp, queue, args):
     code = 0

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="torch is not importable (scripts/se
 
 import ranks  # noqa: E402
 
-TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+TORCH = ranks.TORCH
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int32, torch.int64, torch.bool]
 N = 7  # elements per rank: odd, so that no algorithm's chunking divides it

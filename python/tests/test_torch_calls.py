@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="torch is not importable (scripts/se
 
 import ranks  # noqa: E402
 
-TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+TORCH = ranks.TORCH
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 
 
